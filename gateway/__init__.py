@@ -1,0 +1,1 @@
+"""The gateway process: OpenAI-compatible HTTP API, templates, tokenizing and streaming."""

@@ -1,0 +1,1 @@
+"""The tier daemon: KV-RAM arena, KV-disk files and the copies between them and engine memory."""
