@@ -1,0 +1,61 @@
+"""Gated full attention over the paged KV pool.
+
+q_proj yields, per head, the query and an output gate side by side
+([T, Hq, 2D] -> query | gate). Queries and keys get a per-head RMSNorm and a
+partial rotary embedding; new keys and values are written to their pages
+before attending, so a chunk reads itself from the pool like any earlier
+token. The attention output is gated by ``sigmoid(gate)`` before o_proj.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.forward_batch import ForwardBatch
+from engine.models.config import ModelConfig
+from engine.models.layers import PartialRotary, ZeroCenteredRMSNorm
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim * 2, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, rotary: PartialRotary,
+                cos_sin: tuple[torch.Tensor, torch.Tensor], kv: torch.Tensor, ops) -> torch.Tensor:
+        """x: [T, hidden]; kv: this layer's pool slice [2, pages, 64, Hkv, D]."""
+        t = x.shape[0]
+        qg = self.q_proj(x).view(t, self.num_heads, 2 * self.head_dim)
+        q, gate = qg.split(self.head_dim, dim=-1)
+        gate = gate.reshape(t, -1)
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        cos, sin = cos_sin
+        q = rotary.apply(q, cos, sin)
+        k = rotary.apply(k, cos, sin)
+        k_cache, v_cache = kv[0], kv[1]
+        ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+
+        out = torch.empty_like(q)
+        nd = batch.num_decodes
+        if nd:
+            out[:nd] = ops.decode_attention(
+                q[:nd], k_cache, v_cache, batch.page_table[:nd], batch.seq_lens[:nd], self.scale)
+        if nd < t:
+            out[nd:] = ops.prefill_attention(
+                q[nd:], k_cache, v_cache, batch.page_table[nd:], batch.prefill_cu_seqlens(),
+                batch.seq_lens[nd:], self.scale)
+        out = out.reshape(t, -1) * torch.sigmoid(gate)
+        return self.o_proj(out)

@@ -1,0 +1,91 @@
+"""Gated DeltaNet: the linear-attention layer of both families.
+
+Input projections differ by family:
+
+- qwen3_5: separate ``in_proj_qkv`` (q | k | v), ``in_proj_z``, ``in_proj_b``, ``in_proj_a``;
+- qwen3_next: fused ``in_proj_qkvz`` and ``in_proj_ba``, interleaved per key
+  head: for each of the Hk key heads ``[q (Dk) | k (Dk) | v (r*Dv) | z (r*Dv)]``
+  and ``[b (r) | a (r)]`` with r = Hv / Hk.
+
+Then: depthwise causal conv + SiLU over q|k|v, L2-normalised q and k, decay
+``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, the
+gated delta rule against the lane's fp32 state, a gated RMSNorm with z, and
+out_proj.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.forward_batch import ForwardBatch
+from engine.models.config import ModelConfig
+from engine.models.layers import GatedRMSNorm
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fused = cfg.family == "qwen3_next"
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = cfg.linear_key_dim, cfg.linear_value_dim
+        h = cfg.hidden_size
+        if self.fused:
+            self.in_proj_qkvz = nn.Linear(h, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(h, 2 * self.hv, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(h, 2 * self.key_dim + self.value_dim, bias=False)
+            self.in_proj_z = nn.Linear(h, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(h, self.hv, bias=False)
+            self.in_proj_a = nn.Linear(h, self.hv, bias=False)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.conv_kernel, groups=cfg.conv_dim,
+                                bias=False, padding=cfg.conv_kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+
+    def _project(self, x: torch.Tensor):
+        """-> mixed q|k|v [T, conv_dim], z [T, Hv, Dv], b [T, Hv], a [T, Hv]."""
+        t = x.shape[0]
+        if not self.fused:
+            z = self.in_proj_z(x).view(t, self.hv, self.dv)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        r = self.hv // self.hk
+        qkvz = self.in_proj_qkvz(x).view(t, self.hk, 2 * self.dk + 2 * r * self.dv)
+        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = self.in_proj_ba(x).view(t, self.hk, 2 * r).split([r, r], dim=-1)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return mixed, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, ssm: torch.Tensor, conv: torch.Tensor,
+                ops) -> torch.Tensor:
+        """x: [T, hidden]; ssm [lanes, Hv, Dk, Dv] and conv [lanes, C, K-1] are this layer's state."""
+        t = x.shape[0]
+        mixed, z, b, a = self._project(x)
+        weight = self.conv1d.weight.squeeze(1)
+        nd = batch.num_decodes
+        conv_out = torch.empty_like(mixed)
+        if nd:
+            conv_out[:nd] = ops.causal_conv1d_update(mixed[:nd], weight, conv, batch.slots[:nd])
+        if nd < t:
+            conv_out[nd:] = ops.causal_conv1d_varlen(
+                mixed[nd:], weight, conv, batch.slots[nd:], batch.prefill_cu_seqlens())
+        q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(t, self.hk, self.dk)
+        k = k.reshape(t, self.hk, self.dk)
+        v = v.reshape(t, self.hv, self.dv)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+
+        core = torch.empty_like(v)
+        if nd:
+            core[:nd] = ops.recurrent_gated_delta_rule(
+                q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], ssm, batch.slots[:nd])
+        if nd < t:
+            core[nd:] = ops.chunk_gated_delta_rule(
+                q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], ssm, batch.slots[nd:], batch.prefill_cu_seqlens())
+        core = self.norm(core, z)
+        return self.out_proj(core.reshape(t, -1))

@@ -1,0 +1,82 @@
+"""The hybrid decoder of both families: embeddings, mixed layers, final norm, LM head.
+
+Module names match the checkpoints' text-model names without the leading
+``model.`` (``layers.N.linear_attn.in_proj_qkv.weight``, ``embed_tokens.weight``,
+``lm_head.weight``), so a loaded tensor dict goes straight into
+``load_state_dict``. One forward runs a :class:`ForwardBatch` against a
+:class:`ModelState`: decode steps and prefill chunks of many sequences at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.forward_batch import ForwardBatch
+from engine.models.attention import GatedAttention
+from engine.models.config import ModelConfig
+from engine.models.deltanet import GatedDeltaNet
+from engine.models.layers import PartialRotary, SwiGLU, ZeroCenteredRMSNorm
+from engine.models.moe import SparseMoE
+from engine.models.state import ModelState
+from kernels.backend import Ops, select_ops
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.kind = cfg.layer_types[index]
+        if self.kind == "full_attention":
+            self.self_attn = GatedAttention(cfg)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg)
+        if cfg.is_moe_layer(index):
+            self.mlp = SparseMoE(cfg)
+        else:
+            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class HybridModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = PartialRotary(cfg.rotary_dim, cfg.rope_theta)
+        # layer index -> index into the KV pool (full) or the state pools (linear)
+        self._full_slot = {layer: i for i, layer in enumerate(cfg.full_layers)}
+        self._linear_slot = {layer: i for i, layer in enumerate(cfg.linear_layers)}
+        self.ops = ops
+
+    def _ops(self, device: torch.device) -> Ops:
+        if self.ops is None:
+            self.ops = select_ops(device.type)
+        return self.ops
+
+    def head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, state: ModelState, all_logits: bool = False) -> torch.Tensor:
+        """Logits of each sequence's last token [B, vocab] (or of every token [T, vocab])."""
+        ops = self._ops(batch.input_ids.device)
+        x = self.embed_tokens(batch.input_ids)
+        cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            if layer.kind == "full_attention":
+                h = layer.self_attn(h, batch, self.rotary, cos_sin, state.kv[self._full_slot[i]], ops)
+            else:
+                j = self._linear_slot[i]
+                h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if not all_logits:
+            x = x[batch.logits_indices]
+        x = self.norm(x)
+        return torch.nn.functional.linear(x, self.head_weight())

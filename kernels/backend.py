@@ -1,0 +1,86 @@
+"""The one backend switch: which implementation of each op the model calls.
+
+``select_ops("cpu")`` gives the torch twins (the reference backend CI runs);
+``select_ops("cuda")`` gives the Triton kernels where a Triton form of the op
+exists. Every call site in the model goes through an ``Ops`` record, so no
+layer carries its own device conditionals. ``IGNIS_KERNELS=reference|triton``
+overrides the choice (tests use it to run Triton forms under
+``TRITON_INTERPRET=1`` on the CPU).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from kernels.causal_conv import reference as conv_ref
+from kernels.gated_delta_rule import reference as gdr_ref
+from kernels.paged_attention import reference as attn_ref
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The ops the hybrid model calls; signatures as in each op's reference.py."""
+
+    name: str
+    write_kv: Callable
+    prefill_attention: Callable
+    decode_attention: Callable
+    chunk_gated_delta_rule: Callable
+    recurrent_gated_delta_rule: Callable
+    causal_conv1d_varlen: Callable
+    causal_conv1d_update: Callable
+
+
+REFERENCE = Ops(
+    name="reference",
+    write_kv=attn_ref.write_kv,
+    prefill_attention=attn_ref.prefill_attention,
+    decode_attention=attn_ref.decode_attention,
+    chunk_gated_delta_rule=gdr_ref.chunk_gated_delta_rule,
+    recurrent_gated_delta_rule=gdr_ref.recurrent_gated_delta_rule,
+    causal_conv1d_varlen=conv_ref.causal_conv1d_varlen,
+    causal_conv1d_update=conv_ref.causal_conv1d_update,
+)
+
+# op name -> "module:function" of its Triton form
+TRITON_FORMS = {
+    "write_kv": "kernels.paged_attention.triton_write:write_kv",
+    "prefill_attention": "kernels.paged_attention.triton_prefill:prefill_attention",
+    "decode_attention": "kernels.paged_attention.triton_decode:decode_attention",
+    "chunk_gated_delta_rule": "kernels.gated_delta_rule.triton_chunk:chunk_gated_delta_rule",
+    "recurrent_gated_delta_rule": "kernels.gated_delta_rule.triton_recurrent:recurrent_gated_delta_rule",
+    "causal_conv1d_varlen": "kernels.causal_conv.triton_conv:causal_conv1d_varlen",
+    "causal_conv1d_update": "kernels.causal_conv.triton_conv:causal_conv1d_update",
+}
+
+
+def _load(path: str) -> Callable | None:
+    module_name, fn = path.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    return getattr(module, fn, None)
+
+
+def triton_ops() -> Ops:
+    """Triton forms where they exist; an op without one keeps its twin."""
+    fields = {}
+    for op, path in TRITON_FORMS.items():
+        fields[op] = _load(path) or getattr(REFERENCE, op)
+    return Ops(name="triton", **fields)
+
+
+def select_ops(device_type: str) -> Ops:
+    """The ops for a device type ("cpu" or "cuda"), honouring IGNIS_KERNELS."""
+    choice = os.environ.get("IGNIS_KERNELS", "").strip().lower()
+    if choice not in ("", "reference", "triton"):
+        raise ValueError(f"IGNIS_KERNELS: expected 'reference' or 'triton', got {choice!r}")
+    if choice == "reference":
+        return REFERENCE
+    if choice == "triton" or device_type == "cuda":
+        return triton_ops()
+    return REFERENCE

@@ -1,0 +1,57 @@
+"""Torch twins of the depthwise causal conv1d (+ SiLU) used by Gated DeltaNet.
+
+Shapes::
+
+    x          : [T, C]           packed varlen tokens (prefill) or [B, C] (one step)
+    weight     : [C, K]           depthwise kernel, K taps, no bias
+    conv_state : [S, C, K - 1]    per-sequence history: the last K-1 inputs,
+                                  oldest first; addressed by ``slots`` [B]
+    cu_seqlens : [B + 1]
+
+Output token t of a sequence is ``silu(sum_j weight[:, j] * xx[t + j])`` over
+``xx = concat(history, x)``; afterwards the history holds the last K-1
+columns of ``xx``. A fresh sequence starts from a zero history.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_conv1d_varlen(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+) -> torch.Tensor:
+    """Prefill chunks of B sequences from their histories; histories updated in place."""
+    channels, taps = weight.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    w = weight.unsqueeze(1)
+    cu = cu_seqlens.tolist()
+    for b, slot in enumerate(slots.tolist()):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            continue
+        xx = torch.cat([conv_state[slot].to(weight.dtype), x[s:e].t().to(weight.dtype)], dim=-1)
+        y = F.conv1d(xx.unsqueeze(0), w, groups=channels)[0]  # [C, n]
+        out[s:e] = F.silu(y).t().to(x.dtype)
+        conv_state[slot] = xx[:, -(taps - 1):].to(conv_state.dtype)
+    return out
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """One step for B sequences (x [B, C]); histories shifted in place."""
+    idx = slots.long()
+    hist = conv_state[idx].to(weight.dtype)  # [B, C, K-1]
+    xx = torch.cat([hist, x.to(weight.dtype).unsqueeze(-1)], dim=-1)  # [B, C, K]
+    y = (xx * weight.unsqueeze(0)).sum(-1)
+    conv_state[idx] = xx[:, :, 1:].to(conv_state.dtype)
+    return F.silu(y).to(x.dtype)

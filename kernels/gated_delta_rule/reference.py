@@ -1,0 +1,124 @@
+"""Torch twins of the gated delta rule (Gated DeltaNet's recurrence).
+
+Per value head, with state ``S`` [Dk, Dv] (fp32) and per-token decay
+``g`` (log space, <= 0) and write strength ``beta``::
+
+    S   <- exp(g_t) * S
+    S   <- S + k_t (beta_t * (v_t - S^T k_t))^T
+    o_t  = S^T q_t
+
+q and k are L2-normalised here and q is scaled by Dk**-0.5. Shapes (packed
+varlen, fla's dialect)::
+
+    q, k  : [T, Hk, Dk]     Hv % Hk == 0; value head h reads key head h // (Hv // Hk)
+    v     : [T, Hv, Dv]
+    g     : [T, Hv]  fp32   beta : [T, Hv]
+    state : [S, Hv, Dk, Dv] fp32 pool of per-sequence states, addressed by
+            ``slots`` [B]; read as the initial state, overwritten with the final one
+    cu_seqlens : [B + 1]
+
+Outputs come back in v's dtype, [T, Hv, Dv].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def _prepare(q, k, num_v_heads):
+    rep = num_v_heads // q.shape[-2]
+    if rep > 1:
+        q = q.repeat_interleave(rep, dim=-2)
+        k = k.repeat_interleave(rep, dim=-2)
+    q = l2norm(q.float())
+    k = l2norm(k.float())
+    return q * (q.shape[-1] ** -0.5), k
+
+
+def _chunked_one(q, k, v, g, beta, state):
+    """One sequence: q, k [n, H, Dk] (prepared), v [n, H, Dv] fp32, g/beta [n, H]; state [H, Dk, Dv]."""
+    n = q.shape[0]
+    pad = (-n) % CHUNK
+    q, k, v = (F.pad(x.transpose(0, 1), (0, 0, 0, pad)) for x in (q, k, v))  # [H, n+pad, D]
+    g, beta = (F.pad(x.transpose(0, 1), (0, pad)) for x in (g, beta))  # [H, n+pad]
+    h = q.shape[0]
+    nc = (n + pad) // CHUNK
+    q, k, v = (x.reshape(h, nc, CHUNK, x.shape[-1]) for x in (q, k, v))
+    g = g.reshape(h, nc, CHUNK).cumsum(-1)
+    beta = beta.reshape(h, nc, CHUNK, 1)
+
+    lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    decay = (g.unsqueeze(-1) - g.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()
+    k_beta = k * beta
+    # WY form: (I + strictly-lower(k_beta k^T * decay)) X = rhs
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    u = torch.linalg.solve_triangular(system, v * beta, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * g.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * decay
+    q_dec = q * g.exp().unsqueeze(-1)
+    k_dec = k * (g[..., -1:] - g).exp().unsqueeze(-1)
+    chunk_decay = g[..., -1].exp()
+    out = torch.empty_like(v)
+    s = state
+    for c in range(nc):
+        v_new = u[:, c] - w[:, c] @ s
+        out[:, c] = q_dec[:, c] @ s + intra[:, c] @ v_new
+        s = s * chunk_decay[:, c, None, None] + k_dec[:, c].transpose(-1, -2) @ v_new
+    return out.reshape(h, nc * CHUNK, -1)[:, :n].transpose(0, 1), s
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+) -> torch.Tensor:
+    """Varlen chunked prefill from each sequence's state; final states written back."""
+    hv = v.shape[-2]
+    qf, kf = _prepare(q, k, hv)
+    vf, gf, bf = v.float(), g.float(), beta.float()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    cu = cu_seqlens.tolist()
+    slot_list = slots.tolist()
+    for b, slot in enumerate(slot_list):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            continue
+        o, final = _chunked_one(qf[s:e], kf[s:e], vf[s:e], gf[s:e], bf[s:e], state[slot].float())
+        out[s:e] = o
+        state[slot] = final.to(state.dtype)
+    return out.to(v.dtype)
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """One decode step for B sequences (q, k [B, Hk, Dk], v [B, Hv, Dv]); states updated in place."""
+    hv = v.shape[-2]
+    qf, kf = _prepare(q, k, hv)
+    idx = slots.long()
+    s = state[idx].float()  # [B, H, Dk, Dv]
+    s = s * g.float().exp()[..., None, None]
+    mem = (s * kf.unsqueeze(-1)).sum(dim=-2)
+    delta = (v.float() - mem) * beta.float().unsqueeze(-1)
+    s = s + kf.unsqueeze(-1) * delta.unsqueeze(-2)
+    out = (s * qf.unsqueeze(-1)).sum(dim=-2)
+    state[idx] = s.to(state.dtype)
+    return out.to(v.dtype)

@@ -1,0 +1,123 @@
+"""Torch twins of paged attention: KV write, varlen prefill/extend, batched decode.
+
+Pool layout (one full-attention layer)::
+
+    k_cache, v_cache : [num_pages, PAGE, Hkv, D]      PAGE = 64 tokens
+    token t of a sequence lives at page_table[b, t // PAGE], row t % PAGE
+
+A flat slot index is ``page * PAGE + row``; ``slot_mapping[i]`` is the slot
+new token ``i`` is written to. Queries are packed varlen::
+
+    q          : [T, Hq, D]         tokens of all sequences back to back
+    cu_seqlens : [B + 1] int        sequence b owns q[cu[b]:cu[b+1]]
+    seq_lens   : [B] int            context length of b *after* this step,
+                                    so its queries sit at positions
+                                    seq_lens[b] - n_b ... seq_lens[b] - 1
+    page_table : [B, max_pages] int32, entries past the context unused
+
+GQA: query head h reads kv head h // (Hq // Hkv). Softmax runs in fp32.
+Nothing outside a sequence's first ``seq_lens[b]`` slots is read into a
+result: masked keys and values are replaced, not multiplied by zero, so a
+NaN-filled free page cannot leak into an output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter ``key``/``value`` [T, Hkv, D] into their slots of the pool, in place."""
+    num_pages, page, hkv, d = k_cache.shape
+    k_flat = k_cache.view(num_pages * page, hkv, d)
+    v_flat = v_cache.view(num_pages * page, hkv, d)
+    idx = slot_mapping.long()
+    k_flat.index_copy_(0, idx, key.to(k_cache.dtype))
+    v_flat.index_copy_(0, idx, value.to(v_cache.dtype))
+
+
+def gather_context(cache: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` tokens of one sequence as [length, Hkv, D]."""
+    page = cache.shape[1]
+    used = (length + page - 1) // page
+    return cache[pages[:used].long()].reshape(used * page, *cache.shape[2:])[:length]
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a varlen chunk batch over each sequence's pages.
+
+    Each query attends to every earlier token of its sequence (from the pool)
+    and to itself. Returns [T, Hq, D] in the query's dtype.
+    """
+    total, hq, d = query.shape
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    out = torch.empty_like(query)
+    cu = cu_seqlens.tolist()
+    lens = seq_lens.tolist()
+    for b in range(len(lens)):
+        qs, qe = cu[b], cu[b + 1]
+        n, length = qe - qs, lens[b]
+        if n == 0:
+            continue
+        start = length - n
+        k = gather_context(k_cache, page_table[b], length).to(query.dtype)
+        v = gather_context(v_cache, page_table[b], length).to(query.dtype)
+        q = query[qs:qe].view(n, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, g, n, D]
+        kt = k.permute(1, 2, 0).unsqueeze(1)  # [Hkv, 1, D, L]
+        scores = torch.matmul(q, kt) * scale  # [Hkv, g, n, L]
+        qpos = torch.arange(start, length, device=query.device).view(n, 1)
+        kpos = torch.arange(length, device=query.device).view(1, length)
+        scores = scores.masked_fill(kpos > qpos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        o = torch.matmul(probs, v.permute(1, 0, 2).unsqueeze(1))  # [Hkv, g, n, D]
+        out[qs:qe] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
+    return out
+
+
+def decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence ([B, Hq, D]) over contexts of different lengths.
+
+    Vectorised over the batch: contexts are gathered to the longest one and
+    masked. Returns [B, Hq, D].
+    """
+    bsz, hq, d = query.shape
+    page = k_cache.shape[1]
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    max_len = int(seq_lens.max())
+    used = (max_len + page - 1) // page
+    pages = page_table[:, :used].long().clamp(min=0)
+    k = k_cache[pages].reshape(bsz, used * page, hkv, d)[:, :max_len]
+    v = v_cache[pages].reshape(bsz, used * page, hkv, d)[:, :max_len]
+    valid = torch.arange(max_len, device=query.device).view(1, max_len) < seq_lens.view(bsz, 1)
+    valid4 = valid.view(bsz, max_len, 1, 1)
+    k = torch.where(valid4, k, torch.zeros((), dtype=k.dtype, device=k.device)).to(query.dtype)
+    v = torch.where(valid4, v, torch.zeros((), dtype=v.dtype, device=v.device)).to(query.dtype)
+    q = query.view(bsz, hkv, group, 1, d)
+    scores = torch.matmul(q, k.permute(0, 2, 3, 1).unsqueeze(2)) * scale  # [B, Hkv, g, 1, L]
+    scores = scores.masked_fill(~valid.view(bsz, 1, 1, 1, max_len), float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    o = torch.matmul(probs, v.permute(0, 2, 1, 3).unsqueeze(2))  # [B, Hkv, g, 1, D]
+    return o.reshape(bsz, hq, d)
