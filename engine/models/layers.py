@@ -43,8 +43,12 @@ class PartialRotary(nn.Module):
     def __init__(self, rotary_dim: int, theta: float):
         super().__init__()
         self.rotary_dim = rotary_dim
-        inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.theta = theta
+        self.register_buffer("inv_freq", self.frequencies(), persistent=False)
+
+    def frequencies(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        steps = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device)
+        return 1.0 / (self.theta ** (steps / self.rotary_dim))
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)

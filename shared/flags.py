@@ -1,0 +1,95 @@
+"""CLI flags derived from frozen config dataclasses.
+
+A process's config is one frozen dataclass; each field's ``metadata`` holds
+its help text (and optionally ``choices``, ``flag`` and a ``parse`` function).
+``add_flags`` turns the fields into ``--kebab-case`` flags and
+``from_args`` builds the config back, so flags, help and defaults are
+defined once. Byte sizes accept suffixes (``2G``, ``512M``, ``64K``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'2G' -> 2147483648; plain integers pass through. Raises ValueError."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"not a byte size: {text!r} (examples: 1048576, 512M, 2G)")
+    unit = (m.group(2) or "").lower()[:1]
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def field_doc(help_text: str, **extra) -> dict:
+    """Metadata for a config field: ``field(default=..., metadata=field_doc("..."))``."""
+    return {"help": help_text, **extra}
+
+
+def _base_type(tp):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else str
+    return tp
+
+
+def _bool(text: str) -> bool:
+    low = str(text).lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on/off, got {text!r}")
+
+
+def add_flags(parser: argparse.ArgumentParser, config_cls, skip: tuple[str, ...] = ()) -> None:
+    hints = typing.get_type_hints(config_cls)
+    for f in dataclasses.fields(config_cls):
+        if f.name in skip or f.metadata.get("cli") is False:
+            continue
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        tp = _base_type(hints[f.name])
+        kwargs = {"dest": f.name, "help": f.metadata.get("help", "")}
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        if "parse" in f.metadata:
+            kwargs["type"] = f.metadata["parse"]
+        elif tp is bool:
+            kwargs["type"] = _bool
+            kwargs["metavar"] = "on|off"
+        elif tp in (int, float, str):
+            kwargs["type"] = tp
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("repeat"):
+            kwargs["action"] = "append"
+            kwargs["default"] = None
+        else:
+            kwargs["default"] = default
+        if default not in (None, "", ()) and not f.metadata.get("repeat"):
+            kwargs["help"] += f" (default: {default})"
+        parser.add_argument(flag, **kwargs)
+
+
+def from_args(config_cls, args: argparse.Namespace, **overrides):
+    values = {}
+    for f in dataclasses.fields(config_cls):
+        if hasattr(args, f.name):
+            value = getattr(args, f.name)
+            if value is None and f.metadata.get("repeat"):
+                continue
+            if isinstance(value, list) and f.metadata.get("repeat"):
+                value = tuple(value)
+            values[f.name] = value
+    values.update(overrides)
+    return config_cls(**values)
