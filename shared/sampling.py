@@ -1,0 +1,98 @@
+"""Per-request sampling parameters, as the gateway sends them and the engine applies them.
+
+One frozen dataclass; every field is checked when it is built, with the same
+limits whether it comes from the gateway's own code or off the wire. Disabled
+filters have neutral values: ``top_p = 1``, ``top_k = 0``, ``min_p = 0``,
+penalties 0 (presence, frequency) and 1 (repetition). ``n`` is not here: the
+gateway fans a request with several choices out into one stream per choice.
+
+No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from shared.wire_fields import (
+    MAX_TOKEN_ID,
+    check_bool,
+    check_float,
+    check_int,
+    check_opt_int,
+    check_token_ids,
+)
+
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_TOKEN_IDS = 1024
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token and when to stop."""
+
+    temperature: float = 1.0
+    """0 means greedy; otherwise logits are divided by it. Range [0, 100]."""
+    top_p: float = 1.0
+    """Nucleus mass kept, in (0, 1]; 1 keeps everything."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
+    min_p: float = 0.0
+    """Drop tokens below min_p times the top token's probability, in [0, 1]."""
+    presence_penalty: float = 0.0
+    """Subtracted once from a token's logit if it was generated before, in [-2, 2]."""
+    frequency_penalty: float = 0.0
+    """Subtracted per earlier occurrence in the output, in [-2, 2]."""
+    repetition_penalty: float = 1.0
+    """Divides positive (multiplies negative) logits of tokens seen in prompt or output, in (0, 100]."""
+    seed: int | None = None
+    """Per-request RNG seed in [0, 2**63); None draws from the engine's generator."""
+    max_tokens: int = 16
+    """Most completion tokens, >= 1 (the engine also stops at the model length)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end the stream (the stop token is part of the output)."""
+    ignore_eos: bool = False
+    """Keep going past the model's end-of-sequence tokens."""
+    logprobs: bool = False
+    """Return the chosen tokens' log probabilities."""
+    top_logprobs: int = 0
+    """Also return this many most likely alternatives per token, in [0, 20]; needs logprobs."""
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "temperature", check_float("temperature", self.temperature, 0.0, 100.0))
+        set_(self, "top_p", check_float("top_p", self.top_p, 0.0, 1.0))
+        if self.top_p == 0.0:
+            raise ValueError("top_p must be in (0, 1], got 0")
+        check_int("top_k", self.top_k, 0, MAX_TOKEN_ID)
+        set_(self, "min_p", check_float("min_p", self.min_p, 0.0, 1.0))
+        set_(self, "presence_penalty", check_float("presence_penalty", self.presence_penalty, -2.0, 2.0))
+        set_(self, "frequency_penalty", check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
+        set_(self, "repetition_penalty", check_float("repetition_penalty", self.repetition_penalty, 0.0, 100.0))
+        if self.repetition_penalty == 0.0:
+            raise ValueError("repetition_penalty must be in (0, 100], got 0")
+        check_opt_int("seed", self.seed, 0, 2**63 - 1)
+        check_int("max_tokens", self.max_tokens, 1, 2**31 - 1)
+        set_(self, "stop_token_ids", check_token_ids("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS))
+        check_bool("ignore_eos", self.ignore_eos)
+        check_bool("logprobs", self.logprobs)
+        check_int("top_logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS)
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @staticmethod
+    def json_keys() -> tuple[str, ...]:
+        return tuple(f.name for f in fields(SamplingParams))
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> SamplingParams:
+        """Build from a dict holding exactly ``json_keys()`` (checked by the caller)."""
+        return cls(**obj)

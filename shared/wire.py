@@ -1,0 +1,434 @@
+"""The gateway <-> engine wire protocol: typed messages and their ZeroMQ framing.
+
+A message is a ZeroMQ multipart message:
+
+    frame 0    orjson header {"type": <name>, "v": PROTOCOL_VERSION, <fields>...}
+    frame 1..  raw little-endian int32 arrays (see ``shared.wire_fields``)
+
+No pickle anywhere. ``encode(msg) -> list[bytes]`` and
+``decode(frames) -> msg``; decode raises ``WireError`` (never anything else)
+for anything malformed: not a list of byte frames, bad JSON, unknown type,
+wrong version, wrong field types, ragged frames, out-of-range values, missing
+or unknown fields. Every message checks its own fields when built, so a
+malformed message cannot be sent either.
+
+Directions:
+    gateway -> engine   Generate, Abort, Stats
+    engine -> gateway   TokenBatch, Finished, Refused, ErrorReply, StatsReply
+
+``n`` (several choices) is not a field: the gateway fans a request out into
+one Generate per choice. Other message families (engine <-> tierd) register
+their classes with ``register`` and share ``encode``/``decode``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import orjson
+
+from shared.sampling import SamplingParams
+from shared.wire_fields import (
+    MAX_FRAME_TOKENS,
+    HeaderFields,
+    WireError,
+    check_choice,
+    check_float,
+    check_int,
+    check_opt_int,
+    check_str,
+    check_token_ids,
+    frame_to_tokens,
+    tokens_to_frame,
+)
+from shared.wire_parts import ReuseInfo, StreamTokens, Timings, TokenLogprobs, Usage
+
+__all__ = [
+    "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
+    "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "Finished", "Refused",
+    "ErrorReply", "StatsReply", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "encode", "decode", "register",
+]
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 16 << 20
+MAX_ID_CHARS = 256
+MAX_TEXT_CHARS = 8192
+MAX_STATS = 1024
+
+REQUEST_CLASSES = ("interactive", "agent")
+FINISH_REASONS = ("stop", "length", "abort", "error")
+REFUSAL_REASONS = ("queue_full", "too_long", "bad_request", "unknown_model", "shutting_down")
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make ``cls`` (with ``TYPE``, ``FRAMES``, ``_header``, ``_frames``, ``_decode``) decodable."""
+    if cls.TYPE in _REGISTRY:
+        raise ValueError(f"wire message type {cls.TYPE!r} is registered twice")
+    _REGISTRY[cls.TYPE] = cls
+    return cls
+
+
+def _check_id(value: object, name: str = "id") -> str:
+    return check_str(name, value, MAX_ID_CHARS, allow_empty=False)
+
+
+# ----- gateway -> engine ---------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class Generate:
+    """Start one completion stream.
+
+    Capture marks are token indices into ``prompt_ids`` computed by the gateway
+    from the rendered template: ``system_end`` is where the system + tools block
+    ends, ``opener_start`` where the generation opener (``<|im_start|>assistant``)
+    starts; ``last_is_user`` says the last message is a real user turn (not a
+    tool result). ``model`` names the model asked for (None: the loaded one).
+    """
+
+    TYPE: ClassVar[str] = "generate"
+    FRAMES: ClassVar[int] = 1  # the prompt token ids
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    system_end: int | None = None
+    opener_start: int | None = None
+    last_is_user: bool = False
+    request_class: str = "interactive"
+    model: str | None = None
+
+    def __post_init__(self):
+        _check_id(self.id)
+        ids = check_token_ids("prompt_ids", self.prompt_ids)
+        if not ids:
+            raise ValueError("prompt_ids must not be empty")
+        object.__setattr__(self, "prompt_ids", ids)
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"sampling must be SamplingParams, got {type(self.sampling).__name__}")
+        n = len(ids)
+        check_opt_int("system_end", self.system_end, 0, n)
+        check_opt_int("opener_start", self.opener_start, 0, n)
+        if self.system_end is not None and self.opener_start is not None and self.system_end > self.opener_start:
+            raise ValueError(f"system_end ({self.system_end}) is after opener_start ({self.opener_start})")
+        if type(self.last_is_user) is not bool:
+            raise TypeError("last_is_user must be true or false")
+        check_choice("request_class", self.request_class, REQUEST_CLASSES)
+        if self.model is not None:
+            check_str("model", self.model, MAX_ID_CHARS, allow_empty=False)
+
+    def _header(self) -> dict:
+        return {
+            "id": self.id, "sampling": self.sampling.to_json(), "system_end": self.system_end,
+            "opener_start": self.opener_start, "last_is_user": self.last_is_user,
+            "request_class": self.request_class, "model": self.model,
+        }
+
+    def _frames(self) -> list[bytes]:
+        return [tokens_to_frame(self.prompt_ids)]
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> Generate:
+        sampling = SamplingParams.from_json(h.take_dict("sampling", SamplingParams.json_keys()))
+        return cls(
+            id=h.take("id"), prompt_ids=frame_to_tokens("prompt", frames[0]), sampling=sampling,
+            system_end=h.take("system_end"), opener_start=h.take("opener_start"),
+            last_is_user=h.take("last_is_user"), request_class=h.take("request_class"), model=h.take("model"),
+        )
+
+
+@register
+@dataclass(frozen=True)
+class Abort:
+    """Stop a stream (client went away, or the gateway gave up on it)."""
+
+    TYPE: ClassVar[str] = "abort"
+    FRAMES: ClassVar[int] = 0
+
+    id: str
+
+    def __post_init__(self):
+        _check_id(self.id)
+
+    def _header(self) -> dict:
+        return {"id": self.id}
+
+    def _frames(self) -> list[bytes]:
+        return []
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> Abort:
+        return cls(id=h.take("id"))
+
+
+@register
+@dataclass(frozen=True)
+class Stats:
+    """Ask the engine for a StatsReply."""
+
+    TYPE: ClassVar[str] = "stats"
+    FRAMES: ClassVar[int] = 0
+
+    def _header(self) -> dict:
+        return {}
+
+    def _frames(self) -> list[bytes]:
+        return []
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> Stats:
+        return cls()
+
+
+# ----- engine -> gateway ---------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class TokenBatch:
+    """Every stream's new tokens from one engine round, in one message.
+
+    Layout: header ``ids`` and ``counts`` are parallel lists; frame 1 is all the
+    streams' tokens concatenated in that order (stream i owns the slice after
+    the first sum(counts[:i]) tokens). ``logprobs`` is present in the header
+    only when some stream asked for it: a list parallel to ``ids`` of null or
+    {"logprobs", "top_ids", "top_logprobs"} (-inf as null).
+    """
+
+    TYPE: ClassVar[str] = "token_batch"
+    FRAMES: ClassVar[int] = 1
+
+    streams: tuple[StreamTokens, ...]
+
+    def __post_init__(self):
+        streams = tuple(self.streams) if isinstance(self.streams, (list, tuple)) else self.streams
+        if type(streams) is not tuple or not all(isinstance(s, StreamTokens) for s in streams):
+            raise TypeError("streams must be a list of StreamTokens")
+        if len({s.id for s in streams}) != len(streams):
+            raise ValueError("a stream appears twice in one TokenBatch")
+        if sum(len(s.token_ids) for s in streams) > MAX_FRAME_TOKENS:
+            raise ValueError(f"a TokenBatch holds at most {MAX_FRAME_TOKENS} tokens")
+        object.__setattr__(self, "streams", streams)
+
+    def _header(self) -> dict:
+        header = {"ids": [s.id for s in self.streams], "counts": [len(s.token_ids) for s in self.streams]}
+        if any(s.logprobs is not None for s in self.streams):
+            header["logprobs"] = [None if s.logprobs is None else s.logprobs.to_json() for s in self.streams]
+        return header
+
+    def _frames(self) -> list[bytes]:
+        return [tokens_to_frame([t for s in self.streams for t in s.token_ids])]
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> TokenBatch:
+        ids, counts, lps = h.take("ids"), h.take("counts"), h.take_opt("logprobs")
+        if type(ids) is not list or type(counts) is not list or len(ids) != len(counts):
+            raise WireError("token_batch ids and counts must be lists of the same length")
+        if lps is not None and (type(lps) is not list or len(lps) != len(ids)):
+            raise WireError("token_batch logprobs must be a list parallel to ids")
+        for i, c in enumerate(counts):
+            check_int(f"counts[{i}]", c, 1, MAX_FRAME_TOKENS)
+        tokens = frame_to_tokens("tokens", frames[0])
+        if sum(counts) != len(tokens):
+            raise WireError(f"token_batch counts sum to {sum(counts)} but the frame holds {len(tokens)} tokens")
+        streams, at = [], 0
+        for i, (sid, c) in enumerate(zip(ids, counts)):
+            lp = None if lps is None or lps[i] is None else TokenLogprobs.from_json(lps[i])
+            streams.append(StreamTokens(id=sid, token_ids=tokens[at:at + c], logprobs=lp))
+            at += c
+        return cls(streams=tuple(streams))
+
+
+@register
+@dataclass(frozen=True)
+class Finished:
+    """The last message of a stream: why it ended, what it cost, what it reused."""
+
+    TYPE: ClassVar[str] = "finished"
+    FRAMES: ClassVar[int] = 0
+
+    id: str
+    finish_reason: str
+    usage: Usage
+    reuse: ReuseInfo = ReuseInfo()
+    timings: Timings = Timings()
+    message: str = ""  # human-readable detail, set when finish_reason is "error"
+
+    def __post_init__(self):
+        _check_id(self.id)
+        check_choice("finish_reason", self.finish_reason, FINISH_REASONS)
+        for name, kind in (("usage", Usage), ("reuse", ReuseInfo), ("timings", Timings)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"{name} must be {kind.__name__}")
+        check_str("message", self.message, MAX_TEXT_CHARS)
+
+    def _header(self) -> dict:
+        return {
+            "id": self.id, "finish_reason": self.finish_reason, "usage": self.usage.to_json(),
+            "reuse": self.reuse.to_json(), "timings": self.timings.to_json(), "message": self.message,
+        }
+
+    def _frames(self) -> list[bytes]:
+        return []
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> Finished:
+        return cls(
+            id=h.take("id"), finish_reason=h.take("finish_reason"),
+            usage=Usage(**h.take_dict("usage", _names(Usage))),
+            reuse=ReuseInfo(**h.take_dict("reuse", _names(ReuseInfo))),
+            timings=Timings(**h.take_dict("timings", _names(Timings))), message=h.take("message"),
+        )
+
+
+@register
+@dataclass(frozen=True)
+class Refused:
+    """A Generate the engine will not run; nothing was started for it."""
+
+    TYPE: ClassVar[str] = "refused"
+    FRAMES: ClassVar[int] = 0
+
+    id: str
+    reason: str  # one of REFUSAL_REASONS
+    message: str
+
+    def __post_init__(self):
+        _check_id(self.id)
+        check_choice("reason", self.reason, REFUSAL_REASONS)
+        check_str("message", self.message, MAX_TEXT_CHARS)
+
+    def _header(self) -> dict:
+        return {"id": self.id, "reason": self.reason, "message": self.message}
+
+    def _frames(self) -> list[bytes]:
+        return []
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> Refused:
+        return cls(id=h.take("id"), reason=h.take("reason"), message=h.take("message"))
+
+
+@register
+@dataclass(frozen=True)
+class ErrorReply:
+    """Answer to input that could not be decoded at all (no request id is trusted)."""
+
+    TYPE: ClassVar[str] = "error"
+    FRAMES: ClassVar[int] = 0
+
+    message: str
+
+    def __post_init__(self):
+        check_str("message", self.message, MAX_TEXT_CHARS)
+
+    def _header(self) -> dict:
+        return {"message": self.message}
+
+    def _frames(self) -> list[bytes]:
+        return []
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> ErrorReply:
+        return cls(message=h.take("message"))
+
+
+@register
+@dataclass(frozen=True)
+class StatsReply:
+    """Named engine counters and gauges (finite numbers only)."""
+
+    TYPE: ClassVar[str] = "stats_reply"
+    FRAMES: ClassVar[int] = 0
+
+    values: dict
+
+    def __post_init__(self):
+        if type(self.values) is not dict:
+            raise TypeError("values must be a dict of name -> number")
+        if len(self.values) > MAX_STATS:
+            raise ValueError(f"at most {MAX_STATS} stats allowed")
+        for k, v in self.values.items():
+            check_str("stat name", k, MAX_ID_CHARS, allow_empty=False)
+            if type(v) is float:
+                check_float(f"stat {k}", v, -math.inf, math.inf)
+                if math.isinf(v):
+                    raise ValueError(f"stat {k} must be finite")
+            elif type(v) is not int or abs(v) > 2**63 - 1:
+                raise TypeError(f"stat {k} must be a finite number, got {v!r}")
+
+    def _header(self) -> dict:
+        return {"values": self.values}
+
+    def _frames(self) -> list[bytes]:
+        return []
+
+    @classmethod
+    def _decode(cls, h: HeaderFields, frames: list) -> StatsReply:
+        return cls(values=h.take("values"))
+
+
+GATEWAY_TO_ENGINE = (Generate, Abort, Stats)
+ENGINE_TO_GATEWAY = (TokenBatch, Finished, Refused, ErrorReply, StatsReply)
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+# ----- framing -------------------------------------------------------------
+
+
+def encode(msg: object) -> list[bytes]:
+    """The frames of ``msg``: header first, then its array frames."""
+    if type(msg) not in _REGISTRY.values():
+        raise WireError(f"{type(msg).__name__} is not a wire message")
+    header = {"type": msg.TYPE, "v": PROTOCOL_VERSION, **msg._header()}
+    return [orjson.dumps(header), *msg._frames()]
+
+
+def decode(frames: object, accept: tuple[type, ...] | None = None) -> object:
+    """Decode one multipart message; ``accept`` limits the types allowed here.
+
+    Raises ``WireError`` with a clear message for anything malformed.
+    """
+    if not isinstance(frames, (list, tuple)):
+        raise WireError(f"a message is a list of frames, got {type(frames).__name__}")
+    if not frames:
+        raise WireError("empty message (no header frame)")
+    for i, frame in enumerate(frames):
+        if not isinstance(frame, (bytes, bytearray, memoryview)):
+            raise WireError(f"frame {i} is {type(frame).__name__}, not bytes")
+    if memoryview(frames[0]).nbytes > MAX_HEADER_BYTES:
+        raise WireError(f"header frame over {MAX_HEADER_BYTES} bytes")
+    try:
+        header = orjson.loads(frames[0])
+    except orjson.JSONDecodeError as e:
+        raise WireError(f"header frame is not JSON: {e}") from None
+    if type(header) is not dict:
+        raise WireError(f"header must be a JSON object, got {type(header).__name__}")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION or type(version) is not int:
+        raise WireError(f"protocol version {version!r}, this side speaks {PROTOCOL_VERSION}")
+    type_name = header.get("type")
+    cls = _REGISTRY.get(type_name) if type(type_name) is str else None
+    if cls is None:
+        raise WireError(f"unknown message type {type_name!r}")
+    if accept is not None and cls not in accept:
+        raise WireError(f"message type {type_name!r} is not accepted on this socket")
+    if len(frames) != 1 + cls.FRAMES:
+        raise WireError(f"{type_name} message has {len(frames)} frames, expected {1 + cls.FRAMES}")
+    h = HeaderFields(header, type_name)
+    try:
+        msg = cls._decode(h, list(frames[1:]))
+        h.done()
+    except WireError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise WireError(f"bad {type_name} message: {e}") from None
+    return msg

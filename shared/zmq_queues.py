@@ -1,0 +1,243 @@
+"""Typed ZeroMQ channels: one socket, one I/O thread, two queues.
+
+The compute loop never touches a socket. A ``Channel`` owns one ZeroMQ socket
+and one thread that does all its I/O:
+
+    peer ──frames──> [socket] ──decode──> inbox  (queue.Queue[Envelope]) ──> compute loop
+    peer <──frames── [socket] <─encode─── outbox (send(), any thread)    <── compute loop
+
+- Incoming frames are decoded with ``shared.wire.decode`` limited to the
+  channel's ``accept`` types. What fails to decode is garbage: it is counted
+  (``garbage_count``, ``last_garbage``), and on a ROUTER socket the sender
+  is answered with an ``ErrorReply`` naming the problem. The thread keeps
+  running whatever arrives. An ``ErrorReply`` is never answered (no loops).
+- ``send`` is thread safe: it puts the message on the outbox and wakes the
+  I/O thread through a pipe, which the thread polls next to the socket. A
+  ROUTER send needs the peer's identity (from the Envelope it answers).
+- ``MAXMSGSIZE`` bounds what a peer can make us buffer.
+
+ROUTER is the serving side (engine for gateways, tierd for the engine),
+DEALER the client side; ``bind_router`` and ``connect_dealer`` build both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from shared.wire import ErrorReply, WireError, decode, encode
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 << 20
+"""Largest multipart message a channel accepts (ZMQ_MAXMSGSIZE); a larger one drops the connection."""
+
+_POLL_MS = 100  # how often the thread checks for close() when nothing happens
+_RECV_BATCH = 256  # messages drained per wakeup before sends get a turn
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A decoded message and who sent it (ROUTER identity; None on other sockets)."""
+
+    peer: bytes | None
+    message: object
+
+
+class Channel:
+    """Owns ``socket`` and its I/O thread; see the module docstring."""
+
+    def __init__(
+        self,
+        socket: zmq.Socket,
+        accept: tuple[type, ...],
+        *,
+        name: str = "channel",
+        notify: Callable[[], None] | None = None,
+    ):
+        """``notify`` is called (on the I/O thread) after each message is put on the inbox,
+        e.g. ``lambda: loop.call_soon_threadsafe(event.set)`` for an asyncio consumer."""
+        if not accept:
+            raise ValueError("a channel must accept at least one message type")
+        self.socket = socket
+        self.accept = tuple(accept)
+        self.name = name
+        self.inbox: queue.Queue[Envelope] = queue.Queue()
+        self.garbage_count = 0
+        self.last_garbage = ""
+        self._notify = notify
+        self._router = socket.type == zmq.ROUTER
+        self._outbox: deque[tuple[bytes | None, list[bytes]]] = deque()
+        self._pending: deque[list[bytes]] = deque()  # encoded, not yet accepted by the socket
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"zmq-{name}", daemon=True)
+        self._closed = False
+
+    # ----- compute-loop side ------------------------------------------------
+
+    def start(self) -> Channel:
+        self._thread.start()
+        return self
+
+    def send(self, message: object, peer: bytes | None = None) -> None:
+        """Queue ``message`` for sending; on a ROUTER ``peer`` is required."""
+        if self._closed:
+            raise RuntimeError(f"channel {self.name} is closed")
+        if self._router and peer is None:
+            raise ValueError(f"channel {self.name} is a ROUTER: send needs the peer identity")
+        if not self._router and peer is not None:
+            raise ValueError(f"channel {self.name} has a single peer: do not pass peer")
+        frames = encode(message)  # raises WireError on the caller's thread, not the I/O thread
+        self._outbox.append((peer, frames))
+        self._wake()
+
+    def get(self, timeout: float | None = None) -> Envelope:
+        """The next inbound message; raises ``queue.Empty`` after ``timeout`` seconds."""
+        return self.inbox.get(timeout=timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the thread, then close the socket (pending sends get ``timeout`` to leave)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.socket.close(linger=int(timeout * 1000))
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> Channel:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----- I/O thread ---------------------------------------------------------
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full, so the thread is already due to wake
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self.socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            try:
+                events = dict(poller.poll(_POLL_MS))
+            except zmq.ZMQError as e:
+                if e.errno == zmq.ETERM:
+                    return
+                raise
+            if self._wake_r in events:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            try:
+                if events.get(self.socket, 0) & zmq.POLLIN:
+                    self._receive_some()
+                self._send_some()
+            except zmq.ZMQError as e:
+                if e.errno == zmq.ETERM:
+                    return
+                log.exception("%s: socket error; the channel keeps running", self.name)
+            except Exception:  # a bug must not silently end the thread
+                log.exception("%s: unexpected error; the channel keeps running", self.name)
+            # Wait for POLLOUT only while a send is blocked by the high-water mark.
+            poller.modify(self.socket, zmq.POLLIN | (zmq.POLLOUT if self._pending else 0))
+        try:
+            self._send_some()  # last chance for queued replies before the socket closes
+        except zmq.ZMQError:
+            pass
+
+    def _receive_some(self) -> None:
+        for _ in range(_RECV_BATCH):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            peer = None
+            if self._router:
+                peer, frames = frames[0], frames[1:]
+            try:
+                message = decode(frames, self.accept)
+            except WireError as e:
+                self._garbage(peer, frames, str(e))
+                continue
+            self.inbox.put(Envelope(peer, message))
+            if self._notify is not None:
+                try:
+                    self._notify()
+                except Exception:
+                    log.exception("%s: notify callback failed", self.name)
+
+    def _garbage(self, peer: bytes | None, frames: list[bytes], problem: str) -> None:
+        self.garbage_count += 1
+        self.last_garbage = problem
+        log.warning("%s: dropped a malformed message: %s", self.name, problem)
+        if not self._router or _is_error_reply(frames):
+            return
+        self._pending.append([peer, *encode(ErrorReply(message=problem[:4000]))])
+
+    def _send_some(self) -> None:
+        while self._outbox:
+            peer, frames = self._outbox.popleft()
+            self._pending.append(frames if peer is None else [peer, *frames])
+        while self._pending:
+            try:
+                self.socket.send_multipart(self._pending[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return  # high-water mark: retry when the socket is writable
+            except zmq.ZMQError as e:  # e.g. ROUTER_MANDATORY and an unknown peer
+                log.warning("%s: send failed: %s", self.name, e)
+            self._pending.popleft()
+
+
+def _is_error_reply(frames: list[bytes]) -> bool:
+    try:
+        return isinstance(decode(frames), ErrorReply)
+    except WireError:
+        return False
+
+
+def _configure(sock: zmq.Socket) -> zmq.Socket:
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    sock.setsockopt(zmq.LINGER, 0)
+    return sock
+
+
+def bind_router(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], **kwargs) -> Channel:
+    """A serving channel bound at ``endpoint``; it answers garbage with ErrorReply."""
+    sock = _configure(ctx.socket(zmq.ROUTER))
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as e:
+        sock.close()
+        raise OSError(f"cannot bind {endpoint}: {e}") from None
+    return Channel(sock, accept, **kwargs)
+
+
+def connect_dealer(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], **kwargs) -> Channel:
+    """A client channel connected to ``endpoint`` (ZeroMQ reconnects on its own)."""
+    sock = _configure(ctx.socket(zmq.DEALER))
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as e:
+        sock.close()
+        raise OSError(f"cannot connect to {endpoint}: {e}") from None
+    return Channel(sock, accept, **kwargs)

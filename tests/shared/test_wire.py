@@ -1,0 +1,255 @@
+"""The wire protocol: every message round-trips, and malformed input only ever raises WireError."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.wire import (
+    ENGINE_TO_GATEWAY,
+    GATEWAY_TO_ENGINE,
+    PROTOCOL_VERSION,
+    Abort,
+    ErrorReply,
+    Finished,
+    Generate,
+    Refused,
+    ReuseInfo,
+    SamplingParams,
+    Stats,
+    StatsReply,
+    StreamTokens,
+    Timings,
+    TokenBatch,
+    TokenLogprobs,
+    Usage,
+    WireError,
+    decode,
+    encode,
+)
+
+FULL_SAMPLING = SamplingParams(
+    temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.5,
+    repetition_penalty=1.1, seed=2**62, max_tokens=512, stop_token_ids=(7, 9), ignore_eos=True,
+    logprobs=True, top_logprobs=3,
+)
+
+MESSAGES = [
+    Generate(id="r1", prompt_ids=(1, 2, 3, 2**31 - 1, 0), sampling=SamplingParams()),
+    Generate(
+        id="chatcmpl-x-0", prompt_ids=tuple(range(200)), sampling=FULL_SAMPLING, system_end=64,
+        opener_start=190, last_is_user=True, request_class="agent", model="qwen3.5-27b",
+    ),
+    Abort(id="r1"),
+    Stats(),
+    TokenBatch(streams=()),
+    TokenBatch(streams=(StreamTokens("a", (5,)), StreamTokens("b", (6, 7, 8)))),
+    TokenBatch(streams=(
+        StreamTokens("a", (5,)),
+        StreamTokens("b", (6, 7), TokenLogprobs((-0.1, -math.inf), ((6, 1), (7, 2)), ((-0.1, -2.0), (-math.inf, -math.inf)))),
+    )),
+    Finished(id="r1", finish_reason="length", usage=Usage(prompt_tokens=100, completion_tokens=16, cached_tokens=64),
+             reuse=ReuseInfo("retained_prefix", "kv_ram"), timings=Timings(1.5, 20.25, 22.0)),
+    Finished(id="r2", finish_reason="error", usage=Usage(3, 0), message="runner failed"),
+    Refused(id="r3", reason="too_long", message="prompt of 9000 tokens exceeds max_model_len 8192"),
+    ErrorReply(message="header frame is not JSON"),
+    StatsReply(values={"num_requests_waiting": 3, "kv_cache_usage_perc": 0.25}),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg):
+    frames = encode(msg)
+    assert all(isinstance(f, bytes) for f in frames)
+    assert len(frames) == 1 + type(msg).FRAMES
+    header = orjson.loads(frames[0])
+    assert header["type"] == msg.TYPE and header["v"] == PROTOCOL_VERSION
+    assert decode(frames) == msg
+    # memoryview and bytearray frames decode the same
+    assert decode([memoryview(f) for f in frames]) == msg
+    assert decode([bytearray(f) for f in frames]) == msg
+
+
+def test_every_type_is_covered_and_split_by_direction():
+    assert {type(m) for m in MESSAGES} == set(GATEWAY_TO_ENGINE) | set(ENGINE_TO_GATEWAY)
+    assert not set(GATEWAY_TO_ENGINE) & set(ENGINE_TO_GATEWAY)
+
+
+def test_token_frame_is_little_endian_int32():
+    frames = encode(Generate(id="a", prompt_ids=(1, 256), sampling=SamplingParams()))
+    assert frames[1] == b"\x01\x00\x00\x00\x00\x01\x00\x00"
+
+
+def test_token_batch_layout_is_compact():
+    frames = encode(TokenBatch(streams=(StreamTokens("a", (1,)), StreamTokens("b", (2, 3)))))
+    assert orjson.loads(frames[0]) == {"type": "token_batch", "v": PROTOCOL_VERSION, "ids": ["a", "b"], "counts": [1, 2]}
+    assert frames[1] == b"\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00"
+
+
+def test_accept_limits_direction():
+    frames = encode(Abort("x"))
+    assert decode(frames, accept=GATEWAY_TO_ENGINE) == Abort("x")
+    with pytest.raises(WireError, match="not accepted"):
+        decode(frames, accept=ENGINE_TO_GATEWAY)
+
+
+def _header(msg, **changes) -> list[bytes]:
+    frames = encode(msg)
+    h = orjson.loads(frames[0])
+    for k, v in changes.items():
+        if v is _DROP:
+            del h[k]
+        else:
+            h[k] = v
+    return [orjson.dumps(h), *frames[1:]]
+
+
+_DROP = object()
+GEN = MESSAGES[1]
+
+
+@pytest.mark.parametrize("frames, match", [
+    (b"not a list", "list of frames"),
+    ([], "empty message"),
+    (["text"], "not bytes"),
+    ([b"{not json"], "not JSON"),
+    ([b"[1, 2]"], "JSON object"),
+    ([orjson.dumps({"type": "abort", "id": "x"})], "protocol version"),
+    ([orjson.dumps({"type": "abort", "v": PROTOCOL_VERSION + 1, "id": "x"})], "protocol version"),
+    ([orjson.dumps({"type": "abort", "v": True, "id": "x"})], "protocol version"),
+    ([orjson.dumps({"type": "launch", "v": PROTOCOL_VERSION})], "unknown message type"),
+    ([orjson.dumps({"type": 3, "v": PROTOCOL_VERSION})], "unknown message type"),
+    (_header(Abort("x"), id=_DROP), "missing field 'id'"),
+    (_header(Abort("x"), id=5), "id must be a string"),
+    (_header(Abort("x"), id=""), "must not be empty"),
+    (_header(Abort("x"), extra=1), "unknown field"),
+    ([*encode(Abort("x")), b""], "expected 1"),
+    (encode(GEN)[:1], "expected 2"),
+    ([encode(GEN)[0], b"\x01\x00\x00"], "not a multiple of 4"),
+    ([encode(GEN)[0], b"\xff\xff\xff\xff"], "negative token id"),
+    ([encode(GEN)[0], b""], "must not be empty"),
+    (_header(GEN, system_end=10**6), "system_end must be in"),
+    (_header(GEN, system_end=-1), "system_end must be in"),
+    (_header(GEN, system_end=195, opener_start=190), "after opener_start"),
+    (_header(GEN, last_is_user=1), "true or false"),
+    (_header(GEN, request_class="batch"), "request_class"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "n": 2}), "unknown field"),
+    (_header(GEN, sampling={k: v for k, v in FULL_SAMPLING.to_json().items() if k != "seed"}), "missing seed"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "max_tokens": 0}), "max_tokens"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "max_tokens": 2**64 - 1}), "max_tokens"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "max_tokens": 1.5}), "max_tokens must be an integer"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "temperature": "hot"}), "temperature must be a number"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "top_p": 0}), "top_p"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "seed": -1}), "seed"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "stop_token_ids": [-3]}), "stop_token_ids"),
+    (_header(GEN, sampling={**FULL_SAMPLING.to_json(), "logprobs": False}), "top_logprobs needs"),
+    (_header(GEN, sampling=[]), "must be an object"),
+    (_header(MESSAGES[5], counts=[1, 1]), "counts sum"),
+    (_header(MESSAGES[5], counts=[1]), "same length"),
+    (_header(MESSAGES[5], counts=[0, 4]), r"counts\[0\]"),
+    (_header(MESSAGES[5], ids=["a", "a"]), "twice"),
+    (_header(MESSAGES[5], logprobs=[None]), "parallel"),
+    (_header(MESSAGES[6], logprobs=[None, {"logprobs": [0.5, -1.0], "top_ids": [[], []], "top_logprobs": [[], []]}]),
+     "log probability"),
+    (_header(MESSAGES[6], logprobs=[None, {"logprobs": [-1.0], "top_ids": [[]], "top_logprobs": [[]]}]), "2 tokens"),
+    (_header(MESSAGES[7], finish_reason="done"), "finish_reason"),
+    (_header(MESSAGES[7], usage={"prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 2}), "exceeds"),
+    (_header(MESSAGES[7], usage={"prompt_tokens": 1, "completion_tokens": 1}), "missing cached_tokens"),
+    (_header(MESSAGES[7], reuse={"kind": "none", "tier": "device"}), "both be 'none'"),
+    (_header(MESSAGES[7], timings={"queue_ms": -1, "prefill_ms": 0, "ttft_ms": 0}), "queue_ms"),
+    (_header(MESSAGES[9], reason="busy"), "reason"),
+    (_header(MESSAGES[11], values={"x": "1"}), "finite number"),
+    (_header(MESSAGES[11], values={"x": True}), "finite number"),
+    (_header(MESSAGES[11], values=[1]), "dict"),
+])
+def test_malformed_raises_wire_error(frames, match):
+    with pytest.raises(WireError, match=match):
+        decode(frames)
+
+
+def test_encode_refuses_non_messages():
+    with pytest.raises(WireError, match="not a wire message"):
+        encode({"type": "abort"})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "NaN"),
+    ({"top_k": -1}, "top_k"),
+    ({"top_k": True}, "top_k must be an integer"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+])
+def test_sampling_params_refuse_bad_values(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_widen_ints_to_floats():
+    s = SamplingParams(temperature=1, top_p=1)
+    assert type(s.temperature) is float and type(s.top_p) is float
+    assert SamplingParams(temperature=0).greedy
+
+
+# ----- garbage ---------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+type_names = st.sampled_from([cls.TYPE for cls in (*GATEWAY_TO_ENGINE, *ENGINE_TO_GATEWAY)] + ["nope"])
+
+
+def _dumps(obj) -> bytes:
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # ints beyond 64 bits
+        return b"{}"
+
+
+@st.composite
+def plausible_messages(draw):
+    """A header with a real type and version but random fields, plus random frames."""
+    base = draw(st.sampled_from(MESSAGES))
+    header = orjson.loads(encode(base)[0])
+    for key in draw(st.lists(st.sampled_from(sorted(header)), max_size=3)):
+        header[key] = draw(json_values)
+    if draw(st.booleans()):
+        header[draw(st.text(max_size=6))] = draw(json_values)
+    header["type"] = draw(st.sampled_from([header["type"], draw(type_names)]))
+    frames = draw(st.lists(st.binary(max_size=24), max_size=3))
+    return [_dumps(header), *frames]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.binary(max_size=64), max_size=4))
+def test_random_bytes_only_raise_wire_error(frames):
+    try:
+        decode(frames)
+    except WireError:
+        pass
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plausible_messages())
+def test_random_fields_only_raise_wire_error(frames):
+    try:
+        msg = decode(frames)
+    except WireError:
+        return
+    assert decode(encode(msg)) == msg  # anything accepted must round-trip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(json_values, st.integers(), st.text()))
+def test_non_frame_inputs_only_raise_wire_error(obj):
+    try:
+        decode(obj)
+    except WireError:
+        pass
