@@ -15,7 +15,8 @@ new token ``i`` is written to. Queries are packed varlen::
                                     seq_lens[b] - n_b ... seq_lens[b] - 1
     page_table : [B, max_pages] int32, entries past the context unused
 
-GQA: query head h reads kv head h // (Hq // Hkv). Softmax runs in fp32.
+GQA: query head h reads kv head h // (Hq // Hkv). Prefill uses torch's
+fused scaled-dot-product attention with an explicit causal mask.
 Nothing outside a sequence's first ``seq_lens[b]`` slots is read into a
 result: masked keys and values are replaced, not multiplied by zero, so a
 NaN-filled free page cannot leak into an output.
@@ -24,6 +25,7 @@ NaN-filled free page cannot leak into an output.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def write_kv(
@@ -77,15 +79,13 @@ def prefill_attention(
         start = length - n
         k = gather_context(k_cache, page_table[b], length).to(query.dtype)
         v = gather_context(v_cache, page_table[b], length).to(query.dtype)
-        q = query[qs:qe].view(n, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, g, n, D]
-        kt = k.permute(1, 2, 0).unsqueeze(1)  # [Hkv, 1, D, L]
-        scores = torch.matmul(q, kt) * scale  # [Hkv, g, n, L]
+        q = query[qs:qe].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         qpos = torch.arange(start, length, device=query.device).view(n, 1)
         kpos = torch.arange(length, device=query.device).view(1, length)
-        scores = scores.masked_fill(kpos > qpos, float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        o = torch.matmul(probs, v.permute(1, 0, 2).unsqueeze(1))  # [Hkv, g, n, D]
-        out[qs:qe] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
+        o = F.scaled_dot_product_attention(
+            q, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+            attn_mask=kpos <= qpos, scale=scale, enable_gqa=group > 1)
+        out[qs:qe] = o[0].transpose(0, 1)
     return out
 
 

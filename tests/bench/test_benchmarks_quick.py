@@ -1,0 +1,31 @@
+"""Every benchmark runs in its quick mode, so none of them can rot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_quick(script: str, timeout: float = 300) -> str:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("script,name,keys", [
+    ("forward.py", "forward", ("prefill_ratio", "decode1_ratio", "decode16_ratio")),
+])
+def test_quick_mode_prints_bench_line(script, name, keys):
+    last = run_quick(script).strip().splitlines()[-1]
+    assert last.startswith(f"BENCH {name} "), last
+    fields = dict(kv.split("=") for kv in last.split()[2:])
+    for key in keys:
+        assert float(fields[key]) > 0
