@@ -1,0 +1,125 @@
+"""One request's bookkeeping inside the engine: what it asked for and how far it got.
+
+Pure Python, no torch. The caller fills in what was asked (id, prompt, sampling,
+class, capture marks, cut points); the scheduler owns everything else.
+
+Token layout: a request's tokens are its prompt followed by its output,
+
+    tokens      = prompt_ids + output_ids           (num_tokens of them)
+    computed    = tokens[:num_computed_tokens]      KV and recurrent state exist
+    next input  = tokens[num_computed_tokens]       (a decode feeds the last output)
+
+so after a preemption (recompute) the request prefills ``tokens`` again from
+position 0, its output so far included, and the last chunk's sampled token is
+its next output token.
+
+State machine (owned by the scheduler):
+
+    WAITING --admit--> PREFILLING --last chunk sampled--> DECODING --stop/length--> FINISHED
+       ^                    |                                 |
+       +----- preempt ------+---------------------------------+      abort: any state -> FINISHED
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.sequence_pages import SequencePages
+from shared.sampling import SamplingParams
+from shared.wire import REQUEST_CLASSES, Generate
+from shared.wire_fields import check_choice, check_str, check_token_ids
+
+CLASS_RANK = {name: rank for rank, name in enumerate(REQUEST_CLASSES)}
+"""Lower rank is admitted first and preempted last: interactive (0) above agent (1)."""
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+
+
+def capture_cuts(prompt_len: int, system_end: int | None, opener_start: int | None, page_tokens: int) -> tuple[int, ...]:
+    """Where prefill must cut so capture points exist: the end of the system block
+    rounded down to whole pages (retained prefix) and the generation opener
+    (prompt checkpoint). Points that leave nothing before or after are dropped."""
+    cuts = set()
+    if system_end is not None:
+        cuts.add(system_end // page_tokens * page_tokens)
+    if opener_start is not None:
+        cuts.add(opener_start)
+    return tuple(sorted(c for c in cuts if 0 < c < prompt_len))
+
+
+@dataclass(eq=False)
+class Request:
+    """A request as the scheduler tracks it; identity is the object (and ``req_id`` is unique)."""
+
+    req_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    request_class: str = "interactive"
+    system_end: int | None = None
+    opener_start: int | None = None
+    last_is_user: bool = False
+    must_cut_at: tuple[int, ...] = ()
+    """Token indices a prefill chunk may end at but never cross (sorted, in 1 .. len(prompt))."""
+
+    # ----- owned by the scheduler ------------------------------------------------
+    arrival: int = field(default=-1, init=False)
+    state: RequestState = field(default=RequestState.WAITING, init=False)
+    num_computed_tokens: int = field(default=0, init=False)
+    output_ids: list[int] = field(default_factory=list, init=False)
+    lane: int | None = field(default=None, init=False)
+    page_table: SequencePages | None = field(default=None, init=False, repr=False)  # while it holds a lane
+    num_preemptions: int = field(default=0, init=False)
+    pending_end: tuple[str, str] | None = field(default=None, init=False)  # (reason, message) of an abort
+    finish_reason: str | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        check_str("req_id", self.req_id, 256, allow_empty=False)
+        self.prompt_ids = check_token_ids("prompt_ids", self.prompt_ids)
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.req_id}: the prompt is empty")
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"request {self.req_id}: sampling must be SamplingParams")
+        check_choice("request_class", self.request_class, REQUEST_CLASSES)
+        cuts = tuple(self.must_cut_at)
+        if any(type(c) is not int or not 0 < c <= len(self.prompt_ids) for c in cuts):
+            raise ValueError(f"request {self.req_id}: cut points must be in 1..{len(self.prompt_ids)}, got {cuts}")
+        self.must_cut_at = tuple(sorted(set(cuts)))
+
+    @classmethod
+    def from_generate(cls, msg: Generate, page_tokens: int) -> Request:
+        """The request a wire ``Generate`` asks for, cut at its capture marks."""
+        return cls(
+            req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
+            system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
+            must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Sort key: smaller is more important (class first, then earlier arrival)."""
+        return CLASS_RANK[self.request_class], self.arrival
+
+    @property
+    def has_lane(self) -> bool:
+        return self.state in (RequestState.PREFILLING, RequestState.DECODING)
+
+    def token_slice(self, start: int, end: int) -> tuple[int, ...]:
+        """``tokens[start:end]`` without building the whole token list."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + tuple(self.output_ids[max(0, start - n):end - n])
+
+    def token_at(self, position: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[position] if position < n else self.output_ids[position - n]

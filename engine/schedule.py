@@ -1,0 +1,130 @@
+"""The scheduler/runner boundary: what one round computes, and what it produced.
+
+Plain dataclasses, no torch, self-contained (token ids and page tables are in
+the plan), so a plan can be built on the CPU in tests, handed to the runner,
+or broadcast to other ranks.
+
+A round, as the engine loop drives it:
+
+    plan   = scheduler.schedule()        # RoundPlan
+    result = runner.run(plan)            # RoundResult: one token per sampled sequence
+    ended  = scheduler.update(result)    # list[FinishEvent]
+
+Order inside a round matches the runner's packed batch: every decode first
+(one token each, in ``decodes`` order), then every prefill chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.sampling import SamplingParams
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(frozen=True)
+class LaneStart:
+    """A request that takes ``lane`` this round: the runner resets the lane's recurrent
+    state before its first chunk and sets up its sampler.
+
+    ``generated`` is empty for a new request. For one resuming after a
+    preemption it holds the output so far (already streamed); the runner keeps
+    the request's sampler state from before the preemption, so the resumed
+    request draws exactly as it would have.
+    """
+
+    req_id: str
+    lane: int
+    sampling: SamplingParams
+    prompt_ids: tuple[int, ...]
+    generated: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Positions ``start .. end-1`` of a request (``token_ids``, ``end - start`` of them).
+
+    ``is_last``: the chunk reaches the end of the request's tokens, so the
+    runner samples its next token from the last position. ``pages`` is the
+    request's whole page table; it covers at least ``end`` positions.
+    """
+
+    req_id: str
+    lane: int
+    start: int
+    end: int
+    is_last: bool
+    token_ids: tuple[int, ...]
+    pages: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """One decode step: feed ``token_id`` at ``position`` and sample the next token.
+    ``pages`` covers at least ``position + 1`` positions."""
+
+    req_id: str
+    lane: int
+    position: int
+    token_id: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """A request that lost its lane and pages this round (it recomputes later)."""
+
+    req_id: str
+    lane: int
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """A request that ended: why, and its token counts."""
+
+    req_id: str
+    reason: str  # one of FINISH_REASONS
+    prompt_tokens: int
+    completion_tokens: int
+    message: str = ""
+
+
+@dataclass
+class RoundPlan:
+    """Everything the runner needs for one round, plus what ended at its start."""
+
+    decodes: list[DecodeItem] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    started: list[LaneStart] = field(default_factory=list)
+    preempted: list[Preempted] = field(default_factory=list)
+    finished: list[FinishEvent] = field(default_factory=list)
+    """Requests freed at this round boundary (running requests aborted since the last round)."""
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute (``finished`` and ``preempted`` may still be non-empty)."""
+        return not self.decodes and not self.prefills
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.prefills)
+
+    def sampled_ids(self) -> list[str]:
+        """The requests that get a token this round: every decode, then every last chunk."""
+        return [d.req_id for d in self.decodes] + [c.req_id for c in self.prefills if c.is_last]
+
+
+@dataclass
+class RoundResult:
+    """The runner's answer to a plan: the token sampled for each of ``plan.sampled_ids()``.
+
+    Stop and length decisions are the scheduler's (it knows max_tokens, stop
+    ids, EOS and the model length); the runner only samples.
+    """
+
+    tokens: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,324 @@
+"""Continuous batching: which requests hold lanes and pages, and what each round computes.
+
+Pure Python, no torch; the runner sees only ``engine.schedule`` dataclasses.
+
+Resources. ``decode_lanes`` lanes (slot indices into the model's live recurrent
+state, lowest free first) and a ``PagePool`` of KV pages. A running request
+holds one lane and a page table (``SequencePages``).
+
+Admission (in ``schedule``). Interactive requests before agent ones, FIFO within
+a class, strictly in that order: if the head does not fit, nothing behind it is
+admitted (so a big request is not starved by small ones). A request fits when a
+lane is free and the pages for all its tokens plus one (its first decode) are
+free; those pages are taken at admission, so a prefill never runs short.
+Decode then grows the table a page at a time. Nothing is admitted in a round
+that preempted, and only while the round's prefill budget lasts.
+
+Preemption (recompute). When a decode needs a page and none is free, the
+lowest-ranked running request (agent before interactive, latest arrival first)
+gives up its pages and lane and goes back to the FRONT of its class's queue;
+its output so far stays, and on readmission it prefills prompt + output and
+goes on sampling where it stopped. It keeps its arrival, hence its rank.
+
+Prefill. At most one chunk per request per round, the round's chunks together
+at most ``max_prefill_tokens_per_round`` tokens; a chunk never crosses one of
+the request's ``must_cut_at`` points (it may end on one, and the next round
+continues from there). Running prefills go first, in rank order, then new ones.
+
+Finish. ``update`` decides: a stop token (``stop_token_ids``, or the model's EOS
+unless ``ignore_eos``) ends with "stop" and is part of the output; reaching
+``max_tokens`` or ``max_model_len`` tokens ends with "length".
+
+Abort. A waiting request leaves at once (``abort`` returns its FinishEvent). A
+running one is marked; a round in flight may still compute it (its token is
+dropped by ``update``), and it is freed at the next round boundary: the next
+``schedule`` frees its lane and pages and lists it in ``plan.finished``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.models.config import PAGE_TOKENS
+from engine.page_pool import PagePool
+from engine.request import REQUEST_CLASSES, Request, RequestState
+from engine.schedule import (
+    DecodeItem,
+    FinishEvent,
+    LaneStart,
+    Preempted,
+    PrefillChunk,
+    RoundPlan,
+    RoundResult,
+)
+from engine.sequence_pages import SequencePages
+from shared.flags import field_doc
+from shared.wire_fields import MAX_TOKEN_ID
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of the scheduler; ``num_pages`` and ``eos_token_ids`` come from the model and memory plan."""
+
+    decode_lanes: int = field(default=8, metadata=field_doc("sequences decoding at once (live recurrent states)"))
+    num_pages: int = field(default=1024, metadata=field_doc("KV pages in the pool", cli=False))
+    max_prefill_tokens_per_round: int = field(
+        default=2048, metadata=field_doc("prompt tokens prefilled per round, all requests together"))
+    max_queue: int = field(default=256, metadata=field_doc("requests waiting for a lane before new ones are refused"))
+    max_model_len: int = field(default=32768, metadata=field_doc("most tokens (prompt + completion) per request"))
+    page_tokens: int = field(default=PAGE_TOKENS, metadata=field_doc("tokens per KV page", cli=False))
+    eos_token_ids: tuple[int, ...] = field(default=(), metadata=field_doc("the model's end tokens", cli=False))
+
+    def __post_init__(self):
+        for name, flag in (("decode_lanes", "--decode-lanes"), ("num_pages", "num_pages"),
+                           ("max_prefill_tokens_per_round", "--max-prefill-tokens-per-round"),
+                           ("max_queue", "--max-queue"), ("max_model_len", "--max-model-len"),
+                           ("page_tokens", "page_tokens")):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        if self.max_model_len > self.num_pages * self.page_tokens:
+            raise ValueError(f"--max-model-len {self.max_model_len} exceeds the KV pool "
+                             f"({self.num_pages} pages x {self.page_tokens} = {self.num_pages * self.page_tokens} tokens)")
+        eos = tuple(self.eos_token_ids)
+        if any(type(t) is not int or not 0 <= t <= MAX_TOKEN_ID for t in eos):
+            raise ValueError(f"eos_token_ids must be token ids, got {eos!r}")
+        object.__setattr__(self, "eos_token_ids", eos)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why ``add`` did not queue a request; ``reason`` is a wire refusal code."""
+
+    reason: str  # "too_long" | "queue_full" | "bad_request"
+    message: str
+
+
+class Scheduler:
+    """Owns the waiting queues, the lanes and the page pool's live sequences."""
+
+    def __init__(self, config: SchedulerConfig):
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError("Scheduler needs a SchedulerConfig")
+        self.config = config
+        self.pool = PagePool(config.num_pages, config.page_tokens)
+        self._waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}
+        self._requests: dict[str, Request] = {}  # every live (not finished) request
+        self._free_lanes = list(range(config.decode_lanes))  # min-heap
+        self._lanes: dict[int, Request] = {}
+        self._in_flight: RoundPlan | None = None
+        self._arrivals = 0
+        self.num_preemptions = 0
+
+    # ----- queries -------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    @property
+    def num_running(self) -> int:
+        return len(self._lanes)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._requests)
+
+    def get(self, req_id: str) -> Request | None:
+        return self._requests.get(req_id)
+
+    def running(self) -> list[Request]:
+        """Requests holding lanes, by lane."""
+        return [self._lanes[lane] for lane in sorted(self._lanes)]
+
+    def stats(self) -> dict[str, float]:
+        """Load gauges under the names cache-aware routers read (vLLM's)."""
+        return {
+            "num_requests_waiting": self.num_waiting,
+            "num_requests_running": self.num_running,
+            "kv_cache_usage_perc": self.pool.num_used / self.pool.num_pages,
+            "num_preemptions_total": self.num_preemptions,
+        }
+
+    # ----- requests in ----------------------------------------------------------
+
+    def add(self, req: Request) -> Refusal | None:
+        """Queue ``req``, or say why not (nothing is kept for a refused request)."""
+        if not isinstance(req, Request):
+            raise TypeError("add needs a Request")
+        if req.arrival != -1 or req.state is not RequestState.WAITING:
+            raise ValueError(f"request {req.req_id} was already added once")
+        if req.req_id in self._requests:
+            return Refusal("bad_request", f"request id {req.req_id!r} is already in use")
+        n, limit = len(req.prompt_ids), self.config.max_model_len
+        if n >= limit:
+            # max_model_len fits the pool (checked in the config), so this also covers "larger than the pool".
+            return Refusal("too_long", f"prompt of {n} tokens leaves no room for a completion: "
+                                       f"prompt + completion must be at most max_model_len {limit} tokens")
+        if self.num_waiting >= self.config.max_queue:
+            return Refusal("queue_full", f"{self.num_waiting} requests are waiting (max_queue {self.config.max_queue})")
+        req.arrival = self._arrivals
+        self._arrivals += 1
+        self._requests[req.req_id] = req
+        self._waiting[req.request_class].append(req)
+        return None
+
+    def abort(self, req_id: str, reason: str = "abort", message: str = "") -> FinishEvent | None:
+        """End a request; see the module docstring for when. Unknown ids are ignored (None)."""
+        if reason not in ("abort", "error"):
+            raise ValueError(f"abort reason must be 'abort' or 'error', got {reason!r}")
+        req = self._requests.get(req_id)
+        if req is None:
+            return None
+        if req.state is RequestState.WAITING:
+            self._waiting[req.request_class].remove(req)
+            return self._finish(req, reason, message)
+        if req.pending_end is None:
+            req.pending_end = (reason, message)
+        return None
+
+    # ----- a round ------------------------------------------------------------------
+
+    def schedule(self) -> RoundPlan:
+        """Plan the next round. The previous non-empty plan must have been ``update``d."""
+        if self._in_flight is not None:
+            raise RuntimeError("schedule() called while a round is in flight; call update() first")
+        plan = RoundPlan()
+        for req in [r for r in self._lanes.values() if r.pending_end is not None]:
+            plan.finished.append(self._finish(req, *req.pending_end))
+        self._plan_decodes(plan)
+        budget = self.config.max_prefill_tokens_per_round
+        for req in sorted((r for r in self._lanes.values() if r.state is RequestState.PREFILLING), key=_rank):
+            if budget == 0:
+                break
+            chunk = self._chunk(req, budget)
+            plan.prefills.append(chunk)
+            budget -= chunk.num_tokens
+        if not plan.preempted:
+            self._admit(plan, budget)
+        self._in_flight = None if plan.is_empty else plan
+        return plan
+
+    def update(self, result: RoundResult) -> list[FinishEvent]:
+        """Apply the in-flight round's sampled tokens; returns the requests that ended, in plan order."""
+        plan = self._in_flight
+        if plan is None:
+            raise RuntimeError("update() called with no round in flight")
+        self._check_result(plan, result)
+        self._in_flight = None
+        ended = []
+        sampled = [(d.req_id, d.position + 1) for d in plan.decodes]
+        sampled += [(c.req_id, c.end) for c in plan.prefills]
+        last = {c.req_id for c in plan.prefills if c.is_last} | {d.req_id for d in plan.decodes}
+        for req_id, computed in sampled:
+            req = self._requests[req_id]
+            req.num_computed_tokens = computed
+            if req_id not in last or req.pending_end is not None:
+                continue  # a middle chunk samples nothing; an aborted request's token is dropped
+            req.state = RequestState.DECODING
+            token = result.tokens[req_id]
+            req.output_ids.append(token)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                ended.append(self._finish(req, reason))
+        return ended
+
+    # ----- internals -------------------------------------------------------------------
+
+    def _plan_decodes(self, plan: RoundPlan) -> None:
+        scheduled: set[str] = set()
+        for req in sorted((r for r in self._lanes.values() if r.state is RequestState.DECODING), key=_rank):
+            if req.state is not RequestState.DECODING:
+                continue  # preempted earlier in this loop
+            position = req.num_computed_tokens
+            while req.page_table.pages_needed(position + 1) > self.pool.num_free:
+                victim = max((r for r in self._lanes.values() if r.req_id not in scheduled), key=_rank)
+                plan.preempted.append(self._preempt(victim))
+                if victim is req:
+                    break
+            if req.state is not RequestState.DECODING:
+                continue
+            req.page_table.ensure_capacity(position + 1)
+            plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position), req.page_table.pages))
+            scheduled.add(req.req_id)
+
+    def _admit(self, plan: RoundPlan, budget: int) -> None:
+        while budget > 0 and self._free_lanes:
+            queue = next((q for q in self._waiting.values() if q), None)
+            if queue is None:
+                return
+            req = queue[0]
+            if self.pool.pages_for(req.num_tokens + 1) > self.pool.num_free:
+                return  # head of line waits; nothing overtakes it
+            queue.popleft()
+            req.lane = heapq.heappop(self._free_lanes)
+            self._lanes[req.lane] = req
+            req.page_table = SequencePages(self.pool, req.req_id)
+            req.page_table.ensure_capacity(req.num_tokens + 1)
+            req.state = RequestState.PREFILLING
+            req.num_computed_tokens = 0
+            plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids)))
+            chunk = self._chunk(req, budget)
+            plan.prefills.append(chunk)
+            budget -= chunk.num_tokens
+
+    def _chunk(self, req: Request, budget: int) -> PrefillChunk:
+        start, target = req.num_computed_tokens, req.num_tokens
+        end = min(target, start + budget)
+        for cut in req.must_cut_at:  # sorted: the first cut past start is the one that binds
+            if cut > start:
+                end = min(end, cut)
+                break
+        return PrefillChunk(req.req_id, req.lane, start, end, end == target, req.token_slice(start, end),
+                            req.page_table.pages)
+
+    def _preempt(self, req: Request) -> Preempted:
+        lane = req.lane
+        self._release(req)
+        req.state = RequestState.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting[req.request_class].appendleft(req)
+        return Preempted(req.req_id, lane)
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        s = req.sampling
+        if token in s.stop_token_ids or (not s.ignore_eos and token in self.config.eos_token_ids):
+            return "stop"
+        if len(req.output_ids) >= s.max_tokens or req.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, req: Request, reason: str, message: str = "") -> FinishEvent:
+        if req.has_lane:
+            self._release(req)
+        req.state = RequestState.FINISHED
+        req.finish_reason = reason
+        del self._requests[req.req_id]
+        return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message)
+
+    def _release(self, req: Request) -> None:
+        req.page_table.release()
+        req.page_table = None
+        del self._lanes[req.lane]
+        heapq.heappush(self._free_lanes, req.lane)
+        req.lane = None
+
+    def _check_result(self, plan: RoundPlan, result: RoundResult) -> None:
+        if not isinstance(result, RoundResult):
+            raise TypeError("update needs a RoundResult")
+        expected = plan.sampled_ids()
+        missing = [r for r in expected if r not in result.tokens]
+        extra = sorted(set(result.tokens) - set(expected))
+        if missing or extra:
+            raise ValueError(f"round result does not match the plan: missing {missing}, unexpected {extra}")
+        for req_id, token in result.tokens.items():
+            if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
+                raise ValueError(f"round result for {req_id}: {token!r} is not a token id")
+
+
+def _rank(req: Request) -> tuple[int, int]:
+    return req.rank
