@@ -209,13 +209,14 @@ class Scheduler:
         self._check_result(plan, result)
         self._in_flight = None
         ended = []
-        sampled = [(d.req_id, d.position + 1) for d in plan.decodes]
-        sampled += [(c.req_id, c.end) for c in plan.prefills]
-        last = {c.req_id for c in plan.prefills if c.is_last} | {d.req_id for d in plan.decodes}
-        for req_id, computed in sampled:
+        # (request, tokens computed after this round), in plan order: decodes, then chunks.
+        advanced = [(d.req_id, d.position + 1) for d in plan.decodes]
+        advanced += [(c.req_id, c.end) for c in plan.prefills]
+        sampled = set(plan.sampled_ids())
+        for req_id, computed in advanced:
             req = self._requests[req_id]
             req.num_computed_tokens = computed
-            if req_id not in last or req.pending_end is not None:
+            if req_id not in sampled or req.pending_end is not None:
                 continue  # a middle chunk samples nothing; an aborted request's token is dropped
             req.state = RequestState.DECODING
             token = result.tokens[req_id]

@@ -17,8 +17,9 @@ Directions:
     engine -> gateway   TokenBatch, Finished, Refused, ErrorReply, StatsReply
 
 ``n`` (several choices) is not a field: the gateway fans a request out into
-one Generate per choice. Other message families (engine <-> tierd) register
-their classes with ``register`` and share ``encode``/``decode``.
+one Generate per choice. The framing itself (header, version, type registry)
+is ``shared.wire_codec``; other message families (engine <-> tierd) register
+their classes there and share ``encode``/``decode``, re-exported here.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-import orjson
-
 from shared.sampling import SamplingParams
+from shared.wire_codec import PROTOCOL_VERSION, decode, encode, register
 from shared.wire_fields import (
     MAX_FRAME_TOKENS,
     HeaderFields,
@@ -51,8 +51,6 @@ __all__ = [
     "ErrorReply", "StatsReply", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "encode", "decode", "register",
 ]
 
-PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 16 << 20
 MAX_ID_CHARS = 256
 MAX_TEXT_CHARS = 8192
 MAX_STATS = 1024
@@ -60,17 +58,6 @@ MAX_STATS = 1024
 REQUEST_CLASSES = ("interactive", "agent")
 FINISH_REASONS = ("stop", "length", "abort", "error")
 REFUSAL_REASONS = ("queue_full", "too_long", "bad_request", "unknown_model", "shutting_down")
-
-_REGISTRY: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    """Class decorator: make ``cls`` (with ``TYPE``, ``FRAMES``, ``_header``, ``_frames``, ``_decode``) decodable."""
-    if cls.TYPE in _REGISTRY:
-        raise ValueError(f"wire message type {cls.TYPE!r} is registered twice")
-    _REGISTRY[cls.TYPE] = cls
-    return cls
-
 
 def _check_id(value: object, name: str = "id") -> str:
     return check_str(name, value, MAX_ID_CHARS, allow_empty=False)
@@ -379,56 +366,3 @@ ENGINE_TO_GATEWAY = (TokenBatch, Finished, Refused, ErrorReply, StatsReply)
 
 def _names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
-
-
-# ----- framing -------------------------------------------------------------
-
-
-def encode(msg: object) -> list[bytes]:
-    """The frames of ``msg``: header first, then its array frames."""
-    if type(msg) not in _REGISTRY.values():
-        raise WireError(f"{type(msg).__name__} is not a wire message")
-    header = {"type": msg.TYPE, "v": PROTOCOL_VERSION, **msg._header()}
-    return [orjson.dumps(header), *msg._frames()]
-
-
-def decode(frames: object, accept: tuple[type, ...] | None = None) -> object:
-    """Decode one multipart message; ``accept`` limits the types allowed here.
-
-    Raises ``WireError`` with a clear message for anything malformed.
-    """
-    if not isinstance(frames, (list, tuple)):
-        raise WireError(f"a message is a list of frames, got {type(frames).__name__}")
-    if not frames:
-        raise WireError("empty message (no header frame)")
-    for i, frame in enumerate(frames):
-        if not isinstance(frame, (bytes, bytearray, memoryview)):
-            raise WireError(f"frame {i} is {type(frame).__name__}, not bytes")
-    if memoryview(frames[0]).nbytes > MAX_HEADER_BYTES:
-        raise WireError(f"header frame over {MAX_HEADER_BYTES} bytes")
-    try:
-        header = orjson.loads(frames[0])
-    except orjson.JSONDecodeError as e:
-        raise WireError(f"header frame is not JSON: {e}") from None
-    if type(header) is not dict:
-        raise WireError(f"header must be a JSON object, got {type(header).__name__}")
-    version = header.get("v")
-    if version != PROTOCOL_VERSION or type(version) is not int:
-        raise WireError(f"protocol version {version!r}, this side speaks {PROTOCOL_VERSION}")
-    type_name = header.get("type")
-    cls = _REGISTRY.get(type_name) if type(type_name) is str else None
-    if cls is None:
-        raise WireError(f"unknown message type {type_name!r}")
-    if accept is not None and cls not in accept:
-        raise WireError(f"message type {type_name!r} is not accepted on this socket")
-    if len(frames) != 1 + cls.FRAMES:
-        raise WireError(f"{type_name} message has {len(frames)} frames, expected {1 + cls.FRAMES}")
-    h = HeaderFields(header, type_name)
-    try:
-        msg = cls._decode(h, list(frames[1:]))
-        h.done()
-    except WireError:
-        raise
-    except (TypeError, ValueError, OverflowError) as e:
-        raise WireError(f"bad {type_name} message: {e}") from None
-    return msg

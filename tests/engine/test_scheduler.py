@@ -14,7 +14,7 @@ import random
 import pytest
 
 from engine.request import Request, RequestState, capture_cuts
-from engine.schedule import DecodeItem, FinishEvent, LaneStart, Preempted, PrefillChunk, RoundResult
+from engine.schedule import DecodeItem, FinishEvent, LaneStart, PrefillChunk, RoundResult
 from engine.scheduler import Refusal, Scheduler, SchedulerConfig
 from shared.sampling import SamplingParams
 from shared.wire import Generate
