@@ -120,7 +120,9 @@ def _blocks(d: int, dtype: torch.dtype, on_cpu: bool) -> tuple[int, int, int, in
         return 64, 64, bd, 4, 3
     if bd <= 128:
         return 64, (32 if wide else 64), bd, 4, 2
-    return (32 if wide else 64), 32, bd, 8, 2
+    if wide:
+        return 32, 32, bd, 8, 1
+    return 64, 32, bd, 8, 2
 
 
 def prefill_attention(

@@ -1,32 +1,49 @@
 """Kernel tests: where the Triton forms run, and the shared comparison helpers.
 
 ``IGNIS_TEST_DEVICE=cuda`` runs every Triton form compiled on the GPU;
-otherwise (the default, and CI) ``TRITON_INTERPRET=1`` is set here, before
-any test module imports triton, and the kernels run in Triton's interpreter
-on CPU tensors. Triton reads the flag when a kernel is decorated, so Triton
-form modules imported before this file (by another test directory) are
-reloaded to pick it up.
+otherwise (the default, and CI) ``TRITON_INTERPRET=1`` is set here and the
+kernels run in Triton's interpreter on CPU tensors. Triton reads the flag
+when it decorates a function, its own library included, so the flag only
+takes in a process that imports triton after this file. When something
+imported triton earlier (a test module collected before this directory),
+the in-process kernel tests are skipped and
+``test_backend.py::test_kernel_suite_in_a_fresh_process`` runs them in a
+subprocess instead.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 
 DEVICE = os.environ.get("IGNIS_TEST_DEVICE", "cpu").strip().lower() or "cpu"
 if DEVICE not in ("cpu", "cuda"):
     raise ValueError(f"IGNIS_TEST_DEVICE: expected 'cpu' or 'cuda', got {DEVICE!r}")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
-    for _name in [m for m in sys.modules if m.startswith("kernels.") and ".triton_" in m]:
-        importlib.reload(sys.modules[_name])
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton.language.standard  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 if DEVICE == "cuda" and not torch.cuda.is_available():
     raise RuntimeError("IGNIS_TEST_DEVICE=cuda but torch sees no CUDA device")
+
+IN_PROCESS = DEVICE == "cuda" or isinstance(triton.language.standard.sigmoid, InterpretedFunction)
+"""False when triton was imported before the interpreter flag was set."""
+FRESH_PROCESS_TEST = "test_kernel_suite_in_a_fresh_process"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config, items):
+    if IN_PROCESS:
+        return
+    skip = pytest.mark.skip(reason="triton was imported before TRITON_INTERPRET=1; "
+                                   f"{FRESH_PROCESS_TEST} runs this directory in a subprocess")
+    for item in items:
+        if str(item.path).startswith(HERE) and item.name != FRESH_PROCESS_TEST:
+            item.add_marker(skip)
+
 
 PAGE = 64
 

@@ -9,6 +9,10 @@ step with each backend; logits agree to a relative RMS of 1e-5 in fp32
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +22,7 @@ from engine.models.config import config_from_dict
 from engine.models.hybrid import HybridModel
 from engine.models.state import ModelState
 from kernels.backend import REFERENCE, TRITON_FORMS, select_ops, triton_ops
-from tests.kernels.conftest import assert_close
+from tests.kernels.conftest import FRESH_PROCESS_TEST, IN_PROCESS, assert_close
 
 
 def test_cpu_selects_the_reference(monkeypatch):
@@ -83,3 +87,14 @@ def test_model_on_triton_forms_matches_reference(device):
     got = run_steps(model, triton_ops(), device)
     for step, (g, w) in enumerate(zip(got, want)):
         assert_close(g, w, 1e-5, f"model logits, step {step}")
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="the kernel tests run in this process")
+def test_kernel_suite_in_a_fresh_process():
+    """Triton was imported before the interpreter flag: run this directory where it is not."""
+    here = Path(__file__).resolve().parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here),
+                           "-k", f"not {FRESH_PROCESS_TEST}"], cwd=here.parents[1],
+                          env=dict(os.environ, IGNIS_TEST_DEVICE="cpu", TRITON_INTERPRET="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
