@@ -1,0 +1,74 @@
+"""The engine process's config: one frozen dataclass, whose fields are its CLI flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.flags import field_doc, parse_bytes
+
+
+def _opt_bytes(text):
+    return None if text in (None, "", "auto") else parse_bytes(text)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = field(default=None, metadata=field_doc(
+        "checkpoint directory (default: the built-in demo model)"))
+    served_model_name: str | None = field(default=None, metadata=field_doc(
+        "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
+    dtype: str | None = field(default=None, metadata=field_doc(
+        "weights and activations dtype: float32, bfloat16, float16 (default: the checkpoint's on CPU, "
+        "bfloat16 on CUDA)"))
+    device: str = field(default="auto", metadata=field_doc(
+        "cpu, cuda, or auto (cuda when available)", choices=("auto", "cpu", "cuda")))
+    kv_format: str = field(default="bf16", metadata=field_doc(
+        "KV pool format; bf16 keeps keys and values exact in the model dtype", choices=("bf16",)))
+    kv_pool_tokens: int | None = field(default=None, metadata=field_doc(
+        "KV pool size in tokens (rounded up to whole 64-token pages); overrides --kv-memory-bytes"))
+    kv_memory_bytes: int | None = field(default=None, metadata=field_doc(
+        "KV pool budget in bytes, e.g. 512M (default: 256M on CPU; on CUDA --kv-memory-fraction of "
+        "free device memory after weights)", parse=_opt_bytes))
+    kv_memory_fraction: float = field(default=0.85, metadata=field_doc(
+        "on CUDA without --kv-memory-bytes: fraction of free device memory after weights and live state "
+        "given to the KV pool"))
+    decode_lanes: int = field(default=16, metadata=field_doc(
+        "most sequences running at once (each holds a live recurrent state)"))
+    max_prefill_tokens_per_round: int = field(default=2048, metadata=field_doc(
+        "prompt tokens prefilled per round, all requests together"))
+    max_queue: int = field(default=256, metadata=field_doc(
+        "requests that may wait for a lane; past it new requests are refused (HTTP 429)"))
+    max_model_len: int | None = field(default=None, metadata=field_doc(
+        "most tokens per request, prompt + completion (default: the model's context, capped by the pool)"))
+    runtime_dir: str | None = field(default=None, metadata=field_doc(
+        "directory of the ipc sockets (default: $XDG_RUNTIME_DIR/ignis or /tmp/ignis-$UID)"))
+    instance: str = field(default="default", metadata=field_doc(
+        "instance name; socket names and metrics are per instance"))
+    endpoint: str | None = field(default=None, metadata=field_doc(
+        "ZeroMQ endpoint the engine binds for gateways (default: ipc://RUNTIME_DIR/INSTANCE-engine.sock; "
+        "tcp://HOST:PORT for split hosts)"))
+    metrics_port: int | None = field(default=None, metadata=field_doc(
+        "serve the engine's Prometheus metrics on this port (0 picks a free one; default: off)"))
+    metrics_host: str = field(default="127.0.0.1", metadata=field_doc("address of the metrics endpoint"))
+    shutdown_timeout: float = field(default=30.0, metadata=field_doc(
+        "on SIGTERM: seconds to let in-flight requests finish before aborting them"))
+    seed: int = field(default=0, metadata=field_doc("seed of the engine's own generator (unseeded requests)"))
+
+    def __post_init__(self):
+        positive = {"decode_lanes": "--decode-lanes", "max_prefill_tokens_per_round": "--max-prefill-tokens-per-round",
+                    "max_queue": "--max-queue"}
+        for name, flag in positive.items():
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        for name, flag in (("kv_pool_tokens", "--kv-pool-tokens"), ("kv_memory_bytes", "--kv-memory-bytes"),
+                           ("max_model_len", "--max-model-len")):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        if not 0.0 < self.kv_memory_fraction <= 1.0:
+            raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")

@@ -1,0 +1,75 @@
+"""The engine's memory plan: how many KV pages and live-state lanes it allocates at load.
+
+Pure arithmetic over the model config (no torch), so it is unit-tested alone
+and printed before anything is allocated::
+
+    pool bytes  = pages * 64 * kv_bytes_per_token(dtype)
+    live bytes  = lanes * (recurrent state + conv history)
+
+The pool comes from ``--kv-pool-tokens`` if given, else from a byte budget:
+``--kv-memory-bytes``, or on CUDA a fraction of the free device memory left
+after weights and live state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.models.config import DTYPE_BYTES, PAGE_TOKENS, ModelConfig
+
+CPU_DEFAULT_KV_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    pages: int
+    page_bytes: int
+    lanes: int
+    live_state_bytes: int  # all lanes
+    kv_dtype: str
+
+    @property
+    def tokens(self) -> int:
+        return self.pages * PAGE_TOKENS
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.pages * self.page_bytes
+
+    def describe(self) -> str:
+        return (f"memory plan: KV pool {self.pages} pages x {PAGE_TOKENS} tokens = {self.tokens} tokens, "
+                f"{self.pool_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB, {self.kv_dtype}); "
+                f"live state {self.live_state_bytes} bytes ({self.live_state_bytes / 2**20:.1f} MiB) "
+                f"for {self.lanes} lanes")
+
+
+def kv_page_bytes(cfg: ModelConfig, dtype: str) -> int:
+    per_token = len(cfg.full_layers) * 2 * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+    return per_token * PAGE_TOKENS
+
+
+def lane_bytes(cfg: ModelConfig, dtype: str) -> int:
+    return cfg.recurrent_state_bytes() + cfg.conv_state_bytes(DTYPE_BYTES[dtype])
+
+
+def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | None = None,
+                kv_memory_bytes: int | None = None, free_device_bytes: int | None = None,
+                fraction: float = 0.85) -> MemoryPlan:
+    """Pages and lanes for a model; ``free_device_bytes`` is CUDA's free memory after weights."""
+    page = kv_page_bytes(cfg, dtype)
+    live = lanes * lane_bytes(cfg, dtype)
+    if kv_pool_tokens is not None:
+        pages = -(-kv_pool_tokens // PAGE_TOKENS)
+    else:
+        if kv_memory_bytes is None:
+            if free_device_bytes is None:
+                kv_memory_bytes = CPU_DEFAULT_KV_BYTES
+            else:
+                kv_memory_bytes = int(max(0, free_device_bytes - live) * fraction)
+        pages = kv_memory_bytes // page if page else 0
+        if pages < 1:
+            raise ValueError(f"--kv-memory-bytes: {kv_memory_bytes} bytes hold no 64-token page "
+                             f"({page} bytes per page)")
+    if page == 0:
+        pages = max(pages, 1)
+    return MemoryPlan(pages=pages, page_bytes=page, lanes=lanes, live_state_bytes=live, kv_dtype=dtype)

@@ -1,0 +1,74 @@
+"""The model runner: turns a :class:`RoundPlan` into one forward and one sampled token per stream.
+
+It owns the device side of live sequences (the :class:`ModelState`) and each
+request's :class:`SamplerState`. The scheduler owns which lane and pages a
+request has; the runner trusts the plan, resets a lane's recurrent state when
+a request starts on it, and keeps sampler states across preemptions so a
+resumed request draws exactly as it would have.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.forward_batch import ForwardBatch, SeqChunk
+from engine.models.hybrid import HybridModel
+from engine.models.state import ModelState
+from engine.sampling import SamplerState, TokenLogprobs, sample_batch
+from engine.schedule import RoundPlan, RoundResult
+
+
+class ModelRunner:
+    def __init__(self, model: HybridModel, state: ModelState, device: str = "cpu", vocab_limit: int | None = None):
+        self.model = model
+        self.state = state
+        self.device = torch.device(device)
+        self.samplers: dict[str, SamplerState] = {}
+        self.want_logprobs: dict[str, int | None] = {}
+        # ids at or past vocab_limit (embedding rows padding the tokenizer) are never sampled
+        self.vocab_limit = vocab_limit
+
+    def warm_up(self) -> None:
+        """One prefill and one decode on lane 0, so the first request does not pay for first calls."""
+        pages = [0]
+        self.state.reset_lane(0)
+        self.model(ForwardBatch.build([SeqChunk([0, 0, 0], 0, pages, 0)], self.device), self.state)
+        self.model(ForwardBatch.build([SeqChunk([0], 3, pages, 0)], self.device), self.state)
+        self.state.reset_lane(0)
+
+    def release(self, req_id: str) -> None:
+        """Forget a finished request's sampler."""
+        self.samplers.pop(req_id, None)
+        self.want_logprobs.pop(req_id, None)
+
+    def _start(self, plan: RoundPlan) -> None:
+        for ev in plan.finished:
+            self.release(ev.req_id)
+        for s in plan.started:
+            self.state.reset_lane(s.lane)
+            if s.req_id not in self.samplers or not s.generated:
+                self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids))
+                self.want_logprobs[s.req_id] = s.sampling.top_logprobs if s.sampling.logprobs else None
+
+    def run(self, plan: RoundPlan) -> tuple[RoundResult, dict[str, TokenLogprobs]]:
+        """Run one round; returns the sampled tokens and, where asked, their logprobs."""
+        self._start(plan)
+        if plan.is_empty:
+            return RoundResult(), {}
+        chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane) for d in plan.decodes]
+        chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane) for c in plan.prefills]
+        batch = ForwardBatch.build(chunks, self.device)
+        logits = self.model(batch, self.state)
+        rows = list(range(len(plan.decodes)))
+        rows += [len(plan.decodes) + i for i, c in enumerate(plan.prefills) if c.is_last]
+        ids = plan.sampled_ids()
+        if not ids:
+            return RoundResult(), {}
+        picked = logits[torch.tensor(rows, device=logits.device)].float()
+        if self.vocab_limit is not None and self.vocab_limit < picked.shape[-1]:
+            picked[:, self.vocab_limit:] = float("-inf")
+        tokens, lps = sample_batch(picked.cpu(), [self.samplers[i] for i in ids],
+                                   [self.want_logprobs.get(i) for i in ids])
+        result = RoundResult(tokens=dict(zip(ids, tokens)))
+        logprobs = {i: lp for i, lp in zip(ids, lps) if lp is not None}
+        return result, logprobs

@@ -1,0 +1,281 @@
+"""The engine process: receives requests over ZeroMQ, runs rounds, streams tokens back.
+
+One loop, one thread of compute::
+
+    drain inbox (Generate / Abort / Stats)  ->  scheduler.add / abort / reply
+    plan = scheduler.schedule()             ->  Finished for aborts freed now
+    result = runner.run(plan)               ->  one forward, one token per stream
+    ended = scheduler.update(result)        ->  TokenBatch per gateway, Finished, done line
+
+The socket is owned by a :class:`Channel` I/O thread; this loop only touches
+its queues. Nothing a peer sends can stop the loop: garbage is answered by the
+channel, a bad request is refused with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import zmq
+
+from engine.config import EngineConfig
+from engine.metrics import EngineMetrics
+from engine.request import Request
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+from shared.wire import (
+    Abort,
+    Finished,
+    Generate,
+    Refused,
+    Stats,
+    StatsReply,
+    StreamTokens,
+    Timings,
+    TokenBatch,
+    TokenLogprobs,
+    Usage,
+)
+from shared.zmq_queues import bind_router
+
+log = logging.getLogger("ignis.engine")
+
+
+@dataclass
+class Tracked:
+    """What the loop remembers about a request beyond the scheduler: who asked, and when."""
+
+    peer: bytes
+    request_class: str
+    prompt_tokens: int
+    arrived: float
+    admitted: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class EngineServer:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, scheduler: Scheduler, model_name: str,
+                 endpoint: str, vocab_size: int, info: dict | None = None):
+        self.config = config
+        self.runner = runner
+        self.scheduler = scheduler
+        self.model_name = model_name
+        self.endpoint = endpoint
+        self.vocab_size = vocab_size
+        self.info = dict(info or {})
+        self.metrics = EngineMetrics(model_name)
+        self.tracked: dict[str, Tracked] = {}
+        self._ctx = zmq.Context.instance()
+        self._wake = threading.Event()
+        self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats), name="engine",
+                                   notify=self._wake.set)
+        self._stopping = threading.Event()
+        self._stop_deadline: float | None = None
+        self._garbage_seen = 0
+
+    # ----- lifecycle ---------------------------------------------------------------
+
+    def request_stop(self, *_args) -> None:
+        """SIGTERM: stop admitting; in-flight work gets --shutdown-timeout to finish."""
+        if not self._stopping.is_set():
+            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout
+            self._stopping.set()
+            self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def serve_forever(self) -> int:
+        self.channel.start()
+        try:
+            while True:
+                self._drain_inbox(block=not self.scheduler.has_work)
+                if self._stopping.is_set():
+                    if not self.scheduler.has_work:
+                        break
+                    if time.monotonic() >= self._stop_deadline:
+                        self._abort_all("engine shutting down")
+                self._round()
+                self._update_gauges()
+        finally:
+            self._drain_inbox(block=False)
+            time.sleep(0.05)
+            self.channel.close()
+        log.info("engine stopped")
+        return 0
+
+    # ----- inbox -------------------------------------------------------------------
+
+    def _drain_inbox(self, block: bool) -> None:
+        if block:
+            self._wake.wait(timeout=0.1)
+        self._wake.clear()
+        while True:
+            try:
+                env = self.channel.inbox.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                self._handle(env.peer, env.message)
+            except Exception as exc:  # a handler bug must not take the loop down
+                log.exception("error handling %s", type(env.message).__name__)
+                rid = getattr(env.message, "id", "")
+                if rid:
+                    self.channel.send(Refused(rid, "bad_request", f"engine error: {exc}"), env.peer)
+        if self.channel.garbage_count != self._garbage_seen:
+            self.metrics.garbage.inc(self.channel.garbage_count - self._garbage_seen)
+            self._garbage_seen = self.channel.garbage_count
+
+    def _handle(self, peer: bytes, msg) -> None:
+        if isinstance(msg, Generate):
+            self._generate(peer, msg)
+        elif isinstance(msg, Abort):
+            ev = self.scheduler.abort(msg.id)
+            if ev is not None:
+                self._finish(ev)
+        elif isinstance(msg, Stats):
+            self.channel.send(StatsReply(self.stats()), peer)
+
+    def _refuse(self, peer: bytes, rid: str, reason: str, message: str) -> None:
+        self.metrics.refused.labels(self.model_name, reason).inc()
+        self.channel.send(Refused(rid, reason, message), peer)
+
+    def _generate(self, peer: bytes, msg: Generate) -> None:
+        if self._stopping.is_set():
+            return self._refuse(peer, msg.id, "shutting_down", "the engine is shutting down")
+        if msg.model is not None and msg.model != self.model_name:
+            return self._refuse(peer, msg.id, "unknown_model",
+                                f"model {msg.model!r} is not served here (serving {self.model_name!r})")
+        if not msg.prompt_ids:
+            return self._refuse(peer, msg.id, "bad_request", "the prompt is empty")
+        bad = next((t for t in msg.prompt_ids if t >= self.vocab_size), None)
+        if bad is not None:
+            return self._refuse(peer, msg.id, "bad_request",
+                                f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
+        if msg.id in self.tracked:
+            return self._refuse(peer, msg.id, "bad_request", f"request id {msg.id!r} is already in use")
+        req = Request.from_generate(msg, self.scheduler.config.page_tokens)
+        refusal = self.scheduler.add(req)
+        if refusal is not None:
+            return self._refuse(peer, msg.id, refusal.reason, refusal.message)
+        self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic())
+
+    # ----- rounds ------------------------------------------------------------------
+
+    def _abort_all(self, message: str) -> None:
+        for req in list(self.scheduler.running()) + list(self._waiting_ids()):
+            rid = req if isinstance(req, str) else req.req_id
+            ev = self.scheduler.abort(rid, "abort", message)
+            if ev is not None:
+                self._finish(ev)
+
+    def _waiting_ids(self) -> list[str]:
+        running = {r.req_id for r in self.scheduler.running()}
+        return [rid for rid in self.tracked if rid not in running]
+
+    def _round(self) -> None:
+        plan = self.scheduler.schedule()
+        now = time.monotonic()
+        for s in plan.started:
+            t = self.tracked.get(s.req_id)
+            if t is not None and t.admitted is None:
+                t.admitted = now
+                self.metrics.queue_time.observe(now - t.arrived)
+        if plan.preempted:
+            self.metrics.preemptions.inc(len(plan.preempted))
+        for ev in plan.finished:
+            self._finish(ev)
+        if plan.is_empty:
+            return
+        result, logprobs = self.runner.run(plan)
+        self.metrics.prefill_tokens.inc(plan.num_prefill_tokens)
+        ended = self.scheduler.update(result)
+        now = time.monotonic()
+        by_peer: dict[bytes, list[StreamTokens]] = {}
+        for rid, token in result.tokens.items():
+            t = self.tracked.get(rid)
+            req = self.scheduler.get(rid)
+            if t is None or (req is not None and req.pending_end is not None):
+                continue
+            if t.first_token is None:
+                t.first_token = now
+                self.metrics.ttft.observe(now - t.arrived)
+            else:
+                self.metrics.itl.observe(now - t.last_token)
+            t.last_token = now
+            t.tokens += 1
+            lp = logprobs.get(rid)
+            wire_lp = None if lp is None else TokenLogprobs(
+                logprobs=(lp.token_logprob,), top_ids=(tuple(i for i, _ in lp.top),),
+                top_logprobs=(tuple(v for _, v in lp.top),))
+            by_peer.setdefault(t.peer, []).append(StreamTokens(rid, (token,), wire_lp))
+        self.metrics.generation_tokens.inc(len(result.tokens))
+        for peer, streams in by_peer.items():
+            self.channel.send(TokenBatch(tuple(streams)), peer)
+        for ev in ended:
+            self._finish(ev)
+
+    def _finish(self, ev) -> None:
+        self.runner.release(ev.req_id)
+        t = self.tracked.pop(ev.req_id, None)
+        if t is None:
+            return
+        now = time.monotonic()
+        admitted = t.admitted if t.admitted is not None else now
+        first = t.first_token
+        timings = Timings(
+            queue_ms=round((admitted - t.arrived) * 1000, 3),
+            prefill_ms=round(((first or now) - admitted) * 1000, 3),
+            ttft_ms=round(((first or now) - t.arrived) * 1000, 3),
+        )
+        usage = Usage(prompt_tokens=t.prompt_tokens, completion_tokens=ev.completion_tokens, cached_tokens=0)
+        self.channel.send(Finished(ev.req_id, ev.reason, usage, timings=timings, message=ev.message), t.peer)
+        self.metrics.finished.labels(self.model_name, ev.reason).inc()
+        self.metrics.prompt_tokens.inc(t.prompt_tokens)
+        self.metrics.prefix_queries.inc(t.prompt_tokens)
+        self.metrics.e2e.observe(now - t.arrived)
+        decode_s = (t.last_token - first) if first is not None and t.last_token is not None else 0.0
+        done = {
+            "event": "done", "id": ev.req_id, "class": t.request_class, "prompt_tokens": t.prompt_tokens,
+            "cached_tokens": 0, "completion_tokens": ev.completion_tokens, "reuse_kind": "none",
+            "tier": "none", "queue_ms": timings.queue_ms, "prefill_ms": timings.prefill_ms,
+            "ttft_ms": timings.ttft_ms,
+            "decode_tokens_per_s": round((t.tokens - 1) / decode_s, 2) if decode_s > 0 and t.tokens > 1 else 0.0,
+            "finish_reason": ev.reason,
+        }
+        log.info(orjson.dumps(done).decode())
+
+    # ----- stats -------------------------------------------------------------------
+
+    def _update_gauges(self) -> None:
+        pool = self.scheduler.pool
+        self.metrics.running.set(self.scheduler.num_running)
+        self.metrics.waiting.set(self.scheduler.num_waiting)
+        self.metrics.pages_used.set(pool.num_used)
+        self.metrics.pages_free.set(pool.num_free)
+        self.metrics.kv_usage.set(pool.num_used / pool.num_pages)
+
+    def stats(self) -> dict:
+        pool = self.scheduler.pool
+        values = dict(self.scheduler.stats())
+        values.update({
+            "pool_pages_total": pool.num_pages,
+            "pool_pages_free": pool.num_free,
+            "pool_pages_used": pool.num_used,
+            "decode_lanes": self.scheduler.config.decode_lanes,
+            "max_model_len": self.scheduler.config.max_model_len,
+            "vocab_size": self.vocab_size,
+            "wire_errors": self.channel.garbage_count,
+        })
+        values.update(self.info)
+        return values
