@@ -1,0 +1,161 @@
+"""The real engine process, driven through its ZeroMQ interface on the demo model."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+import zmq
+
+from engine.demo import ensure_demo_model
+from shared.wire import ENGINE_TO_GATEWAY, ErrorReply, decode
+from tests.engine.engine_process import EngineProcess
+
+TOKENIZER_VOCAB = 2000  # the demo tokenizer; embedding rows past it are never sampled
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, TOKENIZER_VOCAB) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    eng = EngineProcess(tmp_path_factory.mktemp("rt"), "--decode-lanes", "16", "--kv-pool-tokens", "16384",
+                        "--max-prefill-tokens-per-round", "512")
+    yield eng
+    assert eng.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(ensure_demo_model(), dtype=torch.float32).eval()
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """transformers' greedy search (forward with its cache, argmax over the tokenizer's ids)."""
+    out = []
+    with torch.no_grad():
+        res = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(n):
+            logits = res.logits[0, -1, :TOKENIZER_VOCAB]
+            tok = int(torch.argmax(logits))
+            out.append(tok)
+            res = model(torch.tensor([[tok]]), cache=res.cache, use_cache=True)
+    return out
+
+
+def test_sixteen_concurrent_greedy_match_alone_and_transformers(engine, hf_model):
+    lengths = [5, 17, 64, 65, 130, 200, 250, 31, 90, 199, 3, 129, 300, 44, 7, 260]
+    prompts = {f"c{i}": prompt(n, i) for i, n in enumerate(lengths)}
+    for rid, p in prompts.items():
+        engine.generate(rid, p, max_tokens=12, ignore_eos=True)
+    together = engine.wait(list(prompts))
+    for rid, p in prompts.items():
+        assert together[rid].finished.finish_reason == "length"
+        assert len(together[rid].tokens) == 12
+    for rid in ("c5", "c12", "c10"):  # a few alone, including the longest (> 3 pages)
+        alone = engine.run(rid + "-alone", prompts[rid], max_tokens=12, ignore_eos=True)
+        assert alone.tokens == together[rid].tokens
+    for rid, p in prompts.items():
+        assert together[rid].tokens == hf_greedy(hf_model, p, 12), rid
+    engine.wait_pool_full()
+
+
+def test_seeded_sampling_reproducible_and_batch_independent(engine):
+    p = prompt(40, 99)
+    kw = dict(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
+    first = engine.run("s1", p, **kw).tokens
+    second = engine.run("s2", p, **kw).tokens
+    assert first == second
+    for i in range(5):
+        engine.generate(f"noise{i}", prompt(30 + 20 * i, i), temperature=1.0, max_tokens=20, ignore_eos=True)
+    engine.generate("s3", p, **kw)
+    outs = engine.wait(["s3"] + [f"noise{i}" for i in range(5)])
+    assert outs["s3"].tokens == first
+    other_seed = engine.run("s4", p, **{**kw, "seed": 4321}).tokens
+    assert other_seed != first
+
+
+def test_abort_mid_prefill_and_mid_decode_frees_pool(engine):
+    engine.generate("long", prompt(3000, 5), max_tokens=4)  # 6 prefill rounds at 512 per round
+    engine.abort("long")
+    out = engine.wait(["long"])["long"]
+    assert out.finished.finish_reason == "abort"
+    engine.wait_pool_full()
+
+    engine.generate("dec", prompt(100, 6), max_tokens=5000, ignore_eos=True)
+    deadline = time.monotonic() + 60
+    while engine.outcomes["dec"].batches < 3 and time.monotonic() < deadline:
+        engine.pump()
+    engine.abort("dec")
+    out = engine.wait(["dec"])["dec"]
+    assert out.finished.finish_reason == "abort"
+    assert 3 <= len(out.tokens) < 5000
+    engine.wait_pool_full()
+
+
+def test_refusals_have_reasons(engine):
+    out = engine.run("too-long", prompt(16384, 1), max_tokens=4)
+    assert out.refused is not None and out.refused.reason == "too_long"
+    out = engine.run("bad-token", [5, 999999], max_tokens=4)
+    assert out.refused is not None and out.refused.reason == "bad_request"
+    out = engine.run("served", prompt(10, 2), max_tokens=2)
+    assert out.finished is not None
+
+
+def test_garbage_on_the_socket_gets_error_reply_and_next_request_served(engine):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(engine.endpoint)
+    try:
+        for frames in ([b"garbage"], [b'{"type": "generate", "v": 1}'], [b"{}", b"\x01\x02\x03"],
+                       [b'{"type": "nope", "v": 1}'], [b'{"type": "stats", "v": 999}']):
+            sock.send_multipart(frames)
+            assert sock.poll(5000), f"no reply to {frames!r}"
+            reply = decode(sock.recv_multipart(), accept=ENGINE_TO_GATEWAY)
+            assert isinstance(reply, ErrorReply) and reply.message
+    finally:
+        sock.close()
+    out = engine.run("after-garbage", prompt(20, 3), max_tokens=3)
+    assert out.finished.finish_reason == "length"
+    assert engine.stats()["wire_errors"] >= 5
+
+
+def test_small_pool_queues_requests_and_all_complete(tmp_path):
+    eng = EngineProcess(tmp_path, "--decode-lanes", "4", "--kv-pool-tokens", "512")
+    try:
+        rids = [f"q{i}" for i in range(6)]
+        for i, rid in enumerate(rids):
+            eng.generate(rid, prompt(150, 40 + i), max_tokens=20, ignore_eos=True)
+        outs = eng.wait(rids)
+        for rid in rids:
+            assert outs[rid].finished.finish_reason == "length", outs[rid]
+            assert len(outs[rid].tokens) == 20
+        alone = eng.run("q0-alone", prompt(150, 40), max_tokens=20, ignore_eos=True)
+        assert alone.tokens == outs["q0"].tokens
+        eng.wait_pool_full()
+    finally:
+        assert eng.stop() == 0
+
+
+def test_queue_limit_and_sigterm_drain(tmp_path):
+    eng = EngineProcess(tmp_path, "--decode-lanes", "1", "--max-queue", "1", "--shutdown-timeout", "5")
+    try:
+        for i in range(3):
+            eng.generate(f"m{i}", prompt(20, i), max_tokens=200, ignore_eos=True)
+        outs = eng.wait([f"m{i}" for i in range(3)])
+        reasons = [o.refused.reason for o in outs.values() if o.refused is not None]
+        assert "queue_full" in reasons
+        eng.generate("inflight", prompt(20, 7), max_tokens=100000, ignore_eos=True)
+        while eng.outcomes["inflight"].batches < 1:
+            eng.pump()
+    finally:
+        t0 = time.monotonic()
+        rc = eng.stop(timeout=30)
+    assert rc == 0
+    assert time.monotonic() - t0 < 20
