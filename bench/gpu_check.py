@@ -4,7 +4,8 @@ Sections, each with its own share of an 8-minute budget (a section past its
 deadline skips its remaining cases and says so in the table):
 
 1. tests: pytest on ``tests/kernels`` with ``IGNIS_TEST_DEVICE=cuda`` (kernels
-   compiled, no interpreter); passed / failed counts from its JUnit XML.
+   compiled, no interpreter); passed / failed counts from its verbose report
+   (those finished by the deadline if it runs over).
 2. model: a small random Qwen3.5 in bf16 (and fp32) on the GPU: HybridModel on
    the Triton forms against the same model on the torch twins over mixed
    decode + prefill batches, and, where transformers is importable, against
@@ -39,9 +40,8 @@ import argparse  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import tempfile  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
-import xml.etree.ElementTree as ET  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 HBM_GBPS = 4300.0
 MMA_TFLOPS = 790.0
-BUDGET_S = {"tests": 200.0, "model": 60.0, "bench": 190.0}  # 450 s of the 480 s allowed
+BUDGET_S = {"tests": 230.0, "model": 70.0, "bench": 150.0}  # 450 s of the 480 s allowed
 PAGE = 64
 
 
@@ -128,32 +128,35 @@ def run_tests(rep: Report, device: str, budget: float) -> tuple[int, int]:
     if not _has("pytest"):
         rep.say("tests: skipped (pytest is not installed here)")
         return 0, 0
-    xml = Path(tempfile.mkdtemp()) / "kernels.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels",
-           "--ignore=tests/kernels/test_gpu_check.py", f"--junitxml={xml}", "-o", "addopts="]
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/kernels",
+           "--ignore=tests/kernels/test_gpu_check.py", "-o", "addopts="]
     env = dict(os.environ, IGNIS_TEST_DEVICE=device)
     if device == "cuda":
         env.pop("TRITON_INTERPRET", None)
     else:  # the dry run exercises the runner on a few fast tests
         cmd += ["-k", "write_kv or selects or bad_env or split_plan"]
+    t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget)
-    except subprocess.TimeoutExpired:
-        rep.fail(f"tests: pytest ran past its {budget:.0f} s budget")
-        return 0, 1
-    if not xml.is_file():
-        rep.fail(f"tests: pytest wrote no report (rc {proc.returncode}): {proc.stderr[-500:]}")
-        return 0, 1
-    suite = ET.parse(xml).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
-    failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-    for case in suite.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            rep.fail(f"test {case.get('classname')}::{case.get('name')}")
-    rep.say(f"tests: {total - failed - skipped} passed, {failed} failed, {skipped} skipped "
-            f"({float(suite.get('time', 0)):.0f} s)")
-    return total - failed - skipped, failed
+        out, timed_out = proc.stdout, False
+    except subprocess.TimeoutExpired as exc:  # keep the verdicts printed so far
+        raw = exc.stdout or b""
+        out, timed_out = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw), True
+    verdicts = re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", out, re.MULTILINE)
+    passed = sum(v in ("PASSED", "XFAIL") for _, v in verdicts)
+    skipped = sum(v == "SKIPPED" for _, v in verdicts)
+    bad = [name for name, v in verdicts if v in ("FAILED", "ERROR", "XPASS")]
+    for name in bad:
+        rep.fail(f"test {name}")
+    failed = len(bad)
+    if timed_out:
+        rep.fail(f"tests: pytest ran past its {budget:.0f} s budget; counts are of the tests finished by then")
+        failed += 1
+    elif not verdicts:
+        rep.fail(f"tests: pytest reported no tests (rc {proc.returncode}): {(proc.stdout + proc.stderr)[-800:]}")
+        failed += 1
+    rep.say(f"tests: {passed} passed, {failed} failed, {skipped} skipped ({time.monotonic() - t0:.0f} s)")
+    return passed, failed
 
 
 def _has(module: str) -> bool:

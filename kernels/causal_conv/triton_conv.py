@@ -10,10 +10,11 @@ Layouts as in ``reference.py``::
     y_t = silu(sum_j weight[:, j] * xx[t + j]);   new hist = xx[n : n + K - 1]
 
 ``causal_conv1d_varlen``: one program per (sequence, block of ``BC``
-channels, block of ``BT`` tokens), fp32 accumulation. Only the first token
-block of a sequence reads the old history (``BT >= K - 1``), and that same
-program writes the new one after a barrier, so no program reads a history
-another has already replaced. ``causal_conv1d_update``: one program per
+channels, block of ``BT`` tokens), fp32 accumulation. A token tile reads x
+only (tokens t >= K - 1); the first tile's program also computes the first
+K - 1 tokens, which read the old history, from a small ``[K-1, BC]`` tile,
+and then writes the new history after a barrier, so no program reads a
+history another has already replaced. ``causal_conv1d_update``: one program per
 (sequence, channel block) shifts the history by one column in place. Slots
 not named in ``slots`` are never touched.
 """
@@ -38,36 +39,52 @@ def _conv_varlen_kernel(
     n = tl.load(cu_seqlens + b + 1).to(tl.int64) - bos
     t0 = it * BT
     if t0 < n:
-        slot = tl.load(slots + b).to(tl.int64)
-        hist = conv_state + slot * s_cs_n
         offs_c = ic * BC + tl.arange(0, BC)
-        offs_t = t0 + tl.arange(0, BT)
         c_mask = offs_c < C
+        # tokens t >= K - 1 read x only: the [BT, BC] tile
+        offs_t = t0 + tl.arange(0, BT)
         t_mask = offs_t < n
         acc = tl.zeros([BT, BC], dtype=tl.float32)
         for j in tl.static_range(KW):
-            idx = offs_t + (j - (KW - 1))  # index into x; < 0 reads the history
-            in_x = (t_mask & (idx >= 0))[:, None] & c_mask[None, :]
-            in_h = (t_mask & (idx < 0))[:, None] & c_mask[None, :]
-            xv = tl.load(x + (bos + idx)[:, None] * s_x_t + offs_c[None, :] * s_x_c, mask=in_x, other=0.0)
-            hv = tl.load(hist + offs_c[None, :] * s_cs_c + (idx + (KW - 1))[:, None] * s_cs_k,
-                         mask=in_h, other=0.0)
+            idx = offs_t + (j - (KW - 1))
+            m = (t_mask & (idx >= 0))[:, None] & c_mask[None, :]
+            xv = tl.load(x + (bos + idx)[:, None] * s_x_t + offs_c[None, :] * s_x_c, mask=m, other=0.0)
             w_j = tl.load(weight + offs_c * s_w_c + j * s_w_k, mask=c_mask, other=0.0).to(tl.float32)
-            acc += (xv.to(tl.float32) + hv.to(tl.float32)) * w_j[None, :]
+            acc += xv.to(tl.float32) * w_j[None, :]
         y = acc * tl.sigmoid(acc)
-        tl.store(out + (bos + offs_t)[:, None] * s_o_t + offs_c[None, :] * s_o_c,
-                 y.to(out.dtype.element_ty), mask=t_mask[:, None] & c_mask[None, :])
+        o_mask = (t_mask & (offs_t >= KW - 1))[:, None] & c_mask[None, :]
+        tl.store(out + (bos + offs_t)[:, None] * s_o_t + offs_c[None, :] * s_o_c, y.to(out.dtype.element_ty),
+                 mask=o_mask)
         if it == 0:
+            slot = tl.load(slots + b).to(tl.int64)
+            hist = conv_state + slot * s_cs_n
+            # tokens t < K - 1 also read the old history: xx[i] = hist[i] (i < K-1) or x[i - (K-1)]
+            offs_r = tl.arange(0, BKW)
+            r_mask = (offs_r < KW - 1) & (offs_r < n)
+            acc_h = tl.zeros([BKW, BC], dtype=tl.float32)
+            for j in tl.static_range(KW):
+                i = offs_r + j
+                in_h = (r_mask & (i < KW - 1))[:, None] & c_mask[None, :]
+                in_x = (r_mask & (i >= KW - 1))[:, None] & c_mask[None, :]
+                head_h = tl.load(hist + offs_c[None, :] * s_cs_c + i[:, None] * s_cs_k, mask=in_h, other=0.0)
+                head_x = tl.load(x + (bos + i - (KW - 1))[:, None] * s_x_t + offs_c[None, :] * s_x_c, mask=in_x,
+                                 other=0.0)
+                head_w = tl.load(weight + offs_c * s_w_c + j * s_w_k, mask=c_mask, other=0.0).to(tl.float32)
+                acc_h += (head_h.to(tl.float32) + head_x.to(tl.float32)) * head_w[None, :]
+            y_h = acc_h * tl.sigmoid(acc_h)
+            tl.store(out + (bos + offs_r)[:, None] * s_o_t + offs_c[None, :] * s_o_c, y_h.to(out.dtype.element_ty),
+                     mask=r_mask[:, None] & c_mask[None, :])
             # new history column i = xx[n + i]: x[n + i - (K-1)] or old column n + i
             offs_w = tl.arange(0, BKW)
             idx_w = n + offs_w - (KW - 1)
             w_mask = offs_w < KW - 1
-            m_x = c_mask[:, None] & (w_mask & (idx_w >= 0))[None, :]
-            m_h = c_mask[:, None] & (w_mask & (idx_w < 0))[None, :]
-            xv = tl.load(x + (bos + idx_w)[None, :] * s_x_t + offs_c[:, None] * s_x_c, mask=m_x, other=0.0)
-            hv = tl.load(hist + offs_c[:, None] * s_cs_c + (n + offs_w)[None, :] * s_cs_k, mask=m_h, other=0.0)
-            new = xv.to(weight.dtype.element_ty) + hv.to(weight.dtype.element_ty)
-            tl.debug_barrier()
+            new_in_x = c_mask[:, None] & (w_mask & (idx_w >= 0))[None, :]
+            new_in_h = c_mask[:, None] & (w_mask & (idx_w < 0))[None, :]
+            new_x = tl.load(x + (bos + idx_w)[None, :] * s_x_t + offs_c[:, None] * s_x_c, mask=new_in_x, other=0.0)
+            new_h = tl.load(hist + offs_c[:, None] * s_cs_c + (n + offs_w)[None, :] * s_cs_k, mask=new_in_h,
+                            other=0.0)
+            new = new_x.to(weight.dtype.element_ty) + new_h.to(weight.dtype.element_ty)
+            tl.debug_barrier()  # every read of the old history above happens before it is replaced
             tl.store(hist + offs_c[:, None] * s_cs_c + offs_w[None, :] * s_cs_k,
                      new.to(conv_state.dtype.element_ty), mask=c_mask[:, None] & w_mask[None, :])
 

@@ -199,6 +199,6 @@ def chunk_gated_delta_rule(
         u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
         *state.stride(), *out.stride(),
         REP=rep, K=dk, V=dv, BT=BT, BK=bk, BV=bv, PREC=prec,
-        num_warps=8 if bk >= 128 else 4,
+        num_warps=8 if bk >= 128 else 4, num_stages=1,  # pipelining the chunk loads overflows shared memory
     )
     return out
