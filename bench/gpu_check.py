@@ -19,12 +19,16 @@ deadline skips its remaining cases and says so in the table):
    so their GB/s can exceed what HBM gives.
 
 ``--dry-run`` (alias ``--quick``) runs the same code on the CPU under
-``TRITON_INTERPRET=1`` with tiny shapes. The table goes to ``--out`` (default
+``TRITON_INTERPRET=1`` with tiny shapes. ``--compile-only`` needs no GPU
+either: it runs every wrapper on meta tensors at the 27B shapes (bf16) and
+the largest test shapes (fp32), captures the launches instead of running
+them, and compiles each for sm_90 the way the JIT would specialise it,
+failing on any compile error or on shared memory above the H200's 227 KB. The table goes to ``--out`` (default
 ``bench/out/gpu_check.txt``) and is copied to ``$OUT`` when that is set. The
 last line is ``BENCH gpu_check kernels_passed=N kernels_failed=M
 model_max_rel_err=X ...`` (headline figures come from each op's largest case).
 
-    python bench/gpu_check.py [--dry-run] [--out PATH]
+    python bench/gpu_check.py [--dry-run | --compile-only] [--out PATH]
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import sys
 DRY_RUN = "--dry-run" in sys.argv or "--quick" in sys.argv
 if DRY_RUN:  # before anything imports triton: kernels are decorated for the interpreter
     os.environ["TRITON_INTERPRET"] = "1"
+elif "--compile-only" in sys.argv:  # compiling needs real JIT functions, not interpreted ones
+    os.environ.pop("TRITON_INTERPRET", None)
 
 import argparse  # noqa: E402
 import shutil  # noqa: E402
@@ -483,15 +489,128 @@ def run_bench(rep: Report, shapes: Shapes, device: str, deadline: float, head: d
         rep.say(f"bench: {b.skipped} cases skipped past the {BUDGET_S['bench']:.0f} s deadline")
 
 
+# ----- compile-only pre-flight ----------------------------------------------
+SM90_SHARED = 232448  # bytes of shared memory one block may use on H100/H200
+TL_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+            torch.int32: "i32", torch.int64: "i64"}
+
+
+def _kernels() -> list:
+    from kernels.causal_conv import triton_conv
+    from kernels.gated_delta_rule import triton_chunk, triton_recurrent
+    from kernels.paged_attention import triton_decode, triton_prefill, triton_write
+
+    return [triton_write._write_kv_kernel, triton_prefill._prefill_kernel, triton_decode._decode_split_kernel,
+            triton_decode._decode_reduce_kernel, triton_chunk._chunk_wy_kernel, triton_chunk._chunk_fwd_kernel,
+            triton_recurrent._recurrent_kernel, triton_conv._conv_varlen_kernel, triton_conv._conv_update_kernel]
+
+
+def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
+    """Call every wrapper once on meta tensors (host-side metadata on the CPU)."""
+    from kernels.causal_conv import triton_conv
+    from kernels.gated_delta_rule import triton_chunk, triton_recurrent
+    from kernels.paged_attention import triton_decode, triton_prefill, triton_write
+
+    meta = torch.device("meta")
+
+    def e(*shape, dt=dtype):
+        return torch.empty(shape, dtype=dt, device=meta)
+
+    n, ctx, bsz = 256, 1024, 8
+    cu = torch.tensor([0, n], dtype=torch.int32)
+    kc, vc = e(ctx // PAGE, PAGE, s.hkv, s.d), e(ctx // PAGE, PAGE, s.hkv, s.d)
+    table, lens = e(bsz, ctx // PAGE, dt=torch.int32), e(bsz, dt=torch.int32)
+    triton_write.write_kv(kc, vc, e(n, s.hkv, s.d), e(n, s.hkv, s.d), e(n, dt=torch.int64))
+    triton_prefill.prefill_attention(e(n, s.hq, s.d), kc, vc, table[:1], cu, lens[:1], 0.1)
+    triton_decode.decode_attention(e(bsz, s.hq, s.d), kc, vc, table, lens, 0.1)
+    g, slots = e(n, s.hv, dt=torch.float32), e(bsz, dt=torch.int64)
+    q, v, beta, pool = e(n, s.hk, s.dk), e(n, s.hv, s.dv), e(n, s.hv), e(bsz, s.hv, s.dk, s.dv, dt=torch.float32)
+    triton_chunk.chunk_gated_delta_rule(q, q, v, g, beta, pool, slots[:1], cu)
+    triton_recurrent.recurrent_gated_delta_rule(q[:bsz], q[:bsz], v[:bsz], g[:bsz], beta[:bsz], pool, slots)
+    x, w, conv_pool = e(n, s.conv_dim), e(s.conv_dim, s.taps), e(bsz, s.conv_dim, s.taps - 1)
+    triton_conv.causal_conv1d_varlen(x, w, conv_pool, slots[:1], cu)
+    triton_conv.causal_conv1d_update(x[:bsz], w, conv_pool, slots)
+
+
+def _signature(fn, args: tuple, kwargs: dict):
+    """(signature, constexprs, attrs, options) as the JIT specialises a launch with these arguments."""
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    values = dict(zip(fn.arg_names, args), **kwargs)
+    constexpr_index = {p.num for p in fn.params if p.is_constexpr}
+    sig, consts, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        v = values[name]
+        if i in constexpr_index or (isinstance(v, int) and not isinstance(v, bool) and v == 1):
+            sig[name], consts[name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[name], attrs[(i,)] = "*" + TL_TYPES[v.dtype], [["tt.divisibility", 16]]
+        elif isinstance(v, int):
+            sig[name] = "i64" if abs(v) >= 2 ** 31 else "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32"
+    return sig, consts, attrs, options
+
+
+def run_compile_only(rep: Report) -> int:
+    """Compile every captured launch for sm_90; returns the number that compiled."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    captured = []
+    kernels = _kernels()
+    for k in kernels:
+        k.run = (lambda fn: lambda *a, grid=None, warmup=False, **kw: captured.append((fn, a, kw)))(k)
+    small = Shapes(hq=6, hkv=1, d=128, hk=1, hv=1, dk=128, dv=128, taps=4, decode=(), prefill=(),
+                   gdn_tokens=(), batches=(), conv_tokens=(), write_tokens=())
+    try:
+        for shapes, dtype in ((FULL, torch.bfloat16), (FULL, torch.float32), (small, torch.float32)):
+            _launch_all(shapes, dtype)
+    finally:
+        for k in kernels:
+            del k.run
+    target, seen, ok = GPUTarget("cuda", 90, 32), set(), 0
+    for fn, args, kwargs in captured:
+        sig, consts, attrs, options = _signature(fn, args, dict(kwargs))
+        key = (fn.__name__, repr(sorted(sig.items())), repr(sorted(map(str, consts.items()))), repr(options))
+        if key in seen:
+            continue
+        seen.add(key)
+        what = fn.__name__ + " " + " ".join(f"{k}={v}" for k, v in consts.items() if k.isupper())
+        try:
+            compiled = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target,
+                                      options=options)
+        except Exception as exc:
+            rep.fail(f"compile {what}: {type(exc).__name__}: {str(exc)[-600:]}")
+            continue
+        shared = compiled.metadata.shared
+        rep.say(f"compile {what} {options}: shared {shared} B")
+        if shared > SM90_SHARED:
+            rep.fail(f"compile {what}: {shared} B of shared memory exceeds {SM90_SHARED}")
+        else:
+            ok += 1
+    return ok
+
+
 # ----- driver ---------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", "--quick", action="store_true", dest="dry_run",
                         help="CPU, TRITON_INTERPRET=1, tiny shapes (checks the script itself)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="no GPU needed: compile every kernel launch for sm_90 and check its shared memory")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu_check.txt",
                         help="where the table is written")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
+    if args.compile_only:
+        rep = Report()
+        ok = run_compile_only(rep)
+        print(f"BENCH gpu_check compiled={ok} compile_failed={len(rep.failures)} "
+              f"wall_s={time.monotonic() - t0:.0f}", flush=True)
+        return 0 if not rep.failures else 1
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device (use --dry-run on a CPU machine)", file=sys.stderr)
