@@ -23,9 +23,10 @@ deadline skips its remaining cases and says so in the table):
 either: it runs every wrapper on meta tensors at the 27B shapes (bf16) and
 the largest test shapes (fp32), captures the launches instead of running
 them, and compiles each for sm_90 the way the JIT would specialise it,
-failing on any compile error or on shared memory above the H200's 227 KB. The table goes to ``--out`` (default
-``bench/out/gpu_check.txt``) and is copied to ``$OUT`` when that is set. The
-last line is ``BENCH gpu_check kernels_passed=N kernels_failed=M
+failing on any compile error or on shared memory above the H200's 227 KB.
+
+The table goes to ``--out`` (default ``bench/out/gpu_check.txt``) and is
+copied to ``$OUT`` when that is set. The last line is ``BENCH gpu_check kernels_passed=N kernels_failed=M
 model_max_rel_err=X ...`` (headline figures come from each op's largest case).
 
     python bench/gpu_check.py [--dry-run | --compile-only] [--out PATH]
@@ -43,10 +44,10 @@ elif "--compile-only" in sys.argv:  # compiling needs real JIT functions, not in
     os.environ.pop("TRITON_INTERPRET", None)
 
 import argparse  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import re  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -87,7 +88,8 @@ class Shapes:
 
 
 def _model_cfg(hidden, layers, heads, kv, hd, lk, lv, ld, inter, vocab) -> dict:
-    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    period = min(4, layers)  # every 4th layer full attention, as in the checkpoints; at least one
+    types = ["full_attention" if (i + 1) % period == 0 else "linear_attention" for i in range(layers)]
     return {"architectures": ["Qwen3_5ForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
             "intermediate_size": inter, "num_hidden_layers": layers, "layer_types": types,
             "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
@@ -113,11 +115,10 @@ DRY = Shapes(
 
 
 class Report:
-    """Rows of the table, headline figures and failures, printed as they come."""
+    """Lines of the table and the failures, printed as they come."""
 
     def __init__(self):
         self.lines: list[str] = []
-        self.head: dict[str, str] = {}
         self.failures: list[str] = []
 
     def say(self, line: str) -> None:
