@@ -50,16 +50,21 @@ def build_server(config: EngineConfig):
     free = None
     if device == "cuda":
         free, _total = torch.cuda.mem_get_info()
+    device_slots = config.reuse_device_slots if config.reuse_prompt else 0
+    host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
     plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
-                       free_device_bytes=free, fraction=config.kv_memory_fraction)
+                       free_device_bytes=free, fraction=config.kv_memory_fraction,
+                       device_slots=device_slots, host_slots=host_slots)
     log.info(plan.describe())
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
                                 device=device)
+    state.allocate_slots(device_slots, host_slots)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
     sched = Scheduler(SchedulerConfig(
         decode_lanes=config.decode_lanes, num_pages=plan.pages,
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
-        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)))
+        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
+        device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt)
     vocab_limit = _tokenizer_vocab(model_dir)
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()

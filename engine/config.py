@@ -40,6 +40,12 @@ class EngineConfig:
         "requests that may wait for a lane; past it new requests are refused (HTTP 429)"))
     max_model_len: int | None = field(default=None, metadata=field_doc(
         "most tokens per request, prompt + completion (default: the model's context, capped by the pool)"))
+    reuse_prompt: bool = field(default=True, metadata=field_doc(
+        "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)"))
+    reuse_device_slots: int = field(default=0, metadata=field_doc(
+        "retained state slots reserved on the device"))
+    reuse_host_slots_per_lane: int = field(default=2, metadata=field_doc(
+        "retained state slots per decode lane, reserved in one pinned host block"))
     runtime_dir: str | None = field(default=None, metadata=field_doc(
         "directory of the ipc sockets (default: $XDG_RUNTIME_DIR/ignis or /tmp/ignis-$UID)"))
     instance: str = field(default="default", metadata=field_doc(
@@ -66,6 +72,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        for name, flag in (("reuse_device_slots", "--reuse-device-slots"),
+                           ("reuse_host_slots_per_lane", "--reuse-host-slots-per-lane")):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
         if self.shutdown_timeout < 0:

@@ -27,6 +27,9 @@ class MemoryPlan:
     lanes: int
     live_state_bytes: int  # all lanes
     kv_dtype: str
+    device_slots: int = 0
+    host_slots: int = 0
+    slot_bytes: int = 0  # one retained state image
 
     @property
     def tokens(self) -> int:
@@ -40,7 +43,9 @@ class MemoryPlan:
         return (f"memory plan: KV pool {self.pages} pages x {PAGE_TOKENS} tokens = {self.tokens} tokens, "
                 f"{self.pool_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB, {self.kv_dtype}); "
                 f"live state {self.live_state_bytes} bytes ({self.live_state_bytes / 2**20:.1f} MiB) "
-                f"for {self.lanes} lanes")
+                f"for {self.lanes} lanes; retained slots {self.device_slots} on the device "
+                f"({self.device_slots * self.slot_bytes} bytes) + {self.host_slots} in host memory "
+                f"({self.host_slots * self.slot_bytes} bytes)")
 
 
 def kv_page_bytes(cfg: ModelConfig, dtype: str) -> int:
@@ -54,10 +59,13 @@ def lane_bytes(cfg: ModelConfig, dtype: str) -> int:
 
 def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | None = None,
                 kv_memory_bytes: int | None = None, free_device_bytes: int | None = None,
-                fraction: float = 0.85) -> MemoryPlan:
+                fraction: float = 0.85, device_slots: int = 0, host_slots: int = 0) -> MemoryPlan:
     """Pages and lanes for a model; ``free_device_bytes`` is CUDA's free memory after weights."""
     page = kv_page_bytes(cfg, dtype)
-    live = lanes * lane_bytes(cfg, dtype)
+    image = lane_bytes(cfg, dtype)
+    live = lanes * image
+    if free_device_bytes is not None:
+        free_device_bytes -= device_slots * image
     if kv_pool_tokens is not None:
         pages = -(-kv_pool_tokens // PAGE_TOKENS)
     else:
@@ -72,4 +80,5 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
                              f"({page} bytes per page)")
     if page == 0:
         pages = max(pages, 1)
-    return MemoryPlan(pages=pages, page_bytes=page, lanes=lanes, live_state_bytes=live, kv_dtype=dtype)
+    return MemoryPlan(pages=pages, page_bytes=page, lanes=lanes, live_state_bytes=live, kv_dtype=dtype,
+                      device_slots=device_slots, host_slots=host_slots, slot_bytes=image)

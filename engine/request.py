@@ -77,6 +77,9 @@ class Request:
     num_preemptions: int = field(default=0, init=False)
     pending_end: tuple[str, str] | None = field(default=None, init=False)  # (reason, message) of an abort
     finish_reason: str | None = field(default=None, init=False)
+    cached_tokens: int = field(default=0, init=False)  # prompt tokens resumed from a retained entry
+    reuse_kind: str = field(default="none", init=False)
+    reuse_slot: str = field(default="none", init=False)
 
     def __post_init__(self):
         check_str("req_id", self.req_id, 256, allow_empty=False)

@@ -27,6 +27,7 @@ class ModelRunner:
         self.want_logprobs: dict[str, int | None] = {}
         # ids at or past vocab_limit (embedding rows padding the tokenizer) are never sampled
         self.vocab_limit = vocab_limit
+        self.last_logits: dict = {}
 
     def warm_up(self) -> None:
         """One prefill and one decode on lane 0, so the first request does not pay for first calls."""
@@ -44,27 +45,42 @@ class ModelRunner:
     def _start(self, plan: RoundPlan) -> None:
         for ev in plan.finished:
             self.release(ev.req_id)
+        for src, dst in plan.copies_before:
+            self.state.copy_page(src, dst)
         for s in plan.started:
-            self.state.reset_lane(s.lane)
+            if s.restore_slot is None:
+                self.state.reset_lane(s.lane)
+            else:
+                self.state.load_image(s.restore_slot, s.lane)
             if s.req_id not in self.samplers or not s.generated:
                 self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids))
                 self.want_logprobs[s.req_id] = s.sampling.top_logprobs if s.sampling.logprobs else None
 
+    def _capture(self, plan: RoundPlan) -> None:
+        """After the forward: fill this round's new retained entries (pages, then images)."""
+        for order in plan.captures:
+            for src, dst in order.page_copies:
+                self.state.copy_page(src, dst)
+            self.state.save_image(order.lane, order.slot)
+
     def run(self, plan: RoundPlan) -> tuple[RoundResult, dict[str, TokenLogprobs]]:
         """Run one round; returns the sampled tokens and, where asked, their logprobs."""
         self._start(plan)
+        self.last_logits = {}
         if plan.is_empty:
             return RoundResult(), {}
         chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane) for d in plan.decodes]
         chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane) for c in plan.prefills]
         batch = ForwardBatch.build(chunks, self.device)
         logits = self.model(batch, self.state)
+        self._capture(plan)
         rows = list(range(len(plan.decodes)))
         rows += [len(plan.decodes) + i for i, c in enumerate(plan.prefills) if c.is_last]
         ids = plan.sampled_ids()
         if not ids:
             return RoundResult(), {}
         picked = logits[torch.tensor(rows, device=logits.device)].float()
+        self.last_logits = dict(zip(ids, picked))  # raw rows, for tests and diagnostics
         if self.vocab_limit is not None and self.vocab_limit < picked.shape[-1]:
             picked[:, self.vocab_limit:] = float("-inf")
         tokens, lps = sample_batch(picked.cpu(), [self.samplers[i] for i in ids],

@@ -39,6 +39,8 @@ class LaneStart:
     sampling: SamplingParams
     prompt_ids: tuple[int, ...]
     generated: tuple[int, ...] = ()
+    restore_slot: int | None = None
+    """Resume from a retained entry: copy this slot's state image into the lane instead of zeroing it."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,10 @@ class FinishEvent:
     prompt_tokens: int
     completion_tokens: int
     message: str = ""
+    cached_tokens: int = 0
+    reuse_kind: str = "none"  # "none" | "retained_prefix" | "prompt_checkpoint"
+    reuse_tier: str = "none"  # "none" | "device"
+    reuse_slot: str = "none"  # where the resumed image sat: "none" | "device" | "host"
 
 
 @dataclass
@@ -104,6 +110,10 @@ class RoundPlan:
     preempted: list[Preempted] = field(default_factory=list)
     finished: list[FinishEvent] = field(default_factory=list)
     """Requests freed at this round boundary (running requests aborted since the last round)."""
+    copies_before: list[tuple[int, int]] = field(default_factory=list)
+    """KV page copies (src, dst) to make before the forward: private copies of resumed partial pages."""
+    captures: list = field(default_factory=list)
+    """``CaptureOrder``s to carry out after the forward: page copies, then lane -> slot image copies."""
 
     @property
     def is_empty(self) -> bool:

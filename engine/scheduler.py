@@ -29,6 +29,15 @@ Finish. ``update`` decides: a stop token (``stop_token_ids``, or the model's EOS
 unless ``ignore_eos``) ends with "stop" and is part of the output; reaching
 ``max_tokens`` or ``max_model_len`` tokens ends with "length".
 
+Reuse. With a ``RetainedStore`` (slots > 0), admission first looks up the
+longest retained prefix of the request's tokens: full pages are shared, the
+partial last page copied (``plan.copies_before``), the state image copied into
+the lane (``LaneStart.restore_slot``), and prefill starts after the match. A
+chunk that ends on a capture mark (end of system + tools rounded down to
+pages: "retained_prefix"; the generation opener: "prompt_checkpoint") is captured after the
+forward (``plan.captures``). Retained pages never delay an admission or force
+a preemption: the store releases entries, lowest-ranked first, before either.
+
 Abort. A waiting request leaves at once (``abort`` returns its FinishEvent). A
 running one is marked; a round in flight may still compute it (its token is
 dropped by ``update``), and it is freed at the next round boundary: the next
@@ -53,6 +62,8 @@ from engine.schedule import (
     RoundPlan,
     RoundResult,
 )
+from engine.reuse.entries import SlotPool
+from engine.reuse.store import RetainedStore
 from engine.sequence_pages import SequencePages
 from shared.flags import field_doc
 from shared.wire_fields import MAX_TOKEN_ID
@@ -99,11 +110,12 @@ class Refusal:
 class Scheduler:
     """Owns the waiting queues, the lanes and the page pool's live sequences."""
 
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, device_slots: int = 0, host_slots: int = 0, reuse: bool = True):
         if not isinstance(config, SchedulerConfig):
             raise TypeError("Scheduler needs a SchedulerConfig")
         self.config = config
         self.pool = PagePool(config.num_pages, config.page_tokens)
+        self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse)
         self._waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}
         self._requests: dict[str, Request] = {}  # every live (not finished) request
         self._free_lanes = list(range(config.decode_lanes))  # min-heap
@@ -140,6 +152,7 @@ class Scheduler:
             "num_requests_running": self.num_running,
             "kv_cache_usage_perc": self.pool.num_used / self.pool.num_pages,
             "num_preemptions_total": self.num_preemptions,
+            **self.store.stats(),
         }
 
     # ----- requests in ----------------------------------------------------------
@@ -186,6 +199,7 @@ class Scheduler:
         if self._in_flight is not None:
             raise RuntimeError("schedule() called while a round is in flight; call update() first")
         plan = RoundPlan()
+        self.store.unpin_all()  # the previous round (if any) has been applied
         for req in [r for r in self._lanes.values() if r.pending_end is not None]:
             plan.finished.append(self._finish(req, *req.pending_end))
         self._plan_decodes(plan)
@@ -193,9 +207,7 @@ class Scheduler:
         for req in sorted((r for r in self._lanes.values() if r.state is RequestState.PREFILLING), key=_rank):
             if budget == 0:
                 break
-            chunk = self._chunk(req, budget)
-            plan.prefills.append(chunk)
-            budget -= chunk.num_tokens
+            budget -= self._add_chunk(plan, req, budget)
         if not plan.preempted:
             self._admit(plan, budget)
         self._in_flight = None if plan.is_empty else plan
@@ -208,6 +220,7 @@ class Scheduler:
             raise RuntimeError("update() called with no round in flight")
         self._check_result(plan, result)
         self._in_flight = None
+        self.store.unpin_all()
         ended = []
         # (request, tokens computed after this round), in plan order: decodes, then chunks.
         advanced = [(d.req_id, d.position + 1) for d in plan.decodes]
@@ -234,6 +247,9 @@ class Scheduler:
             if req.state is not RequestState.DECODING:
                 continue  # preempted earlier in this loop
             position = req.num_computed_tokens
+            needed = req.page_table.pages_needed(position + 1)
+            if needed > self.pool.num_free:
+                self.store.reclaim_pages(needed)
             while req.page_table.pages_needed(position + 1) > self.pool.num_free:
                 victim = max((r for r in self._lanes.values() if r.req_id not in scheduled), key=_rank)
                 plan.preempted.append(self._preempt(victim))
@@ -251,19 +267,51 @@ class Scheduler:
             if queue is None:
                 return
             req = queue[0]
-            if self.pool.pages_for(req.num_tokens + 1) > self.pool.num_free:
+            tokens = req.token_slice(0, req.num_tokens)
+            hit = self.store.lookup(tokens)
+            shared = hit.num_tokens // self.config.page_tokens if hit else 0
+            needed = self.pool.pages_for(req.num_tokens + 1) - shared
+            if needed > self.pool.num_free:
+                self.store.reclaim_pages(needed)
+            if needed > self.pool.num_free:
                 return  # head of line waits; nothing overtakes it
             queue.popleft()
             req.lane = heapq.heappop(self._free_lanes)
             self._lanes[req.lane] = req
             req.page_table = SequencePages(self.pool, req.req_id)
+            req.num_computed_tokens = 0
+            if hit is not None:
+                plan.copies_before.extend(req.page_table.fork_from(hit.pages, hit.num_tokens))
+                req.num_computed_tokens = hit.num_tokens
+                if req.num_preemptions == 0:
+                    req.cached_tokens = hit.num_tokens
+                    req.reuse_kind, req.reuse_slot = hit.kind, hit.slot_tier
             req.page_table.ensure_capacity(req.num_tokens + 1)
             req.state = RequestState.PREFILLING
-            req.num_computed_tokens = 0
-            plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids)))
-            chunk = self._chunk(req, budget)
-            plan.prefills.append(chunk)
-            budget -= chunk.num_tokens
+            plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
+                                          restore_slot=hit.slot if hit else None))
+            budget -= self._add_chunk(plan, req, budget)
+
+    def _add_chunk(self, plan: RoundPlan, req: Request, budget: int) -> int:
+        """Plan ``req``'s next chunk (and its capture, if it ends on a mark); returns its size."""
+        chunk = self._chunk(req, budget)
+        plan.prefills.append(chunk)
+        kind = self._capture_kind(req, chunk.end)
+        if kind is not None:
+            order = self.store.capture(req.token_slice(0, chunk.end), req.page_table, req.lane, kind,
+                                       req.request_class, req.last_is_user)
+            if order is not None:
+                plan.captures.append(order)
+        return chunk.num_tokens
+
+    def _capture_kind(self, req: Request, end: int) -> str | None:
+        if not self.store.enabled or end >= len(req.prompt_ids) or end not in req.must_cut_at:
+            return None
+        if req.opener_start == end:
+            return "prompt_checkpoint"
+        if req.system_end is not None and req.system_end // self.config.page_tokens * self.config.page_tokens == end:
+            return "retained_prefix"
+        return None
 
     def _chunk(self, req: Request, budget: int) -> PrefillChunk:
         start, target = req.num_computed_tokens, req.num_tokens
@@ -299,7 +347,9 @@ class Scheduler:
         req.state = RequestState.FINISHED
         req.finish_reason = reason
         del self._requests[req.req_id]
-        return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message)
+        return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
+                           cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
+                           reuse_tier="device" if req.cached_tokens else "none", reuse_slot=req.reuse_slot)
 
     def _release(self, req: Request) -> None:
         req.page_table.release()

@@ -34,6 +34,7 @@ from shared.wire import (
     Finished,
     Generate,
     Refused,
+    ReuseInfo,
     Stats,
     StatsReply,
     StreamTokens,
@@ -165,6 +166,8 @@ class EngineServer:
         if msg.id in self.tracked:
             return self._refuse(peer, msg.id, "bad_request", f"request id {msg.id!r} is already in use")
         req = Request.from_generate(msg, self.scheduler.config.page_tokens)
+        if not self.scheduler.store.enabled:
+            req.must_cut_at = ()  # nothing is captured, so prefill runs in one traversal
         refusal = self.scheduler.add(req)
         if refusal is not None:
             return self._refuse(peer, msg.id, refusal.reason, refusal.message)
@@ -238,8 +241,12 @@ class EngineServer:
             prefill_ms=round(((first or now) - admitted) * 1000, 3),
             ttft_ms=round(((first or now) - t.arrived) * 1000, 3),
         )
-        usage = Usage(prompt_tokens=t.prompt_tokens, completion_tokens=ev.completion_tokens, cached_tokens=0)
-        self.channel.send(Finished(ev.req_id, ev.reason, usage, timings=timings, message=ev.message), t.peer)
+        usage = Usage(prompt_tokens=t.prompt_tokens, completion_tokens=ev.completion_tokens,
+                      cached_tokens=ev.cached_tokens)
+        reuse = ReuseInfo(kind=ev.reuse_kind, tier=ev.reuse_tier)
+        self.channel.send(Finished(ev.req_id, ev.reason, usage, reuse=reuse, timings=timings, message=ev.message),
+                          t.peer)
+        self.metrics.prefix_hits.inc(ev.cached_tokens)
         self.metrics.finished.labels(self.model_name, ev.reason).inc()
         self.metrics.prompt_tokens.inc(t.prompt_tokens)
         self.metrics.prefix_queries.inc(t.prompt_tokens)
@@ -247,8 +254,8 @@ class EngineServer:
         decode_s = (t.last_token - first) if first is not None and t.last_token is not None else 0.0
         done = {
             "event": "done", "id": ev.req_id, "class": t.request_class, "prompt_tokens": t.prompt_tokens,
-            "cached_tokens": 0, "completion_tokens": ev.completion_tokens, "reuse_kind": "none",
-            "tier": "none", "queue_ms": timings.queue_ms, "prefill_ms": timings.prefill_ms,
+            "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
+            "reuse_kind": ev.reuse_kind, "tier": ev.reuse_tier, "slot": ev.reuse_slot, "queue_ms": timings.queue_ms, "prefill_ms": timings.prefill_ms,
             "ttft_ms": timings.ttft_ms,
             "decode_tokens_per_s": round((t.tokens - 1) / decode_s, 2) if decode_s > 0 and t.tokens > 1 else 0.0,
             "finish_reason": ev.reason,

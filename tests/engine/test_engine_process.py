@@ -159,3 +159,18 @@ def test_queue_limit_and_sigterm_drain(tmp_path):
         rc = eng.stop(timeout=30)
     assert rc == 0
     assert time.monotonic() - t0 < 20
+
+
+def test_reuse_reports_cached_tokens_through_the_wire(engine):
+    p = prompt(230, 77)
+    first = engine.run("reuse-1", p, max_tokens=4, system_end=150, opener_start=227)
+    again = engine.run("reuse-2", p, max_tokens=4, system_end=150, opener_start=227)
+    assert first.finished.usage.cached_tokens == 0
+    assert again.finished.usage.cached_tokens == 227
+    assert (again.finished.reuse.kind, again.finished.reuse.tier) == ("prompt_checkpoint", "device")
+    assert again.tokens == first.tokens
+    sibling = engine.run("reuse-3", p[:150] + prompt(30, 78), max_tokens=4, system_end=150, opener_start=177)
+    assert sibling.finished.usage.cached_tokens == 128
+    assert sibling.finished.reuse.kind == "retained_prefix"
+    stats = engine.stats()
+    assert stats["retained_entries"] >= 2

@@ -484,8 +484,12 @@ def test_stats():
     s.add(request("a", 100))
     s.add(request("b", 10))
     s.schedule()
-    assert s.stats() == {"num_requests_waiting": 1, "num_requests_running": 1,
-                         "kv_cache_usage_perc": 2 / 8, "num_preemptions_total": 0}
+    stats = s.stats()
+    assert {k: stats[k] for k in ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc",
+                                  "num_preemptions_total")} == {
+        "num_requests_waiting": 1, "num_requests_running": 1, "kv_cache_usage_perc": 2 / 8,
+        "num_preemptions_total": 0}
+    assert stats["retained_entries"] == 0
     s.update(RoundResult({"a": 1}))
     run_all(s)
     assert_drained(s)

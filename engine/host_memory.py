@@ -1,0 +1,55 @@
+"""Host memory blocks the engine exports: pinned on CUDA, named POSIX shared memory on the CPU.
+
+A block is allocated once at load, touched whole (first-touch page faults
+belong at start), and lives until the engine exits. On the CPU the block's
+shared-memory name is what tierd maps; on CUDA the pinned tensor is exported
+as its own handle.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+from multiprocessing import shared_memory
+
+import torch
+
+_BLOCKS: list[shared_memory.SharedMemory] = []
+_SERIAL = itertools.count()
+
+
+def _cleanup() -> None:
+    while _BLOCKS:
+        shm = _BLOCKS.pop()
+        try:
+            shm.close()
+            shm.unlink()
+        except (FileNotFoundError, BufferError):
+            pass
+
+
+atexit.register(_cleanup)
+
+
+class HostBlock:
+    """One tensor in host memory, with the name another process can map it by (CPU)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device_type: str, tag: str):
+        self.shape, self.dtype = tuple(shape), dtype
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
+        self.nbytes = nbytes
+        self.shm_name: str | None = None
+        if device_type == "cuda":
+            self.tensor = torch.zeros(shape, dtype=dtype, pin_memory=True)
+            return
+        name = f"ignis-{os.getpid()}-{next(_SERIAL)}-{tag}"
+        shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+        _BLOCKS.append(shm)
+        self.shm_name = shm.name
+        flat = torch.frombuffer(shm.buf, dtype=torch.uint8, count=nbytes)
+        flat.zero_()  # touch every page now
+        self.tensor = flat.view(dtype)[:numel].view(shape)

@@ -1,0 +1,229 @@
+"""The retained store: content-addressed index, captures, lookups, ranking and release.
+
+Invariants:
+
+- An entry is found only by content: ``lookup`` hashes the prompt's full
+  pages, takes the entries filed under the longest matching chain hash, and
+  verifies every candidate token by token before returning it.
+- Reuse copies and never consumes: a lookup leaves the entry in place.
+- One entry per token sequence: a capture of tokens already retained is
+  skipped (and refreshes the entry's recency).
+- Retained pages never delay or refuse an admission: ``reclaim_pages``
+  releases entries, lowest-ranked first, until the pool has the room.
+- Rank (lowest goes first): made by an agent request below interactive, then
+  least recently used. A capture may only take the slot of an entry ranked no
+  higher than itself; if none qualifies the capture is skipped.
+- A conversation (checkpoints whose tokens extend each other) keeps at most
+  two checkpoints: its latest, and the latest one made right after a real
+  user message.
+- Entries pinned this round (being filled or read) are never released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.page_pool import PagePool, PoolExhausted
+from engine.reuse.entries import KINDS, Entry, SlotPool
+from engine.reuse.hashing import page_chain
+from engine.sequence_pages import SequencePages
+
+CLASS_KEEP = {"agent": 0, "interactive": 1}
+
+
+@dataclass(frozen=True)
+class CaptureOrder:
+    """What the runner must do after this round's forward to fill a new entry."""
+
+    entry_id: int
+    lane: int
+    slot: int
+    page_copies: tuple[tuple[int, int], ...]  # (src, dst): the partial last page's private copy
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    entry_id: int
+    num_tokens: int
+    slot: int
+    pages: tuple[int, ...]
+    kind: str
+    slot_tier: str
+
+
+class RetainedStore:
+    def __init__(self, pool: PagePool, slots: SlotPool, enabled: bool = True):
+        self.pool = pool
+        self.slots = slots
+        self.enabled = enabled and slots.total > 0
+        self._entries: dict[int, Entry] = {}
+        self._by_hash: dict[bytes, list[Entry]] = {}
+        self._next_id = 0
+        self._clock = 0
+        self.captures = 0
+        self.captures_skipped = 0
+        self.hits = 0
+        self.released = 0
+
+    # ----- queries -------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _find(self, tokens: tuple[int, ...], limit: int, kinds: tuple[str, ...] = KINDS) -> Entry | None:
+        """Longest entry whose tokens are a prefix of ``tokens`` and at most ``limit`` long."""
+        pt = self.pool.page_tokens
+        hashes = page_chain(tokens, pt, limit // pt)
+        for k in range(len(hashes) - 1, -1, -1):
+            best = None
+            for e in self._by_hash.get(hashes[k], ()):
+                n = e.num_tokens
+                if e.kind not in kinds or n > limit or n > len(tokens) or e.full_pages != k:
+                    continue
+                if tuple(tokens[:n]) != e.tokens:  # verified token by token
+                    continue
+                if best is None or n > best.num_tokens:
+                    best = e
+            if best is not None:
+                return best
+        return None
+
+    def lookup(self, tokens: tuple[int, ...]) -> ResumePoint | None:
+        """Where a request with ``tokens`` can resume: the longest retained prefix
+        that leaves at least one token to prefill. Pins the entry for this round."""
+        if not self.enabled or len(tokens) < 2:
+            return None
+        e = self._find(tokens, len(tokens) - 1)
+        if e is None:
+            return None
+        e.last_used = self._tick()
+        e.pinned = True
+        self.hits += 1
+        return ResumePoint(e.entry_id, e.num_tokens, e.slot, e.pages.pages, e.kind, self.slots.tier_of(e.slot))
+
+    # ----- captures ------------------------------------------------------------
+
+    def capture(self, tokens: tuple[int, ...], live: SequencePages, lane: int, kind: str, request_class: str,
+                after_user: bool) -> CaptureOrder | None:
+        """Retain ``tokens`` (the first len(tokens) positions of ``live``), or skip."""
+        if not self.enabled:
+            return None
+        if kind not in KINDS:
+            raise ValueError(f"capture kind must be one of {KINDS}, got {kind!r}")
+        n = len(tokens)
+        same = self._find(tokens, n)
+        if same is not None and same.num_tokens == n:
+            same.last_used = self._tick()
+            return None
+        slot = self._slot_for(request_class)
+        if slot is None:
+            self.captures_skipped += 1
+            return None
+        owner = SequencePages(self.pool, f"retained-{self._next_id}")
+        try:
+            if self.pool.pages_for(n) and n % self.pool.page_tokens and self.pool.num_free < 1:
+                self.reclaim_pages(1)
+            copies = owner.fork_from(live.pages, n)
+        except PoolExhausted:
+            owner.release()
+            self.slots.give_back(slot)
+            self.captures_skipped += 1
+            return None
+        full_hash = page_chain(tokens, self.pool.page_tokens)[-1]
+        e = Entry(self._next_id, tuple(tokens), full_hash, owner, slot, kind, request_class, after_user,
+                  self._tick(), pinned=True)
+        self._next_id += 1
+        self._entries[e.entry_id] = e
+        self._by_hash.setdefault(full_hash, []).append(e)
+        self.captures += 1
+        if kind == "prompt_checkpoint":
+            self._link_conversation(e)
+        return CaptureOrder(e.entry_id, lane, slot, tuple(copies))
+
+    def _slot_for(self, request_class: str) -> int | None:
+        slot = self.slots.take()
+        if slot is not None:
+            return slot
+        victim = self._lowest(exclude=None)
+        if victim is None or CLASS_KEEP[victim.request_class] > CLASS_KEEP[request_class]:
+            return None
+        slot = victim.slot
+        self._release(victim, keep_slot=True)
+        return slot
+
+    def _link_conversation(self, e: Entry) -> None:
+        parent = self._find(e.tokens, e.num_tokens - 1, kinds=("prompt_checkpoint",))
+        e.parent = parent
+        chain = []
+        p = parent
+        while p is not None:
+            chain.append(p)
+            p = p.parent
+        keep_user = e.after_user
+        for p in chain:
+            if p.after_user and not keep_user:
+                keep_user = True
+                continue
+            if not p.pinned:
+                self._release(p)
+
+    # ----- ranking and release --------------------------------------------------
+
+    def _lowest(self, exclude: Entry | None) -> Entry | None:
+        candidates = [e for e in self._entries.values() if not e.pinned and e is not exclude]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda e: (CLASS_KEEP[e.request_class], e.last_used))
+
+    def reclaim_pages(self, needed_free: int) -> int:
+        """Release entries, lowest-ranked first, until ``needed_free`` pages are free
+        (or nothing more can go). Returns how many entries were released."""
+        released = 0
+        while self.pool.num_free < needed_free:
+            victim = self._lowest(exclude=None)
+            if victim is None:
+                break
+            self._release(victim)
+            released += 1
+        return released
+
+    def _release(self, e: Entry, keep_slot: bool = False) -> None:
+        del self._entries[e.entry_id]
+        bucket = self._by_hash[e.full_hash]
+        bucket.remove(e)
+        if not bucket:
+            del self._by_hash[e.full_hash]
+        for other in self._entries.values():
+            if other.parent is e:
+                other.parent = e.parent
+        e.pages.release()
+        if not keep_slot:
+            self.slots.give_back(e.slot)
+        self.released += 1
+
+    def unpin_all(self) -> None:
+        for e in self._entries.values():
+            e.pinned = False
+
+    def release_all(self) -> None:
+        for e in list(self._entries.values()):
+            self._release(e)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "retained_entries": len(self._entries),
+            "retained_slots_free": self.slots.num_free,
+            "retained_slots_total": self.slots.total,
+            "retained_pages_held": sum(len(e.pages.pages) for e in self._entries.values()),
+            "reuse_captures_total": self.captures,
+            "reuse_captures_skipped_total": self.captures_skipped,
+            "reuse_hits_total": self.hits,
+            "reuse_released_total": self.released,
+        }
