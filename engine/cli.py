@@ -64,7 +64,8 @@ def build_server(config: EngineConfig):
         decode_lanes=config.decode_lanes, num_pages=plan.pages,
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
         max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
-        device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt)
+        device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt,
+        stamp=f"{ckpt.structural_hash}:{config.kv_format}:drafter=0")
     vocab_limit = _tokenizer_vocab(model_dir)
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()

@@ -110,12 +110,13 @@ class Refusal:
 class Scheduler:
     """Owns the waiting queues, the lanes and the page pool's live sequences."""
 
-    def __init__(self, config: SchedulerConfig, device_slots: int = 0, host_slots: int = 0, reuse: bool = True):
+    def __init__(self, config: SchedulerConfig, device_slots: int = 0, host_slots: int = 0, reuse: bool = True,
+                 stamp: str = ""):
         if not isinstance(config, SchedulerConfig):
             raise TypeError("Scheduler needs a SchedulerConfig")
         self.config = config
         self.pool = PagePool(config.num_pages, config.page_tokens)
-        self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse)
+        self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse, stamp=stamp)
         self._waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}
         self._requests: dict[str, Request] = {}  # every live (not finished) request
         self._free_lanes = list(range(config.decode_lanes))  # min-heap

@@ -17,6 +17,9 @@ Invariants:
   two checkpoints: its latest, and the latest one made right after a real
   user message.
 - Entries pinned this round (being filled or read) are never released.
+- Every entry carries the stamp it was made under (artifact structural hash,
+  KV format, drafter presence); an entry whose stamp differs from the store's
+  current one is refused before any byte moves.
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ class ResumePoint:
 
 
 class RetainedStore:
-    def __init__(self, pool: PagePool, slots: SlotPool, enabled: bool = True):
+    def __init__(self, pool: PagePool, slots: SlotPool, enabled: bool = True, stamp: str = ""):
         self.pool = pool
+        self.stamp = stamp
+        self.stamp_refusals = 0
         self.slots = slots
         self.enabled = enabled and slots.total > 0
         self._entries: dict[int, Entry] = {}
@@ -88,6 +93,9 @@ class RetainedStore:
                 if e.kind not in kinds or n > limit or n > len(tokens) or e.full_pages != k:
                     continue
                 if tuple(tokens[:n]) != e.tokens:  # verified token by token
+                    continue
+                if e.stamp != self.stamp:
+                    self.stamp_refusals += 1
                     continue
                 if best is None or n > best.num_tokens:
                     best = e
@@ -138,7 +146,7 @@ class RetainedStore:
             return None
         full_hash = page_chain(tokens, self.pool.page_tokens)[-1]
         e = Entry(self._next_id, tuple(tokens), full_hash, owner, slot, kind, request_class, after_user,
-                  self._tick(), pinned=True)
+                  self._tick(), pinned=True, stamp=self.stamp)
         self._next_id += 1
         self._entries[e.entry_id] = e
         self._by_hash.setdefault(full_hash, []).append(e)
@@ -226,4 +234,5 @@ class RetainedStore:
             "reuse_captures_skipped_total": self.captures_skipped,
             "reuse_hits_total": self.hits,
             "reuse_released_total": self.released,
+            "reuse_stamp_refusals_total": self.stamp_refusals,
         }

@@ -1,0 +1,182 @@
+"""The retained store alone: no torch, no model; exact entries, pages, slots and orders."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from engine.page_pool import PagePool
+from engine.reuse import hashing
+from engine.reuse.entries import SlotPool
+from engine.reuse.store import RetainedStore
+from engine.sequence_pages import SequencePages
+
+
+def live_seq(pool: PagePool, tokens: int, name="live") -> SequencePages:
+    seq = SequencePages(pool, name)
+    seq.ensure_capacity(tokens)
+    return seq
+
+
+def toks(n: int, base: int = 0) -> tuple[int, ...]:
+    return tuple(base + i for i in range(n))
+
+
+def make(pages=32, device=0, host=4, **kw):
+    pool = PagePool(pages)
+    return pool, RetainedStore(pool, SlotPool(device, host), **kw)
+
+
+def test_capture_shares_full_pages_and_copies_the_partial_one():
+    pool, store = make()
+    seq = live_seq(pool, 150)  # pages 0, 1, 2
+    order = store.capture(toks(150), seq, lane=3, kind="prompt_checkpoint", request_class="interactive",
+                          after_user=True)
+    assert order.lane == 3 and order.slot == 0
+    assert order.page_copies == ((2, 3),)
+    (entry,) = store.entries()
+    assert entry.pages.pages == (0, 1, 3)
+    assert [pool.refcount(p) for p in (0, 1, 2, 3)] == [2, 2, 1, 1]
+    seq.release()
+    store.unpin_all()
+    store.release_all()
+    assert pool.num_free == pool.num_pages and store.slots.num_free == 4
+    pool.integrity_check()
+
+
+def test_lookup_takes_the_longest_prefix_leaving_one_token_and_never_consumes():
+    pool, store = make()
+    seq = live_seq(pool, 300)
+    store.capture(toks(128), seq, 0, "retained_prefix", "interactive", False)
+    store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
+    store.unpin_all()
+    hit = store.lookup(toks(260))
+    assert (hit.num_tokens, hit.kind) == (200, "prompt_checkpoint")
+    assert store.lookup(toks(260)).num_tokens == 200  # still there
+    assert store.lookup(toks(200)).num_tokens == 128  # must leave a token to prefill
+    assert store.lookup(toks(150)).num_tokens == 128
+    assert store.lookup(toks(127)) is None
+    assert store.lookup(toks(150, base=1)) is None  # differs from the first token
+    other = toks(128)[:100] + (9999,) + toks(300)[101:260]
+    assert store.lookup(other) is None
+    seq.release()
+    store.release_all()
+    pool.integrity_check()
+
+
+def test_same_tokens_are_not_captured_twice():
+    pool, store = make()
+    seq = live_seq(pool, 100)
+    assert store.capture(toks(90), seq, 0, "prompt_checkpoint", "interactive", True) is not None
+    assert store.capture(toks(90), seq, 1, "prompt_checkpoint", "interactive", True) is None
+    assert len(store) == 1
+    seq.release()
+    store.release_all()
+
+
+def test_candidates_are_verified_token_by_token(monkeypatch):
+    """Even if two prefixes collided in the hash, the token check keeps them apart."""
+    pool, store = make()
+    monkeypatch.setattr(sys.modules["engine.reuse.store"], "page_chain",
+                        lambda tokens, pt, limit=None: [hashing.SEED] * (1 + min(len(tokens) // pt,
+                                                                                  limit if limit is not None else 10**9)))
+    seq = live_seq(pool, 200)
+    store.capture(toks(130), seq, 0, "prompt_checkpoint", "interactive", True)
+    store.unpin_all()
+    assert store.lookup(toks(140)).num_tokens == 130
+    assert store.lookup(toks(140, base=5)) is None
+    seq.release()
+    store.release_all()
+
+
+def test_slots_rank_agent_below_interactive_then_lru():
+    pool, store = make(host=2)
+    seq = live_seq(pool, 400)
+    store.capture(toks(70), seq, 0, "prompt_checkpoint", "interactive", True)
+    store.capture(toks(80, 1000), seq, 0, "prompt_checkpoint", "agent", True)
+    store.unpin_all()
+    # interactive capture with no free slot: the agent entry gives way
+    assert store.capture(toks(90, 2000), seq, 0, "prompt_checkpoint", "interactive", True) is not None
+    assert sorted(e.tokens[0] for e in store.entries()) == [0, 2000]
+    store.unpin_all()
+    # an agent capture may not evict interactive entries: skipped
+    assert store.capture(toks(75, 3000), seq, 0, "prompt_checkpoint", "agent", True) is None
+    assert store.captures_skipped == 1
+    # between interactive entries the least recently used goes; a lookup refreshes
+    store.lookup(toks(71))
+    store.unpin_all()
+    store.capture(toks(95, 4000), seq, 0, "prompt_checkpoint", "interactive", True)
+    assert sorted(e.tokens[0] for e in store.entries()) == [0, 4000]
+    seq.release()
+    store.release_all()
+    pool.integrity_check()
+
+
+def test_conversation_keeps_latest_and_last_after_user_checkpoint():
+    pool, store = make(pages=64, host=8)
+    seq = live_seq(pool, 1000)
+    # turn 1 (user), turn 2 (tool result), turn 3 (tool result), turn 4 (tool result)
+    for n, after_user in ((100, True), (200, False), (300, False), (400, False)):
+        store.capture(toks(n), seq, 0, "prompt_checkpoint", "interactive", after_user)
+        store.unpin_all()
+    assert sorted(e.num_tokens for e in store.entries()) == [100, 400]
+    store.capture(toks(500), seq, 0, "prompt_checkpoint", "interactive", True)  # a new user turn
+    store.unpin_all()
+    assert sorted(e.num_tokens for e in store.entries()) == [500]
+    seq.release()
+    store.release_all()
+    pool.integrity_check()
+
+
+def test_reclaim_releases_lowest_ranked_until_room_and_skips_pinned():
+    pool, store = make(pages=8, host=4)
+    a = live_seq(pool, 64, "a")  # page 0
+    b = live_seq(pool, 128, "b")  # pages 1, 2
+    store.capture(toks(64), a, 0, "retained_prefix", "agent", False)
+    store.capture(toks(100, 500), b, 1, "prompt_checkpoint", "interactive", True)  # shares 1, copies 2 -> 3
+    a.release()
+    b.release()
+    assert pool.num_free == 8 - 3
+    assert store.reclaim_pages(8) == 0  # both pinned this round
+    store.unpin_all()
+    assert store.reclaim_pages(6) == 1
+    assert [e.request_class for e in store.entries()] == ["interactive"]
+    assert store.reclaim_pages(8) == 1 and len(store) == 0
+    assert pool.num_free == 8
+    pool.integrity_check()
+
+
+def test_stamp_mismatch_is_refused_before_anything_moves():
+    pool, store = make(stamp="model-a:bf16:drafter=0")
+    seq = live_seq(pool, 100)
+    store.capture(toks(90), seq, 0, "prompt_checkpoint", "interactive", True)
+    store.unpin_all()
+    refs = [pool.refcount(p) for p in range(4)]
+    store.stamp = "model-b:bf16:drafter=0"
+    assert store.lookup(toks(95)) is None
+    assert store.stamp_refusals == 1
+    assert [pool.refcount(p) for p in range(4)] == refs
+    store.stamp = "model-a:bf16:drafter=0"
+    assert store.lookup(toks(95)).num_tokens == 90
+    seq.release()
+    store.release_all()
+
+
+def test_disabled_store_does_nothing():
+    pool, store = make(enabled=False)
+    seq = live_seq(pool, 100)
+    assert store.capture(toks(90), seq, 0, "prompt_checkpoint", "interactive", True) is None
+    assert store.lookup(toks(95)) is None
+    seq.release()
+    assert pool.num_free == pool.num_pages
+
+
+def test_zero_slots_disables_reuse():
+    pool, store = make(host=0)
+    assert not store.enabled
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 128])
+def test_page_chain_length(n):
+    assert len(hashing.page_chain(list(range(n)), 64)) == 1 + n // 64
