@@ -43,6 +43,9 @@ class HostBlock:
         nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
         self.nbytes = nbytes
         self.shm_name: str | None = None
+        if numel == 0:
+            self.tensor = torch.zeros(shape, dtype=dtype)
+            return
         if device_type == "cuda":
             self.tensor = torch.zeros(shape, dtype=dtype, pin_memory=True)
             return

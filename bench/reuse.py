@@ -1,0 +1,113 @@
+"""Prompt reuse on the demo model, side by side in one run.
+
+- cold vs warm TTFT at 1K, 8K and 32K-token prompts (warm = the same prompt
+  again, resuming from its prompt checkpoint);
+- the short-prompt tax: TTFT of cold 1K prompts with reuse on (prefill cut at
+  the marks: three traversals) vs an engine with ``--reuse-prompt off``;
+- an 8-subagent burst on an 8K system block already read once: prompt tokens
+  actually prefilled and total time, with vs without reuse.
+
+Last line: ``BENCH reuse warm_cold_1k=A warm_cold_8k=B warm_cold_32k=C
+short_tax=D burst_prefill_ratio=E`` (warm/cold TTFT, on/off TTFT, prefilled
+tokens with/without reuse).
+
+    python bench/reuse.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.engine.engine_process import EngineProcess  # noqa: E402
+
+VOCAB = 2000
+
+
+def tokens(n: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+def ttft(engine: EngineProcess, rid: str, prompt: list[int], system_end: int | None = None) -> tuple[float, int]:
+    out = engine.run(rid, prompt, timeout=900, max_tokens=1, system_end=system_end, opener_start=len(prompt) - 3)
+    if out.finished is None:
+        raise RuntimeError(f"{rid}: {out.refused}")
+    return out.finished.timings.ttft_ms, out.finished.usage.cached_tokens
+
+
+def burst(engine: EngineProcess, tag: str, block: list[int], tasks: list[list[int]]) -> tuple[int, float]:
+    ttft(engine, f"{tag}-lead", block + tasks[0][:50], system_end=len(block))
+    t0 = time.perf_counter()
+    rids = []
+    for i, task in enumerate(tasks):
+        p = block + task
+        rid = f"{tag}-{i}"
+        engine.generate(rid, p, max_tokens=4, ignore_eos=True, system_end=len(block), opener_start=len(p) - 3)
+        rids.append(rid)
+    outs = engine.wait(rids, timeout=900)
+    wall = time.perf_counter() - t0
+    prefilled = sum(o.finished.usage.prompt_tokens - o.finished.usage.cached_tokens for o in outs.values())
+    return prefilled, wall
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, for the test suite")
+    args = ap.parse_args(argv)
+    sizes = {"1k": 1024, "8k": 8192, "32k": 32000}
+    block_len, task_len, repeats = 8192, 256, 3
+    if args.quick:
+        sizes = {"1k": 128, "8k": 256, "32k": 512}
+        block_len, task_len, repeats = 256, 32, 1
+    rng = random.Random(0)
+    pool = str(4 * max(sizes.values()) + 16 * (block_len + task_len) + 8192)
+    common = ["--decode-lanes", "8", "--kv-pool-tokens", pool, "--max-prefill-tokens-per-round", "4096"]
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory(prefix="ignis-bench-") as rt_on, \
+            tempfile.TemporaryDirectory(prefix="ignis-bench-") as rt_off:
+        on = EngineProcess(Path(rt_on), *common)
+        off = EngineProcess(Path(rt_off), *common, "--reuse-prompt", "off")
+        try:
+            for eng, tag in ((on, "w-on"), (off, "w-off")):
+                ttft(eng, tag, tokens(64, rng))
+            for name, n in sizes.items():
+                p = tokens(n, rng)
+                cold, _ = ttft(on, f"cold-{name}", p)
+                warm, cached = ttft(on, f"warm-{name}", p)
+                results[f"warm_cold_{name}"] = warm / cold
+                rows.append((f"ttft {name} cold / warm ms", cold, warm, f"cached {cached}"))
+            taxed = [ttft(on, f"tax-on-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0]
+                     for i in range(repeats)]
+            plain = [ttft(off, f"tax-off-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0]
+                     for i in range(repeats)]
+            results["short_tax"] = statistics.median(taxed) / statistics.median(plain)
+            rows.append(("cold 1k ttft ms reuse on / off", statistics.median(taxed), statistics.median(plain), ""))
+            block = tokens(block_len, rng)
+            tasks = [tokens(task_len, rng) for _ in range(8)]
+            pre_on, wall_on = burst(on, "b-on", block, tasks)
+            pre_off, wall_off = burst(off, "b-off", block, tasks)
+            results["burst_prefill_ratio"] = pre_on / pre_off
+            rows.append(("burst prefilled tokens on / off", pre_on, pre_off, ""))
+            rows.append(("burst total s on / off", wall_on, wall_off, ""))
+        finally:
+            on.stop()
+            off.stop()
+    print(f"{'case':<34}{'A':>12}{'B':>12}  note")
+    for name, a, b, note in rows:
+        print(f"{name:<34}{a:>12.1f}{b:>12.1f}  {note}")
+    print("BENCH reuse " + " ".join(f"{k}={results[k]:.3f}" for k in
+                                    ("warm_cold_1k", "warm_cold_8k", "warm_cold_32k", "short_tax",
+                                     "burst_prefill_ratio")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
