@@ -97,9 +97,13 @@ def _tokenizer_vocab(model_dir: str) -> int | None:
 
 
 def run(args) -> int:
+    from shared import sdnotify
+
     setup_logging("engine")
     try:
         config = from_args(EngineConfig, args)
+        sdnotify.status("loading model")
+        sdnotify.extend_timeout(600)
         server = build_server(config)
     except (ValueError, OSError) as exc:
         log.error("engine cannot start: %s", exc)
@@ -112,4 +116,10 @@ def run(args) -> int:
         print(f"METRICS {port}", flush=True)
     log.info("engine serving %s on %s", server.model_name, server.endpoint)
     print(f"READY {server.endpoint}", flush=True)
-    return server.serve_forever()
+    sdnotify.ready(f"serving {server.model_name}")
+    watchdog = sdnotify.Watchdog(alive=server.alive).start()
+    try:
+        return server.serve_forever()
+    finally:
+        watchdog.stop()
+        sdnotify.stopping()

@@ -82,6 +82,7 @@ class EngineServer:
         self._stopping = threading.Event()
         self._stop_deadline: float | None = None
         self._garbage_seen = 0
+        self._last_loop = time.monotonic()
 
     # ----- lifecycle ---------------------------------------------------------------
 
@@ -92,6 +93,10 @@ class EngineServer:
             self._stopping.set()
             self._wake.set()
 
+    def alive(self) -> bool:
+        """The loop went round recently (the watchdog pings only while it does)."""
+        return time.monotonic() - self._last_loop < 30.0
+
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
@@ -100,6 +105,7 @@ class EngineServer:
         self.channel.start()
         try:
             while True:
+                self._last_loop = time.monotonic()
                 self._drain_inbox(block=not self.scheduler.has_work)
                 if self._stopping.is_set():
                     if not self.scheduler.has_work:

@@ -34,11 +34,12 @@ class Outcome:
 class EngineProcess:
     """An engine child process on a private runtime dir, with one DEALER client."""
 
-    def __init__(self, runtime_dir: Path, *flags: str, model: str | None = None, startup_timeout: float = 120):
+    def __init__(self, runtime_dir: Path, *flags: str, model: str | None = None, startup_timeout: float = 120,
+                 env: dict | None = None):
         args = [sys.executable, "-m", "shared.cli", "engine", "--runtime-dir", str(runtime_dir), *flags]
         if model:
             args += ["--model", model]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.log_path = Path(runtime_dir) / "engine.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)

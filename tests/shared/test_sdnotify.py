@@ -1,0 +1,71 @@
+"""systemd notify datagrams: unit level, and from a real engine process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from shared import sdnotify
+
+
+def receiver(path_or_abstract: str):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if path_or_abstract.startswith("@"):
+        sock.bind(b"\0" + path_or_abstract[1:].encode())
+    else:
+        sock.bind(path_or_abstract)
+    sock.settimeout(5)
+    return sock
+
+
+@pytest.mark.parametrize("abstract", [False, True])
+def test_messages_reach_the_socket(tmp_path, monkeypatch, abstract):
+    name = f"@ignis-test-{os.getpid()}-{time.monotonic_ns()}" if abstract else str(tmp_path / "notify.sock")
+    sock = receiver(name)
+    monkeypatch.setenv("NOTIFY_SOCKET", name)
+    try:
+        assert sdnotify.ready("serving x")
+        assert sock.recv(4096) == b"READY=1\nSTATUS=serving x"
+        assert sdnotify.extend_timeout(1.5)
+        assert sock.recv(4096) == b"EXTEND_TIMEOUT_USEC=1500000"
+        assert sdnotify.status("loading")
+        assert sock.recv(4096) == b"STATUS=loading"
+    finally:
+        sock.close()
+
+
+def test_no_socket_is_a_no_op(monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert sdnotify.ready() is False
+
+
+def test_watchdog_interval(monkeypatch):
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    assert sdnotify.watchdog_interval() == 1.0
+    monkeypatch.setenv("WATCHDOG_PID", "1")
+    assert sdnotify.watchdog_interval() is None
+
+
+def test_engine_sends_ready_and_watchdog_pings(tmp_path):
+    from tests.engine.engine_process import EngineProcess
+
+    path = str(tmp_path / "n.sock")
+    sock = receiver(path)
+    eng = EngineProcess(tmp_path, "--kv-pool-tokens", "2048", "--decode-lanes", "2",
+                        env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    try:
+        seen = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (any(m.startswith("READY=1") for m in seen)
+                                                   and seen.count("WATCHDOG=1") >= 2):
+            seen.append(sock.recv(4096).decode())
+        assert any(m.startswith("EXTEND_TIMEOUT_USEC=") for m in seen)
+        assert any(m.startswith("READY=1") for m in seen)
+        assert seen.count("WATCHDOG=1") >= 2
+    finally:
+        assert eng.stop() == 0
+        sock.close()
