@@ -103,6 +103,7 @@ class EngineServer:
 
     def serve_forever(self) -> int:
         self.channel.start()
+        self._update_gauges()
         try:
             while True:
                 self._last_loop = time.monotonic()

@@ -1,0 +1,46 @@
+"""The engine's /metrics endpoint: parsed with prometheus_client, counters move with requests."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.engine.engine_process import EngineProcess
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name + "".join(f"|{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+            values[key] = sample.value
+    return values
+
+
+def test_metrics_move_with_requests(tmp_path):
+    eng = EngineProcess(tmp_path, "--kv-pool-tokens", "4096", "--decode-lanes", "4", "--metrics-port", "0")
+    try:
+        port = None
+        for line in eng.log_text().splitlines():
+            if "metrics on http://" in line:
+                port = int(line.rsplit(":", 1)[1].split("/")[0])
+        assert port, eng.log_text()
+        before = scrape(port)
+        assert before["ignis:num_requests_running"] == 0
+        assert before["ignis:kv_pool_pages_free"] == 64
+        p = list(range(10, 210))
+        eng.run("m1", p, max_tokens=5, ignore_eos=True, opener_start=197)
+        eng.run("m2", p, max_tokens=5, ignore_eos=True, opener_start=197)
+        after = scrape(port)
+        assert after["ignis:generation_tokens_total"] - before.get("ignis:generation_tokens_total", 0) == 10
+        assert after["ignis:prompt_tokens_total"] - before.get("ignis:prompt_tokens_total", 0) == 400
+        assert after["ignis:prefix_cache_queries_total"] == 400
+        assert after["ignis:prefix_cache_hits_total"] == 197
+        assert after["ignis:request_success_total|finished_reason=length"] == 2
+        assert after["ignis:time_to_first_token_seconds_count"] == 2
+        assert after["ignis:inter_token_latency_seconds_count"] == 8
+        assert after["ignis:prefill_tokens_total"] == 200 + 3
+    finally:
+        assert eng.stop() == 0
