@@ -1,0 +1,134 @@
+"""Exporter side of engine memory on the CPU: named POSIX shared-memory blocks and their descriptors.
+
+The engine allocates each block it shares with tierd (KV pool, per-lane
+state, host slots) here, builds its tensors as views of ``ShmBlock.buf``, and
+sends ``ShmBlock.descriptor()`` in its ``Hello``. tierd maps the same name
+(``tierd.memory_map``); nothing is copied to share it.
+
+A block is described as ``runs`` x ``items`` x ``item_bytes`` (see
+``shared.tier_layout.BlockDesc``); the default stride packs the runs back to
+back, which is exactly the row-major layout of a tensor shaped
+``[runs, items, item_bytes]``: e.g. a KV pool [L, 2, P, 64, H, D] is
+``ShmBlock.create(name, runs=2 * L, items=P, item_bytes=64 * H * D * dsize)``.
+
+Every page of a new block is written once at creation (first-touch faults
+belong at load, not in a copy). The creator owns the name: ``unlink`` it when
+the engine stops (Python's resource tracker also unlinks it if the creator
+dies). numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from shared.runtime import check_instance_name
+from shared.tier_layout import BlockDesc
+
+_PAGE = mmap.PAGESIZE
+_CREATED: set[str] = set()  # shm names created by this process and not yet unlinked
+
+
+def created_here(shm_name: str) -> bool:
+    """Whether this process created ``shm_name`` (an attacher in the same process must leave its
+    resource-tracker entry alone: the tracker keeps one entry per name and process)."""
+    return shm_name.lstrip("/") in _CREATED
+
+
+def block_name(instance: str, block: str) -> str:
+    """A fresh shm name for ``block`` of ``instance``: ``ignis-<instance>-<block>-<pid>-<random>``."""
+    check_instance_name(instance)
+    return f"ignis-{instance}-{block}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class ShmBlock:
+    """One named shared-memory block laid out as [runs, items, item_bytes] (run stride given)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, block: str, runs: int, items: int, item_bytes: int,
+                 run_stride_bytes: int):
+        self.shm = shm
+        self.block = block
+        self.runs = runs
+        self.items = items
+        self.item_bytes = item_bytes
+        self.run_stride_bytes = run_stride_bytes
+        self._closed = False
+
+    @classmethod
+    def create(cls, block: str, runs: int, items: int, item_bytes: int, *, run_stride_bytes: int | None = None,
+               instance: str = "default", shm_name: str | None = None, fill: int = 0) -> ShmBlock:
+        """Create (and touch) a block; the descriptor is checked before any memory is allocated."""
+        stride = items * item_bytes if run_stride_bytes is None else run_stride_bytes
+        name = shm_name or block_name(instance, block)
+        desc = BlockDesc(name=block, kind="shm", handle=name, runs=runs, items=items, item_bytes=item_bytes,
+                         run_stride_bytes=stride)  # raises ValueError on a bad layout
+        if not 0 <= fill <= 255:
+            raise ValueError(f"fill must be a byte value 0..255, got {fill}")
+        shm = shared_memory.SharedMemory(name=name, create=True, size=desc.span_bytes)
+        _CREATED.add(shm.name.lstrip("/"))
+        out = cls(shm, block, runs, items, item_bytes, stride)
+        raw = np.ndarray((shm.size,), dtype=np.uint8, buffer=shm.buf)
+        raw[::_PAGE] = 0  # first touch of every page, here and not in the request path
+        if fill:
+            raw[:] = fill
+        del raw
+        return out
+
+    @property
+    def name(self) -> str:
+        """The POSIX shm name (what ``SharedMemory(name)`` opens)."""
+        return self.shm.name
+
+    @property
+    def nbytes(self) -> int:
+        return (self.runs - 1) * self.run_stride_bytes + self.items * self.item_bytes
+
+    @property
+    def buf(self) -> memoryview:
+        """The block's bytes (exactly ``nbytes``; the mapping itself may be rounded up to a page)."""
+        return self.shm.buf[:self.nbytes]
+
+    def array(self) -> np.ndarray:
+        """A zero-copy uint8 view shaped [runs, items, item_bytes] (strided by ``run_stride_bytes``)."""
+        return np.ndarray((self.runs, self.items, self.item_bytes), dtype=np.uint8, buffer=self.shm.buf,
+                          strides=(self.run_stride_bytes, self.item_bytes, 1))
+
+    def typed(self, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The whole block as a C-contiguous array of ``dtype`` and ``shape`` (it must fill it exactly)."""
+        dtype = np.dtype(dtype)
+        if int(np.prod(shape)) * dtype.itemsize != self.nbytes:
+            raise ValueError(f"shape {shape} of {dtype} is {int(np.prod(shape)) * dtype.itemsize} bytes; "
+                             f"block {self.block!r} holds {self.nbytes}")
+        return np.ndarray(shape, dtype=dtype, buffer=self.shm.buf)
+
+    def item(self, i: int) -> np.ndarray:
+        """Item ``i`` as a [runs, item_bytes] view."""
+        if not 0 <= i < self.items:
+            raise IndexError(f"block {self.block!r} has items 0..{self.items - 1}, not {i}")
+        return self.array()[:, i, :]
+
+    def descriptor(self) -> BlockDesc:
+        return BlockDesc(name=self.block, kind="shm", handle=self.name, runs=self.runs, items=self.items,
+                         item_bytes=self.item_bytes, run_stride_bytes=self.run_stride_bytes)
+
+    def close(self) -> None:
+        """Unmap and unlink the name. Views from ``array`` and ``typed`` must be gone first."""
+        if self._closed:
+            return
+        self._closed = True
+        self.shm.close()
+        _CREATED.discard(self.name.lstrip("/"))
+        try:
+            self.shm.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> ShmBlock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

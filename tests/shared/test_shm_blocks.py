@@ -1,0 +1,53 @@
+"""Exported shm blocks: layout views, descriptors tierd can map, touch at creation, unlink on close."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from shared.shm_blocks import ShmBlock, block_name, created_here
+from shared.tier_wire import BlockDesc
+
+
+def test_a_layer_major_kv_pool_as_runs_items_bytes():
+    L, P, H, D = 2, 5, 2, 4  # [L, 2, P, 64, H, D] fp32
+    item = 64 * H * D * 4
+    with ShmBlock.create("kv", runs=2 * L, items=P, item_bytes=item, instance="t") as b:
+        pool = b.typed(np.float32, (L, 2, P, 64, H, D))
+        pool[1, 0, 3] = 7.0  # page 3, layer 1, keys
+        view = b.item(3).view(np.float32).reshape(2 * L, 64, H, D)
+        assert (view[2] == 7.0).all() and (view[[0, 1, 3]] == 0).all()
+        d = b.descriptor()
+        assert d == BlockDesc("kv", "shm", b.name, 2 * L, P, item, P * item)
+        assert d.span_bytes == b.nbytes == pool.nbytes
+
+
+def test_a_padded_run_stride_and_fill():
+    with ShmBlock.create("conv", runs=3, items=2, item_bytes=10, run_stride_bytes=32, fill=5, instance="t") as b:
+        assert b.nbytes == 2 * 32 + 20
+        assert b.array().strides == (32, 10, 1) and (b.array() == 5).all()
+
+
+def test_close_unlinks_the_name():
+    b = ShmBlock.create("ssm", 1, 1, 4096, instance="t")
+    path = f"/dev/shm/{b.name.lstrip('/')}"
+    assert os.path.exists(path) and created_here(b.name)
+    b.close()
+    b.close()  # twice is fine
+    assert not os.path.exists(path) and not created_here(b.name)
+
+
+def test_bad_layouts_raise_before_any_memory_is_allocated():
+    with pytest.raises(ValueError, match="runs"):
+        ShmBlock.create("kv", 0, 1, 1, instance="t")
+    with pytest.raises(ValueError, match="overlap"):
+        ShmBlock.create("kv", 2, 4, 8, run_stride_bytes=16, instance="t")
+    with pytest.raises(ValueError, match="instance"):
+        block_name("../x", "kv")
+    with ShmBlock.create("kv", 1, 2, 8, instance="t") as b:
+        with pytest.raises(ValueError, match="holds 16"):
+            b.typed(np.float32, (5,))
+        with pytest.raises(IndexError):
+            b.item(2)

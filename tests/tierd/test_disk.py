@@ -1,0 +1,144 @@
+"""KV-disk files and directory: chunked checksums catch any damage before a bad chunk is handed on."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tierd.disk import (
+    MARKER,
+    CorruptFile,
+    DiskTier,
+    ForeignFilesError,
+    encode_header,
+    file_bytes,
+    prepare_dir,
+    read_entry,
+    wipe_dir,
+    write_entry,
+)
+
+KEY = "0123456789abcdef" * 2
+CHUNK = 4096
+
+
+def write(tmp_path, payload: bytes, pieces=3, chunk=CHUNK):
+    header = encode_header(KEY, "stamp-1", len(payload), ("kv", "kv", "ssm"))
+    step = -(-len(payload) // pieces)
+    parts = [np.frombuffer(payload[i:i + step], dtype=np.uint8) for i in range(0, len(payload), step)]
+    path = tmp_path / f"{KEY}.kv"
+    size = write_entry(path, header, parts, len(payload), chunk)
+    assert size == path.stat().st_size == file_bytes(header, len(payload), chunk)
+    return path, header
+
+
+def read(path, header, nbytes, chunk=CHUNK):
+    staging = np.zeros(chunk, dtype=np.uint8)
+    out = bytearray(nbytes)
+    got = []
+
+    def consume(offset, view):
+        out[offset:offset + view.nbytes] = view.tobytes()
+        got.append(offset)
+
+    try:
+        read_entry(path, header, nbytes, staging, consume, chunk)
+    finally:
+        read.handed_on = got
+    return bytes(out)
+
+
+@pytest.mark.parametrize("n", [1, CHUNK - 1, CHUNK, 3 * CHUNK + 17])
+def test_write_then_read_any_size(tmp_path, n):
+    payload = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
+    path, header = write(tmp_path, payload)
+    assert read(path, header, n) == payload
+    assert not (tmp_path / f"{KEY}.kv.part").exists()
+
+
+def test_a_flipped_byte_is_caught_in_its_chunk_and_later_chunks_are_not_handed_on(tmp_path):
+    payload = bytes(range(256)) * 64  # 4 chunks
+    path, header = write(tmp_path, payload)
+    data = bytearray(path.read_bytes())
+    data[len(data) - 32 * 4 - CHUNK - 5] ^= 1  # inside chunk 2
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFile, match="checksum of chunk 2"):
+        read(path, header, len(payload))
+    assert read.handed_on == [0, CHUNK]
+
+
+def test_truncation_other_headers_and_missing_files_are_corrupt(tmp_path):
+    payload = b"x" * 5000
+    path, header = write(tmp_path, payload)
+    with pytest.raises(CorruptFile, match="another header"):
+        read(path, encode_header(KEY, "stamp-2", 5000, ("kv", "kv", "ssm")), 5000)
+    os.truncate(path, path.stat().st_size - 1)
+    with pytest.raises(CorruptFile, match="truncated"):
+        read(path, header, 5000)
+    path.unlink()
+    with pytest.raises(CorruptFile, match="gone"):
+        read(path, header, 5000)
+
+
+def test_a_failed_write_leaves_no_file(tmp_path):
+    header = encode_header(KEY, "s", 10, ("kv",))
+
+    def pieces():
+        yield b"12345"
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_entry(tmp_path / f"{KEY}.kv", header, pieces(), 10)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="wrote 3 payload bytes"):
+        write_entry(tmp_path / f"{KEY}.kv", header, [b"abc"], 10)
+    assert os.listdir(tmp_path) == []
+
+
+def test_prepare_wipes_only_tierd_files_and_refuses_foreign_ones(tmp_path):
+    d = tmp_path / "kv"
+    prepare_dir(d)
+    assert os.listdir(d) == [MARKER] and (d.stat().st_mode & 0o777) == 0o700
+    (d / "a.kv").write_bytes(b"1")
+    (d / "b.kv.part").write_bytes(b"2")
+    prepare_dir(d)
+    assert os.listdir(d) == [MARKER]
+    (d / "notes.txt").write_text("mine")
+    with pytest.raises(ForeignFilesError, match="notes.txt"):
+        prepare_dir(d)
+    assert (d / "notes.txt").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "c.kv").write_bytes(b"3")
+    with pytest.raises(ForeignFilesError, match="no .ignis-kv-disk marker"):
+        prepare_dir(other)
+    (tmp_path / "sub" / "x").mkdir(parents=True)
+    (tmp_path / "sub" / MARKER).write_text("")
+    with pytest.raises(ForeignFilesError, match="x"):
+        prepare_dir(tmp_path / "sub")
+
+
+def test_wipe_removes_the_directory_unless_someone_else_put_a_file_there(tmp_path):
+    d = prepare_dir(tmp_path / "kv")
+    (d / "a.kv").write_bytes(b"1")
+    wipe_dir(d)
+    assert not d.exists()
+    d = prepare_dir(tmp_path / "kv")
+    (d / "keep.txt").write_text("x")
+    wipe_dir(d)
+    assert os.listdir(d) == ["keep.txt"]
+
+
+def test_disk_tier_accounting():
+    t = DiskTier("/nonexistent", 100)
+    t.reserve(60)
+    with pytest.raises(MemoryError):
+        t.reserve(41)
+    t.release(60)
+    assert t.free == 100
+    with pytest.raises(ValueError):
+        t.release(1)
+    with pytest.raises(ValueError, match="0 means KV-disk off"):
+        DiskTier("/nonexistent", 0)

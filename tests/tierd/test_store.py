@@ -1,0 +1,122 @@
+"""TierStore in-process, with real copy threads: requests on busy keys, failed spills and failed copies.
+
+The loop is this test: posted callbacks run when ``settle`` is called, so a
+request can be made to arrive while a copy is still in flight.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import numpy as np
+import pytest
+
+from shared.tier_wire import Demote, Demoted, Drop, Dropped, Restore, Restored, TierRefused, UnitLayout
+from tests.tierd.fake_engine import PAGE_BYTES, STAMP, key, make_blocks
+from tierd.arena import Arena
+from tierd.disk import DiskTier, prepare_dir
+from tierd.memory_map import EngineMemory
+from tierd.metrics import TierdMetrics
+from tierd.store import TierStore
+
+SRC = (("kv", 1), ("kv", 2), ("ssm", 0), ("conv", 0))
+DST = (("kv", 5), ("kv", 6), ("ssm", 1), ("conv", 1))
+
+
+class Harness:
+    def __init__(self, tmp_path, arena_blocks: int, disk_bytes: int):
+        self.blocks = make_blocks()
+        for i, b in enumerate(self.blocks.values()):
+            b.array()[...] = np.random.default_rng(i).integers(0, 256, b.array().shape, dtype=np.uint8)
+        self.posted: queue.Queue = queue.Queue()
+        self.replies: list = []
+        self.memory = EngineMemory(tuple(b.descriptor() for b in self.blocks.values()), UnitLayout())
+        disk = DiskTier(prepare_dir(tmp_path / "kv"), disk_bytes) if disk_bytes else None
+        self.store = TierStore(arena=Arena(arena_blocks * PAGE_BYTES), block_bytes=PAGE_BYTES, memory=self.memory,
+                               disk=disk, stamp=STAMP, ttl=300.0, metrics=TierdMetrics("t"), post=self.posted.put,
+                               reply=lambda peer, m: self.replies.append(m), again=self.handle)
+        self.req = 0
+
+    def handle(self, peer, msg) -> None:
+        if isinstance(msg, Demote):
+            self.store.demote(peer, msg, self.memory.resolve(msg.source))
+        elif isinstance(msg, Restore):
+            self.store.restore(peer, msg, self.memory.resolve(msg.dest))
+        else:
+            self.store.drop(peer, msg)
+
+    def send(self, cls, *args, **kw):
+        self.req += 1
+        self.handle(b"peer", cls(self.req, *args, **kw))
+        return self.req
+
+    def settle(self) -> list:
+        while self.store.in_flight or not self.posted.empty():
+            self.posted.get(timeout=5)()
+        out, self.replies = self.replies, []
+        self.store.check()
+        return out
+
+    def read(self, refs) -> bytes:
+        return b"".join(self.blocks[b].item(i).tobytes() for b, i in refs)
+
+    def close(self):
+        self.store.close()
+        for b in self.blocks.values():
+            b.close()
+
+
+@pytest.fixture
+def h(tmp_path):
+    harness = Harness(tmp_path, arena_blocks=3, disk_bytes=1 << 20)
+    yield harness
+    harness.close()
+
+
+def test_requests_on_a_key_in_flight_wait_and_are_answered_in_order(h):
+    want = h.read(SRC)
+    d = h.send(Demote, key(1), STAMP, SRC, kind="live", last_used=time.time())
+    r = h.send(Restore, key(1), STAMP, DST)  # the fill has not been posted back yet
+    again = h.send(Demote, key(1), STAMP, SRC)
+    x = h.send(Drop, key(1))
+    assert [type(m) for m in h.settle()] == [Demoted, Restored, Demoted, Dropped]
+    assert h.read(DST) == want
+    assert h.store.entries == {} and h.store.alloc.free_count == 3
+    assert (d, r, again, x) == (1, 2, 3, 4)
+
+
+def test_a_failed_spill_turns_disk_off_and_the_victim_stays_in_ram_or_goes(h, tmp_path):
+    h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=1.0)
+    h.settle()
+    (tmp_path / "kv" / ".ignis-kv-disk").unlink()
+    (tmp_path / "kv").rmdir()  # the spill's write fails
+    h.send(Demote, key(2), STAMP, SRC, kind="live", last_used=2.0)
+    replies = h.settle()
+    assert [type(m) for m in replies] == [Demoted] and replies[0].tier == "ram"
+    assert not h.store.disk.healthy and key(1) not in h.store.entries  # discarded once disk was gone
+    got = h.send(Demote, key(3), STAMP, SRC, kind="live", last_used=3.0)
+    assert [(type(m), m.reason) for m in h.settle()] == [(TierRefused, "no_room")] and got == 3
+
+
+def test_a_failed_copy_is_refused_and_frees_its_blocks(h, monkeypatch):
+    def broken(spans, host):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(h.store.backend, "gather", broken)
+    h.send(Demote, key(1), STAMP, SRC)
+    (reply,) = h.settle()
+    assert isinstance(reply, TierRefused) and reply.reason == "copy_failed" and "device lost" in reply.message
+    assert h.store.alloc.free_count == 3 and h.store.entries == {}
+
+
+def test_a_restore_waits_for_its_entry_to_finish_spilling(h):
+    want = h.read(SRC)
+    h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=1.0)
+    h.settle()
+    h.send(Demote, key(2), STAMP, (("kv", 9), ("kv", 10), ("ssm", 2), ("conv", 2)), kind="live", last_used=2.0)
+    assert h.store.entries[key(1)].arena.state.name == "SPILLING"
+    h.send(Restore, key(1), STAMP, DST)
+    replies = h.settle()  # the fill and the disk read run on different threads: either may finish first
+    assert sorted((type(m).__name__, m.tier) for m in replies) == [("Demoted", "ram"), ("Restored", "disk")]
+    assert h.read(DST) == want

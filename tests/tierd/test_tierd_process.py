@@ -1,0 +1,226 @@
+"""A real ``ignis tierd`` process on an ipc socket, driven by a fake engine over shared memory.
+
+Entries here are 2 KV pages + one lane (ssm + conv) = 3 arena blocks of 16 KiB.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from shared.tier_wire import (
+    Demote,
+    Demoted,
+    Drop,
+    Dropped,
+    ErrorReply,
+    Lookup,
+    Missing,
+    Restore,
+    Restored,
+    Stats,
+    StatsReply,
+    TierRefused,
+    Welcome,
+    decode,
+)
+from tests.tierd.fake_engine import STAMP, FakeEngine, TierdProcess, key
+
+SRC = (("kv", 3), ("kv", 9), ("ssm", 1), ("conv", 1))
+DST = (("kv", 20), ("kv", 21), ("ssm", 3), ("conv", 3))
+
+
+@pytest.fixture(scope="module")
+def tierd(tmp_path_factory):
+    """Arena 1 MiB, KV-disk auto (4 GiB for qwen3_next, off for qwen3_5)."""
+    proc = TierdProcess(tmp_path_factory.mktemp("rt"), "--reuse-kv-host-pool-bytes", "1M")
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture
+def engine(tierd):
+    eng = FakeEngine(tierd.endpoint)
+    assert isinstance(eng.hello(), Welcome)
+    yield eng
+    eng.close()
+
+
+def demote(eng: FakeEngine, n: int, src=SRC, **kw):
+    """Demote fresh random bytes from ``src`` under key(n); returns (reply, the bytes demoted)."""
+    eng.scramble()
+    want = eng.read(src)
+    kw.setdefault("last_used", time.time())
+    return eng.ask(Demote(eng.next_req(), key(n), STAMP, tuple(src), **kw)), want
+
+
+def restore(eng: FakeEngine, n: int, dst=DST, stamp=STAMP):
+    eng.scramble()
+    return eng.ask(Restore(eng.next_req(), key(n), stamp, tuple(dst)))
+
+
+def lookup(eng: FakeEngine, *ns) -> list:
+    reply = eng.ask(Lookup(eng.next_req(), STAMP, tuple(key(n) for n in ns)))
+    return list(reply.tiers)
+
+
+def stats(eng: FakeEngine) -> dict:
+    eng.chan.send(Stats())
+    while True:
+        env = eng.chan.get(timeout=10)
+        if isinstance(env.message, StatsReply):
+            return env.message.values
+
+
+def test_round_trip_is_bit_exact_into_other_pages_and_lane(engine):
+    reply, want = demote(engine, 1, kind="live")
+    assert reply == Demoted(reply.req, key(1), "ram", 2 * 16384 + 3 * 512 + 3 * 300)
+    got = restore(engine, 1)
+    assert isinstance(got, Restored) and got.tier == "ram"
+    assert engine.read(DST) == want
+    # restoring copies and never consumes: a second fork from the same point also hits
+    assert isinstance(restore(engine, 1, dst=(("kv", 0), ("kv", 1), ("ssm", 0), ("conv", 0))), Restored)
+    assert engine.read((("kv", 0), ("kv", 1), ("ssm", 0), ("conv", 0))) == want
+
+
+def test_host_slot_image_and_direct_disk_round_trip(engine):
+    src = (("kv", 4), ("host_slots", 0))
+    reply, want = demote(engine, 2, src=src, target="disk")
+    assert isinstance(reply, Demoted) and reply.tier == "disk"
+    got = restore(engine, 2, dst=(("kv", 30), ("host_slots", 3)))
+    assert isinstance(got, Restored) and got.tier == "disk"
+    assert engine.read((("kv", 30), ("host_slots", 3))) == want
+    assert lookup(engine, 2) == ["disk"]  # a restore keeps the file (lazy)
+
+
+def test_restore_must_name_the_same_blocks(engine):
+    demote(engine, 3)
+    before = engine.snapshot()
+    got = engine.ask(Restore(engine.next_req(), key(3), STAMP, (("kv", 1), ("host_slots", 0))))
+    assert isinstance(got, TierRefused) and got.reason == "bad_request" and "same blocks" in got.message
+    assert engine.snapshot() == before
+    bad = engine.ask(Demote(engine.next_req(), key(4), STAMP, (("ssm", 0), ("kv", 1))))
+    assert isinstance(bad, TierRefused) and bad.reason == "bad_request"
+    out_of_range = engine.ask(Demote(engine.next_req(), key(4), STAMP, (("kv", 32),)))
+    assert isinstance(out_of_range, TierRefused) and "items 0..31" in out_of_range.message
+
+
+def test_stamp_mismatch_moves_no_bytes(engine):
+    reply, want = demote(engine, 5)
+    assert isinstance(reply, Demoted)
+    before_stats, before_mem = stats(engine), engine.snapshot()
+    other = "ffff/hq-e8-2b/drafter"
+    got = engine.ask(Demote(engine.next_req(), key(6), other, SRC))
+    assert isinstance(got, TierRefused) and got.reason == "stamp"
+    got = engine.ask(Restore(engine.next_req(), key(5), other, DST))
+    assert isinstance(got, TierRefused) and got.reason == "stamp"
+    assert engine.snapshot() == before_mem
+    after = stats(engine)
+    assert after["arena_blocks_free"] == before_stats["arena_blocks_free"] and after["entries"] == 1
+    assert lookup(engine, 5, 6) == ["ram", None]
+
+
+def test_unknown_key_drop_and_lookup(engine):
+    got = restore(engine, 99)
+    assert isinstance(got, Missing) and got.reason == "unknown"
+    demote(engine, 7)
+    assert engine.ask(Drop(engine.next_req(), key(7))).held is True
+    assert engine.ask(Drop(engine.next_req(), key(7))) == Dropped(engine._req, key(7), False)
+    assert lookup(engine, 7) == [None]
+
+
+def test_a_duplicate_demote_moves_nothing_and_keeps_the_entry(engine):
+    reply, want = demote(engine, 8)
+    again, _ = demote(engine, 8)
+    assert isinstance(again, Demoted) and again.tier == "ram"
+    assert stats(engine)["entries"] == 1
+    restore(engine, 8)
+    assert engine.read(DST) == want  # the first demote's bytes: same key, same content
+
+
+def test_corrupt_or_truncated_disk_file_answers_missing_and_tierd_keeps_serving(engine, tierd):
+    disk_dir = tierd.runtime_dir / "default-kv-disk"
+    for n, damage in ((10, "flip"), (11, "truncate")):
+        reply, _ = demote(engine, n, target="disk")
+        assert reply.tier == "disk"
+        path = disk_dir / f"{key(n)}.kv"
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0xFF
+        else:
+            data = data[:-100]
+        path.write_bytes(bytes(data))
+        engine.scramble()
+        before = engine.snapshot()
+        got = engine.ask(Restore(engine.next_req(), key(n), STAMP, DST))
+        assert isinstance(got, Missing) and got.reason == "corrupt", got
+        assert ("checksum" if damage == "flip" else "expected") in got.message
+        assert engine.snapshot() == before  # a one-chunk entry never reaches engine memory when bad
+        assert not path.exists() and lookup(engine, n) == [None]
+    reply, want = demote(engine, 12, target="disk")
+    assert isinstance(restore(engine, 12), Restored) and engine.read(DST) == want
+
+
+def test_garbage_and_wrong_versions_get_clear_errors(engine, tierd):
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.RCVTIMEO, 10000)
+    raw.connect(tierd.endpoint)
+    try:
+        for frames, words in (([b"\xff not json"], "not JSON"),
+                              ([b'{"type": "tier_hello", "v": 2}'], "protocol version 2"),
+                              ([b'{"type": "tier_demote", "v": 1, "req": 1}'], "missing field"),
+                              ([b'{"type": "tier_demoted", "v": 1}'], "not accepted")):
+            raw.send_multipart(frames)
+            reply = decode(raw.recv_multipart())
+            assert isinstance(reply, ErrorReply) and words in reply.message
+    finally:
+        raw.close()
+    refused = engine.hello(protocol=99)
+    assert isinstance(refused, TierRefused) and refused.reason == "protocol" and "this tierd speaks 1" in \
+        refused.message
+    assert isinstance(engine.hello(), Welcome)  # and it still serves
+    assert tierd.metric("ignis:tierd_wire_errors_total") >= 4
+
+
+def test_requests_before_hello_and_from_a_stale_engine_are_refused(tierd):
+    first = FakeEngine(tierd.endpoint, seed=1)
+    try:
+        got = first.ask(Demote(first.next_req(), key(1), STAMP, SRC))
+        assert isinstance(got, TierRefused) and got.reason == "not_ready"
+        first.hello()
+        second = FakeEngine(tierd.endpoint, seed=2)
+        try:
+            assert isinstance(second.hello(), Welcome)
+            got = first.ask(Restore(first.next_req(), key(1), STAMP, DST))
+            assert isinstance(got, TierRefused) and got.reason == "not_ready"
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_disk_auto_follows_the_family_and_a_new_hello_drops_everything(engine, tierd):
+    demote(engine, 20)
+    dense = engine.hello(family="qwen3_5")
+    assert dense.disk_bytes == 0
+    assert lookup(engine, 20) == [None] and stats(engine)["arena_blocks_free"] == dense.arena_blocks
+    assert not (tierd.runtime_dir / "default-kv-disk").exists()
+    got = engine.ask(Demote(engine.next_req(), key(21), STAMP, SRC, target="disk"))
+    assert isinstance(got, TierRefused) and got.reason == "no_disk"
+    assert engine.hello(family="qwen3_next").disk_bytes == 4 << 30
+
+
+def test_metrics_count_tiers_and_copies(engine, tierd):
+    demote(engine, 30)
+    restore(engine, 30)
+    assert tierd.metric("ignis:tierd_arena_bytes") == 1 << 20
+    assert tierd.metric("ignis:tierd_arena_unlocked_bytes") == 0
+    assert tierd.metric("ignis:tierd_arena_used_bytes") == 3 * 16384
+    assert tierd.metric("ignis:tierd_entries", tier="ram", kind="retained") == 1
+    assert tierd.metric("ignis:tierd_demotions_total", tier="ram") >= 1
+    assert tierd.metric("ignis:tierd_restores_total", tier="ram") >= 1
+    assert tierd.metric("ignis:tierd_copy_bytes_total", direction="engine_to_ram") > 0
+    assert tierd.metric("ignis:tierd_disk_ceiling_bytes") == 4 << 30

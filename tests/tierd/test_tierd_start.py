@@ -1,0 +1,79 @@
+"""Starting and stopping tierd: arena locking under a small RLIMIT_MEMLOCK, the KV-disk directory, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from tests.tierd.fake_engine import TierdProcess, unlocked_memlock_preexec
+
+LIMIT = 256 << 10  # RLIMIT_MEMLOCK for the child, far below the 4 MiB arena
+
+
+def test_required_mlock_that_fails_exits_naming_the_fix(tmp_path):
+    proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "4M", "--require-mlock", "on",
+                        expect_ready=False, preexec_fn=unlocked_memlock_preexec(LIMIT))
+    rc = proc.wait()
+    proc.stop()
+    log = proc.log_text()
+    assert rc != 0
+    assert "LimitMEMLOCK=infinity" in log and "ulimit -l" in log
+
+
+def test_mlock_off_starts_and_reports_unlocked_bytes(tmp_path):
+    proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "4M", "--require-mlock", "off",
+                        preexec_fn=unlocked_memlock_preexec(LIMIT))
+    try:
+        locked = proc.metric("ignis:tierd_arena_locked_bytes")
+        unlocked = proc.metric("ignis:tierd_arena_unlocked_bytes")
+        assert 0 < locked <= LIMIT and unlocked == (4 << 20) - locked
+        assert "ARENA NOT FULLY LOCKED" in proc.log_text()
+    finally:
+        assert proc.stop() == 0
+
+
+def test_disk_dir_is_wiped_at_start_and_removed_at_exit(tmp_path):
+    disk = tmp_path / "default-kv-disk"
+    disk.mkdir()
+    (disk / ".ignis-kv-disk").write_text("")
+    (disk / f"{'ab' * 16}.kv").write_bytes(b"stale entry of a killed tierd")
+    (disk / f"{'cd' * 16}.kv.part").write_bytes(b"half written")
+    proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "1M")
+    assert sorted(os.listdir(disk)) == [".ignis-kv-disk"]
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.wait() == 0
+    proc.stop()
+    assert not disk.exists()
+
+
+def test_a_disk_dir_with_foreign_files_is_refused_and_left_alone(tmp_path):
+    for name, marker in (("mine.txt", True), ("data.kv", False)):
+        disk = tmp_path / f"kv-{name}"
+        disk.mkdir()
+        if marker:
+            (disk / ".ignis-kv-disk").write_text("")
+        (disk / name).write_text("precious")
+        proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "1M",
+                            "--kv-disk-dir", str(disk), expect_ready=False, metrics=False)
+        assert proc.wait() != 0
+        proc.stop()
+        assert "refusing to wipe it" in proc.log_text()
+        assert (disk / name).read_text() == "precious"
+
+
+def test_explicit_zero_disk_never_touches_the_directory(tmp_path):
+    disk = tmp_path / "default-kv-disk"
+    disk.mkdir()
+    (disk / "unrelated").write_text("x")
+    proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "0", metrics=False)
+    assert proc.stop() == 0
+    assert (disk / "unrelated").read_text() == "x"
+
+
+def test_bad_flags_exit_with_a_message(tmp_path):
+    for flags, words in ((("--reuse-kv-host-pool-bytes", "lots"), "--reuse-kv-host-pool-bytes: invalid"),
+                         (("--reuse-retained-interactive-ttl", "-1"), "must be seconds >= 0")):
+        proc = TierdProcess(tmp_path, *flags, expect_ready=False, metrics=False)
+        assert proc.wait() != 0
+        proc.stop()
+        assert words in proc.log_text()

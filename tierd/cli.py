@@ -1,0 +1,94 @@
+"""``ignis tierd``: allocate and lock the arena, prepare KV-disk, serve the engine until SIGTERM.
+
+Start order (each step fails with a message and a non-zero exit, nothing left behind):
+config -> runtime dir -> arena (mmap, touch, mlock) -> KV-disk directory wipe
+-> socket -> metrics -> ``READY <endpoint>`` on stdout. On exit KV-disk is wiped
+and its directory removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from shared.flags import add_flags, from_args
+from shared.logs import setup_logging
+
+log = logging.getLogger("ignis.tierd")
+
+EXIT_CONFIG = 2
+EXIT_MLOCK = 3
+
+
+def add_arguments(parser) -> None:
+    from tierd.config import TierdConfig
+
+    add_flags(parser, TierdConfig)
+
+
+def _fail(code: int, message: str) -> int:
+    log.error("tierd cannot start: %s", message)
+    print(f"ignis tierd: {message}", file=sys.stderr)
+    return code
+
+
+def run(args) -> int:
+    from shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
+    from tierd import disk as kvdisk
+    from tierd.arena import Arena, MlockError
+    from tierd.config import TierdConfig
+    from tierd.metrics import TierdMetrics
+    from tierd.server import TierServer
+
+    setup_logging("tierd")
+    try:
+        config = from_args(TierdConfig, args)
+        runtime = ensure_runtime_dir(config.runtime_dir)
+        endpoint = config.endpoint or endpoints(runtime, config.instance).tierd
+    except (ValueError, RuntimeDirError) as e:
+        return _fail(EXIT_CONFIG, str(e))
+    try:
+        arena = Arena(config.reuse_kv_host_pool_bytes, lock="require" if config.require_mlock else "try")
+    except MlockError as e:
+        return _fail(EXIT_MLOCK, str(e))
+    except (OSError, ValueError) as e:
+        return _fail(EXIT_CONFIG, f"cannot allocate the {config.reuse_kv_host_pool_bytes}-byte arena: {e}")
+    if arena.unlocked_bytes:
+        log.warning("ARENA NOT FULLY LOCKED: %d of %d bytes are unlocked and can be swapped out (mlock: %s). "
+                    "Raise the limit (LimitMEMLOCK=infinity under systemd, `ulimit -l unlimited` by hand) "
+                    "or shrink --reuse-kv-host-pool-bytes", arena.unlocked_bytes, arena.nbytes, arena.lock_error)
+    disk_dir = config.disk_dir(runtime) if config.disk_may_be_on else None
+    try:
+        if disk_dir is not None:
+            kvdisk.prepare_dir(disk_dir)
+    except kvdisk.ForeignFilesError as e:
+        arena.close()
+        return _fail(EXIT_CONFIG, str(e))
+    metrics = TierdMetrics(config.instance)
+    try:
+        try:
+            server = TierServer(config, arena, endpoint, disk_dir, metrics)
+        except OSError as e:
+            return _fail(EXIT_CONFIG, str(e))
+        server.install_signal_handlers()
+        if config.metrics_port is not None:
+            try:
+                port = metrics.serve(config.metrics_port, config.metrics_host)
+            except OSError as e:
+                return _fail(EXIT_CONFIG, f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {e}")
+            log.info("tierd metrics on http://%s:%d/metrics", config.metrics_host, port)
+            print(f"METRICS {port}", flush=True)
+        if disk_dir is None:
+            disk_text = "off"
+        elif config.kv_disk_bytes is None:
+            disk_text = f"{disk_dir} (auto: the ceiling follows the model family at hello)"
+        else:
+            disk_text = f"{disk_dir} ({config.kv_disk_bytes} bytes)"
+        log.info("tierd serving on %s: arena %d bytes (%d locked), KV-disk %s", endpoint, arena.nbytes,
+                 arena.locked_bytes, disk_text)
+        print(f"READY {endpoint}", flush=True)
+        return server.serve_forever()
+    finally:
+        if disk_dir is not None:
+            kvdisk.wipe_dir(disk_dir, remove=True)
+        arena.close()

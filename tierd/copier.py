@@ -1,0 +1,212 @@
+"""Every copy between engine memory and tierd's host buffers, and the worker threads that run them.
+
+An entry's payload is its items concatenated in ref order, each item its
+runs back to back. In a host buffer (the arena, or one staging buffer) the
+payload is spread over blocks of ``block_bytes``. ``plan_spans`` cuts the
+copy into spans, each a rectangle of one item's [runs, item_bytes] matrix
+that is contiguous on the host side::
+
+    engine item i (strided)             host (contiguous inside one block)
+    run r0   [c0 ........ c1)   <->     | row r0 | row r0+1 | ... |
+    ...                                  <- (c1 - c0) bytes per row ->
+    run r1-1 [c0 ........ c1)
+
+so a span is one numpy assignment on the CPU and one cudaMemcpy2DAsync
+(source pitch = run stride) on CUDA. Engine memory <-> KV-disk goes through
+one reused staging buffer, a file chunk at a time (``write_from_engine``,
+``read_into_engine``). ``Worker`` runs jobs on its own thread and hands
+results back through a callback; the server's loop never waits on a copy
+or a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tierd import disk as kvdisk
+from tierd.memory_map import MappedBlock
+
+log = logging.getLogger("ignis.tierd")
+
+
+@dataclass(frozen=True)
+class Span:
+    """Rows [run_lo, run_hi) x bytes [col_lo, col_hi) of ``block``'s item ``item`` <-> host bytes at ``host``."""
+
+    block: MappedBlock
+    item: int
+    run_lo: int
+    run_hi: int
+    col_lo: int
+    col_hi: int
+    host: int
+
+    @property
+    def nbytes(self) -> int:
+        return (self.run_hi - self.run_lo) * (self.col_hi - self.col_lo)
+
+
+def plan_spans(items: Sequence[tuple[MappedBlock, int]], host_blocks: Sequence[int], block_bytes: int) -> list[Span]:
+    """Spans copying ``items`` (payload order) to or from ``host_blocks`` of ``block_bytes`` each."""
+    total = sum(b.item_total for b, _ in items)
+    if len(host_blocks) * block_bytes < total:
+        raise ValueError(f"{len(host_blocks)} host blocks of {block_bytes} bytes cannot hold {total} bytes")
+    spans: list[Span] = []
+    p = 0  # payload offset of the current item
+    for block, item in items:
+        width = block.item_bytes
+        a = 0
+        while a < block.item_total:  # item-local byte a .. b, inside one host block
+            q = p + a
+            b = min(block.item_total, a + block_bytes - q % block_bytes)
+            host = host_blocks[q // block_bytes] * block_bytes + q % block_bytes
+            spans.extend(_rows(block, item, a, b, width, host))
+            a = b
+        p += block.item_total
+    return spans
+
+
+def _rows(block: MappedBlock, item: int, a: int, b: int, width: int, host: int) -> list[Span]:
+    """Item bytes [a, b) (row-major over [runs, width]) as at most three rectangles."""
+    r0, c0 = divmod(a, width)
+    r1, c1 = divmod(b, width)
+    if r0 == r1:
+        return [Span(block, item, r0, r0 + 1, c0, c1, host)]
+    out = []
+    if c0:
+        out.append(Span(block, item, r0, r0 + 1, c0, width, host))
+        host += width - c0
+        r0 += 1
+    if r1 > r0:
+        out.append(Span(block, item, r0, r1, 0, width, host))
+        host += (r1 - r0) * width
+    if c1:
+        out.append(Span(block, item, r1, r1 + 1, 0, c1, host))
+    return out
+
+
+class NumpyBackend:
+    """CPU copies: numpy assignments between shm views and a host uint8 array."""
+
+    def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        """Engine -> host."""
+        for s in spans:
+            rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
+            dst = host[s.host:s.host + rows * cols].reshape(rows, cols)
+            dst[...] = s.block.view[s.run_lo:s.run_hi, s.item, s.col_lo:s.col_hi]
+
+    def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        """Host -> engine."""
+        for s in spans:
+            rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
+            src = host[s.host:s.host + rows * cols].reshape(rows, cols)
+            s.block.view[s.run_lo:s.run_hi, s.item, s.col_lo:s.col_hi] = src
+
+
+class CupyBackend:
+    """CUDA copies on tierd's own stream: cudaMemcpy2DAsync between device blocks and pinned host memory."""
+
+    def __init__(self):
+        import cupy  # noqa: PLC0415 - CUDA path only
+
+        self._rt = cupy.cuda.runtime
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+
+    def _copy(self, spans: Sequence[Span], host: np.ndarray, to_host: bool) -> None:
+        base = int(host.ctypes.data)
+        kind = self._rt.memcpyDeviceToHost if to_host else self._rt.memcpyHostToDevice
+        for s in spans:
+            rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
+            dev = s.block.device_ptr + s.run_lo * s.block.run_stride + s.item * s.block.item_bytes + s.col_lo
+            if to_host:
+                self._rt.memcpy2DAsync(base + s.host, cols, dev, s.block.run_stride, cols, rows, kind,
+                                       self._stream.ptr)
+            else:
+                self._rt.memcpy2DAsync(dev, s.block.run_stride, base + s.host, cols, cols, rows, kind,
+                                       self._stream.ptr)
+        self._stream.synchronize()  # the reply goes out only once the bytes are there
+
+    def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        self._copy(spans, host, to_host=True)
+
+    def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        self._copy(spans, host, to_host=False)
+
+
+def make_backend(uses_cuda: bool):
+    return CupyBackend() if uses_cuda else NumpyBackend()
+
+
+def _by_chunk(spans: Sequence[Span], chunk: int) -> dict[int, list[Span]]:
+    """Spans grouped by the ``chunk``-sized piece of the payload they fall in, shifted to start at 0."""
+    groups: dict[int, list[Span]] = {}
+    for s in spans:
+        i = s.host // chunk
+        groups.setdefault(i, []).append(replace(s, host=s.host - i * chunk))
+    return groups
+
+
+def write_from_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int) -> int:
+    """Engine memory -> KV-disk file, one ``chunk`` of payload at a time through ``staging`` (disk thread)."""
+    groups = _by_chunk(plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk), chunk)
+
+    def pieces():
+        for i in sorted(groups):
+            backend.gather(groups[i], staging)
+            yield staging[:min(chunk, nbytes - i * chunk)]
+
+    return kvdisk.write_entry(path, header, pieces(), nbytes, chunk)
+
+
+def read_into_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int) -> None:
+    """KV-disk file -> engine memory; each chunk is verified before it is copied on (disk thread)."""
+    groups = _by_chunk(plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk), chunk)
+    kvdisk.read_entry(path, header, nbytes, staging,
+                      lambda offset, view: backend.scatter(groups[offset // chunk], staging), chunk)
+
+
+class Worker:
+    """One thread running submitted jobs in order; ``post`` delivers each outcome to the server's loop."""
+
+    def __init__(self, name: str, post: Callable[[Callable[[], None]], None]):
+        self.name = name
+        self._post = post
+        self._jobs: queue.Queue = queue.Queue()
+        self.in_flight = 0  # touched by the server's loop only (submit and the posted callbacks)
+        self._thread = threading.Thread(target=self._run, name=f"tierd-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], object], done: Callable[[object, BaseException | None, float], None]) -> None:
+        """Run ``job()`` on the thread; then ``done(result, error, seconds)`` runs on the server's loop."""
+        self.in_flight += 1
+
+        def finish(result, error, seconds):
+            self.in_flight -= 1
+            done(result, error, seconds)
+
+        self._jobs.put((job, finish))
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, finish = item
+            t0 = time.perf_counter()
+            try:
+                result, error = job(), None
+            except BaseException as e:  # reported to the loop, which decides what it means
+                result, error = None, e
+            seconds = time.perf_counter() - t0
+            self._post(lambda f=finish, r=result, e=error, s=seconds: f(r, e, s))
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)

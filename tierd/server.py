@@ -1,0 +1,255 @@
+"""The tier daemon's serving loop: one ROUTER socket, one loop thread, copy results posted back to it.
+
+::
+
+    engine ──frames──> Channel I/O thread ──inbox──┐
+                                                   v
+                    loop thread: hello / checks / TierStore ──submit──> copier, disk threads
+                                 ^                                         │
+                                 └──────────── posted callbacks <──────────┘
+
+The loop checks every request before anything moves: a hello must come
+first and from the same peer, the tier protocol must match, a request's
+stamp must be the hello's, refs must fit the exported blocks. Garbage is
+answered by the channel with ``ErrorReply``; an unexpected error in a
+handler is logged and answered, and the loop keeps serving. SIGTERM lets
+copies in flight finish, drops everything, and returns 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from shared.tier_wire import (
+    ENGINE_TO_TIERD,
+    TIER_PROTOCOL_VERSION,
+    Demote,
+    Drop,
+    Hello,
+    Lookup,
+    Restore,
+    Stats,
+    StatsReply,
+    TierRefused,
+    Welcome,
+)
+from shared.zmq_queues import bind_router
+from tierd import disk as kvdisk
+from tierd.arena import Arena
+from tierd.config import TierdConfig
+from tierd.memory_map import EngineMemory, LayoutError
+from tierd.metrics import TierdMetrics
+from tierd.store import TierStore
+
+log = logging.getLogger("ignis.tierd")
+
+_STOP_WAIT_S = 30.0
+
+
+class TierServer:
+    def __init__(self, config: TierdConfig, arena: Arena, endpoint: str, disk_dir: Path | None,
+                 metrics: TierdMetrics):
+        self.config = config
+        self.arena = arena
+        self.endpoint = endpoint
+        self.disk_dir = disk_dir
+        self.metrics = metrics
+        self.store: TierStore | None = None
+        self.hello: Hello | None = None
+        self.peer: bytes | None = None
+        self._posted: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._garbage_seen = 0
+        self.channel = bind_router(zmq.Context.instance(), endpoint, ENGINE_TO_TIERD, name="tierd",
+                                   notify=self._wake.set)
+        self._gauges()
+
+    # ----- lifecycle -------------------------------------------------------------
+
+    def request_stop(self, *_args) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def post(self, fn) -> None:
+        """Called by worker threads: run ``fn`` on the loop."""
+        self._posted.put(fn)
+        self._wake.set()
+
+    def serve_forever(self) -> int:
+        self.channel.start()
+        try:
+            while not self._stopping.is_set():
+                self._wake.wait(0.1)
+                self._wake.clear()
+                self._run_posted()
+                self._drain_inbox()
+            self._end_session(_STOP_WAIT_S)
+        finally:
+            time.sleep(0.05)  # let the last replies leave
+            self.channel.close()
+        log.info("tierd stopped")
+        return 0
+
+    def _run_posted(self) -> None:
+        while True:
+            try:
+                fn = self._posted.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except Exception:
+                log.exception("error finishing a copy; tierd keeps serving")
+            self._gauges()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                env = self.channel.inbox.get_nowait()
+            except queue.Empty:
+                break
+            self.handle(env.peer, env.message)
+        if self.channel.garbage_count != self._garbage_seen:
+            self.metrics.wire_errors.inc(self.channel.garbage_count - self._garbage_seen)
+            self._garbage_seen = self.channel.garbage_count
+
+    def _end_session(self, wait_s: float) -> None:
+        """Let copies in flight finish (their replies go out), then drop every entry."""
+        if self.store is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while self.store.in_flight and time.monotonic() < deadline:
+            self._wake.wait(0.05)
+            self._wake.clear()
+            self._run_posted()
+        if self.store.in_flight:
+            log.error("%d copies still in flight after %.0f s; their entries are abandoned",
+                      self.store.in_flight, wait_s)
+        self.store.close()
+        self.store = None
+        if self.disk_dir is not None:
+            kvdisk.wipe_dir(self.disk_dir, remove=False)
+        self._gauges()
+
+    # ----- requests --------------------------------------------------------------
+
+    def handle(self, peer: bytes, msg) -> None:
+        try:
+            self._handle(peer, msg)
+        except Exception as exc:  # a handler bug must not take the loop down
+            log.exception("error handling %s", type(msg).__name__)
+            key = getattr(msg, "key", "")
+            op = {Hello: "hello", Demote: "demote", Restore: "restore", Drop: "drop"}.get(type(msg), "lookup")
+            if hasattr(msg, "req"):
+                self._refuse(peer, msg.req, op, key, "bad_request", f"tierd error: {exc}")
+        self._gauges()
+
+    def _handle(self, peer: bytes, msg) -> None:
+        if isinstance(msg, Stats):
+            return self.channel.send(StatsReply(self.stats()), peer)
+        if isinstance(msg, Hello):
+            return self._hello(peer, msg)
+        op = {Demote: "demote", Restore: "restore", Drop: "drop", Lookup: "lookup"}[type(msg)]
+        key = getattr(msg, "key", "")
+        if self.store is None or peer != self.peer:
+            why = "no engine has said hello" if self.store is None else "another engine said hello after this one"
+            return self._refuse(peer, msg.req, op, key, "not_ready", f"{why}; send tier_hello first")
+        if isinstance(msg, Drop):
+            return self.store.drop(peer, msg)
+        if msg.stamp != self.hello.stamp:  # before any byte moves
+            return self._refuse(peer, msg.req, op, key, "stamp",
+                                f"stamp {msg.stamp!r} differs from this session's {self.hello.stamp!r}")
+        if isinstance(msg, Lookup):
+            return self.channel.send(self.store.lookup(msg), peer)
+        try:
+            resolved = self.store.memory.resolve(msg.source if op == "demote" else msg.dest,
+                                                 "source" if op == "demote" else "dest")
+        except LayoutError as e:
+            return self._refuse(peer, msg.req, op, key, "bad_request", str(e))
+        if op == "demote":
+            self.store.demote(peer, msg, resolved)
+        else:
+            self.store.restore(peer, msg, resolved)
+
+    def _refuse(self, peer: bytes, req: int, op: str, key: str, reason: str, message: str) -> None:
+        self.metrics.refused(reason)
+        self.channel.send(TierRefused(req, op, key, reason, message[:4000]), peer)
+
+    def _hello(self, peer: bytes, msg: Hello) -> None:
+        if msg.protocol != TIER_PROTOCOL_VERSION:
+            return self._refuse(peer, msg.req, "hello", "", "protocol",
+                                f"the engine speaks tier protocol {msg.protocol}; this tierd speaks "
+                                f"{TIER_PROTOCOL_VERSION}: run an engine and tierd of the same ignis version")
+        self._end_session(_STOP_WAIT_S)  # a new engine session frees everything the last one left
+        self.hello = self.peer = None
+        disk_bytes = self.config.resolve_disk_bytes(msg.family)  # disk_dir is None only for an explicit 0
+        try:
+            memory = EngineMemory(msg.blocks, msg.unit)
+        except LayoutError as e:
+            return self._refuse(peer, msg.req, "hello", "", "bad_layout", str(e))
+        disk = None
+        try:
+            if disk_bytes:
+                disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes)
+            elif self.disk_dir is not None:
+                kvdisk.wipe_dir(self.disk_dir, remove=True)
+            if memory.uses_cuda:
+                self.arena.pin_for_cuda()
+        except (kvdisk.ForeignFilesError, OSError, ImportError) as e:
+            memory.close()
+            return self._refuse(peer, msg.req, "hello", "", "bad_layout", str(e))
+        self.store = TierStore(arena=self.arena, block_bytes=msg.block_bytes, memory=memory, disk=disk,
+                               stamp=msg.stamp, ttl=float(self.config.reuse_retained_interactive_ttl),
+                               metrics=self.metrics, post=self.post, reply=self._reply, again=self.handle)
+        self.hello, self.peer = msg, peer
+        log.info("engine hello: family %s, stamp %s, %d arena blocks of %d bytes, KV-disk %s", msg.family,
+                 msg.stamp, self.store.alloc.n, msg.block_bytes, f"{disk_bytes} bytes" if disk else "off")
+        self.channel.send(Welcome(msg.req, TIER_PROTOCOL_VERSION, self.arena.nbytes, self.store.alloc.n,
+                                  msg.block_bytes, self.arena.locked_bytes, disk_bytes if disk else 0), peer)
+
+    def _reply(self, peer: bytes, msg) -> None:
+        self.channel.send(msg, peer)
+
+    # ----- reporting ---------------------------------------------------------------
+
+    def stats(self) -> dict:
+        s = self.store
+        out = {
+            "arena_bytes": self.arena.nbytes, "arena_locked_bytes": self.arena.locked_bytes,
+            "arena_unlocked_bytes": self.arena.unlocked_bytes, "wire_errors": self.channel.garbage_count,
+            "ready": int(s is not None),
+        }
+        if s is not None:
+            out.update({
+                "arena_blocks": s.alloc.n, "arena_blocks_free": s.alloc.free_count,
+                "arena_used_bytes": s.alloc.used_count * s.block_bytes, "entries": len(s.entries),
+                "in_flight": s.in_flight, "room_queue": len(s.room),
+                "disk_ceiling_bytes": s.disk.ceiling if s.disk else 0,
+                "disk_used_bytes": s.disk.used if s.disk else 0,
+                "disk_healthy": int(bool(s.disk and s.disk.healthy)),
+            })
+            for (tier, kind), n in s.counts().items():
+                out[f"entries_{tier}_{kind}"] = n
+        return out
+
+    def _gauges(self) -> None:
+        m, s = self.metrics, self.store
+        m.arena_bytes.set(self.arena.nbytes)
+        m.arena_locked.set(self.arena.locked_bytes)
+        m.arena_unlocked.set(self.arena.unlocked_bytes)
+        m.arena_used.set(s.alloc.used_count * s.block_bytes if s else 0)
+        m.disk_used.set(s.disk.used if s and s.disk else 0)
+        m.disk_ceiling.set(s.disk.ceiling if s and s.disk else 0)
+        m.set_entries(s.counts() if s else {})

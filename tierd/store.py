@@ -1,0 +1,385 @@
+"""The entries of one engine session: where each key's bytes are, and the copy flows that move them.
+
+Runs on the server's loop thread only; copies and file I/O run on two
+``Worker`` threads (``copier``: engine <-> arena; ``disk``: every KV-disk
+read and write) and come back as callbacks on the loop. Flows:
+
+    demote -> room queue (FIFO) -> [plan room: discard / spill victims, wait for spills]
+           -> arena RESERVED -> FILLING -> RESIDENT          -> Demoted(ram)
+           or (target disk, or auto and no arena room)
+           -> disk  RESERVED -> FILLING -> RESIDENT          -> Demoted(disk)
+    restore -> arena RESIDENT -> READING -> RESIDENT          -> Restored(ram)
+            or disk RESIDENT -> READING -> verify chunk, copy -> Restored(disk) | Missing(corrupt)
+    drop    -> every slot FREE                                -> Dropped
+
+A request on a busy key waits on that entry and is handled again, in
+order, when it is idle or gone. Only the head of the room queue plans and
+waits, so blocks freed by its spills go to it. ``check`` is the integrity
+check: every arena block and disk byte is accounted to exactly one entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+
+from shared.tier_wire import Demote, Demoted, Drop, Dropped, Lookup, LookupReply, Missing, Restore, Restored, TierRefused
+from tierd import disk as kvdisk
+from tierd.arena import PAGE, Arena, BlockAllocator
+from tierd.copier import Worker, make_backend, plan_spans, read_into_engine, write_from_engine
+from tierd.memory_map import EngineMemory, Resolved
+from tierd.metrics import TierdMetrics
+from tierd.ranking import Candidate, DiskView, Rank, RoomPlan, plan_arena_room, plan_disk_room
+from tierd.slots import Entry, SlotState
+
+log = logging.getLogger("ignis.tierd")
+S = SlotState
+
+
+@dataclass
+class _Waiting:
+    """A demote at the room queue; ``spills`` are the victims whose blocks it waits for."""
+
+    peer: bytes
+    msg: Demote
+    entry: Entry
+    resolved: Resolved
+    need: int
+    spills: set[str] = field(default_factory=set)
+
+
+class TierStore:
+    def __init__(self, *, arena: Arena, block_bytes: int, memory: EngineMemory, disk: kvdisk.DiskTier | None,
+                 stamp: str, ttl: float, metrics: TierdMetrics, post: Callable, reply: Callable, again: Callable,
+                 clock: Callable[[], float] = time.time):
+        self.arena = arena
+        self.block_bytes = block_bytes
+        self.alloc = BlockAllocator(arena.nbytes // block_bytes)
+        self.memory = memory
+        self.disk = disk
+        self.stamp = stamp
+        self.ttl = ttl
+        self.metrics = metrics
+        self.reply = reply  # reply(peer, message)
+        self.again = again  # again(peer, request): handle a waiting request once more
+        self.clock = clock
+        self.backend = make_backend(memory.uses_cuda)  # copier thread
+        self.disk_backend = make_backend(memory.uses_cuda)  # disk thread (its own CUDA stream)
+        self.copier = Worker("copier", post)
+        self.disk_io = Worker("disk", post) if disk is not None else None
+        self.entries: dict[str, Entry] = {}
+        self.room: deque[_Waiting] = deque()
+        self._seq = 0
+        self._staging = np.zeros(0, dtype=np.uint8)
+        if disk is not None:  # the disk thread's chunk buffer, touched now and reused for every file
+            self._staging = np.zeros(disk.chunk, dtype=np.uint8)
+            self._staging[::PAGE] = 1
+
+    # ----- requests (the server checked hello, stamp and refs) -------------------
+
+    def demote(self, peer: bytes, msg: Demote, resolved: Resolved) -> None:
+        e = self.entries.get(msg.key)
+        if e is not None:
+            if e.busy:
+                e.waiting.append((peer, msg))
+                return
+            # Same key, same content: nothing moves; the latest ranking is kept.
+            e.kind, e.request_class, e.last_used = msg.kind, msg.request_class, max(e.last_used, msg.last_used)
+            self.reply(peer, Demoted(msg.req, e.key, e.tier, e.nbytes))
+            return
+        if msg.target == "disk" and self._disk_view() is None:
+            return self._refuse(peer, msg, "no_disk", "target disk, but KV-disk is off (or failed) on this tierd")
+        self._seq += 1
+        header = kvdisk.encode_header(msg.key, self.stamp, resolved.nbytes, resolved.shape)
+        chunk = self.disk.chunk if self.disk else kvdisk.CHUNK_BYTES
+        e = Entry(msg.key, resolved.shape, resolved.nbytes, msg.kind, msg.request_class, msg.last_used, self._seq,
+                  header=header, file_bytes=kvdisk.file_bytes(header, resolved.nbytes, chunk))
+        self.entries[msg.key] = e
+        if msg.target == "disk":
+            return self._to_disk(peer, msg, e, resolved)
+        need = -(-resolved.nbytes // self.block_bytes)
+        self.room.append(_Waiting(peer, msg, e, resolved, need))
+        self._pump()
+
+    def restore(self, peer: bytes, msg: Restore, resolved: Resolved) -> None:
+        e = self.entries.get(msg.key)
+        if e is None:
+            self.metrics.missing("unknown")
+            return self.reply(peer, Missing(msg.req, msg.key, "unknown", "tierd holds no entry with this key"))
+        if e.busy:
+            e.waiting.append((peer, msg))
+            return
+        if resolved.shape != e.shape:
+            return self._refuse(peer, msg, "bad_request",
+                                f"dest names blocks {_brief(resolved.shape)}; the entry was demoted from "
+                                f"{_brief(e.shape)} (same blocks, same order needed)")
+        if e.arena.state is S.RESIDENT:
+            e.arena.move(S.READING)
+            spans = plan_spans(resolved.items, e.blocks, self.block_bytes)
+            self.copier.submit(lambda: self.backend.scatter(spans, self.arena.view),
+                               lambda r, err, s: self._restored(peer, msg, e, "ram", err, s))
+        else:
+            e.disk.move(S.READING)
+            job = partial(read_into_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
+                          e.nbytes, self._staging, self.disk.chunk)
+            self.disk_io.submit(job, lambda r, err, s: self._restored(peer, msg, e, "disk", err, s))
+
+    def drop(self, peer: bytes, msg: Drop) -> None:
+        e = self.entries.get(msg.key)
+        if e is None:
+            return self.reply(peer, Dropped(msg.req, msg.key, False))
+        if e.busy:
+            e.waiting.append((peer, msg))
+            return
+        self._remove(e)
+        self.reply(peer, Dropped(msg.req, msg.key, True))
+
+    def lookup(self, msg: Lookup) -> LookupReply:
+        tiers, sizes = [], []
+        for k in msg.keys:
+            e = self.entries.get(k)
+            tier = e.tier if e is not None else None
+            tiers.append(tier)
+            sizes.append(e.nbytes if tier else 0)
+        return LookupReply(msg.req, msg.keys, tuple(tiers), tuple(sizes))
+
+    # ----- room ------------------------------------------------------------------
+
+    def _rank(self, e: Entry) -> Rank:
+        return Rank(e.kind, e.request_class, e.last_used, e.seq)
+
+    def _disk_view(self) -> DiskView | None:
+        if self.disk is None or not self.disk.healthy:
+            return None
+        cands = tuple(Candidate(e.key, self._rank(e), e.file_bytes) for e in self.entries.values()
+                      if e.idle_in == "disk")
+        return DiskView(self.disk.free, cands)
+
+    def _pump(self) -> None:
+        """Serve the room queue from its head until it is empty or the head waits for spills."""
+        while self.room and not self.room[0].spills:
+            w = self.room[0]
+            if self.alloc.free_count >= w.need:
+                self.room.popleft()
+                self._fill(w)
+                continue
+            plan = None
+            if w.need <= self.alloc.n:
+                cands = [Candidate(e.key, self._rank(e), len(e.blocks), e.file_bytes)
+                         for e in self.entries.values() if e.idle_in == "ram"]
+                plan = plan_arena_room(self.alloc.free_count, w.need, self._rank(w.entry), cands,
+                                       self._disk_view(), self.clock(), self.ttl)
+            if plan is None:
+                self.room.popleft()
+                if w.msg.target == "auto" and self._disk_view() is not None:
+                    self._to_disk(w.peer, w.msg, w.entry, w.resolved)
+                else:
+                    where = "" if self._disk_view() else " (KV-disk off)"
+                    self._refuse_new(w.peer, w.msg, w.entry, "no_room",
+                                     f"no KV-RAM room for {w.need} blocks: every entry held ranks at least as "
+                                     f"high, or is live work that cannot move down{where}")
+                continue
+            self._apply(plan)
+            w.spills = set(plan.spills)
+
+    def _apply(self, plan: RoomPlan) -> None:
+        for key in plan.disk_discards + plan.arena_discards:
+            e = self.entries[key]
+            self.metrics.discarded(e.idle_in, e.kind)
+            self._remove(e)
+        for key in plan.spills:
+            self._spill(self.entries[key])
+
+    def _remove(self, e: Entry) -> None:
+        """Forget an idle entry in every tier."""
+        if e.arena.state is S.RESIDENT:
+            e.arena.move(S.FREE)
+            self.alloc.free(e.blocks)
+            e.blocks = []
+        if e.disk.state is S.RESIDENT:
+            e.disk.move(S.FREE)
+            self.disk.release(e.file_bytes)
+            self.disk.remove(e.key)
+        del self.entries[e.key]
+        self._settle(e)
+
+    def _settle(self, e: Entry) -> None:
+        waiting, e.waiting = e.waiting, []
+        for peer, msg in waiting:
+            self.again(peer, msg)
+
+    def _refuse(self, peer: bytes, msg, reason: str, message: str) -> None:
+        self.metrics.refused(reason)
+        op = "demote" if isinstance(msg, Demote) else "restore"
+        self.reply(peer, TierRefused(msg.req, op, msg.key, reason, message))
+
+    def _refuse_new(self, peer: bytes, msg: Demote, e: Entry, reason: str, message: str) -> None:
+        del self.entries[e.key]
+        self._refuse(peer, msg, reason, message)
+        self._settle(e)
+
+    # ----- copies in -------------------------------------------------------------
+
+    def _fill(self, w: _Waiting) -> None:
+        e = w.entry
+        e.blocks = self.alloc.allocate(w.need)
+        e.arena.move(S.RESERVED)
+        spans = plan_spans(w.resolved.items, e.blocks, self.block_bytes)
+        e.arena.move(S.FILLING)
+        self.copier.submit(lambda: self.backend.gather(spans, self.arena.view),
+                           lambda r, err, s: self._filled(w, err, s))
+
+    def _filled(self, w: _Waiting, err: BaseException | None, seconds: float) -> None:
+        e = w.entry
+        if err is None:
+            e.arena.move(S.RESIDENT)
+            e.pending = False
+            self.metrics.copied("engine_to_ram", e.nbytes, seconds)
+            self.metrics.demoted("ram")
+            self.reply(w.peer, Demoted(w.msg.req, e.key, "ram", e.nbytes))
+            return self._settle(e)
+        log.error("copy of %s into KV-RAM failed: %s", e.key, err)
+        e.arena.move(S.FREE)
+        self.alloc.free(e.blocks)
+        e.blocks = []
+        self._refuse_new(w.peer, w.msg, e, "copy_failed", f"copy into KV-RAM failed: {err}")
+
+    def _to_disk(self, peer: bytes, msg: Demote, e: Entry, resolved: Resolved) -> None:
+        plan = plan_disk_room(self._disk_view(), e.file_bytes, self._rank(e), self.clock(), self.ttl)
+        if plan is None:
+            return self._refuse_new(peer, msg, e, "no_room",
+                                    f"no KV-disk room for {e.file_bytes} bytes: it is full of live work "
+                                    f"or of entries ranked as high")
+        self._apply(plan)
+        e.disk.move(S.RESERVED)
+        self.disk.reserve(e.file_bytes)
+        e.disk.move(S.FILLING)
+        job = partial(write_from_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
+                      e.nbytes, self._staging, self.disk.chunk)
+        self.disk_io.submit(job, lambda r, err, s: self._written(peer, msg, e, err, s))
+
+    def _written(self, peer: bytes, msg: Demote, e: Entry, err: BaseException | None, seconds: float) -> None:
+        if err is None:
+            e.disk.move(S.RESIDENT)
+            e.pending = False
+            self.metrics.copied("engine_to_disk", e.nbytes, seconds)
+            self.metrics.demoted("disk")
+            self.reply(peer, Demoted(msg.req, e.key, "disk", e.nbytes))
+            return self._settle(e)
+        self._disk_failed(e, err)
+        self._refuse_new(peer, msg, e, "copy_failed", f"KV-disk write failed: {err}")
+
+    def _disk_failed(self, e: Entry, err: BaseException) -> None:
+        log.error("KV-disk write of %s failed (%s); KV-disk takes no more entries", e.key, err)
+        self.disk.healthy = False
+        e.disk.move(S.FREE)
+        self.disk.release(e.file_bytes)
+        self.disk.remove(e.key)
+
+    def _spill(self, e: Entry) -> None:
+        e.arena.move(S.SPILLING)
+        e.disk.move(S.RESERVED)
+        self.disk.reserve(e.file_bytes)
+        e.disk.move(S.FILLING)
+        bb, view = self.block_bytes, self.arena.view
+        pieces = [view[b * bb:(b + 1) * bb] for b in e.blocks]
+        if e.nbytes % bb:
+            pieces[-1] = pieces[-1][:e.nbytes % bb]
+        path = self.disk.file_path(e.key)
+        self.disk_io.submit(lambda: kvdisk.write_entry(path, e.header, pieces, e.nbytes, self.disk.chunk),
+                            lambda r, err, s: self._spilled(e, err, s))
+
+    def _spilled(self, e: Entry, err: BaseException | None, seconds: float) -> None:
+        if err is None:
+            e.disk.move(S.RESIDENT)
+            e.arena.move(S.FREE)
+            self.alloc.free(e.blocks)
+            e.blocks = []
+            self.metrics.spilled(e.kind)
+            self.metrics.copied("ram_to_disk", e.nbytes, seconds)
+        else:
+            self._disk_failed(e, err)
+            e.arena.move(S.RESIDENT)
+        for w in self.room:
+            w.spills.discard(e.key)
+        self._settle(e)
+        self._pump()
+
+    # ----- copies out ------------------------------------------------------------
+
+    def _restored(self, peer: bytes, msg: Restore, e: Entry, tier: str, err: BaseException | None,
+                  seconds: float) -> None:
+        slot = e.arena if tier == "ram" else e.disk
+        slot.move(S.RESIDENT)
+        if err is None:
+            e.last_used = max(e.last_used, self.clock())
+            self.metrics.copied("ram_to_engine" if tier == "ram" else "disk_to_engine", e.nbytes, seconds)
+            self.metrics.restored(tier)
+            self.reply(peer, Restored(msg.req, e.key, tier, e.nbytes))
+            return self._settle(e)
+        if isinstance(err, (kvdisk.CorruptFile, OSError)):
+            reason = "corrupt" if isinstance(err, kvdisk.CorruptFile) else "io_error"
+            log.error("restore of %s from KV-disk failed, entry dropped: %s", e.key, err)
+            self.metrics.missing(reason)
+            self.metrics.discarded("disk", e.kind)
+            self._remove(e)
+            return self.reply(peer, Missing(msg.req, e.key, reason, f"entry dropped: {err}"))
+        log.error("restore of %s from %s failed: %s", e.key, tier, err)
+        self._refuse(peer, msg, "copy_failed", f"copy out of {tier} failed: {err}")
+        self._settle(e)
+
+    # ----- state -------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return self.copier.in_flight + (self.disk_io.in_flight if self.disk_io else 0)
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for e in self.entries.values():
+            if e.tier is not None:
+                out[e.tier, e.kind] = out.get((e.tier, e.kind), 0) + 1
+        return out
+
+    def check(self) -> None:
+        """Integrity: blocks and disk bytes each belong to exactly one entry; idle files match entries."""
+        self.alloc.check()
+        held = [b for e in self.entries.values() for b in e.blocks]
+        if len(held) != len(set(held)) or len(held) != self.alloc.used_count:
+            raise RuntimeError(f"arena blocks held by entries ({len(held)}) != allocated ({self.alloc.used_count})")
+        if self.disk is not None:
+            used = sum(e.file_bytes for e in self.entries.values() if e.disk.state is not S.FREE)
+            if used != self.disk.used:
+                raise RuntimeError(f"KV-disk bytes of entries ({used}) != accounted ({self.disk.used})")
+            if not self.in_flight:
+                on_disk = {e.key + kvdisk.SUFFIX for e in self.entries.values() if e.disk.holds_bytes}
+                if set(self.disk.files()) != on_disk:
+                    raise RuntimeError("KV-disk files do not match the entries held on disk")
+
+    def close(self) -> None:
+        """Drop every entry and stop the workers (the server waits for in-flight copies first)."""
+        for e in list(self.entries.values()):
+            if not e.busy:
+                self._remove(e)
+        self.copier.close()
+        if self.disk_io is not None:
+            self.disk_io.close()
+        self.memory.close()
+
+
+def _brief(shape: tuple[str, ...]) -> str:
+    """('kv', 'kv', 'kv', 'ssm', 'conv') -> 'kv x3, ssm, conv'."""
+    out, i = [], 0
+    while i < len(shape):
+        j = i
+        while j < len(shape) and shape[j] == shape[i]:
+            j += 1
+        out.append(shape[i] if j - i == 1 else f"{shape[i]} x{j - i}")
+        i = j
+    return ", ".join(out)
