@@ -209,6 +209,7 @@ class EngineServer:
             return
         result, logprobs = self.runner.run(plan)
         self.metrics.prefill_tokens.inc(plan.num_prefill_tokens)
+        self.metrics.generation_tokens.inc(len(result.tokens))
         ended = self.scheduler.update(result)
         now = time.monotonic()
         by_peer: dict[bytes, list[StreamTokens]] = {}
@@ -229,7 +230,6 @@ class EngineServer:
                 logprobs=(lp.token_logprob,), top_ids=(tuple(i for i, _ in lp.top),),
                 top_logprobs=(tuple(v for _, v in lp.top),))
             by_peer.setdefault(t.peer, []).append(StreamTokens(rid, (token,), wire_lp))
-        self.metrics.generation_tokens.inc(len(result.tokens))
         for peer, streams in by_peer.items():
             self.channel.send(TokenBatch(tuple(streams)), peer)
         for ev in ended:
@@ -251,13 +251,14 @@ class EngineServer:
         usage = Usage(prompt_tokens=t.prompt_tokens, completion_tokens=ev.completion_tokens,
                       cached_tokens=ev.cached_tokens)
         reuse = ReuseInfo(kind=ev.reuse_kind, tier=ev.reuse_tier)
-        self.channel.send(Finished(ev.req_id, ev.reason, usage, reuse=reuse, timings=timings, message=ev.message),
-                          t.peer)
+        # metrics first: a client that sees Finished and scrapes must see this request counted
         self.metrics.prefix_hits.inc(ev.cached_tokens)
         self.metrics.finished.labels(self.model_name, ev.reason).inc()
         self.metrics.prompt_tokens.inc(t.prompt_tokens)
         self.metrics.prefix_queries.inc(t.prompt_tokens)
         self.metrics.e2e.observe(now - t.arrived)
+        self.channel.send(Finished(ev.req_id, ev.reason, usage, reuse=reuse, timings=timings, message=ev.message),
+                          t.peer)
         decode_s = (t.last_token - first) if first is not None and t.last_token is not None else 0.0
         done = {
             "event": "done", "id": ev.req_id, "class": t.request_class, "prompt_tokens": t.prompt_tokens,
