@@ -1,0 +1,150 @@
+"""The aiohttp application: routes, the auth / error / metrics middleware, start and stop.
+
+Routes:
+    POST /v1/chat/completions   gateway.chat
+    POST /v1/completions        gateway.completions
+    GET  /v1/models[/{id}]      the served model, OpenAI list format
+    GET  /health                200 when the engine answers a Stats within 1 s, else 503 (no auth)
+    GET  /metrics               the gateway's Prometheus metrics (no auth)
+
+The middleware turns every failure into an OpenAI error object: ``ApiError``
+as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
+anything else a 500 whose body says only "internal error" (the trace goes to
+the log). Every /v1 path needs ``Authorization: Bearer <key>`` when a key is
+set, compared in constant time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+
+from aiohttp import web
+
+from gateway.chat import chat_completions
+from gateway.chat_template import ChatTemplate
+from gateway.completions import completions
+from gateway.config import GatewayConfig
+from gateway.engine_client import EngineClient, EngineUnavailable
+from gateway.errors import ApiError, from_http_exception
+from gateway.generation import ClientGone, EngineFailed, api_error_of
+from gateway.metrics import GatewayMetrics
+from gateway.responses import json_response
+from gateway.state import STATE, GatewayState
+from gateway.tokenizer import ModelFiles
+
+log = logging.getLogger("ignis.gateway")
+
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
+              "/health": "health", "/metrics": "metrics"}
+
+
+def _endpoint(request: web.Request) -> str:
+    path = request.path
+    if path.startswith("/v1/models/"):
+        return "models"
+    return _ENDPOINTS.get(path, "other")
+
+
+def _auth(gw: GatewayState, request: web.Request) -> None:
+    key = gw.config.api_key
+    if key is None or not request.path.startswith("/v1"):
+        return
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    if not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise ApiError(401, "incorrect API key", code="invalid_api_key")
+
+
+@web.middleware
+async def _middleware(request: web.Request, handler):
+    gw: GatewayState = request.app[STATE]
+    started = time.monotonic()
+    status = 500
+    try:
+        _auth(gw, request)
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except ApiError as e:
+        status = e.status
+        return e.response()
+    except web.HTTPException as e:
+        err = from_http_exception(e)
+        status = err.status
+        return err.response()
+    except (EngineFailed, EngineUnavailable) as e:
+        err = api_error_of(e)
+        status = err.status
+        return err.response()
+    except (ClientGone, ConnectionResetError, asyncio.CancelledError):
+        status = 499  # the client went away; nothing can be sent
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return ApiError(500, "internal error", type="internal_error").response()
+    finally:
+        gw.metrics.observe(_endpoint(request), status, time.monotonic() - started)
+
+
+async def health(request: web.Request) -> web.Response:
+    gw: GatewayState = request.app[STATE]
+    try:
+        await gw.client.stats(timeout=1.0)
+    except EngineUnavailable:
+        return json_response({"status": "unavailable", "engine": "not answering"}, status=503)
+    return json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gw: GatewayState = request.app[STATE]
+    return web.Response(body=gw.metrics.render(), headers={"Content-Type": gw.metrics.content_type})
+
+
+def _model_card(gw: GatewayState) -> dict:
+    card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ignis"}
+    if "max_model_len" in gw.client.stats_values:
+        card["max_model_len"] = int(gw.client.stats_values["max_model_len"])
+    return card
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gw: GatewayState = request.app[STATE]
+    return json_response({"object": "list", "data": [_model_card(gw)]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gw: GatewayState = request.app[STATE]
+    gw.check_model(request.match_info["model"])
+    return json_response(_model_card(gw))
+
+
+def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoint: str) -> web.Application:
+    """The application, its state built; the engine connection opens on startup."""
+    template = ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map()) if files.chat_template else None
+    gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,
+                      client=EngineClient(endpoint, timeout=config.engine_timeout),
+                      metrics=GatewayMetrics(model_name), created=int(time.time()))
+    # client_max_size is aiohttp's own body limit (1 MiB by default): it must be ours.
+    app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes)
+    app[STATE] = gw
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+
+    async def start(app: web.Application) -> None:
+        await gw.client.start()
+
+    async def stop(app: web.Application) -> None:
+        await gw.client.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app

@@ -1,0 +1,120 @@
+"""Chat template rendering with jinja2, the way transformers' ``apply_chat_template`` renders.
+
+The environment mirrors transformers (``utils/chat_template_utils.py``): an
+``ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`` with
+the loop-controls extension, ``tojson`` as ``json.dumps(ensure_ascii=False)``
+(with its indent/separators/sort_keys options), and the globals
+``raise_exception``, ``strftime_now``, a restricted ``dict`` and a
+``namespace`` that refuses underscore names. Template variables are the
+tokenizer's special tokens, then the caller's extra kwargs, then ``messages``,
+``tools``, ``documents`` and ``add_generation_prompt``. Messages are passed
+with their ``None``-valued keys dropped, and ``reasoning_content`` is also
+offered as ``thinking``, as transformers does.
+
+A template that fails (``raise_exception``, a syntax error, a type error
+inside) raises ``TemplateRenderError`` with the template's own message.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import jinja2
+import jinja2.ext
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+class TemplateRenderError(ValueError):
+    """The chat template refused or failed to render these messages."""
+
+
+def _raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+class _TemplateDict:
+    """``dict(...)`` for templates without exposing the type itself."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """A jinja namespace that refuses underscore-prefixed attributes."""
+
+    def __init__(*args, **kwargs):
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"chat templates cannot store underscore-prefixed attributes on a namespace, got {name!r}")
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env
+
+
+def _template_message(message: dict) -> dict:
+    out = {k: v for k, v in message.items() if v is not None}
+    reasoning = next((out[k] for k in _REASONING_FIELDS if out.get(k) is not None), None)
+    if reasoning is not None:
+        out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
+    return out
+
+
+class ChatTemplate:
+    """One compiled chat template and the special tokens it is rendered with."""
+
+    def __init__(self, source: str, special_tokens: dict[str, str] | None = None):
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError("the chat template is empty")
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            raise ValueError(f"the chat template does not compile: {e}") from None
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, *, add_generation_prompt: bool = True,
+               extra: dict | None = None) -> str:
+        """The prompt text for ``messages`` (plain JSON-like dicts)."""
+        variables = {**self.special_tokens, **(extra or {})}
+        variables.update(messages=[_template_message(m) for m in messages], tools=tools, documents=None,
+                         add_generation_prompt=add_generation_prompt)
+        try:
+            return self._template.render(**variables)
+        except jinja2.exceptions.TemplateError as e:
+            raise TemplateRenderError(f"the chat template cannot render this conversation: {e}") from None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            raise TemplateRenderError(f"the chat template failed on this conversation: {e}") from None

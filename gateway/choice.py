@@ -1,0 +1,130 @@
+"""One choice of a completion: engine tokens in, text deltas, tool calls and token records out.
+
+Pipeline per token, in stream order::
+
+    token id ──> IncrementalDetokenizer ──> StopMatcher ──> OutputParser ──> ChoiceDelta
+       └── token_ids / logprobs recorded up to the token that completed a stop string
+
+The stop token of a user's ``stop_token_ids`` is kept in ``token_ids`` but its
+text is not rendered (like vLLM). Synchronous and pure: the HTTP layer feeds
+it ``StreamTokens`` and sends what comes out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.detokenize import IncrementalDetokenizer
+from gateway.output_parser import OutputParser, ToolCall
+from gateway.stop_strings import StopMatcher
+from gateway.tokenizer import TextTokenizer
+from shared.wire import StreamTokens
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """A chosen token with its log probability and the top alternatives ``((id, logprob), ...)``."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class ChoiceDelta:
+    """What one choice produced since the last delta."""
+
+    index: int
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def has_text(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls)
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls or self.token_ids)
+
+
+class ChoiceState:
+    """Tracks one choice; ``feed`` per engine batch, ``finish`` once at the end."""
+
+    def __init__(self, index: int, tokenizer: TextTokenizer, *, stops: tuple[str, ...] = (),
+                 stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None):
+        self.index = index
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = StopMatcher(stops)
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.parser = parser
+        self.token_ids: list[int] = []
+        self.finished = False
+
+    @property
+    def stopped_by_string(self) -> bool:
+        return self.stops.stopped
+
+    def feed(self, stream: StreamTokens) -> ChoiceDelta:
+        delta = ChoiceDelta(self.index)
+        if self.finished or self.stops.stopped:
+            return delta
+        lp = stream.logprobs
+        text_parts = []
+        for i, token in enumerate(stream.token_ids):
+            delta.token_ids.append(token)
+            if lp is not None:
+                top = tuple(zip(lp.top_ids[i], lp.top_logprobs[i]))
+                delta.logprobs.append(TokenRecord(token, lp.logprobs[i], top))
+            if token in self.stop_token_ids:
+                continue
+            text = self.detok.push((token,))
+            if text:
+                text_parts.append(self.stops.push(text))
+                if self.stops.stopped:
+                    break
+        self.token_ids.extend(delta.token_ids)
+        self._parse("".join(text_parts), delta)
+        return delta
+
+    def finish(self, engine_reason: str) -> ChoiceDelta:
+        """Flush held text; ``engine_reason`` is the engine's finish reason (stop, length, abort, error)."""
+        delta = ChoiceDelta(self.index)
+        if self.finished:
+            return delta
+        self.finished = True
+        text = ""
+        if not self.stops.stopped:
+            text = self.stops.push(self.detok.finish())
+            if not self.stops.stopped:
+                text += self.stops.finish()
+        self._parse(text, delta)
+        if self.parser is not None:
+            self._apply(self.parser.finish(), delta)
+        # abort / error pass through: the caller decides what the client sees.
+        reason = "stop" if self.stops.stopped else engine_reason
+        if reason == "stop" and self.parser is not None and self.parser.num_tool_calls:
+            reason = "tool_calls"
+        delta.finish_reason = reason
+        return delta
+
+    def _parse(self, text: str, delta: ChoiceDelta) -> None:
+        if not text:
+            return
+        if self.parser is None:
+            delta.content += text
+        else:
+            self._apply(self.parser.push(text), delta)
+
+    @staticmethod
+    def _apply(events, delta: ChoiceDelta) -> None:
+        for kind, value in events:
+            if kind == "content":
+                delta.content += value
+            elif kind == "reasoning":
+                delta.reasoning += value
+            else:
+                delta.tool_calls.append(value)

@@ -1,0 +1,91 @@
+"""``ignis gateway``: the OpenAI-compatible HTTP server in front of one engine.
+
+Loads the tokenizer and chat template of ``--model`` (default: the demo
+model), connects to the engine's ZeroMQ endpoint, serves HTTP on uvloop, and
+prints ``READY http://HOST:PORT`` on stdout once listening (the port is the
+bound one, useful with ``--port 0``). SIGTERM or SIGINT stops accepting,
+gives in-flight requests ``--shutdown-timeout`` seconds, and aborts the rest
+at the engine. The API key may come from ``IGNIS_API_KEY`` instead of
+``--api-key``. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+import uvloop
+from aiohttp import web
+
+from gateway.app import build_app
+from gateway.config import GatewayConfig
+from gateway.state import STATE
+from gateway.tokenizer import ModelFilesError, load_model_files
+from shared.flags import add_flags, from_args
+from shared.logs import setup_logging
+from shared.model_names import served_name
+from shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
+
+log = logging.getLogger("ignis.gateway")
+
+API_KEY_ENV = "IGNIS_API_KEY"
+
+
+def add_arguments(parser) -> None:
+    add_flags(parser, GatewayConfig)
+
+
+def _model_dir(config: GatewayConfig) -> str:
+    if config.model:
+        return config.model
+    from engine.demo import ensure_demo_model  # numpy + safetensors + tokenizers only
+
+    return str(ensure_demo_model())
+
+
+def _endpoint(config: GatewayConfig) -> str:
+    if config.engine_endpoint:
+        return config.engine_endpoint
+    return endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
+
+
+async def serve(app: web.Application, config: GatewayConfig) -> int:
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, shutdown_timeout=config.shutdown_timeout)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        print(f"ignis gateway: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    port = runner.addresses[0][1]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    url = f"http://{config.host}:{port}"
+    log.info("gateway serving on %s", url)
+    print(f"READY {url}", flush=True)
+    await stop.wait()
+    log.info("gateway stopping")
+    await runner.cleanup()
+    return 0
+
+
+def run(args) -> int:
+    setup_logging("gateway")
+    try:
+        key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        config = from_args(GatewayConfig, args, api_key=key)
+        files = load_model_files(_model_dir(config))
+        endpoint = _endpoint(config)
+        app = build_app(config, files, served_name(config.model, config.served_model_name), endpoint)
+    except (ValueError, OSError, RuntimeDirError, ModelFilesError) as exc:
+        print(f"ignis gateway: {exc}", file=sys.stderr)
+        return 2
+    log.info("gateway for model %s, engine at %s", app[STATE].model_name, endpoint)
+    return uvloop.run(serve(app, config))

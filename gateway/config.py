@@ -1,0 +1,63 @@
+"""The gateway process's config: one frozen dataclass, whose fields are its CLI flags.
+
+``ignis serve`` derives its gateway flags from these fields too, so a flag is
+defined once. The API key may also come from ``IGNIS_API_KEY`` (read by
+``gateway.cli``, never printed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.flags import field_doc, parse_bytes
+
+DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model: str | None = field(default=None, metadata=field_doc(
+        "checkpoint directory whose tokenizer and chat template the gateway uses (default: the built-in demo model)"))
+    served_model_name: str | None = field(default=None, metadata=field_doc(
+        "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
+    host: str = field(default="127.0.0.1", metadata=field_doc("address the HTTP server listens on"))
+    port: int = field(default=8000, metadata=field_doc("HTTP port (0 picks a free one, printed in the READY line)"))
+    runtime_dir: str | None = field(default=None, metadata=field_doc(
+        "directory of the ipc sockets (default: $XDG_RUNTIME_DIR/ignis or /tmp/ignis-$UID)"))
+    instance: str = field(default="default", metadata=field_doc(
+        "instance name of the engine to talk to (its socket is RUNTIME_DIR/INSTANCE-engine.sock)"))
+    engine_endpoint: str | None = field(default=None, metadata=field_doc(
+        "ZeroMQ endpoint of the engine (default: ipc://RUNTIME_DIR/INSTANCE-engine.sock)"))
+    api_key: str | None = field(default=None, metadata=field_doc(
+        "require 'Authorization: Bearer KEY' on every /v1 path (or set IGNIS_API_KEY); default: no auth"))
+    max_request_bytes: int = field(default=32 << 20, metadata=field_doc(
+        "largest request body accepted, e.g. 32M; larger bodies get HTTP 413", parse=parse_bytes))
+    server_developer_message_policy: str = field(default="in-place", metadata=field_doc(
+        "where developer messages go: in-place renders each as a system turn where it arrives; into-system "
+        "appends them to the system message; after-system moves them right after it (the last two re-render "
+        "history and give up prompt reuse)", choices=DEVELOPER_POLICIES))
+    default_max_tokens: int | None = field(default=None, metadata=field_doc(
+        "completion tokens when a request gives no max_tokens (default: the rest of the context)"))
+    engine_timeout: float = field(default=30.0, metadata=field_doc(
+        "seconds without any answer from the engine (it is asked for stats every second) before waiting "
+        "requests fail with HTTP 503"))
+    shutdown_timeout: float = field(default=30.0, metadata=field_doc(
+        "on SIGTERM: seconds to let in-flight HTTP requests finish"))
+
+    def __post_init__(self):
+        if type(self.port) is not int or not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {self.port!r}")
+        if type(self.max_request_bytes) is not int or self.max_request_bytes < 1024:
+            raise ValueError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes!r}")
+        if self.server_developer_message_policy not in DEVELOPER_POLICIES:
+            raise ValueError(f"--server-developer-message-policy must be one of {', '.join(DEVELOPER_POLICIES)}, "
+                             f"got {self.server_developer_message_policy!r}")
+        if self.default_max_tokens is not None and (type(self.default_max_tokens) is not int
+                                                    or self.default_max_tokens < 1):
+            raise ValueError(f"--default-max-tokens must be a positive integer, got {self.default_max_tokens!r}")
+        if not self.engine_timeout > 0:
+            raise ValueError(f"--engine-timeout must be > 0 seconds, got {self.engine_timeout}")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("--api-key must not be empty")

@@ -1,0 +1,83 @@
+"""OpenAI-style error objects, and the mapping of engine refusals to HTTP statuses.
+
+Every error a client sees is ``{"error": {"message", "type", "param", "code"}}``
+with an HTTP status:
+
+    400 invalid_request_error        a bad field (param names it), context_length_exceeded, malformed JSON
+    401 authentication_error         missing or wrong API key
+    404 not_found_error              unknown model (code model_not_found) or route
+    413 invalid_request_error        body over --max-request-bytes (code request_too_large)
+    429 rate_limit_error             engine queue full (Retry-After)
+    503 service_unavailable_error    engine down, unreachable or shutting down (Retry-After)
+    500 internal_error               a gateway bug; the message never carries a trace or a path
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable_error"}
+
+RETRY_AFTER_S = 1
+
+
+class ApiError(Exception):
+    """An error answered to the client as an OpenAI error object."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.retry_after = retry_after
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return web.Response(status=self.status, body=orjson.dumps(self.body()), content_type="application/json",
+                            headers=headers)
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def context_length_exceeded(message: str) -> ApiError:
+    return ApiError(400, message, param="messages", code="context_length_exceeded")
+
+
+def engine_unavailable(message: str = "the engine is not answering; try again shortly") -> ApiError:
+    return ApiError(503, message, code="engine_unavailable", retry_after=RETRY_AFTER_S)
+
+
+def from_refusal(reason: str, message: str) -> ApiError:
+    """The client's view of an engine ``Refused``."""
+    if reason == "queue_full":
+        return ApiError(429, f"the server is busy: {message}", code="queue_full", retry_after=RETRY_AFTER_S)
+    if reason == "too_long":
+        return context_length_exceeded(message)
+    if reason == "unknown_model":
+        return ApiError(404, message, param="model", code="model_not_found")
+    if reason == "shutting_down":
+        return ApiError(503, message, code="shutting_down", retry_after=RETRY_AFTER_S)
+    return invalid(message)
+
+
+def from_http_exception(exc: web.HTTPException) -> ApiError:
+    """aiohttp's own errors (no route, wrong method, body too large) as error objects."""
+    status = exc.status
+    if status == 404:
+        return ApiError(404, "no such route", code="not_found")
+    if status == 405:
+        return ApiError(405, "method not allowed on this route", code="method_not_allowed")
+    if status == 413:
+        return ApiError(413, "the request body is too large", code="request_too_large")
+    return ApiError(status, exc.reason or "request failed")

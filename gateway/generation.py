@@ -1,0 +1,154 @@
+"""One HTTP request's engine streams: n Generates out, merged ChoiceDeltas in, aborts on the way out.
+
+    open()    send one Generate per choice; wait until every choice has its first answer
+              (a Refused anywhere aborts the rest and raises the matching ApiError)
+    deltas()  yields ChoiceDelta as tokens arrive, then each choice's final delta
+    close()   aborts every choice the engine has not finished (client gone, error, stop string)
+
+Waiting never blocks forever: every 0.5 s without news the client connection is
+checked (gone: ``ClientGone``) and so is the engine (silent for longer than its
+timeout: ``EngineUnavailable``, HTTP 503 or an SSE error). A stop string match
+aborts that choice at the engine and keeps reading until its Finished, whose
+usage is then reported with the tokens up to the match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from gateway.choice import ChoiceDelta, ChoiceState
+from gateway.engine_client import EngineClient, EngineUnavailable
+from gateway.errors import RETRY_AFTER_S, ApiError, engine_unavailable, from_refusal
+from shared.wire import Finished, Generate, Refused, StreamTokens
+
+POLL_S = 0.5
+
+
+class ClientGone(Exception):
+    """The HTTP client closed its connection."""
+
+
+class EngineFailed(Exception):
+    """The engine ended a stream with an error (500), or aborted it on its own, e.g. shutting down (503)."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def to_json(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+class Generation:
+    def __init__(self, client: EngineClient, messages: list[Generate], choices: list[ChoiceState],
+                 disconnected: Callable[[], bool] = lambda: False):
+        if len(messages) != len(choices):
+            raise ValueError("one Generate per choice")
+        self.client = client
+        self.messages = messages
+        self.choices = choices
+        self.by_id = {m.id: c for m, c in zip(messages, choices)}
+        self.finished: dict[str, Finished] = {}
+        self.disconnected = disconnected
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self._early: list[tuple[str, object]] = []
+        self.usage = Usage(prompt_tokens=len(messages[0].prompt_ids))
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    # ----- lifecycle -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.client.open(self.messages, self.inbox)
+        waiting = set(self.by_id)
+        while waiting:
+            engine_id, item = await self._get()
+            if isinstance(item, Refused):
+                self.close()
+                raise from_refusal(item.reason, item.message)
+            waiting.discard(engine_id)
+            self._early.append((engine_id, item))
+
+    def close(self) -> None:
+        for m in self.messages:
+            if m.id not in self.finished:
+                self.client.abort(m.id)
+
+    # ----- output ----------------------------------------------------------------------
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        while len(self.finished) < len(self.messages):
+            if self._early:
+                engine_id, item = self._early.pop(0)
+            else:
+                engine_id, item = await self._get()
+            choice = self.by_id.get(engine_id)
+            if choice is None or engine_id in self.finished:
+                continue
+            if isinstance(item, StreamTokens):
+                delta = choice.feed(item)
+                if choice.stopped_by_string:
+                    self.client.abort(engine_id, keep_route=True)
+                if delta.has_output:
+                    yield delta
+            elif isinstance(item, Finished):
+                self.finished[engine_id] = item
+                yield self._finish(choice, item)
+            elif isinstance(item, Refused):  # can only follow a first answer if the engine misbehaves
+                self.finished[engine_id] = item
+                raise EngineFailed(f"the engine refused the request: {item.message}")
+
+    def _finish(self, choice: ChoiceState, fin: Finished) -> ChoiceDelta:
+        if fin.finish_reason == "error":
+            raise EngineFailed(fin.message or "the engine failed on this request")
+        if fin.finish_reason == "abort" and not choice.stopped_by_string:
+            raise EngineFailed(fin.message or "the engine ended the request", status=503)
+        delta = choice.finish(fin.finish_reason)
+        u = self.usage
+        if choice.index == 0:
+            u.prompt_tokens, u.cached_tokens = fin.usage.prompt_tokens, fin.usage.cached_tokens
+        u.completion_tokens += len(choice.token_ids) if choice.stopped_by_string else fin.usage.completion_tokens
+        return delta
+
+    async def _get(self) -> tuple[str, object]:
+        try:
+            return self.inbox.get_nowait()
+        except asyncio.QueueEmpty:
+            pass
+        while True:
+            try:
+                async with asyncio.timeout(POLL_S):
+                    return await self.inbox.get()
+            except TimeoutError:
+                if self.disconnected():
+                    raise ClientGone() from None
+                if not self.client.engine_alive:
+                    raise EngineUnavailable("the engine stopped answering") from None
+
+
+def api_error_of(exc: BaseException) -> ApiError:
+    """The client-facing error for a failure while generating."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, EngineUnavailable):
+        return engine_unavailable()
+    if isinstance(exc, EngineFailed):
+        if exc.status == 503:
+            return ApiError(503, str(exc), code="engine_aborted", retry_after=RETRY_AFTER_S)
+        return ApiError(500, str(exc), code="engine_error", type="server_error")
+    return ApiError(500, "internal error", type="internal_error")

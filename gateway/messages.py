@@ -1,0 +1,193 @@
+"""Chat messages, tools and tool_choice: checked, normalized for the template, developer policy applied.
+
+Each message becomes a plain dict the chat template reads: ``role``, ``content``
+(a string, a list of text parts as sent, or absent for an assistant turn that
+only calls tools) and, where given, ``name``, ``tool_calls`` (their string
+``arguments`` parsed into objects, as vLLM does, so templates may iterate them),
+``tool_call_id`` and ``reasoning_content``.
+
+Developer messages (``apply_developer_policy``):
+
+    in-place       each developer message becomes a system turn where it is
+    into-system    their text is appended to the leading system message (one is created if none)
+    after-system   they move, as system turns, right after the leading system message
+
+Tools go to the template unchanged. ``tool_choice`` "none" withholds them (and
+tool-call parsing); "auto", "required" and a named function pass them all, as
+vLLM does (required/named are not enforced by constrained decoding here).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from gateway.errors import invalid
+from gateway.fields import Fields
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_MESSAGES = 100_000
+
+
+def text_of(content: object) -> str:
+    """The text of a content value (a string, or the text parts of a list)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def _content(f: Fields, role: str) -> object:
+    value = f.raw("content")
+    if value is None:
+        if role == "assistant":
+            return None
+        raise f.error("content", "is required")
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise f.error("content", "must be a string or an array of content parts")
+    for j, part in enumerate(value):
+        pf = Fields(part, f.param(f"content[{j}]"))
+        kind = pf.str("type")
+        if kind != "text":
+            raise pf.error("type", f"only text content parts are supported, got {kind!r}")
+        if type(pf.raw("text")) is not str:
+            raise pf.error("text", "must be a string")
+    return value
+
+
+def _tool_calls(f: Fields) -> list[dict]:
+    calls = f.list("tool_calls") or []
+    out = []
+    for j, call in enumerate(calls):
+        cf = Fields(call, f.param(f"tool_calls[{j}]"))
+        cf.str("type", "function", choices=("function",))
+        fn = cf.object("function")
+        if fn is None:
+            raise cf.error("function", "is required")
+        name = fn.str("name")
+        if not name:
+            raise fn.error("name", "is required")
+        args = fn.raw("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise fn.error("arguments", "must be a JSON object encoded as a string") from None
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise fn.error("arguments", "must encode a JSON object")
+        entry = {"type": "function", "function": {"name": name, "arguments": args}}
+        if cf.has("id"):
+            entry["id"] = cf.str("id", max_chars=256)
+        out.append(entry)
+    return out
+
+
+def parse_messages(f: Fields) -> list[dict]:
+    messages = f.list("messages", required=True, max_items=MAX_MESSAGES)
+    if not messages:
+        raise f.error("messages", "must hold at least one message")
+    out = []
+    for i, message in enumerate(messages):
+        mf = Fields(message, f"messages[{i}]")
+        role = mf.str("role")
+        if role is None:
+            raise mf.error("role", "is required")
+        if role not in ROLES:
+            raise mf.error("role", f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
+        m: dict = {"role": role}
+        content = _content(mf, role)
+        if content is not None:
+            m["content"] = content
+        if mf.has("name"):
+            m["name"] = mf.str("name", max_chars=256)
+        if role == "assistant":
+            calls = _tool_calls(mf)
+            if calls:
+                m["tool_calls"] = calls
+            reasoning = mf.str("reasoning_content") if mf.has("reasoning_content") else mf.str("reasoning")
+            if reasoning is not None:
+                m["reasoning_content"] = reasoning
+            if content is None and not calls:
+                m["content"] = ""
+        if role == "tool" and mf.has("tool_call_id"):
+            m["tool_call_id"] = mf.str("tool_call_id", max_chars=256)
+        out.append(m)
+    return out
+
+
+def apply_developer_policy(messages: list[dict], policy: str) -> list[dict]:
+    """Messages with developer turns placed by ``policy`` (see the module docstring)."""
+    if policy == "in-place":
+        return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
+    devs = [m for m in messages if m["role"] == "developer"]
+    if not devs:
+        return messages
+    rest = [m for m in messages if m["role"] != "developer"]
+    has_system = bool(rest) and rest[0]["role"] == "system"
+    if policy == "into-system":
+        parts = ([text_of(rest[0].get("content"))] if has_system else []) + [text_of(m.get("content")) for m in devs]
+        system = dict(rest[0]) if has_system else {"role": "system"}
+        system["content"] = "\n\n".join(p for p in parts if p)
+        return [system] + rest[1 if has_system else 0:]
+    if policy == "after-system":
+        moved = [dict(m, role="system") for m in devs]
+        return rest[:1] + moved + rest[1:] if has_system else moved + rest
+    raise ValueError(f"unknown developer message policy {policy!r}")
+
+
+def parse_tools(f: Fields) -> list[dict] | None:
+    tools = f.list("tools")
+    if not tools:
+        return None
+    for i, tool in enumerate(tools):
+        tf = Fields(tool, f"tools[{i}]")
+        tf.str("type", "function", choices=("function",))
+        fn = tf.object("function")
+        if fn is None:
+            raise tf.error("function", "is required")
+        if not fn.str("name"):
+            raise fn.error("name", "is required")
+        fn.str("description")
+        fn.object("parameters")
+    return tools
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str  # none | auto | required | named
+    name: str | None = None
+
+
+def parse_tool_choice(f: Fields, tools: list[dict] | None) -> ToolChoice:
+    value = f.raw("tool_choice")
+    if value is None:
+        return ToolChoice("auto")
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise f.error("tool_choice", "must be 'none', 'auto', 'required' or a named function")
+        if value == "required" and not tools:
+            raise f.error("tool_choice", "'required' needs tools")
+        return ToolChoice(value)
+    cf = Fields(value, "tool_choice")
+    cf.str("type", "function", choices=("function",))
+    fn = cf.object("function")
+    name = fn.str("name") if fn is not None else None
+    if not name:
+        raise invalid("tool_choice.function.name is required", "tool_choice.function.name")
+    known = {t["function"]["name"] for t in tools or ()}
+    if name not in known:
+        raise invalid(f"tool_choice names function {name!r}, which is not in tools", "tool_choice.function.name")
+    return ToolChoice("named", name)
+
+
+def last_is_user(messages: list[dict]) -> bool:
+    """The last message is a real user turn (not a tool result, nor one wrapped as a user turn)."""
+    if not messages or messages[-1]["role"] != "user":
+        return False
+    text = text_of(messages[-1].get("content")).strip()
+    return not (text.startswith("<tool_response>") and text.endswith("</tool_response>"))

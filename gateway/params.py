@@ -1,0 +1,161 @@
+"""The fields /v1/chat/completions and /v1/completions share: sampling, stops, n, streaming, class.
+
+``parse_common(fields, headers, kind)`` checks them and returns a ``CommonParams``;
+``sampling_for(params, max_tokens, i)`` builds the ``SamplingParams`` of choice
+``i`` (its seed is ``seed + i``). Ranges follow OpenAI's API (temperature in
+[0, 2], presence/frequency penalties in [-2, 2], at most 4 stop strings, n up to
+8, top_logprobs up to 20) plus vLLM's extensions (top_k with -1 or 0 for off,
+min_p, repetition_penalty, ignore_eos, stop_token_ids, return_token_ids).
+Request class: the body's ``request_class`` (or ``priority``) as "interactive"
+or "agent", else the ``X-Ignis-Request-Class`` header, else interactive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.errors import invalid
+from gateway.fields import Fields
+from shared.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, SamplingParams
+from shared.wire import REQUEST_CLASSES
+
+MAX_N = 8
+MAX_STOPS = 4
+MAX_STOP_CHARS = 1000
+MAX_SEED = 2**63 - 1
+CLASS_HEADER = "X-Ignis-Request-Class"
+
+
+@dataclass(frozen=True)
+class CommonParams:
+    model: str | None
+    stream: bool
+    include_usage: bool
+    n: int
+    stops: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    seed: int | None
+    ignore_eos: bool
+    logprobs: bool
+    top_logprobs: int
+    return_token_ids: bool
+    request_class: str
+
+
+def _stops(f: Fields) -> tuple[str, ...]:
+    value = f.raw("stop")
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise f.error("stop", "must be a string or an array of strings")
+    if len(items) > MAX_STOPS:
+        raise f.error("stop", f"has {len(items)} strings, at most {MAX_STOPS} allowed")
+    for s in items:
+        if not isinstance(s, str) or not s:
+            raise f.error("stop", "every stop string must be a non-empty string")
+        if len(s) > MAX_STOP_CHARS:
+            raise f.error("stop", f"a stop string is {len(s)} characters, at most {MAX_STOP_CHARS} allowed")
+    return tuple(items)
+
+
+def _request_class(f: Fields, headers) -> str:
+    for name in ("request_class", "priority"):
+        if f.has(name):
+            value = f.raw(name)
+            if value not in REQUEST_CLASSES:
+                raise f.error(name, f"must be one of {', '.join(map(repr, REQUEST_CLASSES))}, got {value!r}")
+            return value
+    header = headers.get(CLASS_HEADER) if headers is not None else None
+    if header is None:
+        return "interactive"
+    value = header.strip().lower()
+    if value not in REQUEST_CLASSES:
+        raise invalid(f"header {CLASS_HEADER} must be one of {', '.join(REQUEST_CLASSES)}, got {header!r}",
+                      CLASS_HEADER)
+    return value
+
+
+def _logprobs(f: Fields, kind: str) -> tuple[bool, int]:
+    if kind == "completion":
+        # Legacy completions: logprobs is the number of alternatives (0 = the chosen token's only).
+        top = f.int("logprobs", None, 0, MAX_TOP_LOGPROBS)
+        return top is not None, top or 0
+    want = f.bool("logprobs")
+    top = f.int("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if top and not want:
+        raise f.error("top_logprobs", "needs logprobs=true")
+    return want, top
+
+
+def _unsupported(f: Fields) -> None:
+    fmt = f.object("response_format")
+    if fmt is not None and fmt.raw("type") not in (None, "text"):
+        raise f.error("response_format", "only {\"type\": \"text\"} is supported (no structured output)")
+    bias = f.raw("logit_bias")
+    if bias not in (None, {}):
+        raise f.error("logit_bias", "is not supported")
+    best_of = f.int("best_of", None, 1)
+    if best_of is not None and best_of != f.int("n", 1):
+        raise f.error("best_of", "is not supported (other than equal to n)")
+
+
+def parse_common(f: Fields, headers, kind: str) -> CommonParams:
+    """``kind`` is "chat" or "completion" (they differ in max_tokens names and logprobs)."""
+    _unsupported(f)
+    stream = f.bool("stream")
+    opts = f.object("stream_options")
+    if opts is not None and not stream:
+        raise f.error("stream_options", "is only allowed with stream=true")
+    include_usage = opts.bool("include_usage") if opts is not None else False
+    if kind == "chat" and f.has("max_completion_tokens"):
+        max_tokens = f.int("max_completion_tokens", None, 1)
+    else:
+        max_tokens = f.int("max_tokens", None, 1)
+    top_k = f.int("top_k", 0, -1)
+    stop_ids = f.list("stop_token_ids", max_items=MAX_STOP_TOKEN_IDS) or []
+    if any(type(t) is not int or t < 0 for t in stop_ids):
+        raise f.error("stop_token_ids", "must be an array of token ids")
+    logprobs, top_logprobs = _logprobs(f, kind)
+    return CommonParams(
+        model=f.str("model", None, max_chars=256),
+        stream=stream,
+        include_usage=include_usage,
+        n=f.int("n", 1, 1, MAX_N),
+        stops=_stops(f),
+        stop_token_ids=tuple(stop_ids),
+        max_tokens=max_tokens,
+        temperature=f.number("temperature", 1.0, 0.0, 2.0),
+        top_p=f.number("top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=max(top_k, 0),
+        min_p=f.number("min_p", 0.0, 0.0, 1.0),
+        presence_penalty=f.number("presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=f.number("frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=f.number("repetition_penalty", 1.0, 0.0, 100.0, lo_open=True),
+        seed=f.int("seed", None, 0, MAX_SEED),
+        ignore_eos=f.bool("ignore_eos"),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        return_token_ids=f.bool("return_token_ids"),
+        request_class=_request_class(f, headers),
+    )
+
+
+def sampling_for(p: CommonParams, max_tokens: int, index: int) -> SamplingParams:
+    """Choice ``index``'s sampling parameters."""
+    seed = None if p.seed is None else (p.seed + index) % (MAX_SEED + 1)
+    return SamplingParams(
+        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty, seed=seed, max_tokens=max_tokens,
+        stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
+        top_logprobs=p.top_logprobs,
+    )

@@ -1,0 +1,118 @@
+"""Response plumbing shared by both completion endpoints: SSE, logprobs, ids, the stream loop.
+
+SSE framing: each event is ``data: <json>\\n\\n``; the stream ends with
+``data: [DONE]\\n\\n``. A failure after the headers went out is sent as an
+error event (an OpenAI error object) followed by ``[DONE]``.
+
+Logprobs formats:
+    chat        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+    completion  {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Callable
+
+import orjson
+from aiohttp import web
+
+from gateway.choice import ChoiceDelta, TokenRecord
+from gateway.generation import ClientGone, Generation, api_error_of
+from gateway.tokenizer import TextTokenizer
+
+log = logging.getLogger("ignis.gateway")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def json_response(obj: dict, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+
+
+def _lp(value: float) -> float:
+    return -9999.0 if value == -math.inf else value
+
+
+def chat_logprobs(tok: TextTokenizer, records: list[TokenRecord]) -> list[dict]:
+    out = []
+    for r in records:
+        out.append({
+            "token": tok.token_text(r.token_id), "logprob": _lp(r.logprob), "bytes": list(tok.token_bytes(r.token_id)),
+            "top_logprobs": [{"token": tok.token_text(i), "logprob": _lp(v), "bytes": list(tok.token_bytes(i))}
+                             for i, v in r.top],
+        })
+    return out
+
+
+class CompletionLogprobs:
+    """Accumulates the legacy completions logprobs object of one choice."""
+
+    def __init__(self, text_offset: int = 0):
+        self.offset = text_offset
+
+    def add(self, tok: TextTokenizer, records: list[TokenRecord]) -> dict:
+        tokens, lps, tops, offsets = [], [], [], []
+        for r in records:
+            text = tok.token_text(r.token_id)
+            tokens.append(text)
+            lps.append(_lp(r.logprob))
+            top = {}
+            for i, v in r.top:
+                top.setdefault(tok.token_text(i), _lp(v))
+            tops.append(top)
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def merge_completion_logprobs(parts: list[dict]) -> dict:
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for p in parts:
+        for k in out:
+            out[k].extend(p[k])
+    return out
+
+
+async def stream_sse(request: web.Request, gen: Generation, prelude: list[dict],
+                     chunk_of: Callable[[ChoiceDelta], dict | None], usage_chunk: Callable[[dict], dict] | None,
+                     on_tokens: Callable[[int], None] = lambda n: None) -> web.StreamResponse:
+    """Send ``prelude``, a chunk per delta, the usage chunk (if asked) and [DONE]."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    try:
+        for obj in prelude:
+            await resp.write(sse(obj))
+        async for delta in gen.deltas():
+            on_tokens(len(delta.token_ids))
+            obj = chunk_of(delta)
+            if obj is not None:
+                await resp.write(sse(obj))
+        if usage_chunk is not None:
+            await resp.write(sse(usage_chunk(gen.usage.to_json())))
+    except (ClientGone, ConnectionResetError):
+        raise
+    except Exception as exc:  # after the headers: report in-band, never a trace
+        err = api_error_of(exc)
+        if err.type == "internal_error":
+            log.exception("stream failed")
+        else:
+            log.warning("stream failed: %s", err.message)
+        try:
+            await resp.write(sse(err.body()))
+        except ConnectionResetError:
+            raise ClientGone() from None
+    await resp.write(DONE)
+    await resp.write_eof()
+    return resp

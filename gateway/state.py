@@ -1,0 +1,75 @@
+"""What every handler of one gateway shares, and the checks they all make.
+
+``GatewayState`` holds the config, the tokenizer and chat template, the engine
+client, the metrics and the served model name; it reads request bodies
+(orjson, within --max-request-bytes), checks the model name, and settles
+max_tokens against the engine's context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from gateway.chat_template import ChatTemplate
+from gateway.config import GatewayConfig
+from gateway.engine_client import EngineClient, EngineUnavailable
+from gateway.errors import ApiError, context_length_exceeded, engine_unavailable, invalid
+from gateway.metrics import GatewayMetrics
+from gateway.tokenizer import TextTokenizer
+
+STATE = web.AppKey("ignis_gateway", object)
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    model_name: str
+    tokenizer: TextTokenizer
+    template: ChatTemplate | None
+    client: EngineClient
+    metrics: GatewayMetrics
+    created: int
+
+    @property
+    def reasoning_markers(self) -> bool:
+        return self.tokenizer.token_id("<think>") is not None and self.tokenizer.token_id("</think>") is not None
+
+    async def read_json(self, request: web.Request) -> dict:
+        length = request.content_length
+        if length is not None and length > self.config.max_request_bytes:
+            raise ApiError(413, f"the request body is {length} bytes, at most {self.config.max_request_bytes} "
+                                f"allowed", code="request_too_large")
+        raw = await request.read()  # bounded by client_max_size, which is --max-request-bytes
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise invalid(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise invalid("the request body must be a JSON object", code="invalid_json")
+        return body
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"the model {model!r} does not exist (this server serves {self.model_name!r})",
+                           param="model", code="model_not_found")
+
+    async def max_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
+        """The completion budget: requested, else ``default`` or the rest of the context."""
+        try:
+            limit = await self.client.max_model_len()
+        except EngineUnavailable:
+            raise engine_unavailable() from None
+        if prompt_len >= limit:
+            raise context_length_exceeded(
+                f"this model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens")
+        room = limit - prompt_len
+        if requested is None:
+            return min(default, room) if default is not None else room
+        if requested > room:
+            raise context_length_exceeded(
+                f"this model's maximum context length is {limit} tokens; the prompt has {prompt_len} tokens and "
+                f"{requested} completion tokens were asked for ({prompt_len + requested} in all)")
+        return requested

@@ -1,0 +1,163 @@
+"""The gateway's view of a checkpoint's text side: tokenizer, special tokens, chat template.
+
+Reads ``tokenizer.json`` (with the ``tokenizers`` library), ``tokenizer_config.json``,
+``generation_config.json`` and the chat template, by the same precedence as
+transformers: ``chat_template.jinja``, else ``chat_template.json``, else the
+``chat_template`` entry of tokenizer_config.json (of a list of named templates,
+the one named "default"). Pure file reading: no torch, no transformers.
+
+``TextTokenizer`` also knows each token's raw bytes (for logprobs' ``bytes``):
+for a byte-level BPE the vocabulary strings are bytes spelled in GPT-2's
+printable alphabet, mapped back here; added tokens are their UTF-8 content.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+"""Names transformers passes to chat templates (``special_tokens_map``), when set."""
+
+
+class ModelFilesError(ValueError):
+    """A tokenizer or template file is missing or unreadable; the message names the file."""
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: printable character -> byte value."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelFilesError(f"{path}: cannot read JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ModelFilesError(f"{path}: expected a JSON object")
+    return data
+
+
+def _template_of(value: object, source: Path) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        return named.get("default")
+    raise ModelFilesError(f"{source}: chat_template must be a string or a list of named templates")
+
+
+def _uses_byte_level(decoder: object) -> bool:
+    if not isinstance(decoder, dict):
+        return False
+    if decoder.get("type") == "ByteLevel":
+        return True
+    return any(_uses_byte_level(d) for d in decoder.get("decoders") or ())
+
+
+@dataclass
+class TextTokenizer:
+    """Encode, decode and describe tokens of one checkpoint."""
+
+    tokenizer: Tokenizer
+    config: dict = field(default_factory=dict)
+    byte_level: bool = False
+
+    def __post_init__(self):
+        added = self.tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        self.added_content = {i: t.content for i, t in added.items()}
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self._bytes_cache: dict[int, bytes] = {}
+        self._byte_decoder = _byte_decoder() if self.byte_level else {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, text: str) -> int | None:
+        return self.tokenizer.token_to_id(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes token ``token_id`` stands for (may be part of a UTF-8 character)."""
+        cached = self._bytes_cache.get(token_id)
+        if cached is not None:
+            return cached
+        if token_id in self.added_content:
+            raw = self.added_content[token_id].encode()
+        else:
+            piece = self.tokenizer.id_to_token(token_id)
+            if piece is None:
+                raw = b""
+            elif self.byte_level and all(c in self._byte_decoder for c in piece):
+                raw = bytes(self._byte_decoder[c] for c in piece)
+            else:
+                raw = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        self._bytes_cache[token_id] = raw
+        return raw
+
+    def token_text(self, token_id: int) -> str:
+        """The token as text for logprobs (an incomplete UTF-8 sequence shows as U+FFFD)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def special_tokens_map(self) -> dict[str, str]:
+        """The special tokens by name as transformers hands them to chat templates."""
+        out = {}
+        for name in SPECIAL_TOKEN_ATTRIBUTES:
+            value = self.config.get(name)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                out[name] = value
+        return out
+
+
+@dataclass
+class ModelFiles:
+    """What the gateway reads from a checkpoint directory."""
+
+    tokenizer: TextTokenizer
+    chat_template: str | None
+    generation_config: dict
+
+
+def load_model_files(model_dir: str | Path) -> ModelFiles:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelFilesError(f"{model_dir}: not a directory")
+    tok_path = model_dir / "tokenizer.json"
+    if not tok_path.is_file():
+        raise ModelFilesError(f"{tok_path}: no tokenizer.json in the model directory")
+    try:
+        tok = Tokenizer.from_file(str(tok_path))
+    except Exception as e:  # the library raises its own exception type
+        raise ModelFilesError(f"{tok_path}: cannot load the tokenizer: {e}") from None
+    raw = _read_json(tok_path)
+    cfg_path = model_dir / "tokenizer_config.json"
+    tok_cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
+    template = _template_of(tok_cfg.get("chat_template"), cfg_path)
+    tpl_json = model_dir / "chat_template.json"
+    if tpl_json.is_file():
+        template = _template_of(_read_json(tpl_json).get("chat_template"), tpl_json) or template
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    gen_path = model_dir / "generation_config.json"
+    gen = _read_json(gen_path) if gen_path.is_file() else {}
+    text = TextTokenizer(tok, tok_cfg, byte_level=_uses_byte_level(raw.get("decoder")))
+    return ModelFiles(tokenizer=text, chat_template=template, generation_config=gen)

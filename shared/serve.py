@@ -1,0 +1,242 @@
+"""``ignis serve``: one machine's processes as children, started in order, stopped together.
+
+    ignis serve ──spawn──> ignis engine   (ready: its "READY <endpoint>" line)
+                └─spawn──> ignis gateway  (ready: its "READY <url>" line, then GET /health == 200)
+                           [ignis tierd comes first here once it exists: add a ChildSpec]
+
+Flags are derived from the children's config dataclasses (``EngineConfig``,
+``GatewayConfig``): every field becomes a ``serve`` flag once, and each child
+gets the flags of its own fields that differ from their defaults. Fields both
+configs have (model, served name, runtime dir, instance, shutdown timeout)
+go to both. The API key travels to the gateway in its environment, never on a
+command line. SIGTERM/SIGINT are forwarded to every child; when a child
+cannot start or dies, the others are stopped and ``serve`` exits non-zero
+with the failing child's last output. Children's stdout and stderr are passed
+through, and each is asked to die with its parent (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from gateway.config import GatewayConfig
+from shared.flags import add_flags, field_doc, from_args
+from shared.model_names import served_name
+
+API_KEY_ENV = "IGNIS_API_KEY"
+_TAIL_LINES = 40
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Flags of ``serve`` itself (the children's come from their configs)."""
+
+    start_timeout: float = field(default=600.0, metadata=field_doc(
+        "seconds each child may take to become ready before serve gives up"))
+    stop_timeout: float = field(default=40.0, metadata=field_doc(
+        "seconds children get to exit after SIGTERM before they are killed"))
+
+    def __post_init__(self):
+        for name in ("start_timeout", "stop_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+
+CONFIGS = (EngineConfig, GatewayConfig)
+_SKIP = {EngineConfig: ("endpoint",), GatewayConfig: ("engine_endpoint", "api_key")}
+"""Fields serve sets itself: the engine's endpoint is handed from one child to the next."""
+
+
+def add_arguments(parser) -> None:
+    seen: set[str] = set()
+    for cfg in (ServeConfig, *CONFIGS):
+        names = {f.name for f in dataclasses.fields(cfg)}
+        add_flags(parser, cfg, skip=tuple(seen | set(_SKIP.get(cfg, ()))))
+        seen |= names
+    parser.add_argument("--api-key", dest="api_key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' on the gateway's /v1 paths (or set {API_KEY_ENV})")
+
+
+def _flag_value(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def child_argv(config_cls, args, skip: tuple[str, ...] = ()) -> list[str]:
+    """The flags of ``config_cls``'s fields whose values in ``args`` differ from the defaults."""
+    argv = []
+    for f in dataclasses.fields(config_cls):
+        if f.name in skip or f.metadata.get("cli") is False or not hasattr(args, f.name):
+            continue
+        value = getattr(args, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if value is None or value == default:
+            continue
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            argv += [flag, _flag_value(item)]
+    return argv
+
+
+class ChildFailed(RuntimeError):
+    """A child exited or never became ready; the message holds its last output."""
+
+
+class Child:
+    """One child process, its output passed through and its last lines kept."""
+
+    def __init__(self, name: str, argv: list[str], env: dict | None = None):
+        self.name = name
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.ready_line: str | None = None
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, bufsize=1, env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
+        self._threads = [threading.Thread(target=self._pump, args=(s, o, r), daemon=True)
+                         for s, o, r in ((self.proc.stdout, sys.stdout, True), (self.proc.stderr, sys.stderr, False))]
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, stream, out, watch_ready: bool) -> None:
+        for line in stream:
+            self.tail.append(line.rstrip("\n"))
+            if watch_ready and self.ready_line is None and line.startswith("READY "):
+                self.ready_line = line[len("READY "):].strip()
+                self._ready.set()
+            try:
+                out.write(line)
+                out.flush()
+            except (OSError, ValueError):
+                pass
+        self._ready.set()  # EOF: the child is gone; whoever waits looks at ready_line
+
+    def failure(self, what: str) -> ChildFailed:
+        try:
+            code = self.proc.wait(timeout=2.0)  # its pipes may close just before it exits
+        except subprocess.TimeoutExpired:
+            code = None
+        for t in self._threads:
+            t.join(timeout=1.0)
+        status = f"exited with code {code}" if code is not None else "did not become ready"
+        tail = "\n".join(self.tail) or "(no output)"
+        return ChildFailed(f"the {self.name} {status} {what}; its last output:\n{tail}")
+
+    def wait_ready(self, timeout: float) -> str:
+        """The text after READY on the child's stdout; ChildFailed if it exits or times out first."""
+        if not self._ready.wait(timeout) or self.ready_line is None:
+            raise self.failure("while starting")
+        return self.ready_line
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def wait_health(url: str, child: Child, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            raise child.failure("while starting")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise child.failure(f"(GET {url}/health did not answer 200 within {timeout:g} s)")
+
+
+def _ignis() -> list[str]:
+    return [sys.executable, "-m", "shared.cli"]
+
+
+def stop_all(children: list[Child], timeout: float) -> None:
+    for child in reversed(children):  # the gateway first, so no request arrives at a stopping engine
+        child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for child in children:
+        try:
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.signal(signal.SIGKILL)
+            child.proc.wait()
+
+
+def run(args) -> int:
+    try:
+        serve_cfg = from_args(ServeConfig, args)
+        engine_cfg = from_args(EngineConfig, args)
+        from_args(GatewayConfig, args)  # checks the gateway's values before anything starts
+    except ValueError as exc:
+        print(f"ignis serve: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    children: list[Child] = []
+
+    def on_signal(signum, _frame):
+        stop.set()
+        for child in children:
+            child.signal(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    key = args.api_key or os.environ.get(API_KEY_ENV)
+    gw_env = dict(env, **({API_KEY_ENV: key} if key else {}))
+    try:
+        engine = Child("engine", _ignis() + ["engine"] + child_argv(EngineConfig, args, _SKIP[EngineConfig]), env)
+        children.append(engine)
+        endpoint = engine.wait_ready(serve_cfg.start_timeout)
+        if stop.is_set():
+            return _finish(children, serve_cfg, 0)
+        gw_argv = child_argv(GatewayConfig, args, _SKIP[GatewayConfig]) + ["--engine-endpoint", endpoint]
+        gateway = Child("gateway", _ignis() + ["gateway"] + gw_argv, gw_env)
+        children.append(gateway)
+        url = gateway.wait_ready(serve_cfg.start_timeout)
+        wait_health(url, gateway, serve_cfg.start_timeout)
+    except ChildFailed as exc:
+        if stop.is_set():
+            return _finish(children, serve_cfg, 0)
+        print(f"ignis serve: {exc}", file=sys.stderr)
+        return _finish(children, serve_cfg, 1)
+    name = served_name(engine_cfg.model, engine_cfg.served_model_name)
+    print(f"ignis serving {name} on {url}", flush=True)
+    while not stop.is_set():
+        for child in children:
+            if child.proc.poll() is not None:
+                print(f"ignis serve: {child.failure('while serving')}", file=sys.stderr)
+                return _finish(children, serve_cfg, 1)
+        stop.wait(0.2)
+    return _finish(children, serve_cfg, 0)
+
+
+def _finish(children: list[Child], cfg: ServeConfig, code: int) -> int:
+    stop_all(children, cfg.stop_timeout)
+    return code

@@ -1,0 +1,87 @@
+"""A scripted stand-in for the engine: a ROUTER on a thread that answers by the request's seed.
+
+    seed 0   one token, then nothing until an Abort (answered with Finished abort)
+    seed 1   Refused queue_full          seed 4   Refused shutting_down
+    seed 2   Refused too_long            seed 5   two tokens, then Finished error
+    seed 3   Refused unknown_model       other    ``max_tokens`` tokens (id 65, "_"), then Finished stop
+
+Stats are answered with a small max_model_len. Every Abort is recorded.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import zmq
+
+from shared.wire import (
+    GATEWAY_TO_ENGINE,
+    Abort,
+    Finished,
+    Generate,
+    Refused,
+    Stats,
+    StatsReply,
+    StreamTokens,
+    TokenBatch,
+    Usage,
+)
+from shared.zmq_queues import bind_router
+
+REFUSALS = {1: "queue_full", 2: "too_long", 3: "unknown_model", 4: "shutting_down"}
+MAX_MODEL_LEN = 4096
+
+
+class FakeEngine:
+    def __init__(self, endpoint: str):
+        self.ctx = zmq.Context()
+        self.channel = bind_router(self.ctx, endpoint, GATEWAY_TO_ENGINE, name="fake-engine").start()
+        self.aborts: list[str] = []
+        self.generates: list[Generate] = []
+        self._held: dict[str, tuple[bytes, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                env = self.channel.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            msg, peer = env.message, env.peer
+            if isinstance(msg, Stats):
+                self.channel.send(StatsReply({"max_model_len": MAX_MODEL_LEN, "vocab_size": 2000}), peer)
+            elif isinstance(msg, Abort):
+                self.aborts.append(msg.id)
+                held = self._held.pop(msg.id, None)
+                if held is not None:
+                    self.channel.send(Finished(msg.id, "abort", Usage(held[1], 1)), held[0])
+            elif isinstance(msg, Generate):
+                self.generates.append(msg)
+                self._answer(msg, peer)
+
+    def _answer(self, msg: Generate, peer: bytes) -> None:
+        seed = msg.sampling.seed
+        usage = Usage(prompt_tokens=len(msg.prompt_ids), completion_tokens=2, cached_tokens=1)
+        if seed == 0:
+            self.channel.send(TokenBatch((StreamTokens(msg.id, (65,)),)), peer)
+            self._held[msg.id] = (peer, len(msg.prompt_ids))
+        elif seed in REFUSALS:
+            self.channel.send(Refused(msg.id, REFUSALS[seed], f"scripted {REFUSALS[seed]}"), peer)
+        elif seed == 5:
+            for _ in range(2):
+                self.channel.send(TokenBatch((StreamTokens(msg.id, (65,)),)), peer)
+            self.channel.send(Finished(msg.id, "error", usage, message="scripted failure"), peer)
+        else:
+            n = msg.sampling.max_tokens
+            for _ in range(n):
+                self.channel.send(TokenBatch((StreamTokens(msg.id, (65,)),)), peer)
+            self.channel.send(Finished(msg.id, "stop", Usage(len(msg.prompt_ids), n, 1)), peer)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.channel.close()
+        self.ctx.term()

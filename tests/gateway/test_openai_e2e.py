@@ -1,0 +1,174 @@
+"""The official openai client against `ignis serve` on the demo model: both endpoints, both modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.conftest import http
+
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Tell me about the weather today."}]
+GREEDY = dict(temperature=0, max_tokens=24, extra_body={"ignore_eos": True, "return_token_ids": True})
+
+
+def test_models_and_health(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [server.model] == ["ignis-demo"]
+    assert http("GET", server.url + "/health").status == 200
+    assert client.models.retrieve("ignis-demo").id == "ignis-demo"
+
+
+def test_chat_non_streaming(client, server):
+    r = client.chat.completions.create(model=server.model, messages=MESSAGES, **GREEDY)
+    choice = r.choices[0]
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason == "length"
+    ids = choice.model_extra["token_ids"]
+    assert len(ids) == 24 and r.usage.completion_tokens == 24
+    assert r.usage.prompt_tokens == len(r.model_extra["prompt_token_ids"])
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 24
+    assert isinstance(r.usage.prompt_tokens_details.cached_tokens, int)
+
+
+def test_chat_stream_equals_non_stream(client, server):
+    full = client.chat.completions.create(model=server.model, messages=MESSAGES, **GREEDY)
+    stream = client.chat.completions.create(model=server.model, messages=MESSAGES, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    ids = [t for c in chunks if c.choices for t in (c.choices[0].model_extra.get("token_ids") or [])]
+    assert text == full.choices[0].message.content
+    assert ids == full.choices[0].model_extra["token_ids"]
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"]
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.completion_tokens == 24
+    assert usage.usage.prompt_tokens_details.cached_tokens >= 0
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_no_usage_chunk_unless_asked(client, server):
+    chunks = list(client.chat.completions.create(model=server.model, messages=MESSAGES, stream=True,
+                                                 max_tokens=3, temperature=0))
+    assert all(c.choices for c in chunks) and all(c.usage is None for c in chunks)
+
+
+def test_completions_both_modes(client, server):
+    prompt = "Once upon a time"
+    r = client.completions.create(model=server.model, prompt=prompt, temperature=0, max_tokens=16,
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 16
+    chunks = list(client.completions.create(model=server.model, prompt=prompt, temperature=0, max_tokens=16,
+                                            stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    ids = r.model_extra["prompt_token_ids"]
+    by_ids = client.completions.create(model=server.model, prompt=ids, temperature=0, max_tokens=16,
+                                       extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert by_ids.choices[0].model_extra["token_ids"] == r.choices[0].model_extra["token_ids"]
+    echoed = client.completions.create(model=server.model, prompt=[prompt], temperature=0, max_tokens=16, echo=True,
+                                       extra_body={"ignore_eos": True})
+    assert echoed.choices[0].text == prompt + r.choices[0].text
+
+
+def test_n_choices(client, server):
+    r = client.chat.completions.create(model=server.model, messages=MESSAGES, n=3, max_tokens=8, seed=11,
+                                       temperature=1.0, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert r.usage.completion_tokens == 24
+    again = client.chat.completions.create(model=server.model, messages=MESSAGES, n=3, max_tokens=8, seed=11,
+                                           temperature=1.0, extra_body={"ignore_eos": True})
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+    stream = client.chat.completions.create(model=server.model, messages=MESSAGES, n=2, max_tokens=6, stream=True,
+                                            temperature=0, extra_body={"ignore_eos": True})
+    texts = {0: "", 1: ""}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts[0] == texts[1]  # greedy: both choices are the same
+
+
+def test_stop_string_from_the_greedy_output(client, server):
+    full = client.completions.create(model=server.model, prompt="The city of", temperature=0, max_tokens=40,
+                                     extra_body={"ignore_eos": True})
+    text = full.choices[0].text
+    cut = next((i for i in range(len(text) // 3, len(text) - 3) if text[i:i + 3].strip() == text[i:i + 3]
+                and text.find(text[i:i + 3]) == i), None)
+    assert cut is not None, text
+    stop = text[cut:cut + 3]
+    for stream in (False, True):
+        r = client.completions.create(model=server.model, prompt="The city of", temperature=0, max_tokens=40,
+                                      stop=[stop, "\x00never"], stream=stream, extra_body={"ignore_eos": True})
+        if stream:
+            chunks = list(r)
+            got = "".join(c.choices[0].text for c in chunks if c.choices)
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert reason == ["stop"]
+        else:
+            got, reason = r.choices[0].text, r.choices[0].finish_reason
+            assert reason == "stop" and r.usage.completion_tokens < 40
+        assert got == text[:cut]
+
+
+def test_logprobs_format(client, server):
+    r = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=4, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4
+    for entry in content:
+        assert isinstance(entry.token, str) and entry.logprob <= 0 and isinstance(entry.bytes, list)
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+    c = client.completions.create(model=server.model, prompt="Hello", max_tokens=3, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == 3 and len(lp.token_logprobs) == 3 and all(len(t) <= 2 for t in lp.top_logprobs)
+
+
+def test_tool_call_round_trip(client, server, demo_dir):
+    transformers = pytest.importorskip("transformers")
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    messages = [
+        {"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_abc", "type": "function", "function": {"name": "get_weather",
+                                                                 "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": '{"temp_c": 21}'},
+    ]
+    r = client.chat.completions.create(model=server.model, messages=messages, tools=tools, tool_choice="auto",
+                                       max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    hf = transformers.AutoTokenizer.from_pretrained(str(demo_dir))
+    expected_messages = [dict(m) for m in messages]
+    expected_messages[2] = dict(messages[2], tool_calls=[{"id": "call_abc", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}}}])
+    expected = hf.apply_chat_template(expected_messages, tools=tools, tokenize=True, add_generation_prompt=True)
+    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+    assert r.model_extra["prompt_token_ids"] == list(expected)
+    none = client.chat.completions.create(model=server.model, messages=messages[:2], tools=tools,
+                                          tool_choice="none", max_tokens=2, extra_body={"return_token_ids": True})
+    named = client.chat.completions.create(
+        model=server.model, messages=messages[:2], tools=tools, max_tokens=2, extra_body={"return_token_ids": True},
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert len(none.model_extra["prompt_token_ids"]) < len(named.model_extra["prompt_token_ids"])
+
+
+def test_reasoning_history_and_request_class(client, server):
+    messages = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "add"},
+                {"role": "user", "content": "3+3?"}]
+    r = client.chat.completions.create(model=server.model, messages=messages, max_tokens=4,
+                                       extra_body={"request_class": "agent", "chat_template_kwargs":
+                                                   {"enable_thinking": False}},
+                                       extra_headers={"X-Ignis-Request-Class": "interactive"})
+    assert r.choices[0].message.content is not None
+
+
+def test_metrics_are_open_and_counted(server):
+    text = http("GET", server.url + "/metrics").body.decode()
+    assert 'ignis:gateway_requests_total{endpoint="chat",model_name="ignis-demo",status="200"}' in text
+    assert "ignis:gateway_time_to_first_token_seconds_bucket" in text
+    assert "ignis:gateway_streamed_tokens_total" in text and "ignis:gateway_active_streams" in text

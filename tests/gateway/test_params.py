@@ -1,0 +1,71 @@
+"""Request field parsing: defaults, OpenAI and vLLM spellings, seeds per choice, request class."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import ApiError
+from gateway.fields import Fields
+from gateway.messages import last_is_user, parse_messages
+from gateway.params import parse_common, sampling_for
+
+
+def common(kind="chat", headers=None, **body):
+    return parse_common(Fields(body), headers or {}, kind)
+
+
+def test_defaults():
+    p = common()
+    assert (p.n, p.stream, p.temperature, p.top_p, p.top_k, p.max_tokens) == (1, False, 1.0, 1.0, 0, None)
+    assert p.request_class == "interactive" and p.stops == () and not p.include_usage
+
+
+def test_max_completion_tokens_wins_in_chat_and_top_k_minus_one_is_off():
+    p = common(max_tokens=5, max_completion_tokens=7, top_k=-1)
+    assert p.max_tokens == 7 and p.top_k == 0
+    assert common("completion", max_tokens=5, max_completion_tokens=7).max_tokens == 5
+
+
+def test_seed_per_choice():
+    p = common(seed=2**63 - 1, n=2)
+    assert sampling_for(p, 4, 0).seed == 2**63 - 1 and sampling_for(p, 4, 1).seed == 0
+    assert sampling_for(common(), 4, 3).seed is None
+
+
+def test_stop_forms_and_logprobs_forms():
+    assert common(stop="x").stops == ("x",) and common(stop=["a", "b"]).stops == ("a", "b")
+    chat = common(logprobs=True, top_logprobs=3)
+    assert (chat.logprobs, chat.top_logprobs) == (True, 3)
+    legacy = common("completion", logprobs=2)
+    assert (legacy.logprobs, legacy.top_logprobs) == (True, 2)
+    assert not common("completion").logprobs
+
+
+def test_nulls_are_absent_and_integral_floats_are_integers():
+    p = common(max_tokens=None, temperature=None, n=2.0)
+    assert p.max_tokens is None and p.temperature == 1.0 and p.n == 2
+
+
+def test_request_class_body_then_header():
+    assert common(headers={"X-Ignis-Request-Class": "Agent"}).request_class == "agent"
+    assert common(headers={"X-Ignis-Request-Class": "agent"}, priority="interactive").request_class == "interactive"
+    assert common(request_class="agent").request_class == "agent"
+    with pytest.raises(ApiError) as e:
+        common(priority=3)
+    assert e.value.param == "priority"
+
+
+def test_messages_keep_only_what_templates_read():
+    msgs = parse_messages(Fields({"messages": [
+        {"role": "user", "content": "q", "name": "bob"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": [1]}"}}],
+         "reasoning": "r"},
+        {"role": "tool", "content": "out", "tool_call_id": "c1"}]}))
+    assert msgs[0] == {"role": "user", "content": "q", "name": "bob"}
+    assert msgs[1] == {"role": "assistant", "reasoning_content": "r", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {"a": [1]}}, "id": "c1"}]}
+    assert msgs[2] == {"role": "tool", "content": "out", "tool_call_id": "c1"}
+    assert not last_is_user(msgs)
+    wrapped = [{"role": "user", "content": "<tool_response>\nx\n</tool_response>"}]
+    assert not last_is_user(wrapped) and last_is_user([{"role": "user", "content": "hi"}])

@@ -1,0 +1,101 @@
+"""Incremental detokenizing and stop strings, on the demo tokenizer and on crafted text deltas."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.detokenize import IncrementalDetokenizer
+from gateway.stop_strings import StopMatcher
+
+
+def stream(tok, ids, chunk_sizes=None):
+    d = IncrementalDetokenizer(tok)
+    out, at = [], 0
+    sizes = chunk_sizes or [1] * len(ids)
+    for n in sizes:
+        out.append(d.push(ids[at:at + n]))
+        at += n
+    out.append(d.finish())
+    return out
+
+
+@pytest.mark.parametrize("text", ["héllo wörld", "日本語のテキスト", "emoji 🎉🎉 and ∑ math", "plain ascii words"])
+def test_multibyte_characters_split_across_tokens(demo_tokenizer, text):
+    ids = demo_tokenizer.encode(text)
+    assert len(ids) > len(text.split())  # some characters really span several tokens
+    parts = stream(demo_tokenizer, ids)
+    assert "".join(parts) == text
+    assert not any("\ufffd" in p for p in parts)
+
+
+def test_random_token_streams_concatenate_to_the_full_decode(demo_tokenizer):
+    rng = random.Random(7)
+    for _ in range(40):
+        ids = [rng.randrange(demo_tokenizer.vocab_size) for _ in range(rng.randrange(1, 60))]
+        sizes, left = [], len(ids)
+        while left:
+            sizes.append(min(left, rng.randrange(1, 5)))
+            left -= sizes[-1]
+        assert "".join(stream(demo_tokenizer, ids, sizes)) == demo_tokenizer.decode(ids)
+
+
+def test_special_tokens_are_not_rendered_but_markup_is(demo_tokenizer):
+    ids = demo_tokenizer.encode("<think>a</think>b") + [2, 0]  # <|im_end|>, <|endoftext|>
+    text = "".join(stream(demo_tokenizer, ids))
+    assert text == "<think>a</think>b"
+
+
+def test_incomplete_character_is_held_until_complete(demo_tokenizer):
+    ids = demo_tokenizer.encode("日")
+    assert len(ids) > 1
+    d = IncrementalDetokenizer(demo_tokenizer)
+    assert [d.push([t]) for t in ids[:-1]] == [""] * (len(ids) - 1)
+    assert d.push(ids[-1:]) == "日"
+    assert d.finish() == ""
+
+
+def run_stops(stops, deltas):
+    m = StopMatcher(stops)
+    out = [m.push(d) for d in deltas]
+    out.append(m.finish())
+    return "".join(out), m
+
+
+@pytest.mark.parametrize("deltas", [["hello STOP there"], ["hello ST", "OP there"], ["hello S", "T", "O", "P"],
+                                    list("hello STOP there")])
+def test_stop_string_across_boundaries(deltas):
+    text, m = run_stops(["STOP"], deltas)
+    assert text == "hello " and m.stopped and m.matched == "STOP"
+
+
+def test_partial_stop_prefix_is_released_when_it_does_not_complete():
+    m = StopMatcher(["STOP"])
+    assert m.push("a ST") == "a "
+    assert m.push("ART") == "START"
+    assert m.push("x S") == "x "
+    assert m.finish() == "S"
+
+
+def test_earliest_of_several_stops_wins():
+    text, m = run_stops(["cd", "b"], ["ab", "cd"])
+    assert text == "a" and m.matched == "b"
+    text, m = run_stops(["xyz", "yz"], ["wx", "yz!"])
+    assert text == "w" and m.matched == "xyz"
+
+
+def test_nothing_after_a_match():
+    m = StopMatcher(["."])
+    assert m.push("one. two") == "one"
+    assert m.push("three") == "" and m.finish() == ""
+
+
+def test_no_stops_is_a_pass_through():
+    m = StopMatcher(())
+    assert m.push("abc") == "abc" and m.finish() == ""
+
+
+def test_empty_stop_string_is_refused():
+    with pytest.raises(ValueError):
+        StopMatcher([""])

@@ -1,0 +1,122 @@
+"""`ignis serve`: flags derived from both configs, children started in order, stopped together."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineConfig
+from gateway.config import GatewayConfig
+from shared import serve
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_every_config_field_is_a_flag_once():
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)  # argparse raises on a flag defined twice
+    dests = {a.dest for a in parser._actions}
+    for cfg in (EngineConfig, GatewayConfig):
+        for f in dataclasses.fields(cfg):
+            if f.name not in serve._SKIP.get(cfg, ()) or f.name == "api_key":
+                assert f.name in dests, f.name
+
+
+def test_each_child_gets_its_own_changed_flags():
+    args = parse(["--model", "/m", "--kv-pool-tokens", "4096", "--decode-lanes", "64", "--port", "9001",
+                  "--api-key", "sekrit", "--instance", "x1", "--server-developer-message-policy", "into-system",
+                  "--metrics-port", "0", "--kv-memory-bytes", "512M"])
+    engine = serve.child_argv(EngineConfig, args, serve._SKIP[EngineConfig])
+    gateway = serve.child_argv(GatewayConfig, args, serve._SKIP[GatewayConfig])
+    assert engine == ["--model", "/m", "--kv-pool-tokens", "4096", "--kv-memory-bytes", str(512 << 20),
+                      "--decode-lanes", "64", "--instance", "x1", "--metrics-port", "0"]
+    assert gateway == ["--model", "/m", "--port", "9001", "--instance", "x1",
+                       "--server-developer-message-policy", "into-system"]
+    assert "sekrit" not in engine + gateway  # the key travels in the environment
+    for argv, cfg in ((engine, EngineConfig), (gateway, GatewayConfig)):
+        p = argparse.ArgumentParser()
+        from shared.flags import add_flags, from_args
+        add_flags(p, cfg)
+        from_args(cfg, p.parse_args(argv))  # the child accepts what it is given
+
+
+def test_bool_flags_are_spelled_on_off():
+    assert serve._flag_value(True) == "on" and serve._flag_value(False) == "off"
+
+
+def run_serve(tmp_path, *argv, timeout=120):
+    return subprocess.run([sys.executable, "-m", "shared.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
+                           "--port", "0", *argv], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def test_bad_flag_value_exits_before_starting_anything(tmp_path):
+    out = run_serve(tmp_path, "--decode-lanes", "0", timeout=60)
+    assert out.returncode == 2 and "--decode-lanes" in out.stderr
+
+
+def test_engine_that_cannot_start_fails_serve_with_its_output(tmp_path):
+    out = run_serve(tmp_path, "--model", str(tmp_path / "no-such-model"))
+    assert out.returncode == 1
+    assert "the engine exited with code" in out.stderr
+    assert "no-such-model" in out.stderr.split("its last output:")[1]
+
+
+def children_of(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def start(tmp_path):
+    out = tmp_path / "serve.out"
+    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
+                             "--port", "0", "--kv-pool-tokens", "2048"], stdout=out.open("w"),
+                            stderr=(tmp_path / "serve.err").open("w"), env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + 120
+    while not re.search(r"^ignis serving ignis-demo on http://127\.0\.0\.1:\d+$", out.read_text(), re.M):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.err").read_text()[-3000:]
+        time.sleep(0.1)
+    kids = children_of(proc.pid)
+    assert len(kids) == 2
+    return proc, kids
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    return state == "Z"
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_stops_every_child_and_a_dead_child_stops_serve(tmp_path):
+    (tmp_path / "a").mkdir()
+    proc, kids = start(tmp_path / "a")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    assert all(gone(k) for k in kids)
+
+    (tmp_path / "b").mkdir()
+    proc, (engine, gateway) = start(tmp_path / "b")
+    os.kill(engine, signal.SIGKILL)
+    assert proc.wait(60) == 1
+    assert "the engine exited with code -9 while serving" in (tmp_path / "b" / "serve.err").read_text()
+    deadline = time.monotonic() + 10
+    while not gone(gateway) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(gateway)
