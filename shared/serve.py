@@ -2,7 +2,10 @@
 
     ignis serve ──spawn──> ignis engine   (ready: its "READY <endpoint>" line)
                 └─spawn──> ignis gateway  (ready: its "READY <url>" line, then GET /health == 200)
-                           [ignis tierd comes first here once it exists: add a ChildSpec]
+
+The children are the ``CHILDREN`` table, started in its order; each gets the
+READY values of those before it (the gateway: the engine's endpoint). tierd
+joins as the first entry once the engine connects to one.
 
 Flags are derived from the children's config dataclasses (``EngineConfig``,
 ``GatewayConfig``): every field becomes a ``serve`` flag once, and each child
@@ -28,6 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
@@ -55,9 +59,32 @@ class ServeConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
 
 
-CONFIGS = (EngineConfig, GatewayConfig)
-_SKIP = {EngineConfig: ("endpoint",), GatewayConfig: ("engine_endpoint", "api_key")}
-"""Fields serve sets itself: the engine's endpoint is handed from one child to the next."""
+@dataclass(frozen=True)
+class ChildSpec:
+    """One child: its subcommand, its config, and how it is wired to the children started before it."""
+
+    name: str
+    config: type
+    skip: tuple[str, ...] = ()
+    """Fields serve sets itself (never passed from its own flags)."""
+    handoff: Callable[[dict[str, str]], list[str]] = lambda ready: []
+    """Extra flags from the READY values of the children before it (by name)."""
+    health_check: bool = False
+    """After READY (a URL), wait until GET <url>/health answers 200."""
+    secret_env: tuple[str, ...] = ()
+    """Environment variables passed on to this child only."""
+
+
+CHILDREN = (
+    # A tierd child goes first once the engine connects to one: ChildSpec("tierd", TierdConfig), and the
+    # engine's handoff passes its endpoint on.
+    ChildSpec("engine", EngineConfig, skip=("endpoint",)),
+    ChildSpec("gateway", GatewayConfig, skip=("engine_endpoint", "api_key"),
+              handoff=lambda ready: ["--engine-endpoint", ready["engine"]], health_check=True,
+              secret_env=(API_KEY_ENV,)),
+)
+CONFIGS = tuple(spec.config for spec in CHILDREN)
+_SKIP = {spec.config: spec.skip for spec in CHILDREN}
 
 
 def add_arguments(parser) -> None:
@@ -207,20 +234,22 @@ def run(args) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    key = args.api_key or os.environ.get(API_KEY_ENV)
-    gw_env = dict(env, **({API_KEY_ENV: key} if key else {}))
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    secrets = {API_KEY_ENV: args.api_key or os.environ.get(API_KEY_ENV) or ""}
+    ready: dict[str, str] = {}
     try:
-        engine = Child("engine", _ignis() + ["engine"] + child_argv(EngineConfig, args, _SKIP[EngineConfig]), env)
-        children.append(engine)
-        endpoint = engine.wait_ready(serve_cfg.start_timeout)
-        if stop.is_set():
-            return _finish(children, serve_cfg, 0)
-        gw_argv = child_argv(GatewayConfig, args, _SKIP[GatewayConfig]) + ["--engine-endpoint", endpoint]
-        gateway = Child("gateway", _ignis() + ["gateway"] + gw_argv, gw_env)
-        children.append(gateway)
-        url = gateway.wait_ready(serve_cfg.start_timeout)
-        wait_health(url, gateway, serve_cfg.start_timeout)
+        for spec in CHILDREN:
+            if stop.is_set():
+                return _finish(children, serve_cfg, 0)
+            argv = _ignis() + [spec.name] + child_argv(spec.config, args, spec.skip) + spec.handoff(ready)
+            child_env = dict(env, **{k: secrets[k] for k in spec.secret_env if secrets.get(k)})
+            child = Child(spec.name, argv, child_env)
+            children.append(child)
+            ready[spec.name] = child.wait_ready(serve_cfg.start_timeout)
+            if spec.health_check:
+                wait_health(ready[spec.name], child, serve_cfg.start_timeout)
+        url = ready["gateway"]
     except ChildFailed as exc:
         if stop.is_set():
             return _finish(children, serve_cfg, 0)
