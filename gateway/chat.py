@@ -9,10 +9,12 @@ then a chunk with finish_reason). vLLM's ``return_token_ids`` adds
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
 
+from gateway.chat_template import TemplateRenderError
 from gateway.choice import ChoiceDelta, ChoiceState
 from gateway.errors import invalid
 from gateway.fields import Fields
@@ -21,7 +23,6 @@ from gateway.messages import apply_developer_policy, parse_messages, parse_tool_
 from gateway.output_parser import OutputParser
 from gateway.params import parse_common, sampling_for
 from gateway.prompt import build_chat_prompt
-from gateway.chat_template import TemplateRenderError
 from gateway.responses import chat_logprobs, json_response, new_id, stream_sse
 from gateway.state import STATE, GatewayState
 from shared.wire import Generate
@@ -53,7 +54,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     choice = parse_tool_choice(f, tools)
     render_tools = None if choice.mode == "none" else tools
     try:
-        prompt = build_chat_prompt(gw.template, gw.tokenizer, messages, render_tools, _template_kwargs(f))
+        # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
+        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools,
+                                         _template_kwargs(f))
     except TemplateRenderError as e:
         raise invalid(str(e), "messages") from None
     if not prompt.ids:

@@ -9,6 +9,7 @@ the legacy logprobs format.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
@@ -23,9 +24,11 @@ from shared.wire import Generate
 
 ENDPOINT = "completions"
 DEFAULT_MAX_TOKENS = 16
+LONG_TEXT = 20_000
+"""Prompts longer than this (characters) are tokenized on a worker thread."""
 
 
-def _prompt(gw: GatewayState, f: Fields) -> tuple[list[int], str | None]:
+async def _prompt(gw: GatewayState, f: Fields) -> tuple[list[int], str | None]:
     """The prompt's token ids, and its text when it came as text."""
     value = f.raw("prompt")
     if value is None:
@@ -33,7 +36,10 @@ def _prompt(gw: GatewayState, f: Fields) -> tuple[list[int], str | None]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
     if isinstance(value, str):
-        ids = gw.tokenizer.encode(value, add_special_tokens=True)
+        if len(value) > LONG_TEXT:  # off the event loop, so streams keep flowing
+            ids = await asyncio.to_thread(gw.tokenizer.encode, value, True)
+        else:
+            ids = gw.tokenizer.encode(value, add_special_tokens=True)
         text = value
     elif isinstance(value, list) and all(type(t) is int for t in value):
         ids, text = value, None
@@ -60,7 +66,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     echo = f.bool("echo")
     if echo and p.logprobs:
         raise f.error("echo", "cannot be combined with logprobs (prompt logprobs are not computed)")
-    ids, text = _prompt(gw, f)
+    ids, text = await _prompt(gw, f)
     max_tokens = await gw.max_tokens(len(ids), p.max_tokens, DEFAULT_MAX_TOKENS)
     echo_text = (text if text is not None else gw.tokenizer.decode(ids, skip_special_tokens=False)) if echo else ""
     rid = new_id("cmpl")
