@@ -37,6 +37,9 @@ chunk that ends on a capture mark (end of system + tools rounded down to
 pages: "retained_prefix"; the generation opener: "prompt_checkpoint") is captured after the
 forward (``plan.captures``). Retained pages never delay an admission or force
 a preemption: the store releases entries, lowest-ranked first, before either.
+Subagent bursts: while a running request prefills towards a retained-prefix
+point, a waiting request with the same prefix waits (until that request has
+passed the point) and then resumes from the captured prefix.
 
 Abort. A waiting request leaves at once (``abort`` returns its FinishEvent). A
 running one is marked; a round in flight may still compute it (its token is
@@ -270,6 +273,8 @@ class Scheduler:
             req = queue[0]
             tokens = req.token_slice(0, req.num_tokens)
             hit = self.store.lookup(tokens)
+            if self._sibling_capturing(req, tokens, hit.num_tokens if hit else 0):
+                return  # a request ahead is about to retain this prefix: resume from it next round
             shared = hit.num_tokens // self.config.page_tokens if hit else 0
             needed = self.pool.pages_for(req.num_tokens + 1) - shared
             if needed > self.pool.num_free:
@@ -304,6 +309,26 @@ class Scheduler:
             if order is not None:
                 plan.captures.append(order)
         return chunk.num_tokens
+
+    def _prefix_point(self, req: Request) -> int | None:
+        if not self.store.enabled or req.system_end is None:
+            return None
+        p = req.system_end // self.config.page_tokens * self.config.page_tokens
+        return p if 0 < p < len(req.prompt_ids) and p in req.must_cut_at else None
+
+    def _sibling_capturing(self, req: Request, tokens: tuple[int, ...], matched: int) -> bool:
+        """A burst of subagents shares one system block: while a running request is
+        prefilling towards the same retained-prefix point, the next one waits for it
+        (at most until that request passes the point) instead of reading the block again."""
+        p = self._prefix_point(req)
+        if p is None or matched >= p:
+            return False
+        prefix = tokens[:p]
+        for other in self._lanes.values():
+            if (other.state is RequestState.PREFILLING and other.num_computed_tokens < p
+                    and self._prefix_point(other) == p and other.token_slice(0, p) == prefix):
+                return True
+        return False
 
     def _capture_kind(self, req: Request, end: int) -> str | None:
         if not self.store.enabled or end >= len(req.prompt_ids) or end not in req.must_cut_at:

@@ -174,3 +174,19 @@ def test_reuse_off_captures_nothing(model):
     assert len(eng.sched.store) == 0
     assert eng.finished["b"].cached_tokens == 0
     eng.check_drained()
+
+
+def test_simultaneous_burst_reads_the_shared_block_once(model):
+    block = prompt(300, 40)
+    eng = Engine(model, pages=128, lanes=8, host_slots=16)
+    for i in range(8):
+        p = block + prompt(40, 50 + i)
+        eng.submit(f"sub{i}", p, system_end=300, opener_start=len(p) - 3, cls="agent")
+    eng.run()
+    cached = sorted(eng.finished[f"sub{i}"].cached_tokens for i in range(8))
+    assert cached == [0] + [256] * 7
+    cold = Engine(model, reuse=False)
+    cold.submit("sub3", block + prompt(40, 53))
+    cold.run()
+    assert eng.tokens["sub3"] == cold.tokens["sub3"]
+    eng.check_drained()
