@@ -1,0 +1,142 @@
+"""Prompt reuse through HTTP with the official openai client on `ignis serve` (demo model)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import random
+
+import pytest
+
+from tests.gateway.conftest import API_KEY, start_serve, stop_serve
+
+WORDS = ("alpha beta gamma delta search file read write patch build test deploy query index vector "
+         "shard lane page slot token model prompt cache tier disk arena window").split()
+
+
+def text(n_words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def tool(name: str, seed: int) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": text(60, seed),
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": text(20, seed + 1)},
+            "limit": {"type": "integer", "description": text(10, seed + 2)}}, "required": ["path"]}}}
+
+
+TOOLS = [tool(f"tool_{i}", 100 + i) for i in range(6)]
+SYSTEM = "You are a careful coding agent. " + text(250, 7)
+
+
+def make_server(tmp_path_factory, *extra):
+    from openai import OpenAI
+
+    tmp = tmp_path_factory.mktemp("reuse-serve")
+    s = start_serve(tmp, ["--kv-pool-tokens", "65536", "--decode-lanes", "8", "--reuse-host-slots-per-lane", "4",
+                          "--api-key", API_KEY, *extra])
+    return s, OpenAI(base_url=s.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reuse_server(tmp_path_factory):
+    s, client = make_server(tmp_path_factory)
+    yield s, client
+    client.close()
+    assert stop_serve(s) == 0, s.log()
+
+
+def chat(client, model, messages, tools=None, max_tokens=4):
+    kwargs = {"tools": tools} if tools else {}
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
+                                       **kwargs)
+    return r, r.usage.prompt_tokens_details.cached_tokens
+
+
+def opener_tokens(demo_tokenizer) -> int:
+    return len(demo_tokenizer.encode("<|im_start|>assistant\n"))
+
+
+def test_six_turn_conversation_with_tool_calls_hits_every_turn(reuse_server, demo_tokenizer):
+    server, client = reuse_server
+    opener = opener_tokens(demo_tokenizer)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix the failing test. " + text(30, 1)}]
+    prev_prompt = None
+    for turn in range(6):
+        r, cached = chat(client, server.model, messages, tools=TOOLS)
+        if prev_prompt is None:
+            assert cached == 0
+        else:
+            assert cached >= prev_prompt - opener, (turn, cached, prev_prompt)
+        prev_prompt = r.usage.prompt_tokens
+        call_id = f"call_{turn}"
+        messages.append({"role": "assistant", "content": "", "tool_calls": [{
+            "id": call_id, "type": "function",
+            "function": {"name": f"tool_{turn % 6}", "arguments": json.dumps({"path": f"src/f{turn}.py"})}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": text(40, 200 + turn)})
+        if turn == 3:
+            messages.append({"role": "user", "content": "Now also update the docs."})
+
+
+def test_burst_of_subagents_shares_the_system_and_tools_block(reuse_server, demo_files):
+    server, client = reuse_server
+    system = "You are subagent of a build team. " + text(300, 11)
+    tasks = [f"Task {i}: " + text(25, 300 + i) for i in range(8)]
+
+    def one(task):
+        return chat(client, server.model, [{"role": "system", "content": system}, {"role": "user", "content": task}],
+                    tools=TOOLS)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, tasks))
+    # the block is the system + tools turn, rendered alone
+    from gateway.chat_template import ChatTemplate
+
+    sys_only = ChatTemplate(demo_files.chat_template).render([{"role": "system", "content": system}], tools=TOOLS,
+                                                             add_generation_prompt=False)
+    block_tokens = len(demo_files.tokenizer.encode(sys_only))
+    assert block_tokens > 1000
+    floor = block_tokens // 64 * 64
+    hits = sum(1 for _, cached in results if cached >= floor)
+    assert hits >= 7, [c for _, c in results]
+
+
+def test_volatile_system_prompt_misses_and_stable_one_hits(reuse_server):
+    server, client = reuse_server
+    user = {"role": "user", "content": "Summarise the plan. " + text(20, 9)}
+    for stamp in ("2026-12-02T10:00:01", "2026-12-02T10:00:02"):
+        _, cached = chat(client, server.model, [{"role": "system", "content": f"Now is {stamp}. " + SYSTEM}, user])
+        assert cached == 0
+    stable = [{"role": "system", "content": SYSTEM + " Stable."}, user]
+    _, first = chat(client, server.model, stable)
+    _, second = chat(client, server.model, stable)
+    assert first == 0 and second > 0
+
+
+def test_regenerate_and_two_forks_all_hit(reuse_server):
+    server, client = reuse_server
+    history = [{"role": "system", "content": "Forks. " + SYSTEM}, {"role": "user", "content": text(30, 21)}]
+    r, cached = chat(client, server.model, history)
+    assert cached == 0
+    prompt_tokens = r.usage.prompt_tokens
+    _, regen = chat(client, server.model, history)
+    assert regen >= prompt_tokens - 4
+    base = history + [{"role": "assistant", "content": "Here is a first answer."}]
+    _, fork_a = chat(client, server.model, base + [{"role": "user", "content": "Option A please."}])
+    _, fork_b = chat(client, server.model, base + [{"role": "user", "content": "Option B please."}])
+    assert fork_a >= prompt_tokens - 4 and fork_b >= prompt_tokens - 4
+
+
+def test_reuse_off_reports_zero_everywhere(tmp_path_factory):
+    server, client = make_server(tmp_path_factory, "--reuse-prompt", "off")
+    try:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text(20, 31)}]
+        for _ in range(3):
+            r, cached = chat(client, server.model, messages, tools=TOOLS)
+            assert cached == 0
+            assert r.usage.prompt_tokens_details is not None
+    finally:
+        client.close()
+        assert stop_serve(server) == 0
