@@ -80,6 +80,7 @@ class Request:
     cached_tokens: int = field(default=0, init=False)  # prompt tokens resumed from a retained entry
     reuse_kind: str = field(default="none", init=False)
     reuse_slot: str = field(default="none", init=False)
+    reuse_tier: str = field(default="none", init=False)
 
     def __post_init__(self):
         check_str("req_id", self.req_id, 256, allow_empty=False)

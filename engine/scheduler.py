@@ -291,7 +291,7 @@ class Scheduler:
                 req.num_computed_tokens = hit.num_tokens
                 if req.num_preemptions == 0:
                     req.cached_tokens = hit.num_tokens
-                    req.reuse_kind, req.reuse_slot = hit.kind, hit.slot_tier
+                    req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
             req.page_table.ensure_capacity(req.num_tokens + 1)
             req.state = RequestState.PREFILLING
             plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
@@ -375,7 +375,7 @@ class Scheduler:
         del self._requests[req.req_id]
         return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
-                           reuse_tier="device" if req.cached_tokens else "none", reuse_slot=req.reuse_slot)
+                           reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot)
 
     def _release(self, req: Request) -> None:
         req.page_table.release()

@@ -30,6 +30,7 @@ from engine.page_pool import PagePool, PoolExhausted
 from engine.reuse.entries import KINDS, Entry, SlotPool
 from engine.reuse.hashing import page_chain
 from engine.sequence_pages import SequencePages
+from engine.tiers.lower_index import WIRE_TIER, LowerIndex, LowerRecord, content_key
 
 CLASS_KEEP = {"agent": 0, "interactive": 1}
 
@@ -52,6 +53,7 @@ class ResumePoint:
     pages: tuple[int, ...]
     kind: str
     slot_tier: str
+    tier: str = "device"  # where the entry was found: "device", "kv_ram" or "kv_disk"
 
 
 class RetainedStore:
@@ -65,6 +67,12 @@ class RetainedStore:
         self._by_hash: dict[bytes, list[Entry]] = {}
         self._next_id = 0
         self._clock = 0
+        # lower tiers (tierd): set by the engine when one is connected
+        self.lower: LowerIndex | None = None
+        self.demote_hook = None  # (Entry) -> "ram" | "disk" | None, returns once the copy is complete
+        self.fetch_hook = None  # (LowerRecord, pages, slot) -> bool, returns once the copy is complete
+        self.demotions = 0
+        self.restores = 0
         self.captures = 0
         self.captures_skipped = 0
         self.hits = 0
@@ -105,16 +113,49 @@ class RetainedStore:
 
     def lookup(self, tokens: tuple[int, ...]) -> ResumePoint | None:
         """Where a request with ``tokens`` can resume: the longest retained prefix
-        that leaves at least one token to prefill. Pins the entry for this round."""
+        that leaves at least one token to prefill, on the device or (past its
+        restore floor) in a lower tier. Pins the entry for this round."""
         if not self.enabled or len(tokens) < 2:
             return None
         e = self._find(tokens, len(tokens) - 1)
+        tier = "device"
+        if self.lower is not None and self.fetch_hook is not None:
+            r = self.lower.best(tokens, len(tokens) - 1)
+            if r is not None and self.lower.worth_restoring(r, e.num_tokens if e else 0):
+                promoted = self._promote(r, keep=e)
+                if promoted is not None:
+                    e, tier = promoted, WIRE_TIER[r.tier]
         if e is None:
             return None
         e.last_used = self._tick()
         e.pinned = True
         self.hits += 1
-        return ResumePoint(e.entry_id, e.num_tokens, e.slot, e.pages.pages, e.kind, self.slots.tier_of(e.slot))
+        return ResumePoint(e.entry_id, e.num_tokens, e.slot, e.pages.pages, e.kind, self.slots.tier_of(e.slot), tier)
+
+    def _promote(self, r: LowerRecord, keep: Entry | None) -> Entry | None:
+        """Copy a lower-tier entry back into fresh pages and a slot: it is a device entry again."""
+        if keep is not None:
+            keep.pinned = True  # the device match stays usable if the restore misses
+        slot = self._slot_for(r.request_class)
+        if slot is None:
+            return None
+        n = len(r.tokens)
+        owner = SequencePages(self.pool, f"restored-{self._next_id}")
+        if self.pool.pages_for(n) > self.pool.num_free:
+            self.reclaim_pages(self.pool.pages_for(n))
+        try:
+            owner.ensure_capacity(n)
+        except PoolExhausted:
+            owner.release()
+            self.slots.give_back(slot)
+            return None
+        if not self.fetch_hook(r, owner.pages, slot):
+            owner.release()
+            self.slots.give_back(slot)
+            self.lower.forget(r.key)
+            return None
+        self.restores += 1
+        return self._register(tuple(r.tokens), owner, slot, r.kind, r.request_class, r.after_user)
 
     # ----- captures ------------------------------------------------------------
 
@@ -144,16 +185,21 @@ class RetainedStore:
             self.slots.give_back(slot)
             self.captures_skipped += 1
             return None
-        full_hash = page_chain(tokens, self.pool.page_tokens)[-1]
-        e = Entry(self._next_id, tuple(tokens), full_hash, owner, slot, kind, request_class, after_user,
-                  self._tick(), pinned=True, stamp=self.stamp)
-        self._next_id += 1
-        self._entries[e.entry_id] = e
-        self._by_hash.setdefault(full_hash, []).append(e)
+        e = self._register(tuple(tokens), owner, slot, kind, request_class, after_user)
         self.captures += 1
         if kind == "prompt_checkpoint":
             self._link_conversation(e)
         return CaptureOrder(e.entry_id, lane, slot, tuple(copies))
+
+    def _register(self, tokens: tuple[int, ...], owner: SequencePages, slot: int, kind: str, request_class: str,
+                  after_user: bool) -> Entry:
+        full_hash = page_chain(tokens, self.pool.page_tokens)[-1]
+        e = Entry(self._next_id, tokens, full_hash, owner, slot, kind, request_class, after_user,
+                  self._tick(), pinned=True, stamp=self.stamp)
+        self._next_id += 1
+        self._entries[e.entry_id] = e
+        self._by_hash.setdefault(full_hash, []).append(e)
+        return e
 
     def _slot_for(self, request_class: str) -> int | None:
         slot = self.slots.take()
@@ -163,7 +209,7 @@ class RetainedStore:
         if victim is None or CLASS_KEEP[victim.request_class] > CLASS_KEEP[request_class]:
             return None
         slot = victim.slot
-        self._release(victim, keep_slot=True)
+        self._release(victim, keep_slot=True, demote=True)
         return slot
 
     def _link_conversation(self, e: Entry) -> None:
@@ -198,11 +244,19 @@ class RetainedStore:
             victim = self._lowest(exclude=None)
             if victim is None:
                 break
-            self._release(victim)
+            self._release(victim, demote=True)
             released += 1
         return released
 
-    def _release(self, e: Entry, keep_slot: bool = False) -> None:
+    def _release(self, e: Entry, keep_slot: bool = False, demote: bool = False) -> None:
+        """Free an entry's pages and slot. ``demote``: the device needs the room, so the
+        entry first moves down a tier if one is connected (lazy demotion: only now)."""
+        if demote and self.demote_hook is not None and self.lower is not None:
+            tier = self.demote_hook(e)
+            if tier is not None:
+                self.demotions += 1
+                self.lower.add(LowerRecord(content_key(e.tokens), e.tokens, e.kind, e.request_class,
+                                           e.after_user, tier))
         del self._entries[e.entry_id]
         bucket = self._by_hash[e.full_hash]
         bucket.remove(e)
@@ -221,8 +275,11 @@ class RetainedStore:
             e.pinned = False
 
     def release_all(self) -> None:
+        """Free every retained entry here and forget those below (a switch, an unload, a stop)."""
         for e in list(self._entries.values()):
             self._release(e)
+        if self.lower is not None:
+            self.lower.clear()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -235,4 +292,7 @@ class RetainedStore:
             "reuse_hits_total": self.hits,
             "reuse_released_total": self.released,
             "reuse_stamp_refusals_total": self.stamp_refusals,
+            "reuse_demotions_total": self.demotions,
+            "reuse_restores_total": self.restores,
+            "retained_lower_entries": len(self.lower) if self.lower is not None else 0,
         }

@@ -180,3 +180,91 @@ def test_zero_slots_disables_reuse():
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 128])
 def test_page_chain_length(n):
     assert len(hashing.page_chain(list(range(n)), 64)) == 1 + n // 64
+
+
+class FakeTier:
+    """Stands in for tierd: remembers what was demoted, restores it on request."""
+
+    def __init__(self, tier="ram", fail_fetch=False):
+        self.tier, self.fail_fetch = tier, fail_fetch
+        self.demoted, self.fetched = [], []
+
+    def demote(self, entry):
+        self.demoted.append((entry.tokens, entry.pages.pages, entry.slot))
+        return self.tier
+
+    def fetch(self, record, pages, slot):
+        self.fetched.append((record.tokens, tuple(pages), slot))
+        return not self.fail_fetch
+
+
+def with_lower(store, tier, floors=None):
+    from engine.tiers.lower_index import LowerIndex
+
+    store.lower = LowerIndex(floors or {"ram": 64, "disk": 256})
+    store.demote_hook, store.fetch_hook = tier.demote, tier.fetch
+
+
+def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
+    pool, store = make(pages=8, host=4)
+    tier = FakeTier()
+    with_lower(store, tier)
+    seq = live_seq(pool, 200)
+    store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
+    seq.release()
+    store.unpin_all()
+    assert tier.demoted == []  # nothing moves down while the device has room
+    assert store.reclaim_pages(8) == 1
+    assert len(tier.demoted) == 1 and tier.demoted[0][0] == toks(200)
+    assert len(store) == 0 and len(store.lower) == 1 and pool.num_free == 8
+    hit = store.lookup(toks(230))
+    assert (hit.num_tokens, hit.tier) == (200, "kv_ram")
+    assert tier.fetched[0][0] == toks(200) and len(tier.fetched[0][1]) == 4
+    assert len(store) == 1  # a device entry again
+    store.unpin_all()
+    store.release_all()
+    assert pool.num_free == 8 and len(store.lower) == 0
+    pool.integrity_check()
+
+
+def test_restore_floor_and_ties_go_to_the_tier_above():
+    pool, store = make(pages=32, host=4)
+    tier = FakeTier()
+    with_lower(store, tier, {"ram": 64, "disk": 256})
+    from engine.tiers.lower_index import LowerRecord
+
+    seq = live_seq(pool, 300)
+    store.capture(toks(150), seq, 0, "prompt_checkpoint", "interactive", True)
+    store.unpin_all()
+    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
+    hit = store.lookup(toks(260))
+    assert (hit.num_tokens, hit.tier) == (150, "device")  # 50 more tokens < the 64-token floor
+    assert tier.fetched == []
+    store.unpin_all()
+    store.lower.add(LowerRecord("b" * 32, toks(214), "prompt_checkpoint", "interactive", True, "ram"))
+    hit = store.lookup(toks(260))
+    assert (hit.num_tokens, hit.tier) == (214, "kv_ram")  # exactly the floor: taken
+    seq.release()
+    store.unpin_all()
+    store.release_all()
+    pool.integrity_check()
+
+
+def test_a_restore_that_misses_falls_back_to_the_device_match():
+    pool, store = make(pages=32, host=4)
+    tier = FakeTier(fail_fetch=True)
+    with_lower(store, tier, {"ram": 1, "disk": 1})
+    from engine.tiers.lower_index import LowerRecord
+
+    seq = live_seq(pool, 300)
+    store.capture(toks(100), seq, 0, "prompt_checkpoint", "interactive", True)
+    store.unpin_all()
+    store.lower.add(LowerRecord("c" * 32, toks(250), "prompt_checkpoint", "interactive", True, "disk"))
+    hit = store.lookup(toks(260))
+    assert (hit.num_tokens, hit.tier) == (100, "device")
+    assert len(store.lower) == 0  # the missing record is forgotten
+    seq.release()
+    store.unpin_all()
+    store.release_all()
+    assert pool.num_free == pool.num_pages and store.slots.num_free == 4
+    pool.integrity_check()

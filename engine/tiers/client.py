@@ -1,0 +1,141 @@
+"""The engine's tierd client: hello once, then demote / restore / drop, each awaited to completion.
+
+A copy is acknowledged by tierd only once it is complete, and the engine
+reuses no page or slot a copy still reads or writes: every call here waits
+for its reply (the copies are memory-to-memory; KV-disk writes happen later,
+on tierd's own threads). A tierd that is gone or slow is a cache miss, not
+an outage: a call that times out marks the client down for ``backoff_s``
+and returns a failure, and the engine carries on without the lower tiers.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+
+import zmq
+
+from shared.tier_layout import BlockDesc, UnitLayout
+from shared.tier_wire import (
+    TIER_PROTOCOL_VERSION,
+    Demote,
+    Demoted,
+    Drop,
+    Dropped,
+    Hello,
+    Missing,
+    Restore,
+    Restored,
+    TierRefused,
+    Welcome,
+)
+from shared.wire import ErrorReply
+from shared.zmq_queues import connect_dealer
+
+log = logging.getLogger("ignis.engine.tiers")
+
+REPLIES = (Welcome, Demoted, Restored, Missing, Dropped, TierRefused, ErrorReply)
+
+
+class TierClient:
+    def __init__(self, endpoint: str, stamp: str, family: str, block_bytes: int, blocks: list[BlockDesc],
+                 unit: UnitLayout, timeout_s: float = 10.0, backoff_s: float = 5.0):
+        self.endpoint = endpoint
+        self.stamp = stamp
+        self.family = family
+        self.block_bytes = block_bytes
+        self.blocks = tuple(blocks)
+        self.unit = unit
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self._req = 0
+        self._down_until = 0.0
+        self.welcome: Welcome | None = None
+        self.channel = connect_dealer(zmq.Context.instance(), endpoint, REPLIES, name="tierd").start()
+
+    # ----- plumbing ---------------------------------------------------------------
+
+    def _next(self) -> int:
+        self._req += 1
+        return self._req
+
+    def _call(self, msg, req: int):
+        if time.monotonic() < self._down_until:
+            return None
+        self.channel.send(msg)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("tierd did not answer %s in %.1fs: lower tiers off for %.0fs",
+                            type(msg).__name__, self.timeout_s, self.backoff_s)
+                self._down_until = time.monotonic() + self.backoff_s
+                self.welcome = None
+                return None
+            try:
+                reply = self.channel.get(timeout=left).message
+            except queue.Empty:
+                continue
+            if isinstance(reply, ErrorReply):
+                log.warning("tierd could not read a message: %s", reply.message)
+                return None
+            if getattr(reply, "req", None) == req:
+                return reply
+            # a late answer to a call that timed out earlier: nothing waits for it now
+
+    def connect(self) -> bool:
+        """Say hello (again, after tierd restarted): every entry it held for us is gone."""
+        req = self._next()
+        reply = self._call(Hello(req=req, protocol=TIER_PROTOCOL_VERSION, stamp=self.stamp, family=self.family,
+                                 block_bytes=self.block_bytes, blocks=self.blocks, unit=self.unit), req)
+        if isinstance(reply, Welcome):
+            self.welcome = reply
+            log.info("tierd connected: arena %d bytes (%d locked), KV-disk %d bytes", reply.arena_bytes,
+                     reply.locked_bytes, reply.disk_bytes)
+            return True
+        if isinstance(reply, TierRefused):
+            log.error("tierd refused hello: %s", reply.message)
+        return False
+
+    @property
+    def ready(self) -> bool:
+        if self.welcome is None and time.monotonic() >= self._down_until:
+            self.connect()
+        return self.welcome is not None
+
+    # ----- operations ---------------------------------------------------------------
+
+    def demote(self, key: str, source: list[tuple[str, int]], kind: str, request_class: str,
+               last_used: float) -> str | None:
+        """Copy an entry down; returns the tier it landed in ("ram"/"disk") or None."""
+        if not self.ready:
+            return None
+        req = self._next()
+        reply = self._call(Demote(req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto",
+                                  kind=kind, request_class=request_class, last_used=last_used), req)
+        if isinstance(reply, Demoted):
+            return reply.tier
+        if isinstance(reply, TierRefused):
+            log.info("tierd refused demote of %s: %s", key, reply.reason)
+        return None
+
+    def restore(self, key: str, dest: list[tuple[str, int]]) -> bool:
+        """Copy an entry back into ``dest``; False on a miss (the destination is then unused)."""
+        if not self.ready:
+            return False
+        req = self._next()
+        reply = self._call(Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)), req)
+        if isinstance(reply, Restored):
+            return True
+        if isinstance(reply, (Missing, TierRefused)):
+            log.info("restore of %s missed: %s", key, getattr(reply, "reason", ""))
+        return False
+
+    def drop(self, key: str) -> None:
+        if self.ready:
+            req = self._next()
+            self._call(Drop(req=req, key=key), req)
+
+    def close(self) -> None:
+        self.channel.close()
