@@ -17,6 +17,9 @@ deadline skips its remaining cases and says so in the table):
    ceilings (about 4.3 TB/s, 790 TFLOP/s dense bf16). The first case of each
    op is also checked against its twin. Small cases can sit in the 50 MB L2,
    so their GB/s can exceed what HBM gives.
+4. hq: the hq-e8-2b forms (quantize-on-write, decode and prefill attention
+   over compressed pages + a 64-token exact window) at the same shapes, with
+   their own share of the budget; GB/s counts the compressed bytes read.
 
 ``--dry-run`` (alias ``--quick``) runs the same code on the CPU under
 ``TRITON_INTERPRET=1`` with tiny shapes. ``--compile-only`` needs no GPU
@@ -59,7 +62,7 @@ import torch  # noqa: E402
 
 HBM_GBPS = 4300.0
 MMA_TFLOPS = 790.0
-BUDGET_S = {"tests": 230.0, "model": 70.0, "bench": 150.0}  # 450 s of the 480 s allowed
+BUDGET_S = {"tests": 230.0, "model": 60.0, "bench": 115.0, "hq": 45.0}  # 450 s of the 480 s allowed
 PAGE = 64
 
 
@@ -107,7 +110,7 @@ FULL = Shapes(
     model=_model_cfg(256, 4, 6, 1, 64, 2, 4, 64, 512, 512), model_tokens=(150, 90, 8),
 )
 DRY = Shapes(
-    hq=6, hkv=1, d=32, hk=2, hv=4, dk=16, dv=16, taps=4,
+    hq=6, hkv=2, d=32, hk=2, hv=4, dk=16, dv=16, taps=4,
     decode=((1, 64), (3, 200)), prefill=((16, 16), (64, 200)), gdn_tokens=(64, 130), batches=(1, 3),
     conv_tokens=(64, 130), write_tokens=(5, 64),
     model=_model_cfg(32, 2, 4, 2, 16, 2, 4, 16, 48, 96), model_tokens=(37, 33, 3),
@@ -476,6 +479,73 @@ def bench_linear(b: Bench, head: dict) -> None:
                nbytes=bsz * c * (4 + 4 * (kw - 1)), flops=2 * kw * c * bsz, check=check)
 
 
+HQ_WINDOW = 64
+
+
+def bench_hq(b: Bench, head: dict) -> None:
+    """hq-e8-2b: quantize-on-write, decode and prefill attention (window of HQ_WINDOW exact tokens)."""
+    from kernels.hq_e8 import codec
+    from kernels.hq_e8 import reference as ref
+    from kernels.hq_e8 import triton_decode, triton_prefill, triton_write
+
+    s, dev = b.s, b.dev
+    width = codec.row_width(s.hkv, s.d)
+    row_bytes = 2 * width  # one token, one layer, keys or values
+    pages = lambda bsz, ctx: bsz * ((ctx + PAGE - 1) // PAGE)  # noqa: E731
+    num_pages = max([pages(bsz, c) for bsz, c in s.decode] + [pages(1, c) for _, c in s.prefill])
+    lanes = max(bsz for bsz, _ in s.decode)
+    # every 16-bit word is a valid code: random codes, every scale 1.0 (bf16 0x3F80)
+    kp = torch.randint(-(1 << 15), 1 << 15, (num_pages, PAGE, width), dtype=torch.int16, device=dev)
+    kp[..., width - width // 9:] = 0x3F80
+    vp = kp.flip(0).contiguous()
+    kw, vw = b.randn(lanes, HQ_WINDOW, s.hkv, s.d), b.randn(lanes, HQ_WINDOW, s.hkv, s.d)
+    scale = s.d ** -0.5
+    for t in s.write_tokens:
+        key, value = b.randn(t, s.hkv, s.d), b.randn(t, s.hkv, s.d)
+        slots = torch.randperm(num_pages * PAGE, device=dev)[:t]
+
+        def check(key=key, value=value, slots=slots):
+            got = [torch.zeros_like(kp), torch.zeros_like(kp)]
+            want = [torch.zeros_like(kp), torch.zeros_like(kp)]
+            triton_write.write_kv(*got, key, value, slots)
+            ref.write_kv(*want, key, value, slots)
+            rows = lambda pools: torch.cat([codec.dequantize_kv(p.view(-1, width)[slots], s.hkv, s.d)  # noqa: E731
+                                            for p in pools])
+            return rows(got), rows(want)
+
+        b.case("hq_write_kv", f"T={t}", lambda: triton_write.write_kv(kp, vp, key, value, slots),
+               nbytes=2 * t * (s.hkv * s.d * 2 + row_bytes), flops=0, check=check, tol=1e-3)
+    for bsz, ctx in s.decode:
+        if pages(bsz, ctx) > num_pages:
+            continue
+        table = _tables(b, num_pages, bsz, ctx)
+        lens = torch.full((bsz,), ctx, dtype=torch.int32, device=dev)
+        ln = torch.arange(bsz, device=dev)
+        q = b.randn(bsz, s.hq, s.d)
+        r = b.case("hq_decode_attn", f"B={bsz} ctx={ctx}",
+                   lambda: triton_decode.decode_attention(q, kp, vp, kw, vw, table, lens, ln, scale),
+                   nbytes=2 * bsz * ctx * row_bytes + 4 * bsz * s.hq * s.d,
+                   flops=4 * bsz * s.hq * s.d * ctx,
+                   check=lambda: (triton_decode.decode_attention(q, kp, vp, kw, vw, table, lens, ln, scale),
+                                  ref.decode_attention(q, kp, vp, kw, vw, table, lens, ln, scale)))
+        if r is not None:
+            head[f"hq_decode_b{bsz}_gbps"] = f"{r[1]:.3g}"
+    for n, ctx in s.prefill:
+        table = _tables(b, num_pages, 1, ctx)
+        lens = torch.tensor([ctx], dtype=torch.int32, device=dev)
+        cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+        ln = torch.zeros(1, dtype=torch.int64, device=dev)
+        q, key, value = b.randn(n, s.hq, s.d), b.randn(n, s.hkv, s.d), b.randn(n, s.hkv, s.d)
+        args = (q, key, value, kp, vp, kw, vw, table, cu, lens, ln, scale)
+        r = b.case("hq_prefill_attn", f"chunk={n} ctx={ctx}", lambda: triton_prefill.prefill_attention(*args),
+                   nbytes=2 * ctx * row_bytes + 2 * n * (s.hq + s.hkv) * s.d * 2,
+                   flops=4 * s.hq * s.d * (n * (ctx - n) + n * (n + 1) / 2),
+                   check=lambda: (triton_prefill.prefill_attention(*args), ref.prefill_attention(*args)))
+        if r is not None:
+            head["hq_prefill_tflops"] = f"{r[2]:.3g}"
+    del kp, vp
+
+
 def run_bench(rep: Report, shapes: Shapes, device: str, deadline: float, head: dict) -> None:
     b = Bench(rep, shapes, device, deadline)
     for part in (bench_attention, bench_linear):
@@ -488,22 +558,34 @@ def run_bench(rep: Report, shapes: Shapes, device: str, deadline: float, head: d
             torch.cuda.empty_cache()
     if b.skipped:
         rep.say(f"bench: {b.skipped} cases skipped past the {BUDGET_S['bench']:.0f} s deadline")
+    hq = Bench(rep, shapes, device, time.monotonic() + BUDGET_S["hq"])
+    try:
+        bench_hq(hq, head)
+    except Exception as exc:
+        rep.fail(f"bench bench_hq: {type(exc).__name__}: {exc}")
+    if hq.skipped:
+        rep.say(f"hq: {hq.skipped} cases skipped past the {BUDGET_S['hq']:.0f} s deadline")
 
 
 # ----- compile-only pre-flight ----------------------------------------------
 SM90_SHARED = 232448  # bytes of shared memory one block may use on H100/H200
 TL_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-            torch.int32: "i32", torch.int64: "i64"}
+            torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
 
 
 def _kernels() -> list:
     from kernels.causal_conv import triton_conv
     from kernels.gated_delta_rule import triton_chunk, triton_recurrent
+    from kernels.hq_e8 import triton_decode as hq_decode
+    from kernels.hq_e8 import triton_prefill as hq_prefill
+    from kernels.hq_e8 import triton_write as hq_write
     from kernels.paged_attention import triton_decode, triton_prefill, triton_write
 
     return [triton_write._write_kv_kernel, triton_prefill._prefill_kernel, triton_decode._decode_split_kernel,
             triton_decode._decode_reduce_kernel, triton_chunk._chunk_wy_kernel, triton_chunk._chunk_fwd_kernel,
-            triton_recurrent._recurrent_kernel, triton_conv._conv_varlen_kernel, triton_conv._conv_update_kernel]
+            triton_recurrent._recurrent_kernel, triton_conv._conv_varlen_kernel, triton_conv._conv_update_kernel,
+            hq_write._quantize_kernel, hq_write._window_write_kernel, hq_decode._decode_split_kernel,
+            hq_prefill._prefill_kernel]
 
 
 def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
@@ -531,6 +613,24 @@ def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
     x, w, conv_pool = e(n, s.conv_dim), e(s.conv_dim, s.taps), e(bsz, s.conv_dim, s.taps - 1)
     triton_conv.causal_conv1d_varlen(x, w, conv_pool, slots[:1], cu)
     triton_conv.causal_conv1d_update(x[:bsz], w, conv_pool, slots)
+    _launch_hq(s, dtype, e, n, ctx, bsz, cu, table, lens)
+
+
+def _launch_hq(s: Shapes, dtype: torch.dtype, e, n: int, ctx: int, bsz: int, cu, table, lens) -> None:
+    from kernels.hq_e8 import codec
+    from kernels.hq_e8 import triton_decode as hq_decode
+    from kernels.hq_e8 import triton_prefill as hq_prefill
+    from kernels.hq_e8 import triton_write as hq_write
+
+    width = codec.row_width(s.hkv, s.d)
+    kp, vp = e(ctx // PAGE, PAGE, width, dt=torch.int16), e(ctx // PAGE, PAGE, width, dt=torch.int16)
+    kw, vw = e(bsz, 64, s.hkv, s.d), e(bsz, 64, s.hkv, s.d)
+    key, value, lanes = e(n, s.hkv, s.d), e(n, s.hkv, s.d), e(bsz, dt=torch.int64)
+    hq_write.write_kv(kp, vp, key, value, e(n, dt=torch.int64))
+    hq_write.window_write(kw, vw, key, value, cu, lens[:1], lanes[:1])
+    hq_prefill.prefill_attention(e(n, s.hq, s.d), key, value, kp, vp, kw, vw, table[:1], cu, lens[:1], lanes[:1],
+                                 0.1)
+    hq_decode.decode_attention(e(bsz, s.hq, s.d), kp, vp, kw, vw, table, lens, lanes, 0.1)
 
 
 def _signature(fn, args: tuple, kwargs: dict):
@@ -638,7 +738,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(args.out, Path(os.environ["OUT"]) / args.out.name)
     fields = [f"kernels_passed={passed}", f"kernels_failed={failed}", f"model_max_rel_err={model_err:.2e}"]
     fields += [f"{k}={head[k]}" for k in ("decode_attn_64k_gbps", "decode_attn_b64_gbps", "prefill_attn_tflops",
-                                          "gdn_chunk_ms", "gdn_recurrent_gbps", "conv_varlen_gbps") if k in head]
+                                          "gdn_chunk_ms", "gdn_recurrent_gbps", "conv_varlen_gbps",
+                                          "hq_decode_b1_gbps", "hq_decode_b64_gbps", "hq_prefill_tflops")
+               if k in head]
     fields += [f"failures={len(rep.failures)}", f"wall_s={wall:.0f}"]
     print("BENCH gpu_check " + " ".join(fields), flush=True)
     return 0 if not rep.failures and failed == 0 else 1

@@ -52,12 +52,14 @@ def build_server(config: EngineConfig):
         free, _total = torch.cuda.mem_get_info()
     device_slots = config.reuse_device_slots if config.reuse_prompt else 0
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
+    kv_format = _kv_format(config, device, cfg)
+    window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
     plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
                        free_device_bytes=free, fraction=config.kv_memory_fraction,
-                       device_slots=device_slots, host_slots=host_slots)
+                       device_slots=device_slots, host_slots=host_slots, kv_format=kv_format, exact_window=window)
     log.info(plan.describe())
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
-                                device=device)
+                                device=device, kv_format=kv_format, exact_window=window)
     state.allocate_slots(device_slots, host_slots)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
     sched = Scheduler(SchedulerConfig(
@@ -65,7 +67,7 @@ def build_server(config: EngineConfig):
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
         max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt,
-        stamp=f"{ckpt.structural_hash}:{config.kv_format}:drafter=0")
+        stamp=f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0")
     vocab_limit = _tokenizer_vocab(model_dir)
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()
@@ -78,6 +80,27 @@ def build_server(config: EngineConfig):
             "live_state_bytes": plan.live_state_bytes}
     server = EngineServer(config, runner, sched, name, endpoint, vocab_size=cfg.vocab_size, info=info)
     return server
+
+
+def _kv_format(config: EngineConfig, device: str, cfg) -> str:
+    """--kv-format resolved; an explicit hq-e8-2b on heads it cannot store raises ValueError."""
+    from kernels.hq_e8.codec import check_shape
+
+    try:
+        check_shape(cfg.num_kv_heads, cfg.head_dim)
+        fits = True
+    except ValueError as exc:
+        if config.kv_format == "hq-e8-2b":
+            raise
+        fits = False
+        if device == "cuda":
+            log.warning("kv format: %s; using bf16", exc)
+    return config.resolved_kv_format(device, hq_fits=fits)
+
+
+def kv_stamp(kv_format: str, exact_window: int) -> str:
+    """The KV part of a retained entry's stamp: the format, and for hq-e8-2b the window its images hold."""
+    return f"{kv_format}+w{exact_window}" if kv_format == "hq-e8-2b" else kv_format
 
 
 def _tokenizer_vocab(model_dir: str) -> int | None:

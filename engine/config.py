@@ -22,8 +22,12 @@ class EngineConfig:
         "bfloat16 on CUDA)"))
     device: str = field(default="auto", metadata=field_doc(
         "cpu, cuda, or auto (cuda when available)", choices=("auto", "cpu", "cuda")))
-    kv_format: str = field(default="bf16", metadata=field_doc(
-        "KV pool format; bf16 keeps keys and values exact in the model dtype", choices=("bf16",)))
+    kv_format: str = field(default="auto", metadata=field_doc(
+        "KV pool format: hq-e8-2b (keys and values E8-lattice coded, 2.25 bits per value, the last "
+        "--kv-exact-window tokens kept exact) or bf16 (exact, in the model dtype); auto: hq-e8-2b on CUDA "
+        "where the model's kv heads fit it, bf16 on CPU (docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
+    kv_exact_window: int = field(default=64, metadata=field_doc(
+        "hq-e8-2b: the last N tokens of each sequence whose keys and values stay exact (0: none)"))
     kv_pool_tokens: int | None = field(default=None, metadata=field_doc(
         "KV pool size in tokens (rounded up to whole 64-token pages); overrides --kv-memory-bytes"))
     kv_memory_bytes: int | None = field(default=None, metadata=field_doc(
@@ -77,9 +81,18 @@ class EngineConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
+        if type(self.kv_exact_window) is not int or self.kv_exact_window < 0:
+            raise ValueError(f"--kv-exact-window must be an integer >= 0, got {self.kv_exact_window!r}")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
+
+    def resolved_kv_format(self, device: str, hq_fits: bool = True) -> str:
+        """The pool format for a resolved device ("cpu" or "cuda"): --kv-format with auto decided
+        (hq-e8-2b on CUDA when the model's kv heads fit the format, else bf16)."""
+        if self.kv_format != "auto":
+            return self.kv_format
+        return "hq-e8-2b" if device == "cuda" and hq_fits else "bf16"

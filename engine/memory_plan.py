@@ -3,8 +3,10 @@
 Pure arithmetic over the model config (no torch), so it is unit-tested alone
 and printed before anything is allocated::
 
-    pool bytes  = pages * 64 * kv_bytes_per_token(dtype)
-    live bytes  = lanes * (recurrent state + conv history)
+    pool bytes  = pages * page bytes
+    page bytes  = 64 * L_full * 2 * Hkv * D * dtype bytes          (bf16: the model dtype)
+                = 64 * L_full * 2 * (Hkv*D/8 + Hkv*D/64) * 2       (hq-e8-2b: 2.25 bits per value)
+    live bytes  = lanes * (recurrent state + conv history [+ hq-e8-2b exact window])
 
 The pool comes from ``--kv-pool-tokens`` if given, else from a byte budget:
 ``--kv-memory-bytes``, or on CUDA a fraction of the free device memory left
@@ -30,6 +32,7 @@ class MemoryPlan:
     device_slots: int = 0
     host_slots: int = 0
     slot_bytes: int = 0  # one retained state image
+    kv_format: str = "bf16"
 
     @property
     def tokens(self) -> int:
@@ -41,28 +44,41 @@ class MemoryPlan:
 
     def describe(self) -> str:
         return (f"memory plan: KV pool {self.pages} pages x {PAGE_TOKENS} tokens = {self.tokens} tokens, "
-                f"{self.pool_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB, {self.kv_dtype}); "
+                f"{self.pool_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB, {self.kv_format}, {self.kv_dtype}); "
                 f"live state {self.live_state_bytes} bytes ({self.live_state_bytes / 2**20:.1f} MiB) "
                 f"for {self.lanes} lanes; retained slots {self.device_slots} on the device "
                 f"({self.device_slots * self.slot_bytes} bytes) + {self.host_slots} in host memory "
                 f"({self.host_slots * self.slot_bytes} bytes)")
 
 
-def kv_page_bytes(cfg: ModelConfig, dtype: str) -> int:
-    per_token = len(cfg.full_layers) * 2 * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+def kv_page_bytes(cfg: ModelConfig, dtype: str, kv_format: str = "bf16") -> int:
+    if kv_format == "bf16":
+        per_token = len(cfg.full_layers) * 2 * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+    elif kv_format == "hq-e8-2b":
+        per_token = cfg.kv_bytes_per_token(kv_format)
+    else:
+        raise ValueError(f"--kv-format: unknown format {kv_format!r} (bf16, hq-e8-2b)")
     return per_token * PAGE_TOKENS
 
 
-def lane_bytes(cfg: ModelConfig, dtype: str) -> int:
-    return cfg.recurrent_state_bytes() + cfg.conv_state_bytes(DTYPE_BYTES[dtype])
+def window_bytes(cfg: ModelConfig, dtype: str, exact_window: int) -> int:
+    """One lane's exact window (hq-e8-2b): W keys and values per full layer, in the model dtype."""
+    return len(cfg.full_layers) * 2 * exact_window * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+
+
+def lane_bytes(cfg: ModelConfig, dtype: str, kv_format: str = "bf16", exact_window: int = 0) -> int:
+    """One lane's live state, which is also the size of one retained image."""
+    extra = window_bytes(cfg, dtype, exact_window) if kv_format == "hq-e8-2b" else 0
+    return cfg.recurrent_state_bytes() + cfg.conv_state_bytes(DTYPE_BYTES[dtype]) + extra
 
 
 def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | None = None,
                 kv_memory_bytes: int | None = None, free_device_bytes: int | None = None,
-                fraction: float = 0.85, device_slots: int = 0, host_slots: int = 0) -> MemoryPlan:
+                fraction: float = 0.85, device_slots: int = 0, host_slots: int = 0,
+                kv_format: str = "bf16", exact_window: int = 0) -> MemoryPlan:
     """Pages and lanes for a model; ``free_device_bytes`` is CUDA's free memory after weights."""
-    page = kv_page_bytes(cfg, dtype)
-    image = lane_bytes(cfg, dtype)
+    page = kv_page_bytes(cfg, dtype, kv_format)
+    image = lane_bytes(cfg, dtype, kv_format, exact_window)
     live = lanes * image
     if free_device_bytes is not None:
         free_device_bytes -= device_slots * image
@@ -81,4 +97,4 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
     if page == 0:
         pages = max(pages, 1)
     return MemoryPlan(pages=pages, page_bytes=page, lanes=lanes, live_state_bytes=live, kv_dtype=dtype,
-                      device_slots=device_slots, host_slots=host_slots, slot_bytes=image)
+                      device_slots=device_slots, host_slots=host_slots, slot_bytes=image, kv_format=kv_format)

@@ -3,7 +3,10 @@
 ``select_ops("cpu")`` gives the torch twins (the reference backend CI runs);
 ``select_ops("cuda")`` gives the Triton kernels where a Triton form of the op
 exists. Every call site in the model goes through an ``Ops`` record, so no
-layer carries its own device conditionals. ``IGNIS_KERNELS=reference|triton``
+layer carries its own device conditionals. The record holds the ops of both
+KV formats: ``write_kv`` / ``*_attention`` for bf16 pages and ``hq_*`` for
+hq-e8-2b pages plus the exact window; the attention layer calls the set its
+pool's format names. ``IGNIS_KERNELS=reference|triton``
 overrides the choice (tests use it to run Triton forms under
 ``TRITON_INTERPRET=1`` on the CPU).
 """
@@ -17,6 +20,7 @@ from typing import Callable
 
 from kernels.causal_conv import reference as conv_ref
 from kernels.gated_delta_rule import reference as gdr_ref
+from kernels.hq_e8 import reference as hq_ref
 from kernels.paged_attention import reference as attn_ref
 
 
@@ -32,6 +36,10 @@ class Ops:
     recurrent_gated_delta_rule: Callable
     causal_conv1d_varlen: Callable
     causal_conv1d_update: Callable
+    hq_write_kv: Callable
+    hq_window_write: Callable
+    hq_prefill_attention: Callable
+    hq_decode_attention: Callable
 
 
 REFERENCE = Ops(
@@ -43,6 +51,10 @@ REFERENCE = Ops(
     recurrent_gated_delta_rule=gdr_ref.recurrent_gated_delta_rule,
     causal_conv1d_varlen=conv_ref.causal_conv1d_varlen,
     causal_conv1d_update=conv_ref.causal_conv1d_update,
+    hq_write_kv=hq_ref.write_kv,
+    hq_window_write=hq_ref.window_write,
+    hq_prefill_attention=hq_ref.prefill_attention,
+    hq_decode_attention=hq_ref.decode_attention,
 )
 
 # op name -> "module:function" of its Triton form
@@ -54,6 +66,10 @@ TRITON_FORMS = {
     "recurrent_gated_delta_rule": "kernels.gated_delta_rule.triton_recurrent:recurrent_gated_delta_rule",
     "causal_conv1d_varlen": "kernels.causal_conv.triton_conv:causal_conv1d_varlen",
     "causal_conv1d_update": "kernels.causal_conv.triton_conv:causal_conv1d_update",
+    "hq_write_kv": "kernels.hq_e8.triton_write:write_kv",
+    "hq_window_write": "kernels.hq_e8.triton_write:window_write",
+    "hq_prefill_attention": "kernels.hq_e8.triton_prefill:prefill_attention",
+    "hq_decode_attention": "kernels.hq_e8.triton_decode:decode_attention",
 }
 
 

@@ -5,6 +5,11 @@ q_proj yields, per head, the query and an output gate side by side
 partial rotary embedding; new keys and values are written to their pages
 before attending, so a chunk reads itself from the pool like any earlier
 token. The attention output is gated by ``sigmoid(gate)`` before o_proj.
+
+The pool's format picks the ops: a page tensor is bf16 (``ops.write_kv``,
+``ops.*_attention``); a ``CompressedLayer`` is hq-e8-2b (``ops.hq_*``), whose
+exact window is written by decode steps before they attend and by prefill
+chunks after (kernels/hq_e8/reference.py gives the order's reason).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from torch import nn
 from engine.forward_batch import ForwardBatch
 from engine.models.config import ModelConfig
 from engine.models.layers import PartialRotary, ZeroCenteredRMSNorm
+from engine.models.state import CompressedLayer
 
 
 class GatedAttention(nn.Module):
@@ -33,8 +39,8 @@ class GatedAttention(nn.Module):
         self.k_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, rotary: PartialRotary,
-                cos_sin: tuple[torch.Tensor, torch.Tensor], kv: torch.Tensor, ops) -> torch.Tensor:
-        """x: [T, hidden]; kv: this layer's pool slice [2, pages, 64, Hkv, D]."""
+                cos_sin: tuple[torch.Tensor, torch.Tensor], kv, ops) -> torch.Tensor:
+        """x: [T, hidden]; kv: this layer's pool slice, [2, pages, 64, Hkv, D] or a ``CompressedLayer``."""
         t = x.shape[0]
         qg = self.q_proj(x).view(t, self.num_heads, 2 * self.head_dim)
         q, gate = qg.split(self.head_dim, dim=-1)
@@ -45,6 +51,15 @@ class GatedAttention(nn.Module):
         cos, sin = cos_sin
         q = rotary.apply(q, cos, sin)
         k = rotary.apply(k, cos, sin)
+        if isinstance(kv, CompressedLayer):
+            out = self._attend_compressed(q, k, v, batch, kv, ops)
+        else:
+            out = self._attend(q, k, v, batch, kv, ops)
+        out = out.reshape(t, -1) * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def _attend(self, q, k, v, batch: ForwardBatch, kv: torch.Tensor, ops) -> torch.Tensor:
+        t = q.shape[0]
         k_cache, v_cache = kv[0], kv[1]
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
 
@@ -57,5 +72,25 @@ class GatedAttention(nn.Module):
             out[nd:] = ops.prefill_attention(
                 q[nd:], k_cache, v_cache, batch.page_table[nd:], batch.prefill_cu_seqlens(),
                 batch.seq_lens[nd:], self.scale)
-        out = out.reshape(t, -1) * torch.sigmoid(gate)
-        return self.o_proj(out)
+        return out
+
+    def _attend_compressed(self, q, k, v, batch: ForwardBatch, kv: CompressedLayer, ops) -> torch.Tensor:
+        t = q.shape[0]
+        k_pages, v_pages = kv.pages[0], kv.pages[1]
+        k_win, v_win = kv.window[:, 0], kv.window[:, 1]
+        ops.hq_write_kv(k_pages, v_pages, k, v, batch.slot_mapping)
+        out = torch.empty_like(q)
+        nd = batch.num_decodes
+        lanes = batch.slots
+        if nd:
+            ops.hq_window_write(k_win, v_win, k[:nd], v[:nd], batch.cu_seqlens[:nd + 1], batch.seq_lens[:nd],
+                                lanes[:nd])
+            out[:nd] = ops.hq_decode_attention(q[:nd], k_pages, v_pages, k_win, v_win, batch.page_table[:nd],
+                                               batch.seq_lens[:nd], lanes[:nd], self.scale)
+        if nd < t:
+            cu = batch.prefill_cu_seqlens()
+            out[nd:] = ops.hq_prefill_attention(q[nd:], k[nd:], v[nd:], k_pages, v_pages, k_win, v_win,
+                                                batch.page_table[nd:], cu, batch.seq_lens[nd:], lanes[nd:],
+                                                self.scale)
+            ops.hq_window_write(k_win, v_win, k[nd:], v[nd:], cu, batch.seq_lens[nd:], lanes[nd:])
+        return out

@@ -2,13 +2,24 @@
 
 ::
 
-    kv     : [L_full, 2, num_pages, 64, Hkv, D]   keys (0) and values (1) of every
-                                                full-attention layer, paged
+    kv     : bf16:     [L_full, 2, num_pages, 64, Hkv, D]  keys (0) and values (1) of
+                                                        every full-attention layer, paged,
+                                                        in the model dtype
+             hq-e8-2b: CompressedPool
+               pages  [L_full, 2, num_pages, 64, R] int16  compressed rows (kernels/hq_e8/codec.py)
+               window [L_full, lanes, 2, W, Hkv, D]        exact keys/values of each lane's
+                                                        last W positions, ring row = pos % W
     ssm    : [L_lin, lanes, Hv, Dk, Dv]  fp32     delta-rule state per lane
     conv   : [L_lin, lanes, C, K - 1]             causal-conv history per lane
-    slots  : retained state images, same per-lane layout, in two blocks:
-             device slots (on the device) and host slots (pinned / shared memory);
-             global slot id s < D is device slot s, else host slot s - D
+    slots  : retained state images, same per-lane layout (ssm, conv and, for
+             hq-e8-2b, the window), in two blocks: device slots (on the device)
+             and host slots (pinned / shared memory); global slot id s < D is
+             device slot s, else host slot s - D
+
+The KV format is a property of the pool, fixed at allocation. ``kv[i]`` is what
+full-attention layer i receives: a page tensor (bf16) or a ``CompressedLayer``.
+The window is lane state, not pages: pages (shared, moved between tiers) hold
+every position compressed; the image carries the window.
 
 One tensor each, allocated and touched once at load (first-touch page faults
 belong at start, not in the request path). A lane is the index of a running
@@ -23,22 +34,62 @@ import torch
 
 from engine.models.config import PAGE_TOKENS, ModelConfig
 
+KV_FORMATS = ("bf16", "hq-e8-2b")
+POISON_ROW = 0x7FC0
+"""int16 an hq pool is filled with when asked for NaN: as a scale it is a bf16 NaN, so reading
+an unwritten row poisons the result."""
+
+
+@dataclass(frozen=True)
+class CompressedLayer:
+    """One full-attention layer of an hq-e8-2b pool."""
+
+    pages: torch.Tensor  # [2, num_pages, 64, R] int16
+    window: torch.Tensor  # [lanes, 2, W, Hkv, D]
+
+
+@dataclass(frozen=True)
+class CompressedPool:
+    pages: torch.Tensor  # [L_full, 2, num_pages, 64, R] int16
+    window: torch.Tensor  # [L_full, lanes, 2, W, Hkv, D]
+
+    def __getitem__(self, layer: int) -> CompressedLayer:
+        return CompressedLayer(self.pages[layer], self.window[layer])
+
 
 @dataclass
 class ModelState:
-    kv: torch.Tensor
+    kv: torch.Tensor | CompressedPool
     ssm: torch.Tensor
     conv: torch.Tensor
     slot_ssm: tuple = ()  # (device block, host block) tensors [L_lin, n, Hv, Dk, Dv]
     slot_conv: tuple = ()
+    slot_window: tuple = ()  # hq-e8-2b: (device block, host block) [L_full, n, 2, W, Hkv, D]
     host_blocks: tuple = ()  # HostBlock objects kept alive for the engine's life
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, lanes: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", fill: float = 0.0) -> "ModelState":
+                 device: torch.device | str = "cpu", fill: float = 0.0, kv_format: str = "bf16",
+                 exact_window: int = 0) -> "ModelState":
+        """``fill`` seeds the pool (and window) so tests see reads of unwritten memory (NaN)."""
         dev = torch.device(device)
-        kv = torch.full((len(cfg.full_layers), 2, num_pages, PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim),
-                        fill, dtype=dtype, device=dev)
+        full = len(cfg.full_layers)
+        if kv_format == "bf16":
+            kv = torch.full((full, 2, num_pages, PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim),
+                            fill, dtype=dtype, device=dev)
+        elif kv_format == "hq-e8-2b":
+            from kernels.hq_e8.codec import row_width
+
+            if exact_window < 0:
+                raise ValueError(f"--kv-exact-window must be >= 0, got {exact_window}")
+            width = row_width(cfg.num_kv_heads, cfg.head_dim)
+            pages = torch.full((full, 2, num_pages, PAGE_TOKENS, width), POISON_ROW if fill != fill else 0,
+                               dtype=torch.int16, device=dev)
+            window = torch.full((full, lanes, 2, exact_window, cfg.num_kv_heads, cfg.head_dim), fill,
+                                dtype=dtype, device=dev)
+            kv = CompressedPool(pages, window)
+        else:
+            raise ValueError(f"--kv-format: unknown format {kv_format!r} ({', '.join(KV_FORMATS)})")
         ssm = torch.zeros((len(cfg.linear_layers), lanes, cfg.linear_num_value_heads,
                            cfg.linear_key_head_dim, cfg.linear_value_head_dim), dtype=torch.float32, device=dev)
         conv = torch.zeros((len(cfg.linear_layers), lanes, cfg.conv_dim, cfg.conv_kernel - 1),
@@ -63,27 +114,52 @@ class ModelState:
         self.slot_ssm = (d_ssm, h_ssm.tensor)
         self.slot_conv = (d_conv, h_conv.tensor)
         self.host_blocks = (h_ssm, h_conv)
+        win = self.window
+        if win is not None:
+            win_shape = (win.shape[0], 0, *win.shape[2:])
+            d_win = torch.zeros(shape(win_shape, device_slots), dtype=win.dtype, device=dev)
+            h_win = HostBlock(shape(win_shape, host_slots), win.dtype, dev.type, "slots-window")
+            self.slot_window = (d_win, h_win.tensor)
+            self.host_blocks += (h_win,)
 
-    def _slot(self, slot: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _slot(self, slot: int) -> tuple[int, int]:
+        """(block, index in block) of a global slot id."""
         d = self.slot_ssm[0].shape[1]
-        block = 0 if slot < d else 1
-        return self.slot_ssm[block], self.slot_conv[block], slot if block == 0 else slot - d
+        return (0, slot) if slot < d else (1, slot - d)
 
     def save_image(self, lane: int, slot: int) -> None:
-        """Copy a lane's recurrent + conv state into a retained slot."""
-        ssm, conv, i = self._slot(slot)
-        ssm[:, i].copy_(self.ssm[:, lane], non_blocking=True)
-        conv[:, i].copy_(self.conv[:, lane], non_blocking=True)
+        """Copy a lane's recurrent + conv state (and exact window) into a retained slot."""
+        block, i = self._slot(slot)
+        self.slot_ssm[block][:, i].copy_(self.ssm[:, lane], non_blocking=True)
+        self.slot_conv[block][:, i].copy_(self.conv[:, lane], non_blocking=True)
+        if self.slot_window:
+            self.slot_window[block][:, i].copy_(self.window[:, lane], non_blocking=True)
 
     def load_image(self, slot: int, lane: int) -> None:
         """Copy a retained slot's image into a lane (the slot is left as it was)."""
-        ssm, conv, i = self._slot(slot)
-        self.ssm[:, lane].copy_(ssm[:, i], non_blocking=True)
-        self.conv[:, lane].copy_(conv[:, i], non_blocking=True)
+        block, i = self._slot(slot)
+        self.ssm[:, lane].copy_(self.slot_ssm[block][:, i], non_blocking=True)
+        self.conv[:, lane].copy_(self.slot_conv[block][:, i], non_blocking=True)
+        if self.slot_window:
+            self.window[:, lane].copy_(self.slot_window[block][:, i], non_blocking=True)
+
+    @property
+    def kv_format(self) -> str:
+        return "hq-e8-2b" if isinstance(self.kv, CompressedPool) else "bf16"
+
+    @property
+    def pages(self) -> torch.Tensor:
+        """The page tensor of either format, [L_full, 2, num_pages, 64, ...]: what reuse and tiers move."""
+        return self.kv.pages if isinstance(self.kv, CompressedPool) else self.kv
+
+    @property
+    def window(self) -> torch.Tensor | None:
+        """hq-e8-2b: the exact-window rings [L_full, lanes, 2, W, Hkv, D]; bf16: None."""
+        return self.kv.window if isinstance(self.kv, CompressedPool) else None
 
     @property
     def num_pages(self) -> int:
-        return int(self.kv.shape[2])
+        return int(self.pages.shape[2])
 
     @property
     def lanes(self) -> int:
@@ -97,6 +173,9 @@ class ModelState:
     def copy_lane(self, src: int, dst: int) -> None:
         self.ssm[:, dst].copy_(self.ssm[:, src])
         self.conv[:, dst].copy_(self.conv[:, src])
+        if self.window is not None:
+            self.window[:, dst].copy_(self.window[:, src])
 
     def copy_page(self, src: int, dst: int) -> None:
-        self.kv[:, :, dst].copy_(self.kv[:, :, src])
+        pages = self.pages
+        pages[:, :, dst].copy_(pages[:, :, src])
