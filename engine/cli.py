@@ -58,8 +58,9 @@ def build_server(config: EngineConfig):
                        free_device_bytes=free, fraction=config.kv_memory_fraction,
                        device_slots=device_slots, host_slots=host_slots, kv_format=kv_format, exact_window=window)
     log.info(plan.describe())
+    tiers_on = config.tierd_endpoint != "off" and config.reuse_prompt
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
-                                device=device, kv_format=kv_format, exact_window=window)
+                                device=device, kv_format=kv_format, exact_window=window, shared=tiers_on)
     state.allocate_slots(device_slots, host_slots)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
     sched = Scheduler(SchedulerConfig(
@@ -68,6 +69,16 @@ def build_server(config: EngineConfig):
         max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt,
         stamp=f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0")
+    tier_client = None
+    if tiers_on:
+        from engine.tiers.wiring import attach_tiers
+
+        tier_endpoint = config.tierd_endpoint
+        if tier_endpoint == "auto":
+            tier_endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).tierd
+        params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
+        tier_client = attach_tiers(sched.store, state, tier_endpoint, sched.store.stamp, cfg.family,
+                                   config.restore_floors(cfg.family, params))
     vocab_limit = _tokenizer_vocab(model_dir)
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()
@@ -79,6 +90,7 @@ def build_server(config: EngineConfig):
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
             "live_state_bytes": plan.live_state_bytes}
     server = EngineServer(config, runner, sched, name, endpoint, vocab_size=cfg.vocab_size, info=info)
+    server.tier_client = tier_client
     return server
 
 

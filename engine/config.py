@@ -50,6 +50,14 @@ class EngineConfig:
         "retained state slots reserved on the device"))
     reuse_host_slots_per_lane: int = field(default=2, metadata=field_doc(
         "retained state slots per decode lane, reserved in one pinned host block"))
+    tierd_endpoint: str = field(default="off", metadata=field_doc(
+        "tierd to demote retained state to and restore it from: an endpoint, 'auto' (this instance's tierd "
+        "socket in the runtime dir), or off"))
+    restore_floor_kv_ram: int | None = field(default=None, metadata=field_doc(
+        "a KV-RAM match is restored only if it reuses at least this many more prompt tokens than the best "
+        "match above it (default: 1024, or 64 for models under 1B parameters)"))
+    restore_floor_kv_disk: int | None = field(default=None, metadata=field_doc(
+        "the same for KV-disk (default: 16384 for the Qwen3.5 dense family, 8192 for Qwen3-Next)"))
     runtime_dir: str | None = field(default=None, metadata=field_doc(
         "directory of the ipc sockets (default: $XDG_RUNTIME_DIR/ignis or /tmp/ignis-$UID)"))
     instance: str = field(default="default", metadata=field_doc(
@@ -76,6 +84,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        for name, flag in (("restore_floor_kv_ram", "--restore-floor-kv-ram"),
+                           ("restore_floor_kv_disk", "--restore-floor-kv-disk")):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
         for name, flag in (("reuse_device_slots", "--reuse-device-slots"),
                            ("reuse_host_slots_per_lane", "--reuse-host-slots-per-lane")):
             value = getattr(self, name)
@@ -89,6 +102,22 @@ class EngineConfig:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
+
+    def restore_floors(self, family: str, parameters: int) -> dict[str, int]:
+        """Restore floors in tokens, by tier: the flags, or defaults by family and size.
+
+        A restore from KV-RAM costs a host-to-device copy of the entry; below
+        about a thousand tokens of extra reuse that copy and the bookkeeping
+        are not worth it on the real models. A tiny model prefills so fast
+        that the same reasoning puts its floor at one page.
+        """
+        ram = self.restore_floor_kv_ram
+        if ram is None:
+            ram = 64 if parameters < 1_000_000_000 else 1024
+        disk = self.restore_floor_kv_disk
+        if disk is None:
+            disk = 8192 if family == "qwen3_next" else 16384
+        return {"ram": ram, "disk": disk}
 
     def resolved_kv_format(self, device: str, hq_fits: bool = True) -> str:
         """The pool format for a resolved device ("cpu" or "cuda"): --kv-format with auto decided

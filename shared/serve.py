@@ -1,11 +1,12 @@
 """``ignis serve``: one machine's processes as children, started in order, stopped together.
 
-    ignis serve ──spawn──> ignis engine   (ready: its "READY <endpoint>" line)
+    ignis serve ──spawn──> ignis tierd    (ready: its "READY <endpoint>" line)
+                └─spawn──> ignis engine   (ready: its "READY <endpoint>" line; told tierd's endpoint)
                 └─spawn──> ignis gateway  (ready: its "READY <url>" line, then GET /health == 200)
 
 The children are the ``CHILDREN`` table, started in its order; each gets the
-READY values of those before it (the gateway: the engine's endpoint). tierd
-joins as the first entry once the engine connects to one.
+READY values of those before it (the engine: tierd's endpoint; the gateway:
+the engine's endpoint).
 
 Flags are derived from the children's config dataclasses (``EngineConfig``,
 ``GatewayConfig``): every field becomes a ``serve`` flag once, and each child
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from gateway.config import GatewayConfig
+from tierd.config import TierdConfig
 from shared.flags import add_flags, field_doc, from_args
 from shared.model_names import served_name
 
@@ -76,9 +78,9 @@ class ChildSpec:
 
 
 CHILDREN = (
-    # A tierd child goes first once the engine connects to one: ChildSpec("tierd", TierdConfig), and the
-    # engine's handoff passes its endpoint on.
-    ChildSpec("engine", EngineConfig, skip=("endpoint",)),
+    ChildSpec("tierd", TierdConfig, skip=("endpoint", "metrics_port", "metrics_host")),
+    ChildSpec("engine", EngineConfig, skip=("endpoint", "tierd_endpoint"),
+              handoff=lambda ready: ["--tierd-endpoint", ready["tierd"]]),
     ChildSpec("gateway", GatewayConfig, skip=("engine_endpoint", "api_key"),
               handoff=lambda ready: ["--engine-endpoint", ready["engine"]], health_check=True,
               secret_env=(API_KEY_ENV,)),
@@ -92,7 +94,7 @@ def add_arguments(parser) -> None:
     for cfg in (ServeConfig, *CONFIGS):
         names = {f.name for f in dataclasses.fields(cfg)}
         add_flags(parser, cfg, skip=tuple(seen | set(_SKIP.get(cfg, ()))))
-        seen |= names
+        seen |= names - set(_SKIP.get(cfg, ()))
     parser.add_argument("--api-key", dest="api_key", default=None,
                         help=f"require 'Authorization: Bearer KEY' on the gateway's /v1 paths (or set {API_KEY_ENV})")
 

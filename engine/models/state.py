@@ -66,25 +66,37 @@ class ModelState:
     slot_conv: tuple = ()
     slot_window: tuple = ()  # hq-e8-2b: (device block, host block) [L_full, n, 2, W, Hkv, D]
     host_blocks: tuple = ()  # HostBlock objects kept alive for the engine's life
+    kv_block: object = None  # the HostBlock holding the page tensor when it is shared (CPU)
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, lanes: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", fill: float = 0.0, kv_format: str = "bf16",
-                 exact_window: int = 0) -> "ModelState":
-        """``fill`` seeds the pool (and window) so tests see reads of unwritten memory (NaN)."""
+                 exact_window: int = 0, shared: bool = False) -> "ModelState":
+        """``fill`` seeds the pool (and window) so tests see reads of unwritten memory (NaN).
+        ``shared``: on the CPU the page tensor lives in named shared memory (tierd maps it)."""
         dev = torch.device(device)
         full = len(cfg.full_layers)
+        kv_block = None
+
+        def page_tensor(shape, page_dtype, value):
+            nonlocal kv_block
+            if shared and dev.type == "cpu":
+                from engine.host_memory import HostBlock
+
+                kv_block = HostBlock(shape, page_dtype, "cpu", "kv")
+                return kv_block.tensor.fill_(value)
+            return torch.full(shape, value, dtype=page_dtype, device=dev)
+
         if kv_format == "bf16":
-            kv = torch.full((full, 2, num_pages, PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim),
-                            fill, dtype=dtype, device=dev)
+            kv = page_tensor((full, 2, num_pages, PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim), dtype, fill)
         elif kv_format == "hq-e8-2b":
             from kernels.hq_e8.codec import row_width
 
             if exact_window < 0:
                 raise ValueError(f"--kv-exact-window must be >= 0, got {exact_window}")
             width = row_width(cfg.num_kv_heads, cfg.head_dim)
-            pages = torch.full((full, 2, num_pages, PAGE_TOKENS, width), POISON_ROW if fill != fill else 0,
-                               dtype=torch.int16, device=dev)
+            pages = page_tensor((full, 2, num_pages, PAGE_TOKENS, width), torch.int16,
+                                POISON_ROW if fill != fill else 0)
             window = torch.full((full, lanes, 2, exact_window, cfg.num_kv_heads, cfg.head_dim), fill,
                                 dtype=dtype, device=dev)
             kv = CompressedPool(pages, window)
@@ -94,7 +106,7 @@ class ModelState:
                            cfg.linear_key_head_dim, cfg.linear_value_head_dim), dtype=torch.float32, device=dev)
         conv = torch.zeros((len(cfg.linear_layers), lanes, cfg.conv_dim, cfg.conv_kernel - 1),
                            dtype=dtype, device=dev)
-        return ModelState(kv=kv, ssm=ssm, conv=conv)
+        return ModelState(kv=kv, ssm=ssm, conv=conv, kv_block=kv_block)
 
     def allocate_slots(self, device_slots: int, host_slots: int) -> None:
         """Reserve the retained slots (called once at load)."""

@@ -62,7 +62,7 @@ def start_serve(tmp: Path, extra: list[str], env: dict | None = None) -> Server:
     runtime = Path(f"/tmp/ignis-gwt-{os.getpid()}-{tmp.name[-8:]}")
     out, err = tmp / "serve.out", tmp / "serve.err"
     argv = [sys.executable, "-m", "shared.cli", "serve", "--port", "0", "--runtime-dir", str(runtime),
-            "--instance", "gwtest", *extra]
+            "--instance", "gwtest", "--reuse-kv-host-pool-bytes", "64M", *extra]
     proc = subprocess.Popen(argv, stdout=out.open("w"), stderr=err.open("w"), stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     deadline = time.monotonic() + START_TIMEOUT

@@ -59,7 +59,7 @@ def test_bool_flags_are_spelled_on_off():
 
 def run_serve(tmp_path, *argv, timeout=120):
     return subprocess.run([sys.executable, "-m", "shared.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
-                           "--port", "0", *argv], capture_output=True, text=True, timeout=timeout,
+                           "--port", "0", "--reuse-kv-host-pool-bytes", "64M", *argv], capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
@@ -83,14 +83,15 @@ def children_of(pid: int) -> list[int]:
 def start(tmp_path):
     out = tmp_path / "serve.out"
     proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
-                             "--port", "0", "--kv-pool-tokens", "2048"], stdout=out.open("w"),
+                             "--port", "0", "--kv-pool-tokens", "2048", "--reuse-kv-host-pool-bytes", "64M"],
+                            stdout=out.open("w"),
                             stderr=(tmp_path / "serve.err").open("w"), env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 120
     while not re.search(r"^ignis serving ignis-demo on http://127\.0\.0\.1:\d+$", out.read_text(), re.M):
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.err").read_text()[-3000:]
         time.sleep(0.1)
     kids = children_of(proc.pid)
-    assert len(kids) == 2
+    assert len(kids) == 3  # tierd, engine, gateway
     return proc, kids
 
 
@@ -112,7 +113,7 @@ def test_sigterm_stops_every_child_and_a_dead_child_stops_serve(tmp_path):
     assert all(gone(k) for k in kids)
 
     (tmp_path / "b").mkdir()
-    proc, (engine, gateway) = start(tmp_path / "b")
+    proc, (_tierd, engine, gateway) = start(tmp_path / "b")
     os.kill(engine, signal.SIGKILL)
     assert proc.wait(60) == 1
     assert "the engine exited with code -9 while serving" in (tmp_path / "b" / "serve.err").read_text()

@@ -1,0 +1,89 @@
+"""Connect the retained store to tierd: export the engine's blocks, install the demote/fetch hooks.
+
+Blocks tierd maps (CPU: named POSIX shared memory)::
+
+    kv         the KV pool, one item per page   runs = 2 x full layers
+    slot_ssm   host retained slots, recurrent   runs = linear layers, one item per slot
+    slot_conv  host retained slots, conv        runs = linear layers
+    slot_window  (hq-e8-2b) host slots, exact window   runs = full layers
+
+A demoted entry is its pages (in order) plus one item of each slot block:
+the image of a host slot. Only entries whose image sits in a host slot move
+down; a device-slot image is not exported. Keys are content hashes of the
+entry's tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from engine.reuse.store import RetainedStore
+from engine.tiers.client import TierClient
+from engine.tiers.lower_index import LowerIndex, content_key
+from shared.tier_layout import BlockDesc, UnitLayout
+
+log = logging.getLogger("ignis.engine.tiers")
+
+
+def _desc(name: str, block, runs: int) -> BlockDesc:
+    shape = block.shape
+    items = shape[1] if runs == shape[0] else shape[2]
+    elem = block.tensor.element_size()
+    total = 1
+    for s in shape:
+        total *= s
+    item_bytes = total * elem // (runs * items)
+    return BlockDesc(name=name, kind="shm", handle=block.shm_name, runs=runs, items=items,
+                     item_bytes=item_bytes, run_stride_bytes=items * item_bytes)
+
+
+def exported_blocks(state) -> tuple[list[BlockDesc], UnitLayout] | None:
+    """Block descriptors of a ModelState whose pool and host slots live in shared memory."""
+    kv_block = getattr(state, "kv_block", None)
+    if kv_block is None or kv_block.shm_name is None or not state.host_blocks:
+        return None
+    if any(b.shm_name is None for b in state.host_blocks):
+        return None
+    full = kv_block.shape[0]
+    blocks = [_desc("kv", kv_block, runs=2 * full)]
+    names = []
+    for block, name in zip(state.host_blocks, ("slot_ssm", "slot_conv", "slot_window")):
+        blocks.append(_desc(name, block, runs=block.shape[0]))
+        names.append(name)
+    return blocks, UnitLayout(pages="kv", lane=tuple(names), image=None)
+
+
+def attach_tiers(store: RetainedStore, state, endpoint: str, stamp: str, family: str,
+                 floors: dict[str, int], timeout_s: float = 10.0) -> TierClient | None:
+    """Wire ``store`` to the tierd at ``endpoint``; None (lower tiers off) when memory cannot be shared."""
+    exported = exported_blocks(state)
+    if exported is None:
+        log.warning("lower tiers off: the KV pool and host slots are not in shared memory on this device")
+        return None
+    blocks, unit = exported
+    page_bytes = blocks[0].item_bytes * blocks[0].runs
+    client = TierClient(endpoint, stamp, family, max(4096, page_bytes), blocks, unit, timeout_s=timeout_s)
+    device_slots = store.slots.device_slots
+    lane_blocks = unit.lane
+
+    def refs(pages, slot):
+        return [("kv", int(p)) for p in pages] + [(name, slot - device_slots) for name in lane_blocks]
+
+    def demote(entry):
+        if store.slots.tier_of(entry.slot) != "host":
+            return None
+        return client.demote(content_key(entry.tokens), refs(entry.pages.pages, entry.slot),
+                             kind="retained", request_class=entry.request_class, last_used=time.time())
+
+    def fetch(record, pages, slot):
+        if store.slots.tier_of(slot) != "host":
+            return False
+        return client.restore(record.key, refs(pages, slot))
+
+    store.lower = LowerIndex(floors)
+    store.demote_hook = demote
+    store.fetch_hook = fetch
+    if not client.connect():
+        log.warning("tierd at %s is not answering yet; the engine will retry", endpoint)
+    return client

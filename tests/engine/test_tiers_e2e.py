@@ -1,0 +1,94 @@
+"""Retained state demoted to tierd and restored: real tierd and engine processes, small pool and arena."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.engine.engine_process import ROOT, EngineProcess
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 2000) for _ in range(n)]
+
+
+class Tierd:
+    def __init__(self, runtime_dir: Path, *flags: str):
+        self.log = open(runtime_dir / "tierd.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "tierd", "--runtime-dir", str(runtime_dir),
+                                      *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        deadline = time.monotonic() + 60
+        self.endpoint = None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"tierd exited: {(runtime_dir / 'tierd.log').read_text()[-3000:]}")
+            if line.startswith("READY "):
+                self.endpoint = line.split()[1]
+                break
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            return self.proc.wait(20)
+        finally:
+            self.log.close()
+
+
+def fill_pool(eng: EngineProcess, tag: str, n: int = 3):
+    """Unrelated long requests that need the pool's room, so retained entries must go."""
+    for i in range(n):
+        out = eng.run(f"{tag}-{i}", prompt(900, 1000 + i), max_tokens=2, ignore_eos=True)
+        assert out.finished is not None, out
+
+
+@pytest.mark.parametrize("tier", ["kv_ram", "kv_disk"])
+def test_retained_entries_demote_and_restore_bit_exact(tmp_path, tier):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    if tier == "kv_ram":
+        tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    else:  # an arena too small for an entry: everything goes on to KV-disk
+        tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "64M")
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
+                        "--reuse-host-slots-per-lane", "4", "--restore-floor-kv-ram", "64",
+                        "--restore-floor-kv-disk", "64")
+    try:
+        p = prompt(300, 1)
+        first = eng.run("a1", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
+        assert first.finished.usage.cached_tokens == 0
+        fill_pool(eng, "fill")
+        stats = eng.stats()
+        assert stats["reuse_demotions_total"] >= 1, (stats, eng.log_text())
+        again = eng.run("a2", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
+        assert again.finished.usage.cached_tokens == 297, eng.log_text()
+        assert again.finished.reuse.tier == tier
+        assert again.tokens == first.tokens
+        assert eng.stats()["reuse_restores_total"] >= 1
+    finally:
+        assert eng.stop() == 0
+        assert tierd.stop() == 0
+
+
+def test_engine_without_a_tierd_still_serves(tmp_path):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    eng = EngineProcess(rt, "--tierd-endpoint", f"ipc://{rt}/nobody.sock", "--kv-pool-tokens", "1024",
+                        "--decode-lanes", "2")
+    try:
+        p = prompt(300, 2)
+        eng.run("b1", p, max_tokens=3, opener_start=297)
+        fill_pool(eng, "fill2")
+        out = eng.run("b2", p, max_tokens=3, opener_start=297)
+        assert out.finished.finish_reason == "length"
+        assert out.finished.usage.cached_tokens == 0  # the entry was discarded: a miss, not an outage
+    finally:
+        assert eng.stop() == 0
