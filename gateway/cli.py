@@ -24,6 +24,7 @@ from gateway.app import build_app
 from gateway.config import GatewayConfig
 from gateway.state import STATE
 from gateway.tokenizer import ModelFilesError, load_model_files
+from shared import sdnotify
 from shared.flags import add_flags, from_args
 from shared.logs import setup_logging
 from shared.model_names import served_name
@@ -70,7 +71,11 @@ async def serve(app: web.Application, config: GatewayConfig) -> int:
     url = f"http://{config.host}:{port}"
     log.info("gateway serving on %s", url)
     print(f"READY {url}", flush=True)
+    sdnotify.ready(f"serving on {url}")
+    watchdog = sdnotify.Watchdog(alive=lambda: not loop.is_closed()).start()
     await stop.wait()
+    watchdog.stop()
+    sdnotify.stopping()
     log.info("gateway stopping")
     await runner.cleanup()
     return 0

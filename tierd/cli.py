@@ -87,7 +87,15 @@ def run(args) -> int:
         log.info("tierd serving on %s: arena %d bytes (%d locked), KV-disk %s", endpoint, arena.nbytes,
                  arena.locked_bytes, disk_text)
         print(f"READY {endpoint}", flush=True)
-        return server.serve_forever()
+        from shared import sdnotify
+
+        sdnotify.ready(f"arena {arena.nbytes} bytes ({arena.locked_bytes} locked), KV-disk {disk_text}")
+        watchdog = sdnotify.Watchdog().start()
+        try:
+            return server.serve_forever()
+        finally:
+            watchdog.stop()
+            sdnotify.stopping()
     finally:
         if disk_dir is not None:
             kvdisk.wipe_dir(disk_dir, remove=True)

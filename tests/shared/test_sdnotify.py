@@ -69,3 +69,33 @@ def test_engine_sends_ready_and_watchdog_pings(tmp_path):
     finally:
         assert eng.stop() == 0
         sock.close()
+
+
+@pytest.mark.parametrize("command,extra", [
+    ("tierd", ["--reuse-kv-host-pool-bytes", "4M"]),
+    ("gateway", ["--port", "0", "--engine-endpoint", "ipc:///tmp/ignis-nobody.sock"]),
+])
+def test_tierd_and_gateway_send_ready_and_watchdog_pings(tmp_path, command, extra):
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "n.sock")
+    sock = receiver(path)
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", command, "--runtime-dir", str(tmp_path / "rt"),
+                             *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (any(m.startswith("READY=1") for m in seen)
+                                                   and seen.count("WATCHDOG=1") >= 2):
+            try:
+                seen.append(sock.recv(4096).decode())
+            except TimeoutError:
+                break
+        assert any(m.startswith("READY=1") for m in seen), (seen, proc.poll())
+        assert seen.count("WATCHDOG=1") >= 2
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+        sock.close()
