@@ -50,8 +50,9 @@ def fill_pool(eng: EngineProcess, tag: str, n: int = 3):
         assert out.finished is not None, out
 
 
-@pytest.mark.parametrize("tier", ["kv_ram", "kv_disk"])
-def test_retained_entries_demote_and_restore_bit_exact(tmp_path, tier):
+@pytest.mark.parametrize("tier,kv_format", [("kv_ram", "bf16"), ("kv_disk", "bf16"), ("kv_ram", "hq-e8-2b"),
+                                            ("kv_disk", "hq-e8-2b")])
+def test_retained_entries_demote_and_restore_bit_exact(tmp_path, tier, kv_format):
     rt = tmp_path / "rt"
     rt.mkdir()
     if tier == "kv_ram":
@@ -60,7 +61,7 @@ def test_retained_entries_demote_and_restore_bit_exact(tmp_path, tier):
         tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "64M")
     eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
                         "--reuse-host-slots-per-lane", "4", "--restore-floor-kv-ram", "64",
-                        "--restore-floor-kv-disk", "64")
+                        "--restore-floor-kv-disk", "64", "--kv-format", kv_format)
     try:
         p = prompt(300, 1)
         first = eng.run("a1", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
