@@ -27,71 +27,22 @@ def resolve_device(choice: str) -> str:
 
 
 def build_server(config: EngineConfig):
-    """Everything the engine needs, loaded and allocated, ready to serve."""
-    import torch
-
-    from engine.memory_plan import plan_memory
-    from engine.models.build import TORCH_DTYPES, load_model
-    from engine.models.state import ModelState
-    from engine.runner import ModelRunner
-    from engine.scheduler import Scheduler, SchedulerConfig
+    """Load the default model and bind the engine's socket, ready to serve."""
+    from engine.runtime import load_runtime
     from engine.server import EngineServer
-    from shared.model_names import served_name
+    from shared.model_names import model_specs
     from shared.runtime import endpoints, ensure_runtime_dir
 
-    device = resolve_device(config.device)
-    model_dir = config.model
-    if model_dir is None:
-        from engine.demo import ensure_demo_model
-        model_dir = str(ensure_demo_model())
-    torch.manual_seed(config.seed)
-    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device)
-    cfg = ckpt.config
-    free = None
-    if device == "cuda":
-        free, _total = torch.cuda.mem_get_info()
-    device_slots = config.reuse_device_slots if config.reuse_prompt else 0
-    host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
-    kv_format = _kv_format(config, device, cfg)
-    window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
-    plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
-                       free_device_bytes=free, fraction=config.kv_memory_fraction,
-                       device_slots=device_slots, host_slots=host_slots, kv_format=kv_format, exact_window=window)
-    log.info(plan.describe())
-    tiers_on = config.tierd_endpoint != "off" and config.reuse_prompt
-    state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
-                                device=device, kv_format=kv_format, exact_window=window, shared=tiers_on)
-    state.allocate_slots(device_slots, host_slots)
-    max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
-    sched = Scheduler(SchedulerConfig(
-        decode_lanes=config.decode_lanes, num_pages=plan.pages,
-        max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
-        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
-        device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt,
-        stamp=f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0")
-    tier_client = None
-    if tiers_on:
-        from engine.tiers.wiring import attach_tiers
-
-        tier_endpoint = config.tierd_endpoint
-        if tier_endpoint == "auto":
-            tier_endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).tierd
-        params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
-        tier_client = attach_tiers(sched.store, state, tier_endpoint, sched.store.stamp, cfg.family,
-                                   config.restore_floors(cfg.family, params))
-    vocab_limit = _tokenizer_vocab(model_dir)
-    runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
-    runner.warm_up()
+    specs = model_specs(config.model, config.served_model_name)
+    dirs = dict(specs)
+    default = specs[0][0]
+    runtime = load_runtime(config, default, dirs[default])
     if config.endpoint:
         endpoint = config.endpoint
     else:
         endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
-    name = served_name(config.model, config.served_model_name)
-    info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
-            "live_state_bytes": plan.live_state_bytes}
-    server = EngineServer(config, runner, sched, name, endpoint, vocab_size=cfg.vocab_size, info=info)
-    server.tier_client = tier_client
-    return server
+    return EngineServer(config, runtime, endpoint, model_dirs=dirs,
+                        loader=lambda name: load_runtime(config, name, dirs[name]))
 
 
 def _kv_format(config: EngineConfig, device: str, cfg) -> str:

@@ -13,8 +13,11 @@ def _opt_bytes(text):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = field(default=None, metadata=field_doc(
-        "checkpoint directory (default: the built-in demo model)"))
+    model: tuple[str, ...] = field(default=(), metadata=field_doc(
+        "checkpoint directory, or NAME=DIR; repeat to configure several models (the first is the default; a "
+        "request naming another drains, unloads and loads it). Default: the built-in demo model", repeat=True))
+    idle_unload_s: float | None = field(default=None, metadata=field_doc(
+        "unload the model after this many idle seconds (the next request loads it again); default: never"))
     served_model_name: str | None = field(default=None, metadata=field_doc(
         "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
     dtype: str | None = field(default=None, metadata=field_doc(
@@ -98,6 +101,12 @@ class EngineConfig:
             raise ValueError(f"--kv-exact-window must be an integer >= 0, got {self.kv_exact_window!r}")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.idle_unload_s is not None and not self.idle_unload_s > 0:
+            raise ValueError(f"--idle-unload-s must be > 0, got {self.idle_unload_s}")
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", (self.model,))
+        if self.model is None:
+            object.__setattr__(self, "model", ())
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:

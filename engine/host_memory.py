@@ -43,6 +43,7 @@ class HostBlock:
         nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
         self.nbytes = nbytes
         self.shm_name: str | None = None
+        self._shm = None
         if numel == 0:
             self.tensor = torch.zeros(shape, dtype=dtype)
             return
@@ -52,7 +53,25 @@ class HostBlock:
         name = f"ignis-{os.getpid()}-{next(_SERIAL)}-{tag}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
         _BLOCKS.append(shm)
+        self._shm = shm
         self.shm_name = shm.name
         flat = torch.frombuffer(shm.buf, dtype=torch.uint8, count=nbytes)
         flat.zero_()  # touch every page now
         self.tensor = flat.view(dtype)[:numel].view(shape)
+
+    def release(self) -> None:
+        """Drop the tensor and unlink the shared memory now (the engine is unloading)."""
+        self.tensor = None
+        shm, self._shm = self._shm, None
+        if shm is None:
+            return
+        if shm in _BLOCKS:
+            _BLOCKS.remove(shm)
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            pass
+        try:
+            shm.close()
+        except BufferError:
+            pass  # views still alive: the mapping goes when they do; the name is gone already

@@ -19,6 +19,7 @@ import queue
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import orjson
@@ -64,17 +65,23 @@ class Tracked:
 
 
 class EngineServer:
-    def __init__(self, config: EngineConfig, runner: ModelRunner, scheduler: Scheduler, model_name: str,
-                 endpoint: str, vocab_size: int, info: dict | None = None):
+    """Serves one model at a time out of ``model_dirs``; ``loader(name)`` loads another."""
+
+    def __init__(self, config: EngineConfig, runtime, endpoint: str, model_dirs: dict | None = None,
+                 loader=None):
         self.config = config
-        self.runner = runner
-        self.scheduler = scheduler
-        self.model_name = model_name
+        self.runtime = runtime
+        self.model_dirs = dict(model_dirs or {runtime.name: None})
+        self.default_model = next(iter(self.model_dirs))
+        self.loader = loader
+        self.model_name = runtime.name
         self.endpoint = endpoint
-        self.vocab_size = vocab_size
-        self.info = dict(info or {})
-        self.metrics = EngineMetrics(model_name)
+        self.metrics = EngineMetrics(self.default_model)
         self.tracked: dict[str, Tracked] = {}
+        self._pending: deque = deque()  # (peer, Generate) waiting for a model switch or load
+        self._redispatching = False
+        self._last_busy = time.monotonic()
+        self._unloaded_stats: dict = {}
         self._ctx = zmq.Context.instance()
         self._wake = threading.Event()
         self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats), name="engine",
@@ -83,6 +90,81 @@ class EngineServer:
         self._stop_deadline: float | None = None
         self._garbage_seen = 0
         self._last_loop = time.monotonic()
+        self._started_unix = round(time.time(), 3)
+
+    @property
+    def loaded(self) -> bool:
+        return self.runtime is not None
+
+    @property
+    def runner(self):
+        return self.runtime.runner
+
+    @property
+    def scheduler(self):
+        return self.runtime.scheduler
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runtime.vocab_size
+
+    @property
+    def info(self) -> dict:
+        return self.runtime.info
+
+    @property
+    def has_work(self) -> bool:
+        return self.loaded and self.scheduler.has_work
+
+    # ----- models: switch and idle unload ------------------------------------------
+
+    def _unload(self, why: str) -> None:
+        name = self.runtime.name
+        self._unloaded_stats = {k: v for k, v in self.stats().items()
+                                if k in ("max_model_len", "decode_lanes", "pool_pages_total", "vocab_size")}
+        self._unloaded_stats["pool_pages_free"] = self._unloaded_stats.get("pool_pages_total", 0)
+        self.runtime.close()
+        self.runtime = None
+        log.info("unloaded model %s (%s): all retained state freed in every tier", name, why)
+
+    def _load(self, name: str) -> None:
+        from shared import sdnotify
+
+        sdnotify.status(f"loading model {name}")
+        sdnotify.extend_timeout(600)
+        self.runtime = self.loader(name)
+        self.model_name = name
+        self._last_busy = time.monotonic()
+        sdnotify.status(f"serving {name}")
+
+    def _service_models(self) -> None:
+        """Between rounds: switch when a request waits for another model and the current one drained;
+        unload after --idle-unload-s of idleness."""
+        if self._pending and not self.has_work:
+            target = self._pending[0][1].model or (self.model_name if self.loaded else self.default_model)
+            if not self.loaded or target != self.model_name:
+                if self.loaded:
+                    self._unload(f"switching to {target}")
+                try:
+                    self._load(target)
+                except Exception as exc:  # a model that cannot load fails its requests, not the engine
+                    log.exception("cannot load model %s", target)
+                    for peer, msg in [p for p in self._pending if (p[1].model or target) == target]:
+                        self._pending.remove((peer, msg))
+                        self._refuse(peer, msg.id, "unknown_model", f"model {target!r} cannot be loaded: {exc}")
+                    return
+            pending, self._pending = list(self._pending), deque()
+            self._redispatching = True
+            try:
+                for peer, msg in pending:
+                    self._generate(peer, msg)
+            finally:
+                self._redispatching = False
+        if self.loaded and self.has_work:
+            self._last_busy = time.monotonic()
+        elif (self.loaded and self.config.idle_unload_s is not None and not self._pending
+              and time.monotonic() - self._last_busy > self.config.idle_unload_s):
+            self._unload(f"idle for {self.config.idle_unload_s:g}s")
 
     # ----- lifecycle ---------------------------------------------------------------
 
@@ -107,13 +189,18 @@ class EngineServer:
         try:
             while True:
                 self._last_loop = time.monotonic()
-                self._drain_inbox(block=not self.scheduler.has_work)
+                self._drain_inbox(block=not self.has_work and not self._pending)
                 if self._stopping.is_set():
-                    if not self.scheduler.has_work:
+                    if not self.has_work:
+                        for peer, msg in self._pending:
+                            self._refuse(peer, msg.id, "shutting_down", "the engine is shutting down")
+                        self._pending.clear()
                         break
                     if time.monotonic() >= self._stop_deadline:
                         self._abort_all("engine shutting down")
-                self._round()
+                self._service_models()
+                if self.loaded:
+                    self._round()
                 self._update_gauges()
         finally:
             self._drain_inbox(block=False)
@@ -148,7 +235,12 @@ class EngineServer:
         if isinstance(msg, Generate):
             self._generate(peer, msg)
         elif isinstance(msg, Abort):
-            ev = self.scheduler.abort(msg.id)
+            for item in list(self._pending):
+                if item[1].id == msg.id:
+                    self._pending.remove(item)
+                    self.channel.send(Finished(msg.id, "abort", Usage(len(item[1].prompt_ids), 0)), item[0])
+                    return
+            ev = self.scheduler.abort(msg.id) if self.loaded else None
             if ev is not None:
                 self._finish(ev)
         elif isinstance(msg, Stats):
@@ -161,9 +253,17 @@ class EngineServer:
     def _generate(self, peer: bytes, msg: Generate) -> None:
         if self._stopping.is_set():
             return self._refuse(peer, msg.id, "shutting_down", "the engine is shutting down")
-        if msg.model is not None and msg.model != self.model_name:
+        if msg.model is not None and msg.model not in self.model_dirs:
             return self._refuse(peer, msg.id, "unknown_model",
-                                f"model {msg.model!r} is not served here (serving {self.model_name!r})")
+                                f"model {msg.model!r} is not served here (models: {', '.join(self.model_dirs)})")
+        wanted = msg.model or (self.model_name if self.loaded else self.default_model)
+        if (not self.loaded or wanted != self.model_name or self._pending) and not (
+                self._redispatching and not self._pending and self.loaded and wanted == self.model_name):
+            if len(self._pending) >= self.config.max_queue:
+                return self._refuse(peer, msg.id, "queue_full",
+                                    f"{len(self._pending)} requests wait for a model load (max_queue)")
+            self._pending.append((peer, msg))  # served, in arrival order, once the model it names is loaded
+            return
         if not msg.prompt_ids:
             return self._refuse(peer, msg.id, "bad_request", "the prompt is empty")
         bad = next((t for t in msg.prompt_ids if t >= self.vocab_size), None)
@@ -273,6 +373,10 @@ class EngineServer:
     # ----- stats -------------------------------------------------------------------
 
     def _update_gauges(self) -> None:
+        if not self.loaded:
+            self.metrics.running.set(0)
+            self.metrics.waiting.set(len(self._pending))
+            return
         pool = self.scheduler.pool
         self.metrics.running.set(self.scheduler.num_running)
         self.metrics.waiting.set(self.scheduler.num_waiting)
@@ -281,6 +385,10 @@ class EngineServer:
         self.metrics.kv_usage.set(pool.num_used / pool.num_pages)
 
     def stats(self) -> dict:
+        if not self.loaded:
+            return {**self._unloaded_stats, "model_loaded": 0, "num_requests_running": 0,
+                    "num_requests_waiting": len(self._pending), "wire_errors": self.channel.garbage_count,
+                    "engine_started_unix": self._started_unix}
         pool = self.scheduler.pool
         values = dict(self.scheduler.stats())
         values.update({
@@ -291,6 +399,9 @@ class EngineServer:
             "max_model_len": self.scheduler.config.max_model_len,
             "vocab_size": self.vocab_size,
             "wire_errors": self.channel.garbage_count,
+            "model_loaded": 1,
+            "model_index": list(self.model_dirs).index(self.model_name),
+            "engine_started_unix": self._started_unix,
         })
         values.update(self.info)
         return values

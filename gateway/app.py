@@ -107,28 +107,38 @@ async def metrics(request: web.Request) -> web.Response:
 
 def _model_card(gw: GatewayState) -> dict:
     card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ignis"}
-    if "max_model_len" in gw.client.stats_values:
+    loaded = int(gw.client.stats_values.get("model_index", 0))
+    if "max_model_len" in gw.client.stats_values and list(gw.models or [gw.model_name])[loaded] == gw.model_name:
         card["max_model_len"] = int(gw.client.stats_values["max_model_len"])
     return card
 
 
 async def list_models(request: web.Request) -> web.Response:
     gw: GatewayState = request.app[STATE]
-    return json_response({"object": "list", "data": [_model_card(gw)]})
+    names = list(gw.models) or [gw.model_name]
+    return json_response({"object": "list", "data": [_model_card(gw.select(n)) for n in names]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     gw: GatewayState = request.app[STATE]
-    gw.check_model(request.match_info["model"])
-    return json_response(_model_card(gw))
+    return json_response(_model_card(gw.select(request.match_info["model"])))
 
 
-def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoint: str) -> web.Application:
-    """The application, its state built; the engine connection opens on startup."""
-    template = ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map()) if files.chat_template else None
+def _template(files: ModelFiles):
+    return ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map()) if files.chat_template else None
+
+
+def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoint: str,
+              more_models: dict | None = None) -> web.Application:
+    """The application, its state built; the engine connection opens on startup.
+    ``more_models``: name -> ModelFiles of further configured models (the first is ``model_name``)."""
+    template = _template(files)
+    models = {model_name: (files.tokenizer, template)}
+    for name, other in (more_models or {}).items():
+        models[name] = (other.tokenizer, _template(other))
     gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,
                       client=EngineClient(endpoint, timeout=config.engine_timeout),
-                      metrics=GatewayMetrics(model_name), created=int(time.time()))
+                      metrics=GatewayMetrics(model_name), created=int(time.time()), models=models)
     # client_max_size is aiohttp's own body limit (1 MiB by default): it must be ours.
     app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes)
     app[STATE] = gw

@@ -44,11 +44,11 @@ def _template_kwargs(f: Fields) -> dict:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw: GatewayState = request.app[STATE]
     started = time.monotonic()
-    if gw.template is None:
-        raise invalid("this model has no chat template; use /v1/completions", code="no_chat_template")
     f = Fields(await gw.read_json(request))
     p = parse_common(f, request.headers, "chat")
-    gw.check_model(p.model)
+    gw = gw.select(p.model)
+    if gw.template is None:
+        raise invalid("this model has no chat template; use /v1/completions", code="no_chat_template")
     messages = apply_developer_policy(parse_messages(f), gw.config.server_developer_message_policy)
     tools = parse_tools(f)
     choice = parse_tool_choice(f, tools)
@@ -65,7 +65,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rid = new_id("chatcmpl")
     gens = [Generate(id=f"{rid}-{i}", prompt_ids=tuple(prompt.ids), sampling=sampling_for(p, max_tokens, i),
                      system_end=prompt.system_end, opener_start=prompt.opener_start,
-                     last_is_user=prompt.last_is_user, request_class=p.request_class, model=p.model)
+                     last_is_user=prompt.last_is_user, request_class=p.request_class, model=gw.model_name)
             for i in range(p.n)]
     choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                            parser=OutputParser(reasoning=gw.reasoning_markers, tools=render_tools is not None,

@@ -27,7 +27,7 @@ from gateway.tokenizer import ModelFilesError, load_model_files
 from shared import sdnotify
 from shared.flags import add_flags, from_args
 from shared.logs import setup_logging
-from shared.model_names import served_name
+from shared.model_names import model_specs
 from shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
 
 log = logging.getLogger("ignis.gateway")
@@ -39,9 +39,9 @@ def add_arguments(parser) -> None:
     add_flags(parser, GatewayConfig)
 
 
-def _model_dir(config: GatewayConfig) -> str:
-    if config.model:
-        return config.model
+def _model_dir(path: str | None) -> str:
+    if path:
+        return path
     from engine.demo import ensure_demo_model  # numpy + safetensors + tokenizers only
 
     return str(ensure_demo_model())
@@ -86,9 +86,11 @@ def run(args) -> int:
     try:
         key = args.api_key or os.environ.get(API_KEY_ENV) or None
         config = from_args(GatewayConfig, args, api_key=key)
-        files = load_model_files(_model_dir(config))
+        specs = model_specs(config.model, config.served_model_name)
+        loaded = {name: load_model_files(_model_dir(path)) for name, path in specs}
+        default = specs[0][0]
         endpoint = _endpoint(config)
-        app = build_app(config, files, served_name(config.model, config.served_model_name), endpoint)
+        app = build_app(config, loaded.pop(default), default, endpoint, more_models=loaded)
     except (ValueError, OSError, RuntimeDirError, ModelFilesError) as exc:
         print(f"ignis gateway: {exc}", file=sys.stderr)
         return 2

@@ -60,7 +60,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     f = Fields(await gw.read_json(request))
     p = parse_common(f, request.headers, "completion")
-    gw.check_model(p.model)
+    gw = gw.select(p.model)
     if f.has("suffix"):
         raise f.error("suffix", "is not supported")
     echo = f.bool("echo")
@@ -71,7 +71,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     echo_text = (text if text is not None else gw.tokenizer.decode(ids, skip_special_tokens=False)) if echo else ""
     rid = new_id("cmpl")
     gens = [Generate(id=f"{rid}-{i}", prompt_ids=tuple(ids), sampling=sampling_for(p, max_tokens, i),
-                     request_class=p.request_class, model=p.model) for i in range(p.n)]
+                     request_class=p.request_class, model=gw.model_name) for i in range(p.n)]
     choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids) for i in range(p.n)]
     transport_gone = lambda: request.transport is None or request.transport.is_closing()  # noqa: E731
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}

@@ -16,8 +16,9 @@ DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    model: str | None = field(default=None, metadata=field_doc(
-        "checkpoint directory whose tokenizer and chat template the gateway uses (default: the built-in demo model)"))
+    model: tuple[str, ...] = field(default=(), metadata=field_doc(
+        "checkpoint directory (or NAME=DIR; repeat for several models, the first the default) whose tokenizer "
+        "and chat template the gateway uses (default: the built-in demo model)", repeat=True))
     served_model_name: str | None = field(default=None, metadata=field_doc(
         "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
     host: str = field(default="127.0.0.1", metadata=field_doc("address the HTTP server listens on"))
@@ -45,6 +46,10 @@ class GatewayConfig:
         "on SIGTERM: seconds to let in-flight HTTP requests finish"))
 
     def __post_init__(self):
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", (self.model,))
+        if self.model is None:
+            object.__setattr__(self, "model", ())
         if type(self.port) is not int or not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port!r}")
         if type(self.max_request_bytes) is not int or self.max_request_bytes < 1024:

@@ -8,7 +8,7 @@ max_tokens against the engine's context length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import orjson
 from aiohttp import web
@@ -32,6 +32,8 @@ class GatewayState:
     client: EngineClient
     metrics: GatewayMetrics
     created: int
+    models: dict = field(default_factory=dict)
+    """name -> (tokenizer, template) of every configured model; the first is the default."""
 
     @property
     def reasoning_markers(self) -> bool:
@@ -52,9 +54,18 @@ class GatewayState:
         return body
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise ApiError(404, f"the model {model!r} does not exist (this server serves {self.model_name!r})",
+        names = list(self.models) or [self.model_name]
+        if model is not None and model not in names:
+            raise ApiError(404, f"the model {model!r} does not exist (this server serves {', '.join(names)})",
                            param="model", code="model_not_found")
+
+    def select(self, model: str | None) -> "GatewayState":
+        """This state seen through the model a request names (the default when it names none)."""
+        self.check_model(model)
+        if model is None or model == self.model_name or model not in self.models:
+            return self
+        tokenizer, template = self.models[model]
+        return replace(self, model_name=model, tokenizer=tokenizer, template=template)
 
     async def max_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
         """The completion budget: requested, else ``default`` or the rest of the context."""

@@ -39,7 +39,7 @@ from engine.config import EngineConfig
 from gateway.config import GatewayConfig
 from tierd.config import TierdConfig
 from shared.flags import add_flags, field_doc, from_args
-from shared.model_names import served_name
+from shared.model_names import model_specs
 
 API_KEY_ENV = "IGNIS_API_KEY"
 _TAIL_LINES = 40
@@ -257,7 +257,7 @@ def run(args) -> int:
             return _finish(children, serve_cfg, 0)
         print(f"ignis serve: {exc}", file=sys.stderr)
         return _finish(children, serve_cfg, 1)
-    name = served_name(engine_cfg.model, engine_cfg.served_model_name)
+    name = model_specs(engine_cfg.model, engine_cfg.served_model_name)[0][0]
     print(f"ignis serving {name} on {url}", flush=True)
     while not stop.is_set():
         for child in children:

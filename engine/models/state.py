@@ -155,6 +155,15 @@ class ModelState:
         if self.slot_window:
             self.window[:, lane].copy_(self.slot_window[block][:, i], non_blocking=True)
 
+    def close(self) -> None:
+        """Release the host blocks (shared memory is unlinked) and drop every tensor."""
+        for block in (*self.host_blocks, self.kv_block):
+            if block is not None:
+                block.release()
+        self.kv = self.ssm = self.conv = None
+        self.slot_ssm = self.slot_conv = self.slot_window = ()
+        self.host_blocks, self.kv_block = (), None
+
     @property
     def kv_format(self) -> str:
         return "hq-e8-2b" if isinstance(self.kv, CompressedPool) else "bf16"

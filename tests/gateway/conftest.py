@@ -70,7 +70,7 @@ def start_serve(tmp: Path, extra: list[str], env: dict | None = None) -> Server:
         text = out.read_text()
         m = re.search(r"^ignis serving (\S+) on (http://\S+)$", text, re.M)
         if m:
-            endpoint = re.search(r"^READY (ipc://\S+)$", text, re.M).group(1)
+            endpoint = re.search(r"^READY (ipc://\S+-engine\.sock)$", text, re.M).group(1)
             return Server(m.group(2), endpoint, API_KEY, m.group(1), proc, out, err)
         if proc.poll() is not None:
             raise RuntimeError(f"ignis serve exited with {proc.returncode}:\n{text}\n{err.read_text()[-4000:]}")

@@ -1,0 +1,105 @@
+"""One loaded model and everything allocated for it: pool, lanes, slots, scheduler, tier link.
+
+The engine holds one :class:`Runtime` at a time. A model switch or an idle
+unload closes it (every retained entry in every tier is freed, the shared
+blocks unlinked) and a later request loads one again.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+
+log = logging.getLogger("ignis.engine")
+
+
+@dataclass
+class Runtime:
+    name: str
+    runner: object
+    scheduler: object
+    tier_client: object
+    info: dict
+    vocab_size: int
+
+    def close(self) -> None:
+        """Free everything: retained state here and in the lower tiers, device and host memory."""
+        self.scheduler.store.release_all()
+        if self.tier_client is not None:
+            self.tier_client.connect()  # a new hello: tierd drops every entry it held for us
+            self.tier_client.close()
+        self.runner.state.close()
+        self.runner = self.scheduler = None
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+
+def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runtime:
+    """Load one model and allocate everything it serves with (pool, lanes, slots, scheduler)."""
+    import torch
+
+    from engine.memory_plan import plan_memory
+    from engine.models.build import TORCH_DTYPES, load_model
+    from engine.models.state import ModelState
+    from engine.runner import ModelRunner
+    from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.cli import _kv_format, _tokenizer_vocab, kv_stamp, resolve_device
+    from shared.runtime import endpoints, ensure_runtime_dir
+
+    device = resolve_device(config.device)
+    if model_dir is None:
+        from engine.demo import ensure_demo_model
+        model_dir = str(ensure_demo_model())
+    torch.manual_seed(config.seed)
+    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device)
+    cfg = ckpt.config
+    free = None
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+    device_slots = config.reuse_device_slots if config.reuse_prompt else 0
+    host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
+    kv_format = _kv_format(config, device, cfg)
+    window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
+    plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
+                       free_device_bytes=free, fraction=config.kv_memory_fraction,
+                       device_slots=device_slots, host_slots=host_slots, kv_format=kv_format, exact_window=window)
+    log.info(plan.describe())
+    tiers_on = config.tierd_endpoint != "off" and config.reuse_prompt
+    state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
+                                device=device, kv_format=kv_format, exact_window=window, shared=tiers_on)
+    state.allocate_slots(device_slots, host_slots)
+    max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
+    sched = Scheduler(SchedulerConfig(
+        decode_lanes=config.decode_lanes, num_pages=plan.pages,
+        max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
+        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
+        device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt,
+        stamp=f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0")
+    tier_client = None
+    if tiers_on:
+        from engine.tiers.wiring import attach_tiers
+
+        tier_endpoint = config.tierd_endpoint
+        if tier_endpoint == "auto":
+            tier_endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).tierd
+        params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
+        tier_client = attach_tiers(sched.store, state, tier_endpoint, sched.store.stamp, cfg.family,
+                                   config.restore_floors(cfg.family, params))
+    vocab_limit = _tokenizer_vocab(model_dir)
+    runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
+    runner.warm_up()
+    info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
+            "live_state_bytes": plan.live_state_bytes}
+    log.info("model %s loaded from %s", name, model_dir)
+    return Runtime(name, runner, sched, tier_client, info, cfg.vocab_size)
+
+
