@@ -43,6 +43,24 @@ class EngineMetrics:
         self.refused = counter("request_refused", "requests refused by reason", ("reason",))
         self.preemptions = counter("num_preemptions", "running requests preempted for room")
         self.garbage = counter("wire_errors", "malformed messages received")
+        self.reuse_hits = counter("reuse_hits", "requests that resumed from retained state, by kind and tier",
+                                  ("kind", "tier"))
+        self.reuse_hit_tokens = counter("reuse_hit_tokens", "prompt tokens resumed, by kind and tier",
+                                        ("kind", "tier"))
+        self.store_counters = {
+            name: counter(name, doc) for name, doc in (
+                ("reuse_captures", "retained entries captured"),
+                ("reuse_captures_skipped", "captures skipped for want of a slot or a page"),
+                ("reuse_demotions", "retained entries moved down to tierd when the device needed room"),
+                ("reuse_restores", "retained entries restored from KV-RAM or KV-disk"),
+                ("reuse_released", "retained entries released from the device"),
+                ("reuse_stamp_refusals", "retained entries refused for another stamp"))}
+        self._store_seen: dict[str, float] = {}
+        self.retained_entries = gauge("retained_entries", "retained entries on the device")
+        self.retained_lower_entries = gauge("retained_lower_entries", "retained entries the engine knows in tierd")
+        self.retained_bytes = gauge("retained_device_bytes",
+                                    "bytes the device tier holds for retained entries (pages + slot images)")
+        self.retained_slots_free = gauge("retained_slots_free", "free retained slots")
         hist = dict(labelnames=labels, registry=r, buckets=LATENCY_BUCKETS)
         self.ttft = Histogram("ignis:time_to_first_token_seconds", "arrival to first token", **hist).labels(model_name)
         self.itl = Histogram("ignis:inter_token_latency_seconds", "time between tokens of a stream",
@@ -50,6 +68,15 @@ class EngineMetrics:
         self.queue_time = Histogram("ignis:request_queue_time_seconds", "arrival to admission",
                                     **hist).labels(model_name)
         self.e2e = Histogram("ignis:e2e_request_latency_seconds", "arrival to finish", **hist).labels(model_name)
+
+    def sync_store(self, stats: dict) -> None:
+        """Advance the store's counters to its totals (the store counts; we export)."""
+        for name, counter in self.store_counters.items():
+            total = stats.get(f"{name}_total", 0)
+            delta = total - self._store_seen.get(name, 0)
+            if delta > 0:
+                counter.inc(delta)
+            self._store_seen[name] = total
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Start the HTTP endpoint; returns the bound port (useful with port 0)."""

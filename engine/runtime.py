@@ -98,7 +98,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
-            "live_state_bytes": plan.live_state_bytes}
+            "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes}
     log.info("model %s loaded from %s", name, model_dir)
     return Runtime(name, runner, sched, tier_client, info, cfg.vocab_size)
 

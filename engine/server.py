@@ -353,6 +353,10 @@ class EngineServer:
         reuse = ReuseInfo(kind=ev.reuse_kind, tier=ev.reuse_tier)
         # metrics first: a client that sees Finished and scrapes must see this request counted
         self.metrics.prefix_hits.inc(ev.cached_tokens)
+        if ev.cached_tokens:
+            self.metrics.reuse_hits.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc()
+            self.metrics.reuse_hit_tokens.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc(
+                ev.cached_tokens)
         self.metrics.finished.labels(self.model_name, ev.reason).inc()
         self.metrics.prompt_tokens.inc(t.prompt_tokens)
         self.metrics.prefix_queries.inc(t.prompt_tokens)
@@ -383,6 +387,15 @@ class EngineServer:
         self.metrics.pages_used.set(pool.num_used)
         self.metrics.pages_free.set(pool.num_free)
         self.metrics.kv_usage.set(pool.num_used / pool.num_pages)
+        store = self.scheduler.store.stats()
+        self.metrics.sync_store(store)
+        self.metrics.retained_entries.set(store["retained_entries"])
+        self.metrics.retained_lower_entries.set(store["retained_lower_entries"])
+        self.metrics.retained_slots_free.set(store["retained_slots_free"])
+        page_bytes = self.info.get("kv_pool_bytes", 0) // max(1, pool.num_pages)
+        used_slots = store["retained_slots_total"] - store["retained_slots_free"]
+        self.metrics.retained_bytes.set(store["retained_pages_held"] * page_bytes
+                                        + used_slots * self.info.get("slot_bytes", 0))
 
     def stats(self) -> dict:
         if not self.loaded:

@@ -42,5 +42,10 @@ def test_metrics_move_with_requests(tmp_path):
         assert after["ignis:time_to_first_token_seconds_count"] == 2
         assert after["ignis:inter_token_latency_seconds_count"] == 8
         assert after["ignis:prefill_tokens_total"] == 200 + 3
+        assert after["ignis:reuse_hits_total|kind=prompt_checkpoint|tier=device"] == 1
+        assert after["ignis:reuse_hit_tokens_total|kind=prompt_checkpoint|tier=device"] == 197
+        assert after["ignis:reuse_captures_total"] == 1
+        assert after["ignis:retained_entries"] == 1
+        assert after["ignis:retained_device_bytes"] > 0
     finally:
         assert eng.stop() == 0
