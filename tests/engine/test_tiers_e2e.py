@@ -93,3 +93,69 @@ def test_engine_without_a_tierd_still_serves(tmp_path):
         assert out.finished.usage.cached_tokens == 0  # the entry was discarded: a miss, not an outage
     finally:
         assert eng.stop() == 0
+
+
+def _run_pair(eng, tag):
+    p = prompt(300, 7)
+    first = eng.run(f"{tag}-1", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
+    fill_pool(eng, f"{tag}-fill")
+    return p, first
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_damaged_disk_file_is_a_miss_with_correct_output(tmp_path, damage):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "64M")
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
+                        "--restore-floor-kv-disk", "64")
+    try:
+        p, first = _run_pair(eng, damage)
+        files = sorted((rt / "default-kv-disk").glob("*.kv"))
+        assert files, list((rt / "default-kv-disk").iterdir())
+        for f in files:
+            data = f.read_bytes()
+            if damage == "truncate":
+                f.write_bytes(data[: len(data) // 2])
+            else:
+                f.write_bytes(data[:-100] + bytes(b ^ 0xFF for b in data[-100:]))
+        again = eng.run(f"{damage}-2", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
+        assert again.finished.reuse.tier != "kv_disk"
+        assert again.tokens == first.tokens
+    finally:
+        assert eng.stop() == 0
+        tierd.stop()
+
+
+def test_tierd_killed_requests_still_complete_correctly(tmp_path):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2")
+    try:
+        p = prompt(300, 8)
+        first = eng.run("k1", p, max_tokens=6, ignore_eos=True, opener_start=297)
+        tierd.proc.kill()
+        tierd.proc.wait()
+        fill_pool(eng, "k-fill")  # demotions now go nowhere: the engine discards instead
+        again = eng.run("k2", p, max_tokens=6, ignore_eos=True, opener_start=297)
+        assert again.finished.finish_reason == "length"
+        assert again.tokens == first.tokens
+    finally:
+        assert eng.stop() == 0
+        tierd.log.close()
+
+
+def test_full_lower_tiers_cause_no_crash(tmp_path):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "64K")  # room for nothing
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2")
+    try:
+        p, first = _run_pair(eng, "full")
+        again = eng.run("full-2", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
+        assert again.tokens == first.tokens
+        assert eng.stats()["reuse_demotions_total"] == 0
+    finally:
+        assert eng.stop() == 0
+        assert tierd.stop() == 0
