@@ -61,6 +61,9 @@ class EngineConfig:
         "match above it (default: 1024, or 64 for models under 1B parameters)"))
     restore_floor_kv_disk: int | None = field(default=None, metadata=field_doc(
         "the same for KV-disk (default: 16384 for the Qwen3.5 dense family, 8192 for Qwen3-Next)"))
+    evict_window_pages: int = field(default=16, metadata=field_doc(
+        "live eviction (with a tierd): pages of a lower-ranked running sequence moved down per round while "
+        "the other lanes keep generating"))
     runtime_dir: str | None = field(default=None, metadata=field_doc(
         "directory of the ipc sockets (default: $XDG_RUNTIME_DIR/ignis or /tmp/ignis-$UID)"))
     instance: str = field(default="default", metadata=field_doc(
@@ -92,6 +95,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
                 raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
+        if type(self.evict_window_pages) is not int or self.evict_window_pages < 1:
+            raise ValueError(f"--evict-window-pages must be a positive integer, got {self.evict_window_pages!r}")
         for name, flag in (("reuse_device_slots", "--reuse-device-slots"),
                            ("reuse_host_slots_per_lane", "--reuse-host-slots-per-lane")):
             value = getattr(self, name)

@@ -38,6 +38,7 @@ class RequestState(enum.Enum):
     WAITING = "waiting"
     PREFILLING = "prefilling"
     DECODING = "decoding"
+    EVICTING = "evicting"  # holds its lane and pages while they move down a tier, window by window
     FINISHED = "finished"
 
 
@@ -81,6 +82,7 @@ class Request:
     reuse_kind: str = field(default="none", init=False)
     reuse_slot: str = field(default="none", init=False)
     reuse_tier: str = field(default="none", init=False)
+    evicted: object = field(default=None, init=False, repr=False)  # eviction.Evicted while its state is below
 
     def __post_init__(self):
         check_str("req_id", self.req_id, 256, allow_empty=False)
@@ -115,7 +117,7 @@ class Request:
 
     @property
     def has_lane(self) -> bool:
-        return self.state in (RequestState.PREFILLING, RequestState.DECODING)
+        return self.state in (RequestState.PREFILLING, RequestState.DECODING, RequestState.EVICTING)
 
     def token_slice(self, start: int, end: int) -> tuple[int, ...]:
         """``tokens[start:end]`` without building the whole token list."""

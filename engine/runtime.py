@@ -69,21 +69,24 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
     kv_format = _kv_format(config, device, cfg)
     window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
+    tiers_on = config.tierd_endpoint != "off" and config.reuse_prompt
+    staging = 1 if tiers_on else 0  # one host slot stages the images of evicted live sequences
     plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
                        free_device_bytes=free, fraction=config.kv_memory_fraction,
-                       device_slots=device_slots, host_slots=host_slots, kv_format=kv_format, exact_window=window)
+                       device_slots=device_slots, host_slots=host_slots + staging, kv_format=kv_format,
+                       exact_window=window)
     log.info(plan.describe())
-    tiers_on = config.tierd_endpoint != "off" and config.reuse_prompt
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
                                 device=device, kv_format=kv_format, exact_window=window, shared=tiers_on)
-    state.allocate_slots(device_slots, host_slots)
+    state.allocate_slots(device_slots, host_slots + staging)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
     sched = Scheduler(SchedulerConfig(
         decode_lanes=config.decode_lanes, num_pages=plan.pages,
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
         max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt,
-        stamp=f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0")
+        stamp=f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0",
+        evict_window_pages=config.evict_window_pages)
     tier_client = None
     if tiers_on:
         from engine.tiers.wiring import attach_tiers
@@ -94,6 +97,13 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
         tier_client = attach_tiers(sched.store, state, tier_endpoint, sched.store.stamp, cfg.family,
                                    config.restore_floors(cfg.family, params))
+        if tier_client is not None:
+            from engine.tiers.wiring import TierEvictionHooks
+
+            staging_slot = device_slots + host_slots
+            sched.evictor.hooks = TierEvictionHooks(tier_client, state, staging_slot, device_slots,
+                                                    tier_client.lane_blocks)
+            sched.evictor.staging_slot = staging_slot
     vocab_limit = _tokenizer_vocab(model_dir)
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from engine.models.config import PAGE_TOKENS
 from engine.page_pool import PagePool
-from engine.request import REQUEST_CLASSES, Request, RequestState
+from engine.request import CLASS_RANK, REQUEST_CLASSES, Request, RequestState
 from engine.schedule import (
     DecodeItem,
     FinishEvent,
@@ -65,6 +65,7 @@ from engine.schedule import (
     RoundPlan,
     RoundResult,
 )
+from engine.eviction import Evictor
 from engine.reuse.entries import SlotPool
 from engine.reuse.store import RetainedStore
 from engine.sequence_pages import SequencePages
@@ -114,12 +115,13 @@ class Scheduler:
     """Owns the waiting queues, the lanes and the page pool's live sequences."""
 
     def __init__(self, config: SchedulerConfig, device_slots: int = 0, host_slots: int = 0, reuse: bool = True,
-                 stamp: str = ""):
+                 stamp: str = "", eviction_hooks=None, evict_window_pages: int = 16, staging_slot: int | None = None):
         if not isinstance(config, SchedulerConfig):
             raise TypeError("Scheduler needs a SchedulerConfig")
         self.config = config
         self.pool = PagePool(config.num_pages, config.page_tokens)
         self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse, stamp=stamp)
+        self.evictor = Evictor(eviction_hooks, evict_window_pages, staging_slot)
         self._waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}
         self._requests: dict[str, Request] = {}  # every live (not finished) request
         self._free_lanes = list(range(config.decode_lanes))  # min-heap
@@ -157,6 +159,10 @@ class Scheduler:
             "kv_cache_usage_perc": self.pool.num_used / self.pool.num_pages,
             "num_preemptions_total": self.num_preemptions,
             **self.store.stats(),
+            "live_evictions_total": self.evictor.evictions,
+            "live_resumes_total": self.evictor.resumes,
+            "live_evictions_abandoned_total": self.evictor.abandoned,
+            "live_evicting": len(self.evictor.evicting),
         }
 
     # ----- requests in ----------------------------------------------------------
@@ -206,6 +212,7 @@ class Scheduler:
         self.store.unpin_all()  # the previous round (if any) has been applied
         for req in [r for r in self._lanes.values() if r.pending_end is not None]:
             plan.finished.append(self._finish(req, *req.pending_end))
+        self._evict_windows(plan)
         self._plan_decodes(plan)
         budget = self.config.max_prefill_tokens_per_round
         for req in sorted((r for r in self._lanes.values() if r.state is RequestState.PREFILLING), key=_rank):
@@ -214,6 +221,10 @@ class Scheduler:
             budget -= self._add_chunk(plan, req, budget)
         if not plan.preempted:
             self._admit(plan, budget)
+        if not self._free_lanes:
+            head = next((q[0] for q in self._waiting.values() if q), None)
+            if head is not None:
+                self._maybe_evict(head)
         self._in_flight = None if plan.is_empty else plan
         return plan
 
@@ -235,7 +246,8 @@ class Scheduler:
             req.num_computed_tokens = computed
             if req_id not in sampled or req.pending_end is not None:
                 continue  # a middle chunk samples nothing; an aborted request's token is dropped
-            req.state = RequestState.DECODING
+            if req.state is not RequestState.EVICTING:  # eviction may start after the round was planned
+                req.state = RequestState.DECODING
             token = result.tokens[req_id]
             req.output_ids.append(token)
             reason = self._stop_reason(req, token)
@@ -265,12 +277,69 @@ class Scheduler:
             plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position), req.page_table.pages))
             scheduled.add(req.req_id)
 
+    def _evict_windows(self, plan: RoundPlan) -> None:
+        """Between rounds: one window of every evicting sequence moves down (see engine.eviction)."""
+        for req in [r for r in self._lanes.values() if r.state is RequestState.EVICTING]:
+            outcome = self.evictor.step(req)
+            if outcome == "failed":
+                self.evictor.abandon(req)
+                req.state = RequestState.DECODING
+            elif outcome == "done":
+                record = self.evictor.evicting.pop(req.req_id)
+                lane = req.lane
+                self._release(req)
+                req.state = RequestState.WAITING
+                req.evicted = record
+                self._waiting[req.request_class].appendleft(req)
+                plan.preempted.append(Preempted(req.req_id, lane))
+
+    def _maybe_evict(self, head: Request) -> None:
+        """``head`` cannot fit: start evicting the lowest-ranked decoding sequence ranked below it."""
+        if not self.evictor.enabled or self.evictor.evicting:
+            return
+        below = [r for r in self._lanes.values() if r.state is RequestState.DECODING
+                 and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]
+        if below:
+            victim = max(below, key=_rank)
+            victim.state = RequestState.EVICTING
+            self.evictor.start(victim)
+
+    def _admit_evicted(self, plan: RoundPlan, req: Request) -> None:
+        record, req.evicted = req.evicted, None
+        if self.evictor.restore(req, record):
+            req.num_computed_tokens = record.computed
+            req.state = RequestState.DECODING  # decodes on next round: nothing is recomputed
+            plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
+                                          tuple(req.output_ids), restore_slot=self.evictor.staging_slot))
+        else:
+            req.state = RequestState.PREFILLING  # the lower copy is gone: recompute instead
+            plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
+                                          tuple(req.output_ids)))
+
     def _admit(self, plan: RoundPlan, budget: int) -> None:
+        staged = False
         while budget > 0 and self._free_lanes:
             queue = next((q for q in self._waiting.values() if q), None)
             if queue is None:
                 return
             req = queue[0]
+            if req.evicted is not None:
+                needed = self.pool.pages_for(req.num_tokens + 1)
+                if needed > self.pool.num_free:
+                    self.store.reclaim_pages(needed)
+                if staged or needed > self.pool.num_free:
+                    return
+                queue.popleft()
+                req.lane = heapq.heappop(self._free_lanes)
+                self._lanes[req.lane] = req
+                req.page_table = SequencePages(self.pool, req.req_id)
+                req.page_table.ensure_capacity(req.num_tokens + 1)
+                self._admit_evicted(plan, req)
+                staged = True
+                if req.state is RequestState.PREFILLING:
+                    req.num_computed_tokens = 0
+                    budget -= self._add_chunk(plan, req, budget)
+                continue
             tokens = req.token_slice(0, req.num_tokens)
             hit = self.store.lookup(tokens)
             if self._sibling_capturing(req, tokens, hit.num_tokens if hit else 0):
@@ -280,6 +349,7 @@ class Scheduler:
             if needed > self.pool.num_free:
                 self.store.reclaim_pages(needed)
             if needed > self.pool.num_free:
+                self._maybe_evict(req)
                 return  # head of line waits; nothing overtakes it
             queue.popleft()
             req.lane = heapq.heappop(self._free_lanes)
@@ -351,6 +421,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> Preempted:
         lane = req.lane
+        self.evictor.forget(req.req_id)
         self._release(req)
         req.state = RequestState.WAITING
         req.num_computed_tokens = 0
@@ -368,6 +439,10 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request, reason: str, message: str = "") -> FinishEvent:
+        self.evictor.forget(req.req_id)
+        if req.evicted is not None:
+            self.evictor.hooks.drop(req.req_id, req.evicted)
+            req.evicted = None
         if req.has_lane:
             self._release(req)
         req.state = RequestState.FINISHED

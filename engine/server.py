@@ -306,6 +306,8 @@ class EngineServer:
         for ev in plan.finished:
             self._finish(ev)
         if plan.is_empty:
+            if plan.started or plan.copies_before:
+                self.runner.run(plan)  # lanes to set up (a resumed eviction decodes next round)
             return
         result, logprobs = self.runner.run(plan)
         self.metrics.prefill_tokens.inc(plan.num_prefill_tokens)

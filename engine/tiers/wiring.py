@@ -84,6 +84,49 @@ def attach_tiers(store: RetainedStore, state, endpoint: str, stamp: str, family:
     store.lower = LowerIndex(floors)
     store.demote_hook = demote
     store.fetch_hook = fetch
+    client.lane_blocks = lane_blocks
     if not client.connect():
         log.warning("tierd at %s is not answering yet; the engine will retry", endpoint)
     return client
+
+
+class TierEvictionHooks:
+    """Live eviction through tierd: page windows and the staged image as "live" entries."""
+
+    def __init__(self, client: TierClient, state, staging_slot: int, device_slots: int, lane_blocks):
+        self.client = client
+        self.state = state
+        self.staging = staging_slot
+        self.staging_index = staging_slot - device_slots
+        self.lane_blocks = tuple(lane_blocks)
+
+    @staticmethod
+    def _key(req_id: str, part: str) -> str:
+        return content_key(tuple(f"live:{req_id}:{part}".encode()))
+
+    def demote_pages(self, req_id, index, pages, request_class) -> bool:
+        refs = [("kv", int(p)) for p in pages]
+        return self.client.demote(self._key(req_id, f"w{index}"), refs, kind="live", request_class=request_class,
+                                  last_used=time.time()) is not None
+
+    def demote_image(self, req_id, lane, request_class) -> bool:
+        self.state.save_image(lane, self.staging)
+        refs = [(name, self.staging_index) for name in self.lane_blocks]
+        return self.client.demote(self._key(req_id, "image"), refs, kind="live", request_class=request_class,
+                                  last_used=time.time()) is not None
+
+    def restore(self, req_id, record, pages) -> bool:
+        at = 0
+        for i, window in enumerate(record.windows):
+            dest = [("kv", int(p)) for p in pages[at:at + len(window)]]
+            if not self.client.restore(self._key(req_id, f"w{i}"), dest):
+                return False
+            at += len(window)
+        refs = [(name, self.staging_index) for name in self.lane_blocks]
+        return self.client.restore(self._key(req_id, "image"), refs)
+
+    def drop(self, req_id, record) -> None:
+        for i in range(len(record.windows)):
+            self.client.drop(self._key(req_id, f"w{i}"))
+        if record.image:
+            self.client.drop(self._key(req_id, "image"))

@@ -159,3 +159,36 @@ def test_full_lower_tiers_cause_no_crash(tmp_path):
     finally:
         assert eng.stop() == 0
         assert tierd.stop() == 0
+
+
+def test_live_eviction_through_tierd_resumes_exactly(tmp_path):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "32M")
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "4096", "--decode-lanes", "4",
+                        "--evict-window-pages", "1")
+    sampling = [dict(max_tokens=40), dict(max_tokens=40, temperature=0.9, seed=3),
+                dict(max_tokens=40), dict(max_tokens=40, temperature=1.0, top_k=40, seed=8)]
+    try:
+        alone = {}
+        for i in range(4):
+            alone[i] = eng.run(f"alone{i}", prompt(150 + 10 * i, 60 + i), ignore_eos=True, **sampling[i]).tokens
+        for i in range(4):
+            eng.generate(f"agent{i}", prompt(150 + 10 * i, 60 + i), ignore_eos=True, request_class="agent",
+                         **sampling[i])
+        deadline = time.monotonic() + 60
+        while not all(eng.outcomes[f"agent{i}"].batches >= 3 for i in range(4)):
+            assert time.monotonic() < deadline
+            eng.pump()
+        for j in range(2):
+            eng.generate(f"user{j}", prompt(50, 90 + j), max_tokens=5, ignore_eos=True)
+        outs = eng.wait([f"agent{i}" for i in range(4)] + ["user0", "user1"])
+        stats = eng.stats()
+        assert stats["live_evictions_total"] >= 1, (stats, eng.log_text())
+        assert stats["live_resumes_total"] == stats["live_evictions_total"]
+        for i in range(4):
+            assert outs[f"agent{i}"].tokens == alone[i], i
+        assert all(len(outs[f"user{j}"].tokens) == 5 for j in range(2))
+    finally:
+        assert eng.stop() == 0
+        assert tierd.stop() == 0
