@@ -61,6 +61,10 @@ class EngineMetrics:
         self.retained_bytes = gauge("retained_device_bytes",
                                     "bytes the device tier holds for retained entries (pages + slot images)")
         self.retained_slots_free = gauge("retained_slots_free", "free retained slots")
+        self.tierd_connected = gauge("tierd_connected", "1 while a tierd answers (0: device tier only)")
+        self.live_evicting = gauge("live_evicting", "running sequences moving down a tier now")
+        self.live_evictions = counter("live_evictions", "running sequences moved down a tier")
+        self.live_resumes = counter("live_resumes", "evicted sequences resumed from a lower tier")
         hist = dict(labelnames=labels, registry=r, buckets=LATENCY_BUCKETS)
         self.ttft = Histogram("ignis:time_to_first_token_seconds", "arrival to first token", **hist).labels(model_name)
         self.itl = Histogram("ignis:inter_token_latency_seconds", "time between tokens of a stream",
@@ -71,7 +75,8 @@ class EngineMetrics:
 
     def sync_store(self, stats: dict) -> None:
         """Advance the store's counters to its totals (the store counts; we export)."""
-        for name, counter in self.store_counters.items():
+        for name, counter in {**self.store_counters, "live_evictions": self.live_evictions,
+                              "live_resumes": self.live_resumes}.items():
             total = stats.get(f"{name}_total", 0)
             delta = total - self._store_seen.get(name, 0)
             if delta > 0:

@@ -389,8 +389,11 @@ class EngineServer:
         self.metrics.pages_used.set(pool.num_used)
         self.metrics.pages_free.set(pool.num_free)
         self.metrics.kv_usage.set(pool.num_used / pool.num_pages)
-        store = self.scheduler.store.stats()
+        store = self.scheduler.stats()
         self.metrics.sync_store(store)
+        self.metrics.live_evicting.set(store["live_evicting"])
+        client = self.runtime.tier_client
+        self.metrics.tierd_connected.set(1 if client is not None and client.welcome is not None else 0)
         self.metrics.retained_entries.set(store["retained_entries"])
         self.metrics.retained_lower_entries.set(store["retained_lower_entries"])
         self.metrics.retained_slots_free.set(store["retained_slots_free"])

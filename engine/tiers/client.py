@@ -52,6 +52,8 @@ class TierClient:
         self._req = 0
         self._down_until = 0.0
         self.welcome: Welcome | None = None
+        self.on_connect = None  # called after every accepted hello: tierd holds nothing of ours then
+        self.connects = 0
         self.channel = connect_dealer(zmq.Context.instance(), endpoint, REPLIES, name="tierd").start()
 
     # ----- plumbing ---------------------------------------------------------------
@@ -91,6 +93,9 @@ class TierClient:
                                  block_bytes=self.block_bytes, blocks=self.blocks, unit=self.unit), req)
         if isinstance(reply, Welcome):
             self.welcome = reply
+            self.connects += 1
+            if self.on_connect is not None:
+                self.on_connect()
             log.info("tierd connected: arena %d bytes (%d locked), KV-disk %d bytes", reply.arena_bytes,
                      reply.locked_bytes, reply.disk_bytes)
             return True
@@ -106,14 +111,26 @@ class TierClient:
 
     # ----- operations ---------------------------------------------------------------
 
+    def _call_hello_first(self, make):
+        """A call; if tierd restarted and no longer knows us, say hello again and retry once."""
+        req = self._next()
+        reply = self._call(make(req), req)
+        if isinstance(reply, TierRefused) and reply.reason == "not_ready":
+            log.warning("tierd does not know this engine (it restarted?): saying hello again")
+            self.welcome = None
+            if self.connect():
+                req = self._next()
+                reply = self._call(make(req), req)
+        return reply
+
     def demote(self, key: str, source: list[tuple[str, int]], kind: str, request_class: str,
                last_used: float) -> str | None:
         """Copy an entry down; returns the tier it landed in ("ram"/"disk") or None."""
         if not self.ready:
             return None
-        req = self._next()
-        reply = self._call(Demote(req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto",
-                                  kind=kind, request_class=request_class, last_used=last_used), req)
+        reply = self._call_hello_first(lambda req: Demote(
+            req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto", kind=kind,
+            request_class=request_class, last_used=last_used))
         if isinstance(reply, Demoted):
             return reply.tier
         if isinstance(reply, TierRefused):
@@ -124,8 +141,7 @@ class TierClient:
         """Copy an entry back into ``dest``; False on a miss (the destination is then unused)."""
         if not self.ready:
             return False
-        req = self._next()
-        reply = self._call(Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)), req)
+        reply = self._call_hello_first(lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)))
         if isinstance(reply, Restored):
             return True
         if isinstance(reply, (Missing, TierRefused)):

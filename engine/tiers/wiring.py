@@ -85,6 +85,7 @@ def attach_tiers(store: RetainedStore, state, endpoint: str, stamp: str, family:
     store.demote_hook = demote
     store.fetch_hook = fetch
     client.lane_blocks = lane_blocks
+    client.on_connect = store.lower.clear  # a hello drops everything tierd held for us
     if not client.connect():
         log.warning("tierd at %s is not answering yet; the engine will retry", endpoint)
     return client

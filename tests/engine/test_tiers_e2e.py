@@ -192,3 +192,45 @@ def test_live_eviction_through_tierd_resumes_exactly(tmp_path):
     finally:
         assert eng.stop() == 0
         assert tierd.stop() == 0
+
+
+def test_tierd_lost_then_back_the_engine_recomputes_and_reconnects(tmp_path):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    endpoint = tierd.endpoint
+    eng = EngineProcess(rt, "--tierd-endpoint", endpoint, "--kv-pool-tokens", "4096", "--decode-lanes", "1",
+                        "--evict-window-pages", "1", "--metrics-port", "0")
+    try:
+        alone = eng.run("alone", prompt(150, 70), max_tokens=30, ignore_eos=True).tokens
+        eng.generate("agent", prompt(150, 70), max_tokens=30, ignore_eos=True, request_class="agent")
+        while eng.outcomes["agent"].batches < 3:
+            eng.pump()
+        eng.generate("user", prompt(40, 71), max_tokens=40, ignore_eos=True)
+        deadline = time.monotonic() + 60
+        while eng.stats()["live_evictions_total"] < 1:  # the agent now lives only in tierd
+            assert time.monotonic() < deadline, eng.log_text()
+            eng.pump(0.05)
+        tierd.proc.kill()  # gone with the agent's state
+        tierd.proc.wait()
+        outs = eng.wait(["agent", "user"], timeout=120)
+        assert outs["agent"].tokens == alone  # recomputed from its tokens: output unchanged
+        assert eng.stats()["live_resumes_total"] == 0
+        tierd2 = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+        assert tierd2.endpoint == endpoint
+        try:
+            deadline = time.monotonic() + 60
+            i = 0
+            while eng.stats()["reuse_demotions_total"] < 1:  # after the back-off the engine says hello again
+                assert time.monotonic() < deadline, eng.log_text()
+                p = prompt(300, 200 + i)
+                eng.run(f"retain{i}", p, max_tokens=2, opener_start=297)
+                fill_pool(eng, f"refill{i}", n=1)
+                i += 1
+                time.sleep(0.5)
+            assert eng.log_path.read_text().count("tierd connected") >= 2
+        finally:
+            assert tierd2.stop() == 0
+    finally:
+        assert eng.stop() == 0
+        tierd.log.close()
