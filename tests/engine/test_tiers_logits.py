@@ -1,0 +1,73 @@
+"""A prompt resumed from KV-RAM or KV-disk gives the logits of a cold prefill (fp32, 1e-5 relative).
+
+In one process: scheduler + store + runner on the demo model, with the pool
+and host slots in shared memory and a real tierd process behind them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.demo import ensure_demo_model
+from engine.models.build import load_model
+from engine.models.state import ModelState
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.tiers.wiring import attach_tiers
+from tests.engine.test_reuse import Engine, prompt, rel
+from tests.engine.test_tiers_e2e import Tierd
+
+
+@pytest.fixture(scope="module")
+def model():
+    m, _ = load_model(ensure_demo_model())
+    return m
+
+
+class TieredEngine(Engine):
+    def __init__(self, model, endpoint, pages=16, lanes=2, host_slots=4):
+        self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
+                                               max_prefill_tokens_per_round=4096), host_slots=host_slots)
+        state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32,
+                                    fill=float("nan"), shared=True)
+        state.allocate_slots(0, host_slots)
+        self.client = attach_tiers(self.sched.store, state, endpoint, "logits-test", "qwen3_5",
+                                   {"ram": 64, "disk": 64})
+        assert self.client is not None and self.client.welcome is not None
+        self.runner = ModelRunner(model, state, vocab_limit=2000)
+        self.first_logits, self.tokens, self.finished = {}, {}, {}
+
+
+@pytest.mark.parametrize("tier", ["kv_ram", "kv_disk"])
+def test_lower_tier_resume_matches_cold_prefill(tmp_path, model, tier):
+    flags = ["--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0"] if tier == "kv_ram" else \
+        ["--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "64M"]
+    tierd = Tierd(tmp_path, *flags)
+    eng = TieredEngine(model, tierd.endpoint)
+    try:
+        p = prompt(300, 11)
+        eng.submit("a", p, system_end=200, opener_start=297)
+        eng.run()
+        for i in range(2):  # unrelated work that needs the room: retained entries move down
+            eng.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
+            eng.run()
+        assert eng.sched.store.demotions >= 1
+        eng.submit("again", p, system_end=200, opener_start=297)
+        eng.run()
+        ev = eng.finished["again"]
+        assert (ev.cached_tokens, ev.reuse_tier) == (297, tier)
+        cold = Engine(model, reuse=False)
+        cold.submit("cold", p)
+        cold.run()
+        err = rel(eng.first_logits["again"], cold.first_logits["cold"])
+        print(f"{tier} resume vs cold rel err {err:.2e}")
+        assert err < 1e-5
+        assert eng.tokens["again"] == cold.tokens["cold"]
+        eng.sched.store.release_all()
+        assert eng.sched.pool.num_free == eng.sched.pool.num_pages
+        eng.sched.pool.integrity_check()
+    finally:
+        eng.client.close()
+        eng.runner.state.close()
+        assert tierd.stop() == 0
