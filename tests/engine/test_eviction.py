@@ -43,23 +43,26 @@ class FakeTier(EvictionHooks):
         if self.refuse_after is not None and self.windows >= self.refuse_after:
             return False
         self.windows += 1
-        self.pages[(req_id, index)] = [self.state.kv[:, :, p].clone() for p in pages]
+        self.pages[(req_id, index)] = [self.state.pages[:, :, p].clone() for p in pages]
         return True
 
     def demote_image(self, req_id, lane, request_class):
         self.state.save_image(lane, self.staging)
         block, i = self._slot()
-        self.images[req_id] = (self.state.slot_ssm[block][:, i].clone(), self.state.slot_conv[block][:, i].clone())
+        blocks = (self.state.slot_ssm, self.state.slot_conv) + ((self.state.slot_window,) if self.state.slot_window
+                                                                 else ())
+        self.images[req_id] = tuple(b[block][:, i].clone() for b in blocks)
         return True
 
     def restore(self, req_id, record, pages):
         flat = [t for w in range(len(record.windows)) for t in self.pages[(req_id, w)]]
         for p, t in zip(pages, flat):
-            self.state.kv[:, :, p].copy_(t)
-        ssm, conv = self.images[req_id]
+            self.state.pages[:, :, p].copy_(t)
         block, i = self._slot()
-        self.state.slot_ssm[block][:, i].copy_(ssm)
-        self.state.slot_conv[block][:, i].copy_(conv)
+        blocks = (self.state.slot_ssm, self.state.slot_conv) + ((self.state.slot_window,) if self.state.slot_window
+                                                                 else ())
+        for b, saved in zip(blocks, self.images[req_id]):
+            b[block][:, i].copy_(saved)
         return True
 
     def drop(self, req_id, record):
@@ -69,10 +72,11 @@ class FakeTier(EvictionHooks):
 
 
 class Harness:
-    def __init__(self, model, lanes=4, pages=64, evict=True, window=1, refuse_after=None):
+    def __init__(self, model, lanes=4, pages=64, evict=True, window=1, refuse_after=None, kv_format="bf16"):
         host_slots = 4
         self.state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32,
-                                         fill=float("nan"))
+                                         fill=float("nan"), kv_format=kv_format,
+                                         exact_window=64 if kv_format == "hq-e8-2b" else 0)
         self.state.allocate_slots(0, host_slots + 1)
         staging = host_slots  # the last host slot stages images
         self.tier = FakeTier(self.state, staging, refuse_after) if evict else None
@@ -117,15 +121,16 @@ AGENT_SAMPLING = [dict(max_tokens=30), dict(max_tokens=30, temperature=0.9, top_
                   dict(max_tokens=30), dict(max_tokens=30, temperature=1.0, seed=5, repetition_penalty=1.2)]
 
 
-def undisturbed(model, i):
-    h = Harness(model, evict=False)
+def undisturbed(model, i, kv_format="bf16"):
+    h = Harness(model, evict=False, kv_format=kv_format)
     h.submit(f"agent{i}", prompt(150 + 10 * i, i), "agent", **AGENT_SAMPLING[i])
     h.run()
     return h.tokens[f"agent{i}"]
 
 
-def test_agents_evicted_window_by_window_resume_bit_exact(model):
-    h = Harness(model, window=1)
+@pytest.mark.parametrize("kv_format", ["bf16", "hq-e8-2b"])
+def test_agents_evicted_window_by_window_resume_bit_exact(model, kv_format):
+    h = Harness(model, window=1, kv_format=kv_format)
     for i in range(4):
         h.submit(f"agent{i}", prompt(150 + 10 * i, i), "agent", **AGENT_SAMPLING[i])
     for _ in range(8):  # all four decoding
@@ -143,7 +148,7 @@ def test_agents_evicted_window_by_window_resume_bit_exact(model):
     assert stats["live_evictions_total"] >= 2 and stats["live_resumes_total"] == stats["live_evictions_total"]
     assert h.tier.windows >= 2 * 3  # three pages each, one window per round
     for i in range(4):
-        assert h.tokens[f"agent{i}"] == undisturbed(model, i), i
+        assert h.tokens[f"agent{i}"] == undisturbed(model, i, kv_format), i
     assert len(h.tokens["user0"]) == 5 and len(h.tokens["user1"]) == 5
     assert not h.tier.pages and not h.tier.images  # dropped after resume
     h.sched.store.release_all()

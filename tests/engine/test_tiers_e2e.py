@@ -161,12 +161,13 @@ def test_full_lower_tiers_cause_no_crash(tmp_path):
         assert tierd.stop() == 0
 
 
-def test_live_eviction_through_tierd_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("kv_format", ["bf16", "hq-e8-2b"])
+def test_live_eviction_through_tierd_resumes_exactly(tmp_path, kv_format):
     rt = tmp_path / "rt"
     rt.mkdir()
     tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "32M")
     eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "4096", "--decode-lanes", "4",
-                        "--evict-window-pages", "1")
+                        "--evict-window-pages", "1", "--kv-format", kv_format)
     sampling = [dict(max_tokens=40), dict(max_tokens=40, temperature=0.9, seed=3),
                 dict(max_tokens=40), dict(max_tokens=40, temperature=1.0, top_k=40, seed=8)]
     try:
