@@ -215,9 +215,18 @@ def _is_error_reply(frames: list[bytes]) -> bool:
         return False
 
 
+_HWM = 100_000  # messages queued per peer before a send waits (never silently dropped: see below)
+
+
 def _configure(sock: zmq.Socket) -> zmq.Socket:
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, _HWM)
+    sock.setsockopt(zmq.RCVHWM, _HWM)
+    if sock.type == zmq.ROUTER:
+        # A ROUTER at its high-water mark drops messages silently; mandatory routing makes it
+        # say EAGAIN instead (the I/O thread retries when writable) and fail loudly for a gone peer.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     return sock
 
 
