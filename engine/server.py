@@ -84,13 +84,20 @@ class EngineServer:
         self._unloaded_stats: dict = {}
         self._ctx = zmq.Context.instance()
         self._wake = threading.Event()
+        self._stats_snapshot: dict | None = None
         self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats), name="engine",
-                                   notify=self._wake.set)
+                                   notify=self._wake.set, answer_now=self._answer_stats)
         self._stopping = threading.Event()
         self._stop_deadline: float | None = None
         self._garbage_seen = 0
         self._last_loop = time.monotonic()
         self._started_unix = round(time.time(), 3)
+
+    def _answer_stats(self, msg) -> StatsReply | None:
+        """On the channel's I/O thread: Stats from the last round's snapshot, without waiting for a round."""
+        if isinstance(msg, Stats) and self._stats_snapshot is not None:
+            return StatsReply(self._stats_snapshot)
+        return None
 
     @property
     def loaded(self) -> bool:
@@ -379,6 +386,7 @@ class EngineServer:
     # ----- stats -------------------------------------------------------------------
 
     def _update_gauges(self) -> None:
+        self._stats_snapshot = self.stats()  # replaced whole: the I/O thread reads it as it is
         if not self.loaded:
             self.metrics.running.set(0)
             self.metrics.waiting.set(len(self._pending))

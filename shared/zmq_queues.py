@@ -61,9 +61,12 @@ class Channel:
         *,
         name: str = "channel",
         notify: Callable[[], None] | None = None,
+        answer_now: Callable[[object], object | None] | None = None,
     ):
         """``notify`` is called (on the I/O thread) after each message is put on the inbox,
-        e.g. ``lambda: loop.call_soon_threadsafe(event.set)`` for an asyncio consumer."""
+        e.g. ``lambda: loop.call_soon_threadsafe(event.set)`` for an asyncio consumer.
+        ``answer_now(message)`` (on the I/O thread) may return a reply to send at once instead of
+        queueing the message: the engine answers ``Stats`` this way, so a long round never delays it."""
         if not accept:
             raise ValueError("a channel must accept at least one message type")
         self.socket = socket
@@ -73,6 +76,7 @@ class Channel:
         self.garbage_count = 0
         self.last_garbage = ""
         self._notify = notify
+        self._answer_now = answer_now
         self._router = socket.type == zmq.ROUTER
         self._outbox: deque[tuple[bytes | None, list[bytes]]] = deque()
         self._pending: deque[list[bytes]] = deque()  # encoded, not yet accepted by the socket
@@ -179,6 +183,16 @@ class Channel:
             except WireError as e:
                 self._garbage(peer, frames, str(e))
                 continue
+            if self._answer_now is not None:
+                try:
+                    reply = self._answer_now(message)
+                except Exception:
+                    log.exception("%s: answer_now failed", self.name)
+                    reply = None
+                if reply is not None:
+                    encoded = encode(reply)
+                    self._pending.append(encoded if peer is None else [peer, *encoded])
+                    continue
             self.inbox.put(Envelope(peer, message))
             if self._notify is not None:
                 try:

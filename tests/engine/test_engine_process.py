@@ -174,3 +174,25 @@ def test_reuse_reports_cached_tokens_through_the_wire(engine):
     assert sibling.finished.reuse.kind == "retained_prefix"
     stats = engine.stats()
     assert stats["retained_entries"] >= 2
+
+
+def test_stats_are_answered_while_a_long_round_runs(tmp_path):
+    from shared.wire import Stats, StatsReply, TokenBatch
+
+    eng = EngineProcess(tmp_path, "--decode-lanes", "2", "--kv-pool-tokens", "16384",
+                        "--max-prefill-tokens-per-round", "16384")
+    try:
+        eng.generate("long", prompt(12000, 3), max_tokens=1)
+        time.sleep(0.3)  # the round (one 12K-token prefill) is running now
+        eng.client.send(Stats())
+        order = []
+        deadline = time.monotonic() + 120
+        while len(order) < 2 and time.monotonic() < deadline:
+            env = eng.client.get(timeout=120)
+            if isinstance(env.message, StatsReply):
+                order.append("stats")
+            elif isinstance(env.message, TokenBatch):
+                order.append("token")
+        assert order[0] == "stats", order
+    finally:
+        assert eng.stop() == 0
