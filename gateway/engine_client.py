@@ -24,7 +24,18 @@ import time
 
 import zmq
 
-from shared.wire import ENGINE_TO_GATEWAY, Abort, ErrorReply, Finished, Generate, Refused, Stats, StatsReply, TokenBatch
+from shared.wire import (
+    ENGINE_TO_GATEWAY,
+    Abort,
+    ErrorReply,
+    Finished,
+    Generate,
+    Refused,
+    Stats,
+    StatsReply,
+    TokenBatch,
+    Usage,
+)
 from shared.zmq_queues import connect_dealer
 
 log = logging.getLogger("ignis.gateway")
@@ -42,6 +53,7 @@ class EngineClient:
         self.timeout = timeout
         self.last_seen: float | None = None
         self.stats_values: dict = {}
+        self._engine_started: float | None = None  # the engine instance we talk to (its start time)
         self._routes: dict[str, asyncio.Queue] = {}
         self._stats_waiters: collections.deque[asyncio.Future] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,6 +162,11 @@ class EngineClient:
                 q.put_nowait((msg.id, msg))
         elif isinstance(msg, StatsReply):
             self.stats_values = msg.values
+            started = msg.values.get("engine_started_unix")
+            if started is not None:
+                if self._engine_started is not None and started != self._engine_started:
+                    self._fail_open_streams("the engine restarted; this request was lost, please retry")
+                self._engine_started = started
             while self._stats_waiters:
                 fut = self._stats_waiters.popleft()
                 if not fut.done():
@@ -157,6 +174,13 @@ class EngineClient:
                     break
         elif isinstance(msg, ErrorReply):
             log.error("the engine could not decode a message from this gateway: %s", msg.message)
+
+    def _fail_open_streams(self, message: str) -> None:
+        """A new engine answers on the same socket: the old one's streams will never finish."""
+        log.warning("engine restarted: failing %d open streams", len(self._routes))
+        routes, self._routes = self._routes, {}
+        for engine_id, q in routes.items():
+            q.put_nowait((engine_id, Finished(engine_id, "error", Usage(0, 0), message=message)))
 
     async def _beat(self) -> None:
         while True:

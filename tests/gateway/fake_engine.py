@@ -38,6 +38,7 @@ class FakeEngine:
         self.ctx = zmq.Context()
         self.channel = bind_router(self.ctx, endpoint, GATEWAY_TO_ENGINE, name="fake-engine").start()
         self.aborts: list[str] = []
+        self.started = 1.0  # what it reports as engine_started_unix; a change looks like a restart
         self.generates: list[Generate] = []
         self._held: dict[str, tuple[bytes, int]] = {}
         self._stop = threading.Event()
@@ -52,7 +53,8 @@ class FakeEngine:
                 continue
             msg, peer = env.message, env.peer
             if isinstance(msg, Stats):
-                self.channel.send(StatsReply({"max_model_len": MAX_MODEL_LEN, "vocab_size": 2000}), peer)
+                self.channel.send(StatsReply({"max_model_len": MAX_MODEL_LEN, "vocab_size": 2000,
+                                                "engine_started_unix": self.started}), peer)
             elif isinstance(msg, Abort):
                 self.aborts.append(msg.id)
                 held = self._held.pop(msg.id, None)

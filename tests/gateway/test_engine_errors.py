@@ -138,3 +138,17 @@ def test_engine_down_is_503_with_retry_after(tmp_path):
         assert s.status == 503
     finally:
         stop(proc)
+
+
+def test_streams_of_a_restarted_engine_fail_instead_of_hanging(fake):
+    import threading
+
+    engine, url = fake
+    timer = threading.Timer(0.5, lambda: setattr(engine, "started", engine.started + 1.0))
+    timer.start()
+    r = chat(url, stream=True, seed=0)  # one token, then the engine "restarts" and forgets it
+    timer.join()
+    assert r.status == 200
+    events = [e for e in r.body.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert "restarted" in json.loads(events[-2][len("data: "):])["error"]["message"]
