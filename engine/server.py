@@ -44,6 +44,7 @@ from shared.wire import (
     TokenLogprobs,
     Usage,
 )
+from shared.stop_request import StopRequest
 from shared.zmq_queues import bind_router
 
 log = logging.getLogger("ignis.engine")
@@ -87,7 +88,7 @@ class EngineServer:
         self._stats_snapshot: dict | None = None
         self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats), name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
-        self._stopping = threading.Event()
+        self._stopping = StopRequest()  # set by the signal handler: takes no lock
         self._stop_deadline: float | None = None
         self._garbage_seen = 0
         self._last_loop = time.monotonic()
@@ -176,11 +177,9 @@ class EngineServer:
     # ----- lifecycle ---------------------------------------------------------------
 
     def request_stop(self, *_args) -> None:
-        """SIGTERM: stop admitting; in-flight work gets --shutdown-timeout to finish."""
-        if not self._stopping.is_set():
-            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout
-            self._stopping.set()
-            self._wake.set()
+        """SIGTERM: stop admitting; in-flight work gets --shutdown-timeout to finish.
+        Runs as a signal handler, so it takes no lock (the loop notices within 0.1 s)."""
+        self._stopping.set()
 
     def alive(self) -> bool:
         """The loop went round recently (the watchdog pings only while it does)."""
@@ -198,6 +197,8 @@ class EngineServer:
                 self._last_loop = time.monotonic()
                 self._drain_inbox(block=not self.has_work and not self._pending)
                 if self._stopping.is_set():
+                    if self._stop_deadline is None:
+                        self._stop_deadline = time.monotonic() + self.config.shutdown_timeout
                     if not self.has_work:
                         for peer, msg in self._pending:
                             self._refuse(peer, msg.id, "shutting_down", "the engine is shutting down")

@@ -40,6 +40,7 @@ from gateway.config import GatewayConfig
 from tierd.config import TierdConfig
 from shared.flags import add_flags, field_doc, from_args
 from shared.model_names import model_specs
+from shared.stop_request import StopRequest
 
 API_KEY_ENV = "IGNIS_API_KEY"
 _TAIL_LINES = 40
@@ -214,6 +215,8 @@ def stop_all(children: list[Child], timeout: float) -> None:
         try:
             child.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            print(f"ignis serve: the {child.name} did not exit within {timeout:g} s of SIGTERM; killing it",
+                  file=sys.stderr, flush=True)
             child.signal(signal.SIGKILL)
             child.proc.wait()
 
@@ -226,11 +229,11 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"ignis serve: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    stop = StopRequest()  # the handler below must take no lock (see shared.stop_request)
     children: list[Child] = []
 
     def on_signal(signum, _frame):
-        stop.set()
+        stop.set(signum)
         for child in children:
             child.signal(signum)
 

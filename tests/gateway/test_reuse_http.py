@@ -139,4 +139,4 @@ def test_reuse_off_reports_zero_everywhere(tmp_path_factory):
             assert r.usage.prompt_tokens_details is not None
     finally:
         client.close()
-        assert stop_serve(server) == 0
+        assert stop_serve(server) == 0, server.log()

@@ -1,0 +1,21 @@
+"""tierd stops on SIGTERM however the signals arrive: a burst of them must not wedge it.
+
+A handler that takes a lock (``threading.Event.set``) deadlocks when a second
+signal interrupts it, or when it interrupts a wait holding that lock; the
+process then ignores SIGTERM for good.
+"""
+
+from __future__ import annotations
+
+from tests.signal_burst import EXITED_ON_SIGTERM, sigterm_burst
+from tests.tierd.fake_engine import TierdProcess
+
+
+def test_a_burst_of_sigterms_stops_tierd(tmp_path):
+    for _ in range(3):
+        proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "64K", metrics=False)
+        try:
+            sigterm_burst(proc.proc.pid)
+            assert proc.wait(15) in EXITED_ON_SIGTERM, proc.log_text()
+        finally:
+            proc.stop()
