@@ -1,19 +1,25 @@
 """Host memory blocks the engine exports: pinned on CUDA, named POSIX shared memory on the CPU.
 
 A block is allocated once at load, touched whole (first-touch page faults
-belong at start), and lives until the engine exits. On the CPU the block's
-shared-memory name is what tierd maps; on CUDA the pinned tensor is exported
-as its own handle.
+belong at start), and lives until the engine exits. Its shared-memory name is
+what tierd maps, on the CPU and on CUDA alike; on CUDA the same pages are also
+registered as pinned memory (``cudaHostRegister``), so the engine's copies
+between a lane and a host slot are DMA. Where registering fails, the block
+falls back to PyTorch's own pinned memory with no name: the engine then
+serves without the lower tiers.
 """
 
 from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import os
 from multiprocessing import shared_memory
 
 import torch
+
+log = logging.getLogger("ignis.engine")
 
 _BLOCKS: list[shared_memory.SharedMemory] = []
 _SERIAL = itertools.count()
@@ -44,11 +50,9 @@ class HostBlock:
         self.nbytes = nbytes
         self.shm_name: str | None = None
         self._shm = None
+        self._registered = 0  # address registered with CUDA as pinned
         if numel == 0:
             self.tensor = torch.zeros(shape, dtype=dtype)
-            return
-        if device_type == "cuda":
-            self.tensor = torch.zeros(shape, dtype=dtype, pin_memory=True)
             return
         name = f"ignis-{os.getpid()}-{next(_SERIAL)}-{tag}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
@@ -58,10 +62,31 @@ class HostBlock:
         flat = torch.frombuffer(shm.buf, dtype=torch.uint8, count=nbytes)
         flat.zero_()  # touch every page now
         self.tensor = flat.view(dtype)[:numel].view(shape)
+        if device_type == "cuda" and not self._pin(flat):
+            del flat
+            self.release()
+            self.shm_name = None
+            self.tensor = torch.zeros(shape, dtype=dtype, pin_memory=True)
+
+    def _pin(self, flat: torch.Tensor) -> bool:
+        """Register the shared pages with CUDA as pinned host memory."""
+        cudart = torch.cuda.cudart()
+        ptr = flat.data_ptr()
+        err = cudart.cudaHostRegister(ptr, flat.numel(), 0)
+        if int(err) != 0:
+            log.warning("cudaHostRegister of %d bytes of shared memory failed (error %s): this host block is "
+                        "pinned but not shared with tierd", flat.numel(), err)
+            return False
+        self._registered = ptr
+        return True
 
     def release(self) -> None:
         """Drop the tensor and unlink the shared memory now (the engine is unloading)."""
         self.tensor = None
+        if self._registered:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(self._registered)
+            self._registered = 0
         shm, self._shm = self._shm, None
         if shm is None:
             return

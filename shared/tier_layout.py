@@ -68,7 +68,9 @@ class BlockDesc:
     A KV pool [L, 2, P, 64, H, D] is runs = 2L, items = P, item_bytes =
     64*H*D*dtype, run_stride_bytes = P*item_bytes; a lane block [L, lanes, ...]
     is runs = L, items = lanes. ``handle`` is the POSIX shm name (kind "shm")
-    or the CUDA IPC handle as hex (kind "cuda_ipc").
+    or the CUDA IPC handle as hex (kind "cuda_ipc"). A CUDA block is a whole
+    allocation of its own (the handle opens at the block's first byte) on
+    CUDA device ``device``; a shm block ignores ``device``.
     """
 
     name: str
@@ -78,6 +80,7 @@ class BlockDesc:
     items: int
     item_bytes: int
     run_stride_bytes: int
+    device: int = 0
 
     def __post_init__(self):
         if type(self.name) is not str or not _BLOCK_NAME.fullmatch(self.name):
@@ -91,6 +94,7 @@ class BlockDesc:
         check_int(f"block {self.name!r} items", self.items, 1, 2**31 - 1)
         check_int(f"block {self.name!r} item_bytes", self.item_bytes, 1, 1 << 40)
         check_int(f"block {self.name!r} run_stride_bytes", self.run_stride_bytes, 0, 1 << 50)
+        check_int(f"block {self.name!r} device", self.device, 0, 255)
         if self.run_stride_bytes < self.items * self.item_bytes:
             raise ValueError(f"block {self.name!r}: run_stride_bytes {self.run_stride_bytes} is less than "
                              f"items * item_bytes = {self.items * self.item_bytes} (runs would overlap)")

@@ -45,7 +45,7 @@ __all__ = [
     "StatsReply", "ErrorReply", "ENGINE_TO_TIERD", "TIERD_TO_ENGINE", "WireError", "encode", "decode",
 ]
 
-TIER_PROTOCOL_VERSION = 1
+TIER_PROTOCOL_VERSION = 2
 """Version of the engine <-> tierd contract; checked at ``Hello``, bumped on any incompatible change."""
 
 FAMILIES = ("qwen3_5", "qwen3_next")

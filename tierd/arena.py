@@ -108,7 +108,11 @@ class Arena:
             return
         import cupy  # noqa: PLC0415 - CUDA path only
 
-        cupy.cuda.runtime.hostRegister(self.address, self.nbytes, 0)
+        portable = 1  # cudaHostRegisterPortable: pinned for every CUDA context, not just this thread's
+        try:
+            cupy.cuda.runtime.hostRegister(self.address, self.nbytes, portable)
+        except Exception as e:  # cupy's CUDARuntimeError
+            raise OSError(f"cannot register the {self.nbytes}-byte arena as pinned CUDA memory: {e}") from None
         self._pinned = True
 
     def close(self) -> None:

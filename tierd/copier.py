@@ -111,27 +111,48 @@ class NumpyBackend:
 
 
 class CupyBackend:
-    """CUDA copies on tierd's own stream: cudaMemcpy2DAsync between device blocks and pinned host memory."""
+    """CUDA copies on tierd's own stream: cudaMemcpy2DAsync between device blocks and pinned host memory.
 
-    def __init__(self):
-        import cupy  # noqa: PLC0415 - CUDA path only
+    Spans over host blocks (the engine's pinned shm slots) are plain numpy
+    copies; only spans over ``cuda_ipc`` blocks go to the device. ``runtime``
+    and ``stream`` are cupy's unless given (tests pass a host-memory stand-in
+    to check the pitch arithmetic on the CPU)."""
 
-        self._rt = cupy.cuda.runtime
-        self._stream = cupy.cuda.Stream(non_blocking=True)
+    def __init__(self, device: int = 0, runtime=None, stream=None):
+        self._numpy = NumpyBackend()
+        self.device = device
+        if runtime is None:
+            import cupy  # noqa: PLC0415 - CUDA path only
+
+            runtime = cupy.cuda.runtime
+            with cupy.cuda.Device(device):
+                stream = cupy.cuda.Stream(non_blocking=True)
+            self._use_device = lambda: cupy.cuda.Device(device)
+        else:
+            self._use_device = _NoDevice
+        self._rt = runtime
+        self._stream = stream
 
     def _copy(self, spans: Sequence[Span], host: np.ndarray, to_host: bool) -> None:
+        on_host = [s for s in spans if s.block.kind != "cuda_ipc"]
+        on_device = [s for s in spans if s.block.kind == "cuda_ipc"]
+        if on_host:
+            (self._numpy.gather if to_host else self._numpy.scatter)(on_host, host)
+        if not on_device:
+            return
         base = int(host.ctypes.data)
         kind = self._rt.memcpyDeviceToHost if to_host else self._rt.memcpyHostToDevice
-        for s in spans:
-            rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
-            dev = s.block.device_ptr + s.run_lo * s.block.run_stride + s.item * s.block.item_bytes + s.col_lo
-            if to_host:
-                self._rt.memcpy2DAsync(base + s.host, cols, dev, s.block.run_stride, cols, rows, kind,
-                                       self._stream.ptr)
-            else:
-                self._rt.memcpy2DAsync(dev, s.block.run_stride, base + s.host, cols, cols, rows, kind,
-                                       self._stream.ptr)
-        self._stream.synchronize()  # the reply goes out only once the bytes are there
+        with self._use_device():  # the thread's current device: the one the blocks live on
+            for s in on_device:
+                rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
+                dev = s.block.device_ptr + s.run_lo * s.block.run_stride + s.item * s.block.item_bytes + s.col_lo
+                if to_host:
+                    self._rt.memcpy2DAsync(base + s.host, cols, dev, s.block.run_stride, cols, rows, kind,
+                                           self._stream.ptr)
+                else:
+                    self._rt.memcpy2DAsync(dev, s.block.run_stride, base + s.host, cols, cols, rows, kind,
+                                           self._stream.ptr)
+            self._stream.synchronize()  # the reply goes out only once the bytes are there
 
     def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
         self._copy(spans, host, to_host=True)
@@ -140,8 +161,17 @@ class CupyBackend:
         self._copy(spans, host, to_host=False)
 
 
-def make_backend(uses_cuda: bool):
-    return CupyBackend() if uses_cuda else NumpyBackend()
+class _NoDevice:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def make_backend(cuda_device: int | None):
+    """The CUDA backend for blocks on ``cuda_device``, or numpy when no block is on a device."""
+    return NumpyBackend() if cuda_device is None else CupyBackend(cuda_device)
 
 
 def _by_chunk(spans: Sequence[Span], chunk: int) -> dict[int, list[Span]]:

@@ -6,8 +6,10 @@ A mapped block is seen as [runs, items, item_bytes] (``shared.tier_layout.BlockD
   with strides (run_stride_bytes, item_bytes, 1). tierd never unlinks the
   name (the engine owns it) and keeps it out of Python's resource tracker,
   which would otherwise unlink it when tierd exits.
-- kind "cuda_ipc": ``cudaIpcOpenMemHandle`` via cupy, imported only here and
-  only then; the copier addresses it by device pointer.
+- kind "cuda_ipc": ``cudaIpcOpenMemHandle`` via cupy on the block's device,
+  imported only here and only then; the copier addresses it by device
+  pointer. The handle is of an allocation of its own, so the pointer it opens
+  at is the block's first byte.
 
 ``EngineMemory.resolve`` checks a ref list before any byte moves: known
 blocks, items in range, no item named twice, and the order the hello's
@@ -98,11 +100,18 @@ class CudaIpcBlockMap(MappedBlock):
             raise LayoutError(f"block {desc.name!r} is a CUDA IPC handle; tierd needs cupy for it "
                               f"(pip install 'ignis[cuda]')") from None
         self._cupy = cupy
-        self.device_ptr = int(cupy.cuda.runtime.ipcOpenMemHandle(bytes.fromhex(desc.handle)))
+        self.device = desc.device
+        try:
+            with cupy.cuda.Device(desc.device):
+                self.device_ptr = int(cupy.cuda.runtime.ipcOpenMemHandle(bytes.fromhex(desc.handle)))
+        except Exception as e:  # cupy's CUDARuntimeError: a stale handle, another machine's, a bad device
+            raise LayoutError(f"block {desc.name!r}: cannot open its CUDA IPC handle on device {desc.device}: "
+                              f"{e}") from None
 
     def close(self) -> None:
         if self.device_ptr:
-            self._cupy.cuda.runtime.ipcCloseMemHandle(self.device_ptr)
+            with self._cupy.cuda.Device(self.device):
+                self._cupy.cuda.runtime.ipcCloseMemHandle(self.device_ptr)
             self.device_ptr = 0
 
 
@@ -138,7 +147,13 @@ class EngineMemory:
 
     @property
     def uses_cuda(self) -> bool:
-        return any(b.kind == "cuda_ipc" for b in self.blocks.values())
+        return self.cuda_device is not None
+
+    @property
+    def cuda_device(self) -> int | None:
+        """The CUDA device the exported device blocks live on (None: all blocks are host memory)."""
+        devices = {b.device for b in self.blocks.values() if b.kind == "cuda_ipc"}
+        return min(devices) if devices else None
 
     def resolve(self, refs: tuple[tuple[str, int], ...], what: str = "refs") -> Resolved:
         """Check ``refs`` against the blocks and the unit layout (see the module docstring)."""

@@ -69,8 +69,8 @@ class TierStore:
         self.reply = reply  # reply(peer, message)
         self.again = again  # again(peer, request): handle a waiting request once more
         self.clock = clock
-        self.backend = make_backend(memory.uses_cuda)  # copier thread
-        self.disk_backend = make_backend(memory.uses_cuda)  # disk thread (its own CUDA stream)
+        self.backend = make_backend(memory.cuda_device)  # copier thread
+        self.disk_backend = make_backend(memory.cuda_device)  # disk thread (its own CUDA stream)
         self.copier = Worker("copier", post)
         self.disk_io = Worker("disk", post) if disk is not None else None
         self.entries: dict[str, Entry] = {}

@@ -66,14 +66,15 @@ class ModelState:
     slot_conv: tuple = ()
     slot_window: tuple = ()  # hq-e8-2b: (device block, host block) [L_full, n, 2, W, Hkv, D]
     host_blocks: tuple = ()  # HostBlock objects kept alive for the engine's life
-    kv_block: object = None  # the HostBlock holding the page tensor when it is shared (CPU)
+    kv_block: object = None  # the HostBlock (CPU) or DeviceBlock (CUDA) holding the page tensor when shared
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, lanes: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", fill: float = 0.0, kv_format: str = "bf16",
                  exact_window: int = 0, shared: bool = False) -> "ModelState":
         """``fill`` seeds the pool (and window) so tests see reads of unwritten memory (NaN).
-        ``shared``: on the CPU the page tensor lives in named shared memory (tierd maps it)."""
+        ``shared``: the page tensor is memory tierd can map: named shared memory on the CPU, an
+        allocation of its own with a CUDA IPC handle on CUDA (``engine.device_memory``)."""
         dev = torch.device(device)
         full = len(cfg.full_layers)
         kv_block = None
@@ -85,6 +86,12 @@ class ModelState:
 
                 kv_block = HostBlock(shape, page_dtype, "cpu", "kv")
                 return kv_block.tensor.fill_(value)
+            if shared and dev.type == "cuda":
+                from engine.device_memory import DeviceBlock
+
+                kv_block = DeviceBlock.create(shape, page_dtype, dev)
+                if kv_block is not None:
+                    return kv_block.tensor.fill_(value)
             return torch.full(shape, value, dtype=page_dtype, device=dev)
 
         if kv_format == "bf16":
@@ -156,13 +163,14 @@ class ModelState:
             self.window[:, lane].copy_(self.slot_window[block][:, i], non_blocking=True)
 
     def close(self) -> None:
-        """Release the host blocks (shared memory is unlinked) and drop every tensor."""
-        for block in (*self.host_blocks, self.kv_block):
-            if block is not None:
-                block.release()
+        """Drop every tensor, then release the blocks under them (shared memory is unlinked)."""
+        blocks = (*self.host_blocks, self.kv_block)
         self.kv = self.ssm = self.conv = None
         self.slot_ssm = self.slot_conv = self.slot_window = ()
         self.host_blocks, self.kv_block = (), None
+        for block in blocks:
+            if block is not None:
+                block.release()
 
     @property
     def kv_format(self) -> str:

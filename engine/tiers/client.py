@@ -2,7 +2,9 @@
 
 A copy is acknowledged by tierd only once it is complete, and the engine
 reuses no page or slot a copy still reads or writes: every call here waits
-for its reply (the copies are memory-to-memory; KV-disk writes happen later,
+for its reply. Before a demote or a restore the engine's own queued device
+work is finished (``sync``, CUDA only), so tierd reads what the engine
+wrote and overwrites nothing a kernel still reads (the copies are memory-to-memory; KV-disk writes happen later,
 on tierd's own threads). A tierd that is gone or slow is a cache miss, not
 an outage: a call that times out marks the client down for ``backoff_s``
 and returns a failure, and the engine carries on without the lower tiers.
@@ -40,7 +42,7 @@ REPLIES = (Welcome, Demoted, Restored, Missing, Dropped, TierRefused, ErrorReply
 
 class TierClient:
     def __init__(self, endpoint: str, stamp: str, family: str, block_bytes: int, blocks: list[BlockDesc],
-                 unit: UnitLayout, timeout_s: float = 10.0, backoff_s: float = 5.0):
+                 unit: UnitLayout, timeout_s: float = 10.0, backoff_s: float = 5.0, sync=None):
         self.endpoint = endpoint
         self.stamp = stamp
         self.family = family
@@ -49,6 +51,7 @@ class TierClient:
         self.unit = unit
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
+        self.sync = sync  # waits for the engine's queued device work (None on the CPU)
         self._req = 0
         self._down_until = 0.0
         self.welcome: Welcome | None = None
@@ -128,6 +131,8 @@ class TierClient:
         """Copy an entry down; returns the tier it landed in ("ram"/"disk") or None."""
         if not self.ready:
             return None
+        if self.sync is not None:
+            self.sync()
         reply = self._call_hello_first(lambda req: Demote(
             req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto", kind=kind,
             request_class=request_class, last_used=last_used))
@@ -141,6 +146,8 @@ class TierClient:
         """Copy an entry back into ``dest``; False on a miss (the destination is then unused)."""
         if not self.ready:
             return False
+        if self.sync is not None:
+            self.sync()
         reply = self._call_hello_first(lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)))
         if isinstance(reply, Restored):
             return True

@@ -1,6 +1,7 @@
 """Connect the retained store to tierd: export the engine's blocks, install the demote/fetch hooks.
 
-Blocks tierd maps (CPU: named POSIX shared memory)::
+Blocks tierd maps (host blocks: named POSIX shared memory, pinned on CUDA;
+the KV pool on CUDA: a CUDA IPC handle of its own allocation)::
 
     kv         the KV pool, one item per page   runs = 2 x full layers
     slot_ssm   host retained slots, recurrent   runs = linear layers, one item per slot
@@ -26,6 +27,15 @@ from shared.tier_layout import BlockDesc, UnitLayout
 log = logging.getLogger("ignis.engine.tiers")
 
 
+def _handle(block) -> tuple[str, str, int] | None:
+    """(kind, handle, device) of a HostBlock or DeviceBlock; None when it is not shareable."""
+    if getattr(block, "shm_name", None):
+        return "shm", block.shm_name, 0
+    if getattr(block, "ipc_handle", None):
+        return "cuda_ipc", block.ipc_handle, block.device
+    return None
+
+
 def _desc(name: str, block, runs: int) -> BlockDesc:
     shape = block.shape
     items = shape[1] if runs == shape[0] else shape[2]
@@ -34,16 +44,17 @@ def _desc(name: str, block, runs: int) -> BlockDesc:
     for s in shape:
         total *= s
     item_bytes = total * elem // (runs * items)
-    return BlockDesc(name=name, kind="shm", handle=block.shm_name, runs=runs, items=items,
-                     item_bytes=item_bytes, run_stride_bytes=items * item_bytes)
+    kind, handle, device = _handle(block)
+    return BlockDesc(name=name, kind=kind, handle=handle, runs=runs, items=items,
+                     item_bytes=item_bytes, run_stride_bytes=items * item_bytes, device=device)
 
 
 def exported_blocks(state) -> tuple[list[BlockDesc], UnitLayout] | None:
-    """Block descriptors of a ModelState whose pool and host slots live in shared memory."""
+    """Block descriptors of a ModelState whose pool and host slots tierd can map; None otherwise."""
     kv_block = getattr(state, "kv_block", None)
-    if kv_block is None or kv_block.shm_name is None or not state.host_blocks:
+    if kv_block is None or _handle(kv_block) is None or not state.host_blocks:
         return None
-    if any(b.shm_name is None for b in state.host_blocks):
+    if any(_handle(b) is None for b in state.host_blocks):
         return None
     full = kv_block.shape[0]
     blocks = [_desc("kv", kv_block, runs=2 * full)]
@@ -54,16 +65,27 @@ def exported_blocks(state) -> tuple[list[BlockDesc], UnitLayout] | None:
     return blocks, UnitLayout(pages="kv", lane=tuple(names), image=None)
 
 
+def _device_sync(state):
+    """A function that waits for the engine's queued CUDA work, or None on the CPU."""
+    device = state.ssm.device
+    if device.type != "cuda":
+        return None
+    import torch  # noqa: PLC0415 - the engine has it loaded already
+
+    return lambda: torch.cuda.synchronize(device)
+
+
 def attach_tiers(store: RetainedStore, state, endpoint: str, stamp: str, family: str,
                  floors: dict[str, int], timeout_s: float = 10.0) -> TierClient | None:
     """Wire ``store`` to the tierd at ``endpoint``; None (lower tiers off) when memory cannot be shared."""
     exported = exported_blocks(state)
     if exported is None:
-        log.warning("lower tiers off: the KV pool and host slots are not in shared memory on this device")
+        log.warning("lower tiers off: the KV pool or the host slots cannot be shared with tierd on this device")
         return None
     blocks, unit = exported
     page_bytes = blocks[0].item_bytes * blocks[0].runs
-    client = TierClient(endpoint, stamp, family, max(4096, page_bytes), blocks, unit, timeout_s=timeout_s)
+    client = TierClient(endpoint, stamp, family, max(4096, page_bytes), blocks, unit, timeout_s=timeout_s,
+                        sync=_device_sync(state))
     device_slots = store.slots.device_slots
     lane_blocks = unit.lane
 

@@ -37,7 +37,7 @@ K1, K2 = "0123456789abcdef", "f" * 64
 KV = BlockDesc("kv", "shm", "ignis-default-kv-1-ab", runs=32, items=1000, item_bytes=131072,
                run_stride_bytes=1000 * 131072)
 SSM = BlockDesc("ssm", "shm", "ignis-default-ssm-1-ab", 48, 16, 4 << 20, 16 * (4 << 20))
-CONV = BlockDesc("conv", "cuda_ipc", "00ff" * 32, 48, 16, 60000, 16 * 60000 + 64)
+CONV = BlockDesc("conv", "cuda_ipc", "00ff" * 32, 48, 16, 60000, 16 * 60000 + 64, device=3)
 SLOTS = BlockDesc("host_slots", "shm", "ignis-default-host_slots-1-ab", 1, 32, 150_000_000, 32 * 150_000_000)
 HELLO = Hello(1, TIER_PROTOCOL_VERSION, "hash/bf16/nodrafter", "qwen3_5", 131072 * 32, (KV, SSM, CONV, SLOTS),
               UnitLayout())
@@ -106,6 +106,8 @@ def test_block_descriptor_layout_arithmetic():
     (lambda: BlockDesc("KV", "shm", "x", 1, 1, 1, 1), "block name"),
     (lambda: BlockDesc("kv", "cuda_ipc", "xyz", 1, 1, 1, 1), "hex"),
     (lambda: BlockDesc("kv", "shm", "/etc/passwd", 1, 1, 1, 1), "shared-memory name"),
+    (lambda: BlockDesc("kv", "cuda_ipc", "ab" * 64, 1, 1, 1, 1, device=-1), "device"),
+    (lambda: BlockDesc("kv", "cuda_ipc", "ab" * 64, 1, 1, 1, 1, device=True), "device"),
     (lambda: LookupReply(1, (K1,), (), ()), "parallel"),
     (lambda: TierRefused(1, "demote", K1, "tired", "m"), "reason"),
 ])

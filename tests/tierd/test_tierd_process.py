@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from shared.tier_wire import (
+    TIER_PROTOCOL_VERSION,
     Demote,
     Demoted,
     Drop,
@@ -179,7 +180,7 @@ def test_garbage_and_wrong_versions_get_clear_errors(engine, tierd):
     finally:
         raw.close()
     refused = engine.hello(protocol=99)
-    assert isinstance(refused, TierRefused) and refused.reason == "protocol" and "this tierd speaks 1" in \
+    assert isinstance(refused, TierRefused) and refused.reason == "protocol" and f"this tierd speaks {TIER_PROTOCOL_VERSION}" in \
         refused.message
     assert isinstance(engine.hello(), Welcome)  # and it still serves
     assert tierd.metric("ignis:tierd_wire_errors_total") >= 4

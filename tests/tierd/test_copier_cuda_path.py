@@ -1,0 +1,111 @@
+"""The CUDA copy path's arithmetic on the CPU: CupyBackend with a host-memory stand-in for the runtime.
+
+``HostRuntime.memcpy2DAsync`` does what cudaMemcpy2DAsync does (rows of
+``width`` bytes, each side with its own pitch) with ctypes.memmove, and a
+"device" block is a numpy buffer addressed by its raw pointer, as tierd
+addresses an opened IPC handle. A mixed entry (device pages + host-slot
+items) must move exactly the bytes the numpy backend moves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.tier_wire import BlockDesc
+from tierd.copier import CupyBackend, NumpyBackend, plan_spans
+from tierd.memory_map import MappedBlock
+from tests.tierd.test_copier import ArrayBlock, payload
+
+
+class HostRuntime:
+    memcpyDeviceToHost = 2
+    memcpyHostToDevice = 1
+
+    def __init__(self):
+        self.calls = 0
+
+    def memcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
+        assert kind in (1, 2) and stream == 7
+        assert width <= dpitch and width <= spitch, "a row wider than its pitch"
+        self.calls += 1
+        for r in range(height):
+            ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
+
+class Stream:
+    ptr = 7
+
+    def __init__(self):
+        self.synced = 0
+
+    def synchronize(self):
+        self.synced += 1
+
+
+class FakeDeviceBlock(MappedBlock):
+    """A "cuda_ipc" block whose device pointer is a host buffer's address; ``view`` only for checking."""
+
+    kind = "cuda_ipc"
+
+    def __init__(self, name, runs, items, item_bytes, pad=0):
+        stride = items * item_bytes + pad
+        super().__init__(BlockDesc(name, "cuda_ipc", "ab" * 64, runs, items, item_bytes, stride))
+        self.raw = np.zeros(runs * stride, dtype=np.uint8)
+        self.device_ptr = int(self.raw.ctypes.data)
+        self.view = np.ndarray((runs, items, item_bytes), dtype=np.uint8, buffer=self.raw,
+                               strides=(stride, item_bytes, 1))
+
+    def close(self):
+        pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_device_spans_move_the_same_bytes_as_numpy(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    pages = FakeDeviceBlock("kv", data.draw(st.integers(1, 6)), data.draw(st.integers(1, 5)),
+                            data.draw(st.integers(1, 48)), pad=data.draw(st.integers(0, 9)))
+    lanes = [ArrayBlock(f"slot{j}", data.draw(st.integers(1, 4)), 3, data.draw(st.integers(1, 30)))
+             for j in range(2)]
+    for b in (pages, *lanes):
+        b.raw[:] = rng.integers(0, 256, b.raw.size, dtype=np.uint8)
+    page_ids = data.draw(st.lists(st.integers(0, pages.items - 1), min_size=1, max_size=4, unique=True))
+    slot = data.draw(st.integers(0, 2))
+    items = [(pages, p) for p in page_ids] + [(b, slot) for b in lanes]
+    block_bytes = data.draw(st.integers(1, 80))
+    total = sum(b.item_total for b, _ in items)
+    nblocks = -(-total // block_bytes)
+    host_blocks = [int(x) for x in rng.permutation(nblocks + 2)[:nblocks]]
+    spans = plan_spans(items, host_blocks, block_bytes)
+    want = payload(items)
+
+    runtime, stream = HostRuntime(), Stream()
+    cuda = CupyBackend(runtime=runtime, stream=stream)
+    host = np.zeros((nblocks + 2) * block_bytes, dtype=np.uint8)
+    reference = host.copy()
+    cuda.gather(spans, host)
+    NumpyBackend().gather(spans, reference)
+    assert host.tobytes() == reference.tobytes()
+    got = b"".join(host[k * block_bytes:(k + 1) * block_bytes].tobytes() for k in host_blocks)[:total]
+    assert got == want
+    assert runtime.calls == sum(1 for s in spans if s.block is pages) and stream.synced == 1
+
+    for b in (pages, *lanes):
+        b.raw[:] = 0
+    cuda.scatter(spans, host)
+    assert payload(items) == want and stream.synced == 2
+
+
+def test_host_only_entries_never_touch_the_device():
+    lane = ArrayBlock("slot", 2, 2, 16)
+    lane.raw[:] = np.arange(lane.raw.size, dtype=np.uint8)
+    runtime, stream = HostRuntime(), Stream()
+    spans = plan_spans([(lane, 1)], [0], 64)
+    host = np.zeros(64, dtype=np.uint8)
+    CupyBackend(runtime=runtime, stream=stream).gather(spans, host)
+    assert host[:32].tobytes() == payload([(lane, 1)])
+    assert runtime.calls == 0 and stream.synced == 0
