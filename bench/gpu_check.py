@@ -20,6 +20,9 @@ deadline skips its remaining cases and says so in the table):
 4. hq: the hq-e8-2b forms (quantize-on-write, decode and prefill attention
    over compressed pages + a 64-token exact window) at the same shapes, with
    their own share of the budget; GB/s counts the compressed bytes read.
+5. tiers: ``bench/gpu_tiers.py``, the engine <-> tierd copy path across two
+   processes (CUDA IPC pool, pinned shared-memory slots, tierd's backend):
+   bytes checked both ways, GB/s against torch's own device <-> pinned copy.
 
 ``--dry-run`` (alias ``--quick``) runs the same code on the CPU under
 ``TRITON_INTERPRET=1`` with tiny shapes. ``--compile-only`` needs no GPU
@@ -62,7 +65,7 @@ import torch  # noqa: E402
 
 HBM_GBPS = 4300.0
 MMA_TFLOPS = 790.0
-BUDGET_S = {"tests": 230.0, "model": 60.0, "bench": 115.0, "hq": 45.0}  # 450 s of the 480 s allowed
+BUDGET_S = {"tests": 210.0, "model": 60.0, "bench": 115.0, "hq": 45.0, "tiers": 20.0}  # 450 s of 480
 PAGE = 64
 
 
@@ -696,6 +699,27 @@ def run_compile_only(rep: Report) -> int:
 
 
 # ----- driver ---------------------------------------------------------------
+def run_tiers(rep: Report, device: str, head: dict) -> None:
+    """Section 5: bench/gpu_tiers.py in its own processes, its figures into the table and ``head``."""
+    argv = [sys.executable, str(ROOT / "bench" / "gpu_tiers.py")] + (["--dry-run"] if device == "cpu" else [])
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_S["tiers"] + 60)
+    except subprocess.TimeoutExpired:
+        rep.fail(f"tiers: bench/gpu_tiers.py ran past {BUDGET_S['tiers'] + 60:.0f} s")
+        return
+    lines = proc.stdout.strip().splitlines()
+    for line in lines:
+        rep.say(f"tiers: {line}")
+    last = lines[-1] if lines else ""
+    if proc.returncode != 0 or not last.startswith("BENCH gpu_tiers ok=1 "):
+        rep.fail(f"tiers: exit {proc.returncode}: {proc.stderr[-1500:]}")
+    fields = dict(kv.split("=", 1) for kv in last.split()[2:] if "=" in kv)
+    head["tiers_ok"] = fields.get("ok", "0")
+    for key in ("gather_gbps", "scatter_gbps"):
+        if key in fields:
+            head[f"tiers_{key}"] = fields[key]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", "--quick", action="store_true", dest="dry_run",
@@ -730,6 +754,7 @@ def main(argv: list[str] | None = None) -> int:
         rep.fail(f"model: {type(exc).__name__}: {exc}")
     head: dict[str, str] = {}
     run_bench(rep, shapes, device, time.monotonic() + BUDGET_S["bench"], head)
+    run_tiers(rep, device, head)
     wall = time.monotonic() - t0
     rep.say(f"failures: {len(rep.failures)}; wall {wall:.0f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -739,7 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     fields = [f"kernels_passed={passed}", f"kernels_failed={failed}", f"model_max_rel_err={model_err:.2e}"]
     fields += [f"{k}={head[k]}" for k in ("decode_attn_64k_gbps", "decode_attn_b64_gbps", "prefill_attn_tflops",
                                           "gdn_chunk_ms", "gdn_recurrent_gbps", "conv_varlen_gbps",
-                                          "hq_decode_b1_gbps", "hq_decode_b64_gbps", "hq_prefill_tflops")
+                                          "hq_decode_b1_gbps", "hq_decode_b64_gbps", "hq_prefill_tflops",
+                                          "tiers_ok", "tiers_gather_gbps", "tiers_scatter_gbps")
                if k in head]
     fields += [f"failures={len(rep.failures)}", f"wall_s={wall:.0f}"]
     print("BENCH gpu_check " + " ".join(fields), flush=True)

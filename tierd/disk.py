@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 MARKER = ".ignis-kv-disk"
 SUFFIX = ".kv"
@@ -103,6 +102,8 @@ def wipe_dir(path: str | os.PathLike, remove: bool = True) -> None:
 
 
 def encode_header(key: str, stamp: str, nbytes: int, shape: tuple[str, ...]) -> bytes:
+    import orjson  # noqa: PLC0415 - here, so the copy path imports without it (bench/gpu_tiers.py)
+
     return orjson.dumps({"key": key, "stamp": stamp, "payload_bytes": nbytes, "shape": list(shape)})
 
 

@@ -34,3 +34,12 @@ def test_quick_mode_prints_bench_line(script, name, keys):
     fields = dict(kv.split("=") for kv in last.split()[2:])
     for key in keys:
         assert float(fields[key]) > 0
+
+
+def test_gpu_tiers_dry_run_moves_the_entry_across_processes():
+    out = run_quick("gpu_tiers.py")
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("BENCH gpu_tiers ok=1 "), out
+    assert "hash_ok  True" in out and "scatter_ok  True" in out
+    fields = dict(kv.split("=") for kv in last.split()[2:])
+    assert float(fields["gather_gbps"]) > 0 and float(fields["scatter_gbps"]) > 0

@@ -38,6 +38,7 @@ def test_dry_run_passes_and_prints_its_bench_line(tmp_path):
     got = fields(run_script("--dry-run", "--out", str(out)))
     assert int(got["kernels_passed"]) > 0 and got["kernels_failed"] == "0"
     assert float(got["model_max_rel_err"]) < 5e-2
+    assert got["tiers_ok"] == "1" and float(got["tiers_gather_gbps"]) > 0
     table = out.read_text()
     for op in ("write_kv", "decode_attention", "prefill_attention", "gdn_chunk", "gdn_recurrent",
                "conv_varlen", "conv_update"):
