@@ -22,6 +22,7 @@ or a file.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -169,9 +170,42 @@ class _NoDevice:
         return False
 
 
+FAULT_PAUSE_ENV = "IGNIS_TIERD_FAULT_PAUSE_S"
+"""Fault injection for tests: every copy stops this many seconds after its first half of spans."""
+
+
+class PausingBackend:
+    """Wraps a backend so each copy pauses half way (``FAULT_PAUSE_ENV``): a kill then lands mid-copy."""
+
+    def __init__(self, inner, pause_s: float):
+        self.inner = inner
+        self.pause_s = pause_s
+
+    def _split(self, fn, spans: Sequence[Span], host: np.ndarray) -> None:
+        half = len(spans) // 2
+        fn(spans[:half], host)
+        time.sleep(self.pause_s)
+        fn(spans[half:], host)
+
+    def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        self._split(self.inner.gather, spans, host)
+
+    def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        self._split(self.inner.scatter, spans, host)
+
+
+def fault_pause_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(FAULT_PAUSE_ENV, "0") or 0))
+    except ValueError:
+        return 0.0
+
+
 def make_backend(cuda_device: int | None):
     """The CUDA backend for blocks on ``cuda_device``, or numpy when no block is on a device."""
-    return NumpyBackend() if cuda_device is None else CupyBackend(cuda_device)
+    backend = NumpyBackend() if cuda_device is None else CupyBackend(cuda_device)
+    pause = fault_pause_s()
+    return PausingBackend(backend, pause) if pause > 0 else backend
 
 
 def _by_chunk(spans: Sequence[Span], chunk: int) -> dict[int, list[Span]]:

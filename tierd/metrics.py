@@ -30,6 +30,7 @@ class TierdMetrics:
         self.arena_unlocked = gauge("arena_unlocked_bytes", "arena bytes NOT locked (can be swapped out)")
         self.disk_used = gauge("disk_used_bytes", "KV-disk bytes in files and reservations")
         self.disk_ceiling = gauge("disk_ceiling_bytes", "KV-disk byte ceiling (0: KV-disk off)")
+        self.copies_in_flight = gauge("copies_in_flight", "copies and KV-disk jobs queued or running")
         self._entries = gauge("entries", "entries held, by tier and kind", ("tier", "kind"))
         self._demotions = counter("demotions", "completed demotes by the tier they landed in", ("tier",))
         self._restores = counter("restores", "completed restores by the tier read", ("tier",))

@@ -253,4 +253,5 @@ class TierServer:
         m.arena_used.set(s.alloc.used_count * s.block_bytes if s else 0)
         m.disk_used.set(s.disk.used if s and s.disk else 0)
         m.disk_ceiling.set(s.disk.ceiling if s and s.disk else 0)
+        m.copies_in_flight.set(s.in_flight if s else 0)
         m.set_entries(s.counts() if s else {})

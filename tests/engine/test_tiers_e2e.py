@@ -146,6 +146,52 @@ def test_tierd_killed_requests_still_complete_correctly(tmp_path):
         tierd.log.close()
 
 
+@pytest.mark.parametrize("during", ["demote", "restore"])
+def test_tierd_killed_mid_copy_requests_still_complete_correctly(tmp_path, during):
+    """Every copy pauses half way (tierd's fault-injection knob), so the kill lands with part of the
+    bytes moved: a half-filled arena slot (demote) or half-written engine pages (restore)."""
+    from tests.tierd.fake_engine import TierdProcess
+    from tierd.copier import FAULT_PAUSE_ENV
+
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    pause = "60" if during == "demote" else "1.5"  # a restore needs a demote that finishes first
+    tierd = TierdProcess(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0",
+                         env={FAULT_PAUSE_ENV: pause})
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
+                        "--metrics-port", "0")
+    try:
+        p = prompt(300, 8)
+        first = eng.run("k1", p, max_tokens=6, ignore_eos=True, opener_start=297)
+        if during == "restore":
+            fill_pool(eng, "k-fill")  # the entry goes down whole (the pause is short)
+            assert eng.stats()["reuse_demotions_total"] >= 1, eng.log_text()
+            eng.generate("k2", p, max_tokens=6, ignore_eos=True, opener_start=297)
+        else:
+            for i in range(3):
+                eng.generate(f"k-fill-{i}", prompt(900, 1000 + i), max_tokens=2, ignore_eos=True)
+        deadline = time.monotonic() + 60
+        while tierd.metric("ignis:tierd_copies_in_flight") < 1:
+            assert time.monotonic() < deadline, tierd.log_text()
+            eng.pump(0.05)
+        time.sleep(0.2)  # the first half of the spans is copied by now; the copy sleeps in its middle
+        tierd.proc.kill()
+        tierd.proc.wait()
+        if during == "restore":
+            again = eng.wait(["k2"], timeout=120)["k2"]
+        else:
+            outs = eng.wait([f"k-fill-{i}" for i in range(3)], timeout=120)
+            assert all(o.finished is not None and o.finished.finish_reason == "length" for o in outs.values())
+            again = eng.run("k2", p, max_tokens=6, ignore_eos=True, opener_start=297)
+        assert again.finished.finish_reason == "length"
+        assert again.tokens == first.tokens
+        assert eng.stats()["reuse_restores_total"] == 0  # nothing came back from the killed tierd
+        assert f"tierd did not answer {during.capitalize()}" in eng.log_path.read_text()
+    finally:
+        assert eng.stop() == 0
+        tierd.stop()
+
+
 def test_full_lower_tiers_cause_no_crash(tmp_path):
     rt = tmp_path / "rt"
     rt.mkdir()

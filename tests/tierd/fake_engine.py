@@ -59,14 +59,14 @@ class TierdProcess:
     """``ignis tierd`` on a private runtime dir; ``stop()`` sends SIGTERM and returns the exit code."""
 
     def __init__(self, runtime_dir: Path, *flags: str, expect_ready: bool = True, preexec_fn=None,
-                 metrics: bool = True, timeout: float = 30.0):
+                 metrics: bool = True, timeout: float = 30.0, env: dict | None = None):
         self.runtime_dir = Path(runtime_dir)
         args = [sys.executable, "-m", "shared.cli", "tierd", "--runtime-dir", str(runtime_dir), *flags]
         if metrics:
             args += ["--metrics-port", "0"]
         self.log_path = self.runtime_dir / f"tierd-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True,
                                      preexec_fn=preexec_fn)
         self.endpoint = None
