@@ -20,19 +20,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.sampling import SamplingParams
+
 
 @dataclass
 class SamplerState:
-    """Per-request sampling state that travels with the sequence."""
+    """Per-request sampling state that travels with the sequence: the request's params (as sent), its
+    generator, and the tokens the penalties look at."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
     generator: torch.Generator = field(default=None, repr=False)
     prompt_tokens: set = field(default_factory=set, repr=False)
     output_counts: dict = field(default_factory=dict, repr=False)
@@ -40,33 +36,24 @@ class SamplerState:
     def __post_init__(self):
         if self.generator is None:
             self.generator = torch.Generator(device="cpu")
-            seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-            self.generator.manual_seed(seed)
+            seed = self.params.seed
+            self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
 
     @classmethod
-    def from_params(cls, params, prompt: list[int]) -> "SamplerState":
-        state = cls(
-            temperature=float(params.temperature),
-            top_p=float(params.top_p),
-            top_k=int(params.top_k),
-            min_p=float(params.min_p),
-            presence_penalty=float(params.presence_penalty),
-            frequency_penalty=float(params.frequency_penalty),
-            repetition_penalty=float(params.repetition_penalty),
-            seed=params.seed,
-        )
-        if state.repetition_penalty != 1.0:
+    def from_params(cls, params: SamplingParams, prompt: list[int]) -> "SamplerState":
+        state = cls(params)
+        if params.repetition_penalty != 1.0:
             state.prompt_tokens = set(prompt)
         return state
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.params.temperature <= 0.0
 
     @property
     def penalised(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return (self.params.presence_penalty != 0.0 or self.params.frequency_penalty != 0.0
+                or self.params.repetition_penalty != 1.0)
 
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
@@ -84,33 +71,34 @@ class SamplerState:
 
 
 def _apply_penalties(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
-    if st.repetition_penalty != 1.0:
+    rp = st.params.repetition_penalty
+    if rp != 1.0:
         seen = st.prompt_tokens | set(st.output_counts)
         if seen:
             idx = torch.tensor(sorted(seen), dtype=torch.long, device=row.device)
             vals = row[idx]
-            row[idx] = torch.where(vals > 0, vals / st.repetition_penalty, vals * st.repetition_penalty)
-    if st.output_counts and (st.presence_penalty or st.frequency_penalty):
+            row[idx] = torch.where(vals > 0, vals / rp, vals * rp)
+    if st.output_counts and (st.params.presence_penalty or st.params.frequency_penalty):
         idx = torch.tensor(list(st.output_counts), dtype=torch.long, device=row.device)
         counts = torch.tensor(list(st.output_counts.values()), dtype=row.dtype, device=row.device)
-        row[idx] -= st.frequency_penalty * counts + st.presence_penalty
+        row[idx] -= st.params.frequency_penalty * counts + st.params.presence_penalty
     return row
 
 
 def _filter(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
     """Temperature-scaled logits with disallowed tokens at -inf."""
-    row = row / st.temperature
+    row = row / st.params.temperature
     vocab = row.shape[-1]
-    if 0 < st.top_k < vocab:
-        kth = torch.topk(row, st.top_k).values[-1]
+    if 0 < st.params.top_k < vocab:
+        kth = torch.topk(row, st.params.top_k).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
-    if st.min_p > 0.0:
+    if st.params.min_p > 0.0:
         probs = torch.softmax(row, dim=-1)
-        row = row.masked_fill(probs < st.min_p * probs.max(), float("-inf"))
-    if st.top_p < 1.0:
+        row = row.masked_fill(probs < st.params.min_p * probs.max(), float("-inf"))
+    if st.params.top_p < 1.0:
         sorted_logits, order = torch.sort(row, descending=True)
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= st.top_p
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= st.params.top_p
         drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         row = row.masked_fill(drop, float("-inf"))

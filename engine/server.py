@@ -28,8 +28,6 @@ import zmq
 from engine.config import EngineConfig
 from engine.metrics import EngineMetrics
 from engine.request import Request
-from engine.runner import ModelRunner
-from engine.scheduler import Scheduler
 from shared.wire import (
     Abort,
     Finished,

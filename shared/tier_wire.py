@@ -259,42 +259,36 @@ def _check_tier(value: object) -> str:
     return check_choice("tier", value, TIERS)
 
 
+@dataclass(frozen=True)
+class _CopyDone(_Plain):
+    """A copy is complete: ``key`` in ``tier``, ``nbytes`` of payload (the two answers differ by type only)."""
+
+    req: int
+    key: str
+    tier: str
+    nbytes: int
+
+    def __post_init__(self):
+        _check_req(self.req)
+        check_key(self.key)
+        _check_tier(self.tier)
+        check_int("nbytes", self.nbytes, 0, MAX_INT)
+
+
 @register
 @dataclass(frozen=True)
-class Demoted(_Plain):
-    """The copy out of engine memory is complete: ``key`` is held in ``tier`` (``nbytes`` of payload)."""
+class Demoted(_CopyDone):
+    """The copy out of engine memory is complete: ``key`` is held in ``tier``."""
 
     TYPE: ClassVar[str] = "tier_demoted"
 
-    req: int
-    key: str
-    tier: str
-    nbytes: int
-
-    def __post_init__(self):
-        _check_req(self.req)
-        check_key(self.key)
-        _check_tier(self.tier)
-        check_int("nbytes", self.nbytes, 0, MAX_INT)
-
 
 @register
 @dataclass(frozen=True)
-class Restored(_Plain):
+class Restored(_CopyDone):
     """The copy into engine memory is complete (read from ``tier``)."""
 
     TYPE: ClassVar[str] = "tier_restored"
-
-    req: int
-    key: str
-    tier: str
-    nbytes: int
-
-    def __post_init__(self):
-        _check_req(self.req)
-        check_key(self.key)
-        _check_tier(self.tier)
-        check_int("nbytes", self.nbytes, 0, MAX_INT)
 
 
 @register
