@@ -15,6 +15,7 @@ way and runs with the device tier alone.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -40,9 +41,7 @@ class DeviceBlock:
         except ImportError:
             log.warning("cupy is not installed (pip install 'ignis[cuda]'): the KV pool cannot be shared with tierd")
             return None
-        numel = 1
-        for s in shape:
-            numel *= s
+        numel = math.prod(shape)
         nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
         index = device.index if device.index is not None else torch.cuda.current_device()
         rt = cupy.cuda.runtime

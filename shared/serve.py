@@ -233,7 +233,7 @@ def run(args) -> int:
     children: list[Child] = []
 
     def on_signal(signum, _frame):
-        stop.set(signum)
+        stop.set()
         for child in children:
             child.signal(signum)
 

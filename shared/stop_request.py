@@ -20,12 +20,9 @@ class StopRequest:
 
     def __init__(self) -> None:
         self._requested = False
-        self.signum: int | None = None
 
-    def set(self, signum: int | None = None, _frame=None) -> None:
+    def set(self, *_signal_args) -> None:
         """Usable directly as a ``signal.signal`` handler."""
-        if not self._requested:
-            self.signum = signum
         self._requested = True
 
     def is_set(self) -> bool:

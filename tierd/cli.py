@@ -59,9 +59,9 @@ def run(args) -> int:
                     "or shrink --reuse-kv-host-pool-bytes", arena.unlocked_bytes, arena.nbytes, arena.lock_error)
     from tierd.copier import FAULT_PAUSE_ENV, fault_pause_s
 
-    if fault_pause_s():
-        log.warning("FAULT INJECTION: %s=%s pauses every copy half way (for tests only)", FAULT_PAUSE_ENV,
-                    fault_pause_s())
+    pause = fault_pause_s()
+    if pause:
+        log.warning("FAULT INJECTION: %s=%s pauses every copy half way (for tests only)", FAULT_PAUSE_ENV, pause)
     disk_dir = config.disk_dir(runtime) if config.disk_may_be_on else None
     try:
         if disk_dir is not None:

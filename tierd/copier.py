@@ -21,6 +21,7 @@ or a file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -130,7 +131,7 @@ class CupyBackend:
                 stream = cupy.cuda.Stream(non_blocking=True)
             self._use_device = lambda: cupy.cuda.Device(device)
         else:
-            self._use_device = _NoDevice
+            self._use_device = contextlib.nullcontext
         self._rt = runtime
         self._stream = stream
 
@@ -160,14 +161,6 @@ class CupyBackend:
 
     def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
         self._copy(spans, host, to_host=False)
-
-
-class _NoDevice:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 FAULT_PAUSE_ENV = "IGNIS_TIERD_FAULT_PAUSE_S"

@@ -140,6 +140,9 @@ class EngineMemory:
         except BaseException:
             self.close()
             raise
+        if len({b.device for b in self.blocks.values() if b.kind == "cuda_ipc"}) > 1:
+            self.close()
+            raise LayoutError("the exported CUDA blocks must all be on one device (the copier uses one)")
         lane = [self.blocks[n] for n in unit.lane]
         if lane and len({b.items for b in lane}) != 1:
             self.close()
@@ -153,7 +156,7 @@ class EngineMemory:
     def cuda_device(self) -> int | None:
         """The CUDA device the exported device blocks live on (None: all blocks are host memory)."""
         devices = {b.device for b in self.blocks.values() if b.kind == "cuda_ipc"}
-        return min(devices) if devices else None
+        return devices.pop() if devices else None
 
     def resolve(self, refs: tuple[tuple[str, int], ...], what: str = "refs") -> Resolved:
         """Check ``refs`` against the blocks and the unit layout (see the module docstring)."""

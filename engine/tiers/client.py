@@ -2,10 +2,10 @@
 
 A copy is acknowledged by tierd only once it is complete, and the engine
 reuses no page or slot a copy still reads or writes: every call here waits
-for its reply. Before a demote or a restore the engine's own queued device
-work is finished (``sync``, CUDA only), so tierd reads what the engine
-wrote and overwrites nothing a kernel still reads (the copies are memory-to-memory; KV-disk writes happen later,
-on tierd's own threads). A tierd that is gone or slow is a cache miss, not
+for its reply (the copies are memory-to-memory; KV-disk writes happen later,
+on tierd's own threads). Before a demote or a restore the engine's queued
+device work is finished (``sync``, CUDA only), so tierd reads what the
+engine wrote and overwrites nothing a kernel still reads. A tierd that is gone or slow is a cache miss, not
 an outage: a call that times out marks the client down for ``backoff_s``
 and returns a failure, and the engine carries on without the lower tiers.
 """
@@ -115,7 +115,10 @@ class TierClient:
     # ----- operations ---------------------------------------------------------------
 
     def _call_hello_first(self, make):
-        """A call; if tierd restarted and no longer knows us, say hello again and retry once."""
+        """A demote or restore (after ``sync``); if tierd restarted and no longer knows us, say hello
+        again and retry once."""
+        if self.sync is not None:
+            self.sync()
         req = self._next()
         reply = self._call(make(req), req)
         if isinstance(reply, TierRefused) and reply.reason == "not_ready":
@@ -131,8 +134,6 @@ class TierClient:
         """Copy an entry down; returns the tier it landed in ("ram"/"disk") or None."""
         if not self.ready:
             return None
-        if self.sync is not None:
-            self.sync()
         reply = self._call_hello_first(lambda req: Demote(
             req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto", kind=kind,
             request_class=request_class, last_used=last_used))
@@ -146,8 +147,6 @@ class TierClient:
         """Copy an entry back into ``dest``; False on a miss (the destination is then unused)."""
         if not self.ready:
             return False
-        if self.sync is not None:
-            self.sync()
         reply = self._call_hello_first(lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)))
         if isinstance(reply, Restored):
             return True
