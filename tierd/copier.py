@@ -112,15 +112,30 @@ class NumpyBackend:
             s.block.view[s.run_lo:s.run_hi, s.item, s.col_lo:s.col_hi] = src
 
 
+_DEFAULT_MAX_PITCH = 2**31 - 1
+"""cudaDevAttrMaxPitch on every current NVIDIA GPU; used when the device cannot be asked."""
+
+_ATTR_MAX_PITCH = 11  # cudaDevAttrMaxPitch
+
+
+def _device_max_pitch(runtime, device: int) -> int:
+    try:
+        return int(runtime.deviceGetAttribute(_ATTR_MAX_PITCH, device))
+    except Exception:  # noqa: BLE001 - cupy's CUDARuntimeError, or an old cupy without the call
+        return _DEFAULT_MAX_PITCH
+
+
 class CupyBackend:
     """CUDA copies on tierd's own stream: cudaMemcpy2DAsync between device blocks and pinned host memory.
 
     Spans over host blocks (the engine's pinned shm slots) are plain numpy
-    copies; only spans over ``cuda_ipc`` blocks go to the device. ``runtime``
-    and ``stream`` are cupy's unless given (tests pass a host-memory stand-in
-    to check the pitch arithmetic on the CPU)."""
+    copies; only spans over ``cuda_ipc`` blocks go to the device. A span whose
+    run stride is wider than the device's largest 2D pitch (a BF16 pool of
+    a few million tokens has runs of several GB) goes as one 1D copy per row.
+    ``runtime`` and ``stream`` are cupy's unless given (tests pass a
+    host-memory stand-in to check the pitch arithmetic on the CPU)."""
 
-    def __init__(self, device: int = 0, runtime=None, stream=None):
+    def __init__(self, device: int = 0, runtime=None, stream=None, max_pitch: int | None = None):
         self._numpy = NumpyBackend()
         self.device = device
         if runtime is None:
@@ -130,10 +145,13 @@ class CupyBackend:
             with cupy.cuda.Device(device):
                 stream = cupy.cuda.Stream(non_blocking=True)
             self._use_device = lambda: cupy.cuda.Device(device)
+            if max_pitch is None:
+                max_pitch = _device_max_pitch(runtime, device)
         else:
             self._use_device = contextlib.nullcontext
         self._rt = runtime
         self._stream = stream
+        self.max_pitch = max_pitch if max_pitch is not None else _DEFAULT_MAX_PITCH
 
     def _copy(self, spans: Sequence[Span], host: np.ndarray, to_host: bool) -> None:
         on_host = [s for s in spans if s.block.kind != "cuda_ipc"]
@@ -144,16 +162,25 @@ class CupyBackend:
             return
         base = int(host.ctypes.data)
         kind = self._rt.memcpyDeviceToHost if to_host else self._rt.memcpyHostToDevice
+        stream = self._stream.ptr
         with self._use_device():  # the thread's current device: the one the blocks live on
             for s in on_device:
                 rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
-                dev = s.block.device_ptr + s.run_lo * s.block.run_stride + s.item * s.block.item_bytes + s.col_lo
-                if to_host:
-                    self._rt.memcpy2DAsync(base + s.host, cols, dev, s.block.run_stride, cols, rows, kind,
-                                           self._stream.ptr)
-                else:
-                    self._rt.memcpy2DAsync(dev, s.block.run_stride, base + s.host, cols, cols, rows, kind,
-                                           self._stream.ptr)
+                pitch = s.block.run_stride
+                dev = s.block.device_ptr + s.run_lo * pitch + s.item * s.block.item_bytes + s.col_lo
+                hst = base + s.host
+                if rows > 1 and pitch <= self.max_pitch:
+                    if to_host:
+                        self._rt.memcpy2DAsync(hst, cols, dev, pitch, cols, rows, kind, stream)
+                    else:
+                        self._rt.memcpy2DAsync(dev, pitch, hst, cols, cols, rows, kind, stream)
+                    continue
+                for r in range(rows):  # one row, or a pitch too wide for a 2D copy
+                    d, h = dev + r * pitch, hst + r * cols
+                    if to_host:
+                        self._rt.memcpyAsync(h, d, cols, kind, stream)
+                    else:
+                        self._rt.memcpyAsync(d, h, cols, kind, stream)
             self._stream.synchronize()  # the reply goes out only once the bytes are there
 
     def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:

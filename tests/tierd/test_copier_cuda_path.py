@@ -25,15 +25,23 @@ class HostRuntime:
     memcpyDeviceToHost = 2
     memcpyHostToDevice = 1
 
-    def __init__(self):
+    def __init__(self, max_pitch: int = 2**31 - 1):
         self.calls = 0
+        self.row_calls = 0
+        self.max_pitch = max_pitch
 
     def memcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
         assert kind in (1, 2) and stream == 7
         assert width <= dpitch and width <= spitch, "a row wider than its pitch"
+        assert dpitch <= self.max_pitch and spitch <= self.max_pitch, "cudaErrorInvalidPitchValue"
         self.calls += 1
         for r in range(height):
             ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
+    def memcpyAsync(self, dst, src, size, kind, stream):
+        assert kind in (1, 2) and stream == 7
+        self.row_calls += 1
+        ctypes.memmove(dst, src, size)
 
 
 class Stream:
@@ -83,8 +91,9 @@ def test_device_spans_move_the_same_bytes_as_numpy(data):
     spans = plan_spans(items, host_blocks, block_bytes)
     want = payload(items)
 
-    runtime, stream = HostRuntime(), Stream()
-    cuda = CupyBackend(runtime=runtime, stream=stream)
+    max_pitch = data.draw(st.sampled_from([2**31 - 1, pages.run_stride, pages.run_stride - 1]))
+    runtime, stream = HostRuntime(max_pitch), Stream()
+    cuda = CupyBackend(runtime=runtime, stream=stream, max_pitch=max_pitch)
     host = np.zeros((nblocks + 2) * block_bytes, dtype=np.uint8)
     reference = host.copy()
     cuda.gather(spans, host)
@@ -92,7 +101,13 @@ def test_device_spans_move_the_same_bytes_as_numpy(data):
     assert host.tobytes() == reference.tobytes()
     got = b"".join(host[k * block_bytes:(k + 1) * block_bytes].tobytes() for k in host_blocks)[:total]
     assert got == want
-    assert runtime.calls == sum(1 for s in spans if s.block is pages) and stream.synced == 1
+    on_device = [s for s in spans if s.block is pages]
+    if max_pitch >= pages.run_stride:
+        two_d = [s for s in on_device if s.run_hi - s.run_lo > 1]
+        rows = len(on_device) - len(two_d)
+    else:
+        two_d, rows = [], sum(s.run_hi - s.run_lo for s in on_device)
+    assert (runtime.calls, runtime.row_calls) == (len(two_d), rows) and stream.synced == 1
 
     for b in (pages, *lanes):
         b.raw[:] = 0
