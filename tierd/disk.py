@@ -51,7 +51,14 @@ class ForeignFilesError(RuntimeError):
 
 
 class CorruptFile(ValueError):
-    """A KV-disk file is truncated, altered or not the entry asked for; the message says which."""
+    """A KV-disk file is truncated, altered or not the entry asked for; the message says which.
+
+    ``check`` names the check it failed: ``gone``, ``size``, ``header``,
+    ``short_read`` or ``checksum``."""
+
+    def __init__(self, message: str, check: str):
+        super().__init__(message)
+        self.check = check
 
 
 def _ours(name: str) -> bool:
@@ -168,16 +175,16 @@ def read_entry(path: Path, header: bytes, nbytes: int, staging: np.ndarray,
     try:
         f = open(path, "rb")
     except FileNotFoundError:
-        raise CorruptFile(f"KV-disk file {path.name} is gone") from None
+        raise CorruptFile(f"KV-disk file {path.name} is gone", "gone") from None
     with f:
         size = os.fstat(f.fileno()).st_size
         if size != expect:
-            raise CorruptFile(f"KV-disk file {path.name} is {size} bytes, expected {expect} (truncated or extended)")
+            raise CorruptFile(f"KV-disk file {path.name} is {size} bytes, expected {expect} (truncated or extended)", "size")
         magic, hlen, file_chunk = _PREFIX.unpack(f.read(_PREFIX.size))
         if magic != MAGIC or file_chunk != chunk:
-            raise CorruptFile(f"KV-disk file {path.name} does not start with {MAGIC!r} and chunk size {chunk}")
+            raise CorruptFile(f"KV-disk file {path.name} does not start with {MAGIC!r} and chunk size {chunk}", "header")
         if hlen != len(header) or f.read(hlen) != header:
-            raise CorruptFile(f"KV-disk file {path.name} has another header (key, stamp or layout differ)")
+            raise CorruptFile(f"KV-disk file {path.name} has another header (key, stamp or layout differ)", "header")
         payload_at = f.tell()
         f.seek(payload_at + nbytes)
         digests = f.read(DIGEST_BYTES * chunk_count(nbytes, chunk))
@@ -186,11 +193,11 @@ def read_entry(path: Path, header: bytes, nbytes: int, staging: np.ndarray,
             n = min(chunk, nbytes - i * chunk)
             view = staging[:n]
             if f.readinto(memoryview(view)) != n:
-                raise CorruptFile(f"KV-disk file {path.name}: short read in chunk {i}")
+                raise CorruptFile(f"KV-disk file {path.name}: short read in chunk {i}", "short_read")
             d = _digest(header, i)
             d.update(memoryview(view))
             if d.digest() != digests[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]:
-                raise CorruptFile(f"KV-disk file {path.name} fails the blake2b checksum of chunk {i} (corrupt)")
+                raise CorruptFile(f"KV-disk file {path.name} fails the blake2b checksum of chunk {i} (corrupt)", "checksum")
             consume(i * chunk, view)
 
 

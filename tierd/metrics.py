@@ -32,14 +32,18 @@ class TierdMetrics:
         self.disk_ceiling = gauge("disk_ceiling_bytes", "KV-disk byte ceiling (0: KV-disk off)")
         self.copies_in_flight = gauge("copies_in_flight", "copies and KV-disk jobs queued or running")
         self._entries = gauge("entries", "entries held, by tier and kind", ("tier", "kind"))
-        self._demotions = counter("demotions", "completed demotes by the tier they landed in", ("tier",))
-        self._restores = counter("restores", "completed restores by the tier read", ("tier",))
+        self._demotions = counter("demotions", "completed demotes by the tier they landed in and kind",
+                                  ("tier", "kind"))
+        self._restores = counter("restores", "completed restores by the tier read and kind", ("tier", "kind"))
         self._discards = counter("discards", "entries discarded to make room, by tier and kind", ("tier", "kind"))
         self._spills = counter("spills", "entries moved from KV-RAM to KV-disk, by kind", ("kind",))
         self._refusals = counter("refusals", "requests refused, by reason", ("reason",))
         self._missing = counter("missing", "restores answered missing, by reason", ("reason",))
         self._copy_bytes = counter("copy_bytes", "bytes copied, by direction", ("direction",))
         self._copy_seconds = counter("copy_seconds", "seconds spent copying, by direction", ("direction",))
+        self._copy_gbps = gauge("copy_gbps", "rate of the last copy, GB/s, by direction", ("direction",))
+        self._check_failures = counter("checksum_failures", "KV-disk files that failed a check on restore, "
+                                       "by check (checksum, size, header, short_read, gone)", ("check",))
         self.wire_errors = counter("wire_errors", "malformed messages received")
 
     def set_entries(self, counts: dict[tuple[str, str], int]) -> None:
@@ -47,11 +51,14 @@ class TierdMetrics:
             for kind in ("retained", "live"):
                 self._entries.labels(self.instance, tier, kind).set(counts.get((tier, kind), 0))
 
-    def demoted(self, tier: str) -> None:
-        self._demotions.labels(self.instance, tier).inc()
+    def demoted(self, tier: str, kind: str) -> None:
+        self._demotions.labels(self.instance, tier, kind).inc()
 
-    def restored(self, tier: str) -> None:
-        self._restores.labels(self.instance, tier).inc()
+    def restored(self, tier: str, kind: str) -> None:
+        self._restores.labels(self.instance, tier, kind).inc()
+
+    def check_failed(self, check: str) -> None:
+        self._check_failures.labels(self.instance, check).inc()
 
     def discarded(self, tier: str, kind: str) -> None:
         self._discards.labels(self.instance, tier, kind).inc()
@@ -69,6 +76,8 @@ class TierdMetrics:
         """``direction``: engine_to_ram, ram_to_engine, engine_to_disk, disk_to_engine, ram_to_disk."""
         self._copy_bytes.labels(self.instance, direction).inc(nbytes)
         self._copy_seconds.labels(self.instance, direction).inc(seconds)
+        if seconds > 0:
+            self._copy_gbps.labels(self.instance, direction).set(nbytes / seconds / 1e9)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Start the HTTP endpoint; returns the bound port (useful with port 0)."""

@@ -241,7 +241,7 @@ class TierStore:
             e.arena.move(S.RESIDENT)
             e.pending = False
             self.metrics.copied("engine_to_ram", e.nbytes, seconds)
-            self.metrics.demoted("ram")
+            self.metrics.demoted("ram", e.kind)
             self.reply(w.peer, Demoted(w.msg.req, e.key, "ram", e.nbytes))
             return self._settle(e)
         log.error("copy of %s into KV-RAM failed: %s", e.key, err)
@@ -269,7 +269,7 @@ class TierStore:
             e.disk.move(S.RESIDENT)
             e.pending = False
             self.metrics.copied("engine_to_disk", e.nbytes, seconds)
-            self.metrics.demoted("disk")
+            self.metrics.demoted("disk", e.kind)
             self.reply(peer, Demoted(msg.req, e.key, "disk", e.nbytes))
             return self._settle(e)
         self._disk_failed(e, err)
@@ -320,13 +320,15 @@ class TierStore:
         if err is None:
             e.last_used = max(e.last_used, self.clock())
             self.metrics.copied("ram_to_engine" if tier == "ram" else "disk_to_engine", e.nbytes, seconds)
-            self.metrics.restored(tier)
+            self.metrics.restored(tier, e.kind)
             self.reply(peer, Restored(msg.req, e.key, tier, e.nbytes))
             return self._settle(e)
         if isinstance(err, (kvdisk.CorruptFile, OSError)):
             reason = "corrupt" if isinstance(err, kvdisk.CorruptFile) else "io_error"
             log.error("restore of %s from KV-disk failed, entry dropped: %s", e.key, err)
             self.metrics.missing(reason)
+            if isinstance(err, kvdisk.CorruptFile):
+                self.metrics.check_failed(err.check)
             self.metrics.discarded("disk", e.kind)
             self._remove(e)
             return self.reply(peer, Missing(msg.req, e.key, reason, f"entry dropped: {err}"))

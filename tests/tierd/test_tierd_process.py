@@ -155,11 +155,14 @@ def test_corrupt_or_truncated_disk_file_answers_missing_and_tierd_keeps_serving(
         path.write_bytes(bytes(data))
         engine.scramble()
         before = engine.snapshot()
+        check = "checksum" if damage == "flip" else "size"
+        failed = tierd.metric("ignis:tierd_checksum_failures_total", check=check)
         got = engine.ask(Restore(engine.next_req(), key(n), STAMP, DST))
         assert isinstance(got, Missing) and got.reason == "corrupt", got
         assert ("checksum" if damage == "flip" else "expected") in got.message
         assert engine.snapshot() == before  # a one-chunk entry never reaches engine memory when bad
         assert not path.exists() and lookup(engine, n) == [None]
+        assert tierd.metric("ignis:tierd_checksum_failures_total", check=check) == failed + 1
     reply, want = demote(engine, 12, target="disk")
     assert isinstance(restore(engine, 12), Restored) and engine.read(DST) == want
 
@@ -221,7 +224,9 @@ def test_metrics_count_tiers_and_copies(engine, tierd):
     assert tierd.metric("ignis:tierd_arena_unlocked_bytes") == 0
     assert tierd.metric("ignis:tierd_arena_used_bytes") == 3 * 16384
     assert tierd.metric("ignis:tierd_entries", tier="ram", kind="retained") == 1
-    assert tierd.metric("ignis:tierd_demotions_total", tier="ram") >= 1
-    assert tierd.metric("ignis:tierd_restores_total", tier="ram") >= 1
+    assert tierd.metric("ignis:tierd_demotions_total", tier="ram", kind="retained") >= 1
+    assert tierd.metric("ignis:tierd_restores_total", tier="ram", kind="retained") >= 1
     assert tierd.metric("ignis:tierd_copy_bytes_total", direction="engine_to_ram") > 0
+    assert tierd.metric("ignis:tierd_copy_gbps", direction="engine_to_ram") > 0
+    assert tierd.metric("ignis:tierd_copy_gbps", direction="ram_to_engine") > 0
     assert tierd.metric("ignis:tierd_disk_ceiling_bytes") == 4 << 30
