@@ -55,11 +55,16 @@ class ServeConfig:
         "seconds each child may take to become ready before serve gives up"))
     stop_timeout: float = field(default=40.0, metadata=field_doc(
         "seconds children get to exit after SIGTERM before they are killed"))
+    tierd_metrics_port: int | None = field(default=None, metadata=field_doc(
+        "serve tierd's Prometheus metrics on this port, on --metrics-host (0 picks a free one; default: off; "
+        "--metrics-port is the engine's)"))
 
     def __post_init__(self):
         for name in ("start_timeout", "stop_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.tierd_metrics_port is not None and not 0 <= self.tierd_metrics_port <= 65535:
+            raise ValueError(f"--tierd-metrics-port must be in 0..65535, got {self.tierd_metrics_port}")
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class Child:
         self.name = name
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.ready_line: str | None = None
+        self.metrics_port: int | None = None  # from its "METRICS <port>" line, printed before READY
         self._ready = threading.Event()
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, env=env, start_new_session=True,
@@ -145,6 +151,11 @@ class Child:
     def _pump(self, stream, out, watch_ready: bool) -> None:
         for line in stream:
             self.tail.append(line.rstrip("\n"))
+            if watch_ready and self.metrics_port is None and line.startswith("METRICS "):
+                try:
+                    self.metrics_port = int(line.split()[1])
+                except (IndexError, ValueError):
+                    pass
             if watch_ready and self.ready_line is None and line.startswith("READY "):
                 self.ready_line = line[len("READY "):].strip()
                 self._ready.set()
@@ -248,6 +259,8 @@ def run(args) -> int:
             if stop.is_set():
                 return _finish(children, serve_cfg, 0)
             argv = _ignis() + [spec.name] + child_argv(spec.config, args, spec.skip) + spec.handoff(ready)
+            if spec.name == "tierd" and serve_cfg.tierd_metrics_port is not None:
+                argv += ["--metrics-port", str(serve_cfg.tierd_metrics_port), "--metrics-host", args.metrics_host]
             child_env = dict(env, **{k: secrets[k] for k in spec.secret_env if secrets.get(k)})
             child = Child(spec.name, argv, child_env)
             children.append(child)
@@ -261,6 +274,10 @@ def run(args) -> int:
         print(f"ignis serve: {exc}", file=sys.stderr)
         return _finish(children, serve_cfg, 1)
     name = model_specs(engine_cfg.model, engine_cfg.served_model_name)[0][0]
+    for child in children:
+        if child.metrics_port is not None:
+            print(f"ignis serve: {child.name} metrics on http://{args.metrics_host}:{child.metrics_port}/metrics",
+                  flush=True)
     print(f"ignis serving {name} on {url}", flush=True)
     while not stop.is_set():
         for child in children:
