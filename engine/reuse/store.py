@@ -70,7 +70,8 @@ class RetainedStore:
         # lower tiers (tierd): set by the engine when one is connected
         self.lower: LowerIndex | None = None
         self.demote_hook = None  # (Entry) -> "ram" | "disk" | None, returns once the copy is complete
-        self.fetch_hook = None  # (LowerRecord, pages, slot) -> bool, returns once the copy is complete
+        self.fetch_hook = None  # (LowerRecord, pages, slot) -> tier read from or None, once the copy is complete
+        self.locate_hook = None  # [keys] -> {key: tier or None} from tierd, or None when it cannot answer
         self.demotions = 0
         self.restores = 0
         self.captures = 0
@@ -120,11 +121,11 @@ class RetainedStore:
         e = self._find(tokens, len(tokens) - 1)
         tier = "device"
         if self.lower is not None and self.fetch_hook is not None:
-            r = self.lower.best(tokens, len(tokens) - 1)
-            if r is not None and self.lower.worth_restoring(r, e.num_tokens if e else 0):
-                promoted = self._promote(r, keep=e)
+            r = self._lower_choice(tokens, e.num_tokens if e else 0)
+            if r is not None:
+                promoted, read_from = self._promote(r, keep=e)
                 if promoted is not None:
-                    e, tier = promoted, WIRE_TIER[r.tier]
+                    e, tier = promoted, WIRE_TIER[read_from]
         if e is None:
             return None
         e.last_used = self._tick()
@@ -132,13 +133,28 @@ class RetainedStore:
         self.hits += 1
         return ResumePoint(e.entry_id, e.num_tokens, e.slot, e.pages.pages, e.kind, self.slots.tier_of(e.slot), tier)
 
-    def _promote(self, r: LowerRecord, keep: Entry | None) -> Entry | None:
-        """Copy a lower-tier entry back into fresh pages and a slot: it is a device entry again."""
+    def _lower_choice(self, tokens: tuple[int, ...], device_match: int) -> LowerRecord | None:
+        """The lower-tier record worth restoring for ``tokens``, after asking tierd where its matches are now."""
+        least = device_match + max(1, min(self.lower.floors.values()))
+        records = self.lower.matches(tokens, len(tokens) - 1, longer_than=least - 1)
+        if not records:
+            return None
+        if self.locate_hook is not None:
+            where = self.locate_hook([r.key for r in records])
+            if where is None:
+                return None  # tierd cannot answer: a restore would not either
+            self.lower.update(where)
+            records = [r for r in records if where.get(r.key) is not None]
+        return self.lower.choose(records, device_match)
+
+    def _promote(self, r: LowerRecord, keep: Entry | None) -> tuple[Entry | None, str]:
+        """Copy a lower-tier entry back into fresh pages and a slot: it is a device entry again.
+        Returns it and the tier it was read from (None and "" when it could not be)."""
         if keep is not None:
             keep.pinned = True  # the device match stays usable if the restore misses
         slot = self._slot_for(r.request_class)
         if slot is None:
-            return None
+            return None, ""
         n = len(r.tokens)
         owner = SequencePages(self.pool, f"restored-{self._next_id}")
         if self.pool.pages_for(n) > self.pool.num_free:
@@ -148,14 +164,16 @@ class RetainedStore:
         except PoolExhausted:
             owner.release()
             self.slots.give_back(slot)
-            return None
-        if not self.fetch_hook(r, owner.pages, slot):
+            return None, ""
+        read_from = self.fetch_hook(r, owner.pages, slot)
+        if not read_from:
             owner.release()
             self.slots.give_back(slot)
             self.lower.forget(r.key)
-            return None
+            return None, ""
         self.restores += 1
-        return self._register(tuple(r.tokens), owner, slot, r.kind, r.request_class, r.after_user)
+        self.lower.move(r.key, read_from)  # tierd keeps its copy: restoring never consumes
+        return self._register(tuple(r.tokens), owner, slot, r.kind, r.request_class, r.after_user), read_from
 
     # ----- captures ------------------------------------------------------------
 

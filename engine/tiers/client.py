@@ -1,4 +1,4 @@
-"""The engine's tierd client: hello once, then demote / restore / drop, each awaited to completion.
+"""The engine's tierd client: hello once, then demote / restore / lookup / drop, each awaited to completion.
 
 A copy is acknowledged by tierd only once it is complete, and the engine
 reuses no page or slot a copy still reads or writes: every call here waits
@@ -26,6 +26,8 @@ from shared.tier_wire import (
     Drop,
     Dropped,
     Hello,
+    Lookup,
+    LookupReply,
     Missing,
     Restore,
     Restored,
@@ -37,7 +39,7 @@ from shared.zmq_queues import connect_dealer
 
 log = logging.getLogger("ignis.engine.tiers")
 
-REPLIES = (Welcome, Demoted, Restored, Missing, Dropped, TierRefused, ErrorReply)
+REPLIES = (Welcome, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, ErrorReply)
 
 
 class TierClient:
@@ -143,16 +145,31 @@ class TierClient:
             log.info("tierd refused demote of %s: %s", key, reply.reason)
         return None
 
-    def restore(self, key: str, dest: list[tuple[str, int]]) -> bool:
-        """Copy an entry back into ``dest``; False on a miss (the destination is then unused)."""
+    def restore(self, key: str, dest: list[tuple[str, int]]) -> str | None:
+        """Copy an entry back into ``dest``; the tier it was read from ("ram"/"disk"), or None on a miss
+        (the destination is then unused)."""
         if not self.ready:
-            return False
+            return None
         reply = self._call_hello_first(lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)))
         if isinstance(reply, Restored):
-            return True
+            return reply.tier
         if isinstance(reply, (Missing, TierRefused)):
             log.info("restore of %s missed: %s", key, getattr(reply, "reason", ""))
-        return False
+        return None
+
+    def lookup(self, keys: list[str]) -> dict[str, str | None] | None:
+        """Where tierd holds each key now ("ram", "disk", or None: gone); None when tierd cannot answer.
+        tierd moves entries to KV-disk and discards them on its own, so the engine asks before it picks."""
+        if not self.ready:
+            return None
+        req = self._next()
+        reply = self._call(Lookup(req=req, stamp=self.stamp, keys=tuple(keys)), req)
+        if isinstance(reply, TierRefused) and reply.reason == "not_ready":
+            self.welcome = None  # tierd restarted: the next call says hello, which clears what we knew
+            return None
+        if not isinstance(reply, LookupReply) or tuple(reply.keys) != tuple(keys):
+            return None
+        return dict(zip(reply.keys, reply.tiers))
 
     def drop(self, key: str) -> None:
         if self.ready:

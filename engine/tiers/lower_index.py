@@ -2,9 +2,12 @@
 
 Pure Python. Each record keeps the entry's tokens, so a lookup is the same
 content match as on the device: the longest record whose tokens are a
-prefix of the prompt, verified token by token. Whether to take it is the
-restore floor's call: a match in a lower tier is worth a restore only if it
-reuses at least that tier's floor more tokens than the best match above it;
+prefix of the prompt, verified token by token. tierd moves entries from
+KV-RAM to KV-disk and discards them on its own, so the engine refreshes the
+records of a prompt's matches (``update``) before it picks one. Which to take
+is the restore floors' call (``choose``): a match in a lower tier is worth a
+restore only if it reuses at least that tier's floor more tokens than the
+best match above it (for KV-disk: the better of the device's and KV-RAM's);
 ties go to the tier above.
 """
 
@@ -61,17 +64,40 @@ class LowerIndex:
         if key in self._records:
             self._records[key].tier = tier
 
-    def best(self, tokens: tuple[int, ...], limit: int) -> LowerRecord | None:
-        """Longest record that is a prefix of ``tokens`` and at most ``limit`` long (ties: RAM first)."""
-        best = None
+    def matches(self, tokens: tuple[int, ...], limit: int, longer_than: int = 0) -> list[LowerRecord]:
+        """Records that are a prefix of ``tokens``, at most ``limit`` and more than ``longer_than`` long."""
+        out = []
         for r in self._records.values():
             n = r.num_tokens
-            if n > limit or tuple(tokens[:n]) != r.tokens:
-                continue
-            if best is None or n > best.num_tokens or (n == best.num_tokens and r.tier == "ram"):
-                best = r
-        return best
+            if longer_than < n <= limit and tuple(tokens[:n]) == r.tokens:
+                out.append(r)
+        return out
 
-    def worth_restoring(self, record: LowerRecord, device_match: int) -> bool:
-        """The restore floor: at least ``floor`` more tokens than the best match above."""
-        return record.num_tokens >= device_match + max(1, self.floors[record.tier])
+    def update(self, where: dict[str, str | None]) -> None:
+        """What tierd said of some keys: the tier each is in now, or None (gone: forgotten)."""
+        for key, tier in where.items():
+            if tier is None:
+                self.forget(key)
+            elif tier in TIERS:
+                self.move(key, tier)
+
+    def choose(self, records: list[LowerRecord], device_match: int) -> LowerRecord | None:
+        """The record to restore, or None to stay with the device's ``device_match`` tokens.
+
+        KV-RAM's best is taken if it reuses at least the RAM floor more than the
+        device; KV-disk's best if it reuses at least the disk floor more than the
+        better of the device and KV-RAM. Every floor is at least one token, so
+        a tie always goes to the tier above."""
+        best = {t: None for t in TIERS}
+        for r in records:
+            b = best.get(r.tier, False)
+            if b is not False and (b is None or r.num_tokens > b.num_tokens):
+                best[r.tier] = r
+        ram, disk = best["ram"], best["disk"]
+        pick = None
+        if ram is not None and ram.num_tokens >= device_match + max(1, self.floors["ram"]):
+            pick = ram
+        above = max(device_match, ram.num_tokens if ram is not None else 0)
+        if disk is not None and disk.num_tokens >= above + max(1, self.floors["disk"]):
+            pick = disk
+        return pick

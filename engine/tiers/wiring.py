@@ -100,12 +100,13 @@ def attach_tiers(store: RetainedStore, state, endpoint: str, stamp: str, family:
 
     def fetch(record, pages, slot):
         if store.slots.tier_of(slot) != "host":
-            return False
+            return None
         return client.restore(record.key, refs(pages, slot))
 
     store.lower = LowerIndex(floors)
     store.demote_hook = demote
     store.fetch_hook = fetch
+    store.locate_hook = client.lookup
     client.lane_blocks = lane_blocks
     client.on_connect = store.lower.clear  # a hello drops everything tierd held for us
     if not client.connect():

@@ -195,7 +195,7 @@ class FakeTier:
 
     def fetch(self, record, pages, slot):
         self.fetched.append((record.tokens, tuple(pages), slot))
-        return not self.fail_fetch
+        return None if self.fail_fetch else record.tier
 
 
 def with_lower(store, tier, floors=None):
@@ -267,4 +267,86 @@ def test_a_restore_that_misses_falls_back_to_the_device_match():
     store.unpin_all()
     store.release_all()
     assert pool.num_free == pool.num_pages and store.slots.num_free == 4
+    pool.integrity_check()
+
+
+def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
+    from engine.tiers.lower_index import LowerIndex, LowerRecord
+
+    index = LowerIndex({"ram": 64, "disk": 256})
+
+    def rec(n, tier):
+        return LowerRecord(f"{tier}{n}", toks(n), "prompt_checkpoint", "interactive", True, tier)
+
+    ram, disk_short, disk_long = rec(200, "ram"), rec(300, "disk"), rec(456, "disk")
+    # the longest match (disk) misses its floor: KV-RAM's still passes its own
+    assert index.choose([ram, disk_short], device_match=100) is ram
+    # KV-disk is measured against the better of the device and KV-RAM: 456 >= 200 + 256
+    assert index.choose([ram, disk_long], device_match=100) is disk_long
+    assert index.choose([rec(455, "disk"), ram], device_match=100) is ram
+    # nothing clears a floor: stay on the device
+    assert index.choose([rec(163, "ram"), rec(355, "disk")], device_match=100) is None
+    # a tie between tiers goes to the one above, whatever the floors
+    flat = LowerIndex({"ram": 0, "disk": 0})
+    same_ram, same_disk = rec(200, "ram"), rec(200, "disk")
+    assert flat.choose([same_disk, same_ram], device_match=100) is same_ram
+    assert flat.choose([rec(100, "ram")], device_match=100) is None
+
+
+def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
+    from engine.tiers.lower_index import LowerRecord
+
+    pool, store = make(pages=32, host=4)
+    tier = FakeTier()
+    with_lower(store, tier, {"ram": 64, "disk": 256})
+    asked = []
+    where = {"a" * 32: "disk", "b" * 32: None}
+
+    def locate(keys):
+        asked.append(sorted(keys))
+        return {k: where.get(k, "ram") for k in keys}
+
+    store.locate_hook = locate
+    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(LowerRecord("b" * 32, toks(240), "prompt_checkpoint", "interactive", True, "ram"))
+    # known as KV-RAM, but tierd has spilled "a" to disk (floor 256) and dropped "b": no restore
+    assert store.lookup(toks(260)) is None
+    assert asked == [["a" * 32, "b" * 32]] and tier.fetched == []
+    assert len(store.lower) == 1 and store.lower.matches(toks(260), 259)[0].tier == "disk"
+    store.unpin_all()
+    # a match past the disk floor is restored, and the hit names the tier it was read from
+    store.lower.add(LowerRecord("c" * 32, toks(300), "prompt_checkpoint", "interactive", True, "ram"))
+    where["c" * 32] = "disk"
+    hit = store.lookup(toks(310))
+    assert (hit.num_tokens, hit.tier) == (300, "kv_disk")
+    store.unpin_all()
+    store.release_all()
+    pool.integrity_check()
+
+
+def test_lower_tiers_are_skipped_while_tierd_cannot_say_where_entries_are():
+    from engine.tiers.lower_index import LowerRecord
+
+    pool, store = make(pages=32, host=4)
+    tier = FakeTier()
+    with_lower(store, tier, {"ram": 1, "disk": 1})
+    store.locate_hook = lambda keys: None
+    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
+    assert store.lookup(toks(260)) is None and tier.fetched == []
+    assert len(store.lower) == 1  # not forgotten: tierd may be back next time
+    store.release_all()
+
+
+def test_the_hit_names_the_tier_tierd_read_from():
+    from engine.tiers.lower_index import LowerRecord
+
+    pool, store = make(pages=32, host=4)
+    tier = FakeTier()
+    with_lower(store, tier, {"ram": 1, "disk": 1})
+    store.fetch_hook = lambda record, pages, slot: "disk"  # spilled after the engine last asked
+    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
+    hit = store.lookup(toks(260))
+    assert (hit.num_tokens, hit.tier) == (200, "kv_disk")
+    store.unpin_all()
+    store.release_all()
     pool.integrity_check()
