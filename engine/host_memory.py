@@ -8,17 +8,15 @@ between a lane and a host slot are DMA. Where registering fails, the block
 falls back to PyTorch's own pinned memory with no name: the engine then
 serves without the lower tiers.
 
-The shared pages are reserved with ``posix_fallocate`` before they are
-touched: shared memory lives in a tmpfs (``/dev/shm``) that is often small in
-containers, and touching pages past its size kills the process with SIGBUS.
-A block that does not fit falls back to private memory with a warning that
-names the fix, and the engine serves without the lower tiers.
+The shared pages are reserved before they are touched
+(``shared.shm_blocks.reserve_pages``): a block that does not fit in
+``/dev/shm`` falls back to private memory with a warning that names the
+fix, and the engine serves without the lower tiers.
 """
 
 from __future__ import annotations
 
 import atexit
-import errno
 import itertools
 import logging
 import os
@@ -26,12 +24,12 @@ from multiprocessing import shared_memory
 
 import torch
 
+from shared.shm_blocks import ShmFull, reserve_pages
+
 log = logging.getLogger("ignis.engine")
 
 _BLOCKS: list[shared_memory.SharedMemory] = []
 _SERIAL = itertools.count()
-SHM_DIR = "/dev/shm"
-"""Where Linux keeps POSIX shared memory objects (a tmpfs)."""
 
 
 def _cleanup() -> None:
@@ -68,7 +66,10 @@ class HostBlock:
         _BLOCKS.append(shm)
         self._shm = shm
         self.shm_name = shm.name
-        if not _reserve(shm.name, nbytes, tag):
+        try:
+            reserve_pages(shm.name, nbytes)
+        except ShmFull as e:
+            log.warning("the %s block cannot be shared with tierd, so the lower tiers are off: %s", tag, e)
             self.release()
             self.shm_name = None
             pinned = device_type == "cuda"
@@ -116,33 +117,3 @@ class HostBlock:
         except BufferError:
             pass  # views still alive: the mapping goes when they do; the name is gone already
 
-
-def _reserve(name: str, nbytes: int, tag: str) -> bool:
-    """Allocate a shared memory object's pages up front; False (with a warning) when the tmpfs is too small."""
-    path = os.path.join(SHM_DIR, name)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return True  # not a Linux-style /dev/shm: nothing to reserve through
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-            return True  # the filesystem cannot preallocate; touching the pages will tell
-        free = _free_bytes()
-        log.warning("shared memory is too small for the %s block: it needs %d bytes and %s has %s free; the "
-                    "block is private and tierd cannot reach it, so the lower tiers are off (give %s more room: "
-                    "docker run --shm-size, or the size= option of its tmpfs mount)", tag, nbytes, SHM_DIR,
-                    "unknown" if free is None else free, SHM_DIR)
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
-def _free_bytes() -> int | None:
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize

@@ -1,9 +1,14 @@
-"""Exporter side of engine memory on the CPU: named POSIX shared-memory blocks and their descriptors.
+"""Exporter side of engine memory: named POSIX shared-memory blocks, their descriptors, and page reservation.
 
-The engine allocates each block it shares with tierd (KV pool, per-lane
-state, host slots) here, builds its tensors as views of ``ShmBlock.buf``, and
-sends ``ShmBlock.descriptor()`` in its ``Hello``. tierd maps the same name
-(``tierd.memory_map``); nothing is copied to share it.
+``ShmBlock`` is a block laid out for tierd, with numpy views and the
+descriptor a ``Hello`` carries; the stand-in engine of the tier tests and the
+tier benchmark export their memory with it (the engine's own blocks are torch
+tensors, ``engine.host_memory``). tierd maps the same name
+(``tierd.memory_map``); nothing is copied to share it. ``reserve_pages``
+allocates a new object's pages before anything touches them, for both: the
+tmpfs behind shared memory (``/dev/shm``) is often small in containers, and
+touching a page past its size kills the process with SIGBUS, where a
+reservation fails with a clear error (``ShmFull``).
 
 A block is described as ``runs`` x ``items`` x ``item_bytes`` (see
 ``shared.tier_layout.BlockDesc``); the default stride packs the runs back to
@@ -19,6 +24,7 @@ dies). numpy and the standard library only.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
@@ -31,6 +37,40 @@ from shared.tier_layout import BlockDesc
 
 _PAGE = mmap.PAGESIZE
 _CREATED: set[str] = set()  # shm names created by this process and not yet unlinked
+SHM_DIR = "/dev/shm"
+"""Where Linux keeps POSIX shared memory objects (a tmpfs)."""
+
+
+class ShmFull(OSError):
+    """Shared memory has no room for a new object's pages; the message names the fix."""
+
+
+def reserve_pages(shm_name: str, nbytes: int) -> None:
+    """Allocate the pages of the new object ``shm_name`` up front (posix_fallocate); ShmFull when they do not fit.
+
+    Where the object is not a file under ``SHM_DIR`` or the filesystem cannot
+    preallocate, nothing is reserved and the first touch allocates."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, shm_name.lstrip("/")), os.O_RDWR)
+    except OSError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise ShmFull(e.errno, f"shared memory is too small: {nbytes} bytes needed, {SHM_DIR} has "
+                                   f"{_free_text()} free (give it more room: docker run --shm-size, or the "
+                                   f"size= option of its tmpfs mount)") from None
+    finally:
+        os.close(fd)
+
+
+def _free_text() -> str:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return "an unknown number of bytes"
+    return f"{st.f_bavail * st.f_frsize} bytes"
 
 
 def created_here(shm_name: str) -> bool:
@@ -71,6 +111,11 @@ class ShmBlock:
         shm = shared_memory.SharedMemory(name=name, create=True, size=desc.span_bytes)
         _CREATED.add(shm.name.lstrip("/"))
         out = cls(shm, block, runs, items, item_bytes, stride)
+        try:
+            reserve_pages(shm.name, shm.size)
+        except ShmFull:
+            out.close()
+            raise
         raw = np.ndarray((shm.size,), dtype=np.uint8, buffer=shm.buf)
         raw[::_PAGE] = 0  # first touch of every page, here and not in the request path
         if fill:

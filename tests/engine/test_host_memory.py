@@ -9,14 +9,14 @@ import os
 import pytest
 import torch
 
-from engine import host_memory
+from shared import shm_blocks
 from engine.host_memory import HostBlock
 
 
 def test_a_host_block_is_named_shared_memory_of_its_size():
     block = HostBlock((3, 5), torch.float32, "cpu", "test")
     try:
-        path = os.path.join(host_memory.SHM_DIR, block.shm_name)
+        path = os.path.join(shm_blocks.SHM_DIR, block.shm_name)
         assert os.path.getsize(path) >= 3 * 5 * 4
         block.tensor[:] = 7.0
         assert float(block.tensor.sum()) == 7.0 * 15
@@ -29,15 +29,15 @@ def test_too_small_shared_memory_gives_a_private_block_and_a_warning(monkeypatch
     def no_room(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(host_memory.os, "posix_fallocate", no_room)
-    before = set(os.listdir(host_memory.SHM_DIR))
+    monkeypatch.setattr(shm_blocks.os, "posix_fallocate", no_room)
+    before = set(os.listdir(shm_blocks.SHM_DIR))
     with caplog.at_level(logging.WARNING, logger="ignis.engine"):
         block = HostBlock((4, 1024), torch.float32, "cpu", "slots-ssm")
     assert block.shm_name is None  # not exported: the lower tiers stay off
     assert block.tensor.shape == (4, 1024) and float(block.tensor.abs().sum()) == 0.0
     block.tensor += 1  # usable memory of its own
     assert "--shm-size" in caplog.text and "slots-ssm" in caplog.text
-    assert set(os.listdir(host_memory.SHM_DIR)) <= before  # the shared object was unlinked
+    assert set(os.listdir(shm_blocks.SHM_DIR)) <= before  # the shared object was unlinked
     block.release()
 
 
@@ -49,14 +49,14 @@ def test_a_state_with_a_private_slot_block_exports_nothing(monkeypatch):
 
     cfg = load_config(ensure_demo_model())
     state = ModelState.allocate(cfg, num_pages=4, lanes=1, dtype=torch.float32, shared=True)
-    real = host_memory.os.posix_fallocate
+    real = shm_blocks.os.posix_fallocate
 
     def fail_for_slots(fd, offset, length):
         if length > 0 and os.readlink(f"/proc/self/fd/{fd}").endswith("slots-conv"):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, offset, length)
 
-    monkeypatch.setattr(host_memory.os, "posix_fallocate", fail_for_slots)
+    monkeypatch.setattr(shm_blocks.os, "posix_fallocate", fail_for_slots)
     try:
         state.allocate_slots(device_slots=0, host_slots=2)
         assert [b.shm_name is None for b in state.host_blocks] == [False, True]
@@ -66,12 +66,12 @@ def test_a_state_with_a_private_slot_block_exports_nothing(monkeypatch):
         state.close()
 
 
-@pytest.mark.skipif(not os.path.isdir(host_memory.SHM_DIR), reason="needs a Linux /dev/shm")
+@pytest.mark.skipif(not os.path.isdir(shm_blocks.SHM_DIR), reason="needs a Linux /dev/shm")
 def test_reserve_reports_a_filesystem_without_fallocate_as_fine(monkeypatch):
     def unsupported(fd, offset, length):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
-    monkeypatch.setattr(host_memory.os, "posix_fallocate", unsupported)
+    monkeypatch.setattr(shm_blocks.os, "posix_fallocate", unsupported)
     block = HostBlock((2,), torch.float32, "cpu", "t")
     try:
         assert block.shm_name is not None

@@ -51,3 +51,18 @@ def test_bad_layouts_raise_before_any_memory_is_allocated():
             b.typed(np.float32, (5,))
         with pytest.raises(IndexError):
             b.item(2)
+
+
+def test_a_block_that_does_not_fit_in_shared_memory_is_a_clear_error_and_leaves_nothing(monkeypatch):
+    import errno
+
+    from shared import shm_blocks
+
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shm_blocks.os, "posix_fallocate", no_room)
+    name = block_name("default", "kv")
+    with pytest.raises(shm_blocks.ShmFull, match="--shm-size"):
+        ShmBlock.create("kv", runs=2, items=4, item_bytes=4096, shm_name=name)
+    assert not os.path.exists(os.path.join(shm_blocks.SHM_DIR, name)) and not created_here(name)
