@@ -69,7 +69,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
     kv_format = _kv_format(config, device, cfg)
     window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
-    tiers_on = config.tierd_endpoint != "off" and config.reuse_prompt
+    tiers_on = config.tierd_endpoint != "off"  # live eviction uses tierd with reuse off too
     staging = 1 if tiers_on else 0  # one host slot stages the images of evicted live sequences
     plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
                        free_device_bytes=free, fraction=config.kv_memory_fraction,

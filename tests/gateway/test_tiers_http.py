@@ -6,13 +6,17 @@ KV-disk. The second round must resume from the tier each landed in, report
 cached_tokens and the tier (done line, engine and tierd metrics), and give
 exactly the greedy output of the cold round. With KV-disk's default floor
 (16,384 tokens on the dense family) the same short prompts are not worth a
-disk restore and recompute instead.
+disk restore and recompute instead. With reuse off, tierd still takes the
+live sequences an interactive burst evicts, and they finish with the
+tokens of an undisturbed run.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
+import time
 import urllib.request
 
 from tests.gateway.conftest import API_KEY, start_serve, stop_serve
@@ -83,3 +87,44 @@ def test_the_default_disk_floor_recomputes_short_prompts_with_the_same_output(tm
     assert "kv_disk" not in tiers and "kv_ram" in tiers, tiers  # 500 tokens are far below 16,384
     assert sample(metrics["tierd"], "ignis:tierd_restores_total", tier="disk") == 0
     assert sum(1 for c in warm if c[2] == 0) == tiers.count("none") >= 1
+
+
+def test_with_reuse_off_live_agents_are_evicted_to_tierd_and_resume_exactly(tmp_path):
+    from openai import OpenAI
+
+    server = start_serve(tmp_path, ["--kv-pool-tokens", "3584", "--decode-lanes", "5", "--reuse-prompt", "off",
+                                    "--evict-window-pages", "2", "--metrics-port", "0", "--tierd-metrics-port", "0",
+                                    "--api-key", API_KEY])
+    agents = [f"Agent {i}. " + text(120, 50 + i) for i in range(4)]
+    try:
+        with OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300) as client:
+            def ask(system, request_class, max_tokens, seed=None):
+                sampling = {"temperature": 0.9, "seed": seed} if seed is not None else {"temperature": 0}
+                r = client.chat.completions.create(
+                    model=server.model, max_tokens=max_tokens, **sampling,
+                    messages=[{"role": "system", "content": system}, {"role": "user", "content": "go"}],
+                    extra_body={"request_class": request_class, "ignore_eos": True})
+                return r.choices[0].message.content
+
+            seeds = [None, 1, None, 3]  # greedy and seeded sampling
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                alone = list(pool.map(lambda i: ask(agents[i], "agent", 600, seeds[i]), range(4)))
+                runs = [pool.submit(ask, agents[i], "agent", 600, seeds[i]) for i in range(4)]
+                time.sleep(0.7)  # the agents are decoding and hold most of the pool
+                burst = [pool.submit(ask, "Interactive. " + text(400, 90 + j), "interactive", 8) for j in range(2)]
+                [f.result(timeout=240) for f in burst]
+                disturbed = [f.result(timeout=240) for f in runs]
+        urls = dict(re.findall(r"^ignis serve: (\w+) metrics on (\S+)$", server.out.read_text(), re.M))
+        engine = urllib.request.urlopen(urls["engine"], timeout=10).read().decode()
+        tierd = urllib.request.urlopen(urls["tierd"], timeout=10).read().decode()
+    except BaseException:
+        print(server.log())
+        raise
+    finally:
+        code = stop_serve(server)
+    assert code == 0, server.log()
+    assert disturbed == alone
+    assert sample(engine, "ignis:live_evictions_total") >= 1
+    assert sample(tierd, "ignis:tierd_demotions_total", kind="live") >= 1
+    assert sample(tierd, "ignis:tierd_restores_total", kind="live") >= 1
+    assert sample(engine, "ignis:reuse_hits_total") == 0
