@@ -32,6 +32,7 @@ import hashlib
 import os
 import stat
 import struct
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -44,6 +45,8 @@ MAGIC = b"IGNISKV1"
 _PREFIX = struct.Struct("<8sII")
 DIGEST_BYTES = 32
 CHUNK_BYTES = 16 << 20
+RETRY_AFTER_S = 30.0
+"""After a failed write (disk full, I/O error) KV-disk takes no writes for this long, then tries again."""
 
 
 class ForeignFilesError(RuntimeError):
@@ -204,14 +207,28 @@ def read_entry(path: Path, header: bytes, nbytes: int, staging: np.ndarray,
 class DiskTier:
     """The directory and its byte ceiling; ``used`` counts reserved and written files."""
 
-    def __init__(self, path: Path, ceiling: int, chunk: int = CHUNK_BYTES):
+    def __init__(self, path: Path, ceiling: int, chunk: int = CHUNK_BYTES, retry_after_s: float = RETRY_AFTER_S,
+                 clock: Callable[[], float] = time.monotonic):
         if ceiling <= 0:
             raise ValueError("a DiskTier needs a positive byte ceiling (0 means KV-disk off)")
         self.path = Path(path)
         self.ceiling = ceiling
         self.chunk = chunk
         self.used = 0
-        self.healthy = True  # false after a write error: no more spills, the log says why
+        self.retry_after_s = retry_after_s
+        self.failures = 0
+        self._clock = clock
+        self._off_until = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        """False for ``retry_after_s`` after a write error (disk full, I/O error): no writes meanwhile."""
+        return self._clock() >= self._off_until
+
+    def failed(self) -> None:
+        """A write failed: take no writes for ``retry_after_s``, then try again."""
+        self.failures += 1
+        self._off_until = self._clock() + self.retry_after_s
 
     @property
     def free(self) -> int:

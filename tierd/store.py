@@ -276,8 +276,9 @@ class TierStore:
         self._refuse_new(peer, msg, e, "copy_failed", f"KV-disk write failed: {err}")
 
     def _disk_failed(self, e: Entry, err: BaseException) -> None:
-        log.error("KV-disk write of %s failed (%s); KV-disk takes no more entries", e.key, err)
-        self.disk.healthy = False
+        self.disk.failed()
+        log.error("KV-disk write of %s failed (%s); KV-disk takes no writes for %.0f s, then tries again",
+                  e.key, err, self.disk.retry_after_s)
         e.disk.move(S.FREE)
         self.disk.release(e.file_bytes)
         self.disk.remove(e.key)

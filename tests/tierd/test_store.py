@@ -99,6 +99,31 @@ def test_a_failed_spill_turns_disk_off_and_the_victim_stays_in_ram_or_goes(h, tm
     assert [(type(m), m.reason) for m in h.settle()] == [(TierRefused, "no_room")] and got == 3
 
 
+
+def test_kv_disk_takes_writes_again_after_the_retry_delay(h, tmp_path):
+    from tierd.disk import prepare_dir
+
+    now = [100.0]
+    h.store.disk._clock = lambda: now[0]  # the tier's own clock, moved by hand
+    h.store.disk.retry_after_s = 30.0
+    h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=1.0)
+    h.settle()
+    (tmp_path / "kv" / ".ignis-kv-disk").unlink()
+    (tmp_path / "kv").rmdir()  # disk "full": the spill's write fails
+    h.send(Demote, key(2), STAMP, SRC, kind="live", last_used=2.0)
+    h.settle()
+    assert not h.store.disk.healthy and h.store.disk.failures == 1
+    prepare_dir(tmp_path / "kv")  # room again
+    now[0] += 29.0
+    assert not h.store.disk.healthy
+    now[0] += 1.0
+    assert h.store.disk.healthy
+    h.send(Demote, key(3), STAMP, (("kv", 9), ("kv", 10), ("ssm", 2), ("conv", 2)), kind="live", last_used=3.0)
+    assert [type(m) for m in h.settle()] == [Demoted]
+    assert h.store.entries[key(2)].tier == "disk"  # the older live entry spilled to make room
+    assert (tmp_path / "kv" / f"{key(2)}.kv").exists()
+
+
 def test_a_failed_copy_is_refused_and_frees_its_blocks(h, monkeypatch):
     def broken(spans, host):
         raise RuntimeError("device lost")
