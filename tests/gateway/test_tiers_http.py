@@ -36,9 +36,11 @@ def run_rounds(tmp_path, extra):
         with OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120) as client:
             def ask(system):
                 r = client.chat.completions.create(
-                    model=server.model, max_tokens=8, temperature=0,
+                    model=server.model, max_tokens=8, temperature=0, logprobs=True,
                     messages=[{"role": "system", "content": system}, {"role": "user", "content": "what next?"}])
-                return r.choices[0].message.content, r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens
+                logprobs = [t.logprob for t in r.choices[0].logprobs.content]
+                return (r.choices[0].message.content, r.usage.prompt_tokens,
+                        r.usage.prompt_tokens_details.cached_tokens, logprobs)
 
             cold = [ask(s) for s in SYSTEMS]
             warm = [ask(s) for s in SYSTEMS]
@@ -67,7 +69,9 @@ def test_second_round_resumes_from_kv_ram_and_kv_disk_with_the_cold_output(tmp_p
     cold, warm, done, metrics = run_rounds(tmp_path, ["--restore-floor-kv-disk", "64"])
     assert [c[0] for c in warm] == [c[0] for c in cold]  # greedy: the same tokens as the cold round
     assert all(c[2] == 0 for c in cold)
-    assert all(prompt - 8 <= cached < prompt for _text, prompt, cached in warm)  # all but the opener's tail
+    assert all(prompt - 8 <= cached < prompt for _text, prompt, cached, _lp in warm)  # all but the opener's tail
+    for c, w in zip(cold, warm):  # the resumed logits are the cold ones (up to the chunking's last bits)
+        assert max(abs(a - b) for a, b in zip(c[3], w[3])) < 1e-3
     assert len(done) == 12
     tiers = [d["tier"] for d in done[6:]]
     assert "kv_disk" in tiers and "kv_ram" in tiers, tiers
