@@ -135,8 +135,7 @@ class RetainedStore:
 
     def _lower_choice(self, tokens: tuple[int, ...], device_match: int) -> LowerRecord | None:
         """The lower-tier record worth restoring for ``tokens``, after asking tierd where its matches are now."""
-        least = device_match + max(1, min(self.lower.floors.values()))
-        records = self.lower.matches(tokens, len(tokens) - 1, longer_than=least - 1)
+        records = self.lower.matches(tokens, len(tokens) - 1, longer_than=device_match)
         if not records:
             return None
         if self.locate_hook is not None:

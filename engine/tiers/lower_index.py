@@ -88,10 +88,9 @@ class LowerIndex:
         device; KV-disk's best if it reuses at least the disk floor more than the
         better of the device and KV-RAM. Every floor is at least one token, so
         a tie always goes to the tier above."""
-        best = {t: None for t in TIERS}
+        best: dict[str, LowerRecord | None] = {t: None for t in TIERS}
         for r in records:
-            b = best.get(r.tier, False)
-            if b is not False and (b is None or r.num_tokens > b.num_tokens):
+            if r.tier in best and (best[r.tier] is None or r.num_tokens > best[r.tier].num_tokens):
                 best[r.tier] = r
         ram, disk = best["ram"], best["disk"]
         pick = None

@@ -284,6 +284,9 @@ def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
     # KV-disk is measured against the better of the device and KV-RAM: 456 >= 200 + 256
     assert index.choose([ram, disk_long], device_match=100) is disk_long
     assert index.choose([rec(455, "disk"), ram], device_match=100) is ram
+    # a KV-RAM match that misses its own floor still raises the bar for KV-disk
+    assert index.choose([rec(150, "ram"), rec(400, "disk")], device_match=100) is None
+    assert index.choose([rec(150, "ram"), rec(406, "disk")], device_match=100).tier == "disk"
     # nothing clears a floor: stay on the device
     assert index.choose([rec(163, "ram"), rec(355, "disk")], device_match=100) is None
     # a tie between tiers goes to the one above, whatever the floors
@@ -350,3 +353,17 @@ def test_the_hit_names_the_tier_tierd_read_from():
     store.unpin_all()
     store.release_all()
     pool.integrity_check()
+
+
+def test_a_short_kv_ram_match_still_counts_against_a_disk_match():
+    from engine.tiers.lower_index import LowerRecord
+
+    pool, store = make(pages=32, host=4)
+    tier = FakeTier()
+    with_lower(store, tier, {"ram": 64, "disk": 256})
+    store.locate_hook = lambda keys: {k: ("ram" if k == "r" * 32 else "disk") for k in keys}
+    store.lower.add(LowerRecord("r" * 32, toks(50), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(LowerRecord("d" * 32, toks(260), "prompt_checkpoint", "interactive", True, "disk"))
+    assert store.lookup(toks(300)) is None  # 260 < 50 + 256: not worth a disk read
+    assert tier.fetched == []
+    store.release_all()
