@@ -54,8 +54,8 @@ class EngineConfig:
     reuse_host_slots_per_lane: int = field(default=2, metadata=field_doc(
         "retained state slots per decode lane, reserved in one pinned host block"))
     tierd_endpoint: str = field(default="off", metadata=field_doc(
-        "tierd to demote retained state to and restore it from: an endpoint, 'auto' (this instance's tierd "
-        "socket in the runtime dir), or off"))
+        "tierd that takes retained state and evicted live sequences (also with --reuse-prompt off): an "
+        "endpoint, 'auto' (this instance's tierd socket in the runtime dir), or off"))
     restore_floor_kv_ram: int | None = field(default=None, metadata=field_doc(
         "a KV-RAM match is restored only if it reuses at least this many more prompt tokens than the best "
         "match above it (default: 1024, or 64 for models under 1B parameters)"))
