@@ -205,6 +205,13 @@ def with_lower(store, tier, floors=None):
     store.demote_hook, store.fetch_hook = tier.demote, tier.fetch
 
 
+def lower_record(key: str, n: int, tier: str):
+    """A lower-tier record of an interactive checkpoint over ``toks(n)``."""
+    from engine.tiers.lower_index import LowerRecord
+
+    return LowerRecord(key, toks(n), "prompt_checkpoint", "interactive", True, tier)
+
+
 def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
     pool, store = make(pages=8, host=4)
     tier = FakeTier()
@@ -231,17 +238,15 @@ def test_restore_floor_and_ties_go_to_the_tier_above():
     pool, store = make(pages=32, host=4)
     tier = FakeTier()
     with_lower(store, tier, {"ram": 64, "disk": 256})
-    from engine.tiers.lower_index import LowerRecord
-
     seq = live_seq(pool, 300)
     store.capture(toks(150), seq, 0, "prompt_checkpoint", "interactive", True)
     store.unpin_all()
-    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(lower_record("a" * 32, 200, "ram"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (150, "device")  # 50 more tokens < the 64-token floor
     assert tier.fetched == []
     store.unpin_all()
-    store.lower.add(LowerRecord("b" * 32, toks(214), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(lower_record("b" * 32, 214, "ram"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (214, "kv_ram")  # exactly the floor: taken
     seq.release()
@@ -254,12 +259,10 @@ def test_a_restore_that_misses_falls_back_to_the_device_match():
     pool, store = make(pages=32, host=4)
     tier = FakeTier(fail_fetch=True)
     with_lower(store, tier, {"ram": 1, "disk": 1})
-    from engine.tiers.lower_index import LowerRecord
-
     seq = live_seq(pool, 300)
     store.capture(toks(100), seq, 0, "prompt_checkpoint", "interactive", True)
     store.unpin_all()
-    store.lower.add(LowerRecord("c" * 32, toks(250), "prompt_checkpoint", "interactive", True, "disk"))
+    store.lower.add(lower_record("c" * 32, 250, "disk"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (100, "device")
     assert len(store.lower) == 0  # the missing record is forgotten
@@ -271,12 +274,12 @@ def test_a_restore_that_misses_falls_back_to_the_device_match():
 
 
 def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
-    from engine.tiers.lower_index import LowerIndex, LowerRecord
+    from engine.tiers.lower_index import LowerIndex
 
     index = LowerIndex({"ram": 64, "disk": 256})
 
     def rec(n, tier):
-        return LowerRecord(f"{tier}{n}", toks(n), "prompt_checkpoint", "interactive", True, tier)
+        return lower_record(f"{tier}{n}", n, tier)
 
     ram, disk_short, disk_long = rec(200, "ram"), rec(300, "disk"), rec(456, "disk")
     # the longest match (disk) misses its floor: KV-RAM's still passes its own
@@ -297,8 +300,6 @@ def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
 
 
 def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
-    from engine.tiers.lower_index import LowerRecord
-
     pool, store = make(pages=32, host=4)
     tier = FakeTier()
     with_lower(store, tier, {"ram": 64, "disk": 256})
@@ -310,15 +311,15 @@ def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
         return {k: where.get(k, "ram") for k in keys}
 
     store.locate_hook = locate
-    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
-    store.lower.add(LowerRecord("b" * 32, toks(240), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(lower_record("a" * 32, 200, "ram"))
+    store.lower.add(lower_record("b" * 32, 240, "ram"))
     # known as KV-RAM, but tierd has spilled "a" to disk (floor 256) and dropped "b": no restore
     assert store.lookup(toks(260)) is None
     assert asked == [["a" * 32, "b" * 32]] and tier.fetched == []
     assert len(store.lower) == 1 and store.lower.matches(toks(260), 259)[0].tier == "disk"
     store.unpin_all()
     # a match past the disk floor is restored, and the hit names the tier it was read from
-    store.lower.add(LowerRecord("c" * 32, toks(300), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(lower_record("c" * 32, 300, "ram"))
     where["c" * 32] = "disk"
     hit = store.lookup(toks(310))
     assert (hit.num_tokens, hit.tier) == (300, "kv_disk")
@@ -328,26 +329,22 @@ def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
 
 
 def test_lower_tiers_are_skipped_while_tierd_cannot_say_where_entries_are():
-    from engine.tiers.lower_index import LowerRecord
-
     pool, store = make(pages=32, host=4)
     tier = FakeTier()
     with_lower(store, tier, {"ram": 1, "disk": 1})
     store.locate_hook = lambda keys: None
-    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(lower_record("a" * 32, 200, "ram"))
     assert store.lookup(toks(260)) is None and tier.fetched == []
     assert len(store.lower) == 1  # not forgotten: tierd may be back next time
     store.release_all()
 
 
 def test_the_hit_names_the_tier_tierd_read_from():
-    from engine.tiers.lower_index import LowerRecord
-
     pool, store = make(pages=32, host=4)
     tier = FakeTier()
     with_lower(store, tier, {"ram": 1, "disk": 1})
     store.fetch_hook = lambda record, pages, slot: "disk"  # spilled after the engine last asked
-    store.lower.add(LowerRecord("a" * 32, toks(200), "prompt_checkpoint", "interactive", True, "ram"))
+    store.lower.add(lower_record("a" * 32, 200, "ram"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (200, "kv_disk")
     store.unpin_all()
@@ -356,14 +353,12 @@ def test_the_hit_names_the_tier_tierd_read_from():
 
 
 def test_a_short_kv_ram_match_still_counts_against_a_disk_match():
-    from engine.tiers.lower_index import LowerRecord
-
     pool, store = make(pages=32, host=4)
     tier = FakeTier()
     with_lower(store, tier, {"ram": 64, "disk": 256})
     store.locate_hook = lambda keys: {k: ("ram" if k == "r" * 32 else "disk") for k in keys}
-    store.lower.add(LowerRecord("r" * 32, toks(50), "prompt_checkpoint", "interactive", True, "ram"))
-    store.lower.add(LowerRecord("d" * 32, toks(260), "prompt_checkpoint", "interactive", True, "disk"))
+    store.lower.add(lower_record("r" * 32, 50, "ram"))
+    store.lower.add(lower_record("d" * 32, 260, "disk"))
     assert store.lookup(toks(300)) is None  # 260 < 50 + 256: not worth a disk read
     assert tier.fetched == []
     store.release_all()

@@ -14,6 +14,7 @@ tokens of an undisturbed run.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import re
 import time
@@ -28,11 +29,30 @@ SMALL = ["--kv-pool-tokens", "1024", "--decode-lanes", "2", "--reuse-host-slots-
          "--metrics-port", "0", "--tierd-metrics-port", "0", "--api-key", API_KEY]
 
 
+@contextlib.contextmanager
+def serving(tmp_path, argv):
+    """``ignis serve`` for one test: its log printed if the test fails, stopped with exit code 0 after."""
+    server = start_serve(tmp_path, argv)
+    try:
+        yield server
+    except BaseException:
+        print(server.log())
+        stop_serve(server)
+        raise
+    code = stop_serve(server)
+    assert code == 0, server.log()
+
+
+def scrape_metrics(server) -> dict[str, str]:
+    """Each child's /metrics text, by the names serve printed (``engine``, ``tierd``)."""
+    urls = dict(re.findall(r"^ignis serve: (\w+) metrics on (\S+)$", server.out.read_text(), re.M))
+    return {name: urllib.request.urlopen(url, timeout=10).read().decode() for name, url in urls.items()}
+
+
 def run_rounds(tmp_path, extra):
     from openai import OpenAI
 
-    server = start_serve(tmp_path, SMALL + extra)
-    try:
+    with serving(tmp_path, SMALL + extra) as server:
         with OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120) as client:
             def ask(system):
                 r = client.chat.completions.create(
@@ -44,14 +64,7 @@ def run_rounds(tmp_path, extra):
 
             cold = [ask(s) for s in SYSTEMS]
             warm = [ask(s) for s in SYSTEMS]
-        urls = dict(re.findall(r"^ignis serve: (\w+) metrics on (\S+)$", server.out.read_text(), re.M))
-        metrics = {name: urllib.request.urlopen(url, timeout=10).read().decode() for name, url in urls.items()}
-    except BaseException:
-        print(server.log())
-        raise
-    finally:
-        code = stop_serve(server)
-    assert code == 0, server.log()
+        metrics = scrape_metrics(server)
     done = [json.loads(line[line.index("{"):]) for line in server.err.read_text().splitlines()
             if '"event":"done"' in line]
     return cold, warm, done, metrics
@@ -96,11 +109,10 @@ def test_the_default_disk_floor_recomputes_short_prompts_with_the_same_output(tm
 def test_with_reuse_off_live_agents_are_evicted_to_tierd_and_resume_exactly(tmp_path):
     from openai import OpenAI
 
-    server = start_serve(tmp_path, ["--kv-pool-tokens", "3584", "--decode-lanes", "5", "--reuse-prompt", "off",
-                                    "--evict-window-pages", "2", "--metrics-port", "0", "--tierd-metrics-port", "0",
-                                    "--api-key", API_KEY])
+    argv = ["--kv-pool-tokens", "3584", "--decode-lanes", "5", "--reuse-prompt", "off", "--evict-window-pages", "2",
+            "--metrics-port", "0", "--tierd-metrics-port", "0", "--api-key", API_KEY]
     agents = [f"Agent {i}. " + text(120, 50 + i) for i in range(4)]
-    try:
+    with serving(tmp_path, argv) as server:
         with OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300) as client:
             def ask(system, request_class, max_tokens, seed=None):
                 sampling = {"temperature": 0.9, "seed": seed} if seed is not None else {"temperature": 0}
@@ -118,15 +130,8 @@ def test_with_reuse_off_live_agents_are_evicted_to_tierd_and_resume_exactly(tmp_
                 burst = [pool.submit(ask, "Interactive. " + text(400, 90 + j), "interactive", 8) for j in range(2)]
                 [f.result(timeout=240) for f in burst]
                 disturbed = [f.result(timeout=240) for f in runs]
-        urls = dict(re.findall(r"^ignis serve: (\w+) metrics on (\S+)$", server.out.read_text(), re.M))
-        engine = urllib.request.urlopen(urls["engine"], timeout=10).read().decode()
-        tierd = urllib.request.urlopen(urls["tierd"], timeout=10).read().decode()
-    except BaseException:
-        print(server.log())
-        raise
-    finally:
-        code = stop_serve(server)
-    assert code == 0, server.log()
+        metrics = scrape_metrics(server)
+    engine, tierd = metrics["engine"], metrics["tierd"]
     assert disturbed == alone
     assert sample(engine, "ignis:live_evictions_total") >= 1
     assert sample(tierd, "ignis:tierd_demotions_total", kind="live") >= 1
