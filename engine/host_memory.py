@@ -70,19 +70,20 @@ class HostBlock:
             reserve_pages(shm.name, nbytes)
         except ShmFull as e:
             log.warning("the %s block cannot be shared with tierd, so the lower tiers are off: %s", tag, e)
-            self.release()
-            self.shm_name = None
-            pinned = device_type == "cuda"
-            self.tensor = torch.zeros(shape, dtype=dtype, pin_memory=pinned)
+            self._make_private(pinned=device_type == "cuda")
             return
         flat = torch.frombuffer(shm.buf, dtype=torch.uint8, count=nbytes)
         flat.zero_()  # touch every page now
         self.tensor = flat.view(dtype)[:numel].view(shape)
         if device_type == "cuda" and not self._pin(flat):
             del flat
-            self.release()
-            self.shm_name = None
-            self.tensor = torch.zeros(shape, dtype=dtype, pin_memory=True)
+            self._make_private(pinned=True)
+
+    def _make_private(self, pinned: bool) -> None:
+        """Give up the shared memory for memory of this process alone (tierd cannot reach the block)."""
+        self.release()
+        self.shm_name = None
+        self.tensor = torch.zeros(self.shape, dtype=self.dtype, pin_memory=pinned)
 
     def _pin(self, flat: torch.Tensor) -> bool:
         """Register the shared pages with CUDA as pinned host memory."""
