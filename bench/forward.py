@@ -15,14 +15,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from checkout import use_checkout  # noqa: E402
+
+use_checkout()
 
 import torch  # noqa: E402
 
-from engine.forward_batch import ForwardBatch, SeqChunk  # noqa: E402
-from engine.models.build import load_model  # noqa: E402
-from engine.models.config import PAGE_TOKENS  # noqa: E402
-from engine.models.state import ModelState  # noqa: E402
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk  # noqa: E402
+from ignis.engine.models.build import load_model  # noqa: E402
+from ignis.engine.models.config import PAGE_TOKENS  # noqa: E402
+from ignis.engine.models.state import ModelState  # noqa: E402
 
 
 def best_of(reps: int, fn) -> float:
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     if args.model is None:
-        from engine.demo import ensure_demo_model
+        from ignis.shared.demo import ensure_demo_model
         args.model = str(ensure_demo_model())
     model, ckpt = load_model(args.model, dtype="float32")
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -36,16 +36,17 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from checkout import use_checkout  # noqa: E402
+
+ROOT = use_checkout()
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
 import zmq  # noqa: E402
 
-from shared.sampling import SamplingParams  # noqa: E402
-from shared.wire import ENGINE_TO_GATEWAY, Finished, Generate, Refused, TokenBatch  # noqa: E402
-from shared.zmq_queues import connect_dealer  # noqa: E402
+from ignis.shared.sampling import SamplingParams  # noqa: E402
+from ignis.shared.wire import ENGINE_TO_GATEWAY, Finished, Generate, Refused, TokenBatch  # noqa: E402
+from ignis.shared.zmq_queues import connect_dealer  # noqa: E402
 
 CONCURRENCY = (1, 64)
 PROMPT = [(7 * i + 11) % 1900 + 50 for i in range(24)]  # a fixed token-id prompt inside the demo vocabulary
@@ -53,7 +54,7 @@ PROMPT = [(7 * i + 11) % 1900 + 50 for i in range(24)]  # a fixed token-id promp
 
 def start_serve(args, runtime: str) -> tuple[subprocess.Popen, str, str, Path]:
     log = Path(runtime) / "serve.log"
-    argv = [sys.executable, "-m", "shared.cli", "serve", "--port", "0", "--runtime-dir", runtime,
+    argv = [sys.executable, "-m", "ignis.launcher.cli", "serve", "--port", "0", "--runtime-dir", runtime,
             "--instance", "bench", "--decode-lanes", "64", "--kv-pool-tokens", str(args.kv_pool_tokens)]
     if args.model:
         argv += ["--model", args.model]

@@ -58,8 +58,9 @@ import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from checkout import use_checkout  # noqa: E402
+
+ROOT = use_checkout()
 
 import torch  # noqa: E402
 
@@ -196,8 +197,8 @@ def _perturb_norms(model) -> None:
 
 
 def _run_ours(model, ops, dtype, device, chunks_per_step):
-    from engine.forward_batch import ForwardBatch
-    from engine.models.state import ModelState
+    from ignis.engine.forward_batch import ForwardBatch
+    from ignis.engine.models.state import ModelState
 
     model.ops = ops
     state = ModelState.allocate(model.cfg, num_pages=32, lanes=4, dtype=dtype, device=device, fill=float("nan"))
@@ -206,10 +207,10 @@ def _run_ours(model, ops, dtype, device, chunks_per_step):
 
 def run_model(rep: Report, shapes: Shapes, device: str, deadline: float) -> float:
     """Largest bf16 error over the comparisons (NaN when none ran)."""
-    from engine.forward_batch import SeqChunk
-    from engine.models.config import config_from_dict
-    from engine.models.hybrid import HybridModel
-    from kernels.backend import REFERENCE, triton_ops
+    from ignis.engine.forward_batch import SeqChunk
+    from ignis.engine.models.config import config_from_dict
+    from ignis.engine.models.hybrid import HybridModel
+    from ignis.kernels.backend import REFERENCE, triton_ops
 
     cfg = config_from_dict(shapes.model)
     torch.manual_seed(0)
@@ -353,8 +354,8 @@ def _tables(b: Bench, num_pages: int, bsz: int, ctx: int) -> torch.Tensor:
 
 
 def bench_attention(b: Bench, head: dict) -> None:
-    from kernels.paged_attention import reference as ref
-    from kernels.paged_attention import triton_decode, triton_prefill, triton_write
+    from ignis.kernels.paged_attention import reference as ref
+    from ignis.kernels.paged_attention import triton_decode, triton_prefill, triton_write
 
     s, dev, el = b.s, b.dev, 2
     pages = lambda bsz, ctx: bsz * ((ctx + PAGE - 1) // PAGE)  # noqa: E731
@@ -402,10 +403,10 @@ def bench_attention(b: Bench, head: dict) -> None:
 
 
 def bench_linear(b: Bench, head: dict) -> None:
-    from kernels.causal_conv import reference as conv_ref
-    from kernels.causal_conv import triton_conv
-    from kernels.gated_delta_rule import reference as gdr_ref
-    from kernels.gated_delta_rule import triton_chunk, triton_recurrent
+    from ignis.kernels.causal_conv import reference as conv_ref
+    from ignis.kernels.causal_conv import triton_conv
+    from ignis.kernels.gated_delta_rule import reference as gdr_ref
+    from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
 
     s, dev = b.s, b.dev
     lanes = max(s.batches)
@@ -487,9 +488,9 @@ HQ_WINDOW = 64
 
 def bench_hq(b: Bench, head: dict) -> None:
     """hq-e8-2b: quantize-on-write, decode and prefill attention (window of HQ_WINDOW exact tokens)."""
-    from kernels.hq_e8 import codec
-    from kernels.hq_e8 import reference as ref
-    from kernels.hq_e8 import triton_decode, triton_prefill, triton_write
+    from ignis.kernels.hq_e8 import codec
+    from ignis.kernels.hq_e8 import reference as ref
+    from ignis.kernels.hq_e8 import triton_decode, triton_prefill, triton_write
 
     s, dev = b.s, b.dev
     width = codec.row_width(s.hkv, s.d)
@@ -577,12 +578,12 @@ TL_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"
 
 
 def _kernels() -> list:
-    from kernels.causal_conv import triton_conv
-    from kernels.gated_delta_rule import triton_chunk, triton_recurrent
-    from kernels.hq_e8 import triton_decode as hq_decode
-    from kernels.hq_e8 import triton_prefill as hq_prefill
-    from kernels.hq_e8 import triton_write as hq_write
-    from kernels.paged_attention import triton_decode, triton_prefill, triton_write
+    from ignis.kernels.causal_conv import triton_conv
+    from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
+    from ignis.kernels.hq_e8 import triton_decode as hq_decode
+    from ignis.kernels.hq_e8 import triton_prefill as hq_prefill
+    from ignis.kernels.hq_e8 import triton_write as hq_write
+    from ignis.kernels.paged_attention import triton_decode, triton_prefill, triton_write
 
     return [triton_write._write_kv_kernel, triton_prefill._prefill_kernel, triton_decode._decode_split_kernel,
             triton_decode._decode_reduce_kernel, triton_chunk._chunk_wy_kernel, triton_chunk._chunk_fwd_kernel,
@@ -593,9 +594,9 @@ def _kernels() -> list:
 
 def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
     """Call every wrapper once on meta tensors (host-side metadata on the CPU)."""
-    from kernels.causal_conv import triton_conv
-    from kernels.gated_delta_rule import triton_chunk, triton_recurrent
-    from kernels.paged_attention import triton_decode, triton_prefill, triton_write
+    from ignis.kernels.causal_conv import triton_conv
+    from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
+    from ignis.kernels.paged_attention import triton_decode, triton_prefill, triton_write
 
     meta = torch.device("meta")
 
@@ -620,10 +621,10 @@ def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
 
 
 def _launch_hq(s: Shapes, dtype: torch.dtype, e, n: int, ctx: int, bsz: int, cu, table, lens) -> None:
-    from kernels.hq_e8 import codec
-    from kernels.hq_e8 import triton_decode as hq_decode
-    from kernels.hq_e8 import triton_prefill as hq_prefill
-    from kernels.hq_e8 import triton_write as hq_write
+    from ignis.kernels.hq_e8 import codec
+    from ignis.kernels.hq_e8 import triton_decode as hq_decode
+    from ignis.kernels.hq_e8 import triton_prefill as hq_prefill
+    from ignis.kernels.hq_e8 import triton_write as hq_write
 
     width = codec.row_width(s.hkv, s.d)
     kp, vp = e(ctx // PAGE, PAGE, width, dt=torch.int16), e(ctx // PAGE, PAGE, width, dt=torch.int16)

@@ -31,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from checkout import use_checkout  # noqa: E402
+
+ROOT = use_checkout()
 
 PAGE_BYTES = 1 << 16  # one run of one page
 RUNS = 8
@@ -42,10 +43,10 @@ def _child(spec: dict) -> dict:
     """tierd's side: map, gather, hash, scatter the transformed bytes, time the bulk copies."""
     import numpy as np
 
-    from shared.tier_layout import BlockDesc, UnitLayout
-    from tierd.arena import Arena
-    from tierd.copier import make_backend, plan_spans
-    from tierd.memory_map import EngineMemory
+    from ignis.shared.tier_layout import BlockDesc, UnitLayout
+    from ignis.tierd.arena import Arena
+    from ignis.tierd.copier import make_backend, plan_spans
+    from ignis.tierd.memory_map import EngineMemory
 
     blocks = tuple(BlockDesc.from_json(b) for b in spec["blocks"])
     memory = EngineMemory(blocks, UnitLayout(pages="kv", lane=("slot",), image=None))
@@ -109,13 +110,13 @@ def run(device: str, mib: int) -> tuple[bool, dict]:
     """Parent (engine) side; returns (ok, figures)."""
     import torch
 
-    from engine.host_memory import HostBlock
-    from shared.tier_layout import BlockDesc
+    from ignis.engine.host_memory import HostBlock
+    from ignis.shared.tier_layout import BlockDesc
 
     pages = max(16, (mib << 20) // (RUNS * PAGE_BYTES))
     slots, slot_bytes = 4, 3 * 4096 + 17  # an odd item size: spans cut across arena blocks
     if device == "cuda":
-        from engine.device_memory import DeviceBlock
+        from ignis.engine.device_memory import DeviceBlock
 
         kv_block = DeviceBlock.create((RUNS, pages, PAGE_BYTES), torch.uint8, torch.device("cuda"))
         if kv_block is None:

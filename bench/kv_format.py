@@ -18,13 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from checkout import use_checkout  # noqa: E402
+
+use_checkout()
 
 import torch  # noqa: E402
 
-from engine.models.config import config_from_dict  # noqa: E402
-from kernels.hq_e8 import reference as hq  # noqa: E402
-from kernels.paged_attention import reference as bf  # noqa: E402
+from ignis.engine.models.config import config_from_dict  # noqa: E402
+from ignis.kernels.hq_e8 import reference as hq  # noqa: E402
+from ignis.kernels.paged_attention import reference as bf  # noqa: E402
 
 SHAPES = {
     "27B": dict(architectures=["Qwen3_5ForCausalLM"], vocab_size=248320, hidden_size=5120, num_hidden_layers=64,

@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from checkout import use_checkout  # noqa: E402
+
+ROOT = use_checkout()
 
 from tests.engine.engine_process import EngineProcess  # noqa: E402
 

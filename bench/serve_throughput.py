@@ -18,8 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from checkout import use_checkout  # noqa: E402
+
+ROOT = use_checkout()
 
 import torch  # noqa: E402
 
@@ -67,10 +68,10 @@ def main(argv=None) -> int:
 
     from transformers import AutoModelForCausalLM
 
-    from engine.models.config import load_config
+    from ignis.engine.models.config import load_config
 
     if args.model is None:
-        from engine.demo import ensure_demo_model
+        from ignis.shared.demo import ensure_demo_model
         args.model = str(ensure_demo_model())
     vocab = min(load_config(args.model).vocab_size, 2000)
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -25,14 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from checkout import use_checkout  # noqa: E402
+
+ROOT = use_checkout()
 
 import numpy as np  # noqa: E402
 
-from engine.tiers.client import TierClient  # noqa: E402
-from shared.shm_blocks import ShmBlock  # noqa: E402
-from shared.tier_layout import UnitLayout  # noqa: E402
+from ignis.engine.tiers.client import TierClient  # noqa: E402
+from ignis.shared.shm_blocks import ShmBlock  # noqa: E402
+from ignis.shared.tier_layout import UnitLayout  # noqa: E402
 from tests.engine.engine_process import EngineProcess  # noqa: E402
 from tests.engine.test_tiers_e2e import Tierd  # noqa: E402
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from engine.config import EngineConfig
-from shared.flags import add_flags, from_args
-from shared.logs import setup_logging
+from ignis.engine.config import EngineConfig
+from ignis.shared.flags import add_flags, from_args
+from ignis.shared.logs import setup_logging
 
 log = logging.getLogger("ignis.engine")
 
@@ -28,10 +28,10 @@ def resolve_device(choice: str) -> str:
 
 def build_server(config: EngineConfig):
     """Load the default model and bind the engine's socket, ready to serve."""
-    from engine.runtime import load_runtime
-    from engine.server import EngineServer
-    from shared.model_names import model_specs
-    from shared.runtime import endpoints, ensure_runtime_dir
+    from ignis.engine.runtime import load_runtime
+    from ignis.engine.server import EngineServer
+    from ignis.shared.model_names import model_specs
+    from ignis.shared.runtime import endpoints, ensure_runtime_dir
 
     specs = model_specs(config.model, config.served_model_name)
     dirs = dict(specs)
@@ -47,7 +47,7 @@ def build_server(config: EngineConfig):
 
 def _kv_format(config: EngineConfig, device: str, cfg) -> str:
     """--kv-format resolved; an explicit hq-e8-2b on heads it cannot store raises ValueError."""
-    from kernels.hq_e8.codec import check_shape
+    from ignis.kernels.hq_e8.codec import check_shape
 
     try:
         check_shape(cfg.num_kv_heads, cfg.head_dim)
@@ -83,7 +83,7 @@ def _tokenizer_vocab(model_dir: str) -> int | None:
 
 
 def run(args) -> int:
-    from shared import sdnotify
+    from ignis.shared import sdnotify
 
     setup_logging("engine")
     try:

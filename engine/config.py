@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.flags import field_doc, parse_bytes
+from ignis.shared.flags import field_doc, parse_bytes
 
 
 def _opt_bytes(text):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.config import PAGE_TOKENS
+from ignis.engine.models.config import PAGE_TOKENS
 
 
 @dataclass(frozen=True)

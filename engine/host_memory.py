@@ -24,7 +24,7 @@ from multiprocessing import shared_memory
 
 import torch
 
-from shared.shm_blocks import ShmFull, reserve_pages
+from ignis.shared.shm_blocks import ShmFull, reserve_pages
 
 log = logging.getLogger("ignis.engine")
 

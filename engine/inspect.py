@@ -17,8 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-from engine.models.config import PAGE_TOKENS, CheckpointError, ModelConfig, load_config
-from engine.models.weights_spec import classify, expected_tensors, expected_weight_bytes
+from ignis.engine.models.config import PAGE_TOKENS, CheckpointError, ModelConfig, load_config
+from ignis.engine.models.weights_spec import classify, expected_tensors, expected_weight_bytes
 
 KV_FORMATS = ("bf16", "hq-e8-2b")
 DEFAULT_POOL_BYTES = 16 * 2**30
@@ -92,7 +92,7 @@ def _parameters(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def _weights(model_dir: Path, cfg: ModelConfig) -> dict:
-    from engine.loader import find_weight_files, read_inventory
+    from ignis.engine.loader import find_weight_files, read_inventory
 
     try:
         files = find_weight_files(model_dir)
@@ -234,7 +234,7 @@ def _model_dir(arg: str | None) -> Path:
     if arg is not None:
         return Path(arg)
     try:
-        from engine.demo import ensure_demo_model
+        from ignis.shared.demo import ensure_demo_model
     except ImportError as exc:
         raise CheckpointError(f"no --model given and the built-in demo model is unavailable ({exc})") from None
     return Path(ensure_demo_model())

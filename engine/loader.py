@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.models.config import CheckpointError, ModelConfig, load_config
-from engine.models.weights_spec import (
+from ignis.engine.models.config import CheckpointError, ModelConfig, load_config
+from ignis.engine.models.weights_spec import (
     FLOAT_DTYPES,
     HeaderEntry,
     classify,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.models.config import DTYPE_BYTES, PAGE_TOKENS, ModelConfig
+from ignis.engine.models.config import DTYPE_BYTES, PAGE_TOKENS, ModelConfig
 
 CPU_DEFAULT_KV_BYTES = 256 << 20
 

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from engine.models.config import PAGE_TOKENS
+from ignis.engine.models.config import PAGE_TOKENS
 
 
 class PoolExhausted(RuntimeError):

@@ -25,10 +25,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.sequence_pages import SequencePages
-from shared.sampling import SamplingParams
-from shared.wire import REQUEST_CLASSES, Generate
-from shared.wire_fields import check_choice, check_str, check_token_ids
+from ignis.engine.sequence_pages import SequencePages
+from ignis.shared.sampling import SamplingParams
+from ignis.shared.wire import REQUEST_CLASSES, Generate
+from ignis.shared.wire_fields import check_choice, check_str, check_token_ids
 
 CLASS_RANK = {name: rank for rank, name in enumerate(REQUEST_CLASSES)}
 """Lower rank is admitted first and preempted last: interactive (0) above agent (1)."""

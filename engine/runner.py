@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward_batch import ForwardBatch, SeqChunk
-from engine.models.hybrid import HybridModel
-from engine.models.state import ModelState
-from engine.sampling import SamplerState, TokenLogprobs, sample_batch
-from engine.schedule import RoundPlan, RoundResult
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.hybrid import HybridModel
+from ignis.engine.models.state import ModelState
+from ignis.engine.sampling import SamplerState, TokenLogprobs, sample_batch
+from ignis.engine.schedule import RoundPlan, RoundResult
 
 
 class ModelRunner:

@@ -11,7 +11,7 @@ import gc
 import logging
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
+from ignis.engine.config import EngineConfig
 
 log = logging.getLogger("ignis.engine")
 
@@ -47,17 +47,17 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     """Load one model and allocate everything it serves with (pool, lanes, slots, scheduler)."""
     import torch
 
-    from engine.memory_plan import plan_memory
-    from engine.models.build import TORCH_DTYPES, load_model
-    from engine.models.state import ModelState
-    from engine.runner import ModelRunner
-    from engine.scheduler import Scheduler, SchedulerConfig
-    from engine.cli import _kv_format, _tokenizer_vocab, kv_stamp, resolve_device
-    from shared.runtime import endpoints, ensure_runtime_dir
+    from ignis.engine.memory_plan import plan_memory
+    from ignis.engine.models.build import TORCH_DTYPES, load_model
+    from ignis.engine.models.state import ModelState
+    from ignis.engine.runner import ModelRunner
+    from ignis.engine.scheduler import Scheduler, SchedulerConfig
+    from ignis.engine.cli import _kv_format, _tokenizer_vocab, kv_stamp, resolve_device
+    from ignis.shared.runtime import endpoints, ensure_runtime_dir
 
     device = resolve_device(config.device)
     if model_dir is None:
-        from engine.demo import ensure_demo_model
+        from ignis.shared.demo import ensure_demo_model
         model_dir = str(ensure_demo_model())
     torch.manual_seed(config.seed)
     model, ckpt = load_model(model_dir, dtype=config.dtype, device=device)
@@ -89,7 +89,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         evict_window_pages=config.evict_window_pages)
     tier_client = None
     if tiers_on:
-        from engine.tiers.wiring import attach_tiers
+        from ignis.engine.tiers.wiring import attach_tiers
 
         tier_endpoint = config.tierd_endpoint
         if tier_endpoint == "auto":
@@ -98,7 +98,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         tier_client = attach_tiers(sched.store, state, tier_endpoint, sched.store.stamp, cfg.family,
                                    config.restore_floors(cfg.family, params))
         if tier_client is not None:
-            from engine.tiers.wiring import TierEvictionHooks
+            from ignis.engine.tiers.wiring import TierEvictionHooks
 
             staging_slot = device_slots + host_slots
             sched.evictor.hooks = TierEvictionHooks(tier_client, state, staging_slot, device_slots,

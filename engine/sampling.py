@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shared.sampling import SamplingParams
+from ignis.shared.sampling import SamplingParams
 
 
 @dataclass

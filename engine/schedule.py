@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.sampling import SamplingParams
+from ignis.shared.sampling import SamplingParams
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 

@@ -53,10 +53,10 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.models.config import PAGE_TOKENS
-from engine.page_pool import PagePool
-from engine.request import CLASS_RANK, REQUEST_CLASSES, Request, RequestState
-from engine.schedule import (
+from ignis.engine.models.config import PAGE_TOKENS
+from ignis.engine.page_pool import PagePool
+from ignis.engine.request import CLASS_RANK, REQUEST_CLASSES, Request, RequestState
+from ignis.engine.schedule import (
     DecodeItem,
     FinishEvent,
     LaneStart,
@@ -65,12 +65,12 @@ from engine.schedule import (
     RoundPlan,
     RoundResult,
 )
-from engine.eviction import Evictor
-from engine.reuse.entries import SlotPool
-from engine.reuse.store import RetainedStore
-from engine.sequence_pages import SequencePages
-from shared.flags import field_doc
-from shared.wire_fields import MAX_TOKEN_ID
+from ignis.engine.eviction import Evictor
+from ignis.engine.reuse.entries import SlotPool
+from ignis.engine.reuse.store import RetainedStore
+from ignis.engine.sequence_pages import SequencePages
+from ignis.shared.flags import field_doc
+from ignis.shared.wire_fields import MAX_TOKEN_ID
 
 
 @dataclass(frozen=True)

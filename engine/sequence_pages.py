@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.page_pool import PagePool, PoolExhausted
+from ignis.engine.page_pool import PagePool, PoolExhausted
 
 
 class SequencePages:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import orjson
 import zmq
 
-from engine.config import EngineConfig
-from engine.metrics import EngineMetrics
-from engine.request import Request
-from shared.wire import (
+from ignis.engine.config import EngineConfig
+from ignis.engine.metrics import EngineMetrics
+from ignis.engine.request import Request
+from ignis.shared.wire import (
     Abort,
     Finished,
     Generate,
@@ -42,8 +42,8 @@ from shared.wire import (
     TokenLogprobs,
     Usage,
 )
-from shared.stop_request import StopRequest
-from shared.zmq_queues import bind_router
+from ignis.shared.stop_request import StopRequest
+from ignis.shared.zmq_queues import bind_router
 
 log = logging.getLogger("ignis.engine")
 
@@ -134,7 +134,7 @@ class EngineServer:
         log.info("unloaded model %s (%s): all retained state freed in every tier", name, why)
 
     def _load(self, name: str) -> None:
-        from shared import sdnotify
+        from ignis.shared import sdnotify
 
         sdnotify.status(f"loading model {name}")
         sdnotify.extend_timeout(600)

@@ -23,17 +23,17 @@ import time
 
 from aiohttp import web
 
-from gateway.chat import chat_completions
-from gateway.chat_template import ChatTemplate
-from gateway.completions import completions
-from gateway.config import GatewayConfig
-from gateway.engine_client import EngineClient, EngineUnavailable
-from gateway.errors import ApiError, from_http_exception
-from gateway.generation import ClientGone, EngineFailed, api_error_of
-from gateway.metrics import GatewayMetrics
-from gateway.responses import json_response
-from gateway.state import STATE, GatewayState
-from gateway.tokenizer import ModelFiles
+from ignis.gateway.chat import chat_completions
+from ignis.gateway.chat_template import ChatTemplate
+from ignis.gateway.completions import completions
+from ignis.gateway.config import GatewayConfig
+from ignis.gateway.engine_client import EngineClient, EngineUnavailable
+from ignis.gateway.errors import ApiError, from_http_exception
+from ignis.gateway.generation import ClientGone, EngineFailed, api_error_of
+from ignis.gateway.metrics import GatewayMetrics
+from ignis.gateway.responses import json_response
+from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.tokenizer import ModelFiles
 
 log = logging.getLogger("ignis.gateway")
 

@@ -14,18 +14,18 @@ import time
 
 from aiohttp import web
 
-from gateway.chat_template import TemplateRenderError
-from gateway.choice import ChoiceDelta, ChoiceState
-from gateway.errors import invalid
-from gateway.fields import Fields
-from gateway.generation import Generation
-from gateway.messages import apply_developer_policy, parse_messages, parse_tool_choice, parse_tools
-from gateway.output_parser import OutputParser
-from gateway.params import parse_common, sampling_for
-from gateway.prompt import build_chat_prompt
-from gateway.responses import chat_logprobs, json_response, new_id, stream_sse
-from gateway.state import STATE, GatewayState
-from shared.wire import Generate
+from ignis.gateway.chat_template import TemplateRenderError
+from ignis.gateway.choice import ChoiceDelta, ChoiceState
+from ignis.gateway.errors import invalid
+from ignis.gateway.fields import Fields
+from ignis.gateway.generation import Generation
+from ignis.gateway.messages import apply_developer_policy, parse_messages, parse_tool_choice, parse_tools
+from ignis.gateway.output_parser import OutputParser
+from ignis.gateway.params import parse_common, sampling_for
+from ignis.gateway.prompt import build_chat_prompt
+from ignis.gateway.responses import chat_logprobs, json_response, new_id, stream_sse
+from ignis.gateway.state import STATE, GatewayState
+from ignis.shared.wire import Generate
 
 ENDPOINT = "chat"
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt")

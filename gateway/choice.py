@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.detokenize import IncrementalDetokenizer
-from gateway.output_parser import OutputParser, ToolCall
-from gateway.stop_strings import StopMatcher
-from gateway.tokenizer import TextTokenizer
-from shared.wire import StreamTokens
+from ignis.gateway.detokenize import IncrementalDetokenizer
+from ignis.gateway.output_parser import OutputParser, ToolCall
+from ignis.gateway.stop_strings import StopMatcher
+from ignis.gateway.tokenizer import TextTokenizer
+from ignis.shared.wire import StreamTokens
 
 
 @dataclass(frozen=True)

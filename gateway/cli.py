@@ -20,15 +20,15 @@ import sys
 import uvloop
 from aiohttp import web
 
-from gateway.app import build_app
-from gateway.config import GatewayConfig
-from gateway.state import STATE
-from gateway.tokenizer import ModelFilesError, load_model_files
-from shared import sdnotify
-from shared.flags import add_flags, from_args
-from shared.logs import setup_logging
-from shared.model_names import model_specs
-from shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
+from ignis.gateway.app import build_app
+from ignis.gateway.config import GatewayConfig
+from ignis.gateway.state import STATE
+from ignis.gateway.tokenizer import ModelFilesError, load_model_files
+from ignis.shared import sdnotify
+from ignis.shared.flags import add_flags, from_args
+from ignis.shared.logs import setup_logging
+from ignis.shared.model_names import model_specs
+from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
 
 log = logging.getLogger("ignis.gateway")
 
@@ -42,7 +42,7 @@ def add_arguments(parser) -> None:
 def _model_dir(path: str | None) -> str:
     if path:
         return path
-    from engine.demo import ensure_demo_model  # numpy + safetensors + tokenizers only
+    from ignis.shared.demo import ensure_demo_model  # numpy + safetensors + tokenizers only
 
     return str(ensure_demo_model())
 

@@ -14,13 +14,13 @@ import time
 
 from aiohttp import web
 
-from gateway.choice import ChoiceDelta, ChoiceState
-from gateway.fields import Fields
-from gateway.generation import Generation
-from gateway.params import parse_common, sampling_for
-from gateway.responses import CompletionLogprobs, json_response, merge_completion_logprobs, new_id, stream_sse
-from gateway.state import STATE, GatewayState
-from shared.wire import Generate
+from ignis.gateway.choice import ChoiceDelta, ChoiceState
+from ignis.gateway.fields import Fields
+from ignis.gateway.generation import Generation
+from ignis.gateway.params import parse_common, sampling_for
+from ignis.gateway.responses import CompletionLogprobs, json_response, merge_completion_logprobs, new_id, stream_sse
+from ignis.gateway.state import STATE, GatewayState
+from ignis.shared.wire import Generate
 
 ENDPOINT = "completions"
 DEFAULT_MAX_TOKENS = 16

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.flags import field_doc, parse_bytes
+from ignis.shared.flags import field_doc, parse_bytes
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
 

@@ -16,7 +16,7 @@ Special tokens (``<|im_end|>``, ``<|endoftext|>``) decode to nothing.
 
 from __future__ import annotations
 
-from gateway.tokenizer import TextTokenizer
+from ignis.gateway.tokenizer import TextTokenizer
 
 _REPLACEMENT = "\ufffd"
 _WINDOW = 6

@@ -24,7 +24,7 @@ import time
 
 import zmq
 
-from shared.wire import (
+from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
     Abort,
     ErrorReply,
@@ -36,7 +36,7 @@ from shared.wire import (
     TokenBatch,
     Usage,
 )
-from shared.zmq_queues import connect_dealer
+from ignis.shared.zmq_queues import connect_dealer
 
 log = logging.getLogger("ignis.gateway")
 

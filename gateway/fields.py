@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.errors import ApiError, invalid
+from ignis.gateway.errors import ApiError, invalid
 
 
 def _kind(value: object) -> str:

@@ -18,10 +18,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from gateway.choice import ChoiceDelta, ChoiceState
-from gateway.engine_client import EngineClient, EngineUnavailable
-from gateway.errors import RETRY_AFTER_S, ApiError, engine_unavailable, from_refusal
-from shared.wire import Finished, Generate, Refused, StreamTokens
+from ignis.gateway.choice import ChoiceDelta, ChoiceState
+from ignis.gateway.engine_client import EngineClient, EngineUnavailable
+from ignis.gateway.errors import RETRY_AFTER_S, ApiError, engine_unavailable, from_refusal
+from ignis.shared.wire import Finished, Generate, Refused, StreamTokens
 
 POLL_S = 0.5
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from gateway.errors import invalid
-from gateway.fields import Fields
+from ignis.gateway.errors import invalid
+from ignis.gateway.fields import Fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 100_000

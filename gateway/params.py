@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.errors import invalid
-from gateway.fields import Fields
-from shared.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, SamplingParams
-from shared.wire import REQUEST_CLASSES
+from ignis.gateway.errors import invalid
+from ignis.gateway.fields import Fields
+from ignis.shared.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, SamplingParams
+from ignis.shared.wire import REQUEST_CLASSES
 
 MAX_N = 8
 MAX_STOPS = 4

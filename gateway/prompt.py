@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.chat_template import ChatTemplate, TemplateRenderError
-from gateway.messages import last_is_user
-from gateway.output_parser import THINK_CLOSE, THINK_OPEN
-from gateway.tokenizer import TextTokenizer
+from ignis.gateway.chat_template import ChatTemplate, TemplateRenderError
+from ignis.gateway.messages import last_is_user
+from ignis.gateway.output_parser import THINK_CLOSE, THINK_OPEN
+from ignis.gateway.tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
-from gateway.choice import ChoiceDelta, TokenRecord
-from gateway.generation import ClientGone, Generation, api_error_of
-from gateway.tokenizer import TextTokenizer
+from ignis.gateway.choice import ChoiceDelta, TokenRecord
+from ignis.gateway.generation import ClientGone, Generation, api_error_of
+from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
 

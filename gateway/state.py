@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 import orjson
 from aiohttp import web
 
-from gateway.chat_template import ChatTemplate
-from gateway.config import GatewayConfig
-from gateway.engine_client import EngineClient, EngineUnavailable
-from gateway.errors import ApiError, context_length_exceeded, engine_unavailable, invalid
-from gateway.metrics import GatewayMetrics
-from gateway.tokenizer import TextTokenizer
+from ignis.gateway.chat_template import ChatTemplate
+from ignis.gateway.config import GatewayConfig
+from ignis.gateway.engine_client import EngineClient, EngineUnavailable
+from ignis.gateway.errors import ApiError, context_length_exceeded, engine_unavailable, invalid
+from ignis.gateway.metrics import GatewayMetrics
+from ignis.gateway.tokenizer import TextTokenizer
 
 STATE = web.AppKey("ignis_gateway", object)
 

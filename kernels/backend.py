@@ -18,10 +18,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from kernels.causal_conv import reference as conv_ref
-from kernels.gated_delta_rule import reference as gdr_ref
-from kernels.hq_e8 import reference as hq_ref
-from kernels.paged_attention import reference as attn_ref
+from ignis.kernels.causal_conv import reference as conv_ref
+from ignis.kernels.gated_delta_rule import reference as gdr_ref
+from ignis.kernels.hq_e8 import reference as hq_ref
+from ignis.kernels.paged_attention import reference as attn_ref
 
 
 @dataclass(frozen=True)
@@ -59,17 +59,17 @@ REFERENCE = Ops(
 
 # op name -> "module:function" of its Triton form
 TRITON_FORMS = {
-    "write_kv": "kernels.paged_attention.triton_write:write_kv",
-    "prefill_attention": "kernels.paged_attention.triton_prefill:prefill_attention",
-    "decode_attention": "kernels.paged_attention.triton_decode:decode_attention",
-    "chunk_gated_delta_rule": "kernels.gated_delta_rule.triton_chunk:chunk_gated_delta_rule",
-    "recurrent_gated_delta_rule": "kernels.gated_delta_rule.triton_recurrent:recurrent_gated_delta_rule",
-    "causal_conv1d_varlen": "kernels.causal_conv.triton_conv:causal_conv1d_varlen",
-    "causal_conv1d_update": "kernels.causal_conv.triton_conv:causal_conv1d_update",
-    "hq_write_kv": "kernels.hq_e8.triton_write:write_kv",
-    "hq_window_write": "kernels.hq_e8.triton_write:window_write",
-    "hq_prefill_attention": "kernels.hq_e8.triton_prefill:prefill_attention",
-    "hq_decode_attention": "kernels.hq_e8.triton_decode:decode_attention",
+    "write_kv": "ignis.kernels.paged_attention.triton_write:write_kv",
+    "prefill_attention": "ignis.kernels.paged_attention.triton_prefill:prefill_attention",
+    "decode_attention": "ignis.kernels.paged_attention.triton_decode:decode_attention",
+    "chunk_gated_delta_rule": "ignis.kernels.gated_delta_rule.triton_chunk:chunk_gated_delta_rule",
+    "recurrent_gated_delta_rule": "ignis.kernels.gated_delta_rule.triton_recurrent:recurrent_gated_delta_rule",
+    "causal_conv1d_varlen": "ignis.kernels.causal_conv.triton_conv:causal_conv1d_varlen",
+    "causal_conv1d_update": "ignis.kernels.causal_conv.triton_conv:causal_conv1d_update",
+    "hq_write_kv": "ignis.kernels.hq_e8.triton_write:write_kv",
+    "hq_window_write": "ignis.kernels.hq_e8.triton_write:window_write",
+    "hq_prefill_attention": "ignis.kernels.hq_e8.triton_prefill:prefill_attention",
+    "hq_decode_attention": "ignis.kernels.hq_e8.triton_decode:decode_attention",
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from shared.wire_fields import (
+from ignis.shared.wire_fields import (
     MAX_TOKEN_ID,
     check_bool,
     check_float,

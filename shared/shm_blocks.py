@@ -32,8 +32,8 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from shared.runtime import check_instance_name
-from shared.tier_layout import BlockDesc
+from ignis.shared.runtime import check_instance_name
+from ignis.shared.tier_layout import BlockDesc
 
 _PAGE = mmap.PAGESIZE
 _CREATED: set[str] = set()  # shm names created by this process and not yet unlinked

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from shared.wire_fields import check_choice, check_int
+from ignis.shared.wire_fields import check_choice, check_int
 
 BLOCK_KINDS = ("shm", "cuda_ipc")
 MAX_BLOCKS = 16

@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from shared.tier_layout import MAX_BLOCKS, BlockDesc, UnitLayout, check_key, check_refs
-from shared.wire import ErrorReply, Stats, StatsReply
-from shared.wire_codec import decode, encode, register
-from shared.wire_fields import (
+from ignis.shared.tier_layout import MAX_BLOCKS, BlockDesc, UnitLayout, check_key, check_refs
+from ignis.shared.wire import ErrorReply, Stats, StatsReply
+from ignis.shared.wire_codec import decode, encode, register
+from ignis.shared.wire_fields import (
     MAX_INT,
     HeaderFields,
     WireError,

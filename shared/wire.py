@@ -28,9 +28,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from shared.sampling import SamplingParams
-from shared.wire_codec import PROTOCOL_VERSION, decode, encode, register
-from shared.wire_fields import (
+from ignis.shared.sampling import SamplingParams
+from ignis.shared.wire_codec import PROTOCOL_VERSION, decode, encode, register
+from ignis.shared.wire_fields import (
     MAX_FRAME_TOKENS,
     HeaderFields,
     WireError,
@@ -43,7 +43,7 @@ from shared.wire_fields import (
     frame_to_tokens,
     tokens_to_frame,
 )
-from shared.wire_parts import ReuseInfo, StreamTokens, Timings, TokenLogprobs, Usage
+from ignis.shared.wire_parts import ReuseInfo, StreamTokens, Timings, TokenLogprobs, Usage
 
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",

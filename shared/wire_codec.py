@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import orjson
 
-from shared.wire_fields import HeaderFields, WireError
+from ignis.shared.wire_fields import HeaderFields, WireError
 
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change; a peer speaking another version is refused."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from shared.wire_fields import (
+from ignis.shared.wire_fields import (
     MAX_INT,
     check_choice,
     check_float,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from shared.wire import ErrorReply, WireError, decode, encode
+from ignis.shared.wire import ErrorReply, WireError, decode, encode
 
 log = logging.getLogger(__name__)
 

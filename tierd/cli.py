@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from shared.flags import add_flags, from_args
-from shared.logs import setup_logging
+from ignis.shared.flags import add_flags, from_args
+from ignis.shared.logs import setup_logging
 
 log = logging.getLogger("ignis.tierd")
 
@@ -21,7 +21,7 @@ EXIT_MLOCK = 3
 
 
 def add_arguments(parser) -> None:
-    from tierd.config import TierdConfig
+    from ignis.tierd.config import TierdConfig
 
     add_flags(parser, TierdConfig)
 
@@ -33,12 +33,12 @@ def _fail(code: int, message: str) -> int:
 
 
 def run(args) -> int:
-    from shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
-    from tierd import disk as kvdisk
-    from tierd.arena import Arena, MlockError
-    from tierd.config import TierdConfig
-    from tierd.metrics import TierdMetrics
-    from tierd.server import TierServer
+    from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
+    from ignis.tierd import disk as kvdisk
+    from ignis.tierd.arena import Arena, MlockError
+    from ignis.tierd.config import TierdConfig
+    from ignis.tierd.metrics import TierdMetrics
+    from ignis.tierd.server import TierServer
 
     setup_logging("tierd")
     try:
@@ -57,7 +57,7 @@ def run(args) -> int:
         log.warning("ARENA NOT FULLY LOCKED: %d of %d bytes are unlocked and can be swapped out (mlock: %s). "
                     "Raise the limit (LimitMEMLOCK=infinity under systemd, `ulimit -l unlimited` by hand) "
                     "or shrink --reuse-kv-host-pool-bytes", arena.unlocked_bytes, arena.nbytes, arena.lock_error)
-    from tierd.copier import FAULT_PAUSE_ENV, fault_pause_s
+    from ignis.tierd.copier import FAULT_PAUSE_ENV, fault_pause_s
 
     pause = fault_pause_s()
     if pause:
@@ -92,7 +92,7 @@ def run(args) -> int:
         log.info("tierd serving on %s: arena %d bytes (%d locked), KV-disk %s", endpoint, arena.nbytes,
                  arena.locked_bytes, disk_text)
         print(f"READY {endpoint}", flush=True)
-        from shared import sdnotify
+        from ignis.shared import sdnotify
 
         sdnotify.ready(f"arena {arena.nbytes} bytes ({arena.locked_bytes} locked), KV-disk {disk_text}")
         watchdog = sdnotify.Watchdog().start()

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.flags import field_doc, parse_bytes
-from shared.runtime import check_instance_name
+from ignis.shared.flags import field_doc, parse_bytes
+from ignis.shared.runtime import check_instance_name
 
 DISK_AUTO_BYTES = {"qwen3_5": 0, "qwen3_next": 4 << 30}
 """``--kv-disk-bytes auto`` per model family."""

@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tierd import disk as kvdisk
-from tierd.memory_map import MappedBlock
+from ignis.tierd import disk as kvdisk
+from ignis.tierd.memory_map import MappedBlock
 
 log = logging.getLogger("ignis.tierd")
 

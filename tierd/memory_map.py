@@ -24,8 +24,8 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from shared.shm_blocks import created_here
-from shared.tier_layout import BlockDesc, UnitLayout
+from ignis.shared.shm_blocks import created_here
+from ignis.shared.tier_layout import BlockDesc, UnitLayout
 
 
 class LayoutError(ValueError):

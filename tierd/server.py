@@ -27,7 +27,7 @@ from pathlib import Path
 
 import zmq
 
-from shared.tier_wire import (
+from ignis.shared.tier_wire import (
     ENGINE_TO_TIERD,
     TIER_PROTOCOL_VERSION,
     Demote,
@@ -40,14 +40,14 @@ from shared.tier_wire import (
     TierRefused,
     Welcome,
 )
-from shared.stop_request import StopRequest
-from shared.zmq_queues import bind_router
-from tierd import disk as kvdisk
-from tierd.arena import Arena
-from tierd.config import TierdConfig
-from tierd.memory_map import EngineMemory, LayoutError
-from tierd.metrics import TierdMetrics
-from tierd.store import TierStore
+from ignis.shared.stop_request import StopRequest
+from ignis.shared.zmq_queues import bind_router
+from ignis.tierd import disk as kvdisk
+from ignis.tierd.arena import Arena
+from ignis.tierd.config import TierdConfig
+from ignis.tierd.memory_map import EngineMemory, LayoutError
+from ignis.tierd.metrics import TierdMetrics
+from ignis.tierd.store import TierStore
 
 log = logging.getLogger("ignis.tierd")
 

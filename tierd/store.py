@@ -29,14 +29,14 @@ from functools import partial
 
 import numpy as np
 
-from shared.tier_wire import Demote, Demoted, Drop, Dropped, Lookup, LookupReply, Missing, Restore, Restored, TierRefused
-from tierd import disk as kvdisk
-from tierd.arena import PAGE, Arena, BlockAllocator
-from tierd.copier import Worker, make_backend, plan_spans, read_into_engine, write_from_engine
-from tierd.memory_map import EngineMemory, Resolved
-from tierd.metrics import TierdMetrics
-from tierd.ranking import Candidate, DiskView, Rank, RoomPlan, plan_arena_room, plan_disk_room
-from tierd.slots import Entry, SlotState
+from ignis.shared.tier_wire import Demote, Demoted, Drop, Dropped, Lookup, LookupReply, Missing, Restore, Restored, TierRefused
+from ignis.tierd import disk as kvdisk
+from ignis.tierd.arena import PAGE, Arena, BlockAllocator
+from ignis.tierd.copier import Worker, make_backend, plan_spans, read_into_engine, write_from_engine
+from ignis.tierd.memory_map import EngineMemory, Resolved
+from ignis.tierd.metrics import TierdMetrics
+from ignis.tierd.ranking import Candidate, DiskView, Rank, RoomPlan, plan_arena_room, plan_disk_room
+from ignis.tierd.slots import Entry, SlotState
 
 log = logging.getLogger("ignis.tierd")
 S = SlotState

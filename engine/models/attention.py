@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.forward_batch import ForwardBatch
-from engine.models.config import ModelConfig
-from engine.models.layers import PartialRotary, ZeroCenteredRMSNorm
-from engine.models.state import CompressedLayer
+from ignis.engine.forward_batch import ForwardBatch
+from ignis.engine.models.config import ModelConfig
+from ignis.engine.models.layers import PartialRotary, ZeroCenteredRMSNorm
+from ignis.engine.models.state import CompressedLayer
 
 
 class GatedAttention(nn.Module):

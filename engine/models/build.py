@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from engine.loader import LoadedCheckpoint, load_checkpoint
-from engine.models.hybrid import HybridModel
-from kernels.backend import Ops
+from ignis.engine.loader import LoadedCheckpoint, load_checkpoint
+from ignis.engine.models.hybrid import HybridModel
+from ignis.kernels.backend import Ops
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.forward_batch import ForwardBatch
-from engine.models.config import ModelConfig
-from engine.models.layers import GatedRMSNorm
+from ignis.engine.forward_batch import ForwardBatch
+from ignis.engine.models.config import ModelConfig
+from ignis.engine.models.layers import GatedRMSNorm
 
 
 class GatedDeltaNet(nn.Module):

@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.forward_batch import ForwardBatch
-from engine.models.attention import GatedAttention
-from engine.models.config import ModelConfig
-from engine.models.deltanet import GatedDeltaNet
-from engine.models.layers import PartialRotary, SwiGLU, ZeroCenteredRMSNorm
-from engine.models.moe import SparseMoE
-from engine.models.state import ModelState
-from kernels.backend import Ops, select_ops
+from ignis.engine.forward_batch import ForwardBatch
+from ignis.engine.models.attention import GatedAttention
+from ignis.engine.models.config import ModelConfig
+from ignis.engine.models.deltanet import GatedDeltaNet
+from ignis.engine.models.layers import PartialRotary, SwiGLU, ZeroCenteredRMSNorm
+from ignis.engine.models.moe import SparseMoE
+from ignis.engine.models.state import ModelState
+from ignis.kernels.backend import Ops, select_ops
 
 
 class DecoderLayer(nn.Module):

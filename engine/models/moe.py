@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.config import ModelConfig
-from engine.models.layers import SwiGLU
+from ignis.engine.models.config import ModelConfig
+from ignis.engine.models.layers import SwiGLU
 
 
 class StackedExperts(nn.Module):

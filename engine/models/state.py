@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.config import PAGE_TOKENS, ModelConfig
+from ignis.engine.models.config import PAGE_TOKENS, ModelConfig
 
 KV_FORMATS = ("bf16", "hq-e8-2b")
 POISON_ROW = 0x7FC0
@@ -82,12 +82,12 @@ class ModelState:
         def page_tensor(shape, page_dtype, value):
             nonlocal kv_block
             if shared and dev.type == "cpu":
-                from engine.host_memory import HostBlock
+                from ignis.engine.host_memory import HostBlock
 
                 kv_block = HostBlock(shape, page_dtype, "cpu", "kv")
                 return kv_block.tensor.fill_(value)
             if shared and dev.type == "cuda":
-                from engine.device_memory import DeviceBlock
+                from ignis.engine.device_memory import DeviceBlock
 
                 kv_block = DeviceBlock.create(shape, page_dtype, dev)
                 if kv_block is not None:
@@ -97,7 +97,7 @@ class ModelState:
         if kv_format == "bf16":
             kv = page_tensor((full, 2, num_pages, PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim), dtype, fill)
         elif kv_format == "hq-e8-2b":
-            from kernels.hq_e8.codec import row_width
+            from ignis.kernels.hq_e8.codec import row_width
 
             if exact_window < 0:
                 raise ValueError(f"--kv-exact-window must be >= 0, got {exact_window}")
@@ -117,7 +117,7 @@ class ModelState:
 
     def allocate_slots(self, device_slots: int, host_slots: int) -> None:
         """Reserve the retained slots (called once at load)."""
-        from engine.host_memory import HostBlock
+        from ignis.engine.host_memory import HostBlock
 
         ssm_shape = (self.ssm.shape[0], 0, *self.ssm.shape[2:])
         conv_shape = (self.conv.shape[0], 0, *self.conv.shape[2:])

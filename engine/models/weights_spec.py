@@ -33,7 +33,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.models.config import DTYPE_BYTES, CheckpointError, ModelConfig
+from ignis.engine.models.config import DTYPE_BYTES, CheckpointError, ModelConfig
 
 FLOAT32_PARAMS = ("A_log", "dt_bias")
 """Last name components of parameters kept in float32 whatever the load dtype

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from engine.sequence_pages import SequencePages
+from ignis.engine.sequence_pages import SequencePages
 
 KINDS = ("retained_prefix", "prompt_checkpoint")
 

@@ -18,8 +18,8 @@ import time
 
 import zmq
 
-from shared.tier_layout import BlockDesc, UnitLayout
-from shared.tier_wire import (
+from ignis.shared.tier_layout import BlockDesc, UnitLayout
+from ignis.shared.tier_wire import (
     TIER_PROTOCOL_VERSION,
     Demote,
     Demoted,
@@ -34,8 +34,8 @@ from shared.tier_wire import (
     TierRefused,
     Welcome,
 )
-from shared.wire import ErrorReply
-from shared.zmq_queues import connect_dealer
+from ignis.shared.wire import ErrorReply
+from ignis.shared.zmq_queues import connect_dealer
 
 log = logging.getLogger("ignis.engine.tiers")
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 import time
 
-from engine.reuse.store import RetainedStore
-from engine.tiers.client import TierClient
-from engine.tiers.lower_index import LowerIndex, content_key
-from shared.tier_layout import BlockDesc, UnitLayout
+from ignis.engine.reuse.store import RetainedStore
+from ignis.engine.tiers.client import TierClient
+from ignis.engine.tiers.lower_index import LowerIndex, content_key
+from ignis.shared.tier_layout import BlockDesc, UnitLayout
 
 log = logging.getLogger("ignis.engine.tiers")
 

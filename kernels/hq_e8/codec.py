@@ -43,7 +43,7 @@ import functools
 
 import torch
 
-from kernels.hq_e8 import codebook
+from ignis.kernels.hq_e8 import codebook
 
 GROUP = codebook.GROUP
 SCALE_BLOCK = 64

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.hq_e8 import codec
-from kernels.paged_attention import reference as attn_ref
+from ignis.kernels.hq_e8 import codec
+from ignis.kernels.paged_attention import reference as attn_ref
 
 
 def write_kv(

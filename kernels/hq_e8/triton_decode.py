@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hq_e8 import codebook, codec
-from kernels.paged_attention.triton_decode import LOG2E, _decode_reduce_kernel, num_sms, split_plan
+from ignis.kernels.hq_e8 import codebook, codec
+from ignis.kernels.paged_attention.triton_decode import LOG2E, _decode_reduce_kernel, num_sms, split_plan
 
 
 @triton.jit

@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hq_e8 import codebook, codec
-from kernels.hq_e8.triton_decode import decode_rows
-from kernels.paged_attention.triton_prefill import LOG2E
+from ignis.kernels.hq_e8 import codebook, codec
+from ignis.kernels.hq_e8.triton_decode import decode_rows
+from ignis.kernels.paged_attention.triton_prefill import LOG2E
 
 
 @triton.jit

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hq_e8 import codebook, codec
+from ignis.kernels.hq_e8 import codebook, codec
 
 NUM_PATTERNS = codebook.NUM_PATTERNS
 

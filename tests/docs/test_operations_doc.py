@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from gateway.config import GatewayConfig
-from shared.serve import ServeConfig
-from tierd.config import TierdConfig
+from ignis.engine.config import EngineConfig
+from ignis.gateway.config import GatewayConfig
+from ignis.launcher.serve import ServeConfig
+from ignis.tierd.config import TierdConfig
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 

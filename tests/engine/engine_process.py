@@ -13,8 +13,8 @@ from pathlib import Path
 
 import zmq
 
-from shared.wire import ENGINE_TO_GATEWAY, Abort, Finished, Generate, Refused, SamplingParams, Stats, StatsReply, TokenBatch
-from shared.zmq_queues import connect_dealer
+from ignis.shared.wire import ENGINE_TO_GATEWAY, Abort, Finished, Generate, Refused, SamplingParams, Stats, StatsReply, TokenBatch
+from ignis.shared.zmq_queues import connect_dealer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ class EngineProcess:
 
     def __init__(self, runtime_dir: Path, *flags: str, model: str | None = None, startup_timeout: float = 120,
                  env: dict | None = None):
-        args = [sys.executable, "-m", "shared.cli", "engine", "--runtime-dir", str(runtime_dir), *flags]
+        args = [sys.executable, "-m", "ignis.launcher.cli", "engine", "--runtime-dir", str(runtime_dir), *flags]
         if model:
             args += ["--model", model]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))

@@ -17,8 +17,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from engine.demo import demo_model_dir, ensure_demo_model, write_demo_model
-from engine.demo.builder import CONTROL_TOKENS, DEMO_NAME, FILES, MARKUP_TOKENS
+from ignis.shared.demo import demo_model_dir, ensure_demo_model, write_demo_model
+from ignis.shared.demo.builder import CONTROL_TOKENS, DEMO_NAME, FILES, MARKUP_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_files_and_config(demo_dir, raw_tokenizer, template):
 
 
 def test_engine_model_config_reads_it(demo_dir):
-    from engine.models.config import config_from_dict
+    from ignis.engine.models.config import config_from_dict
 
     cfg = config_from_dict(json.loads((demo_dir / "config.json").read_text()))
     assert (cfg.family, cfg.num_layers, cfg.full_layers) == ("qwen3_5", 8, [3, 7])
@@ -105,7 +105,7 @@ def test_engine_model_config_reads_it(demo_dir):
 
 def test_builder_imports_neither_torch_nor_transformers(tmp_path):
     code = (
-        "import sys, engine.demo as d; d.write_demo_model(sys.argv[1]); "
+        "import sys, ignis.shared.demo as d; d.write_demo_model(sys.argv[1]); "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )
@@ -267,7 +267,7 @@ def test_cli_writes_and_refuses_to_overwrite(tmp_path, demo_dir):
     target = tmp_path / "out"
 
     def cli(*extra):
-        return subprocess.run([sys.executable, "-m", "shared.cli", "demo-model", str(target), *extra],
+        return subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "demo-model", str(target), *extra],
                               cwd=REPO, capture_output=True, text=True)
 
     first = cli()

@@ -9,8 +9,8 @@ import pytest
 import torch
 import zmq
 
-from engine.demo import ensure_demo_model
-from shared.wire import ENGINE_TO_GATEWAY, ErrorReply, decode
+from ignis.shared.demo import ensure_demo_model
+from ignis.shared.wire import ENGINE_TO_GATEWAY, ErrorReply, decode
 from tests.engine.engine_process import EngineProcess
 
 TOKENIZER_VOCAB = 2000  # the demo tokenizer; embedding rows past it are never sampled
@@ -177,7 +177,7 @@ def test_reuse_reports_cached_tokens_through_the_wire(engine):
 
 
 def test_stats_are_answered_while_a_long_round_runs(tmp_path):
-    from shared.wire import Stats, StatsReply, TokenBatch
+    from ignis.shared.wire import Stats, StatsReply, TokenBatch
 
     eng = EngineProcess(tmp_path, "--decode-lanes", "2", "--kv-pool-tokens", "16384",
                         "--max-prefill-tokens-per-round", "16384")

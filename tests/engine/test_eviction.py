@@ -12,14 +12,14 @@ import random
 import pytest
 import torch
 
-from engine.demo import ensure_demo_model
-from engine.eviction import EvictionHooks
-from engine.models.build import load_model
-from engine.models.state import ModelState
-from engine.request import Request
-from engine.runner import ModelRunner
-from engine.scheduler import Scheduler, SchedulerConfig
-from shared.sampling import SamplingParams
+from ignis.shared.demo import ensure_demo_model
+from ignis.engine.eviction import EvictionHooks
+from ignis.engine.models.build import load_model
+from ignis.engine.models.state import ModelState
+from ignis.engine.request import Request
+from ignis.engine.runner import ModelRunner
+from ignis.engine.scheduler import Scheduler, SchedulerConfig
+from ignis.shared.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

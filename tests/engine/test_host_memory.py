@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from shared import shm_blocks
-from engine.host_memory import HostBlock
+from ignis.shared import shm_blocks
+from ignis.engine.host_memory import HostBlock
 
 
 def test_a_host_block_is_named_shared_memory_of_its_size():
@@ -42,10 +42,10 @@ def test_too_small_shared_memory_gives_a_private_block_and_a_warning(monkeypatch
 
 
 def test_a_state_with_a_private_slot_block_exports_nothing(monkeypatch):
-    from engine.demo import ensure_demo_model
-    from engine.models.config import load_config
-    from engine.models.state import ModelState
-    from engine.tiers.wiring import exported_blocks
+    from ignis.shared.demo import ensure_demo_model
+    from ignis.engine.models.config import load_config
+    from ignis.engine.models.state import ModelState
+    from ignis.engine.tiers.wiring import exported_blocks
 
     cfg = load_config(ensure_demo_model())
     state = ModelState.allocate(cfg, num_pages=4, lanes=1, dtype=torch.float32, shared=True)

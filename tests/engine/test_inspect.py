@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.inspect import add_arguments, layer_pattern, parse_bytes, run
-from engine.models.config import load_config
-from engine.models.weights_spec import expected_weight_bytes
+from ignis.engine.inspect import add_arguments, layer_pattern, parse_bytes, run
+from ignis.engine.models.config import load_config
+from ignis.engine.models.weights_spec import expected_weight_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 GiB, MiB = 2**30, 2**20
@@ -158,7 +158,7 @@ def test_weight_bytes_from_headers(checkpoint_factory, capsys, kind):
 
 
 def test_weight_bytes_match_loader(qwen3_next_checkpoint, capsys):
-    from engine.loader import load_checkpoint
+    from ignis.engine.loader import load_checkpoint
 
     _, r = inspect_json(qwen3_next_checkpoint.path, capsys)
     assert r["weights"]["bytes"] == load_checkpoint(qwen3_next_checkpoint.path).weight_bytes
@@ -175,7 +175,7 @@ def test_truncated_weights_reported(qwen35_checkpoint, copy_checkpoint, capsys):
 
 # ----- the command line ------------------------------------------------------------
 def ignis(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shared.cli", "inspect", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "inspect", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -195,7 +195,7 @@ def test_cli_subprocess(tmp_path):
 
 def test_inspect_does_not_import_torch(tmp_path):
     d = write_config(tmp_path / "80b", QWEN3_NEXT_80B, "Qwen3NextForCausalLM")
-    code = ("import sys; from shared.cli import main; rc = main(['inspect', '--model', sys.argv[1], '--json']); "
+    code = ("import sys; from ignis.launcher.cli import main; rc = main(['inspect', '--model', sys.argv[1], '--json']); "
             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)")
     proc = subprocess.run([sys.executable, "-c", code, str(d)], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
@@ -204,9 +204,9 @@ def test_inspect_does_not_import_torch(tmp_path):
 
 
 def test_default_is_demo_model(capsys):
-    demo = pytest.importorskip("engine.demo")
+    demo = pytest.importorskip("ignis.shared.demo")
     if not hasattr(demo, "ensure_demo_model"):
-        pytest.skip("engine.demo has no ensure_demo_model yet")
+        pytest.skip("ignis.shared.demo has no ensure_demo_model yet")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert run(parser.parse_args(["--json"])) == 0

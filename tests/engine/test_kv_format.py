@@ -21,14 +21,14 @@ import random
 import pytest
 import torch
 
-from engine.cli import _kv_format, kv_stamp
-from engine.config import EngineConfig
-from engine.demo import ensure_demo_model
-from engine.forward_batch import ForwardBatch, SeqChunk
-from engine.memory_plan import kv_page_bytes, lane_bytes, plan_memory
-from engine.models.build import load_model
-from engine.models.config import config_from_dict
-from engine.models.state import CompressedLayer, ModelState
+from ignis.engine.cli import _kv_format, kv_stamp
+from ignis.engine.config import EngineConfig
+from ignis.shared.demo import ensure_demo_model
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.memory_plan import kv_page_bytes, lane_bytes, plan_memory
+from ignis.engine.models.build import load_model
+from ignis.engine.models.config import config_from_dict
+from ignis.engine.models.state import CompressedLayer, ModelState
 from tests.engine.engine_process import EngineProcess
 from tests.engine.test_reuse import Engine as ReuseEngine
 from tests.engine.test_reuse import prompt as prompt_of

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.loader import load_checkpoint, load_tokenizer_files, resolve_dtype
-from engine.models.config import CheckpointError, load_config
-from engine.models.weights_spec import classify, expected_tensors, read_header
+from ignis.engine.loader import load_checkpoint, load_tokenizer_files, resolve_dtype
+from ignis.engine.models.config import CheckpointError, load_config
+from ignis.engine.models.weights_spec import classify, expected_tensors, read_header
 from tests.engine.checkpoints import FAMILIES, canonical_state_dict
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.forward_batch import ForwardBatch, SeqChunk
-from engine.models.build import load_model
-from engine.models.state import ModelState
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.build import load_model
+from ignis.engine.models.state import ModelState
 from tests.engine.checkpoints import make_checkpoint
 
 FP32_TOL = 1e-5

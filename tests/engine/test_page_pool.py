@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.page_pool import PagePool, PoolCorrupted, PoolExhausted
+from ignis.engine.page_pool import PagePool, PoolCorrupted, PoolExhausted
 
 
 class Holder:

@@ -11,13 +11,13 @@ import random
 import pytest
 import torch
 
-from engine.demo import ensure_demo_model
-from engine.models.build import load_model
-from engine.models.state import ModelState
-from engine.request import Request
-from engine.runner import ModelRunner
-from engine.scheduler import Scheduler, SchedulerConfig
-from shared.sampling import SamplingParams
+from ignis.shared.demo import ensure_demo_model
+from ignis.engine.models.build import load_model
+from ignis.engine.models.state import ModelState
+from ignis.engine.request import Request
+from ignis.engine.runner import ModelRunner
+from ignis.engine.scheduler import Scheduler, SchedulerConfig
+from ignis.shared.sampling import SamplingParams
 
 TOL = 1e-5
 
@@ -46,7 +46,7 @@ class Engine:
 
     def submit(self, rid, prompt, system_end=None, opener_start=None, last_is_user=True, cls="interactive",
                max_tokens=6):
-        from engine.request import capture_cuts
+        from ignis.engine.request import capture_cuts
 
         req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
                       request_class=cls, system_end=system_end, opener_start=opener_start,

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from engine.page_pool import PagePool
-from engine.reuse import hashing
-from engine.reuse.entries import SlotPool
-from engine.reuse.store import RetainedStore
-from engine.sequence_pages import SequencePages
+from ignis.engine.page_pool import PagePool
+from ignis.engine.reuse import hashing
+from ignis.engine.reuse.entries import SlotPool
+from ignis.engine.reuse.store import RetainedStore
+from ignis.engine.sequence_pages import SequencePages
 
 
 def live_seq(pool: PagePool, tokens: int, name="live") -> SequencePages:
@@ -78,7 +78,7 @@ def test_same_tokens_are_not_captured_twice():
 def test_candidates_are_verified_token_by_token(monkeypatch):
     """Even if two prefixes collided in the hash, the token check keeps them apart."""
     pool, store = make()
-    monkeypatch.setattr(sys.modules["engine.reuse.store"], "page_chain",
+    monkeypatch.setattr(sys.modules["ignis.engine.reuse.store"], "page_chain",
                         lambda tokens, pt, limit=None: [hashing.SEED] * (1 + min(len(tokens) // pt,
                                                                                   limit if limit is not None else 10**9)))
     seq = live_seq(pool, 200)
@@ -199,7 +199,7 @@ class FakeTier:
 
 
 def with_lower(store, tier, floors=None):
-    from engine.tiers.lower_index import LowerIndex
+    from ignis.engine.tiers.lower_index import LowerIndex
 
     store.lower = LowerIndex(floors or {"ram": 64, "disk": 256})
     store.demote_hook, store.fetch_hook = tier.demote, tier.fetch
@@ -207,7 +207,7 @@ def with_lower(store, tier, floors=None):
 
 def lower_record(key: str, n: int, tier: str):
     """A lower-tier record of an interactive checkpoint over ``toks(n)``."""
-    from engine.tiers.lower_index import LowerRecord
+    from ignis.engine.tiers.lower_index import LowerRecord
 
     return LowerRecord(key, toks(n), "prompt_checkpoint", "interactive", True, tier)
 
@@ -274,7 +274,7 @@ def test_a_restore_that_misses_falls_back_to_the_device_match():
 
 
 def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
-    from engine.tiers.lower_index import LowerIndex
+    from ignis.engine.tiers.lower_index import LowerIndex
 
     index = LowerIndex({"ram": 64, "disk": 256})
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling import SamplerState, sample_batch
-from shared.sampling import SamplingParams
+from ignis.engine.sampling import SamplerState, sample_batch
+from ignis.shared.sampling import SamplingParams
 
 
 def state(prompt=(), **params) -> SamplerState:

@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from engine.request import Request, RequestState, capture_cuts
-from engine.schedule import DecodeItem, FinishEvent, LaneStart, PrefillChunk, RoundResult
-from engine.scheduler import Refusal, Scheduler, SchedulerConfig
-from shared.sampling import SamplingParams
-from shared.wire import Generate
+from ignis.engine.request import Request, RequestState, capture_cuts
+from ignis.engine.schedule import DecodeItem, FinishEvent, LaneStart, PrefillChunk, RoundResult
+from ignis.engine.scheduler import Refusal, Scheduler, SchedulerConfig
+from ignis.shared.sampling import SamplingParams
+from ignis.shared.wire import Generate
 
 EOS = 0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.page_pool import PagePool, PoolExhausted
-from engine.sequence_pages import SequencePages
+from ignis.engine.page_pool import PagePool, PoolExhausted
+from ignis.engine.sequence_pages import SequencePages
 
 
 def test_grows_one_page_per_64_tokens():

@@ -22,7 +22,7 @@ def prompt(n: int, seed: int) -> list[int]:
 class Tierd:
     def __init__(self, runtime_dir: Path, *flags: str):
         self.log = open(runtime_dir / "tierd.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "tierd", "--runtime-dir", str(runtime_dir),
+        self.proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "tierd", "--runtime-dir", str(runtime_dir),
                                       *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"))
         deadline = time.monotonic() + 60
@@ -151,7 +151,7 @@ def test_tierd_killed_mid_copy_requests_still_complete_correctly(tmp_path, durin
     """Every copy pauses half way (tierd's fault-injection knob), so the kill lands with part of the
     bytes moved: a half-filled arena slot (demote) or half-written engine pages (restore)."""
     from tests.tierd.fake_engine import TierdProcess
-    from tierd.copier import FAULT_PAUSE_ENV
+    from ignis.tierd.copier import FAULT_PAUSE_ENV
 
     rt = tmp_path / "rt"
     rt.mkdir()

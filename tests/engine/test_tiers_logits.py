@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.demo import ensure_demo_model
-from engine.models.build import load_model
-from engine.models.state import ModelState
-from engine.runner import ModelRunner
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.tiers.wiring import attach_tiers
+from ignis.shared.demo import ensure_demo_model
+from ignis.engine.models.build import load_model
+from ignis.engine.models.state import ModelState
+from ignis.engine.runner import ModelRunner
+from ignis.engine.scheduler import Scheduler, SchedulerConfig
+from ignis.engine.tiers.wiring import attach_tiers
 from tests.engine.test_reuse import Engine, prompt, rel
 from tests.engine.test_tiers_e2e import Tierd
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo import ensure_demo_model
-from gateway.tokenizer import load_model_files
+from ignis.shared.demo import ensure_demo_model
+from ignis.gateway.tokenizer import load_model_files
 
 API_KEY = "test-key-123"
 START_TIMEOUT = 120
@@ -61,7 +61,7 @@ class Server:
 def start_serve(tmp: Path, extra: list[str], env: dict | None = None) -> Server:
     runtime = Path(f"/tmp/ignis-gwt-{os.getpid()}-{tmp.name[-8:]}")
     out, err = tmp / "serve.out", tmp / "serve.err"
-    argv = [sys.executable, "-m", "shared.cli", "serve", "--port", "0", "--runtime-dir", str(runtime),
+    argv = [sys.executable, "-m", "ignis.launcher.cli", "serve", "--port", "0", "--runtime-dir", str(runtime),
             "--instance", "gwtest", "--reuse-kv-host-pool-bytes", "64M", *extra]
     proc = subprocess.Popen(argv, stdout=out.open("w"), stderr=err.open("w"), stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))

@@ -15,7 +15,7 @@ import threading
 
 import zmq
 
-from shared.wire import (
+from ignis.shared.wire import (
     GATEWAY_TO_ENGINE,
     Abort,
     Finished,
@@ -27,7 +27,7 @@ from shared.wire import (
     TokenBatch,
     Usage,
 )
-from shared.zmq_queues import bind_router
+from ignis.shared.zmq_queues import bind_router
 
 REFUSALS = {1: "queue_full", 2: "too_long", 3: "unknown_model", 4: "shutting_down"}
 MAX_MODEL_LEN = 4096

@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from gateway.chat_template import ChatTemplate, TemplateRenderError
-from gateway.fields import Fields
-from gateway.messages import apply_developer_policy, parse_messages
-from gateway.prompt import build_chat_prompt
+from ignis.gateway.chat_template import ChatTemplate, TemplateRenderError
+from ignis.gateway.fields import Fields
+from ignis.gateway.messages import apply_developer_policy, parse_messages
+from ignis.gateway.prompt import build_chat_prompt
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city — ünïcode ok",

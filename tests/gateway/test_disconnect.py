@@ -14,8 +14,8 @@ import urllib.parse
 import pytest
 import zmq
 
-from shared.wire import ENGINE_TO_GATEWAY, Stats
-from shared.zmq_queues import connect_dealer
+from ignis.shared.wire import ENGINE_TO_GATEWAY, Stats
+from ignis.shared.zmq_queues import connect_dealer
 
 LONG = 6000  # tokens: far longer than the test waits
 

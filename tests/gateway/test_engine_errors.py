@@ -21,7 +21,7 @@ from tests.gateway.fake_engine import FakeEngine
 
 def start_gateway(tmp_path, endpoint: str, *extra: str) -> tuple[subprocess.Popen, str]:
     out = (tmp_path / "gw.out").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "gateway", "--port", "0", "--engine-endpoint",
+    proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", "--engine-endpoint",
                              endpoint, "--engine-timeout", "2", *extra], stdout=out, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 60

@@ -7,13 +7,13 @@ import sys
 
 CODE = r"""
 import asyncio, pkgutil, importlib, sys
-import gateway
-for mod in pkgutil.iter_modules(gateway.__path__):
-    importlib.import_module("gateway." + mod.name)
-from engine.demo import ensure_demo_model
-from gateway.app import build_app
-from gateway.config import GatewayConfig
-from gateway.tokenizer import load_model_files
+import ignis.gateway
+for mod in pkgutil.iter_modules(ignis.gateway.__path__):
+    importlib.import_module("ignis.gateway." + mod.name)
+from ignis.shared.demo import ensure_demo_model
+from ignis.gateway.app import build_app
+from ignis.gateway.config import GatewayConfig
+from ignis.gateway.tokenizer import load_model_files
 
 async def main():
     app = build_app(GatewayConfig(), load_model_files(ensure_demo_model()), "ignis-demo", "ipc:///tmp/nothing.sock")

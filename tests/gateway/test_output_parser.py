@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gateway.choice import ChoiceState
-from gateway.output_parser import OutputParser, parse_tool_call
-from shared.wire import StreamTokens, TokenLogprobs
+from ignis.gateway.choice import ChoiceState
+from ignis.gateway.output_parser import OutputParser, parse_tool_call
+from ignis.shared.wire import StreamTokens, TokenLogprobs
 
 
 def parse(text, pieces=None, **kwargs):

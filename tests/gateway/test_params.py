@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import ApiError
-from gateway.fields import Fields
-from gateway.messages import last_is_user, parse_messages
-from gateway.params import parse_common, sampling_for
+from ignis.gateway.errors import ApiError
+from ignis.gateway.fields import Fields
+from ignis.gateway.messages import last_is_user, parse_messages
+from ignis.gateway.params import parse_common, sampling_for
 
 
 def common(kind="chat", headers=None, **body):

@@ -92,7 +92,7 @@ def test_burst_of_subagents_shares_the_system_and_tools_block(reuse_server, demo
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, tasks))
     # the block is the system + tools turn, rendered alone
-    from gateway.chat_template import ChatTemplate
+    from ignis.gateway.chat_template import ChatTemplate
 
     sys_only = ChatTemplate(demo_files.chat_template).render([{"role": "system", "content": system}], tools=TOOLS,
                                                              add_generation_prompt=False)

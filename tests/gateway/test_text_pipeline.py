@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from gateway.detokenize import IncrementalDetokenizer
-from gateway.stop_strings import StopMatcher
+from ignis.gateway.detokenize import IncrementalDetokenizer
+from ignis.gateway.stop_strings import StopMatcher
 
 
 def stream(tok, ids, chunk_sizes=None):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.causal_conv import reference as ref
-from kernels.causal_conv import triton_conv
+from ignis.kernels.causal_conv import reference as ref
+from ignis.kernels.causal_conv import triton_conv
 from tests.kernels.conftest import assert_close, assert_untouched, cu_seqlens, strided
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_delta_rule import reference as ref
-from kernels.gated_delta_rule import triton_chunk, triton_recurrent
+from ignis.kernels.gated_delta_rule import reference as ref
+from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
 from tests.kernels.conftest import assert_close, assert_untouched, cu_seqlens, strided
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

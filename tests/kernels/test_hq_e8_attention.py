@@ -19,11 +19,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.state import POISON_ROW
-from kernels.hq_e8 import codec
-from kernels.hq_e8 import reference as ref
-from kernels.hq_e8 import triton_decode, triton_prefill
-from kernels.paged_attention import reference as attn_ref
+from ignis.engine.models.state import POISON_ROW
+from ignis.kernels.hq_e8 import codec
+from ignis.kernels.hq_e8 import reference as ref
+from ignis.kernels.hq_e8 import triton_decode, triton_prefill
+from ignis.kernels.paged_attention import reference as attn_ref
 from tests.kernels.conftest import PAGE, assert_close, cu_seqlens, rel_rms
 
 TOL = 1e-5

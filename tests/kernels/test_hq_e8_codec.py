@@ -16,8 +16,8 @@ import math
 import pytest
 import torch
 
-from engine.models.config import config_from_dict
-from kernels.hq_e8 import codebook, codec
+from ignis.engine.models.config import config_from_dict
+from ignis.kernels.hq_e8 import codebook, codec
 
 GAUSS_E8, GAUSS_SCALAR = 0.095, 0.116
 HEAVY_E8 = 0.08

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward_batch import ForwardBatch, SeqChunk
-from engine.models.config import config_from_dict
-from engine.models.hybrid import HybridModel
-from engine.models.state import ModelState
-from kernels.backend import REFERENCE, triton_ops
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.config import config_from_dict
+from ignis.engine.models.hybrid import HybridModel
+from ignis.engine.models.state import ModelState
+from ignis.kernels.backend import REFERENCE, triton_ops
 from tests.kernels.conftest import assert_close
 
 TINY = {

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.state import POISON_ROW
-from kernels.hq_e8 import codec
-from kernels.hq_e8 import reference as ref
-from kernels.hq_e8 import triton_write
+from ignis.engine.models.state import POISON_ROW
+from ignis.kernels.hq_e8 import codec
+from ignis.kernels.hq_e8 import reference as ref
+from ignis.kernels.hq_e8 import triton_write
 from tests.kernels.conftest import PAGE, assert_close, assert_untouched, cu_seqlens, strided
 
 

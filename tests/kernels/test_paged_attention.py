@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import reference as ref
-from kernels.paged_attention import triton_decode, triton_prefill, triton_write
+from ignis.kernels.paged_attention import reference as ref
+from ignis.kernels.paged_attention import triton_decode, triton_prefill, triton_write
 from tests.kernels.conftest import PAGE, assert_close, cu_seqlens, strided
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

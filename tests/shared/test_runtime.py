@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from shared.runtime import (
+from ignis.shared.runtime import (
     RuntimeDirError,
     check_instance_name,
     default_runtime_dir,

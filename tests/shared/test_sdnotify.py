@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from shared import sdnotify
+from ignis.shared import sdnotify
 
 
 def receiver(path_or_abstract: str):
@@ -82,7 +82,7 @@ def test_tierd_and_gateway_send_ready_and_watchdog_pings(tmp_path, command, extr
     path = str(tmp_path / "n.sock")
     sock = receiver(path)
     env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", command, "--runtime-dir", str(tmp_path / "rt"),
+    proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", command, "--runtime-dir", str(tmp_path / "rt"),
                              *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         seen = []

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from shared.shm_blocks import ShmBlock, block_name, created_here
-from shared.tier_wire import BlockDesc
+from ignis.shared.shm_blocks import ShmBlock, block_name, created_here
+from ignis.shared.tier_wire import BlockDesc
 
 
 def test_a_layer_major_kv_pool_as_runs_items_bytes():
@@ -56,7 +56,7 @@ def test_bad_layouts_raise_before_any_memory_is_allocated():
 def test_a_block_that_does_not_fit_in_shared_memory_is_a_clear_error_and_leaves_nothing(monkeypatch):
     import errno
 
-    from shared import shm_blocks
+    from ignis.shared import shm_blocks
 
     def no_room(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.tier_wire import (
+from ignis.shared.tier_wire import (
     ENGINE_TO_TIERD,
     TIER_PROTOCOL_VERSION,
     TIERD_TO_ENGINE,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.wire import (
+from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
     GATEWAY_TO_ENGINE,
     PROTOCOL_VERSION,

@@ -7,7 +7,7 @@ import queue
 import pytest
 import zmq
 
-from shared.wire import (
+from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
     GATEWAY_TO_ENGINE,
     Abort,
@@ -19,7 +19,7 @@ from shared.wire import (
     decode,
     encode,
 )
-from shared.zmq_queues import Channel, bind_router, connect_dealer
+from ignis.shared.zmq_queues import Channel, bind_router, connect_dealer
 
 TIMEOUT = 30.0  # generous: the machine may be busy
 

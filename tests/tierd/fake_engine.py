@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from shared.shm_blocks import ShmBlock
-from shared.tier_wire import TIER_PROTOCOL_VERSION, TIERD_TO_ENGINE, Hello, UnitLayout
-from shared.zmq_queues import connect_dealer
+from ignis.shared.shm_blocks import ShmBlock
+from ignis.shared.tier_wire import TIER_PROTOCOL_VERSION, TIERD_TO_ENGINE, Hello, UnitLayout
+from ignis.shared.zmq_queues import connect_dealer
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_BYTES = 4 * 4096
@@ -61,7 +61,7 @@ class TierdProcess:
     def __init__(self, runtime_dir: Path, *flags: str, expect_ready: bool = True, preexec_fn=None,
                  metrics: bool = True, timeout: float = 30.0, env: dict | None = None):
         self.runtime_dir = Path(runtime_dir)
-        args = [sys.executable, "-m", "shared.cli", "tierd", "--runtime-dir", str(runtime_dir), *flags]
+        args = [sys.executable, "-m", "ignis.launcher.cli", "tierd", "--runtime-dir", str(runtime_dir), *flags]
         if metrics:
             args += ["--metrics-port", "0"]
         self.log_path = self.runtime_dir / f"tierd-{time.monotonic_ns()}.log"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierd.arena import PAGE, Arena, BlockAllocator, lock_fix_message
+from ignis.tierd.arena import PAGE, Arena, BlockAllocator, lock_fix_message
 
 
 def test_allocator_hands_out_lowest_free_blocks_first():

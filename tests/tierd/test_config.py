@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from shared.flags import add_flags, from_args
-from tierd.config import TierdConfig
+from ignis.shared.flags import add_flags, from_args
+from ignis.tierd.config import TierdConfig
 
 
 def parse(*argv) -> TierdConfig:

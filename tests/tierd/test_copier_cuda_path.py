@@ -15,9 +15,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.tier_wire import BlockDesc
-from tierd.copier import CupyBackend, NumpyBackend, plan_spans
-from tierd.memory_map import MappedBlock
+from ignis.shared.tier_wire import BlockDesc
+from ignis.tierd.copier import CupyBackend, NumpyBackend, plan_spans
+from ignis.tierd.memory_map import MappedBlock
 from tests.tierd.test_copier import ArrayBlock, payload
 
 

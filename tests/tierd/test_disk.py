@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from tierd.disk import (
+from ignis.tierd.disk import (
     MARKER,
     CorruptFile,
     DiskTier,

@@ -6,9 +6,9 @@ import importlib.util
 
 import pytest
 
-from shared.shm_blocks import ShmBlock
-from shared.tier_wire import BlockDesc, UnitLayout
-from tierd.memory_map import EngineMemory, LayoutError
+from ignis.shared.shm_blocks import ShmBlock
+from ignis.shared.tier_wire import BlockDesc, UnitLayout
+from ignis.tierd.memory_map import EngineMemory, LayoutError
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def test_arena_gauges_and_wire_error_counter(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "tierd", "--runtime-dir", str(tmp_path / "rt"),
+    proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "tierd", "--runtime-dir", str(tmp_path / "rt"),
                              "--reuse-kv-host-pool-bytes", "4M", "--metrics-port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:

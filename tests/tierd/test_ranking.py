@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tierd.ranking import Candidate, DiskView, Rank, eviction_order, plan_arena_room, plan_disk_room, rank_key
+from ignis.tierd.ranking import Candidate, DiskView, Rank, eviction_order, plan_arena_room, plan_disk_room, rank_key
 
 NOW, TTL = 10_000.0, 300.0
 

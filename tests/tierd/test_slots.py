@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tierd.slots import BUSY, HOLDS_BYTES, TRANSITIONS, Entry, IllegalTransition, Slot, SlotState
+from ignis.tierd.slots import BUSY, HOLDS_BYTES, TRANSITIONS, Entry, IllegalTransition, Slot, SlotState
 
 S = SlotState
 LEGAL = {

@@ -12,13 +12,13 @@ import time
 import numpy as np
 import pytest
 
-from shared.tier_wire import Demote, Demoted, Drop, Dropped, Restore, Restored, TierRefused, UnitLayout
+from ignis.shared.tier_wire import Demote, Demoted, Drop, Dropped, Restore, Restored, TierRefused, UnitLayout
 from tests.tierd.fake_engine import PAGE_BYTES, STAMP, key, make_blocks
-from tierd.arena import Arena
-from tierd.disk import DiskTier, prepare_dir
-from tierd.memory_map import EngineMemory
-from tierd.metrics import TierdMetrics
-from tierd.store import TierStore
+from ignis.tierd.arena import Arena
+from ignis.tierd.disk import DiskTier, prepare_dir
+from ignis.tierd.memory_map import EngineMemory
+from ignis.tierd.metrics import TierdMetrics
+from ignis.tierd.store import TierStore
 
 SRC = (("kv", 1), ("kv", 2), ("ssm", 0), ("conv", 0))
 DST = (("kv", 5), ("kv", 6), ("ssm", 1), ("conv", 1))
@@ -101,7 +101,7 @@ def test_a_failed_spill_turns_disk_off_and_the_victim_stays_in_ram_or_goes(h, tm
 
 
 def test_kv_disk_takes_writes_again_after_the_retry_delay(h, tmp_path):
-    from tierd.disk import prepare_dir
+    from ignis.tierd.disk import prepare_dir
 
     now = [100.0]
     h.store.disk._clock = lambda: now[0]  # the tier's own clock, moved by hand

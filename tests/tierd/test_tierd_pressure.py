@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from shared.tier_wire import Demoted, Drop, Restored, TierRefused
+from ignis.shared.tier_wire import Demoted, Drop, Restored, TierRefused
 from tests.tierd.fake_engine import FakeEngine, TierdProcess, key
 from tests.tierd.test_tierd_process import DST, SRC, demote, lookup, restore, stats
 

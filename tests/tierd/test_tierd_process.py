@@ -10,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from shared.tier_wire import (
+from ignis.shared.tier_wire import (
     TIER_PROTOCOL_VERSION,
     Demote,
     Demoted,

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.tiers.wiring import _device_sync, exported_blocks
+from ignis.engine.tiers.wiring import _device_sync, exported_blocks
 
 
 def fake_state(kv_block, host_blocks, device="cpu"):
@@ -44,9 +44,9 @@ def test_nothing_is_exported_when_a_block_cannot_be_shared():
 
 
 def test_a_real_cpu_state_exports_shared_memory_and_needs_no_sync():
-    from engine.demo import ensure_demo_model
-    from engine.models.config import load_config
-    from engine.models.state import ModelState
+    from ignis.shared.demo import ensure_demo_model
+    from ignis.engine.models.config import load_config
+    from ignis.engine.models.state import ModelState
 
     cfg = load_config(ensure_demo_model())
     state = ModelState.allocate(cfg, num_pages=8, lanes=2, dtype=torch.float32, shared=True)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.demo.builder import FILES, write_demo_model
+from ignis.shared.demo.builder import FILES, write_demo_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,12 +15,12 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "inspect": ("engine.inspect", "print a model's layers, KV and state sizes and what a pool holds"),
-    "demo-model": ("engine.demo.cli", "write the built-in tiny demo checkpoint into a directory"),
-    "engine": ("engine.cli", "run the engine process (model, KV pool, scheduler) on ZeroMQ"),
-    "gateway": ("gateway.cli", "run the OpenAI-compatible HTTP gateway"),
-    "tierd": ("tierd.cli", "run the tier daemon (KV-RAM arena, KV-disk files)"),
-    "serve": ("shared.serve", "start tierd, engine and gateway together on one machine"),
+    "inspect": ("ignis.engine.inspect", "print a model's layers, KV and state sizes and what a pool holds"),
+    "demo-model": ("ignis.shared.demo.cli", "write the built-in tiny demo checkpoint into a directory"),
+    "engine": ("ignis.engine.cli", "run the engine process (model, KV pool, scheduler) on ZeroMQ"),
+    "gateway": ("ignis.gateway.cli", "run the OpenAI-compatible HTTP gateway"),
+    "tierd": ("ignis.tierd.cli", "run the tier daemon (KV-RAM arena, KV-disk files)"),
+    "serve": ("ignis.launcher.serve", "start tierd, engine and gateway together on one machine"),
 }
 
 

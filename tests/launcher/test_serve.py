@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from gateway.config import GatewayConfig
-from shared import serve
+from ignis.engine.config import EngineConfig
+from ignis.gateway.config import GatewayConfig
+from ignis.launcher import serve
 
 
 def parse(argv):
@@ -48,7 +48,7 @@ def test_each_child_gets_its_own_changed_flags():
     assert "sekrit" not in engine + gateway  # the key travels in the environment
     for argv, cfg in ((engine, EngineConfig), (gateway, GatewayConfig)):
         p = argparse.ArgumentParser()
-        from shared.flags import add_flags, from_args
+        from ignis.shared.flags import add_flags, from_args
         add_flags(p, cfg)
         from_args(cfg, p.parse_args(argv))  # the child accepts what it is given
 
@@ -58,7 +58,7 @@ def test_bool_flags_are_spelled_on_off():
 
 
 def run_serve(tmp_path, *argv, timeout=120):
-    return subprocess.run([sys.executable, "-m", "shared.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
+    return subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
                            "--port", "0", "--reuse-kv-host-pool-bytes", "64M", *argv], capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
@@ -82,7 +82,7 @@ def children_of(pid: int) -> list[int]:
 
 def start(tmp_path):
     out = tmp_path / "serve.out"
-    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
+    proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
                              "--port", "0", "--kv-pool-tokens", "2048", "--reuse-kv-host-pool-bytes", "64M"],
                             stdout=out.open("w"),
                             stderr=(tmp_path / "serve.err").open("w"), env=dict(os.environ, PYTHONUNBUFFERED="1"))

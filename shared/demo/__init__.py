@@ -5,6 +5,6 @@ copy in the user's cache (``demo_model_dir``) for ``ignis serve`` without a
 ``--model``. Imports neither torch nor transformers.
 """
 
-from engine.demo.builder import demo_model_dir, ensure_demo_model, write_demo_model
+from ignis.shared.demo.builder import demo_model_dir, ensure_demo_model, write_demo_model
 
 __all__ = ["demo_model_dir", "ensure_demo_model", "write_demo_model"]

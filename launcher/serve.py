@@ -35,12 +35,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig
-from gateway.config import GatewayConfig
-from tierd.config import TierdConfig
-from shared.flags import add_flags, field_doc, from_args
-from shared.model_names import model_specs
-from shared.stop_request import StopRequest
+from ignis.engine.config import EngineConfig
+from ignis.gateway.config import GatewayConfig
+from ignis.tierd.config import TierdConfig
+from ignis.shared.flags import add_flags, field_doc, from_args
+from ignis.shared.model_names import model_specs
+from ignis.shared.stop_request import StopRequest
 
 API_KEY_ENV = "IGNIS_API_KEY"
 _TAIL_LINES = 40
@@ -215,7 +215,7 @@ def wait_health(url: str, child: Child, timeout: float) -> None:
 
 
 def _ignis() -> list[str]:
-    return [sys.executable, "-m", "shared.cli"]
+    return [sys.executable, "-m", "ignis.launcher.cli"]
 
 
 def stop_all(children: list[Child], timeout: float) -> None:
