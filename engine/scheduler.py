@@ -38,8 +38,10 @@ pages: "retained_prefix"; the generation opener: "prompt_checkpoint") is capture
 forward (``plan.captures``). Retained pages never delay an admission or force
 a preemption: the store releases entries, lowest-ranked first, before either.
 Subagent bursts: while a running request prefills towards a retained-prefix
-point, a waiting request with the same prefix waits (until that request has
-passed the point) and then resumes from the captured prefix.
+point, or a capture of a longer prefix of a waiting request's prompt is still
+pending (its round not yet applied: its slot holds nothing), the waiting
+request waits, then resumes from the captured prefix. It never reads a slot
+that is not filled; ``update`` marks a round's captures filled.
 
 Abort. A waiting request leaves at once (``abort`` returns its FinishEvent). A
 running one is marked; a round in flight may still compute it (its token is
@@ -235,6 +237,7 @@ class Scheduler:
             raise RuntimeError("update() called with no round in flight")
         self._check_result(plan, result)
         self._in_flight = None
+        self.store.mark_filled(order.entry_id for order in plan.captures)
         self.store.unpin_all()
         ended = []
         # (request, tokens computed after this round), in plan order: decodes, then chunks.
@@ -342,8 +345,9 @@ class Scheduler:
                 continue
             tokens = req.token_slice(0, req.num_tokens)
             hit = self.store.lookup(tokens)
-            if self._sibling_capturing(req, tokens, hit.num_tokens if hit else 0):
-                return  # a request ahead is about to retain this prefix: resume from it next round
+            matched = hit.num_tokens if hit else 0
+            if self.store.pending_prefix(tokens) > matched or self._sibling_capturing(req, tokens, matched):
+                return  # a request ahead is about to retain this prefix: resume from it once it is filled
             shared = hit.num_tokens // self.config.page_tokens if hit else 0
             needed = self.pool.pages_for(req.num_tokens + 1) - shared
             if needed > self.pool.num_free:

@@ -37,6 +37,7 @@ class Entry:
     last_used: int
     parent: "Entry | None" = field(default=None, repr=False)  # the conversation's previous checkpoint
     pinned: bool = False  # bytes move this round: not reclaimable until the round is applied
+    filled: bool = True  # a capture's slot holds its image only once the round that took it is applied
     stamp: str = ""  # artifact structural hash, KV format, drafter presence
 
     @property

@@ -17,6 +17,11 @@ Invariants:
   two checkpoints: its latest, and the latest one made right after a real
   user message.
 - Entries pinned this round (being filled or read) are never released.
+- A captured entry is *pending* until the round whose forward fills its slot
+  has been applied (``mark_filled``): ``lookup`` never returns it before then,
+  so no request resumes from a slot that holds nothing yet. A request whose
+  prompt a pending entry covers further than any filled one waits a round for
+  it (``pending_prefix``) instead of prefilling the same block again.
 - Every entry carries the stamp it was made under (artifact structural hash,
   KV format, drafter presence); an entry whose stamp differs from the store's
   current one is refused before any byte moves.
@@ -91,8 +96,10 @@ class RetainedStore:
         self._clock += 1
         return self._clock
 
-    def _find(self, tokens: tuple[int, ...], limit: int, kinds: tuple[str, ...] = KINDS) -> Entry | None:
-        """Longest entry whose tokens are a prefix of ``tokens`` and at most ``limit`` long."""
+    def _find(self, tokens: tuple[int, ...], limit: int, kinds: tuple[str, ...] = KINDS,
+              filled: bool | None = True) -> Entry | None:
+        """Longest entry whose tokens are a prefix of ``tokens`` and at most ``limit`` long;
+        ``filled``: True only entries whose image is in place, False only pending ones, None either."""
         pt = self.pool.page_tokens
         hashes = page_chain(tokens, pt, limit // pt)
         for k in range(len(hashes) - 1, -1, -1):
@@ -100,6 +107,8 @@ class RetainedStore:
             for e in self._by_hash.get(hashes[k], ()):
                 n = e.num_tokens
                 if e.kind not in kinds or n > limit or n > len(tokens) or e.full_pages != k:
+                    continue
+                if filled is not None and e.filled != filled:
                     continue
                 if tuple(tokens[:n]) != e.tokens:  # verified token by token
                     continue
@@ -184,7 +193,7 @@ class RetainedStore:
         if kind not in KINDS:
             raise ValueError(f"capture kind must be one of {KINDS}, got {kind!r}")
         n = len(tokens)
-        same = self._find(tokens, n)
+        same = self._find(tokens, n, filled=None)
         if same is not None and same.num_tokens == n:
             same.last_used = self._tick()
             return None
@@ -202,17 +211,17 @@ class RetainedStore:
             self.slots.give_back(slot)
             self.captures_skipped += 1
             return None
-        e = self._register(tuple(tokens), owner, slot, kind, request_class, after_user)
+        e = self._register(tuple(tokens), owner, slot, kind, request_class, after_user, filled=False)
         self.captures += 1
         if kind == "prompt_checkpoint":
             self._link_conversation(e)
         return CaptureOrder(e.entry_id, lane, slot, tuple(copies))
 
     def _register(self, tokens: tuple[int, ...], owner: SequencePages, slot: int, kind: str, request_class: str,
-                  after_user: bool) -> Entry:
+                  after_user: bool, filled: bool = True) -> Entry:
         full_hash = page_chain(tokens, self.pool.page_tokens)[-1]
         e = Entry(self._next_id, tokens, full_hash, owner, slot, kind, request_class, after_user,
-                  self._tick(), pinned=True, stamp=self.stamp)
+                  self._tick(), pinned=True, filled=filled, stamp=self.stamp)
         self._next_id += 1
         self._entries[e.entry_id] = e
         self._by_hash.setdefault(full_hash, []).append(e)
@@ -230,7 +239,7 @@ class RetainedStore:
         return slot
 
     def _link_conversation(self, e: Entry) -> None:
-        parent = self._find(e.tokens, e.num_tokens - 1, kinds=("prompt_checkpoint",))
+        parent = self._find(e.tokens, e.num_tokens - 1, kinds=("prompt_checkpoint",), filled=None)
         e.parent = parent
         chain = []
         p = parent
@@ -286,6 +295,21 @@ class RetainedStore:
         if not keep_slot:
             self.slots.give_back(e.slot)
         self.released += 1
+
+    def pending_prefix(self, tokens: tuple[int, ...]) -> int:
+        """Tokens of the longest pending capture that a request with ``tokens`` could resume from
+        once it is filled (0 if none)."""
+        if not self.enabled or len(tokens) < 2:
+            return 0
+        e = self._find(tokens, len(tokens) - 1, filled=False)
+        return e.num_tokens if e is not None else 0
+
+    def mark_filled(self, entry_ids) -> None:
+        """The round that captured these entries has been applied: their slots hold their images."""
+        for entry_id in entry_ids:
+            e = self._entries.get(entry_id)
+            if e is not None:
+                e.filled = True
 
     def unpin_all(self) -> None:
         for e in self._entries.values():

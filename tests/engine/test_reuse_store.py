@@ -23,6 +23,12 @@ def toks(n: int, base: int = 0) -> tuple[int, ...]:
     return tuple(base + i for i in range(n))
 
 
+def round_applied(store: RetainedStore) -> None:
+    """What the scheduler's ``update`` does once a round ran: its captures are filled, nothing stays pinned."""
+    store.mark_filled(e.entry_id for e in store.entries())
+    store.unpin_all()
+
+
 def make(pages=32, device=0, host=4, **kw):
     pool = PagePool(pages)
     return pool, RetainedStore(pool, SlotPool(device, host), **kw)
@@ -39,7 +45,7 @@ def test_capture_shares_full_pages_and_copies_the_partial_one():
     assert entry.pages.pages == (0, 1, 3)
     assert [pool.refcount(p) for p in (0, 1, 2, 3)] == [2, 2, 1, 1]
     seq.release()
-    store.unpin_all()
+    round_applied(store)
     store.release_all()
     assert pool.num_free == pool.num_pages and store.slots.num_free == 4
     pool.integrity_check()
@@ -50,7 +56,7 @@ def test_lookup_takes_the_longest_prefix_leaving_one_token_and_never_consumes():
     seq = live_seq(pool, 300)
     store.capture(toks(128), seq, 0, "retained_prefix", "interactive", False)
     store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
-    store.unpin_all()
+    round_applied(store)
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.kind) == (200, "prompt_checkpoint")
     assert store.lookup(toks(260)).num_tokens == 200  # still there
@@ -60,6 +66,23 @@ def test_lookup_takes_the_longest_prefix_leaving_one_token_and_never_consumes():
     assert store.lookup(toks(150, base=1)) is None  # differs from the first token
     other = toks(128)[:100] + (9999,) + toks(300)[101:260]
     assert store.lookup(other) is None
+    seq.release()
+    store.release_all()
+    pool.integrity_check()
+
+
+def test_a_pending_capture_is_never_a_resume_point_until_its_round_is_applied():
+    pool, store = make()
+    seq = live_seq(pool, 300)
+    order = store.capture(toks(128), seq, 0, "retained_prefix", "agent", False)
+    assert store.lookup(toks(200)) is None  # its slot holds nothing yet
+    assert store.pending_prefix(toks(200)) == 128
+    assert store.pending_prefix(toks(128)) == 0  # must leave a token to prefill
+    assert store.capture(toks(128), seq, 1, "retained_prefix", "agent", False) is None  # one entry per tokens
+    store.mark_filled([order.entry_id])
+    store.unpin_all()
+    assert store.pending_prefix(toks(200)) == 0
+    assert store.lookup(toks(200)).num_tokens == 128
     seq.release()
     store.release_all()
     pool.integrity_check()
@@ -83,7 +106,7 @@ def test_candidates_are_verified_token_by_token(monkeypatch):
                                                                                   limit if limit is not None else 10**9)))
     seq = live_seq(pool, 200)
     store.capture(toks(130), seq, 0, "prompt_checkpoint", "interactive", True)
-    store.unpin_all()
+    round_applied(store)
     assert store.lookup(toks(140)).num_tokens == 130
     assert store.lookup(toks(140, base=5)) is None
     seq.release()
@@ -95,17 +118,17 @@ def test_slots_rank_agent_below_interactive_then_lru():
     seq = live_seq(pool, 400)
     store.capture(toks(70), seq, 0, "prompt_checkpoint", "interactive", True)
     store.capture(toks(80, 1000), seq, 0, "prompt_checkpoint", "agent", True)
-    store.unpin_all()
+    round_applied(store)
     # interactive capture with no free slot: the agent entry gives way
     assert store.capture(toks(90, 2000), seq, 0, "prompt_checkpoint", "interactive", True) is not None
     assert sorted(e.tokens[0] for e in store.entries()) == [0, 2000]
-    store.unpin_all()
+    round_applied(store)
     # an agent capture may not evict interactive entries: skipped
     assert store.capture(toks(75, 3000), seq, 0, "prompt_checkpoint", "agent", True) is None
     assert store.captures_skipped == 1
     # between interactive entries the least recently used goes; a lookup refreshes
     store.lookup(toks(71))
-    store.unpin_all()
+    round_applied(store)
     store.capture(toks(95, 4000), seq, 0, "prompt_checkpoint", "interactive", True)
     assert sorted(e.tokens[0] for e in store.entries()) == [0, 4000]
     seq.release()
@@ -119,10 +142,10 @@ def test_conversation_keeps_latest_and_last_after_user_checkpoint():
     # turn 1 (user), turn 2 (tool result), turn 3 (tool result), turn 4 (tool result)
     for n, after_user in ((100, True), (200, False), (300, False), (400, False)):
         store.capture(toks(n), seq, 0, "prompt_checkpoint", "interactive", after_user)
-        store.unpin_all()
+        round_applied(store)
     assert sorted(e.num_tokens for e in store.entries()) == [100, 400]
     store.capture(toks(500), seq, 0, "prompt_checkpoint", "interactive", True)  # a new user turn
-    store.unpin_all()
+    round_applied(store)
     assert sorted(e.num_tokens for e in store.entries()) == [500]
     seq.release()
     store.release_all()
@@ -139,7 +162,7 @@ def test_reclaim_releases_lowest_ranked_until_room_and_skips_pinned():
     b.release()
     assert pool.num_free == 8 - 3
     assert store.reclaim_pages(8) == 0  # both pinned this round
-    store.unpin_all()
+    round_applied(store)
     assert store.reclaim_pages(6) == 1
     assert [e.request_class for e in store.entries()] == ["interactive"]
     assert store.reclaim_pages(8) == 1 and len(store) == 0
@@ -151,7 +174,7 @@ def test_stamp_mismatch_is_refused_before_anything_moves():
     pool, store = make(stamp="model-a:bf16:drafter=0")
     seq = live_seq(pool, 100)
     store.capture(toks(90), seq, 0, "prompt_checkpoint", "interactive", True)
-    store.unpin_all()
+    round_applied(store)
     refs = [pool.refcount(p) for p in range(4)]
     store.stamp = "model-b:bf16:drafter=0"
     assert store.lookup(toks(95)) is None
@@ -219,7 +242,7 @@ def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
     seq = live_seq(pool, 200)
     store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
     seq.release()
-    store.unpin_all()
+    round_applied(store)
     assert tier.demoted == []  # nothing moves down while the device has room
     assert store.reclaim_pages(8) == 1
     assert len(tier.demoted) == 1 and tier.demoted[0][0] == toks(200)
@@ -228,7 +251,7 @@ def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
     assert (hit.num_tokens, hit.tier) == (200, "kv_ram")
     assert tier.fetched[0][0] == toks(200) and len(tier.fetched[0][1]) == 4
     assert len(store) == 1  # a device entry again
-    store.unpin_all()
+    round_applied(store)
     store.release_all()
     assert pool.num_free == 8 and len(store.lower) == 0
     pool.integrity_check()
@@ -240,17 +263,17 @@ def test_restore_floor_and_ties_go_to_the_tier_above():
     with_lower(store, tier, {"ram": 64, "disk": 256})
     seq = live_seq(pool, 300)
     store.capture(toks(150), seq, 0, "prompt_checkpoint", "interactive", True)
-    store.unpin_all()
+    round_applied(store)
     store.lower.add(lower_record("a" * 32, 200, "ram"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (150, "device")  # 50 more tokens < the 64-token floor
     assert tier.fetched == []
-    store.unpin_all()
+    round_applied(store)
     store.lower.add(lower_record("b" * 32, 214, "ram"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (214, "kv_ram")  # exactly the floor: taken
     seq.release()
-    store.unpin_all()
+    round_applied(store)
     store.release_all()
     pool.integrity_check()
 
@@ -261,13 +284,13 @@ def test_a_restore_that_misses_falls_back_to_the_device_match():
     with_lower(store, tier, {"ram": 1, "disk": 1})
     seq = live_seq(pool, 300)
     store.capture(toks(100), seq, 0, "prompt_checkpoint", "interactive", True)
-    store.unpin_all()
+    round_applied(store)
     store.lower.add(lower_record("c" * 32, 250, "disk"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (100, "device")
     assert len(store.lower) == 0  # the missing record is forgotten
     seq.release()
-    store.unpin_all()
+    round_applied(store)
     store.release_all()
     assert pool.num_free == pool.num_pages and store.slots.num_free == 4
     pool.integrity_check()
@@ -317,13 +340,13 @@ def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
     assert store.lookup(toks(260)) is None
     assert asked == [["a" * 32, "b" * 32]] and tier.fetched == []
     assert len(store.lower) == 1 and store.lower.matches(toks(260), 259)[0].tier == "disk"
-    store.unpin_all()
+    round_applied(store)
     # a match past the disk floor is restored, and the hit names the tier it was read from
     store.lower.add(lower_record("c" * 32, 300, "ram"))
     where["c" * 32] = "disk"
     hit = store.lookup(toks(310))
     assert (hit.num_tokens, hit.tier) == (300, "kv_disk")
-    store.unpin_all()
+    round_applied(store)
     store.release_all()
     pool.integrity_check()
 
@@ -347,7 +370,7 @@ def test_the_hit_names_the_tier_tierd_read_from():
     store.lower.add(lower_record("a" * 32, 200, "ram"))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (200, "kv_disk")
-    store.unpin_all()
+    round_applied(store)
     store.release_all()
     pool.integrity_check()
 
