@@ -72,6 +72,7 @@ class RetainedStore:
         self._by_hash: dict[bytes, list[Entry]] = {}
         self._next_id = 0
         self._clock = 0
+        self._superseded: list[Entry] = []  # checkpoints a conversation dropped while pinned: released after the round
         # lower tiers (tierd): set by the engine when one is connected
         self.lower: LowerIndex | None = None
         self.demote_hook = None  # (Entry) -> "ram" | "disk" | None, returns once the copy is complete
@@ -251,7 +252,9 @@ class RetainedStore:
             if p.after_user and not keep_user:
                 keep_user = True
                 continue
-            if not p.pinned:
+            if p.pinned:  # read or filled this round: it goes once the round is applied
+                self._superseded.append(p)
+            else:
                 self._release(p)
 
     # ----- ranking and release --------------------------------------------------
@@ -312,8 +315,13 @@ class RetainedStore:
                 e.filled = True
 
     def unpin_all(self) -> None:
+        """The round is applied: nothing is pinned, and superseded checkpoints are released."""
         for e in self._entries.values():
             e.pinned = False
+        superseded, self._superseded = self._superseded, []
+        for e in superseded:
+            if self._entries.get(e.entry_id) is e:
+                self._release(e)
 
     def release_all(self) -> None:
         """Free every retained entry here and forget those below (a switch, an unload, a stop)."""

@@ -152,6 +152,25 @@ def test_conversation_keeps_latest_and_last_after_user_checkpoint():
     pool.integrity_check()
 
 
+def test_conversation_resuming_each_turn_keeps_at_most_two_checkpoints():
+    """Each turn resumes from the previous checkpoint (pinning it) and captures the next one:
+    the checkpoint it read is released once the round is applied, not kept as a third."""
+    pool, store = make(pages=64, host=8)
+    seq = live_seq(pool, 1200)
+    turns = [(100, True)] + [(100 * (i + 2), i % 3 == 2) for i in range(9)]
+    for n, after_user in turns:
+        hit = store.lookup(toks(n + 5))
+        assert hit is None or hit.num_tokens < n
+        store.capture(toks(n), seq, 0, "prompt_checkpoint", "interactive", after_user)
+        round_applied(store)
+        assert len(store) <= 2, sorted(e.num_tokens for e in store.entries())
+    last_user = max(n for n, after_user in turns if after_user)
+    assert sorted(e.num_tokens for e in store.entries()) == sorted({last_user, turns[-1][0]})
+    seq.release()
+    store.release_all()
+    pool.integrity_check()
+
+
 def test_reclaim_releases_lowest_ranked_until_room_and_skips_pinned():
     pool, store = make(pages=8, host=4)
     a = live_seq(pool, 64, "a")  # page 0
