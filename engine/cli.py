@@ -66,22 +66,6 @@ def kv_stamp(kv_format: str, exact_window: int) -> str:
     return f"{kv_format}+w{exact_window}" if kv_format == "hq-e8-2b" else kv_format
 
 
-def _tokenizer_vocab(model_dir: str) -> int | None:
-    """Size of the tokenizer's vocabulary, when it is smaller than the embedding table."""
-    import json
-    from pathlib import Path
-
-    path = Path(model_dir) / "tokenizer.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    vocab = data.get("model", {}).get("vocab", {})
-    ids = [int(v) for v in vocab.values()] if isinstance(vocab, dict) else []
-    ids += [int(t["id"]) for t in data.get("added_tokens", []) if "id" in t]
-    return max(ids) + 1 if ids else None
-
-
 def run(args) -> int:
     from ignis.shared import sdnotify
 

@@ -4,8 +4,8 @@ Owns the checkpoint on disk: finding its weight files (``model.safetensors``,
 or ``model.safetensors.index.json`` and its shards), checking every tensor name
 and shape against ``expected_tensors`` from the headers alone before any tensor
 is read, then reading tensors one at a time, converting them to the load dtype
-and stacking per-expert MoE weights. Also reads the tokenizer files for the
-gateway (pure file reading).
+and stacking per-expert MoE weights. The tokenizer files are read by
+``shared.tokenizer_files``, not here.
 
 Checkpoint names map to canonical names (see ``engine.models.weights_spec``):
 
@@ -323,77 +323,3 @@ def _read_tensors(cfg: ModelConfig, plan: LoadPlan, dtype: "torch.dtype", device
             except OSError as exc:
                 raise CheckpointError(f"{path}: cannot read ({exc})") from None
     return {name: out[name] for name in expected}
-
-
-# ----- tokenizer files -------------------------------------------------------
-@dataclass(frozen=True)
-class TokenizerFiles:
-    """The tokenizer and chat template of a checkpoint, as files and their contents."""
-
-    tokenizer_json: Path
-    tokenizer_config_path: Path | None
-    tokenizer_config: dict
-    chat_template: str | None
-    chat_template_source: str | None
-    named_templates: dict[str, str]
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return raw
-
-
-def _templates(value, source: Path) -> dict[str, str]:
-    if isinstance(value, str):
-        return {"default": value}
-    if isinstance(value, list):
-        try:
-            return {str(d["name"]): str(d["template"]) for d in value}
-        except (KeyError, TypeError):
-            pass
-    raise CheckpointError(f"{source}: chat_template must be a string or a list of {{name, template}}")
-
-
-def load_tokenizer_files(model_dir: str | Path) -> TokenizerFiles:
-    """Find tokenizer.json, tokenizer_config.json and the chat template of a checkpoint.
-
-    The chat template comes from ``chat_template.jinja`` when present, else
-    ``chat_template.json``, else the ``chat_template`` entry of
-    tokenizer_config.json; of a list of named templates the "default" one is chosen.
-    """
-    model_dir = Path(model_dir)
-    tok = model_dir / "tokenizer.json"
-    if not tok.is_file():
-        raise CheckpointError(f"{tok}: no tokenizer.json in the model directory")
-    cfg_path = model_dir / "tokenizer_config.json"
-    tok_cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
-    named: dict[str, str] = {}
-    source = None
-    if tok_cfg.get("chat_template") is not None:
-        named, source = _templates(tok_cfg["chat_template"], cfg_path), str(cfg_path)
-    extra_dir = model_dir / "additional_chat_templates"
-    for path in sorted(extra_dir.glob("*.jinja")) if extra_dir.is_dir() else ():
-        named[path.stem] = path.read_text()
-    tpl_json = model_dir / "chat_template.json"
-    if tpl_json.is_file():
-        value = _read_json(tpl_json).get("chat_template")
-        if value is not None:
-            named.update(_templates(value, tpl_json))
-            source = str(tpl_json)
-    jinja = model_dir / "chat_template.jinja"
-    if jinja.is_file():
-        named["default"], source = jinja.read_text(), str(jinja)
-    template = named.get("default")
-    return TokenizerFiles(
-        tokenizer_json=tok,
-        tokenizer_config_path=cfg_path if cfg_path.is_file() else None,
-        tokenizer_config=tok_cfg,
-        chat_template=template,
-        chat_template_source=source if template is not None else None,
-        named_templates=named,
-    )

@@ -52,8 +52,9 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     from ignis.engine.models.state import ModelState
     from ignis.engine.runner import ModelRunner
     from ignis.engine.scheduler import Scheduler, SchedulerConfig
-    from ignis.engine.cli import _kv_format, _tokenizer_vocab, kv_stamp, resolve_device
+    from ignis.engine.cli import _kv_format, kv_stamp, resolve_device
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
+    from ignis.shared.tokenizer_files import tokenizer_vocab_size
 
     device = resolve_device(config.device)
     if model_dir is None:
@@ -104,7 +105,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
             sched.evictor.hooks = TierEvictionHooks(tier_client, state, staging_slot, device_slots,
                                                     tier_client.lane_blocks)
             sched.evictor.staging_slot = staging_slot
-    vocab_limit = _tokenizer_vocab(model_dir)
+    vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,

@@ -23,12 +23,13 @@ from aiohttp import web
 from ignis.gateway.app import build_app
 from ignis.gateway.config import GatewayConfig
 from ignis.gateway.state import STATE
-from ignis.gateway.tokenizer import ModelFilesError, load_model_files
+from ignis.gateway.tokenizer import load_model_files
 from ignis.shared import sdnotify
 from ignis.shared.flags import add_flags, from_args
 from ignis.shared.logs import setup_logging
 from ignis.shared.model_names import model_specs
 from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
+from ignis.shared.tokenizer_files import TokenizerFilesError
 
 log = logging.getLogger("ignis.gateway")
 
@@ -91,7 +92,7 @@ def run(args) -> int:
         default = specs[0][0]
         endpoint = _endpoint(config)
         app = build_app(config, loaded.pop(default), default, endpoint, more_models=loaded)
-    except (ValueError, OSError, RuntimeDirError, ModelFilesError) as exc:
+    except (ValueError, OSError, RuntimeDirError, TokenizerFilesError) as exc:
         print(f"ignis gateway: {exc}", file=sys.stderr)
         return 2
     log.info("gateway for model %s, engine at %s", app[STATE].model_name, endpoint)

@@ -4,7 +4,7 @@
 those. ``max_tokens`` defaults to 16, as in OpenAI's API. ``echo`` puts the
 prompt text in front of the completion (not combined with logprobs: prompt
 logprobs are not computed). Responses are ``text_completion`` objects, with
-the legacy logprobs format.
+the legacy logprobs format. Generating and answering is ``GenerationRequest.answer``'s.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import time
 
 from aiohttp import web
 
-from ignis.gateway.choice import ChoiceDelta, ChoiceState
+from ignis.gateway.choice import ChoiceDelta
 from ignis.gateway.fields import Fields
-from ignis.gateway.generation import Generation
-from ignis.gateway.params import parse_common, sampling_for
-from ignis.gateway.responses import CompletionLogprobs, json_response, merge_completion_logprobs, new_id, stream_sse
-from ignis.gateway.state import STATE, GatewayState
-from ignis.shared.wire import Generate
+from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
+from ignis.gateway.params import CommonParams
+from ignis.gateway.responses import CompletionLogprobs, merge_completion_logprobs, new_id
+from ignis.gateway.state import GatewayState
+from ignis.gateway.tokenizer import TextTokenizer
 
 ENDPOINT = "completions"
 DEFAULT_MAX_TOKENS = 16
@@ -56,11 +56,8 @@ async def _prompt(gw: GatewayState, f: Fields) -> tuple[list[int], str | None]:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    gw: GatewayState = request.app[STATE]
-    started = time.monotonic()
-    f = Fields(await gw.read_json(request))
-    p = parse_common(f, request.headers, "completion")
-    gw = gw.select(p.model)
+    req = await GenerationRequest.read(request, "completion")
+    gw, f, p = req.gw, req.fields, req.params
     if f.has("suffix"):
         raise f.error("suffix", "is not supported")
     echo = f.bool("echo")
@@ -70,74 +67,39 @@ async def completions(request: web.Request) -> web.StreamResponse:
     max_tokens = await gw.max_tokens(len(ids), p.max_tokens, DEFAULT_MAX_TOKENS)
     echo_text = (text if text is not None else gw.tokenizer.decode(ids, skip_special_tokens=False)) if echo else ""
     rid = new_id("cmpl")
-    gens = [Generate(id=f"{rid}-{i}", prompt_ids=tuple(ids), sampling=sampling_for(p, max_tokens, i),
-                     request_class=p.request_class, model=gw.model_name) for i in range(p.n)]
-    choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids) for i in range(p.n)]
-    transport_gone = lambda: request.transport is None or request.transport.is_closing()  # noqa: E731
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}
-    gw.metrics.active.inc()
-    try:
-        async with Generation(gw.client, gens, choices, transport_gone) as gen:
-            await gen.open()
-            gw.metrics.first_token(ENDPOINT, time.monotonic() - started)
-            if p.stream:
-                return await _stream(request, gw, gen, p, head, ids, echo_text)
-            return await _collect(gw, gen, p, head, ids, echo_text)
-    finally:
-        gw.metrics.active.dec()
+    return await req.answer(ENDPOINT, rid, ids, max_tokens, CompletionResponse(p, gw.tokenizer, head, echo_text))
 
 
-async def _stream(request, gw: GatewayState, gen: Generation, p, head: dict, ids, echo_text: str):
-    extra = {"usage": None} if p.include_usage else {}
-    lps = [CompletionLogprobs() for _ in range(p.n)]
-    prelude = []
-    if echo_text:
-        prelude = [dict(head, choices=[{"index": i, "text": echo_text, "logprobs": None, "finish_reason": None}
-                                       for i in range(p.n)], **extra)]
+class CompletionResponse(EndpointResponse):
+    """``text_completion`` objects, streamed or whole, with legacy logprobs; ``echo_text`` opens every choice."""
 
-    wants_tokens = p.return_token_ids or p.logprobs
+    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_text: str):
+        super().__init__(params, tokenizer, head, head)
+        self.echo_text = echo_text
+        # One per choice: text offsets run on across every delta of the choice.
+        self.lps = [CompletionLogprobs() for _ in range(params.n)]
+        self.acc = [{"text": echo_text, "lps": []} for _ in range(params.n)]
 
-    def chunk_of(d: ChoiceDelta) -> dict | None:
-        if not (d.has_text or d.finish_reason or (wants_tokens and d.token_ids)):
-            return None
+    def first_choices(self) -> list[dict]:
+        if not self.echo_text:
+            return []
+        return [{"index": i, "text": self.echo_text, "logprobs": None, "finish_reason": None}
+                for i in range(self.params.n)]
+
+    def chunk_choice(self, d: ChoiceDelta) -> dict:
         choice = {"index": d.index, "text": d.content, "logprobs": None, "finish_reason": d.finish_reason}
-        if p.logprobs and d.logprobs:
-            choice["logprobs"] = lps[d.index].add(gw.tokenizer, d.logprobs)
-        if p.return_token_ids:
-            choice["token_ids"] = d.token_ids
-        return dict(head, choices=[choice], **extra)
+        if self.params.logprobs and d.logprobs:
+            choice["logprobs"] = self.lps[d.index].add(self.tokenizer, d.logprobs)
+        return choice
 
-    def usage_chunk(usage: dict) -> dict:
-        return dict(head, choices=[], usage=usage)
-
-    if p.return_token_ids and prelude:
-        prelude[0]["prompt_token_ids"] = list(ids)
-    elif p.return_token_ids:
-        prelude = [dict(head, choices=[], prompt_token_ids=list(ids), **extra)]
-    return await stream_sse(request, gen, prelude, chunk_of, usage_chunk if p.include_usage else None,
-                            on_tokens=gw.metrics.tokens.inc)
-
-
-async def _collect(gw: GatewayState, gen: Generation, p, head: dict, ids, echo_text: str) -> web.Response:
-    acc = [{"text": echo_text, "ids": [], "lps": [], "finish": None} for _ in range(p.n)]
-    lps = [CompletionLogprobs() for _ in range(p.n)]
-    async for d in gen.deltas():
-        a = acc[d.index]
+    def take(self, d: ChoiceDelta) -> None:
+        a = self.acc[d.index]
         a["text"] += d.content
-        a["ids"].extend(d.token_ids)
-        if p.logprobs and d.logprobs:
-            a["lps"].append(lps[d.index].add(gw.tokenizer, d.logprobs))
-        if d.finish_reason:
-            a["finish"] = d.finish_reason
-    gw.metrics.tokens.inc(sum(len(a["ids"]) for a in acc))
-    choices = []
-    for i, a in enumerate(acc):
-        logprobs = merge_completion_logprobs(a["lps"]) if p.logprobs else None
-        choice = {"index": i, "text": a["text"], "logprobs": logprobs, "finish_reason": a["finish"]}
-        if p.return_token_ids:
-            choice["token_ids"] = a["ids"]
-        choices.append(choice)
-    body = dict(head, choices=choices, usage=gen.usage.to_json())
-    if p.return_token_ids:
-        body["prompt_token_ids"] = list(ids)
-    return json_response(body)
+        if self.params.logprobs and d.logprobs:
+            a["lps"].append(self.lps[d.index].add(self.tokenizer, d.logprobs))
+
+    def body_choice(self, index: int, finish_reason: str | None) -> dict:
+        a = self.acc[index]
+        logprobs = merge_completion_logprobs(a["lps"]) if self.params.logprobs else None
+        return {"index": index, "text": a["text"], "logprobs": logprobs, "finish_reason": finish_reason}

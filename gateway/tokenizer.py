@@ -1,10 +1,9 @@
 """The gateway's view of a checkpoint's text side: tokenizer, special tokens, chat template.
 
-Reads ``tokenizer.json`` (with the ``tokenizers`` library), ``tokenizer_config.json``,
-``generation_config.json`` and the chat template, by the same precedence as
-transformers: ``chat_template.jinja``, else ``chat_template.json``, else the
-``chat_template`` entry of tokenizer_config.json (of a list of named templates,
-the one named "default"). Pure file reading: no torch, no transformers.
+Builds a ``tokenizers.Tokenizer`` from the files ``shared.tokenizer_files``
+finds (tokenizer.json, tokenizer_config.json, the chat template chosen by
+transformers' precedence) and reads ``generation_config.json`` beside them. No
+torch, no transformers.
 
 ``TextTokenizer`` also knows each token's raw bytes (for logprobs' ``bytes``):
 for a byte-level BPE the vocabulary strings are bytes spelled in GPT-2's
@@ -13,18 +12,15 @@ printable alphabet, mapped back here; added tokens are their UTF-8 content.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from ignis.shared.tokenizer_files import TokenizerFilesError, read_json_object, read_tokenizer_files
+
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """Names transformers passes to chat templates (``special_tokens_map``), when set."""
-
-
-class ModelFilesError(ValueError):
-    """A tokenizer or template file is missing or unreadable; the message names the file."""
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -39,25 +35,6 @@ def _byte_decoder() -> dict[str, int]:
             chars.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(printable, chars)}
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelFilesError(f"{path}: cannot read JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ModelFilesError(f"{path}: expected a JSON object")
-    return data
-
-
-def _template_of(value: object, source: Path) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        return named.get("default")
-    raise ModelFilesError(f"{source}: chat_template must be a string or a list of named templates")
 
 
 def _uses_byte_level(decoder: object) -> bool:
@@ -137,27 +114,14 @@ class ModelFiles:
 
 
 def load_model_files(model_dir: str | Path) -> ModelFiles:
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelFilesError(f"{model_dir}: not a directory")
-    tok_path = model_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise ModelFilesError(f"{tok_path}: no tokenizer.json in the model directory")
+    """The tokenizer, chat template and generation config of ``model_dir``; a bad file raises TokenizerFilesError."""
+    files = read_tokenizer_files(model_dir)
     try:
-        tok = Tokenizer.from_file(str(tok_path))
+        tok = Tokenizer.from_file(str(files.tokenizer_json))
     except Exception as e:  # the library raises its own exception type
-        raise ModelFilesError(f"{tok_path}: cannot load the tokenizer: {e}") from None
-    raw = _read_json(tok_path)
-    cfg_path = model_dir / "tokenizer_config.json"
-    tok_cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
-    template = _template_of(tok_cfg.get("chat_template"), cfg_path)
-    tpl_json = model_dir / "chat_template.json"
-    if tpl_json.is_file():
-        template = _template_of(_read_json(tpl_json).get("chat_template"), tpl_json) or template
-    jinja = model_dir / "chat_template.jinja"
-    if jinja.is_file():
-        template = jinja.read_text(encoding="utf-8")
-    gen_path = model_dir / "generation_config.json"
-    gen = _read_json(gen_path) if gen_path.is_file() else {}
-    text = TextTokenizer(tok, tok_cfg, byte_level=_uses_byte_level(raw.get("decoder")))
-    return ModelFiles(tokenizer=text, chat_template=template, generation_config=gen)
+        raise TokenizerFilesError(f"{files.tokenizer_json}: cannot load the tokenizer: {e}") from None
+    raw = read_json_object(files.tokenizer_json)
+    gen_path = Path(model_dir) / "generation_config.json"
+    gen = read_json_object(gen_path) if gen_path.is_file() else {}
+    text = TextTokenizer(tok, files.tokenizer_config, byte_level=_uses_byte_level(raw.get("decoder")))
+    return ModelFiles(tokenizer=text, chat_template=files.chat_template, generation_config=gen)

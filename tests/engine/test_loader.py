@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ignis.engine.loader import load_checkpoint, load_tokenizer_files, resolve_dtype
+from ignis.engine.loader import load_checkpoint, resolve_dtype
 from ignis.engine.models.config import CheckpointError, load_config
 from ignis.engine.models.weights_spec import classify, expected_tensors, read_header
 from tests.engine.checkpoints import FAMILIES, canonical_state_dict
@@ -351,42 +351,3 @@ def test_no_weights(qwen35_checkpoint, tmp_path):
 def test_bad_device(qwen35_checkpoint):
     with pytest.raises(ValueError, match="--device"):
         load_checkpoint(qwen35_checkpoint.path, device="nonsense")
-
-
-# ----- tokenizer files --------------------------------------------------------
-def test_tokenizer_files_inline_template(tmp_path):
-    (tmp_path / "tokenizer.json").write_text("{}")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}", "eos_token": "<e>"}))
-    tok = load_tokenizer_files(tmp_path)
-    assert tok.tokenizer_json == tmp_path / "tokenizer.json"
-    assert tok.tokenizer_config["eos_token"] == "<e>"
-    assert tok.chat_template == "{{ x }}" and tok.chat_template_source.endswith("tokenizer_config.json")
-
-
-def test_tokenizer_files_named_templates_and_jinja_file(tmp_path):
-    (tmp_path / "tokenizer.json").write_text("{}")
-    named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
-    tok = load_tokenizer_files(tmp_path)
-    assert tok.chat_template == "D" and tok.named_templates["tool_use"] == "T"
-    (tmp_path / "chat_template.jinja").write_text("J")
-    tok = load_tokenizer_files(tmp_path)
-    assert tok.chat_template == "J" and tok.chat_template_source.endswith("chat_template.jinja")
-
-
-def test_tokenizer_files_without_template(tmp_path):
-    (tmp_path / "tokenizer.json").write_text("{}")
-    tok = load_tokenizer_files(tmp_path)
-    assert tok.chat_template is None and tok.tokenizer_config == {} and tok.tokenizer_config_path is None
-
-
-def test_tokenizer_files_errors(tmp_path):
-    with pytest.raises(CheckpointError, match="tokenizer.json"):
-        load_tokenizer_files(tmp_path)
-    (tmp_path / "tokenizer.json").write_text("{}")
-    (tmp_path / "tokenizer_config.json").write_text("{oops")
-    with pytest.raises(CheckpointError, match="tokenizer_config.json: not valid JSON"):
-        load_tokenizer_files(tmp_path)
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": 3}))
-    with pytest.raises(CheckpointError, match="chat_template must be"):
-        load_tokenizer_files(tmp_path)

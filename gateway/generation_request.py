@@ -1,0 +1,156 @@
+"""One request of either completion endpoint, from its body to its last byte: the part both share.
+
+/v1/chat/completions and /v1/completions differ in how they make a prompt and
+in what a choice looks like (an ``EndpointResponse``); the rest is here, once:
+
+    GenerationRequest.read()    the body, the common fields, the model asked for
+    GenerationRequest.answer()  one Generate and one ChoiceState per choice, the
+                                engine streams opened, then SSE chunks or one
+                                JSON body, with usage and prompt_token_ids
+
+Invariants: the active-streams gauge is up exactly while the engine streams
+are; time to first token is observed once every choice has its first answer;
+streamed tokens are counted as they are sent, a body's once it is complete.
+Every streamed choice and every body choice gets ``token_ids`` last, when asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ignis.gateway.choice import ChoiceDelta, ChoiceState
+from ignis.gateway.fields import Fields
+from ignis.gateway.generation import Generation
+from ignis.gateway.output_parser import OutputParser
+from ignis.gateway.params import CommonParams, parse_common, sampling_for
+from ignis.gateway.responses import json_response, stream_sse
+from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.tokenizer import TextTokenizer
+from ignis.shared.wire import Generate
+
+
+class EndpointResponse:
+    """What one endpoint's choices look like, streamed and in one body; each endpoint subclasses it.
+
+    ``body_head`` and ``chunk_head`` are the keys (id, object, created, model)
+    that open the one JSON body and every SSE chunk.
+    """
+
+    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, body_head: dict, chunk_head: dict):
+        self.params = params
+        self.tokenizer = tokenizer
+        self.body_head = body_head
+        self.chunk_head = chunk_head
+
+    def first_choices(self) -> list[dict]:
+        """The choices of the SSE chunk sent before any token; none: no such chunk."""
+        return []
+
+    def chunk_choice(self, d: ChoiceDelta) -> dict:
+        """One streamed choice; called only for a delta with something to send."""
+        raise NotImplementedError
+
+    def take(self, d: ChoiceDelta) -> None:
+        """One body: add a delta to its choice."""
+        raise NotImplementedError
+
+    def body_choice(self, index: int, finish_reason: str | None) -> dict:
+        """One choice of the body, once every delta has been taken."""
+        raise NotImplementedError
+
+
+@dataclass
+class GenerationRequest:
+    """A request whose common fields are parsed, its model chosen."""
+
+    http: web.Request
+    gw: GatewayState  # the state of the model asked for
+    fields: Fields
+    params: CommonParams
+    started: float  # time.monotonic() when the request arrived
+
+    @classmethod
+    async def read(cls, http: web.Request, kind: str) -> GenerationRequest:
+        """``kind``: "chat" or "completion", for the fields only one endpoint has."""
+        gw: GatewayState = http.app[STATE]
+        started = time.monotonic()
+        f = Fields(await gw.read_json(http))
+        p = parse_common(f, http.headers, kind)
+        return cls(http, gw.select(p.model), f, p, started)
+
+    async def answer(self, endpoint: str, rid: str, prompt_ids: list[int], max_tokens: int,
+                     response: EndpointResponse, *, marks: dict | None = None,
+                     parser: Callable[[], OutputParser] | None = None) -> web.StreamResponse:
+        """Generate ``n`` choices of ``prompt_ids`` and answer; ``marks`` are the Generate's capture
+        marks, ``parser`` makes each choice's output parser (none: the text is all content)."""
+        gw, p = self.gw, self.params
+        gens = [Generate(id=f"{rid}-{i}", prompt_ids=tuple(prompt_ids), sampling=sampling_for(p, max_tokens, i),
+                         request_class=p.request_class, model=gw.model_name, **(marks or {}))
+                for i in range(p.n)]
+        choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
+                               parser=parser() if parser is not None else None)
+                   for i in range(p.n)]
+        gw.metrics.active.inc()
+        try:
+            async with Generation(gw.client, gens, choices, self._client_gone) as gen:
+                await gen.open()
+                gw.metrics.first_token(endpoint, time.monotonic() - self.started)
+                if p.stream:
+                    return await self._stream(gen, response, prompt_ids)
+                return await self._one_body(gen, response, prompt_ids)
+        finally:
+            gw.metrics.active.dec()
+
+    def _client_gone(self) -> bool:
+        transport = self.http.transport
+        return transport is None or transport.is_closing()
+
+    async def _stream(self, gen: Generation, response: EndpointResponse, prompt_ids) -> web.StreamResponse:
+        p, head = self.params, response.chunk_head
+        extra = {"usage": None} if p.include_usage else {}
+        first = response.first_choices()
+        prelude = [dict(head, choices=first, **extra)] if first else []
+        if p.return_token_ids and prelude:
+            prelude[0]["prompt_token_ids"] = list(prompt_ids)
+        elif p.return_token_ids:
+            prelude = [dict(head, choices=[], prompt_token_ids=list(prompt_ids), **extra)]
+        wants_tokens = p.return_token_ids or p.logprobs
+
+        def chunk_of(d: ChoiceDelta) -> dict | None:
+            if not (d.has_text or d.finish_reason or (wants_tokens and d.token_ids)):
+                return None
+            choice = response.chunk_choice(d)
+            if p.return_token_ids:
+                choice["token_ids"] = d.token_ids
+            return dict(head, choices=[choice], **extra)
+
+        def usage_chunk(usage: dict) -> dict:
+            return dict(head, choices=[], usage=usage)
+
+        return await stream_sse(self.http, gen, prelude, chunk_of, usage_chunk if p.include_usage else None,
+                                on_tokens=self.gw.metrics.tokens.inc)
+
+    async def _one_body(self, gen: Generation, response: EndpointResponse, prompt_ids) -> web.Response:
+        p = self.params
+        ids: list[list[int]] = [[] for _ in range(p.n)]
+        finish: list[str | None] = [None] * p.n
+        async for d in gen.deltas():
+            ids[d.index].extend(d.token_ids)
+            if d.finish_reason:
+                finish[d.index] = d.finish_reason
+            response.take(d)
+        self.gw.metrics.tokens.inc(sum(len(i) for i in ids))
+        choices = []
+        for i in range(p.n):
+            choice = response.body_choice(i, finish[i])
+            if p.return_token_ids:
+                choice["token_ids"] = ids[i]
+            choices.append(choice)
+        body = dict(response.body_head, choices=choices, usage=gen.usage.to_json())
+        if p.return_token_ids:
+            body["prompt_token_ids"] = list(prompt_ids)
+        return json_response(body)
