@@ -159,16 +159,16 @@ def build_tokenizer(vocabulary: QwenVocabulary, ranks: dict[bytes, int] | None =
     ])
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.add_special_tokens([_added(t) for t in vocabulary.added_tokens])
     for i, token in enumerate(vocabulary.added_tokens, start=vocabulary.first_added_id):
+        added = AddedToken(token, single_word=False, lstrip=False, rstrip=False, normalized=False,
+                           special=token not in MARKUP_TOKENS)
+        if added.special:
+            tok.add_special_tokens([added])
+        else:
+            tok.add_tokens([added])  # add_special_tokens would make it special
         if tok.token_to_id(token) != i:
             raise ValueError(f"{token} took id {tok.token_to_id(token)}, expected {i}")
     return tok
-
-
-def _added(token: str) -> AddedToken:
-    return AddedToken(token, single_word=False, lstrip=False, rstrip=False, normalized=False,
-                      special=token not in MARKUP_TOKENS)
 
 
 # ----- tokenizer_config.json -------------------------------------------------
