@@ -12,7 +12,8 @@ reads those files with ``importlib.resources`` and writes the
   ``TikTokenConverter`` derives them (every split of a token into two
   in-vocabulary halves is a merge; merges ordered by the merged token's rank,
   then the halves' ranks); whole pieces found in the vocabulary are taken as
-  they are (``ignore_merges``), as tiktoken does;
+  they are (``ignore_merges``), as tiktoken does: 201 Qwen3.5 entries (CJK
+  words such as 俱乐部) are built by no chain of merges;
 - NFC normalization, a regex ``Split`` pre-tokenizer on the family's pattern
   followed by ``ByteLevel(use_regex=False)``, and a ``ByteLevel`` decoder;
 - the special tokens after the ranks: control, vision and fill-in-the-middle
