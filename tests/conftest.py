@@ -6,6 +6,9 @@ on ``sys.path``. There the checkout's ``kernels/`` folder would shadow the
 fails), and ``engine``, ``gateway``, ... would import as generic top-level
 packages. pytest runs in importlib mode (pyproject's addopts), which needs no
 root on the path, so the root is taken off before any test imports.
+
+Session fixtures that several test folders use (checkpoints with Qwen's real
+tokenizers) come from ``tests.support.fixtures``.
 """
 
 from __future__ import annotations
@@ -17,3 +20,5 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 sys.path[:] = [p for p in sys.path if Path(os.path.abspath(p or os.curdir)) != ROOT]
+
+pytest_plugins = ("tests.support.fixtures",)

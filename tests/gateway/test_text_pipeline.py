@@ -1,13 +1,17 @@
-"""Incremental detokenizing and stop strings, on the demo tokenizer and on crafted text deltas."""
+"""Incremental detokenizing and stop strings, on the demo tokenizer, Qwen's real tokenizers and crafted text deltas."""
 
 from __future__ import annotations
 
 import random
+import unicodedata
 
 import pytest
 
 from ignis.gateway.detokenize import IncrementalDetokenizer
 from ignis.gateway.stop_strings import StopMatcher
+from ignis.gateway.tokenizer import load_model_files
+from tests.support.real_tokenizer import FAMILIES, token_ids
+from tests.support.tokenizer_samples import STREAM_TEXT
 
 
 def stream(tok, ids, chunk_sizes=None):
@@ -54,6 +58,56 @@ def test_incomplete_character_is_held_until_complete(demo_tokenizer):
     assert [d.push([t]) for t in ids[:-1]] == [""] * (len(ids) - 1)
     assert d.push(ids[-1:]) == "日"
     assert d.finish() == ""
+
+
+@pytest.fixture(scope="module")
+def real_tokenizer(real_tokenizer_dir):
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            cache[family] = load_model_files(real_tokenizer_dir(family)).tokenizer
+        return cache[family]
+
+    return get
+
+
+def _splits_characters(tok, ids) -> int:
+    """How many of ``ids`` stand for bytes that are not whole UTF-8 characters."""
+    count = 0
+    for i in ids:
+        try:
+            tok.token_bytes(i).decode("utf-8")
+        except UnicodeDecodeError:
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_real_tokenizer_streamed_one_token_at_a_time(real_tokenizer, family):
+    tok = real_tokenizer(family)
+    ids = tok.encode(STREAM_TEXT)
+    assert _splits_characters(tok, ids) >= 10  # the real merges cut CJK, emoji and marks mid-character
+    parts = stream(tok, ids)
+    assert "".join(parts) == tok.decode(ids) == unicodedata.normalize("NFC", STREAM_TEXT)
+    assert not any("\ufffd" in p for p in parts)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_real_tokenizer_streamed_in_uneven_chunks_with_markup(real_tokenizer, family):
+    tok = real_tokenizer(family)
+    ids = tok.encode("<think>\n" + STREAM_TEXT + "\n</think>\n\n" + STREAM_TEXT)
+    ids += [token_ids(family)["<|im_end|>"]]
+    rng = random.Random(31)
+    for _ in range(10):
+        sizes, left = [], len(ids)
+        while left:
+            sizes.append(min(left, rng.randrange(1, 4)))
+            left -= sizes[-1]
+        parts = stream(tok, ids, sizes)
+        assert "".join(parts) == tok.decode(ids)
+        assert not any("\ufffd" in p for p in parts)
+    assert tok.decode(ids).startswith("<think>\n") and not tok.decode(ids).endswith("<|im_end|>")
 
 
 def run_stops(stops, deltas):

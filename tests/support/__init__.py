@@ -1,0 +1,1 @@
+"""Helpers shared by test folders: checkpoints that carry Qwen's real tokenizers."""
