@@ -16,16 +16,6 @@ def add_arguments(parser) -> None:
     add_flags(parser, EngineConfig)
 
 
-def resolve_device(choice: str) -> str:
-    import torch
-
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    return choice
-
-
 def build_server(config: EngineConfig):
     """Load the default model and bind the engine's socket, ready to serve."""
     from ignis.engine.runtime import load_runtime
@@ -43,27 +33,6 @@ def build_server(config: EngineConfig):
         endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
     return EngineServer(config, runtime, endpoint, model_dirs=dirs,
                         loader=lambda name: load_runtime(config, name, dirs[name]))
-
-
-def _kv_format(config: EngineConfig, device: str, cfg) -> str:
-    """--kv-format resolved; an explicit hq-e8-2b on heads it cannot store raises ValueError."""
-    from ignis.kernels.hq_e8.codec import check_shape
-
-    try:
-        check_shape(cfg.num_kv_heads, cfg.head_dim)
-        fits = True
-    except ValueError as exc:
-        if config.kv_format == "hq-e8-2b":
-            raise
-        fits = False
-        if device == "cuda":
-            log.warning("kv format: %s; using bf16", exc)
-    return config.resolved_kv_format(device, hq_fits=fits)
-
-
-def kv_stamp(kv_format: str, exact_window: int) -> str:
-    """The KV part of a retained entry's stamp: the format, and for hq-e8-2b the window its images hold."""
-    return f"{kv_format}+w{exact_window}" if kv_format == "hq-e8-2b" else kv_format
 
 
 def run(args) -> int:

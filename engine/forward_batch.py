@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ignis.engine.models.config import PAGE_TOKENS
+from ignis.engine.page_pool import PAGE_TOKENS
 
 
 @dataclass(frozen=True)

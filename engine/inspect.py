@@ -92,7 +92,7 @@ def _parameters(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def _weights(model_dir: Path, cfg: ModelConfig) -> dict:
-    from ignis.engine.loader import find_weight_files, read_inventory
+    from ignis.engine.models.loader import find_weight_files, read_inventory
 
     try:
         files = find_weight_files(model_dir)

@@ -28,7 +28,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from ignis.engine.models.config import PAGE_TOKENS
+PAGE_TOKENS = 64
+"""Tokens per KV page: the unit of sharing, charging and reuse."""
 
 
 class PoolExhausted(RuntimeError):

@@ -52,7 +52,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     from ignis.engine.models.state import ModelState
     from ignis.engine.runner import ModelRunner
     from ignis.engine.scheduler import Scheduler, SchedulerConfig
-    from ignis.engine.cli import _kv_format, kv_stamp, resolve_device
+    from ignis.engine.load_choices import kv_stamp, resolve_device, resolve_kv_format
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
     from ignis.shared.tokenizer_files import tokenizer_vocab_size
 
@@ -68,7 +68,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         free, _total = torch.cuda.mem_get_info()
     device_slots = config.reuse_device_slots if config.reuse_prompt else 0
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
-    kv_format = _kv_format(config, device, cfg)
+    kv_format = resolve_kv_format(config, device, cfg)
     window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
     tiers_on = config.tierd_endpoint != "off"  # live eviction uses tierd with reuse off too
     staging = 1 if tiers_on else 0  # one host slot stages the images of evicted live sequences

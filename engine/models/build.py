@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ignis.engine.loader import LoadedCheckpoint, load_checkpoint
+from ignis.engine.models.loader import LoadedCheckpoint, load_checkpoint
 from ignis.engine.models.hybrid import HybridModel
 from ignis.kernels.backend import Ops
 

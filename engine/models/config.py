@@ -18,8 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PAGE_TOKENS = 64
-"""Tokens per KV page: the unit of sharing, charging and reuse."""
+from ignis.engine.page_pool import PAGE_TOKENS  # noqa: F401 - sizes below are in whole pages
 
 FAMILY_BY_ARCHITECTURE = {
     "Qwen3_5ForCausalLM": "qwen3_5",

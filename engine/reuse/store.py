@@ -35,7 +35,7 @@ from ignis.engine.page_pool import PagePool, PoolExhausted
 from ignis.engine.reuse.entries import KINDS, Entry, SlotPool
 from ignis.engine.reuse.hashing import page_chain
 from ignis.engine.sequence_pages import SequencePages
-from ignis.engine.tiers.lower_index import WIRE_TIER, LowerIndex, LowerRecord, content_key
+from ignis.engine.reuse.lower_index import WIRE_TIER, LowerIndex, LowerRecord, content_key
 
 CLASS_KEEP = {"agent": 0, "interactive": 1}
 

@@ -21,7 +21,7 @@ import time
 
 from ignis.engine.reuse.store import RetainedStore
 from ignis.engine.tiers.client import TierClient
-from ignis.engine.tiers.lower_index import LowerIndex, content_key
+from ignis.engine.reuse.lower_index import LowerIndex, content_key
 from ignis.shared.tier_layout import BlockDesc, UnitLayout
 
 log = logging.getLogger("ignis.engine.tiers")

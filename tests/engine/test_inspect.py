@@ -158,7 +158,7 @@ def test_weight_bytes_from_headers(checkpoint_factory, capsys, kind):
 
 
 def test_weight_bytes_match_loader(qwen3_next_checkpoint, capsys):
-    from ignis.engine.loader import load_checkpoint
+    from ignis.engine.models.loader import load_checkpoint
 
     _, r = inspect_json(qwen3_next_checkpoint.path, capsys)
     assert r["weights"]["bytes"] == load_checkpoint(qwen3_next_checkpoint.path).weight_bytes

@@ -21,7 +21,7 @@ import random
 import pytest
 import torch
 
-from ignis.engine.cli import _kv_format, kv_stamp
+from ignis.engine.load_choices import kv_stamp, resolve_kv_format
 from ignis.engine.config import EngineConfig
 from ignis.shared.demo import ensure_demo_model
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
@@ -112,10 +112,10 @@ def test_head_shapes_the_format_refuses():
 
 def test_auto_falls_back_to_bf16_where_the_heads_do_not_fit():
     narrow = tiny_cfg(head_dim=16)
-    assert _kv_format(EngineConfig(), "cuda", narrow) == "bf16"
-    assert _kv_format(EngineConfig(), "cuda", tiny_cfg()) == HQ
+    assert resolve_kv_format(EngineConfig(), "cuda", narrow) == "bf16"
+    assert resolve_kv_format(EngineConfig(), "cuda", tiny_cfg()) == HQ
     with pytest.raises(ValueError, match="kv-format"):
-        _kv_format(EngineConfig(kv_format=HQ), "cpu", narrow)
+        resolve_kv_format(EngineConfig(kv_format=HQ), "cpu", narrow)
 
 
 def test_stamp_names_format_and_window():

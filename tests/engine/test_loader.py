@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ignis.engine.loader import load_checkpoint, resolve_dtype
+from ignis.engine.models.loader import load_checkpoint, resolve_dtype
 from ignis.engine.models.config import CheckpointError, load_config
 from ignis.engine.models.weights_spec import classify, expected_tensors, read_header
 from tests.engine.checkpoints import FAMILIES, canonical_state_dict

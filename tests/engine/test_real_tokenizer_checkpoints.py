@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ignis.engine.loader import load_checkpoint, load_tokenizer_files
+from ignis.engine.models.loader import load_checkpoint, load_tokenizer_files
 from ignis.engine.models.config import load_config
 from tests.support.real_tokenizer import FAMILIES, MAX_POSITIONS, TEMPLATE_FILES, token_ids
 

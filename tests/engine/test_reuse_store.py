@@ -241,7 +241,7 @@ class FakeTier:
 
 
 def with_lower(store, tier, floors=None):
-    from ignis.engine.tiers.lower_index import LowerIndex
+    from ignis.engine.reuse.lower_index import LowerIndex
 
     store.lower = LowerIndex(floors or {"ram": 64, "disk": 256})
     store.demote_hook, store.fetch_hook = tier.demote, tier.fetch
@@ -249,7 +249,7 @@ def with_lower(store, tier, floors=None):
 
 def lower_record(key: str, n: int, tier: str):
     """A lower-tier record of an interactive checkpoint over ``toks(n)``."""
-    from ignis.engine.tiers.lower_index import LowerRecord
+    from ignis.engine.reuse.lower_index import LowerRecord
 
     return LowerRecord(key, toks(n), "prompt_checkpoint", "interactive", True, tier)
 
@@ -316,7 +316,7 @@ def test_a_restore_that_misses_falls_back_to_the_device_match():
 
 
 def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
-    from ignis.engine.tiers.lower_index import LowerIndex
+    from ignis.engine.reuse.lower_index import LowerIndex
 
     index = LowerIndex({"ram": 64, "disk": 256})
 
