@@ -1,7 +1,7 @@
 """The engine <-> tierd wire protocol: typed request/reply messages over DEALER/ROUTER.
 
-Same framing and registry as the gateway protocol (``shared.wire_codec``): an
-orjson header with ``type`` and ``v``, no array frames, no pickle. Every
+Same codec as the gateway protocol (``shared.wire_codec``): an orjson header
+with ``type``, ``v`` and every field, no array frames, no pickle. Every
 request carries ``req`` (the engine's number for it) and every reply echoes
 it, so replies that finish out of order (a restore from disk after a demote
 to RAM) are matched without guessing.
@@ -30,7 +30,7 @@ from ignis.shared.wire import ErrorReply, Stats, StatsReply
 from ignis.shared.wire_codec import decode, encode, register
 from ignis.shared.wire_fields import (
     MAX_INT,
-    HeaderFields,
+    MAX_TEXT_CHARS,
     WireError,
     check_bool,
     check_choice,
@@ -58,9 +58,9 @@ REFUSAL_REASONS = ("protocol", "bad_layout", "not_ready", "stamp", "bad_request"
 MISSING_REASONS = ("unknown", "corrupt", "io_error")
 
 MAX_STAMP_CHARS = 512
-MAX_TEXT_CHARS = 8192
 MAX_KEYS = 1 << 16
 MAX_LAST_USED = 1e11  # unix seconds, year ~5138
+
 
 def _check_stamp(value: object) -> str:
     return check_str("stamp", value, MAX_STAMP_CHARS, allow_empty=False)
@@ -70,28 +70,12 @@ def _check_req(value: object) -> int:
     return check_int("req", value, 0, MAX_INT)
 
 
-class _Plain:
-    """Header = the dataclass fields as they are (tuples travel as JSON lists); no frames."""
-
-    FRAMES: ClassVar[int] = 0
-
-    def _header(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list):
-        return cls(**{f.name: h.take(f.name) for f in fields(cls)})
-
-
 # ----- engine -> tierd ------------------------------------------------------
 
 
 @register
 @dataclass(frozen=True)
-class Hello(_Plain):
+class Hello:
     """First message: the engine's exported blocks, its entry layout, stamp and family.
 
     ``block_bytes`` is the arena's allocation unit (the engine sends its page
@@ -132,23 +116,10 @@ class Hello(_Plain):
     def block(self, name: str) -> BlockDesc:
         return next(b for b in self.blocks if b.name == name)
 
-    def _header(self) -> dict:
-        return {**super()._header(), "blocks": [b.to_json() for b in self.blocks], "unit": self.unit.to_json()}
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> Hello:
-        raw = h.take("blocks")
-        if type(raw) is not list:
-            raise WireError("tier_hello.blocks must be a list")
-        unit = h.take_dict("unit", ("pages", "lane", "image"))
-        return cls(req=h.take("req"), protocol=h.take("protocol"), stamp=h.take("stamp"), family=h.take("family"),
-                   block_bytes=h.take("block_bytes"), blocks=tuple(BlockDesc.from_json(b) for b in raw),
-                   unit=UnitLayout(**unit))
-
 
 @register
 @dataclass(frozen=True)
-class Demote(_Plain):
+class Demote:
     """Prepare: copy ``source`` out of engine memory into ``target`` under ``key``.
 
     Ranking: ``kind`` (retained entries always go first), ``request_class``
@@ -179,7 +150,7 @@ class Demote(_Plain):
 
 @register
 @dataclass(frozen=True)
-class Restore(_Plain):
+class Restore:
     """Copy entry ``key`` into ``dest`` (same blocks, in the same order, as its source)."""
 
     TYPE: ClassVar[str] = "tier_restore"
@@ -198,7 +169,7 @@ class Restore(_Plain):
 
 @register
 @dataclass(frozen=True)
-class Drop(_Plain):
+class Drop:
     """Forget entry ``key`` in every tier."""
 
     TYPE: ClassVar[str] = "tier_drop"
@@ -213,7 +184,7 @@ class Drop(_Plain):
 
 @register
 @dataclass(frozen=True)
-class Lookup(_Plain):
+class Lookup:
     """Which of ``keys`` are held, and where."""
 
     TYPE: ClassVar[str] = "tier_lookup"
@@ -235,7 +206,7 @@ class Lookup(_Plain):
 
 @register
 @dataclass(frozen=True)
-class Welcome(_Plain):
+class Welcome:
     """Hello accepted: the arena and KV-disk this tierd offers (``disk_bytes`` 0 = KV-disk off)."""
 
     TYPE: ClassVar[str] = "tier_welcome"
@@ -260,7 +231,7 @@ def _check_tier(value: object) -> str:
 
 
 @dataclass(frozen=True)
-class _CopyDone(_Plain):
+class _CopyDone:
     """A copy is complete: ``key`` in ``tier``, ``nbytes`` of payload (the two answers differ by type only)."""
 
     req: int
@@ -293,7 +264,7 @@ class Restored(_CopyDone):
 
 @register
 @dataclass(frozen=True)
-class Missing(_Plain):
+class Missing:
     """A restore found nothing usable: never held or dropped ("unknown"), or a bad KV-disk file."""
 
     TYPE: ClassVar[str] = "tier_missing"
@@ -312,7 +283,7 @@ class Missing(_Plain):
 
 @register
 @dataclass(frozen=True)
-class Dropped(_Plain):
+class Dropped:
     """``key`` is gone from every tier; ``held`` says whether it was there."""
 
     TYPE: ClassVar[str] = "tier_dropped"
@@ -329,7 +300,7 @@ class Dropped(_Plain):
 
 @register
 @dataclass(frozen=True)
-class LookupReply(_Plain):
+class LookupReply:
     """Parallel to the Lookup's keys: the tier holding each (None: not held) and its payload bytes."""
 
     TYPE: ClassVar[str] = "tier_lookup_reply"
@@ -362,7 +333,7 @@ class LookupReply(_Plain):
 
 @register
 @dataclass(frozen=True)
-class TierRefused(_Plain):
+class TierRefused:
     """Request ``op`` (on ``key``; "" for hello and lookup) was not done; no byte moved."""
 
     TYPE: ClassVar[str] = "tier_refused"
