@@ -1,7 +1,8 @@
 """The engine <-> tierd wire protocol: typed request/reply messages over DEALER/ROUTER.
 
-Same codec as the gateway protocol (``shared.wire_codec``): an orjson header
-with ``type``, ``v`` and every field, no array frames, no pickle. Every
+A protocol of its own (``ENGINE_TIERD``: version, message types) on the one
+codec (``shared.wire_codec``): an orjson header with ``type``, ``v`` and every
+field, no array frames, no pickle. Every
 request carries ``req`` (the engine's number for it) and every reply echoes
 it, so replies that finish out of order (a restore from disk after a demote
 to RAM) are matched without guessing.
@@ -26,8 +27,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ignis.shared.tier_layout import MAX_BLOCKS, BlockDesc, UnitLayout, check_key, check_refs
-from ignis.shared.wire import ErrorReply, Stats, StatsReply
-from ignis.shared.wire_codec import decode, encode, register
+from ignis.shared.wire import Stats, StatsReply
+from ignis.shared.wire_codec import ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_INT,
     MAX_TEXT_CHARS,
@@ -42,8 +43,14 @@ from ignis.shared.wire_fields import (
 __all__ = [
     "TIER_PROTOCOL_VERSION", "BlockDesc", "UnitLayout", "Hello", "Demote", "Restore", "Drop", "Lookup",
     "Welcome", "Demoted", "Restored", "Missing", "Dropped", "LookupReply", "TierRefused", "Stats",
-    "StatsReply", "ErrorReply", "ENGINE_TO_TIERD", "TIERD_TO_ENGINE", "WireError", "encode", "decode",
+    "StatsReply", "ErrorReply", "ENGINE_TO_TIERD", "TIERD_TO_ENGINE", "ENGINE_TIERD", "WireError", "encode",
+    "decode",
 ]
+
+ENGINE_TIERD = WireProtocol("engine-tierd", version=1)
+"""Header ``v`` stays 1; the contract's version travels in ``Hello`` instead (``TIER_PROTOCOL_VERSION``),
+so a tierd of another version that can read the Hello refuses it in words (TierRefused, reason "protocol")."""
+ENGINE_TIERD.add(Stats, StatsReply)
 
 TIER_PROTOCOL_VERSION = 2
 """Version of the engine <-> tierd contract; checked at ``Hello``, bumped on any incompatible change."""
@@ -73,7 +80,7 @@ def _check_req(value: object) -> int:
 # ----- engine -> tierd ------------------------------------------------------
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Hello:
     """First message: the engine's exported blocks, its entry layout, stamp and family.
@@ -117,7 +124,7 @@ class Hello:
         return next(b for b in self.blocks if b.name == name)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Demote:
     """Prepare: copy ``source`` out of engine memory into ``target`` under ``key``.
@@ -148,7 +155,7 @@ class Demote:
         object.__setattr__(self, "last_used", check_float("last_used", self.last_used, 0.0, MAX_LAST_USED))
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Restore:
     """Copy entry ``key`` into ``dest`` (same blocks, in the same order, as its source)."""
@@ -167,7 +174,7 @@ class Restore:
         object.__setattr__(self, "dest", check_refs("dest", self.dest))
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Drop:
     """Forget entry ``key`` in every tier."""
@@ -182,7 +189,7 @@ class Drop:
         check_key(self.key)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Lookup:
     """Which of ``keys`` are held, and where."""
@@ -204,7 +211,7 @@ class Lookup:
 # ----- tierd -> engine ------------------------------------------------------
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Welcome:
     """Hello accepted: the arena and KV-disk this tierd offers (``disk_bytes`` 0 = KV-disk off)."""
@@ -246,7 +253,7 @@ class _CopyDone:
         check_int("nbytes", self.nbytes, 0, MAX_INT)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Demoted(_CopyDone):
     """The copy out of engine memory is complete: ``key`` is held in ``tier``."""
@@ -254,7 +261,7 @@ class Demoted(_CopyDone):
     TYPE: ClassVar[str] = "tier_demoted"
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Restored(_CopyDone):
     """The copy into engine memory is complete (read from ``tier``)."""
@@ -262,7 +269,7 @@ class Restored(_CopyDone):
     TYPE: ClassVar[str] = "tier_restored"
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Missing:
     """A restore found nothing usable: never held or dropped ("unknown"), or a bad KV-disk file."""
@@ -281,7 +288,7 @@ class Missing:
         check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Dropped:
     """``key`` is gone from every tier; ``held`` says whether it was there."""
@@ -298,7 +305,7 @@ class Dropped:
         check_bool("held", self.held)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class LookupReply:
     """Parallel to the Lookup's keys: the tier holding each (None: not held) and its payload bytes."""
@@ -331,7 +338,7 @@ class LookupReply:
         object.__setattr__(self, "nbytes", nbytes)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class TierRefused:
     """Request ``op`` (on ``key``; "" for hello and lookup) was not done; no byte moved."""
@@ -355,3 +362,6 @@ class TierRefused:
 
 ENGINE_TO_TIERD = (Hello, Demote, Restore, Drop, Lookup, Stats)
 TIERD_TO_ENGINE = (Welcome, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, StatsReply, ErrorReply)
+
+encode = ENGINE_TIERD.encode
+decode = ENGINE_TIERD.decode

@@ -1,6 +1,7 @@
 """The gateway <-> engine wire protocol: typed messages and their ZeroMQ framing.
 
-A message is a ZeroMQ multipart message (framing: ``shared.wire_codec``):
+A protocol of its own (``GATEWAY_ENGINE``: version, message types) on the one
+codec (``shared.wire_codec``). A message is a ZeroMQ multipart message:
 
     frame 0    orjson header {"type": <name>, "v": PROTOCOL_VERSION, <fields>...}
     frame 1    Generate: prompt_ids; TokenBatch: every stream's tokens
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ignis.shared.sampling import SamplingParams
-from ignis.shared.wire_codec import PROTOCOL_VERSION, decode, encode, register
+from ignis.shared.wire_codec import ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_FRAME_TOKENS,
     MAX_TEXT_CHARS,
@@ -49,8 +50,12 @@ from ignis.shared.wire_values import check_field_names
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "Finished", "Refused",
-    "ErrorReply", "StatsReply", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "encode", "decode", "register",
+    "ErrorReply", "StatsReply", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
+
+GATEWAY_ENGINE = WireProtocol("gateway-engine", version=1)
+PROTOCOL_VERSION = GATEWAY_ENGINE.version
+"""Bumped on any incompatible change; a peer speaking another version is refused, message by message."""
 
 MAX_ID_CHARS = 256
 MAX_STATS = 1024
@@ -67,7 +72,7 @@ def _check_id(value: object, name: str = "id") -> str:
 # ----- gateway -> engine ---------------------------------------------------
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Generate:
     """Start one completion stream.
@@ -110,7 +115,7 @@ class Generate:
             check_str("model", self.model, MAX_ID_CHARS, allow_empty=False)
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Abort:
     """Stop a stream (client went away, or the gateway gave up on it)."""
@@ -123,7 +128,7 @@ class Abort:
         _check_id(self.id)
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Stats:
     """Ask the engine for a StatsReply."""
@@ -134,7 +139,7 @@ class Stats:
 # ----- engine -> gateway ---------------------------------------------------
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class TokenBatch:
     """Every stream's new tokens from one engine round, in one message.
@@ -188,7 +193,7 @@ class TokenBatch:
         return cls(streams=tuple(streams))
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Finished:
     """The last message of a stream: why it ended, what it cost, what it reused."""
@@ -211,7 +216,7 @@ class Finished:
         check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Refused:
     """A Generate the engine will not run; nothing was started for it."""
@@ -228,20 +233,7 @@ class Refused:
         check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-@register
-@dataclass(frozen=True)
-class ErrorReply:
-    """Answer to input that could not be decoded at all (no request id is trusted)."""
-
-    TYPE: ClassVar[str] = "error"
-
-    message: str
-
-    def __post_init__(self):
-        check_str("message", self.message, MAX_TEXT_CHARS)
-
-
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class StatsReply:
     """Named engine counters and gauges (finite numbers only)."""
@@ -268,3 +260,5 @@ class StatsReply:
 GATEWAY_TO_ENGINE = (Generate, Abort, Stats)
 ENGINE_TO_GATEWAY = (TokenBatch, Finished, Refused, ErrorReply, StatsReply)
 
+encode = GATEWAY_ENGINE.encode
+decode = GATEWAY_ENGINE.decode

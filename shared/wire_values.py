@@ -53,6 +53,8 @@ def to_json(value: object) -> object:
 
 def from_json(kind: object, value: object, name: str) -> object:
     """``value`` (decoded JSON) as declared type ``kind``; anything else is refused."""
+    if typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]  # e.g. TokenFrame read from JSON: its plain type
     if kind in _NAMES:
         ok = type(value) is kind or (kind is float and type(value) is int)
         if not ok:
