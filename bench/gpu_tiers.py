@@ -44,11 +44,12 @@ def _child(spec: dict) -> dict:
     import numpy as np
 
     from ignis.shared.tier_layout import BlockDesc, UnitLayout
+    from ignis.shared.wire_values import dataclass_from_json
     from ignis.tierd.arena import Arena
     from ignis.tierd.copier import make_backend, plan_spans
     from ignis.tierd.memory_map import EngineMemory
 
-    blocks = tuple(BlockDesc.from_json(b) for b in spec["blocks"])
+    blocks = tuple(dataclass_from_json(BlockDesc, b, f"blocks[{i}]") for i, b in enumerate(spec["blocks"]))
     memory = EngineMemory(blocks, UnitLayout(pages="kv", lane=("slot",), image=None))
     arena = Arena(spec["arena_bytes"], lock="try")
     try:
@@ -112,6 +113,7 @@ def run(device: str, mib: int) -> tuple[bool, dict]:
 
     from ignis.engine.host_memory import HostBlock
     from ignis.shared.tier_layout import BlockDesc
+    from ignis.shared.wire_values import to_json
 
     pages = max(16, (mib << 20) // (RUNS * PAGE_BYTES))
     slots, slot_bytes = 4, 3 * 4096 + 17  # an odd item size: spans cut across arena blocks
@@ -137,7 +139,7 @@ def run(device: str, mib: int) -> tuple[bool, dict]:
         slot = slot_block.tensor
         slot.copy_(torch.randint(0, 256, slot.shape, dtype=torch.uint8, generator=gen))
         src_pages, dst_pages = [3, 0, 7], [9, 12, 5]
-        spec = {"blocks": [kv_desc.to_json(), slot_desc.to_json()], "block_bytes": 4 * PAGE_BYTES,
+        spec = {"blocks": [to_json(kv_desc), to_json(slot_desc)], "block_bytes": 4 * PAGE_BYTES,
                 "arena_bytes": (pages + 8) * RUNS * PAGE_BYTES, "src_pages": src_pages, "src_slot": 1,
                 "dst_pages": dst_pages, "dst_slot": 2, "bulk_pages": list(range(pages))}
         if device == "cuda":

@@ -11,7 +11,7 @@ No torch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 from ignis.shared.wire_fields import (
     MAX_TOKEN_ID,
@@ -82,17 +82,3 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-    @staticmethod
-    def json_keys() -> tuple[str, ...]:
-        return tuple(f.name for f in fields(SamplingParams))
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["stop_token_ids"] = list(self.stop_token_ids)
-        return out
-
-    @classmethod
-    def from_json(cls, obj: dict) -> SamplingParams:
-        """Build from a dict holding exactly ``json_keys()`` (checked by the caller)."""
-        return cls(**obj)

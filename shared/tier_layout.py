@@ -14,7 +14,7 @@ Pure Python; every check raises ValueError or TypeError with the field's name.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ignis.shared.wire_fields import check_choice, check_int
 
@@ -109,16 +109,6 @@ class BlockDesc:
         """Bytes from the block's start to the end of its last run: the least memory it must have."""
         return (self.runs - 1) * self.run_stride_bytes + self.items * self.item_bytes
 
-    def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, value: object) -> BlockDesc:
-        names = {f.name for f in fields(cls)}
-        if type(value) is not dict or value.keys() != names:
-            raise ValueError(f"a block descriptor is an object with exactly {', '.join(sorted(names))}")
-        return cls(**value)
-
 
 @dataclass(frozen=True)
 class UnitLayout:
@@ -146,6 +136,3 @@ class UnitLayout:
             raise ValueError("unit layout names no block")
         if len(set(named)) != len(named):
             raise ValueError(f"unit layout uses a block twice: {named}")
-
-    def to_json(self) -> dict:
-        return {"pages": self.pages, "lane": list(self.lane), "image": self.image}

@@ -1,7 +1,8 @@
 """The engine <-> tierd wire protocol: typed request/reply messages over DEALER/ROUTER.
 
-Same framing and registry as the gateway protocol (``shared.wire_codec``): an
-orjson header with ``type`` and ``v``, no array frames, no pickle. Every
+A protocol of its own (``ENGINE_TIERD``: version, message types) on the one
+codec (``shared.wire_codec``): an orjson header with ``type``, ``v`` and every
+field, no array frames, no pickle. Every
 request carries ``req`` (the engine's number for it) and every reply echoes
 it, so replies that finish out of order (a restore from disk after a demote
 to RAM) are matched without guessing.
@@ -26,11 +27,11 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ignis.shared.tier_layout import MAX_BLOCKS, BlockDesc, UnitLayout, check_key, check_refs
-from ignis.shared.wire import ErrorReply, Stats, StatsReply
-from ignis.shared.wire_codec import decode, encode, register
+from ignis.shared.wire import Stats, StatsReply
+from ignis.shared.wire_codec import ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_INT,
-    HeaderFields,
+    MAX_TEXT_CHARS,
     WireError,
     check_bool,
     check_choice,
@@ -42,8 +43,14 @@ from ignis.shared.wire_fields import (
 __all__ = [
     "TIER_PROTOCOL_VERSION", "BlockDesc", "UnitLayout", "Hello", "Demote", "Restore", "Drop", "Lookup",
     "Welcome", "Demoted", "Restored", "Missing", "Dropped", "LookupReply", "TierRefused", "Stats",
-    "StatsReply", "ErrorReply", "ENGINE_TO_TIERD", "TIERD_TO_ENGINE", "WireError", "encode", "decode",
+    "StatsReply", "ErrorReply", "ENGINE_TO_TIERD", "TIERD_TO_ENGINE", "ENGINE_TIERD", "WireError", "encode",
+    "decode",
 ]
+
+ENGINE_TIERD = WireProtocol("engine-tierd", version=1)
+"""Header ``v`` stays 1; the contract's version travels in ``Hello`` instead (``TIER_PROTOCOL_VERSION``),
+so a tierd of another version that can read the Hello refuses it in words (TierRefused, reason "protocol")."""
+ENGINE_TIERD.add(Stats, StatsReply)
 
 TIER_PROTOCOL_VERSION = 2
 """Version of the engine <-> tierd contract; checked at ``Hello``, bumped on any incompatible change."""
@@ -58,9 +65,9 @@ REFUSAL_REASONS = ("protocol", "bad_layout", "not_ready", "stamp", "bad_request"
 MISSING_REASONS = ("unknown", "corrupt", "io_error")
 
 MAX_STAMP_CHARS = 512
-MAX_TEXT_CHARS = 8192
 MAX_KEYS = 1 << 16
 MAX_LAST_USED = 1e11  # unix seconds, year ~5138
+
 
 def _check_stamp(value: object) -> str:
     return check_str("stamp", value, MAX_STAMP_CHARS, allow_empty=False)
@@ -70,28 +77,12 @@ def _check_req(value: object) -> int:
     return check_int("req", value, 0, MAX_INT)
 
 
-class _Plain:
-    """Header = the dataclass fields as they are (tuples travel as JSON lists); no frames."""
-
-    FRAMES: ClassVar[int] = 0
-
-    def _header(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list):
-        return cls(**{f.name: h.take(f.name) for f in fields(cls)})
-
-
 # ----- engine -> tierd ------------------------------------------------------
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Hello(_Plain):
+class Hello:
     """First message: the engine's exported blocks, its entry layout, stamp and family.
 
     ``block_bytes`` is the arena's allocation unit (the engine sends its page
@@ -132,23 +123,10 @@ class Hello(_Plain):
     def block(self, name: str) -> BlockDesc:
         return next(b for b in self.blocks if b.name == name)
 
-    def _header(self) -> dict:
-        return {**super()._header(), "blocks": [b.to_json() for b in self.blocks], "unit": self.unit.to_json()}
 
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> Hello:
-        raw = h.take("blocks")
-        if type(raw) is not list:
-            raise WireError("tier_hello.blocks must be a list")
-        unit = h.take_dict("unit", ("pages", "lane", "image"))
-        return cls(req=h.take("req"), protocol=h.take("protocol"), stamp=h.take("stamp"), family=h.take("family"),
-                   block_bytes=h.take("block_bytes"), blocks=tuple(BlockDesc.from_json(b) for b in raw),
-                   unit=UnitLayout(**unit))
-
-
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Demote(_Plain):
+class Demote:
     """Prepare: copy ``source`` out of engine memory into ``target`` under ``key``.
 
     Ranking: ``kind`` (retained entries always go first), ``request_class``
@@ -177,9 +155,9 @@ class Demote(_Plain):
         object.__setattr__(self, "last_used", check_float("last_used", self.last_used, 0.0, MAX_LAST_USED))
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Restore(_Plain):
+class Restore:
     """Copy entry ``key`` into ``dest`` (same blocks, in the same order, as its source)."""
 
     TYPE: ClassVar[str] = "tier_restore"
@@ -196,9 +174,9 @@ class Restore(_Plain):
         object.__setattr__(self, "dest", check_refs("dest", self.dest))
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Drop(_Plain):
+class Drop:
     """Forget entry ``key`` in every tier."""
 
     TYPE: ClassVar[str] = "tier_drop"
@@ -211,9 +189,9 @@ class Drop(_Plain):
         check_key(self.key)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Lookup(_Plain):
+class Lookup:
     """Which of ``keys`` are held, and where."""
 
     TYPE: ClassVar[str] = "tier_lookup"
@@ -233,9 +211,9 @@ class Lookup(_Plain):
 # ----- tierd -> engine ------------------------------------------------------
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Welcome(_Plain):
+class Welcome:
     """Hello accepted: the arena and KV-disk this tierd offers (``disk_bytes`` 0 = KV-disk off)."""
 
     TYPE: ClassVar[str] = "tier_welcome"
@@ -260,7 +238,7 @@ def _check_tier(value: object) -> str:
 
 
 @dataclass(frozen=True)
-class _CopyDone(_Plain):
+class _CopyDone:
     """A copy is complete: ``key`` in ``tier``, ``nbytes`` of payload (the two answers differ by type only)."""
 
     req: int
@@ -275,7 +253,7 @@ class _CopyDone(_Plain):
         check_int("nbytes", self.nbytes, 0, MAX_INT)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Demoted(_CopyDone):
     """The copy out of engine memory is complete: ``key`` is held in ``tier``."""
@@ -283,7 +261,7 @@ class Demoted(_CopyDone):
     TYPE: ClassVar[str] = "tier_demoted"
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Restored(_CopyDone):
     """The copy into engine memory is complete (read from ``tier``)."""
@@ -291,9 +269,9 @@ class Restored(_CopyDone):
     TYPE: ClassVar[str] = "tier_restored"
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Missing(_Plain):
+class Missing:
     """A restore found nothing usable: never held or dropped ("unknown"), or a bad KV-disk file."""
 
     TYPE: ClassVar[str] = "tier_missing"
@@ -310,9 +288,9 @@ class Missing(_Plain):
         check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class Dropped(_Plain):
+class Dropped:
     """``key`` is gone from every tier; ``held`` says whether it was there."""
 
     TYPE: ClassVar[str] = "tier_dropped"
@@ -327,9 +305,9 @@ class Dropped(_Plain):
         check_bool("held", self.held)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class LookupReply(_Plain):
+class LookupReply:
     """Parallel to the Lookup's keys: the tier holding each (None: not held) and its payload bytes."""
 
     TYPE: ClassVar[str] = "tier_lookup_reply"
@@ -360,9 +338,9 @@ class LookupReply(_Plain):
         object.__setattr__(self, "nbytes", nbytes)
 
 
-@register
+@ENGINE_TIERD.message
 @dataclass(frozen=True)
-class TierRefused(_Plain):
+class TierRefused:
     """Request ``op`` (on ``key``; "" for hello and lookup) was not done; no byte moved."""
 
     TYPE: ClassVar[str] = "tier_refused"
@@ -384,3 +362,6 @@ class TierRefused(_Plain):
 
 ENGINE_TO_TIERD = (Hello, Demote, Restore, Drop, Lookup, Stats)
 TIERD_TO_ENGINE = (Welcome, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, StatsReply, ErrorReply)
+
+encode = ENGINE_TIERD.encode
+decode = ENGINE_TIERD.decode

@@ -1,9 +1,11 @@
 """The gateway <-> engine wire protocol: typed messages and their ZeroMQ framing.
 
-A message is a ZeroMQ multipart message:
+A protocol of its own (``GATEWAY_ENGINE``: version, message types) on the one
+codec (``shared.wire_codec``). A message is a ZeroMQ multipart message:
 
     frame 0    orjson header {"type": <name>, "v": PROTOCOL_VERSION, <fields>...}
-    frame 1..  raw little-endian int32 arrays (see ``shared.wire_fields``)
+    frame 1    Generate: prompt_ids; TokenBatch: every stream's tokens
+               (raw little-endian int32, see ``shared.wire_fields``)
 
 No pickle anywhere. ``encode(msg) -> list[bytes]`` and
 ``decode(frames) -> msg``; decode raises ``WireError`` (never anything else)
@@ -17,22 +19,21 @@ Directions:
     engine -> gateway   TokenBatch, Finished, Refused, ErrorReply, StatsReply
 
 ``n`` (several choices) is not a field: the gateway fans a request out into
-one Generate per choice. The framing itself (header, version, type registry)
-is ``shared.wire_codec``; other message families (engine <-> tierd) register
-their classes there and share ``encode``/``decode``, re-exported here.
+one Generate per choice.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 from ignis.shared.sampling import SamplingParams
-from ignis.shared.wire_codec import PROTOCOL_VERSION, decode, encode, register
+from ignis.shared.wire_codec import ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_FRAME_TOKENS,
-    HeaderFields,
+    MAX_TEXT_CHARS,
+    TokenFrame,
     WireError,
     check_choice,
     check_float,
@@ -44,20 +45,25 @@ from ignis.shared.wire_fields import (
     tokens_to_frame,
 )
 from ignis.shared.wire_parts import ReuseInfo, StreamTokens, Timings, TokenLogprobs, Usage
+from ignis.shared.wire_values import check_field_names
 
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "Finished", "Refused",
-    "ErrorReply", "StatsReply", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "encode", "decode", "register",
+    "ErrorReply", "StatsReply", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
 
+GATEWAY_ENGINE = WireProtocol("gateway-engine", version=1)
+PROTOCOL_VERSION = GATEWAY_ENGINE.version
+"""Bumped on any incompatible change; a peer speaking another version is refused, message by message."""
+
 MAX_ID_CHARS = 256
-MAX_TEXT_CHARS = 8192
 MAX_STATS = 1024
 
 REQUEST_CLASSES = ("interactive", "agent")
 FINISH_REASONS = ("stop", "length", "abort", "error")
 REFUSAL_REASONS = ("queue_full", "too_long", "bad_request", "unknown_model", "shutting_down")
+
 
 def _check_id(value: object, name: str = "id") -> str:
     return check_str(name, value, MAX_ID_CHARS, allow_empty=False)
@@ -66,7 +72,7 @@ def _check_id(value: object, name: str = "id") -> str:
 # ----- gateway -> engine ---------------------------------------------------
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Generate:
     """Start one completion stream.
@@ -79,10 +85,9 @@ class Generate:
     """
 
     TYPE: ClassVar[str] = "generate"
-    FRAMES: ClassVar[int] = 1  # the prompt token ids
 
     id: str
-    prompt_ids: tuple[int, ...]
+    prompt_ids: TokenFrame
     sampling: SamplingParams
     system_end: int | None = None
     opener_start: int | None = None
@@ -109,73 +114,32 @@ class Generate:
         if self.model is not None:
             check_str("model", self.model, MAX_ID_CHARS, allow_empty=False)
 
-    def _header(self) -> dict:
-        return {
-            "id": self.id, "sampling": self.sampling.to_json(), "system_end": self.system_end,
-            "opener_start": self.opener_start, "last_is_user": self.last_is_user,
-            "request_class": self.request_class, "model": self.model,
-        }
 
-    def _frames(self) -> list[bytes]:
-        return [tokens_to_frame(self.prompt_ids)]
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> Generate:
-        sampling = SamplingParams.from_json(h.take_dict("sampling", SamplingParams.json_keys()))
-        return cls(
-            id=h.take("id"), prompt_ids=frame_to_tokens("prompt", frames[0]), sampling=sampling,
-            system_end=h.take("system_end"), opener_start=h.take("opener_start"),
-            last_is_user=h.take("last_is_user"), request_class=h.take("request_class"), model=h.take("model"),
-        )
-
-
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Abort:
     """Stop a stream (client went away, or the gateway gave up on it)."""
 
     TYPE: ClassVar[str] = "abort"
-    FRAMES: ClassVar[int] = 0
 
     id: str
 
     def __post_init__(self):
         _check_id(self.id)
 
-    def _header(self) -> dict:
-        return {"id": self.id}
 
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> Abort:
-        return cls(id=h.take("id"))
-
-
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Stats:
     """Ask the engine for a StatsReply."""
 
     TYPE: ClassVar[str] = "stats"
-    FRAMES: ClassVar[int] = 0
-
-    def _header(self) -> dict:
-        return {}
-
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> Stats:
-        return cls()
 
 
 # ----- engine -> gateway ---------------------------------------------------
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class TokenBatch:
     """Every stream's new tokens from one engine round, in one message.
@@ -188,7 +152,7 @@ class TokenBatch:
     """
 
     TYPE: ClassVar[str] = "token_batch"
-    FRAMES: ClassVar[int] = 1
+    FRAMES: ClassVar[int] = 1  # all the streams' tokens, concatenated
 
     streams: tuple[StreamTokens, ...]
 
@@ -202,18 +166,16 @@ class TokenBatch:
             raise ValueError(f"a TokenBatch holds at most {MAX_FRAME_TOKENS} tokens")
         object.__setattr__(self, "streams", streams)
 
-    def _header(self) -> dict:
-        header = {"ids": [s.id for s in self.streams], "counts": [len(s.token_ids) for s in self.streams]}
+    def to_wire(self) -> tuple[dict, list[bytes]]:
+        fields = {"ids": [s.id for s in self.streams], "counts": [len(s.token_ids) for s in self.streams]}
         if any(s.logprobs is not None for s in self.streams):
-            header["logprobs"] = [None if s.logprobs is None else s.logprobs.to_json() for s in self.streams]
-        return header
-
-    def _frames(self) -> list[bytes]:
-        return [tokens_to_frame([t for s in self.streams for t in s.token_ids])]
+            fields["logprobs"] = [None if s.logprobs is None else s.logprobs.to_json() for s in self.streams]
+        return fields, [tokens_to_frame([t for s in self.streams for t in s.token_ids])]
 
     @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> TokenBatch:
-        ids, counts, lps = h.take("ids"), h.take("counts"), h.take_opt("logprobs")
+    def from_wire(cls, fields: dict, frames: list) -> TokenBatch:
+        check_field_names(fields, ("ids", "counts"), optional=("logprobs",))
+        ids, counts, lps = fields["ids"], fields["counts"], fields.get("logprobs")
         if type(ids) is not list or type(counts) is not list or len(ids) != len(counts):
             raise WireError("token_batch ids and counts must be lists of the same length")
         if lps is not None and (type(lps) is not list or len(lps) != len(ids)):
@@ -231,13 +193,12 @@ class TokenBatch:
         return cls(streams=tuple(streams))
 
 
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Finished:
     """The last message of a stream: why it ended, what it cost, what it reused."""
 
     TYPE: ClassVar[str] = "finished"
-    FRAMES: ClassVar[int] = 0
 
     id: str
     finish_reason: str
@@ -254,32 +215,13 @@ class Finished:
                 raise TypeError(f"{name} must be {kind.__name__}")
         check_str("message", self.message, MAX_TEXT_CHARS)
 
-    def _header(self) -> dict:
-        return {
-            "id": self.id, "finish_reason": self.finish_reason, "usage": self.usage.to_json(),
-            "reuse": self.reuse.to_json(), "timings": self.timings.to_json(), "message": self.message,
-        }
 
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> Finished:
-        return cls(
-            id=h.take("id"), finish_reason=h.take("finish_reason"),
-            usage=Usage(**h.take_dict("usage", _names(Usage))),
-            reuse=ReuseInfo(**h.take_dict("reuse", _names(ReuseInfo))),
-            timings=Timings(**h.take_dict("timings", _names(Timings))), message=h.take("message"),
-        )
-
-
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Refused:
     """A Generate the engine will not run; nothing was started for it."""
 
     TYPE: ClassVar[str] = "refused"
-    FRAMES: ClassVar[int] = 0
 
     id: str
     reason: str  # one of REFUSAL_REASONS
@@ -290,48 +232,13 @@ class Refused:
         check_choice("reason", self.reason, REFUSAL_REASONS)
         check_str("message", self.message, MAX_TEXT_CHARS)
 
-    def _header(self) -> dict:
-        return {"id": self.id, "reason": self.reason, "message": self.message}
 
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> Refused:
-        return cls(id=h.take("id"), reason=h.take("reason"), message=h.take("message"))
-
-
-@register
-@dataclass(frozen=True)
-class ErrorReply:
-    """Answer to input that could not be decoded at all (no request id is trusted)."""
-
-    TYPE: ClassVar[str] = "error"
-    FRAMES: ClassVar[int] = 0
-
-    message: str
-
-    def __post_init__(self):
-        check_str("message", self.message, MAX_TEXT_CHARS)
-
-    def _header(self) -> dict:
-        return {"message": self.message}
-
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> ErrorReply:
-        return cls(message=h.take("message"))
-
-
-@register
+@GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class StatsReply:
     """Named engine counters and gauges (finite numbers only)."""
 
     TYPE: ClassVar[str] = "stats_reply"
-    FRAMES: ClassVar[int] = 0
 
     values: dict
 
@@ -349,20 +256,9 @@ class StatsReply:
             elif type(v) is not int or abs(v) > 2**63 - 1:
                 raise TypeError(f"stat {k} must be a finite number, got {v!r}")
 
-    def _header(self) -> dict:
-        return {"values": self.values}
-
-    def _frames(self) -> list[bytes]:
-        return []
-
-    @classmethod
-    def _decode(cls, h: HeaderFields, frames: list) -> StatsReply:
-        return cls(values=h.take("values"))
-
 
 GATEWAY_TO_ENGINE = (Generate, Abort, Stats)
 ENGINE_TO_GATEWAY = (TokenBatch, Finished, Refused, ErrorReply, StatsReply)
 
-
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+encode = GATEWAY_ENGINE.encode
+decode = GATEWAY_ENGINE.decode

@@ -1,49 +1,166 @@
-"""Multipart framing of wire messages: header frame, version check, type registry.
+"""The one wire codec: typed dataclass messages as ZeroMQ multipart frames, for every protocol.
 
-    frame 0    orjson header {"type": <name>, "v": PROTOCOL_VERSION, <fields>...}
-    frame 1..  raw little-endian arrays (``shared.wire_fields``), as many as the type declares
+    frame 0    orjson header {"type": <TYPE>, "v": <protocol's version>, <field>: <JSON value>, ...}
+    frame 1..  one raw little-endian int32 frame per ``TokenFrame`` field, in field order
+               (``shared.wire_fields``)
 
-A message class registers itself with ``register`` and provides ``TYPE`` (its
-header name), ``FRAMES`` (how many array frames follow the header),
-``_header()`` (its JSON fields), ``_frames()`` and ``_decode(fields, frames)``.
-``decode`` raises ``WireError`` and nothing else, whatever it is given.
+A message is a frozen dataclass with a ``TYPE`` name. By default its fields
+travel in the header in declaration order, each as ``shared.wire_values``
+maps its declared type to JSON and back (strictly), except ``TokenFrame``
+fields, which travel as frames. Every field is in every header: none may be
+left out, none added. A class whose layout is not one value per field
+(``TokenBatch``: columns plus one frame for all streams) defines ``FRAMES``,
+``to_wire() -> (fields, frames)`` and ``from_wire(fields, frames)`` instead.
+
+A ``WireProtocol`` is one conversation (gateway <-> engine in
+``shared.wire``, engine <-> tierd in ``shared.tier_wire``): its version and
+its message types. ``decode`` raises ``WireError`` and nothing else, whatever
+it is given. No pickle.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+from typing import ClassVar
+
 import orjson
 
-from ignis.shared.wire_fields import HeaderFields, WireError
-
-PROTOCOL_VERSION = 1
-"""Bumped on any incompatible change; a peer speaking another version is refused."""
+from ignis.shared.wire_fields import (
+    MAX_TEXT_CHARS,
+    TokenFrame,
+    WireError,
+    check_str,
+    frame_to_tokens,
+    tokens_to_frame,
+)
+from ignis.shared.wire_values import check_field_names, field_types, from_json, to_json
 
 MAX_HEADER_BYTES = 16 << 20
 
-_REGISTRY: dict[str, type] = {}
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """Answer to input that could not be decoded at all (no request id is trusted); in every protocol."""
+
+    TYPE: ClassVar[str] = "error"
+
+    message: str
+
+    def __post_init__(self):
+        check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-def register(cls: type) -> type:
-    """Class decorator: make ``cls`` (with ``TYPE``, ``FRAMES``, ``_header``, ``_frames``, ``_decode``) decodable."""
-    if cls.TYPE in _REGISTRY:
-        raise ValueError(f"wire message type {cls.TYPE!r} is registered twice")
-    _REGISTRY[cls.TYPE] = cls
-    return cls
+class WireProtocol:
+    """One conversation's version and message types, and ``encode``/``decode`` for them.
 
-
-def encode(msg: object) -> list[bytes]:
-    """The frames of ``msg``: header first, then its array frames."""
-    if type(msg) not in _REGISTRY.values():
-        raise WireError(f"{type(msg).__name__} is not a wire message")
-    header = {"type": msg.TYPE, "v": PROTOCOL_VERSION, **msg._header()}
-    return [orjson.dumps(header), *msg._frames()]
-
-
-def decode(frames: object, accept: tuple[type, ...] | None = None) -> object:
-    """Decode one multipart message; ``accept`` limits the types allowed here.
-
-    Raises ``WireError`` with a clear message for anything malformed.
+    ``version`` is stamped as ``v`` in every header and checked first on every
+    message: a peer speaking another version is refused. Type names are unique
+    within a protocol; a class may belong to several (``ErrorReply``, the
+    answer to garbage, belongs to every one).
     """
+
+    def __init__(self, name: str, version: int):
+        self.name = name
+        self.version = version
+        self._types: dict[str, type] = {}
+        _PROTOCOLS.append(self)
+        self.add(ErrorReply)
+
+    def add(self, *classes: type) -> None:
+        """Make dataclasses ``classes`` (each with a ``TYPE``) messages of this protocol; sets ``FRAMES``."""
+        for cls in classes:
+            if self._types.get(cls.TYPE, cls) is not cls:
+                raise ValueError(f"{self.name}: message type {cls.TYPE!r} is registered twice")
+            layout = _layout(cls)
+            if not layout.custom:
+                cls.FRAMES = len(layout.frames)
+            self._types[cls.TYPE] = cls
+
+    def message(self, cls: type) -> type:
+        """Class decorator: ``add(cls)``."""
+        self.add(cls)
+        return cls
+
+    def speaks(self, cls: type) -> bool:
+        return self._types.get(getattr(cls, "TYPE", None)) is cls
+
+    def encode(self, msg: object) -> list[bytes]:
+        """The frames of ``msg``: header first, then its array frames."""
+        cls = type(msg)
+        if not self.speaks(cls):
+            raise WireError(f"{cls.__name__} is not a wire message of the {self.name} protocol")
+        layout = _layout(cls)
+        if layout.custom:
+            fields, frames = msg.to_wire()
+        else:
+            fields = {n: to_json(getattr(msg, n)) for n, _ in layout.header}
+            frames = [tokens_to_frame(getattr(msg, n)) for n in layout.frames]
+        return [orjson.dumps({"type": cls.TYPE, "v": self.version, **fields}), *frames]
+
+    def decode(self, frames: object, accept: tuple[type, ...] | None = None) -> object:
+        """Decode one multipart message; ``accept`` limits the types allowed here.
+
+        Raises ``WireError`` with a clear message for anything malformed.
+        """
+        header = _read_header(frames)
+        version = header.get("v")
+        if version != self.version or type(version) is not int:
+            raise WireError(f"protocol version {version!r}, this side speaks {self.version}")
+        type_name = header.get("type")
+        cls = self._types.get(type_name) if type(type_name) is str else None
+        if cls is None:
+            raise WireError(f"unknown message type {type_name!r}")
+        if accept is not None and cls not in accept:
+            raise WireError(f"message type {type_name!r} is not accepted on this socket")
+        if len(frames) != 1 + cls.FRAMES:
+            raise WireError(f"{type_name} message has {len(frames)} frames, expected {1 + cls.FRAMES}")
+        fields = {k: v for k, v in header.items() if k != "type" and k != "v"}
+        try:
+            return _build(cls, fields, list(frames[1:]))
+        except WireError:
+            raise
+        except (TypeError, ValueError, OverflowError) as e:
+            raise WireError(f"bad {type_name} message: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"WireProtocol({self.name!r}, version={self.version})"
+
+
+_PROTOCOLS: list[WireProtocol] = []
+
+
+def protocol_of(classes: tuple[type, ...]) -> WireProtocol:
+    """The one protocol that has every class in ``classes`` (a channel's accepted types)."""
+    found = [p for p in _PROTOCOLS if all(p.speaks(cls) for cls in classes)]
+    if len(found) != 1:
+        names = ", ".join(getattr(cls, "__name__", repr(cls)) for cls in classes)
+        raise ValueError(f"{names} are messages of {len(found)} protocols {found}, not of exactly one")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a message class's fields travel: the header fields with their types, then the frame fields."""
+
+    header: tuple[tuple[str, object], ...]
+    frames: tuple[str, ...]
+    custom: bool  # the class packs itself (to_wire / from_wire); header and frames are empty
+
+
+@cache
+def _layout(cls: type) -> _Layout:
+    if hasattr(cls, "to_wire"):
+        if type(getattr(cls, "FRAMES", None)) is not int or not hasattr(cls, "from_wire"):
+            raise TypeError(f"{cls.__name__} packs itself: it needs FRAMES, to_wire and from_wire")
+        return _Layout((), (), custom=True)
+    fields = field_types(cls)
+    return _Layout(header=tuple((n, kind) for n, kind in fields if kind != TokenFrame),
+                   frames=tuple(n for n, kind in fields if kind == TokenFrame), custom=False)
+
+
+def _read_header(frames: object) -> dict:
+    """Frame 0 as a JSON object, after checking that ``frames`` is a list of byte frames."""
     if not isinstance(frames, (list, tuple)):
         raise WireError(f"a message is a list of frames, got {type(frames).__name__}")
     if not frames:
@@ -59,23 +176,15 @@ def decode(frames: object, accept: tuple[type, ...] | None = None) -> object:
         raise WireError(f"header frame is not JSON: {e}") from None
     if type(header) is not dict:
         raise WireError(f"header must be a JSON object, got {type(header).__name__}")
-    version = header.get("v")
-    if version != PROTOCOL_VERSION or type(version) is not int:
-        raise WireError(f"protocol version {version!r}, this side speaks {PROTOCOL_VERSION}")
-    type_name = header.get("type")
-    cls = _REGISTRY.get(type_name) if type(type_name) is str else None
-    if cls is None:
-        raise WireError(f"unknown message type {type_name!r}")
-    if accept is not None and cls not in accept:
-        raise WireError(f"message type {type_name!r} is not accepted on this socket")
-    if len(frames) != 1 + cls.FRAMES:
-        raise WireError(f"{type_name} message has {len(frames)} frames, expected {1 + cls.FRAMES}")
-    h = HeaderFields(header, type_name)
-    try:
-        msg = cls._decode(h, list(frames[1:]))
-        h.done()
-    except WireError:
-        raise
-    except (TypeError, ValueError, OverflowError) as e:
-        raise WireError(f"bad {type_name} message: {e}") from None
-    return msg
+    return header
+
+
+def _build(cls: type, fields: dict, frames: list) -> object:
+    layout = _layout(cls)
+    if layout.custom:
+        return cls.from_wire(fields, frames)
+    check_field_names(fields, (n for n, _ in layout.header))
+    values = {n: from_json(kind, fields[n], n) for n, kind in layout.header}
+    for n, frame in zip(layout.frames, frames):
+        values[n] = frame_to_tokens(n, frame)
+    return cls(**values)

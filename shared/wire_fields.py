@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Annotated
 
 import numpy as np
 
@@ -29,7 +30,13 @@ MAX_FRAME_TOKENS = 1 << 24
 MAX_INT = 2**63 - 1
 """Largest integer any header field may hold."""
 
+MAX_TEXT_CHARS = 8192
+"""Longest human-readable message (an error's or a refusal's words) any message carries."""
+
 TOKEN_DTYPE = np.dtype("<i4")
+
+TokenFrame = Annotated[tuple[int, ...], "int32 token ids, one array frame"]
+"""Declared type of a message field that travels as its own array frame (layout above), not in the header."""
 
 
 class WireError(ValueError):
@@ -143,42 +150,3 @@ def frame_to_tokens(name: str, frame: bytes | bytearray | memoryview) -> TokenId
     if arr.size and int(arr.min()) < 0:
         raise WireError(f"{name} frame holds a negative token id ({int(arr.min())})")
     return TokenIds(arr.tolist())
-
-
-class HeaderFields:
-    """Reads a decoded header's fields one by one; `done` refuses any field left unread."""
-
-    def __init__(self, header: dict, type_name: str):
-        self._header = header
-        self._type = type_name
-        self._seen = {"type", "v"}
-
-    def take(self, name: str) -> object:
-        if name not in self._header:
-            raise WireError(f"{self._type} message is missing field {name!r}")
-        self._seen.add(name)
-        return self._header[name]
-
-    def take_opt(self, name: str, default: object = None) -> object:
-        """A field the sender may leave out (it then means ``default``)."""
-        self._seen.add(name)
-        return self._header.get(name, default)
-
-    def take_dict(self, name: str, keys: Iterable[str]) -> dict:
-        """A nested object that must hold exactly ``keys``."""
-        value = self.take(name)
-        if type(value) is not dict:
-            raise WireError(f"{self._type}.{name} must be an object, got {type(value).__name__}")
-        keys = set(keys)
-        missing = sorted(keys - value.keys())
-        extra = sorted(map(str, value.keys() - keys))
-        if missing:
-            raise WireError(f"{self._type}.{name} is missing {', '.join(missing)}")
-        if extra:
-            raise WireError(f"{self._type}.{name} has unknown field(s) {', '.join(extra)}")
-        return value
-
-    def done(self) -> None:
-        extra = sorted(map(str, self._header.keys() - self._seen))
-        if extra:
-            raise WireError(f"{self._type} message has unknown field(s): {', '.join(extra)}")

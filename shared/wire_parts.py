@@ -7,7 +7,7 @@ when built. No torch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ignis.shared.wire_fields import (
     MAX_INT,
@@ -115,9 +115,6 @@ class Usage:
         if self.cached_tokens > self.prompt_tokens:
             raise ValueError(f"cached_tokens ({self.cached_tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class ReuseInfo:
@@ -132,9 +129,6 @@ class ReuseInfo:
         if (self.kind == "none") != (self.tier == "none"):
             raise ValueError(f"reuse kind {self.kind!r} and tier {self.tier!r} must both be 'none' or neither")
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Timings:
@@ -147,6 +141,3 @@ class Timings:
     def __post_init__(self):
         for name in ("queue_ms", "prefill_ms", "ttft_ms"):
             object.__setattr__(self, name, check_float(name, getattr(self, name), 0.0, MAX_MS))
-
-    def to_json(self) -> dict:
-        return asdict(self)

@@ -6,8 +6,9 @@ and one thread that does all its I/O:
     peer ──frames──> [socket] ──decode──> inbox  (queue.Queue[Envelope]) ──> compute loop
     peer <──frames── [socket] <─encode─── outbox (send(), any thread)    <── compute loop
 
-- Incoming frames are decoded with ``shared.wire.decode`` limited to the
-  channel's ``accept`` types. What fails to decode is garbage: it is counted
+- The channel speaks the one protocol (``shared.wire_codec.WireProtocol``)
+  that has all of its ``accept`` types; incoming frames are decoded with it,
+  limited to those types. What fails to decode is garbage: it is counted
   (``garbage_count``, ``last_garbage``), and on a ROUTER socket the sender
   is answered with an ``ErrorReply`` naming the problem. The thread keeps
   running whatever arrives. An ``ErrorReply`` is never answered (no loops).
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from ignis.shared.wire import ErrorReply, WireError, decode, encode
+from ignis.shared.wire_codec import ErrorReply, WireError, protocol_of
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Channel:
             raise ValueError("a channel must accept at least one message type")
         self.socket = socket
         self.accept = tuple(accept)
+        self.protocol = protocol_of(self.accept)
         self.name = name
         self.inbox: queue.Queue[Envelope] = queue.Queue()
         self.garbage_count = 0
@@ -101,7 +103,7 @@ class Channel:
             raise ValueError(f"channel {self.name} is a ROUTER: send needs the peer identity")
         if not self._router and peer is not None:
             raise ValueError(f"channel {self.name} has a single peer: do not pass peer")
-        frames = encode(message)  # raises WireError on the caller's thread, not the I/O thread
+        frames = self.protocol.encode(message)  # raises WireError on the caller's thread, not the I/O thread
         self._outbox.append((peer, frames))
         self._wake()
 
@@ -179,7 +181,7 @@ class Channel:
             if self._router:
                 peer, frames = frames[0], frames[1:]
             try:
-                message = decode(frames, self.accept)
+                message = self.protocol.decode(frames, self.accept)
             except WireError as e:
                 self._garbage(peer, frames, str(e))
                 continue
@@ -190,7 +192,7 @@ class Channel:
                     log.exception("%s: answer_now failed", self.name)
                     reply = None
                 if reply is not None:
-                    encoded = encode(reply)
+                    encoded = self.protocol.encode(reply)
                     self._pending.append(encoded if peer is None else [peer, *encoded])
                     continue
             self.inbox.put(Envelope(peer, message))
@@ -204,9 +206,15 @@ class Channel:
         self.garbage_count += 1
         self.last_garbage = problem
         log.warning("%s: dropped a malformed message: %s", self.name, problem)
-        if not self._router or _is_error_reply(frames):
+        if not self._router or self._is_error_reply(frames):
             return
-        self._pending.append([peer, *encode(ErrorReply(message=problem[:4000]))])
+        self._pending.append([peer, *self.protocol.encode(ErrorReply(message=problem[:4000]))])
+
+    def _is_error_reply(self, frames: list[bytes]) -> bool:
+        try:
+            return isinstance(self.protocol.decode(frames), ErrorReply)
+        except WireError:
+            return False
 
     def _send_some(self) -> None:
         while self._outbox:
@@ -220,13 +228,6 @@ class Channel:
             except zmq.ZMQError as e:  # e.g. ROUTER_MANDATORY and an unknown peer
                 log.warning("%s: send failed: %s", self.name, e)
             self._pending.popleft()
-
-
-def _is_error_reply(frames: list[bytes]) -> bool:
-    try:
-        return isinstance(decode(frames), ErrorReply)
-    except WireError:
-        return False
 
 
 _HWM = 100_000  # messages queued per peer before a send waits (never silently dropped: see below)

@@ -25,6 +25,7 @@ from ignis.shared.tier_wire import (
     Demoted,
     Drop,
     Dropped,
+    ErrorReply,
     Hello,
     Lookup,
     LookupReply,
@@ -34,7 +35,6 @@ from ignis.shared.tier_wire import (
     TierRefused,
     Welcome,
 )
-from ignis.shared.wire import ErrorReply
 from ignis.shared.zmq_queues import connect_dealer
 
 log = logging.getLogger("ignis.engine.tiers")

@@ -19,6 +19,8 @@ from ignis.shared.wire import (
     decode,
     encode,
 )
+from ignis.shared import tier_wire
+from ignis.shared.wire_fields import WireError
 from ignis.shared.zmq_queues import Channel, bind_router, connect_dealer
 
 TIMEOUT = 30.0  # generous: the machine may be busy
@@ -95,6 +97,24 @@ def test_dealer_counts_garbage_without_answering(ctx, endpoint):
     router.close()
 
 
+def test_a_tierd_router_answers_in_its_own_protocol(ctx, endpoint):
+    with bind_router(ctx, endpoint, tier_wire.ENGINE_TO_TIERD, name="tierd") as tierd:
+        assert tierd.protocol is tier_wire.ENGINE_TIERD
+        peer = _raw_dealer(ctx, endpoint)
+        for frames, words in ((encode(Abort("r1")), "unknown message type 'abort'"),
+                              ([b'{"type":"tier_drop","v":1,"req":1}'], "missing field 'key'")):
+            peer.send_multipart(frames)
+            answer = tier_wire.decode(peer.recv_multipart())
+            assert isinstance(answer, tier_wire.ErrorReply) and words in answer.message
+        drop = tier_wire.Drop(2, "0123456789abcdef")
+        peer.send_multipart(tier_wire.encode(drop))
+        assert tierd.get(timeout=TIMEOUT).message == drop
+        assert tierd.garbage_count == 2
+        with pytest.raises(WireError, match="not a wire message of the engine-tierd protocol"):
+            tierd.send(Abort("r1"), peer=b"p")
+        peer.close()
+
+
 def test_send_checks_peer_and_closed(ctx, endpoint):
     engine = bind_router(ctx, endpoint, GATEWAY_TO_ENGINE).start()
     with pytest.raises(ValueError, match="peer identity"):
@@ -105,6 +125,8 @@ def test_send_checks_peer_and_closed(ctx, endpoint):
     pair = ctx.socket(zmq.PAIR)
     with pytest.raises(ValueError, match="at least one"):
         Channel(pair, ())
+    with pytest.raises(ValueError, match="not of exactly one"):
+        Channel(pair, (ErrorReply,))
     pair.close()
 
 
