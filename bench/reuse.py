@@ -28,13 +28,13 @@ from checkout import use_checkout  # noqa: E402
 
 ROOT = use_checkout()
 
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE  # noqa: E402
 from tests.engine.engine_process import EngineProcess  # noqa: E402
 
-VOCAB = 2000
 
 
 def tokens(n: int, rng: random.Random) -> list[int]:
-    return [rng.randrange(3, VOCAB) for _ in range(n)]
+    return [rng.randrange(TOKENIZER_SIZE) for _ in range(n)]
 
 
 def ttft(engine: EngineProcess, rid: str, prompt: list[int], system_end: int | None = None) -> tuple[float, int]:

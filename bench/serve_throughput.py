@@ -69,11 +69,12 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from ignis.engine.models.config import load_config
+    from ignis.shared.tokenizer_files import tokenizer_vocab_size
 
     if args.model is None:
         from ignis.shared.demo import ensure_demo_model
         args.model = str(ensure_demo_model())
-    vocab = min(load_config(args.model).vocab_size, 2000)
+    vocab = tokenizer_vocab_size(args.model) or load_config(args.model).vocab_size
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     rows = []
     with tempfile.TemporaryDirectory(prefix="ignis-bench-") as rt:

@@ -32,6 +32,7 @@ ROOT = use_checkout()
 import numpy as np  # noqa: E402
 
 from ignis.engine.tiers.client import TierClient  # noqa: E402
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE  # noqa: E402
 from ignis.shared.shm_blocks import ShmBlock  # noqa: E402
 from ignis.shared.tier_layout import UnitLayout  # noqa: E402
 from tests.engine.engine_process import EngineProcess  # noqa: E402
@@ -107,9 +108,9 @@ def ttft_bench(rt: Path, disk: bool, prompt_len: int) -> tuple[float, float]:
                         "--restore-floor-kv-ram", "64", "--restore-floor-kv-disk", "64",
                         "--max-prefill-tokens-per-round", "4096")
     try:
-        p = [rng.randrange(3, 2000) for _ in range(prompt_len)]
+        p = [rng.randrange(TOKENIZER_SIZE) for _ in range(prompt_len)]
         cold = eng.run("cold", p, timeout=600, max_tokens=1, opener_start=prompt_len - 3).finished
-        filler = [rng.randrange(3, 2000) for _ in range(pool - 64)]
+        filler = [rng.randrange(TOKENIZER_SIZE) for _ in range(pool - 64)]
         eng.run("fill", filler, timeout=600, max_tokens=1)
         warm = eng.run("warm", p, timeout=600, max_tokens=1, opener_start=prompt_len - 3).finished
         expected = "kv_disk" if disk else "kv_ram"

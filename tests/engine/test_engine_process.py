@@ -10,15 +10,13 @@ import torch
 import zmq
 
 from ignis.shared.demo import ensure_demo_model
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from ignis.shared.wire import ENGINE_TO_GATEWAY, ErrorReply, decode
 from tests.engine.engine_process import EngineProcess
 
-TOKENIZER_VOCAB = 2000  # the demo tokenizer; embedding rows past it are never sampled
-
-
 def prompt(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(3, TOKENIZER_VOCAB) for _ in range(n)]
+    return [rng.randrange(TOKENIZER_SIZE) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         res = model(torch.tensor([ids]), use_cache=True)
         for _ in range(n):
-            logits = res.logits[0, -1, :TOKENIZER_VOCAB]
+            logits = res.logits[0, -1, :TOKENIZER_SIZE]  # embedding rows past it are never sampled
             tok = int(torch.argmax(logits))
             out.append(tok)
             res = model(torch.tensor([[tok]]), cache=res.cache, use_cache=True)

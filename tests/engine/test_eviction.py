@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ignis.shared.demo import ensure_demo_model
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from ignis.engine.eviction import EvictionHooks
 from ignis.engine.models.build import load_model
 from ignis.engine.models.state import ModelState
@@ -83,7 +84,7 @@ class Harness:
         self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64),
                                host_slots=host_slots, eviction_hooks=self.tier, evict_window_pages=window,
                                staging_slot=staging if evict else None)
-        self.runner = ModelRunner(model, self.state, vocab_limit=2000)
+        self.runner = ModelRunner(model, self.state, vocab_limit=TOKENIZER_SIZE)
         self.tokens: dict[str, list[int]] = {}
         self.rounds = 0
 
@@ -114,7 +115,7 @@ class Harness:
 
 def prompt(n, seed):
     rng = random.Random(seed)
-    return [rng.randrange(3, 2000) for _ in range(n)]
+    return [rng.randrange(TOKENIZER_SIZE) for _ in range(n)]
 
 
 AGENT_SAMPLING = [dict(max_tokens=30), dict(max_tokens=30, temperature=0.9, top_p=0.9, seed=11),

@@ -24,6 +24,7 @@ import torch
 from ignis.engine.load_choices import kv_stamp, resolve_kv_format
 from ignis.engine.config import EngineConfig
 from ignis.shared.demo import ensure_demo_model
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.memory_plan import kv_page_bytes, lane_bytes, plan_memory
 from ignis.engine.models.build import load_model
@@ -35,7 +36,7 @@ from tests.engine.test_reuse import prompt as prompt_of
 from tests.engine.test_reuse import rel
 
 HQ = "hq-e8-2b"
-VOCAB = 2000
+VOCAB = TOKENIZER_SIZE
 WINDOW = 64
 
 
@@ -149,7 +150,7 @@ def generate(model, fmt, prompt, steps, teacher=None):
 
 def test_end_to_end_against_bf16(model):
     rng = random.Random(0)
-    prompt = [rng.randrange(3, VOCAB) for _ in range(300)]
+    prompt = [rng.randrange(VOCAB) for _ in range(300)]
     steps = 256
     ref_first, ref_tokens, ref_rows = generate(model, "bf16", prompt, steps)
     hq_first, hq_tokens, _ = generate(model, HQ, prompt, steps)

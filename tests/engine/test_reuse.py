@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ignis.shared.demo import ensure_demo_model
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from ignis.engine.models.build import load_model
 from ignis.engine.models.state import ModelState
 from ignis.engine.request import Request
@@ -39,7 +40,7 @@ class Engine:
         state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32, fill=float("nan"),
                                     kv_format=kv_format, exact_window=exact_window)
         state.allocate_slots(device_slots, host_slots)
-        self.runner = ModelRunner(model, state, vocab_limit=2000)
+        self.runner = ModelRunner(model, state, vocab_limit=TOKENIZER_SIZE)
         self.first_logits: dict[str, torch.Tensor] = {}
         self.tokens: dict[str, list[int]] = {}
         self.finished = {}
@@ -82,11 +83,11 @@ class Engine:
 
 def prompt(n, seed):
     rng = random.Random(seed)
-    return [rng.randrange(3, 2000) for _ in range(n)]
+    return [rng.randrange(TOKENIZER_SIZE) for _ in range(n)]
 
 
 def rel(a, b):
-    a, b = a[:2000], b[:2000]  # ids past the tokenizer are masked to -inf on both sides
+    a, b = a[:TOKENIZER_SIZE], b[:TOKENIZER_SIZE]  # ids past the tokenizer are masked to -inf on both sides
     return float((a - b).abs().max() / b.abs().max())
 
 

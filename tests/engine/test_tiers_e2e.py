@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from tests.engine.engine_process import ROOT, EngineProcess
 
 
 def prompt(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(3, 2000) for _ in range(n)]
+    return [rng.randrange(TOKENIZER_SIZE) for _ in range(n)]
 
 
 class Tierd:

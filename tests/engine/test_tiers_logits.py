@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ignis.shared.demo import ensure_demo_model
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from ignis.engine.models.build import load_model
 from ignis.engine.models.state import ModelState
 from ignis.engine.runner import ModelRunner
@@ -35,7 +36,7 @@ class TieredEngine(Engine):
         self.client = attach_tiers(self.sched.store, state, endpoint, "logits-test", "qwen3_5",
                                    {"ram": 64, "disk": 64})
         assert self.client is not None and self.client.welcome is not None
-        self.runner = ModelRunner(model, state, vocab_limit=2000)
+        self.runner = ModelRunner(model, state, vocab_limit=TOKENIZER_SIZE)
         self.first_logits, self.tokens, self.finished = {}, {}, {}
 
 

@@ -3,9 +3,9 @@
     seed 0   one token, then nothing until an Abort (answered with Finished abort)
     seed 1   Refused queue_full          seed 4   Refused shutting_down
     seed 2   Refused too_long            seed 5   two tokens, then Finished error
-    seed 3   Refused unknown_model       other    ``max_tokens`` tokens (id 65, "_"), then Finished stop
+    seed 3   Refused unknown_model       other    ``max_tokens`` tokens (``UNDERSCORE``), then Finished stop
 
-Stats are answered with a small max_model_len. Every Abort is recorded.
+Stats are answered with a small max_model_len and the demo model's vocab_size. Every Abort is recorded.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ from ignis.shared.zmq_queues import bind_router
 
 REFUSALS = {1: "queue_full", 2: "too_long", 3: "unknown_model", 4: "shutting_down"}
 MAX_MODEL_LEN = 4096
+VOCAB_SIZE = 248_320
+"""The demo model's config ``vocab_size`` (Qwen3.5's), which a real engine reports."""
+UNDERSCORE = 62
+"""The id of "_" in Qwen3.5's vocabulary (the demo model's)."""
 
 
 class FakeEngine:
@@ -53,7 +57,7 @@ class FakeEngine:
                 continue
             msg, peer = env.message, env.peer
             if isinstance(msg, Stats):
-                self.channel.send(StatsReply({"max_model_len": MAX_MODEL_LEN, "vocab_size": 2000,
+                self.channel.send(StatsReply({"max_model_len": MAX_MODEL_LEN, "vocab_size": VOCAB_SIZE,
                                                 "engine_started_unix": self.started}), peer)
             elif isinstance(msg, Abort):
                 self.aborts.append(msg.id)
@@ -68,18 +72,18 @@ class FakeEngine:
         seed = msg.sampling.seed
         usage = Usage(prompt_tokens=len(msg.prompt_ids), completion_tokens=2, cached_tokens=1)
         if seed == 0:
-            self.channel.send(TokenBatch((StreamTokens(msg.id, (65,)),)), peer)
+            self.channel.send(TokenBatch((StreamTokens(msg.id, (UNDERSCORE,)),)), peer)
             self._held[msg.id] = (peer, len(msg.prompt_ids))
         elif seed in REFUSALS:
             self.channel.send(Refused(msg.id, REFUSALS[seed], f"scripted {REFUSALS[seed]}"), peer)
         elif seed == 5:
             for _ in range(2):
-                self.channel.send(TokenBatch((StreamTokens(msg.id, (65,)),)), peer)
+                self.channel.send(TokenBatch((StreamTokens(msg.id, (UNDERSCORE,)),)), peer)
             self.channel.send(Finished(msg.id, "error", usage, message="scripted failure"), peer)
         else:
             n = msg.sampling.max_tokens
             for _ in range(n):
-                self.channel.send(TokenBatch((StreamTokens(msg.id, (65,)),)), peer)
+                self.channel.send(TokenBatch((StreamTokens(msg.id, (UNDERSCORE,)),)), peer)
             self.channel.send(Finished(msg.id, "stop", Usage(len(msg.prompt_ids), n, 1)), peer)
 
     def close(self) -> None:

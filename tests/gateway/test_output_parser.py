@@ -122,7 +122,7 @@ def join(deltas, attr):
 
 def test_choice_tool_call_from_a_token_stream(demo_tokenizer):
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Köln"}}\n</tool_call>'
-    ids = demo_tokenizer.encode(text) + [2]
+    ids = demo_tokenizer.encode(text) + [demo_tokenizer.token_id("<|im_end|>")]
     assert demo_tokenizer.token_id("<tool_call>") in ids
     state, deltas = feed_tokens(demo_tokenizer, ids, parser=OutputParser(tools=True))
     calls = [c for d in deltas for c in d.tool_calls]
@@ -134,7 +134,7 @@ def test_choice_tool_call_from_a_token_stream(demo_tokenizer):
 
 
 def test_choice_reasoning_from_a_token_stream(demo_tokenizer):
-    ids = demo_tokenizer.encode("<think>\nweigh it\n</think>\n\nYes.") + [2]
+    ids = demo_tokenizer.encode("<think>\nweigh it\n</think>\n\nYes.") + [demo_tokenizer.token_id("<|im_end|>")]
     _, deltas = feed_tokens(demo_tokenizer, ids, parser=OutputParser())
     assert join(deltas, "reasoning") == "weigh it\n" and join(deltas, "content") == "Yes."
     assert deltas[-1].finish_reason == "stop"

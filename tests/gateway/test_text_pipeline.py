@@ -1,4 +1,5 @@
-"""Incremental detokenizing and stop strings, on the demo tokenizer, Qwen's real tokenizers and crafted text deltas."""
+"""Incremental detokenizing and stop strings, on the demo model's tokenizer (Qwen3.5's), Qwen's real tokenizers
+and crafted text deltas."""
 
 from __future__ import annotations
 
@@ -25,10 +26,26 @@ def stream(tok, ids, chunk_sizes=None):
     return out
 
 
-@pytest.mark.parametrize("text", ["héllo wörld", "日本語のテキスト", "emoji 🎉🎉 and ∑ math", "plain ascii words"])
+WHOLE_CHARACTERS = ["héllo wörld", "日本語のテキスト", "plain ascii words"]
+SPLIT_CHARACTERS = ["emoji 🎉🎉 and ∑ math", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 fraktur", "rare 龘 and new 🫠"]
+"""Texts whose every token is whole UTF-8 characters, and texts the vocabulary's merges cut mid-character."""
+
+
+def _splits_characters(tok, ids) -> int:
+    """How many of ``ids`` stand for bytes that are not whole UTF-8 characters."""
+    count = 0
+    for i in ids:
+        try:
+            tok.token_bytes(i).decode("utf-8")
+        except UnicodeDecodeError:
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("text", WHOLE_CHARACTERS + SPLIT_CHARACTERS)
 def test_multibyte_characters_split_across_tokens(demo_tokenizer, text):
     ids = demo_tokenizer.encode(text)
-    assert len(ids) > len(text.split())  # some characters really span several tokens
+    assert (_splits_characters(demo_tokenizer, ids) > 0) == (text in SPLIT_CHARACTERS)
     parts = stream(demo_tokenizer, ids)
     assert "".join(parts) == text
     assert not any("\ufffd" in p for p in parts)
@@ -46,17 +63,18 @@ def test_random_token_streams_concatenate_to_the_full_decode(demo_tokenizer):
 
 
 def test_special_tokens_are_not_rendered_but_markup_is(demo_tokenizer):
-    ids = demo_tokenizer.encode("<think>a</think>b") + [2, 0]  # <|im_end|>, <|endoftext|>
+    ids = demo_tokenizer.encode("<think>a</think>b") + [demo_tokenizer.token_id("<|im_end|>"),
+                                                         demo_tokenizer.token_id("<|endoftext|>")]
     text = "".join(stream(demo_tokenizer, ids))
     assert text == "<think>a</think>b"
 
 
 def test_incomplete_character_is_held_until_complete(demo_tokenizer):
-    ids = demo_tokenizer.encode("日")
+    ids = demo_tokenizer.encode("🫠")
     assert len(ids) > 1
     d = IncrementalDetokenizer(demo_tokenizer)
     assert [d.push([t]) for t in ids[:-1]] == [""] * (len(ids) - 1)
-    assert d.push(ids[-1:]) == "日"
+    assert d.push(ids[-1:]) == "🫠"
     assert d.finish() == ""
 
 
@@ -70,17 +88,6 @@ def real_tokenizer(real_tokenizer_dir):
         return cache[family]
 
     return get
-
-
-def _splits_characters(tok, ids) -> int:
-    """How many of ``ids`` stand for bytes that are not whole UTF-8 characters."""
-    count = 0
-    for i in ids:
-        try:
-            tok.token_bytes(i).decode("utf-8")
-        except UnicodeDecodeError:
-            count += 1
-    return count
 
 
 @pytest.mark.parametrize("family", FAMILIES)
