@@ -54,6 +54,11 @@ def ask(client, model):
     return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens
 
 
+def idle_unloads(server) -> int:
+    """How often the demo model was unloaded for idleness so far (the whole output, not ``log()``'s tail)."""
+    return (server.out.read_text() + server.err.read_text()).count("unloaded model demo (idle")
+
+
 def test_models_are_listed(multi_server):
     server, _ = multi_server
     reply = http("GET", server.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
@@ -79,11 +84,12 @@ def test_switch_serves_the_named_model_and_frees_retained_state(multi_server):
 
 def test_idle_unload_then_the_next_request_loads_again(multi_server):
     server, client = multi_server
+    unloads = idle_unloads(server)  # one may have happened before the first request
     first, _ = ask(client, "demo")
     _, cached = ask(client, "demo")
     assert cached > 0
     deadline = time.monotonic() + 30
-    while "unloaded model demo (idle" not in server.log():
+    while idle_unloads(server) == unloads:
         assert time.monotonic() < deadline, server.log()
         time.sleep(0.2)
     text, cached = ask(client, "demo")
