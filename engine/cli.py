@@ -37,6 +37,7 @@ def build_server(config: EngineConfig):
 
 def run(args) -> int:
     from ignis.shared import sdnotify
+    from ignis.shared.demo import DemoModelUnavailable
 
     setup_logging("engine")
     try:
@@ -44,7 +45,7 @@ def run(args) -> int:
         sdnotify.status("loading model")
         sdnotify.extend_timeout(600)
         server = build_server(config)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, DemoModelUnavailable) as exc:
         log.error("engine cannot start: %s", exc)
         print(f"ignis engine: {exc}", file=sys.stderr)
         return 2

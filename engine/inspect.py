@@ -234,10 +234,13 @@ def _model_dir(arg: str | None) -> Path:
     if arg is not None:
         return Path(arg)
     try:
-        from ignis.shared.demo import ensure_demo_model
+        from ignis.shared.demo import DemoModelUnavailable, ensure_demo_model
     except ImportError as exc:
         raise CheckpointError(f"no --model given and the built-in demo model is unavailable ({exc})") from None
-    return Path(ensure_demo_model())
+    try:
+        return Path(ensure_demo_model())
+    except DemoModelUnavailable as exc:
+        raise CheckpointError(f"no --model given: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

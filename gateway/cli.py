@@ -83,6 +83,8 @@ async def serve(app: web.Application, config: GatewayConfig) -> int:
 
 
 def run(args) -> int:
+    from ignis.shared.demo import DemoModelUnavailable
+
     setup_logging("gateway")
     try:
         key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -92,7 +94,7 @@ def run(args) -> int:
         default = specs[0][0]
         endpoint = _endpoint(config)
         app = build_app(config, loaded.pop(default), default, endpoint, more_models=loaded)
-    except (ValueError, OSError, RuntimeDirError, TokenizerFilesError) as exc:
+    except (ValueError, OSError, RuntimeDirError, TokenizerFilesError, DemoModelUnavailable) as exc:
         print(f"ignis gateway: {exc}", file=sys.stderr)
         return 2
     log.info("gateway for model %s, engine at %s", app[STATE].model_name, endpoint)

