@@ -3,12 +3,13 @@
 End to end on the demo model (2 full-attention layers, 2 kv heads of 32,
 fp32, torch twins), hq-e8-2b with a 64-token window against bf16, measured:
 KL(bf16 || hq) of the next-token distribution over a 300-token prompt's
-logits 4e-5 mean / 6e-4 max; over 256 teacher-forced decode steps 4e-5
-mean / 1e-3 max, where the two formats pick the same greedy token 94% of the
-time. Free-running greedy decoding first differs after 7 tokens: the demo
+logits 3e-5 mean / 3e-4 max; over 256 teacher-forced decode steps 3e-5
+mean / 3e-4 max, where the two formats pick the same greedy token 88% of the
+time. Free-running greedy decoding first differs after 13 tokens: the demo
 model is random and its top two logits are often within the codec's noise.
-On the same runs the twins cost 2-2.5x bf16 on the CPU (prefill 0.09 s vs
-0.036 s; decode step 7 ms vs 3 ms), which is why bf16 is the CPU default.
+On the first demo model (2,000-token vocabulary) the twins cost 2-2.5x bf16
+on the CPU (prefill 0.09 s vs 0.036 s; decode step 7 ms vs 3 ms), which is
+why bf16 is the CPU default.
 
 Resume: a resumed hq-e8-2b request matches a cold prefill of the same prompt
 as tightly as bf16 does (both quantize the same keys the same way).
