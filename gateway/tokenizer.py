@@ -12,6 +12,7 @@ printable alphabet, mapped back here; added tokens are their UTF-8 content.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,13 @@ def _byte_decoder() -> dict[str, int]:
             chars.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _decoder_json(tok: Tokenizer) -> object:
+    """The tokenizer's decoder as tokenizer.json describes it (None without one), read from the loaded
+    tokenizer: parsing the whole file again would build a Python copy of the vocabulary and merges."""
+    decoder = tok.decoder
+    return None if decoder is None else json.loads(decoder.__getstate__())
 
 
 def _uses_byte_level(decoder: object) -> bool:
@@ -120,8 +128,7 @@ def load_model_files(model_dir: str | Path) -> ModelFiles:
         tok = Tokenizer.from_file(str(files.tokenizer_json))
     except Exception as e:  # the library raises its own exception type
         raise TokenizerFilesError(f"{files.tokenizer_json}: cannot load the tokenizer: {e}") from None
-    raw = read_json_object(files.tokenizer_json)
     gen_path = Path(model_dir) / "generation_config.json"
     gen = read_json_object(gen_path) if gen_path.is_file() else {}
-    text = TextTokenizer(tok, files.tokenizer_config, byte_level=_uses_byte_level(raw.get("decoder")))
+    text = TextTokenizer(tok, files.tokenizer_config, byte_level=_uses_byte_level(_decoder_json(tok)))
     return ModelFiles(tokenizer=text, chat_template=files.chat_template, generation_config=gen)
