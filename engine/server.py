@@ -61,6 +61,7 @@ class EngineServer:
         self._garbage_seen = 0
         self._last_loop = time.monotonic()
         self._started_unix = round(time.time(), 3)
+        self._update_gauges()  # before the metrics endpoint and READY: a first scrape sees the loaded pool
 
     def _answer_stats(self, msg) -> StatsReply | None:
         """On the channel's I/O thread: Stats from the last round's snapshot, without waiting for a round."""

@@ -14,8 +14,8 @@ Invariants:
   least recently used. A capture may only take the slot of an entry ranked no
   higher than itself; if none qualifies the capture is skipped.
 - A conversation (checkpoints whose tokens extend each other) keeps at most
-  two checkpoints: its latest, and the latest one made right after a real
-  user message.
+  two checkpoints: its latest, and the nearest earlier one made right after a
+  real user message (released only once no round still reads it).
 - Entries pinned this round (being filled or read) are never released.
 - A captured entry is *pending* until the round whose forward fills its slot
   has been applied (``mark_filled``): ``lookup`` never returns it before then,
@@ -240,6 +240,9 @@ class RetainedStore:
         return slot
 
     def _link_conversation(self, e: Entry) -> None:
+        """``e`` is the conversation's latest checkpoint; of its ancestors only the nearest one made
+        right after a real user message stays (where a regenerate, or a fork from the last user
+        turn, resumes), so a conversation holds at most two."""
         parent = self._find(e.tokens, e.num_tokens - 1, kinds=("prompt_checkpoint",), filled=None)
         e.parent = parent
         chain = []
@@ -247,10 +250,10 @@ class RetainedStore:
         while p is not None:
             chain.append(p)
             p = p.parent
-        keep_user = e.after_user
+        kept_user = False
         for p in chain:
-            if p.after_user and not keep_user:
-                keep_user = True
+            if p.after_user and not kept_user:
+                kept_user = True
                 continue
             if p.pinned:  # read or filled this round: it goes once the round is applied
                 self._superseded.append(p)

@@ -146,7 +146,10 @@ def test_conversation_keeps_latest_and_last_after_user_checkpoint():
     assert sorted(e.num_tokens for e in store.entries()) == [100, 400]
     store.capture(toks(500), seq, 0, "prompt_checkpoint", "interactive", True)  # a new user turn
     round_applied(store)
-    assert sorted(e.num_tokens for e in store.entries()) == [500]
+    assert sorted(e.num_tokens for e in store.entries()) == [100, 500]  # 100: the previous user turn's
+    store.capture(toks(600), seq, 0, "prompt_checkpoint", "interactive", False)  # a tool result
+    round_applied(store)
+    assert sorted(e.num_tokens for e in store.entries()) == [500, 600]
     seq.release()
     store.release_all()
     pool.integrity_check()
@@ -164,8 +167,9 @@ def test_conversation_resuming_each_turn_keeps_at_most_two_checkpoints():
         store.capture(toks(n), seq, 0, "prompt_checkpoint", "interactive", after_user)
         round_applied(store)
         assert len(store) <= 2, sorted(e.num_tokens for e in store.entries())
-    last_user = max(n for n, after_user in turns if after_user)
-    assert sorted(e.num_tokens for e in store.entries()) == sorted({last_user, turns[-1][0]})
+    latest = turns[-1][0]
+    previous_user = max(n for n, after_user in turns if after_user and n < latest)
+    assert sorted(e.num_tokens for e in store.entries()) == [previous_user, latest]
     seq.release()
     store.release_all()
     pool.integrity_check()
