@@ -56,13 +56,15 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     from ignis.engine.load_choices import kv_stamp, resolve_device, resolve_kv_format
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
     from ignis.shared.tokenizer_files import tokenizer_vocab_size
+    from ignis.kernels.backend import select_ops
 
     device = resolve_device(config.device)
     if model_dir is None:
         from ignis.shared.demo import ensure_demo_model
         model_dir = str(ensure_demo_model())
     torch.manual_seed(config.seed)
-    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device)
+    ops = select_ops(torch.device(device).type)  # the kernel backend is fixed when the model is built
+    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops)
     cfg = ckpt.config
     free = None
     if device == "cuda":
