@@ -44,6 +44,7 @@ from ignis.engine.request import REQUEST_CLASSES, Request, RequestState
 from ignis.engine.reuse.entries import SlotPool
 from ignis.engine.reuse.store import RetainedStore
 from ignis.engine.schedule import FinishEvent, RoundPlan, RoundResult
+from ignis.engine.tier_port import NO_TIERS, TierPort
 from ignis.shared.wire_fields import MAX_TOKEN_ID
 
 
@@ -56,16 +57,22 @@ class Refusal:
 
 
 class Scheduler:
-    """Owns the waiting queues, the lanes and the page pool's live sequences."""
+    """Owns the waiting queues, the lanes and the page pool's live sequences.
+
+    ``tiers`` is the one port to the lower tiers, shared by the store and the
+    evictor (``NO_TIERS``: none); ``restore_floors`` are the store's, per tier;
+    ``staging_slot`` is the evictor's (None: no live eviction)."""
 
     def __init__(self, config: SchedulerConfig, device_slots: int = 0, host_slots: int = 0, reuse: bool = True,
-                 stamp: str = "", eviction_hooks=None, evict_window_pages: int = 16, staging_slot: int | None = None):
+                 stamp: str = "", tiers: TierPort = NO_TIERS, restore_floors: dict[str, int] | None = None,
+                 evict_window_pages: int = 16, staging_slot: int | None = None):
         if not isinstance(config, SchedulerConfig):
             raise TypeError("Scheduler needs a SchedulerConfig")
         self.config = config
         self.pool = PagePool(config.num_pages, config.page_tokens)
-        self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse, stamp=stamp)
-        self.evictor = Evictor(eviction_hooks, evict_window_pages, staging_slot)
+        self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse, stamp=stamp,
+                                   tiers=tiers, restore_floors=restore_floors)
+        self.evictor = Evictor(tiers, evict_window_pages, staging_slot)
         self.waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}  # in admission order
         self.lanes = DecodeLanes(config.decode_lanes, self.pool)
         self._requests: dict[str, Request] = {}  # every live (not finished) request
@@ -212,7 +219,7 @@ class Scheduler:
     def _finish(self, req: Request, reason: str, message: str = "") -> FinishEvent:
         self.evictor.forget(req.req_id)
         if req.evicted is not None:
-            self.evictor.hooks.drop(req.req_id, req.evicted)
+            self.evictor.drop(req.req_id, req.evicted)
             req.evicted = None
         if req.has_lane:
             self.lanes.release(req)
