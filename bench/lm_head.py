@@ -7,15 +7,16 @@ whole forward, the LM head alone (final-norm rows times the tied embedding,
 under four sampling settings; "rest" is the forward less the head. Then a
 torch profile of a few rounds (forward and sampling at the recommended
 setting) gives the top operators by self time. Times are best of a few
-repetitions. Last line::
+repetitions, on ``--threads`` intra-op threads (default 1: one core, so the
+figures do not hang on what else the machine runs). Last line::
 
-    BENCH lm_head vocab=V lanes=L hidden=H head_ms=A rest_ms=B sample_greedy_ms=C sample_default_ms=D
+    BENCH lm_head vocab=V lanes=L hidden=H threads=N head_ms=A rest_ms=B sample_greedy_ms=C sample_default_ms=D
         sample_recommended_ms=E sample_top_p_ms=F head_sampler_share=G
 
 ``head_sampler_share`` is (head + sampling at the recommended setting) over
 (forward + that sampling).
 
-    python bench/lm_head.py [--lanes 32] [--vocab 248320] [--quick]
+    python bench/lm_head.py [--lanes 32] [--vocab 248320] [--threads 1] [--quick]
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lanes", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=QWEN35_VOCAB)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile-rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for the test suite")
@@ -107,6 +109,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.lanes, args.vocab, args.reps, args.profile_rounds = 4, 8192, 1, 1
 
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = config_from_dict(model_config(args.vocab, eos_id=1, pad_id=0))
     model = HybridModel(cfg).eval()
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
         print(f"{name:<34}{ms:>10.2f}{calls:>8}")
 
     share = (head_ms + sample_ms["recommended"]) / (forward_ms + sample_ms["recommended"])
-    print(f"BENCH lm_head vocab={cfg.vocab_size} lanes={args.lanes} hidden={cfg.hidden_size} "
+    print(f"BENCH lm_head vocab={cfg.vocab_size} lanes={args.lanes} hidden={cfg.hidden_size} threads={args.threads} "
           f"head_ms={head_ms:.3f} rest_ms={rest_ms:.3f} sample_greedy_ms={sample_ms['greedy']:.3f} "
           f"sample_default_ms={sample_ms['default']:.3f} sample_recommended_ms={sample_ms['recommended']:.3f} "
           f"sample_top_p_ms={sample_ms['top_p']:.3f} head_sampler_share={share:.3f}")
