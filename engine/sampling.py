@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ignis.engine.sampling_steps import SamplerWorkspace, draw, filter_row
+from ignis.engine.sampling_steps import SamplerWorkspace, draw, filter_row, first_max, first_max_of_rows
 from ignis.shared.sampling import SamplingParams
 
 
@@ -94,7 +94,7 @@ def _apply_penalties(row: torch.Tensor, st: SamplerState) -> None:
 def sample_row(logits: torch.Tensor, st: SamplerState, ws: SamplerWorkspace | None = None) -> int:
     """Sample one token from one row of fp32 logits [V]; ``logits`` is left as it was."""
     if st.greedy and not st.penalised:
-        return int(torch.argmax(logits))
+        return first_max(logits)
     if ws is None or ws.vocab != logits.shape[-1]:
         ws = SamplerWorkspace(logits.shape[-1])
     row = ws.row
@@ -102,7 +102,7 @@ def sample_row(logits: torch.Tensor, st: SamplerState, ws: SamplerWorkspace | No
     if st.penalised:
         _apply_penalties(row, st)
     if st.greedy:
-        return int(torch.argmax(row))
+        return first_max(row)
     kept = filter_row(row, st.params, ws)
     return draw(row, st.generator, kept, ws)
 
@@ -128,7 +128,7 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs
     if needs_ws and (ws is None or ws.vocab != vocab):
         ws = SamplerWorkspace(vocab)
     if all(st.greedy and not st.penalised for st in states):
-        tokens = torch.argmax(logits, dim=-1).tolist()
+        tokens = first_max_of_rows(logits)
     else:
         tokens = [sample_row(logits[i], st, ws) for i, st in enumerate(states)]
     lps: list[TokenLogprobs | None] = []

@@ -102,3 +102,27 @@ def test_top_k_keeps_every_entry_tied_with_the_k_th():
     drawn = {sample_batch(logits, [SamplerState.from_params(SamplingParams(top_k=2, seed=s), [])], [None])[0][0]
              for s in range(300)}
     assert drawn == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+def test_both_whole_row_top_p_forms_keep_what_the_reference_keeps(kind):
+    from ignis.engine.sampling_steps import _top_p_by_permutation, _top_p_by_value
+    from tests.engine.sampling_reference import _filter
+
+    vocab = 4096
+    ws = SamplerWorkspace(vocab)
+    for seed, top_p in enumerate((0.1, 0.5, 0.8, 0.95, 0.999, 0.99999994)):
+        logits = logits_for(kind, 1, vocab, seed)[0]
+        want = _filter(logits, SamplerState.from_params(SamplingParams(top_p=top_p), []))
+        by_value, by_permutation = logits.clone(), logits.clone()
+        assert _top_p_by_value(by_value, top_p, ws)
+        _top_p_by_permutation(by_permutation, top_p, ws)
+        assert torch.equal(by_value, want) and torch.equal(by_permutation, want)
+
+
+def test_greedy_takes_the_first_of_equal_maxima():
+    logits = torch.tensor([[1.0, 4.0, 4.0, 2.0], [0.0, -0.0, 0.0, -1.0], [-3.0, -1.0, -2.0, -1.0]])
+    greedy = [SamplerState.from_params(SamplingParams(temperature=0.0), []) for _ in range(3)]
+    assert sample_batch(logits, greedy, [None] * 3)[0] == [1, 0, 1] == torch.argmax(logits, dim=-1).tolist()
+    mixed = greedy[:2] + [SamplerState.from_params(SamplingParams(temperature=0.0, presence_penalty=0.5), [])]
+    assert sample_batch(logits, mixed, [None] * 3)[0] == [1, 0, 1]
