@@ -92,7 +92,7 @@ def _apply_penalties(row: torch.Tensor, st: SamplerState) -> None:
 
 
 def sample_row(logits: torch.Tensor, st: SamplerState, ws: SamplerWorkspace | None = None) -> int:
-    """Sample one token from one row of fp32 logits [V]; ``logits`` is left as it was."""
+    """Sample one token from one row of fp32 logits [V] on the CPU; ``logits`` is left as it was."""
     if st.greedy and not st.penalised:
         return first_max(logits)
     if ws is None or ws.vocab != logits.shape[-1]:
@@ -115,7 +115,7 @@ class TokenLogprobs:
 
 def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs: list[int | None],
                  workspace: SamplerWorkspace | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
-    """Sample one token per row of fp32 logits [B, V]; ``logits`` is left as it was.
+    """Sample one token per row of fp32 logits [B, V] on the CPU; ``logits`` is left as it was.
 
     ``want_logprobs[i]`` is None (no logprobs) or the number of top
     alternatives to report for row i. ``workspace`` (of width V) is reused
