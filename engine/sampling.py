@@ -123,11 +123,11 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs
     """
     logits = logits.float()  # no copy when already fp32
     vocab = logits.shape[-1]
+    plain_greedy = all(st.greedy and not st.penalised for st in states)
     ws = workspace
-    needs_ws = any(w is not None for w in want_logprobs) or not all(st.greedy and not st.penalised for st in states)
-    if needs_ws and (ws is None or ws.vocab != vocab):
+    if (not plain_greedy or any(w is not None for w in want_logprobs)) and (ws is None or ws.vocab != vocab):
         ws = SamplerWorkspace(vocab)
-    if all(st.greedy and not st.penalised for st in states):
+    if plain_greedy:
         tokens = first_max_of_rows(logits)
     else:
         tokens = [sample_row(logits[i], st, ws) for i, st in enumerate(states)]

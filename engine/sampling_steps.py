@@ -22,8 +22,8 @@ class SamplerWorkspace:
     """Scratch of one vocabulary width that every row of every round reuses.
 
     A row is sampled in these buffers and nowhere else: no vocab-sized tensor
-    is allocated per row or per round (only the few candidates of a cut top-p
-    row and the top-k values are), and the caller's logits are never written.
+    is allocated per row or per round (small tensors of candidate ids and
+    values aside), and the caller's logits are never written.
     """
 
     def __init__(self, vocab: int):
