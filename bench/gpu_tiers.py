@@ -29,7 +29,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from checkout import use_checkout  # noqa: E402
 

@@ -5,11 +5,18 @@
 - the short-prompt tax: TTFT of cold 1K prompts with reuse on (prefill cut at
   the marks: three traversals) vs an engine with ``--reuse-prompt off``;
 - an 8-subagent burst on an 8K system block already read once: prompt tokens
-  actually prefilled and total time, with vs without reuse.
+  actually prefilled and total time, with vs without reuse;
+- a COLD burst: 8 subagents on a fresh 8K block arriving at once, no lead
+  request: prompt tokens prefilled with vs without reuse (the block should be
+  read once: the optimum is (block + 8 tails) / 8 (block + tail)), and whether
+  every greedy output equals the reuse-off engine's;
+- warm TTFT at 32K over the cold TTFT of a 16-token prompt.
 
-Last line: ``BENCH reuse warm_cold_1k=A warm_cold_8k=B warm_cold_32k=C
-short_tax=D burst_prefill_ratio=E`` (warm/cold TTFT, on/off TTFT, prefilled
-tokens with/without reuse).
+Last line: ``BENCH reuse vocab=N warm_cold_1k=A warm_cold_8k=B warm_cold_32k=C
+short_tax=D burst_prefill_ratio=E cold_burst_prefill_ratio=F
+cold_burst_identical=G warm32k_vs_short=H`` (the demo tokenizer's vocabulary size, warm/cold TTFT, on/off TTFT,
+prefilled tokens with/without reuse, the fraction of cold-burst outputs equal
+to reuse off, warm 32K / cold 16-token TTFT).
 
     python bench/reuse.py [--quick]
 """
@@ -59,6 +66,21 @@ def burst(engine: EngineProcess, tag: str, block: list[int], tasks: list[list[in
     return prefilled, wall
 
 
+def cold_burst(engine: EngineProcess, tag: str, block: list[int], tasks: list[list[int]]
+               ) -> tuple[int, dict[str, list[int]]]:
+    """Every request of the burst sent before any is served: prefilled tokens and each output."""
+    rids = []
+    for i, task in enumerate(tasks):
+        p = block + task
+        rid = f"{tag}-{i}"
+        engine.generate(rid, p, max_tokens=8, ignore_eos=True, request_class="agent", system_end=len(block),
+                        opener_start=len(p) - 3)
+        rids.append(rid)
+    outs = engine.wait(rids, timeout=900)
+    prefilled = sum(o.finished.usage.prompt_tokens - o.finished.usage.cached_tokens for o in outs.values())
+    return prefilled, {rid.split("-")[-1]: outs[rid].tokens for rid in rids}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, for the test suite")
@@ -71,7 +93,7 @@ def main(argv=None) -> int:
     rng = random.Random(0)
     pool = str(4 * max(sizes.values()) + 16 * (block_len + task_len) + 8192)
     common = ["--decode-lanes", "8", "--kv-pool-tokens", pool, "--max-prefill-tokens-per-round", "4096"]
-    rows, results = [], {}
+    rows, results, warm_ms = [], {}, {}
     with tempfile.TemporaryDirectory(prefix="ignis-bench-") as rt_on, \
             tempfile.TemporaryDirectory(prefix="ignis-bench-") as rt_off:
         on = EngineProcess(Path(rt_on), *common)
@@ -84,6 +106,7 @@ def main(argv=None) -> int:
                 cold, _ = ttft(on, f"cold-{name}", p)
                 warm, cached = ttft(on, f"warm-{name}", p)
                 results[f"warm_cold_{name}"] = warm / cold
+                warm_ms[name] = warm
                 rows.append((f"ttft {name} cold / warm ms", cold, warm, f"cached {cached}"))
             taxed = [ttft(on, f"tax-on-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0]
                      for i in range(repeats)]
@@ -98,15 +121,27 @@ def main(argv=None) -> int:
             results["burst_prefill_ratio"] = pre_on / pre_off
             rows.append(("burst prefilled tokens on / off", pre_on, pre_off, ""))
             rows.append(("burst total s on / off", wall_on, wall_off, ""))
+            block = tokens(block_len, rng)
+            tasks = [tokens(task_len, rng) for _ in range(8)]
+            cold_on, outs_on = cold_burst(on, "cb-on", block, tasks)
+            cold_off, outs_off = cold_burst(off, "cb-off", block, tasks)
+            optimum = (block_len + 8 * task_len) / (8 * (block_len + task_len))
+            results["cold_burst_prefill_ratio"] = cold_on / cold_off
+            results["cold_burst_identical"] = sum(outs_on[k] == outs_off[k] for k in outs_off) / len(outs_off)
+            rows.append(("cold burst prefilled on / off", cold_on, cold_off, f"optimum ratio {optimum:.3f}"))
+            short = statistics.median(ttft(on, f"short-{i}", tokens(16, rng))[0] for i in range(repeats))
+            results["warm32k_vs_short"] = warm_ms["32k"] / short
+            rows.append(("ttft warm 32k / cold 16-token ms", warm_ms["32k"], short, ""))
         finally:
             on.stop()
             off.stop()
     print(f"{'case':<34}{'A':>12}{'B':>12}  note")
     for name, a, b, note in rows:
         print(f"{name:<34}{a:>12.1f}{b:>12.1f}  {note}")
-    print("BENCH reuse " + " ".join(f"{k}={results[k]:.3f}" for k in
+    print(f"BENCH reuse vocab={TOKENIZER_SIZE} " + " ".join(f"{k}={results[k]:.3f}" for k in
                                     ("warm_cold_1k", "warm_cold_8k", "warm_cold_32k", "short_tax",
-                                     "burst_prefill_ratio")))
+                                     "burst_prefill_ratio", "cold_burst_prefill_ratio", "cold_burst_identical",
+                                     "warm32k_vs_short")))
     return 0
 
 

@@ -4,7 +4,7 @@ For 1, 8 and 32 concurrent requests (same prompts, same output lengths on
 both sides) it measures the wall time from sending every request to the last
 token. Ours runs the real engine process over ZeroMQ; the reference runs
 ``generate`` on the whole batch at once. Last line:
-``BENCH serve_throughput ratio_1=X ratio_8=Y ratio_32=Z`` (ours / transformers).
+``BENCH serve_throughput vocab=N ratio_1=X ratio_8=Y ratio_32=Z`` (ours / transformers).
 
     python bench/serve_throughput.py [--model DIR] [--quick]
 """
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     for n, o, r in rows:
         print(f"{n:<12}{o:>12.1f}{r:>20.1f}{o / r:>8.2f}")
     ratios = {n: o / r for n, o, r in rows}
-    print(f"BENCH serve_throughput ratio_1={ratios[1]:.3f} ratio_8={ratios[8]:.3f} ratio_32={ratios[32]:.3f}")
+    print(f"BENCH serve_throughput vocab={vocab} ratio_1={ratios[1]:.3f} ratio_8={ratios[8]:.3f} ratio_32={ratios[32]:.3f}")
     return 0
 
 

@@ -9,7 +9,10 @@ position, continuing existing state) after them::
     cu_seqlens = [0, 1, 2, 3, 7, 9]
 
 Each sequence names its live state lane (``slots``: index into the
-recurrent/conv state pools) and its page table into the KV pool.
+recurrent/conv state pools) and its page table into the KV pool. Only the
+sequences that are ``sampled`` this round (every decode, a prefill's last
+chunk) have a row in ``logits_indices``: the LM head runs on those rows and
+no others, so a prefill chunk that does not end its prompt costs it nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +26,16 @@ from ignis.engine.page_pool import PAGE_TOKENS
 
 @dataclass(frozen=True)
 class SeqChunk:
-    """One sequence's part of a forward: ``tokens`` at positions ``start``, ``start+1``, ..."""
+    """One sequence's part of a forward: ``tokens`` at positions ``start``, ``start+1``, ...
+
+    ``sampled``: the forward returns the logits of its last token.
+    """
 
     tokens: list[int]
     start: int
     pages: list[int]
     slot: int
+    sampled: bool = True
 
 
 @dataclass
@@ -40,7 +47,7 @@ class ForwardBatch:
     slots: torch.Tensor  # [B] int64
     page_table: torch.Tensor  # [B, max_pages] int32
     slot_mapping: torch.Tensor  # [T] int64, flat KV slot of each new token
-    logits_indices: torch.Tensor  # [B] int64, last token of each sequence
+    logits_indices: torch.Tensor  # [S] int64, last token of each sampled sequence, in batch order (S <= B)
     num_decodes: int
     num_tokens: int
 
@@ -77,7 +84,8 @@ class ForwardBatch:
             slot_map.extend(c.pages[p // PAGE_TOKENS] * PAGE_TOKENS + p % PAGE_TOKENS for p in positions)
             cu.append(cu[-1] + n)
             lens.append(c.start + n)
-            last.append(cu[-1] - 1)
+            if c.sampled:
+                last.append(cu[-1] - 1)
             if c.pages:
                 table[b, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.int32)
         dev = torch.device(device)

@@ -4,8 +4,10 @@ Reads ``config.json`` and, when the directory has weights, the safetensors
 headers only (never a tensor, never torch), so it works on a config-only
 directory and on a checkpoint far larger than memory. Prints the layers by
 kind, the MoE shape, KV bytes per token in both formats, the per-sequence
-recurrent and conv state, the weight bytes and the largest context a pool of
-``--pool-bytes`` holds. ``--json`` prints the same figures as one JSON object.
+recurrent and conv state, the vocabulary's share (embedding table, LM head,
+one round's logits at ``--lanes`` rows, the sampler's host scratch), the
+weight bytes and the largest context a pool of ``--pool-bytes`` holds.
+``--json`` prints the same figures as one JSON object.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import re
 import sys
 from pathlib import Path
 
+from ignis.engine.config import EngineConfig
+from ignis.engine.memory_plan import embedding_bytes, lm_head_bytes, logits_bytes, sampler_workspace_bytes
 from ignis.engine.models.config import PAGE_TOKENS, CheckpointError, ModelConfig, load_config
 from ignis.engine.models.weights_spec import classify, expected_tensors, expected_weight_bytes
 
 KV_FORMATS = ("bf16", "hq-e8-2b")
 DEFAULT_POOL_BYTES = 16 * 2**30
+DEFAULT_LANES = EngineConfig().decode_lanes
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -36,6 +41,17 @@ def parse_bytes(text: str) -> int:
     value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if value <= 0:
         raise argparse.ArgumentTypeError(f"--pool-bytes: must be positive, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """``--lanes``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
 
 
@@ -117,7 +133,15 @@ def _weights(model_dir: Path, cfg: ModelConfig) -> dict:
             "stored_dtypes": sorted(dtypes), "set_aside_bytes": set_aside}
 
 
-def build_report(model_dir: Path, cfg: ModelConfig, pool_bytes: int) -> dict:
+def _vocabulary(cfg: ModelConfig, lanes: int) -> dict:
+    """The vocabulary's memory at the config dtype: weights, one round's logits, the sampler's host scratch."""
+    return {"vocab_size": cfg.vocab_size, "dtype": cfg.dtype, "tied": cfg.tie_word_embeddings,
+            "embedding_bytes": embedding_bytes(cfg, cfg.dtype), "lm_head_bytes": lm_head_bytes(cfg, cfg.dtype),
+            "lanes": lanes, "logits_bytes": logits_bytes(cfg, cfg.dtype, lanes),
+            "sampler_workspace_bytes": sampler_workspace_bytes(cfg.vocab_size)}
+
+
+def build_report(model_dir: Path, cfg: ModelConfig, pool_bytes: int, lanes: int = DEFAULT_LANES) -> dict:
     """Every figure ``ignis inspect`` shows, as plain JSON-ready values."""
     total, active = _parameters(cfg)
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
@@ -152,6 +176,7 @@ def build_report(model_dir: Path, cfg: ModelConfig, pool_bytes: int) -> dict:
         "kv_bytes_per_token": per_token,
         "recurrent_state_bytes": cfg.recurrent_state_bytes(),
         "conv_state_bytes": cfg.conv_state_bytes(4),
+        "vocabulary": _vocabulary(cfg, lanes),
         "weights": _weights(model_dir, cfg),
         "pool": {"bytes": pool_bytes, "page_tokens": PAGE_TOKENS,
                  "pages": {f: (pool_bytes // (b * PAGE_TOKENS) if b else 0) for f, b in per_token.items()},
@@ -203,6 +228,14 @@ def render(r: dict) -> str:
     add("state per sequence")
     add("  recurrent (fp32)", exact(r["recurrent_state_bytes"]))
     add("  conv (fp32)", exact(r["conv_state_bytes"]))
+    v = r["vocabulary"]
+    add(f"vocabulary ({v['dtype']})")
+    add("  embedding table", exact(v["embedding_bytes"]))
+    add("  LM head", "tied: the embedding table" if v["tied"] else exact(v["lm_head_bytes"]))
+    widened = "" if v["dtype"] == "float32" else " and their fp32 copy"
+    add(f"  logits at {v['lanes']} lanes", f"{exact(v['logits_bytes'])} per round ({v['lanes']} rows x "
+                                           f"{v['vocab_size']:,} in {v['dtype']}{widened})")
+    add("  sampler scratch", f"{exact(v['sampler_workspace_bytes'])} host memory")
     w = r["weights"]
     if "error" in w:
         add("weights", f"unreadable: {w['error']}")
@@ -227,6 +260,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint directory (config.json, optionally weights); default: the built-in demo model")
     parser.add_argument("--pool-bytes", metavar="SIZE", type=parse_bytes, default=DEFAULT_POOL_BYTES,
                         help="KV pool size for the context figures: bytes or 16G, 512M, ... (default: 16G)")
+    parser.add_argument("--lanes", metavar="N", type=positive_int, default=DEFAULT_LANES,
+                        help=f"decode lanes for the per-round logits figure (default: {DEFAULT_LANES}, the engine's)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
@@ -250,6 +285,6 @@ def run(args: argparse.Namespace) -> int:
     except CheckpointError as exc:
         print(f"ignis inspect: error: {exc}", file=sys.stderr)
         return 2
-    report = build_report(model_dir, cfg, args.pool_bytes)
+    report = build_report(model_dir, cfg, args.pool_bytes, args.lanes)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 1 if "error" in report["weights"] else 0

@@ -7,10 +7,21 @@ and printed before anything is allocated::
     page bytes  = 64 * L_full * 2 * Hkv * D * dtype bytes          (bf16: the model dtype)
                 = 64 * L_full * 2 * (Hkv*D/8 + Hkv*D/64) * 2       (hq-e8-2b: 2.25 bits per value)
     live bytes  = lanes * (recurrent state + conv history [+ hq-e8-2b exact window])
+    embedding   = vocab * hidden * dtype bytes
+    LM head     = vocab * hidden * dtype bytes, or 0 when tied to the embedding
+    logits      = lanes * vocab * (dtype bytes [+ 4, the fp32 copy the sampler reads, when dtype is not fp32])
 
 The pool comes from ``--kv-pool-tokens`` if given, else from a byte budget:
 ``--kv-memory-bytes``, or on CUDA a fraction of the free device memory left
-after weights and live state.
+after weights, live state, retained device slots and one round's logits.
+
+At 248,320 entries and hidden 5120 (the 27B) the embedding and the untied
+LM head are 2.4 GiB each in bf16. They are part of the weights, so CUDA's
+free memory is measured with them already resident; the plan names them so
+the figures add up. The logits are not resident at load, so the plan sets
+them aside. A round's logits have one row per sampled sequence (a decode, or
+a prefill ending its prompt), each on its own lane: ``lanes`` rows bound
+every round, and no prefill position other than a prompt's last has a row.
 """
 
 from __future__ import annotations
@@ -33,6 +44,9 @@ class MemoryPlan:
     host_slots: int = 0
     slot_bytes: int = 0  # one retained state image
     kv_format: str = "bf16"
+    embedding_bytes: int = 0  # resident with the weights
+    lm_head_bytes: int = 0  # resident with the weights; 0 when tied to the embedding
+    logits_bytes: int = 0  # one round's logits at ``lanes`` rows, set aside from a free-memory budget
 
     @property
     def tokens(self) -> int:
@@ -43,12 +57,15 @@ class MemoryPlan:
         return self.pages * self.page_bytes
 
     def describe(self) -> str:
+        head = f"{self.lm_head_bytes} bytes" if self.lm_head_bytes else "tied to the embedding"
         return (f"memory plan: KV pool {self.pages} pages x {PAGE_TOKENS} tokens = {self.tokens} tokens, "
                 f"{self.pool_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB, {self.kv_format}, {self.kv_dtype}); "
                 f"live state {self.live_state_bytes} bytes ({self.live_state_bytes / 2**20:.1f} MiB) "
                 f"for {self.lanes} lanes; retained slots {self.device_slots} on the device "
                 f"({self.device_slots * self.slot_bytes} bytes) + {self.host_slots} in host memory "
-                f"({self.host_slots * self.slot_bytes} bytes)")
+                f"({self.host_slots * self.slot_bytes} bytes); with the weights: embedding {self.embedding_bytes} "
+                f"bytes, LM head {head}; logits {self.logits_bytes} bytes ({self.logits_bytes / 2**20:.1f} MiB) "
+                f"per round for {self.lanes} rows")
 
 
 def kv_page_bytes(cfg: ModelConfig, dtype: str, kv_format: str = "bf16") -> int:
@@ -72,6 +89,31 @@ def lane_bytes(cfg: ModelConfig, dtype: str, kv_format: str = "bf16", exact_wind
     return cfg.recurrent_state_bytes() + cfg.conv_state_bytes(DTYPE_BYTES[dtype]) + extra
 
 
+def embedding_bytes(cfg: ModelConfig, dtype: str) -> int:
+    """The token embedding table [vocab, hidden]."""
+    return cfg.vocab_size * cfg.hidden_size * DTYPE_BYTES[dtype]
+
+
+def lm_head_bytes(cfg: ModelConfig, dtype: str) -> int:
+    """The LM head [vocab, hidden]; 0 when it is the embedding table (tied)."""
+    return 0 if cfg.tie_word_embeddings else embedding_bytes(cfg, dtype)
+
+
+def logits_bytes(cfg: ModelConfig, dtype: str, rows: int) -> int:
+    """One round's logits on the device: the head's output [rows, vocab], and its fp32 copy unless already fp32."""
+    per_value = DTYPE_BYTES[dtype] + (4 if DTYPE_BYTES[dtype] != 4 else 0)
+    return rows * cfg.vocab_size * per_value
+
+
+# SamplerWorkspace (engine/sampling_steps.py), per vocabulary entry: four fp32 rows, an int64 sort
+# permutation, a bool mask and two fp64 rows; host memory, held for the runner's life.
+SAMPLER_WORKSPACE_BYTES_PER_ENTRY = 4 * 4 + 8 + 1 + 2 * 8
+
+
+def sampler_workspace_bytes(vocab: int) -> int:
+    return vocab * SAMPLER_WORKSPACE_BYTES_PER_ENTRY
+
+
 def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | None = None,
                 kv_memory_bytes: int | None = None, free_device_bytes: int | None = None,
                 fraction: float = 0.85, device_slots: int = 0, host_slots: int = 0,
@@ -80,8 +122,9 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
     page = kv_page_bytes(cfg, dtype, kv_format)
     image = lane_bytes(cfg, dtype, kv_format, exact_window)
     live = lanes * image
+    logits = logits_bytes(cfg, dtype, lanes)
     if free_device_bytes is not None:
-        free_device_bytes -= device_slots * image
+        free_device_bytes -= device_slots * image + logits
     if kv_pool_tokens is not None:
         pages = -(-kv_pool_tokens // PAGE_TOKENS)
     else:
@@ -97,4 +140,6 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
     if page == 0:
         pages = max(pages, 1)
     return MemoryPlan(pages=pages, page_bytes=page, lanes=lanes, live_state_bytes=live, kv_dtype=dtype,
-                      device_slots=device_slots, host_slots=host_slots, slot_bytes=image, kv_format=kv_format)
+                      device_slots=device_slots, host_slots=host_slots, slot_bytes=image, kv_format=kv_format,
+                      embedding_bytes=embedding_bytes(cfg, dtype), lm_head_bytes=lm_head_bytes(cfg, dtype),
+                      logits_bytes=logits)

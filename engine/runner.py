@@ -5,6 +5,12 @@ request's :class:`SamplerState`. The scheduler owns which lane and pages a
 request has; the runner trusts the plan, resets a lane's recurrent state when
 a request starts on it, and keeps sampler states across preemptions so a
 resumed request draws exactly as it would have.
+
+Logits exist only for the rows sampled this round: one per decode and one
+per prefill that ends its prompt, at most one per lane. The forward returns
+exactly those rows, in ``plan.sampled_ids()`` order; they are copied to the
+host once (and widened to fp32 where the model is not), and the sampler
+works on them in one :class:`SamplerWorkspace` kept for the runner's life.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import torch
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
-from ignis.engine.sampling import SamplerState, TokenLogprobs, sample_batch
+from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs, sample_batch
 from ignis.engine.schedule import RoundPlan, RoundResult
 
 
@@ -27,7 +33,8 @@ class ModelRunner:
         self.want_logprobs: dict[str, int | None] = {}
         # ids at or past vocab_limit (embedding rows padding the tokenizer) are never sampled
         self.vocab_limit = vocab_limit
-        self.last_logits: dict = {}
+        self.workspace = SamplerWorkspace(model.cfg.vocab_size)
+        self.last_logits: dict = {}  # req_id -> the row it was sampled from this round (views, no copy)
 
     def warm_up(self) -> None:
         """One prefill and one decode on lane 0, so the first request does not pay for first calls."""
@@ -70,21 +77,22 @@ class ModelRunner:
         if plan.is_empty:
             return RoundResult(), {}
         chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane) for d in plan.decodes]
-        chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane) for c in plan.prefills]
+        chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last)
+                   for c in plan.prefills]
         batch = ForwardBatch.build(chunks, self.device)
-        logits = self.model(batch, self.state)
+        logits = self.model(batch, self.state)  # one row per sampled id, in sampled_ids() order
         self._capture(plan)
-        rows = list(range(len(plan.decodes)))
-        rows += [len(plan.decodes) + i for i, c in enumerate(plan.prefills) if c.is_last]
         ids = plan.sampled_ids()
         if not ids:
             return RoundResult(), {}
-        picked = logits[torch.tensor(rows, device=logits.device)].float()
-        self.last_logits = dict(zip(ids, picked))  # raw rows, for tests and diagnostics
+        picked = logits.float()  # the forward's own tensor when the model is fp32
         if self.vocab_limit is not None and self.vocab_limit < picked.shape[-1]:
-            picked[:, self.vocab_limit:] = float("-inf")
-        tokens, lps = sample_batch(picked.cpu(), [self.samplers[i] for i in ids],
-                                   [self.want_logprobs.get(i) for i in ids])
+            with torch.inference_mode():  # the forward's output is an inference tensor: written in the mode only
+                picked[:, self.vocab_limit:] = float("-inf")
+        picked = picked.cpu()
+        self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
+        tokens, lps = sample_batch(picked, [self.samplers[i] for i in ids],
+                                   [self.want_logprobs.get(i) for i in ids], self.workspace)
         result = RoundResult(tokens=dict(zip(ids, tokens)))
         logprobs = {i: lp for i, lp in zip(ids, lps) if lp is not None}
         return result, logprobs

@@ -52,16 +52,19 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     from ignis.engine.models.state import ModelState
     from ignis.engine.runner import ModelRunner
     from ignis.engine.scheduler import Scheduler, SchedulerConfig
+    from ignis.engine.tier_port import NO_TIERS
     from ignis.engine.load_choices import kv_stamp, resolve_device, resolve_kv_format
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
     from ignis.shared.tokenizer_files import tokenizer_vocab_size
+    from ignis.kernels.backend import select_ops
 
     device = resolve_device(config.device)
     if model_dir is None:
         from ignis.shared.demo import ensure_demo_model
         model_dir = str(ensure_demo_model())
     torch.manual_seed(config.seed)
-    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device)
+    ops = select_ops(torch.device(device).type)  # the kernel backend is fixed when the model is built
+    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops)
     cfg = ckpt.config
     free = None
     if device == "cuda":
@@ -81,30 +84,26 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
                                 device=device, kv_format=kv_format, exact_window=window, shared=tiers_on)
     state.allocate_slots(device_slots, host_slots + staging)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
-    sched = Scheduler(SchedulerConfig(
-        decode_lanes=config.decode_lanes, num_pages=plan.pages,
-        max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
-        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
-        device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt,
-        stamp=f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0",
-        evict_window_pages=config.evict_window_pages)
-    tier_client = None
+    stamp = f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0"
+    tiers, tier_client, staging_slot = NO_TIERS, None, None
     if tiers_on:
-        from ignis.engine.tiers.wiring import attach_tiers
+        from ignis.engine.tiers.wiring import connect_tiers
 
         tier_endpoint = config.tierd_endpoint
         if tier_endpoint == "auto":
             tier_endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).tierd
-        params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
-        tier_client = attach_tiers(sched.store, state, tier_endpoint, sched.store.stamp, cfg.family,
-                                   config.restore_floors(cfg.family, params))
-        if tier_client is not None:
-            from ignis.engine.tiers.wiring import TierEvictionHooks
-
-            staging_slot = device_slots + host_slots
-            sched.evictor.hooks = TierEvictionHooks(tier_client, state, staging_slot, device_slots,
-                                                    tier_client.lane_blocks)
-            sched.evictor.staging_slot = staging_slot
+        port = connect_tiers(state, tier_endpoint, stamp, cfg.family, device_slots,
+                             staging_slot=device_slots + host_slots)
+        if port is not None:  # else the staging slot stays unused: no live eviction without a tierd
+            tiers, tier_client, staging_slot = port, port.client, port.staging_slot
+    params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
+    sched = Scheduler(SchedulerConfig(
+        decode_lanes=config.decode_lanes, num_pages=plan.pages,
+        max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
+        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
+        device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt, stamp=stamp,
+        tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
+        evict_window_pages=config.evict_window_pages, staging_slot=staging_slot)
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()

@@ -11,6 +11,12 @@ Penalties follow the usual server conventions: repetition (divide positive
 logits, multiply negative ones) over prompt and output tokens; presence and
 frequency (subtract) over output tokens only. Logprobs are those of the raw
 model distribution, before penalties and temperature.
+
+Rows are sampled one at a time in a :class:`SamplerWorkspace` of the
+vocabulary's width that the runner keeps across rounds (the steps are in
+``sampling_steps.py``), so a round at a 248K-token vocabulary allocates no
+[lanes, vocab] (or [vocab]) tensor and never writes the logits it was given.
+Among equal logits the lower token id ranks first (top-p's order).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ignis.engine.sampling_steps import SamplerWorkspace, draw, filter_row, first_max, first_max_of_rows
 from ignis.shared.sampling import SamplingParams
 
 
@@ -70,7 +77,7 @@ class SamplerState:
         self.output_counts = dict(snap["output_counts"])
 
 
-def _apply_penalties(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
+def _apply_penalties(row: torch.Tensor, st: SamplerState) -> None:
     rp = st.params.repetition_penalty
     if rp != 1.0:
         seen = st.prompt_tokens | set(st.output_counts)
@@ -82,41 +89,22 @@ def _apply_penalties(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
         idx = torch.tensor(list(st.output_counts), dtype=torch.long, device=row.device)
         counts = torch.tensor(list(st.output_counts.values()), dtype=row.dtype, device=row.device)
         row[idx] -= st.params.frequency_penalty * counts + st.params.presence_penalty
-    return row
 
 
-def _filter(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
-    """Temperature-scaled logits with disallowed tokens at -inf."""
-    row = row / st.params.temperature
-    vocab = row.shape[-1]
-    if 0 < st.params.top_k < vocab:
-        kth = torch.topk(row, st.params.top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if st.params.min_p > 0.0:
-        probs = torch.softmax(row, dim=-1)
-        row = row.masked_fill(probs < st.params.min_p * probs.max(), float("-inf"))
-    if st.params.top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= st.params.top_p
-        drop_sorted[0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        row = row.masked_fill(drop, float("-inf"))
-    return row
-
-
-def sample_row(logits: torch.Tensor, st: SamplerState) -> int:
-    """Sample one token from one row of fp32 logits [V] (modified in place)."""
+def sample_row(logits: torch.Tensor, st: SamplerState, ws: SamplerWorkspace | None = None) -> int:
+    """Sample one token from one row of fp32 logits [V] on the CPU; ``logits`` is left as it was."""
+    if st.greedy and not st.penalised:
+        return first_max(logits)
+    if ws is None or ws.vocab != logits.shape[-1]:
+        ws = SamplerWorkspace(logits.shape[-1])
+    row = ws.row
+    row.copy_(logits)
     if st.penalised:
-        logits = _apply_penalties(logits, st)
+        _apply_penalties(row, st)
     if st.greedy:
-        return int(torch.argmax(logits))
-    row = _filter(logits, st)
-    probs = torch.softmax(row, dim=-1, dtype=torch.float64)
-    cdf = probs.cumsum(-1)
-    u = torch.rand((), generator=st.generator, dtype=torch.float64) * cdf[-1]
-    token = int(torch.searchsorted(cdf, u.reshape(1), right=True)[0])
-    return min(token, int(probs.shape[-1]) - 1)
+        return first_max(row)
+    kept = filter_row(row, st.params, ws)
+    return draw(row, st.generator, kept, ws)
 
 
 @dataclass
@@ -125,22 +113,24 @@ class TokenLogprobs:
     top: list[tuple[int, float]]
 
 
-def sample_batch(logits: torch.Tensor, states: list[SamplerState],
-                 want_logprobs: list[int | None]) -> tuple[list[int], list[TokenLogprobs | None]]:
-    """Sample one token per row of logits [B, V].
+def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs: list[int | None],
+                 workspace: SamplerWorkspace | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
+    """Sample one token per row of fp32 logits [B, V] on the CPU; ``logits`` is left as it was.
 
     ``want_logprobs[i]`` is None (no logprobs) or the number of top
-    alternatives to report for row i.
+    alternatives to report for row i. ``workspace`` (of width V) is reused
+    when given; otherwise one is made for this call.
     """
-    logits = logits.float()
-    need_lp = any(w is not None for w in want_logprobs)
-    logp = torch.log_softmax(logits, dim=-1) if need_lp else None
-    all_greedy = all(st.greedy and not st.penalised for st in states)
-    if all_greedy:
-        tokens = torch.argmax(logits, dim=-1).tolist()
+    logits = logits.float()  # no copy when already fp32
+    vocab = logits.shape[-1]
+    plain_greedy = all(st.greedy and not st.penalised for st in states)
+    ws = workspace
+    if (not plain_greedy or any(w is not None for w in want_logprobs)) and (ws is None or ws.vocab != vocab):
+        ws = SamplerWorkspace(vocab)
+    if plain_greedy:
+        tokens = first_max_of_rows(logits)
     else:
-        work = logits.clone()
-        tokens = [sample_row(work[i], st) for i, st in enumerate(states)]
+        tokens = [sample_row(logits[i], st, ws) for i, st in enumerate(states)]
     lps: list[TokenLogprobs | None] = []
     for i, (tok, st) in enumerate(zip(tokens, states)):
         st.record(tok)
@@ -148,10 +138,11 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState],
         if k is None:
             lps.append(None)
             continue
-        row = logp[i]
+        # the raw distribution: before penalties and temperature
+        logp = torch.log_softmax(logits[i], dim=-1, out=ws.probs)
         top = []
         if k > 0:
-            vals, idx = torch.topk(row, min(k, row.shape[-1]))
+            vals, idx = torch.topk(logp, min(k, vocab))
             top = list(zip(idx.tolist(), vals.tolist()))
-        lps.append(TokenLogprobs(token_logprob=float(row[tok]), top=top))
+        lps.append(TokenLogprobs(token_logprob=float(logp[tok]), top=top))
     return tokens, lps

@@ -18,24 +18,15 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ignis.shared.tokenizer_files import TokenizerFilesError, read_json_object, read_tokenizer_files
+from ignis.shared.tokenizer_files import (
+    TokenizerFilesError,
+    bytes_to_unicode,
+    read_json_object,
+    read_tokenizer_files,
+)
 
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """Names transformers passes to chat templates (``special_tokens_map``), when set."""
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's bytes_to_unicode, inverted: printable character -> byte value."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
 
 
 def _decoder_json(tok: Tokenizer) -> object:
@@ -67,7 +58,7 @@ class TextTokenizer:
         self.added_content = {i: t.content for i, t in added.items()}
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self._bytes_cache: dict[int, bytes] = {}
-        self._byte_decoder = _byte_decoder() if self.byte_level else {}
+        self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()} if self.byte_level else {}
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids

@@ -106,3 +106,17 @@ def tokenizer_vocab_size(model_dir: str | Path) -> int | None:
     ids = [int(v) for v in vocab.values()] if isinstance(vocab, dict) else []
     ids += [int(t["id"]) for t in data.get("added_tokens", []) if "id" in t]
     return max(ids) + 1 if ids else None
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map that byte-level BPE vocabularies are spelled in."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}

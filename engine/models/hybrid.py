@@ -61,9 +61,8 @@ class HybridModel(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, state: ModelState, all_logits: bool = False) -> torch.Tensor:
-        """Logits of each sequence's last token [B, vocab] (or of every token [T, vocab])."""
+    def body(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
+        """Hidden states of every token after the last layer, before the final norm [T, hidden]."""
         ops = self._ops(batch.input_ids.device)
         x = self.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
@@ -76,7 +75,22 @@ class HybridModel(nn.Module):
                 h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [R, vocab] of R rows of hidden states: the final norm and the LM head."""
+        return torch.nn.functional.linear(self.norm(x), self.head_weight())
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, state: ModelState, all_logits: bool = False) -> torch.Tensor:
+        """Logits [S, vocab] of the last token of each sampled sequence (``batch.logits_indices``).
+
+        The head runs on those S rows only, never on a prefill's other
+        positions. ``all_logits`` gives every token's logits [T, vocab]
+        instead, for checks against a reference model; the runner never asks
+        for them.
+        """
+        x = self.body(batch, state)
         if not all_logits:
             x = x[batch.logits_indices]
-        x = self.norm(x)
-        return torch.nn.functional.linear(x, self.head_weight())
+        return self.head(x)

@@ -14,8 +14,8 @@ Invariants:
   least recently used. A capture may only take the slot of an entry ranked no
   higher than itself; if none qualifies the capture is skipped.
 - A conversation (checkpoints whose tokens extend each other) keeps at most
-  two checkpoints: its latest, and the latest one made right after a real
-  user message.
+  two checkpoints: its latest, and the nearest earlier one made right after a
+  real user message (released only once no round still reads it).
 - Entries pinned this round (being filled or read) are never released.
 - A captured entry is *pending* until the round whose forward fills its slot
   has been applied (``mark_filled``): ``lookup`` never returns it before then,
@@ -25,6 +25,11 @@ Invariants:
 - Every entry carries the stamp it was made under (artifact structural hash,
   KV format, drafter presence); an entry whose stamp differs from the store's
   current one is refused before any byte moves.
+- The lower tiers are reached only through the ``TierPort`` given at
+  construction (``NO_TIERS`` when there are none): an entry moves down only
+  when the device needs its room, and comes back only past its tier's restore
+  floor. The records of what tierd holds (``lower``) are of the port's current
+  session: after a new hello they are empty before anything reads them.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from ignis.engine.reuse.entries import KINDS, Entry, SlotPool
 from ignis.engine.reuse.hashing import page_chain
 from ignis.engine.sequence_pages import SequencePages
 from ignis.engine.reuse.lower_index import WIRE_TIER, LowerIndex, LowerRecord, content_key
+from ignis.engine.tier_port import NO_TIERS, TierPort
 
 CLASS_KEEP = {"agent": 0, "interactive": 1}
 
@@ -62,7 +68,8 @@ class ResumePoint:
 
 
 class RetainedStore:
-    def __init__(self, pool: PagePool, slots: SlotPool, enabled: bool = True, stamp: str = ""):
+    def __init__(self, pool: PagePool, slots: SlotPool, enabled: bool = True, stamp: str = "",
+                 tiers: TierPort = NO_TIERS, restore_floors: dict[str, int] | None = None):
         self.pool = pool
         self.stamp = stamp
         self.stamp_refusals = 0
@@ -73,11 +80,9 @@ class RetainedStore:
         self._next_id = 0
         self._clock = 0
         self._superseded: list[Entry] = []  # checkpoints a conversation dropped while pinned: released after the round
-        # lower tiers (tierd): set by the engine when one is connected
-        self.lower: LowerIndex | None = None
-        self.demote_hook = None  # (Entry) -> "ram" | "disk" | None, returns once the copy is complete
-        self.fetch_hook = None  # (LowerRecord, pages, slot) -> tier read from or None, once the copy is complete
-        self.locate_hook = None  # [keys] -> {key: tier or None} from tierd, or None when it cannot answer
+        self.tiers = tiers
+        self._lower = LowerIndex(restore_floors or {})
+        self._lower_session = tiers.session
         self.demotions = 0
         self.restores = 0
         self.captures = 0
@@ -92,6 +97,16 @@ class RetainedStore:
 
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
+
+    @property
+    def lower(self) -> LowerIndex:
+        """The entries tierd holds for us as far as we know, with the restore floors; emptied
+        when the port has said hello again since the last look (tierd holds nothing older)."""
+        session = self.tiers.session
+        if session != self._lower_session:
+            self._lower.clear()
+            self._lower_session = session
+        return self._lower
 
     def _tick(self) -> int:
         self._clock += 1
@@ -130,12 +145,11 @@ class RetainedStore:
             return None
         e = self._find(tokens, len(tokens) - 1)
         tier = "device"
-        if self.lower is not None and self.fetch_hook is not None:
-            r = self._lower_choice(tokens, e.num_tokens if e else 0)
-            if r is not None:
-                promoted, read_from = self._promote(r, keep=e)
-                if promoted is not None:
-                    e, tier = promoted, WIRE_TIER[read_from]
+        r = self._lower_choice(tokens, e.num_tokens if e else 0)
+        if r is not None:
+            promoted, read_from = self._promote(r, keep=e)
+            if promoted is not None:
+                e, tier = promoted, WIRE_TIER[read_from]
         if e is None:
             return None
         e.last_used = self._tick()
@@ -148,12 +162,11 @@ class RetainedStore:
         records = self.lower.matches(tokens, len(tokens) - 1, longer_than=device_match)
         if not records:
             return None
-        if self.locate_hook is not None:
-            where = self.locate_hook([r.key for r in records])
-            if where is None:
-                return None  # tierd cannot answer: a restore would not either
-            self.lower.update(where)
-            records = [r for r in records if where.get(r.key) is not None]
+        where = self.tiers.locate([r.key for r in records])
+        if where is None:
+            return None  # tierd cannot answer: a restore would not either
+        self.lower.update(where)
+        records = [r for r in records if where.get(r.key) is not None]
         return self.lower.choose(records, device_match)
 
     def _promote(self, r: LowerRecord, keep: Entry | None) -> tuple[Entry | None, str]:
@@ -174,7 +187,7 @@ class RetainedStore:
             owner.release()
             self.slots.give_back(slot)
             return None, ""
-        read_from = self.fetch_hook(r, owner.pages, slot)
+        read_from = self.tiers.restore_retained(r.key, owner.pages, slot)
         if not read_from:
             owner.release()
             self.slots.give_back(slot)
@@ -240,6 +253,9 @@ class RetainedStore:
         return slot
 
     def _link_conversation(self, e: Entry) -> None:
+        """``e`` is the conversation's latest checkpoint; of its ancestors only the nearest one made
+        right after a real user message stays (where a regenerate, or a fork from the last user
+        turn, resumes), so a conversation holds at most two."""
         parent = self._find(e.tokens, e.num_tokens - 1, kinds=("prompt_checkpoint",), filled=None)
         e.parent = parent
         chain = []
@@ -247,10 +263,10 @@ class RetainedStore:
         while p is not None:
             chain.append(p)
             p = p.parent
-        keep_user = e.after_user
+        kept_user = False
         for p in chain:
-            if p.after_user and not keep_user:
-                keep_user = True
+            if p.after_user and not kept_user:
+                kept_user = True
                 continue
             if p.pinned:  # read or filled this round: it goes once the round is applied
                 self._superseded.append(p)
@@ -280,8 +296,8 @@ class RetainedStore:
     def _release(self, e: Entry, keep_slot: bool = False, demote: bool = False) -> None:
         """Free an entry's pages and slot. ``demote``: the device needs the room, so the
         entry first moves down a tier if one is connected (lazy demotion: only now)."""
-        if demote and self.demote_hook is not None and self.lower is not None:
-            tier = self.demote_hook(e)
+        if demote:
+            tier = self.tiers.demote_retained(e.tokens, e.pages.pages, e.slot, e.request_class)
             if tier is not None:
                 self.demotions += 1
                 self.lower.add(LowerRecord(content_key(e.tokens), e.tokens, e.kind, e.request_class,
@@ -327,8 +343,7 @@ class RetainedStore:
         """Free every retained entry here and forget those below (a switch, an unload, a stop)."""
         for e in list(self._entries.values()):
             self._release(e)
-        if self.lower is not None:
-            self.lower.clear()
+        self.lower.clear()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -343,5 +358,5 @@ class RetainedStore:
             "reuse_stamp_refusals_total": self.stamp_refusals,
             "reuse_demotions_total": self.demotions,
             "reuse_restores_total": self.restores,
-            "retained_lower_entries": len(self.lower) if self.lower is not None else 0,
+            "retained_lower_entries": len(self.lower),
         }

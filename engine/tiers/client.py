@@ -57,8 +57,7 @@ class TierClient:
         self._req = 0
         self._down_until = 0.0
         self.welcome: Welcome | None = None
-        self.on_connect = None  # called after every accepted hello: tierd holds nothing of ours then
-        self.connects = 0
+        self.connects = 0  # accepted hellos: after each, tierd holds nothing of ours from before
         self.channel = connect_dealer(zmq.Context.instance(), endpoint, REPLIES, name="tierd").start()
 
     # ----- plumbing ---------------------------------------------------------------
@@ -99,8 +98,6 @@ class TierClient:
         if isinstance(reply, Welcome):
             self.welcome = reply
             self.connects += 1
-            if self.on_connect is not None:
-                self.on_connect()
             log.info("tierd connected: arena %d bytes (%d locked), KV-disk %d bytes", reply.arena_bytes,
                      reply.locked_bytes, reply.disk_bytes)
             return True

@@ -1,4 +1,4 @@
-"""Connect the retained store to tierd: export the engine's blocks, install the demote/fetch hooks.
+"""The engine's ``TierPort`` over a ``TierClient``: the blocks it exports to tierd, and its entries there.
 
 Blocks tierd maps (host blocks: named POSIX shared memory, pinned on CUDA;
 the KV pool on CUDA: a CUDA IPC handle of its own allocation)::
@@ -8,10 +8,12 @@ the KV pool on CUDA: a CUDA IPC handle of its own allocation)::
     slot_conv  host retained slots, conv        runs = linear layers
     slot_window  (hq-e8-2b) host slots, exact window   runs = full layers
 
-A demoted entry is its pages (in order) plus one item of each slot block:
-the image of a host slot. Only entries whose image sits in a host slot move
-down; a device-slot image is not exported. Keys are content hashes of the
-entry's tokens.
+A demoted retained entry is its pages (in order) plus one item of each slot
+block: the image of a host slot. Only entries whose image sits in a host slot
+move down; a device-slot image is not exported. The store keys them by
+content (a hash of the entry's tokens). A live sequence moves as one
+"live" entry per page window and one for its state image, staged in the
+reserved host slot; those keys hash the request id and the part.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ignis.engine.reuse.store import RetainedStore
+from ignis.engine.reuse.lower_index import content_key
 from ignis.engine.tiers.client import TierClient
-from ignis.engine.reuse.lower_index import LowerIndex, content_key
 from ignis.shared.tier_layout import BlockDesc, UnitLayout
 
 log = logging.getLogger("ignis.engine.tiers")
@@ -75,9 +76,10 @@ def _device_sync(state):
     return lambda: torch.cuda.synchronize(device)
 
 
-def attach_tiers(store: RetainedStore, state, endpoint: str, stamp: str, family: str,
-                 floors: dict[str, int], timeout_s: float = 10.0) -> TierClient | None:
-    """Wire ``store`` to the tierd at ``endpoint``; None (lower tiers off) when memory cannot be shared."""
+def connect_tiers(state, endpoint: str, stamp: str, family: str, device_slots: int, staging_slot: int | None,
+                  timeout_s: float = 10.0) -> TierClientPort | None:
+    """A port to the tierd at ``endpoint`` for ``state``'s blocks, hello said (or to be retried);
+    None (lower tiers off) when the memory cannot be shared."""
     exported = exported_blocks(state)
     if exported is None:
         log.warning("lower tiers off: the KV pool or the host slots cannot be shared with tierd on this device")
@@ -86,71 +88,82 @@ def attach_tiers(store: RetainedStore, state, endpoint: str, stamp: str, family:
     page_bytes = blocks[0].item_bytes * blocks[0].runs
     client = TierClient(endpoint, stamp, family, max(4096, page_bytes), blocks, unit, timeout_s=timeout_s,
                         sync=_device_sync(state))
-    device_slots = store.slots.device_slots
-    lane_blocks = unit.lane
-
-    def refs(pages, slot):
-        return [("kv", int(p)) for p in pages] + [(name, slot - device_slots) for name in lane_blocks]
-
-    def demote(entry):
-        if store.slots.tier_of(entry.slot) != "host":
-            return None
-        return client.demote(content_key(entry.tokens), refs(entry.pages.pages, entry.slot),
-                             kind="retained", request_class=entry.request_class, last_used=time.time())
-
-    def fetch(record, pages, slot):
-        if store.slots.tier_of(slot) != "host":
-            return None
-        return client.restore(record.key, refs(pages, slot))
-
-    store.lower = LowerIndex(floors)
-    store.demote_hook = demote
-    store.fetch_hook = fetch
-    store.locate_hook = client.lookup
-    client.lane_blocks = lane_blocks
-    client.on_connect = store.lower.clear  # a hello drops everything tierd held for us
     if not client.connect():
         log.warning("tierd at %s is not answering yet; the engine will retry", endpoint)
-    return client
+    return TierClientPort(client, state, device_slots, staging_slot)
 
 
-class TierEvictionHooks:
-    """Live eviction through tierd: page windows and the staged image as "live" entries."""
+class TierClientPort:
+    """Retained entries and live sequences as tierd entries, through ``client``.
 
-    def __init__(self, client: TierClient, state, staging_slot: int, device_slots: int, lane_blocks):
+    ``device_slots``: retained slots below this id are on the device (never
+    exported); host slot ``s`` is item ``s - device_slots`` of each slot block.
+    ``staging_slot``: the host slot live images pass through (None: no live
+    eviction through this port)."""
+
+    def __init__(self, client: TierClient, state, device_slots: int, staging_slot: int | None):
+        if staging_slot is not None and staging_slot < device_slots:
+            raise ValueError(f"the staging slot {staging_slot} must be a host slot (ids from {device_slots})")
         self.client = client
         self.state = state
-        self.staging = staging_slot
-        self.staging_index = staging_slot - device_slots
-        self.lane_blocks = tuple(lane_blocks)
+        self.device_slots = device_slots
+        self.staging_slot = staging_slot
+        self.lane_blocks = tuple(client.unit.lane)
+
+    @property
+    def session(self) -> int:
+        return self.client.connects
+
+    def _slot_refs(self, slot: int) -> list[tuple[str, int]]:
+        return [(name, slot - self.device_slots) for name in self.lane_blocks]
+
+    # ----- retained entries ------------------------------------------------------------
+
+    def demote_retained(self, tokens, pages, slot, request_class) -> str | None:
+        if slot < self.device_slots:
+            return None
+        return self.client.demote(content_key(tokens), _page_refs(pages) + self._slot_refs(slot), kind="retained",
+                                  request_class=request_class, last_used=time.time())
+
+    def restore_retained(self, key, pages, slot) -> str | None:
+        if slot < self.device_slots:
+            return None
+        return self.client.restore(key, _page_refs(pages) + self._slot_refs(slot))
+
+    def locate(self, keys):
+        return self.client.lookup(keys)
+
+    # ----- live sequences --------------------------------------------------------------
 
     @staticmethod
-    def _key(req_id: str, part: str) -> str:
+    def _live_key(req_id: str, part: str) -> str:
         return content_key(tuple(f"live:{req_id}:{part}".encode()))
 
-    def demote_pages(self, req_id, index, pages, request_class) -> bool:
-        refs = [("kv", int(p)) for p in pages]
-        return self.client.demote(self._key(req_id, f"w{index}"), refs, kind="live", request_class=request_class,
-                                  last_used=time.time()) is not None
+    def demote_window(self, req_id, index, pages, request_class) -> bool:
+        return self.client.demote(self._live_key(req_id, f"w{index}"), _page_refs(pages), kind="live",
+                                  request_class=request_class, last_used=time.time()) is not None
 
     def demote_image(self, req_id, lane, request_class) -> bool:
-        self.state.save_image(lane, self.staging)
-        refs = [(name, self.staging_index) for name in self.lane_blocks]
-        return self.client.demote(self._key(req_id, "image"), refs, kind="live", request_class=request_class,
-                                  last_used=time.time()) is not None
+        if self.staging_slot is None:
+            return False
+        self.state.save_image(lane, self.staging_slot)
+        return self.client.demote(self._live_key(req_id, "image"), self._slot_refs(self.staging_slot), kind="live",
+                                  request_class=request_class, last_used=time.time()) is not None
 
-    def restore(self, req_id, record, pages) -> bool:
-        at = 0
-        for i, window in enumerate(record.windows):
-            dest = [("kv", int(p)) for p in pages[at:at + len(window)]]
-            if not self.client.restore(self._key(req_id, f"w{i}"), dest):
-                return False
-            at += len(window)
-        refs = [(name, self.staging_index) for name in self.lane_blocks]
-        return self.client.restore(self._key(req_id, "image"), refs)
+    def restore_window(self, req_id, index, pages) -> bool:
+        return bool(self.client.restore(self._live_key(req_id, f"w{index}"), _page_refs(pages)))
 
-    def drop(self, req_id, record) -> None:
-        for i in range(len(record.windows)):
-            self.client.drop(self._key(req_id, f"w{i}"))
-        if record.image:
-            self.client.drop(self._key(req_id, "image"))
+    def restore_image(self, req_id) -> bool:
+        if self.staging_slot is None:
+            return False
+        return bool(self.client.restore(self._live_key(req_id, "image"), self._slot_refs(self.staging_slot)))
+
+    def drop_window(self, req_id, index) -> None:
+        self.client.drop(self._live_key(req_id, f"w{index}"))
+
+    def drop_image(self, req_id) -> None:
+        self.client.drop(self._live_key(req_id, "image"))
+
+
+def _page_refs(pages) -> list[tuple[str, int]]:
+    return [("kv", int(p)) for p in pages]

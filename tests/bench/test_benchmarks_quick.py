@@ -26,7 +26,9 @@ def run_quick(script: str, timeout: float = 300) -> str:
     ("tiers.py", "tiers", ("ram_vs_memcpy", "disk_write_vs_raw", "disk_read_vs_raw", "ram_ttft_vs_cold",
                            "disk_ttft_vs_cold")),
     ("kv_format.py", "kv_format", ("bytes_ratio", "attn_time_ratio")),
-    ("reuse.py", "reuse", ("warm_cold_1k", "warm_cold_8k", "warm_cold_32k", "short_tax", "burst_prefill_ratio")),
+    ("reuse.py", "reuse", ("warm_cold_1k", "warm_cold_8k", "warm_cold_32k", "short_tax", "burst_prefill_ratio",
+                                "cold_burst_prefill_ratio", "cold_burst_identical", "warm32k_vs_short")),
+    ("lm_head.py", "lm_head", ("head_ms", "sample_default_ms", "sample_recommended_ms", "head_sampler_share")),
 ])
 def test_quick_mode_prints_bench_line(script, name, keys):
     last = run_quick(script).strip().splitlines()[-1]

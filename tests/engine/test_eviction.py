@@ -14,12 +14,12 @@ import torch
 
 from ignis.shared.demo import ensure_demo_model
 from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
-from ignis.engine.eviction import EvictionHooks
 from ignis.engine.models.build import load_model
 from ignis.engine.models.state import ModelState
 from ignis.engine.request import Request
 from ignis.engine.runner import ModelRunner
 from ignis.engine.scheduler import Scheduler, SchedulerConfig
+from ignis.engine.tier_port import NO_TIERS, NullTierPort
 from ignis.shared.sampling import SamplingParams
 
 
@@ -29,7 +29,9 @@ def model():
     return m
 
 
-class FakeTier(EvictionHooks):
+class FakeTier(NullTierPort):
+    """A lower tier for live sequences only: clones of page windows and staged images, by request."""
+
     def __init__(self, state: ModelState, staging: int, refuse_after: int | None = None):
         self.state, self.staging = state, staging
         self.pages: dict[tuple[str, int], list[torch.Tensor]] = {}
@@ -40,7 +42,7 @@ class FakeTier(EvictionHooks):
     def _slot(self):
         return self.state._slot(self.staging)
 
-    def demote_pages(self, req_id, index, pages, request_class):
+    def demote_window(self, req_id, index, pages, request_class):
         if self.refuse_after is not None and self.windows >= self.refuse_after:
             return False
         self.windows += 1
@@ -55,10 +57,14 @@ class FakeTier(EvictionHooks):
         self.images[req_id] = tuple(b[block][:, i].clone() for b in blocks)
         return True
 
-    def restore(self, req_id, record, pages):
-        flat = [t for w in range(len(record.windows)) for t in self.pages[(req_id, w)]]
-        for p, t in zip(pages, flat):
+    def restore_window(self, req_id, index, pages):
+        saved = self.pages[(req_id, index)]
+        assert len(pages) == len(saved)
+        for p, t in zip(pages, saved):
             self.state.pages[:, :, p].copy_(t)
+        return True
+
+    def restore_image(self, req_id):
         block, i = self._slot()
         blocks = (self.state.slot_ssm, self.state.slot_conv) + ((self.state.slot_window,) if self.state.slot_window
                                                                  else ())
@@ -66,9 +72,10 @@ class FakeTier(EvictionHooks):
             b[block][:, i].copy_(saved)
         return True
 
-    def drop(self, req_id, record):
-        for w in range(len(record.windows)):
-            self.pages.pop((req_id, w), None)
+    def drop_window(self, req_id, index):
+        self.pages.pop((req_id, index), None)
+
+    def drop_image(self, req_id):
         self.images.pop(req_id, None)
 
 
@@ -82,7 +89,7 @@ class Harness:
         staging = host_slots  # the last host slot stages images
         self.tier = FakeTier(self.state, staging, refuse_after) if evict else None
         self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64),
-                               host_slots=host_slots, eviction_hooks=self.tier, evict_window_pages=window,
+                               host_slots=host_slots, tiers=self.tier or NO_TIERS, evict_window_pages=window,
                                staging_slot=staging if evict else None)
         self.runner = ModelRunner(model, self.state, vocab_limit=TOKENIZER_SIZE)
         self.tokens: dict[str, list[int]] = {}

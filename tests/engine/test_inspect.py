@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,9 +86,17 @@ def test_27b_config_only(tmp_path, capsys, multimodal):
     assert r["weights"] == {"source": "estimated from config", "bytes": 2 * params_27b(), "dtype": "bfloat16"}
     assert r["pool"]["bytes"] == 16 * GiB
     assert r["pool"]["max_context_tokens"] == {"bf16": 262_144, "hq-e8-2b": pool_context(16 * GiB, 9_216)}
+    # 16 lanes (the engine's default) x 248,320 logits in bf16 plus their fp32 copy; the sampler: 41 B per entry
+    assert r["vocabulary"] == {"vocab_size": 248_320, "dtype": "bfloat16", "tied": False,
+                               "embedding_bytes": 248_320 * 5120 * 2, "lm_head_bytes": 248_320 * 5120 * 2,
+                               "lanes": 16, "logits_bytes": 16 * 248_320 * 6, "sampler_workspace_bytes": 248_320 * 41}
 
     rc, text = inspect_text(d, capsys)
     assert rc == 0
+    assert "vocabulary (bfloat16)" in text
+    assert "2.37 GiB (2,542,796,800 bytes)" in text
+    assert "22.73 MiB (23,838,720 bytes) per round (16 rows x 248,320 in bfloat16 and their fp32 copy)" in text
+    assert "9.71 MiB (10,181,120 bytes) host memory" in text
     assert "48 linear_attention + 16 full_attention" in text
     assert "64 KiB (65,536 bytes)" in text and "9 KiB (9,216 bytes)" in text
     assert "144 MiB (150,994,944 bytes)" in text
@@ -129,6 +138,11 @@ def test_qwen3_next_80b_config_only(tmp_path, capsys):
                                                "hq-e8-2b": pool_context(16 * GiB, hq)}
     assert r["pool"]["max_context_tokens"]["bf16"] == 699_008
 
+    _, r = inspect_json(d, capsys, "--lanes", "32")
+    v = r["vocabulary"]
+    assert (v["embedding_bytes"], v["lm_head_bytes"]) == (151_936 * 2048 * 2, 622_329_856)
+    assert (v["lanes"], v["logits_bytes"]) == (32, 32 * 151_936 * 6)
+
     rc, text = inspect_text(d, capsys)
     assert "MoE on 48 of 48 layers: 512 experts, 10 per token" in text
     assert "24 KiB (24,576 bytes)" in text and "72 MiB (75,497,472 bytes)" in text
@@ -155,6 +169,11 @@ def test_weight_bytes_from_headers(checkpoint_factory, capsys, kind):
         assert w["set_aside_bytes"] == {}
     if kind == "sharded":
         assert w["files"] > 2
+    v, cfg = r["vocabulary"], load_config(ckpt.path)
+    assert v["lm_head_bytes"] == (0 if kind == "tied" else cfg.vocab_size * cfg.hidden_size * 4)
+    assert v["logits_bytes"] == 16 * cfg.vocab_size * 4  # fp32 logits need no widened copy
+    if kind == "tied":
+        assert re.search(r"^  LM head +tied: the embedding table$", inspect_text(ckpt.path, capsys)[1], re.M)
 
 
 def test_weight_bytes_match_loader(qwen3_next_checkpoint, capsys):
@@ -188,6 +207,9 @@ def test_cli_subprocess(tmp_path):
 
     proc = ignis("--model", str(d), "--pool-bytes", "12Q")
     assert proc.returncode == 2 and "--pool-bytes" in proc.stderr
+
+    proc = ignis("--model", str(d), "--lanes", "0")
+    assert proc.returncode == 2 and "--lanes" in proc.stderr
 
     proc = ignis("--model", str(tmp_path / "nowhere"))
     assert proc.returncode == 2 and "no config.json" in proc.stderr

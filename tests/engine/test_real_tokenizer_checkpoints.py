@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from ignis.engine.models.loader import load_checkpoint, load_tokenizer_files
+from ignis.engine.models.loader import load_checkpoint
+from ignis.shared.tokenizer_files import read_tokenizer_files
 from ignis.engine.models.config import load_config
 from tests.support.real_tokenizer import FAMILIES, MAX_POSITIONS, TEMPLATE_FILES, token_ids
 
@@ -36,7 +37,7 @@ def test_engine_loads_weights_and_template(real_checkpoint, family):
     loaded = load_checkpoint(path)
     assert loaded.tensors["embed_tokens.weight"].shape == (CONFIG_VOCAB[family], 64)
     assert "lm_head.weight" not in loaded.tensors
-    files = load_tokenizer_files(path)
+    files = read_tokenizer_files(path)
     assert files.chat_template == TEMPLATE_FILES[family].read_text(encoding="utf-8")
     assert files.chat_template_source.endswith("chat_template.jinja")
 

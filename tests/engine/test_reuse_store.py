@@ -10,7 +10,9 @@ from ignis.engine.page_pool import PagePool
 from ignis.engine.reuse import hashing
 from ignis.engine.reuse.entries import SlotPool
 from ignis.engine.reuse.store import RetainedStore
+from ignis.engine.reuse.lower_index import content_key
 from ignis.engine.sequence_pages import SequencePages
+from ignis.engine.tier_port import NullTierPort
 
 
 def live_seq(pool: PagePool, tokens: int, name="live") -> SequencePages:
@@ -146,7 +148,10 @@ def test_conversation_keeps_latest_and_last_after_user_checkpoint():
     assert sorted(e.num_tokens for e in store.entries()) == [100, 400]
     store.capture(toks(500), seq, 0, "prompt_checkpoint", "interactive", True)  # a new user turn
     round_applied(store)
-    assert sorted(e.num_tokens for e in store.entries()) == [500]
+    assert sorted(e.num_tokens for e in store.entries()) == [100, 500]  # 100: the previous user turn's
+    store.capture(toks(600), seq, 0, "prompt_checkpoint", "interactive", False)  # a tool result
+    round_applied(store)
+    assert sorted(e.num_tokens for e in store.entries()) == [500, 600]
     seq.release()
     store.release_all()
     pool.integrity_check()
@@ -164,8 +169,9 @@ def test_conversation_resuming_each_turn_keeps_at_most_two_checkpoints():
         store.capture(toks(n), seq, 0, "prompt_checkpoint", "interactive", after_user)
         round_applied(store)
         assert len(store) <= 2, sorted(e.num_tokens for e in store.entries())
-    last_user = max(n for n, after_user in turns if after_user)
-    assert sorted(e.num_tokens for e in store.entries()) == sorted({last_user, turns[-1][0]})
+    latest = turns[-1][0]
+    previous_user = max(n for n, after_user in turns if after_user and n < latest)
+    assert sorted(e.num_tokens for e in store.entries()) == [previous_user, latest]
     seq.release()
     store.release_all()
     pool.integrity_check()
@@ -224,27 +230,47 @@ def test_page_chain_length(n):
     assert len(hashing.page_chain(list(range(n)), 64)) == 1 + n // 64
 
 
-class FakeTier:
-    """Stands in for tierd: remembers what was demoted, restores it on request."""
+class FakeTier(NullTierPort):
+    """Stands in for tierd: remembers what was demoted, restores it on request, says where each key is.
 
-    def __init__(self, tier="ram", fail_fetch=False):
-        self.tier, self.fail_fetch = tier, fail_fetch
+    ``where``: tierd's answers to a lookup (default: the tier each held key is in; what
+    it answers is where the keys are from then on); ``read_from``: the tier a restore
+    reports (default: the one the key is held in)."""
+
+    def __init__(self, tier="ram", fail_fetch=False, where=None, read_from=None):
+        self.tier, self.fail_fetch, self.read_from = tier, fail_fetch, read_from
+        self.where = where
         self.demoted, self.fetched = [], []
+        self.held: dict[str, str] = {}  # key -> tier
+        self.session = 1
 
-    def demote(self, entry):
-        self.demoted.append((entry.tokens, entry.pages.pages, entry.slot))
+    def hold(self, record):
+        """An entry tierd holds (in ``record.tier``) that the engine knows of."""
+        self.held[record.key] = record.tier
+        return record
+
+    def demote_retained(self, tokens, pages, slot, request_class):
+        self.demoted.append((tokens, tuple(pages), slot))
+        self.held[content_key(tokens)] = self.tier
         return self.tier
 
-    def fetch(self, record, pages, slot):
-        self.fetched.append((record.tokens, tuple(pages), slot))
-        return None if self.fail_fetch else record.tier
+    def restore_retained(self, key, pages, slot):
+        self.fetched.append((key, tuple(pages), slot))
+        return None if self.fail_fetch else (self.read_from or self.held.get(key))
+
+    def locate(self, keys):
+        if self.where is None:
+            return {k: self.held.get(k) for k in keys}
+        answer = self.where(keys)
+        for k, t in (answer or {}).items():
+            if t is not None:
+                self.held[k] = t
+        return answer
 
 
-def with_lower(store, tier, floors=None):
-    from ignis.engine.reuse.lower_index import LowerIndex
-
-    store.lower = LowerIndex(floors or {"ram": 64, "disk": 256})
-    store.demote_hook, store.fetch_hook = tier.demote, tier.fetch
+def with_lower(tier, floors=None, pages=32, host=4):
+    """A pool and a store whose lower tiers are ``tier``."""
+    return make(pages=pages, host=host, tiers=tier, restore_floors=floors or {"ram": 64, "disk": 256})
 
 
 def lower_record(key: str, n: int, tier: str):
@@ -255,9 +281,8 @@ def lower_record(key: str, n: int, tier: str):
 
 
 def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
-    pool, store = make(pages=8, host=4)
     tier = FakeTier()
-    with_lower(store, tier)
+    pool, store = with_lower(tier, pages=8)
     seq = live_seq(pool, 200)
     store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
     seq.release()
@@ -268,7 +293,7 @@ def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
     assert len(store) == 0 and len(store.lower) == 1 and pool.num_free == 8
     hit = store.lookup(toks(230))
     assert (hit.num_tokens, hit.tier) == (200, "kv_ram")
-    assert tier.fetched[0][0] == toks(200) and len(tier.fetched[0][1]) == 4
+    assert tier.fetched[0][0] == content_key(toks(200)) and len(tier.fetched[0][1]) == 4
     assert len(store) == 1  # a device entry again
     round_applied(store)
     store.release_all()
@@ -277,18 +302,17 @@ def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
 
 
 def test_restore_floor_and_ties_go_to_the_tier_above():
-    pool, store = make(pages=32, host=4)
     tier = FakeTier()
-    with_lower(store, tier, {"ram": 64, "disk": 256})
+    pool, store = with_lower(tier, {"ram": 64, "disk": 256})
     seq = live_seq(pool, 300)
     store.capture(toks(150), seq, 0, "prompt_checkpoint", "interactive", True)
     round_applied(store)
-    store.lower.add(lower_record("a" * 32, 200, "ram"))
+    store.lower.add(tier.hold(lower_record("a" * 32, 200, "ram")))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (150, "device")  # 50 more tokens < the 64-token floor
     assert tier.fetched == []
     round_applied(store)
-    store.lower.add(lower_record("b" * 32, 214, "ram"))
+    store.lower.add(tier.hold(lower_record("b" * 32, 214, "ram")))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (214, "kv_ram")  # exactly the floor: taken
     seq.release()
@@ -298,13 +322,12 @@ def test_restore_floor_and_ties_go_to_the_tier_above():
 
 
 def test_a_restore_that_misses_falls_back_to_the_device_match():
-    pool, store = make(pages=32, host=4)
     tier = FakeTier(fail_fetch=True)
-    with_lower(store, tier, {"ram": 1, "disk": 1})
+    pool, store = with_lower(tier, {"ram": 1, "disk": 1})
     seq = live_seq(pool, 300)
     store.capture(toks(100), seq, 0, "prompt_checkpoint", "interactive", True)
     round_applied(store)
-    store.lower.add(lower_record("c" * 32, 250, "disk"))
+    store.lower.add(tier.hold(lower_record("c" * 32, 250, "disk")))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (100, "device")
     assert len(store.lower) == 0  # the missing record is forgotten
@@ -342,9 +365,6 @@ def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
 
 
 def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
-    pool, store = make(pages=32, host=4)
-    tier = FakeTier()
-    with_lower(store, tier, {"ram": 64, "disk": 256})
     asked = []
     where = {"a" * 32: "disk", "b" * 32: None}
 
@@ -352,16 +372,17 @@ def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
         asked.append(sorted(keys))
         return {k: where.get(k, "ram") for k in keys}
 
-    store.locate_hook = locate
-    store.lower.add(lower_record("a" * 32, 200, "ram"))
-    store.lower.add(lower_record("b" * 32, 240, "ram"))
+    tier = FakeTier(where=locate)
+    pool, store = with_lower(tier, {"ram": 64, "disk": 256})
+    store.lower.add(tier.hold(lower_record("a" * 32, 200, "ram")))
+    store.lower.add(tier.hold(lower_record("b" * 32, 240, "ram")))
     # known as KV-RAM, but tierd has spilled "a" to disk (floor 256) and dropped "b": no restore
     assert store.lookup(toks(260)) is None
     assert asked == [["a" * 32, "b" * 32]] and tier.fetched == []
     assert len(store.lower) == 1 and store.lower.matches(toks(260), 259)[0].tier == "disk"
     round_applied(store)
     # a match past the disk floor is restored, and the hit names the tier it was read from
-    store.lower.add(lower_record("c" * 32, 300, "ram"))
+    store.lower.add(tier.hold(lower_record("c" * 32, 300, "ram")))
     where["c" * 32] = "disk"
     hit = store.lookup(toks(310))
     assert (hit.num_tokens, hit.tier) == (300, "kv_disk")
@@ -371,22 +392,18 @@ def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
 
 
 def test_lower_tiers_are_skipped_while_tierd_cannot_say_where_entries_are():
-    pool, store = make(pages=32, host=4)
-    tier = FakeTier()
-    with_lower(store, tier, {"ram": 1, "disk": 1})
-    store.locate_hook = lambda keys: None
-    store.lower.add(lower_record("a" * 32, 200, "ram"))
+    tier = FakeTier(where=lambda keys: None)
+    pool, store = with_lower(tier, {"ram": 1, "disk": 1})
+    store.lower.add(tier.hold(lower_record("a" * 32, 200, "ram")))
     assert store.lookup(toks(260)) is None and tier.fetched == []
     assert len(store.lower) == 1  # not forgotten: tierd may be back next time
     store.release_all()
 
 
 def test_the_hit_names_the_tier_tierd_read_from():
-    pool, store = make(pages=32, host=4)
-    tier = FakeTier()
-    with_lower(store, tier, {"ram": 1, "disk": 1})
-    store.fetch_hook = lambda record, pages, slot: "disk"  # spilled after the engine last asked
-    store.lower.add(lower_record("a" * 32, 200, "ram"))
+    tier = FakeTier(read_from="disk")  # spilled after the engine last asked
+    pool, store = with_lower(tier, {"ram": 1, "disk": 1})
+    store.lower.add(tier.hold(lower_record("a" * 32, 200, "ram")))
     hit = store.lookup(toks(260))
     assert (hit.num_tokens, hit.tier) == (200, "kv_disk")
     round_applied(store)
@@ -395,12 +412,52 @@ def test_the_hit_names_the_tier_tierd_read_from():
 
 
 def test_a_short_kv_ram_match_still_counts_against_a_disk_match():
-    pool, store = make(pages=32, host=4)
-    tier = FakeTier()
-    with_lower(store, tier, {"ram": 64, "disk": 256})
-    store.locate_hook = lambda keys: {k: ("ram" if k == "r" * 32 else "disk") for k in keys}
-    store.lower.add(lower_record("r" * 32, 50, "ram"))
-    store.lower.add(lower_record("d" * 32, 260, "disk"))
+    tier = FakeTier(where=lambda keys: {k: ("ram" if k == "r" * 32 else "disk") for k in keys})
+    pool, store = with_lower(tier, {"ram": 64, "disk": 256})
+    store.lower.add(tier.hold(lower_record("r" * 32, 50, "ram")))
+    store.lower.add(tier.hold(lower_record("d" * 32, 260, "disk")))
     assert store.lookup(toks(300)) is None  # 260 < 50 + 256: not worth a disk read
     assert tier.fetched == []
     store.release_all()
+
+
+def test_a_new_hello_empties_what_the_engine_knew_of_tierd():
+    tier = FakeTier()
+    pool, store = with_lower(tier, {"ram": 1, "disk": 1})
+    store.lower.add(tier.hold(lower_record("a" * 32, 200, "ram")))
+    assert len(store.lower) == 1
+    tier.session += 1  # tierd restarted and the engine said hello again: it holds nothing of ours
+    tier.held.clear()
+    assert len(store.lower) == 0 and store.stats()["retained_lower_entries"] == 0
+    assert store.lookup(toks(260)) is None and tier.fetched == []
+
+
+def test_an_entry_demoted_through_a_new_hello_is_known_below():
+    class HelloOnDemote(FakeTier):
+        def demote_retained(self, tokens, pages, slot, request_class):
+            self.session += 1  # tierd had restarted: the port said hello again before the copy
+            return super().demote_retained(tokens, pages, slot, request_class)
+
+    tier = HelloOnDemote()
+    pool, store = with_lower(tier, pages=8)
+    store.lower.add(lower_record("x" * 32, 100, "ram"))  # of the session before
+    seq = live_seq(pool, 200)
+    store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
+    seq.release()
+    round_applied(store)
+    assert store.reclaim_pages(8) == 1
+    assert [r.key for r in store.lower.matches(toks(230), 229)] == [content_key(toks(200))]
+    store.release_all()
+    pool.integrity_check()
+
+
+def test_without_lower_tiers_nothing_moves_down():
+    pool, store = make(pages=8, host=4)
+    seq = live_seq(pool, 200)
+    store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
+    seq.release()
+    round_applied(store)
+    assert store.reclaim_pages(8) == 1
+    assert store.demotions == 0 and len(store.lower) == 0
+    assert store.lookup(toks(230)) is None
+    pool.integrity_check()

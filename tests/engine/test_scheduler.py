@@ -324,7 +324,7 @@ def test_preempted_request_goes_to_the_front_of_its_queue():
         s.update(runner.run(plan))
     assert [p.req_id for p in plan.preempted] == ["a1"]
     assert s.get("a1").state is RequestState.WAITING and s.get("a1").num_preemptions == 1
-    assert [r.req_id for r in s._waiting["agent"]] == ["a1", "a2"]  # ahead of the later arrival
+    assert [r.req_id for r in s.waiting["agent"]] == ["a1", "a2"]  # ahead of the later arrival
     assert plan.started == []  # nothing is admitted in a round that preempted
     s.update(runner.run(plan))
     s.abort("a0")

@@ -15,7 +15,7 @@ from ignis.engine.models.build import load_model
 from ignis.engine.models.state import ModelState
 from ignis.engine.runner import ModelRunner
 from ignis.engine.scheduler import Scheduler, SchedulerConfig
-from ignis.engine.tiers.wiring import attach_tiers
+from ignis.engine.tiers.wiring import connect_tiers
 from tests.engine.test_reuse import Engine, prompt, rel
 from tests.engine.test_tiers_e2e import Tierd
 
@@ -28,14 +28,15 @@ def model():
 
 class TieredEngine(Engine):
     def __init__(self, model, endpoint, pages=16, lanes=2, host_slots=4):
-        self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
-                                               max_prefill_tokens_per_round=4096), host_slots=host_slots)
         state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32,
                                     fill=float("nan"), shared=True)
         state.allocate_slots(0, host_slots)
-        self.client = attach_tiers(self.sched.store, state, endpoint, "logits-test", "qwen3_5",
-                                   {"ram": 64, "disk": 64})
-        assert self.client is not None and self.client.welcome is not None
+        port = connect_tiers(state, endpoint, "logits-test", "qwen3_5", device_slots=0, staging_slot=None)
+        assert port is not None and port.client.welcome is not None
+        self.client = port.client
+        self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
+                                               max_prefill_tokens_per_round=4096), host_slots=host_slots,
+                               tiers=port, restore_floors={"ram": 64, "disk": 64})
         self.runner = ModelRunner(model, state, vocab_limit=TOKENIZER_SIZE)
         self.first_logits, self.tokens, self.finished = {}, {}, {}
 

@@ -80,17 +80,47 @@ def test_six_turn_conversation_with_tool_calls_hits_every_turn(reuse_server, dem
             messages.append({"role": "user", "content": "Now also update the docs."})
 
 
-def test_burst_of_subagents_shares_the_system_and_tools_block(reuse_server, demo_files):
+@pytest.fixture(scope="module")
+def cold_server(tmp_path_factory):
+    """The same server with reuse off: each request's cold output."""
+    s, client = make_server(tmp_path_factory, "--reuse-prompt", "off")
+    yield s, client
+    client.close()
+    assert stop_serve(s) == 0, s.log()
+
+
+LOGPROB_TOL = 1e-3
+"""Resumed and cold prefills split the prompt differently (fp32 summation order)."""
+
+
+def answer(r) -> tuple[str, list]:
+    """What a greedy choice said: its text and tool calls."""
+    msg = r.choices[0].message
+    calls = [(c.function.name, c.function.arguments) for c in (msg.tool_calls or [])]
+    return msg.content or "", calls
+
+
+def test_cold_burst_of_subagents_gives_cold_outputs_and_reads_the_block_once(reuse_server, cold_server, demo_files):
+    """Eight subagents sharing a system + tools block the server has never seen, all at once."""
     server, client = reuse_server
+    cold, cold_client = cold_server
     system = "You are subagent of a build team. " + text(300, 11)
     tasks = [f"Task {i}: " + text(25, 300 + i) for i in range(8)]
 
-    def one(task):
-        return chat(client, server.model, [{"role": "system", "content": system}, {"role": "user", "content": task}],
-                    tools=TOOLS)
+    def one(api, model, task):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        r = api.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=8, temperature=0,
+                                        logprobs=True)
+        return r, r.usage.prompt_tokens_details.cached_tokens
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(one, tasks))
+        results = list(pool.map(lambda t: one(client, server.model, t), tasks))
+    alone = [one(cold_client, cold.model, t)[0] for t in tasks]  # one at a time
+    for i, ((r, _), c) in enumerate(zip(results, alone)):
+        assert answer(r) == answer(c), i
+        got = [t.logprob for t in r.choices[0].logprobs.content]
+        want = [t.logprob for t in c.choices[0].logprobs.content]
+        assert len(got) == len(want) and max(abs(a - b) for a, b in zip(got, want)) < LOGPROB_TOL, i
     # the block is the system + tools turn, rendered alone
     from ignis.gateway.chat_template import ChatTemplate
 
@@ -99,8 +129,11 @@ def test_burst_of_subagents_shares_the_system_and_tools_block(reuse_server, demo
     block_tokens = len(demo_files.tokenizer.encode(sys_only))
     assert block_tokens > 1000
     floor = block_tokens // 64 * 64
-    hits = sum(1 for _, cached in results if cached >= floor)
-    assert hits >= 7, [c for _, c in results]
+    cached = [c for _, c in results]
+    assert sorted(c >= floor for c in cached) == [False] + [True] * 7, cached
+    prompts = [r.usage.prompt_tokens for r, _ in results]
+    prefilled = sum(p - c for p, c in zip(prompts, cached))
+    assert prefilled <= floor + sum(p - floor for p in prompts) + 64 * len(tasks), (prefilled, floor, prompts)
 
 
 def test_volatile_system_prompt_misses_and_stable_one_hits(reuse_server):

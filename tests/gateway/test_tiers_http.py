@@ -49,6 +49,19 @@ def scrape_metrics(server) -> dict[str, str]:
     return {name: urllib.request.urlopen(url, timeout=10).read().decode() for name, url in urls.items()}
 
 
+def wait_until_decoding(server, running: int, generated: float, timeout: float = 120) -> None:
+    """Poll the engine's metrics until ``running`` requests hold lanes and ``generated`` tokens were made."""
+    deadline = time.monotonic() + timeout
+    while True:
+        engine = scrape_metrics(server)["engine"]
+        if (sample(engine, "ignis:num_requests_running") >= running
+                and sample(engine, "ignis:generation_tokens_total") >= generated):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the agents did not reach decoding in {timeout} s:\n{engine}")
+        time.sleep(0.05)  # a poll interval, not a wait for a state
+
+
 def run_rounds(tmp_path, extra):
     from openai import OpenAI
 
@@ -125,8 +138,9 @@ def test_with_reuse_off_live_agents_are_evicted_to_tierd_and_resume_exactly(tmp_
             seeds = [None, 1, None, 3]  # greedy and seeded sampling
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
                 alone = list(pool.map(lambda i: ask(agents[i], "agent", 600, seeds[i]), range(4)))
+                generated = sample(scrape_metrics(server)["engine"], "ignis:generation_tokens_total")
                 runs = [pool.submit(ask, agents[i], "agent", 600, seeds[i]) for i in range(4)]
-                time.sleep(0.7)  # the agents are decoding and hold most of the pool
+                wait_until_decoding(server, running=4, generated=generated + 4 * 32)
                 burst = [pool.submit(ask, "Interactive. " + text(400, 90 + j), "interactive", 8) for j in range(2)]
                 [f.result(timeout=240) for f in burst]
                 disturbed = [f.result(timeout=240) for f in runs]

@@ -16,9 +16,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from ignis.shared.qwen_tokenizer_files import (
-    MARKUP_TOKENS, QWEN3_5_PATTERN, QWEN3_PATTERN, SPECIAL_TOKENS, VOCABULARIES, bytes_to_unicode, tokenizer_config,
+    MARKUP_TOKENS, QWEN3_5_PATTERN, QWEN3_PATTERN, SPECIAL_TOKENS, VOCABULARIES, tokenizer_config,
     tokenizer_json, vocab_and_merges,
 )
+from ignis.shared.tokenizer_files import bytes_to_unicode
 from tests.support.real_tokenizer import FAMILIES
 from tests.support.tokenizer_samples import SAMPLES
 

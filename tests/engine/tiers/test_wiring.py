@@ -1,4 +1,8 @@
-"""What the engine exports to tierd: block descriptors of shared host memory and of CUDA IPC allocations."""
+"""What the engine exports to tierd, and how its tier port names what moves.
+
+Block descriptors of shared host memory and of CUDA IPC allocations; the
+port's page and slot references, and the keys of live parts.
+"""
 
 from __future__ import annotations
 
@@ -58,3 +62,62 @@ def test_a_real_cpu_state_exports_shared_memory_and_needs_no_sync():
         assert _device_sync(state) is None
     finally:
         state.close()
+
+
+class RecordingClient:
+    """A TierClient's calls, recorded; every copy succeeds in KV-RAM."""
+
+    def __init__(self):
+        self.unit = SimpleNamespace(lane=("slot_ssm", "slot_conv"))
+        self.connects = 1
+        self.calls = []
+
+    def demote(self, key, source, kind, request_class, last_used):
+        self.calls.append(("demote", key, source, kind))
+        return "ram"
+
+    def restore(self, key, dest):
+        self.calls.append(("restore", key, dest))
+        return "ram"
+
+    def drop(self, key):
+        self.calls.append(("drop", key))
+
+
+def test_the_port_names_pages_and_host_slot_items_and_never_exports_a_device_slot():
+    from ignis.engine.reuse.lower_index import content_key
+    from ignis.engine.tiers.wiring import TierClientPort
+
+    client = RecordingClient()
+    saved = []
+    state = SimpleNamespace(save_image=lambda lane, slot: saved.append((lane, slot)))
+    port = TierClientPort(client, state, device_slots=2, staging_slot=6)
+    assert port.session == 1
+    client.connects += 1  # a new hello
+    assert port.session == 2
+    assert port.demote_retained((1, 2, 3), [4, 5], slot=1, request_class="agent") is None  # a device slot
+    assert port.restore_retained("k", [4, 5], slot=0) is None
+    assert client.calls == []
+    assert port.demote_retained((1, 2, 3), [4, 5], slot=3, request_class="agent") == "ram"
+    assert client.calls[-1] == ("demote", content_key((1, 2, 3)),
+                                [("kv", 4), ("kv", 5), ("slot_ssm", 1), ("slot_conv", 1)], "retained")
+    assert port.restore_retained("k", [7], slot=2) == "ram"
+    assert client.calls[-1] == ("restore", "k", [("kv", 7), ("slot_ssm", 0), ("slot_conv", 0)])
+    assert port.demote_window("r", 0, [8, 9], "agent") and port.demote_image("r", lane=1, request_class="agent")
+    assert saved == [(1, 6)]  # the image is staged in the staging slot before it moves
+    window, image = client.calls[-2:]
+    assert window[2:] == ([("kv", 8), ("kv", 9)], "live") and image[2:] == ([("slot_ssm", 4), ("slot_conv", 4)], "live")
+    assert port.restore_window("r", 0, [10, 11]) and port.restore_image("r")
+    assert [c[1] for c in client.calls[-2:]] == [window[1], image[1]]  # the same keys come back
+    port.drop_window("r", 0)
+    port.drop_image("r")
+    assert client.calls[-2:] == [("drop", window[1]), ("drop", image[1])]
+
+
+def test_a_port_without_a_staging_slot_moves_no_live_image():
+    from ignis.engine.tiers.wiring import TierClientPort
+
+    client = RecordingClient()
+    port = TierClientPort(client, SimpleNamespace(), device_slots=0, staging_slot=None)
+    assert not port.demote_image("r", 0, "agent") and not port.restore_image("r")
+    assert client.calls == []

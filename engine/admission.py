@@ -1,0 +1,118 @@
+"""Admission: which waiting requests take a lane this round, and where their prefill starts.
+
+Order. Interactive requests before agent ones, FIFO within a class, strictly in
+that order: if the head does not fit, nothing behind it is admitted (so a big
+request is not starved by small ones). A request fits when a lane is free and
+the pages for all its tokens plus one (its first decode) are free; those pages
+are taken at admission, so a prefill never runs short. Admission stops when the
+round's prefill budget is spent; the scheduler admits nothing in a round that
+preempted.
+
+Reuse. With a ``RetainedStore`` (slots > 0), admission first looks up the
+longest retained prefix of the request's tokens: full pages are shared, the
+partial last page copied (``plan.copies_before``), the state image copied into
+the lane (``LaneStart.restore_slot``), and prefill starts after the match.
+Retained pages never delay an admission: the store releases entries,
+lowest-ranked first, before the head is left waiting.
+
+Subagent bursts. While a running request prefills towards a retained-prefix
+point, or a capture of a longer prefix of a waiting request's prompt is still
+pending (its round not yet applied: its slot holds nothing), the waiting
+request waits, then resumes from the captured prefix. It never reads a slot
+that is not filled; the scheduler's ``update`` marks a round's captures filled.
+
+Resumed evictions. At most one evicted sequence comes back per round (its
+pages and image share the one staging slot); it decodes on where it stopped,
+or recomputes when its lower copy is gone. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from ignis.engine.preemption import maybe_evict
+from ignis.engine.prefill_chunks import add_chunk, retained_prefix_point
+from ignis.engine.request import Request, RequestState
+from ignis.engine.schedule import LaneStart, RoundPlan
+from ignis.engine.scheduler_state import SchedulerState
+
+
+def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
+    """Admit waiting requests in order while lanes are free and ``budget`` prefill tokens last."""
+    page_tokens = sched.config.page_tokens
+    staged = False
+    while budget > 0 and sched.lanes.any_free:
+        queue = next((q for q in sched.waiting.values() if q), None)
+        if queue is None:
+            return
+        req = queue[0]
+        if req.evicted is not None:
+            needed = sched.pool.pages_for(req.num_tokens + 1)
+            if needed > sched.pool.num_free:
+                sched.store.reclaim_pages(needed)
+            if staged or needed > sched.pool.num_free:
+                return
+            queue.popleft()
+            sched.lanes.take(req)
+            req.page_table.ensure_capacity(req.num_tokens + 1)
+            _resume_evicted(sched, plan, req)
+            staged = True
+            if req.state is RequestState.PREFILLING:
+                req.num_computed_tokens = 0
+                budget -= add_chunk(plan, req, budget, sched.store, page_tokens)
+            continue
+        tokens = req.token_slice(0, req.num_tokens)
+        hit = sched.store.lookup(tokens)
+        matched = hit.num_tokens if hit else 0
+        if sched.store.pending_prefix(tokens) > matched or _sibling_capturing(sched, req, tokens, matched):
+            return  # a request ahead is about to retain this prefix: resume from it once it is filled
+        shared = hit.num_tokens // page_tokens if hit else 0
+        needed = sched.pool.pages_for(req.num_tokens + 1) - shared
+        if needed > sched.pool.num_free:
+            sched.store.reclaim_pages(needed)
+        if needed > sched.pool.num_free:
+            maybe_evict(sched, req)
+            return  # head of line waits; nothing overtakes it
+        queue.popleft()
+        sched.lanes.take(req)
+        req.num_computed_tokens = 0
+        if hit is not None:
+            plan.copies_before.extend(req.page_table.fork_from(hit.pages, hit.num_tokens))
+            req.num_computed_tokens = hit.num_tokens
+            if req.num_preemptions == 0:
+                req.cached_tokens = hit.num_tokens
+                req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
+        req.page_table.ensure_capacity(req.num_tokens + 1)
+        req.state = RequestState.PREFILLING
+        plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
+                                      restore_slot=hit.slot if hit else None))
+        budget -= add_chunk(plan, req, budget, sched.store, page_tokens)
+
+
+def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> None:
+    """``req`` holds a new lane and table: bring its lower copy back, or recompute without it."""
+    record, req.evicted = req.evicted, None
+    if sched.evictor.restore(req, record):
+        req.num_computed_tokens = record.computed
+        req.state = RequestState.DECODING  # decodes on next round: nothing is recomputed
+        plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
+                                      tuple(req.output_ids), restore_slot=sched.evictor.staging_slot))
+    else:
+        req.state = RequestState.PREFILLING  # the lower copy is gone: recompute instead
+        plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
+                                      tuple(req.output_ids)))
+
+
+def _sibling_capturing(sched: SchedulerState, req: Request, tokens: tuple[int, ...], matched: int) -> bool:
+    """A burst of subagents shares one system block: while a running request is
+    prefilling towards the same retained-prefix point, the next one waits for it
+    (at most until that request passes the point) instead of reading the block again."""
+    page_tokens = sched.config.page_tokens
+    p = retained_prefix_point(req, sched.store, page_tokens)
+    if p is None or matched >= p:
+        return False
+    prefix = tokens[:p]
+    for other in sched.lanes.holders():
+        if (other.state is RequestState.PREFILLING and other.num_computed_tokens < p
+                and retained_prefix_point(other, sched.store, page_tokens) == p
+                and other.token_slice(0, p) == prefix):
+            return True
+    return False

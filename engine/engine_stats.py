@@ -1,0 +1,66 @@
+"""The engine's Stats reply and its Prometheus gauges, read from the loaded runtime.
+
+A Stats reply carries the scheduler's load under vLLM's names
+(``Scheduler.stats``), the pool, the limits, which model is loaded and the
+wire error count; with no model loaded it still carries the last model's sizes
+(``ServedModels.unloaded_stats``). The gauges mirror the same numbers once per
+loop turn.
+"""
+
+from __future__ import annotations
+
+from ignis.engine.metrics import EngineMetrics
+
+
+def loaded_stats(runtime, model_index: int, wire_errors: int, started_unix: float) -> dict:
+    """The Stats reply while ``runtime`` is loaded; ``model_index`` is its place in the served list."""
+    scheduler = runtime.scheduler
+    pool = scheduler.pool
+    values = dict(scheduler.stats())
+    values.update({
+        "pool_pages_total": pool.num_pages,
+        "pool_pages_free": pool.num_free,
+        "pool_pages_used": pool.num_used,
+        "decode_lanes": scheduler.config.decode_lanes,
+        "max_model_len": scheduler.config.max_model_len,
+        "vocab_size": runtime.vocab_size,
+        "wire_errors": wire_errors,
+        "model_loaded": 1,
+        "model_index": model_index,
+        "engine_started_unix": started_unix,
+    })
+    values.update(runtime.info)
+    return values
+
+
+def unloaded_stats(kept: dict, waiting: int, wire_errors: int, started_unix: float) -> dict:
+    """The Stats reply with no model loaded; ``waiting`` requests wait for a load."""
+    return {**kept, "model_loaded": 0, "num_requests_running": 0, "num_requests_waiting": waiting,
+            "wire_errors": wire_errors, "engine_started_unix": started_unix}
+
+
+def set_gauges(metrics: EngineMetrics, runtime, waiting_for_model: int) -> None:
+    """Gauges from ``runtime`` (None: no model loaded, ``waiting_for_model`` requests wait for one)."""
+    if runtime is None:
+        metrics.running.set(0)
+        metrics.waiting.set(waiting_for_model)
+        return
+    scheduler = runtime.scheduler
+    pool = scheduler.pool
+    metrics.running.set(scheduler.num_running)
+    metrics.waiting.set(scheduler.num_waiting)
+    metrics.pages_used.set(pool.num_used)
+    metrics.pages_free.set(pool.num_free)
+    metrics.kv_usage.set(pool.num_used / pool.num_pages)
+    store = scheduler.stats()
+    metrics.sync_store(store)
+    metrics.live_evicting.set(store["live_evicting"])
+    client = runtime.tier_client
+    metrics.tierd_connected.set(1 if client is not None and client.welcome is not None else 0)
+    metrics.retained_entries.set(store["retained_entries"])
+    metrics.retained_lower_entries.set(store["retained_lower_entries"])
+    metrics.retained_slots_free.set(store["retained_slots_free"])
+    page_bytes = runtime.info.get("kv_pool_bytes", 0) // max(1, pool.num_pages)
+    used_slots = store["retained_slots_total"] - store["retained_slots_free"]
+    metrics.retained_bytes.set(store["retained_pages_held"] * page_bytes
+                               + used_slots * runtime.info.get("slot_bytes", 0))

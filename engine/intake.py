@@ -1,0 +1,76 @@
+"""Request intake: each Generate from a gateway is refused, left waiting for its model, or scheduled.
+
+Checks, in this order: the engine is stopping; the named model is not served
+here; its model is not loaded, or requests already wait for a load (it waits
+too, in ``ServedModels.pending``, unless that queue is full); the prompt is
+empty; a token is outside the vocabulary; the id is in use; the scheduler's own
+limits. An accepted request becomes a scheduler ``Request`` and is tracked for
+its output. Every refusal is counted by reason and model.
+"""
+
+from __future__ import annotations
+
+from ignis.engine.metrics import EngineMetrics
+from ignis.engine.request import Request
+from ignis.engine.served_models import ServedModels
+from ignis.engine.token_streams import TokenStreams
+from ignis.shared.stop_request import StopRequest
+from ignis.shared.wire import Finished, Generate, Refused, Usage
+from ignis.shared.zmq_queues import Channel
+
+
+class Intake:
+    """Admits Generate messages into ``models``' loaded scheduler; ``max_queue`` bounds ``models.pending``."""
+
+    def __init__(self, channel: Channel, metrics: EngineMetrics, models: ServedModels, streams: TokenStreams,
+                 stopping: StopRequest, max_queue: int):
+        self.channel = channel
+        self.metrics = metrics
+        self.models = models
+        self.streams = streams
+        self.stopping = stopping
+        self.max_queue = max_queue
+
+    def refuse(self, peer: bytes, rid: str, reason: str, message: str) -> None:
+        self.metrics.refused.labels(self.models.name, reason).inc()
+        self.channel.send(Refused(rid, reason, message), peer)
+
+    def generate(self, peer: bytes, msg: Generate) -> None:
+        models = self.models
+        if self.stopping.is_set():
+            return self.refuse(peer, msg.id, "shutting_down", "the engine is shutting down")
+        if msg.model is not None and msg.model not in models.dirs:
+            return self.refuse(peer, msg.id, "unknown_model",
+                               f"model {msg.model!r} is not served here (models: {', '.join(models.dirs)})")
+        if models.must_wait(models.wanted(msg.model)):
+            if len(models.pending) >= self.max_queue:
+                return self.refuse(peer, msg.id, "queue_full",
+                                   f"{len(models.pending)} requests wait for a model load (max_queue)")
+            models.pending.append((peer, msg))  # served, in arrival order, once the model it names is loaded
+            return
+        runtime = models.runtime
+        if not msg.prompt_ids:
+            return self.refuse(peer, msg.id, "bad_request", "the prompt is empty")
+        bad = next((t for t in msg.prompt_ids if t >= runtime.vocab_size), None)
+        if bad is not None:
+            return self.refuse(peer, msg.id, "bad_request",
+                               f"token id {bad} is outside the vocabulary (size {runtime.vocab_size})")
+        if msg.id in self.streams.tracked:
+            return self.refuse(peer, msg.id, "bad_request", f"request id {msg.id!r} is already in use")
+        scheduler = runtime.scheduler
+        req = Request.from_generate(msg, scheduler.config.page_tokens)
+        if not scheduler.store.enabled:
+            req.must_cut_at = ()  # nothing is captured, so prefill runs in one traversal
+        refusal = scheduler.add(req)
+        if refusal is not None:
+            return self.refuse(peer, msg.id, refusal.reason, refusal.message)
+        self.streams.track(peer, msg)
+
+    def abort_pending(self, rid: str) -> bool:
+        """An Abort for a request still waiting for its model: it ends here, with nothing generated."""
+        item = self.models.withdraw(rid)
+        if item is None:
+            return False
+        peer, msg = item
+        self.channel.send(Finished(rid, "abort", Usage(len(msg.prompt_ids), 0)), peer)
+        return True

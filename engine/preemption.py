@@ -1,0 +1,92 @@
+"""Room for running sequences: decodes planned under page pressure, preemption, live eviction.
+
+Decodes. Every decoding request gets one step per round, in rank order, and
+its page table grows a page at a time to hold it. Retained pages are given up
+(``store.reclaim_pages``) before anything running is.
+
+Preemption (recompute). When a decode needs a page and none is free, the
+lowest-ranked running request (agent before interactive, latest arrival first)
+gives up its pages and lane and goes back to the FRONT of its class's queue;
+its output so far stays, and on readmission it prefills prompt + output and
+goes on sampling where it stopped. It keeps its arrival, hence its rank.
+
+Live eviction (with tierd). When the head of the queue cannot fit, the
+lowest-ranked decoding sequence ranked below it starts moving down a tier, one
+window between rounds (``engine.eviction``); once all of it has moved it gives
+up its lane and pages and waits at the front of its class's queue, to resume
+without recomputing. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+from ignis.engine.request import CLASS_RANK, Request, RequestState
+from ignis.engine.schedule import DecodeItem, Preempted, RoundPlan
+from ignis.engine.scheduler_state import SchedulerState
+
+_rank = attrgetter("rank")
+
+
+def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
+    """One decode per decoding request, preempting the lowest-ranked running ones for pages."""
+    scheduled: set[str] = set()
+    for req in sorted((r for r in sched.lanes.holders() if r.state is RequestState.DECODING), key=_rank):
+        if req.state is not RequestState.DECODING:
+            continue  # preempted earlier in this loop
+        position = req.num_computed_tokens
+        needed = req.page_table.pages_needed(position + 1)
+        if needed > sched.pool.num_free:
+            sched.store.reclaim_pages(needed)
+        while req.page_table.pages_needed(position + 1) > sched.pool.num_free:
+            victim = max((r for r in sched.lanes.holders() if r.req_id not in scheduled), key=_rank)
+            plan.preempted.append(preempt(sched, victim))
+            if victim is req:
+                break
+        if req.state is not RequestState.DECODING:
+            continue
+        req.page_table.ensure_capacity(position + 1)
+        plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position), req.page_table.pages))
+        scheduled.add(req.req_id)
+
+
+def preempt(sched: SchedulerState, req: Request) -> Preempted:
+    """``req`` gives up its lane and pages and waits at the front of its queue, to recompute."""
+    lane = req.lane
+    sched.evictor.forget(req.req_id)
+    sched.lanes.release(req)
+    req.state = RequestState.WAITING
+    req.num_computed_tokens = 0
+    req.num_preemptions += 1
+    sched.num_preemptions += 1
+    sched.waiting[req.request_class].appendleft(req)
+    return Preempted(req.req_id, lane)
+
+
+def evict_windows(sched: SchedulerState, plan: RoundPlan) -> None:
+    """Between rounds: one window of every evicting sequence moves down (see engine.eviction)."""
+    for req in [r for r in sched.lanes.holders() if r.state is RequestState.EVICTING]:
+        outcome = sched.evictor.step(req)
+        if outcome == "failed":
+            sched.evictor.abandon(req)
+            req.state = RequestState.DECODING
+        elif outcome == "done":
+            record = sched.evictor.evicting.pop(req.req_id)
+            lane = req.lane
+            sched.lanes.release(req)
+            req.state = RequestState.WAITING
+            req.evicted = record
+            sched.waiting[req.request_class].appendleft(req)
+            plan.preempted.append(Preempted(req.req_id, lane))
+
+
+def maybe_evict(sched: SchedulerState, head: Request) -> None:
+    """``head`` cannot fit: start evicting the lowest-ranked decoding sequence ranked below it."""
+    if not sched.evictor.enabled or sched.evictor.evicting:
+        return
+    below = [r for r in sched.lanes.holders() if r.state is RequestState.DECODING
+             and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]
+    if below:
+        victim = max(below, key=_rank)
+        victim.state = RequestState.EVICTING
+        sched.evictor.start(victim)

@@ -1,0 +1,62 @@
+"""Prefill chunks, and the captures of the retained store that end on them.
+
+At most one chunk per request per round; the caller keeps the round's chunks
+together within ``max_prefill_tokens_per_round``. A chunk never crosses one of
+the request's ``must_cut_at`` points (it may end on one, and the next round
+continues from there).
+
+A chunk that ends on a capture mark is captured after the forward
+(``plan.captures``): the end of system + tools rounded down to whole pages is a
+"retained_prefix", the generation opener a "prompt_checkpoint". Nothing is
+captured while the store is disabled. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from ignis.engine.request import Request
+from ignis.engine.reuse.store import RetainedStore
+from ignis.engine.schedule import PrefillChunk, RoundPlan
+
+
+def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, page_tokens: int) -> int:
+    """Plan ``req``'s next chunk (and its capture, if it ends on a mark); returns its size."""
+    chunk = next_chunk(req, budget)
+    plan.prefills.append(chunk)
+    kind = capture_kind(req, chunk.end, store, page_tokens)
+    if kind is not None:
+        order = store.capture(req.token_slice(0, chunk.end), req.page_table, req.lane, kind,
+                              req.request_class, req.last_is_user)
+        if order is not None:
+            plan.captures.append(order)
+    return chunk.num_tokens
+
+
+def next_chunk(req: Request, budget: int) -> PrefillChunk:
+    """From the first uncomputed token: at most ``budget`` tokens, ending at the next cut point."""
+    start, target = req.num_computed_tokens, req.num_tokens
+    end = min(target, start + budget)
+    for cut in req.must_cut_at:  # sorted: the first cut past start is the one that binds
+        if cut > start:
+            end = min(end, cut)
+            break
+    return PrefillChunk(req.req_id, req.lane, start, end, end == target, req.token_slice(start, end),
+                        req.page_table.pages)
+
+
+def retained_prefix_point(req: Request, store: RetainedStore, page_tokens: int) -> int | None:
+    """Where ``req``'s retained prefix is captured, or None when it has none."""
+    if not store.enabled or req.system_end is None:
+        return None
+    p = req.system_end // page_tokens * page_tokens
+    return p if 0 < p < len(req.prompt_ids) and p in req.must_cut_at else None
+
+
+def capture_kind(req: Request, end: int, store: RetainedStore, page_tokens: int) -> str | None:
+    """What a chunk of ``req`` ending at ``end`` captures, if anything."""
+    if not store.enabled or end >= len(req.prompt_ids) or end not in req.must_cut_at:
+        return None
+    if req.opener_start == end:
+        return "prompt_checkpoint"
+    if req.system_end is not None and req.system_end // page_tokens * page_tokens == end:
+        return "retained_prefix"
+    return None

@@ -1,0 +1,39 @@
+"""``SchedulerConfig``: the scheduler's limits, checked at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ignis.engine.page_pool import PAGE_TOKENS
+from ignis.shared.flags import field_doc
+from ignis.shared.wire_fields import MAX_TOKEN_ID
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of the scheduler; ``num_pages`` and ``eos_token_ids`` come from the model and memory plan."""
+
+    decode_lanes: int = field(default=8, metadata=field_doc("sequences decoding at once (live recurrent states)"))
+    num_pages: int = field(default=1024, metadata=field_doc("KV pages in the pool", cli=False))
+    max_prefill_tokens_per_round: int = field(
+        default=2048, metadata=field_doc("prompt tokens prefilled per round, all requests together"))
+    max_queue: int = field(default=256, metadata=field_doc("requests waiting for a lane before new ones are refused"))
+    max_model_len: int = field(default=32768, metadata=field_doc("most tokens (prompt + completion) per request"))
+    page_tokens: int = field(default=PAGE_TOKENS, metadata=field_doc("tokens per KV page", cli=False))
+    eos_token_ids: tuple[int, ...] = field(default=(), metadata=field_doc("the model's end tokens", cli=False))
+
+    def __post_init__(self):
+        for name, flag in (("decode_lanes", "--decode-lanes"), ("num_pages", "num_pages"),
+                           ("max_prefill_tokens_per_round", "--max-prefill-tokens-per-round"),
+                           ("max_queue", "--max-queue"), ("max_model_len", "--max-model-len"),
+                           ("page_tokens", "page_tokens")):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        if self.max_model_len > self.num_pages * self.page_tokens:
+            raise ValueError(f"--max-model-len {self.max_model_len} exceeds the KV pool "
+                             f"({self.num_pages} pages x {self.page_tokens} = {self.num_pages * self.page_tokens} tokens)")
+        eos = tuple(self.eos_token_ids)
+        if any(type(t) is not int or not 0 <= t <= MAX_TOKEN_ID for t in eos):
+            raise ValueError(f"eos_token_ids must be token ids, got {eos!r}")
+        object.__setattr__(self, "eos_token_ids", eos)

@@ -1,0 +1,100 @@
+"""``TierPort``: what the retained store and the live evictor ask of the tiers below the device.
+
+Pure Python, no torch, and no engine types: the port speaks tierd's terms
+(keys, page ids, slot ids, request ids), so the store and the evictor import
+it and it imports neither. The engine builds one port at load and hands it to
+the scheduler, which gives it to the store and the evictor; when no tierd is
+configured, or the engine's memory cannot be shared with it, that port is a
+``NullTierPort``.
+
+Invariants every port keeps:
+
+- Each call returns once its copy is complete (or has failed): the engine
+  reuses no page or slot a copy still reads or writes.
+- A refused demote or a missed restore is a cache miss, never an error: the
+  caller carries on without the lower tiers (the destination is then unused).
+- ``session`` changes on every accepted hello; tierd holds nothing of the
+  engine's from before the latest one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class TierPort(Protocol):
+    @property
+    def session(self) -> int:
+        """Accepted hellos so far (0 before the first)."""
+
+    # ----- retained entries (the store) ------------------------------------------
+
+    def demote_retained(self, tokens: tuple[int, ...], pages: Sequence[int], slot: int,
+                        request_class: str) -> str | None:
+        """Copy the retained entry over ``tokens`` (its pages in order, the image in ``slot``) down,
+        under ``content_key(tokens)`` (``engine.reuse.lower_index``), the key the store's records and
+        ``restore_retained`` use; the tier it landed in ("ram" / "disk"), or None when it did not move."""
+
+    def restore_retained(self, key: str, pages: Sequence[int], slot: int) -> str | None:
+        """Copy the entry under ``key`` into ``pages`` and ``slot``; the tier it was read from, or None."""
+
+    def locate(self, keys: list[str]) -> dict[str, str | None] | None:
+        """Where each key is now ("ram", "disk", or None: gone); None when tierd cannot answer."""
+
+    # ----- live sequences (the evictor) ---------------------------------------------
+
+    def demote_window(self, req_id: str, index: int, pages: Sequence[int], request_class: str) -> bool:
+        """Copy window ``index`` of a live sequence (these pages, in order) down."""
+
+    def demote_image(self, req_id: str, lane: int, request_class: str) -> bool:
+        """Stage the state image of ``lane`` in the staging slot and copy it down."""
+
+    def restore_window(self, req_id: str, index: int, pages: Sequence[int]) -> bool:
+        """Copy window ``index`` back into ``pages`` (as many as it had, in order)."""
+
+    def restore_image(self, req_id: str) -> bool:
+        """Copy the state image back into the staging slot."""
+
+    def drop_window(self, req_id: str, index: int) -> None:
+        """Forget window ``index`` below."""
+
+    def drop_image(self, req_id: str) -> None:
+        """Forget the state image below."""
+
+
+class NullTierPort:
+    """No tier below the device: nothing moves down, nothing is found there."""
+
+    session = 0
+
+    def demote_retained(self, tokens, pages, slot, request_class) -> None:
+        return None
+
+    def restore_retained(self, key, pages, slot) -> None:
+        return None
+
+    def locate(self, keys) -> None:
+        return None
+
+    def demote_window(self, req_id, index, pages, request_class) -> bool:
+        return False
+
+    def demote_image(self, req_id, lane, request_class) -> bool:
+        return False
+
+    def restore_window(self, req_id, index, pages) -> bool:
+        return False
+
+    def restore_image(self, req_id) -> bool:
+        return False
+
+    def drop_window(self, req_id, index) -> None:
+        return None
+
+    def drop_image(self, req_id) -> None:
+        return None
+
+
+NO_TIERS = NullTierPort()
+"""The port of an engine without lower tiers (stateless: one serves every store and evictor)."""

@@ -1,0 +1,129 @@
+"""Output fan-out: the requests the scheduler accepted, as the gateways that sent them see them.
+
+Per request: who asked and when, and when it was admitted and streamed.
+Each round's tokens go back as one ``TokenBatch`` per gateway; a request's end
+goes back as ``Finished`` (usage, reuse, timings) followed by one ``done`` line
+in the log. The latency histograms and finish counters are updated before the
+message a client could act on is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from ignis.engine.metrics import EngineMetrics
+from ignis.shared.wire import (
+    Finished,
+    Generate,
+    ReuseInfo,
+    StreamTokens,
+    Timings,
+    TokenBatch,
+    TokenLogprobs,
+    Usage,
+)
+from ignis.shared.zmq_queues import Channel
+
+log = logging.getLogger("ignis.engine")
+
+
+@dataclass
+class Tracked:
+    """What the loop remembers about a request beyond the scheduler: who asked, and when."""
+
+    peer: bytes
+    request_class: str
+    prompt_tokens: int
+    arrived: float
+    admitted: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class TokenStreams:
+    """``tracked`` holds every request from its acceptance until its ``Finished`` is sent."""
+
+    def __init__(self, channel: Channel, metrics: EngineMetrics):
+        self.channel = channel
+        self.metrics = metrics
+        self.tracked: dict[str, Tracked] = {}
+
+    def track(self, peer: bytes, msg: Generate) -> None:
+        self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic())
+
+    def admitted(self, started, now: float) -> None:
+        """Requests that took a lane this round (``plan.started``); a resume keeps its first admission."""
+        for s in started:
+            t = self.tracked.get(s.req_id)
+            if t is not None and t.admitted is None:
+                t.admitted = now
+                self.metrics.queue_time.observe(now - t.arrived)
+
+    def send_tokens(self, result, logprobs: dict, scheduler) -> None:
+        """One round's sampled tokens, batched per gateway; a request already ending sends none."""
+        now = time.monotonic()
+        by_peer: dict[bytes, list[StreamTokens]] = {}
+        for rid, token in result.tokens.items():
+            t = self.tracked.get(rid)
+            req = scheduler.get(rid)
+            if t is None or (req is not None and req.pending_end is not None):
+                continue
+            if t.first_token is None:
+                t.first_token = now
+                self.metrics.ttft.observe(now - t.arrived)
+            else:
+                self.metrics.itl.observe(now - t.last_token)
+            t.last_token = now
+            t.tokens += 1
+            lp = logprobs.get(rid)
+            wire_lp = None if lp is None else TokenLogprobs(
+                logprobs=(lp.token_logprob,), top_ids=(tuple(i for i, _ in lp.top),),
+                top_logprobs=(tuple(v for _, v in lp.top),))
+            by_peer.setdefault(t.peer, []).append(StreamTokens(rid, (token,), wire_lp))
+        for peer, streams in by_peer.items():
+            self.channel.send(TokenBatch(tuple(streams)), peer)
+
+    def finish(self, ev, model_name: str) -> None:
+        """``ev`` (a ``FinishEvent``) ended its request: metrics, ``Finished`` to its gateway, the done line."""
+        t = self.tracked.pop(ev.req_id, None)
+        if t is None:
+            return
+        now = time.monotonic()
+        admitted = t.admitted if t.admitted is not None else now
+        first = t.first_token
+        timings = Timings(
+            queue_ms=round((admitted - t.arrived) * 1000, 3),
+            prefill_ms=round(((first or now) - admitted) * 1000, 3),
+            ttft_ms=round(((first or now) - t.arrived) * 1000, 3),
+        )
+        usage = Usage(prompt_tokens=t.prompt_tokens, completion_tokens=ev.completion_tokens,
+                      cached_tokens=ev.cached_tokens)
+        reuse = ReuseInfo(kind=ev.reuse_kind, tier=ev.reuse_tier)
+        # metrics first: a client that sees Finished and scrapes must see this request counted
+        self.metrics.prefix_hits.inc(ev.cached_tokens)
+        if ev.cached_tokens:
+            self.metrics.reuse_hits.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc()
+            self.metrics.reuse_hit_tokens.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc(
+                ev.cached_tokens)
+        self.metrics.finished.labels(model_name, ev.reason).inc()
+        self.metrics.prompt_tokens.inc(t.prompt_tokens)
+        self.metrics.prefix_queries.inc(t.prompt_tokens)
+        self.metrics.e2e.observe(now - t.arrived)
+        self.channel.send(Finished(ev.req_id, ev.reason, usage, reuse=reuse, timings=timings, message=ev.message),
+                          t.peer)
+        decode_s = (t.last_token - first) if first is not None and t.last_token is not None else 0.0
+        done = {
+            "event": "done", "id": ev.req_id, "class": t.request_class, "prompt_tokens": t.prompt_tokens,
+            "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
+            "reuse_kind": ev.reuse_kind, "tier": ev.reuse_tier, "slot": ev.reuse_slot, "queue_ms": timings.queue_ms,
+            "prefill_ms": timings.prefill_ms, "ttft_ms": timings.ttft_ms,
+            "decode_tokens_per_s": round((t.tokens - 1) / decode_s, 2) if decode_s > 0 and t.tokens > 1 else 0.0,
+            "finish_reason": ev.reason,
+        }
+        log.info(orjson.dumps(done).decode())

@@ -1,0 +1,63 @@
+"""The memory plan's vocabulary figures: embedding, LM head (tied or not), one round's logits, the sampler's scratch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ignis.engine.memory_plan import (
+    CPU_DEFAULT_KV_BYTES,
+    embedding_bytes,
+    kv_page_bytes,
+    lane_bytes,
+    lm_head_bytes,
+    logits_bytes,
+    plan_memory,
+    sampler_workspace_bytes,
+)
+from ignis.engine.models.config import config_from_dict
+from ignis.engine.sampling import SamplerWorkspace
+
+QWEN35_27B = config_from_dict(dict(
+    architectures=["Qwen3_5ForCausalLM"], num_hidden_layers=64, full_attention_interval=4, num_attention_heads=24,
+    num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_conv_kernel_dim=4, hidden_size=5120, intermediate_size=17408,
+    vocab_size=248320, dtype="bfloat16", tie_word_embeddings=False))
+TIED_27B = dataclasses.replace(QWEN35_27B, tie_word_embeddings=True)
+
+
+def test_embedding_and_lm_head_tied_or_not():
+    assert embedding_bytes(QWEN35_27B, "bfloat16") == 248_320 * 5120 * 2 == 2_542_796_800
+    assert lm_head_bytes(QWEN35_27B, "bfloat16") == 2_542_796_800
+    assert lm_head_bytes(TIED_27B, "bfloat16") == 0
+    assert embedding_bytes(TIED_27B, "float32") == 248_320 * 5120 * 4
+
+
+def test_logits_of_a_round_are_the_head_output_and_its_fp32_copy():
+    assert logits_bytes(QWEN35_27B, "bfloat16", 32) == 32 * 248_320 * (2 + 4) == 47_677_440
+    assert logits_bytes(QWEN35_27B, "float32", 32) == 32 * 248_320 * 4  # the head's output is already fp32
+
+
+def test_the_free_memory_budget_sets_one_rounds_logits_aside():
+    page, image = kv_page_bytes(QWEN35_27B, "bfloat16"), lane_bytes(QWEN35_27B, "bfloat16")
+    assert (page, image) == (4_194_304, 153_944_064)
+    plan = plan_memory(QWEN35_27B, "bfloat16", 32, free_device_bytes=40 << 30, device_slots=2)
+    # (40 GiB - 2 slots - 45.5 MiB of logits - 32 lanes) * 0.85 // page; without the logits it would be 7643
+    assert int((42_949_672_960 - 2 * image - 47_677_440 - 32 * image) * 0.85) // page == 7633
+    assert plan.pages == 7633
+    assert (plan.embedding_bytes, plan.lm_head_bytes, plan.logits_bytes) == (2_542_796_800, 2_542_796_800, 47_677_440)
+    text = plan.describe()
+    assert "embedding 2542796800 bytes, LM head 2542796800 bytes" in text
+    assert "logits 47677440 bytes (45.5 MiB) per round for 32 rows" in text
+    assert "LM head tied to the embedding" in plan_memory(TIED_27B, "bfloat16", 32, kv_pool_tokens=64).describe()
+
+
+def test_explicit_budgets_are_the_pools_alone():
+    page = kv_page_bytes(QWEN35_27B, "bfloat16")
+    assert plan_memory(QWEN35_27B, "bfloat16", 32, kv_pool_tokens=6400).pages == 100
+    assert plan_memory(QWEN35_27B, "bfloat16", 32).pages == CPU_DEFAULT_KV_BYTES // page
+    assert plan_memory(QWEN35_27B, "bfloat16", 32, kv_memory_bytes=10 * page).pages == 10
+
+
+def test_the_sampler_workspace_figure_is_the_workspace():
+    assert sampler_workspace_bytes(248_320) == 248_320 * 41 == 10_181_120
+    assert SamplerWorkspace(248_320).nbytes == sampler_workspace_bytes(248_320)
