@@ -365,6 +365,22 @@ class TierStore:
                 if set(self.disk.files()) != on_disk:
                     raise RuntimeError("KV-disk files do not match the entries held on disk")
 
+    def rebind(self, memory: EngineMemory) -> None:
+        """The engine restarted with new memory of the same layout: entries stay, copies go to ``memory``.
+        Only with no copy in flight (the server waits for them first)."""
+        if self.in_flight or self.room:
+            raise RuntimeError("rebind with copies in flight or demotes waiting for room")
+        if memory.cuda_device != self.memory.cuda_device:
+            raise ValueError("the restarted engine's memory is on another device")
+        for e in list(self.entries.values()):
+            if e.kind == "live" and not e.busy:  # a live sequence died with the engine that ran it
+                self._remove(e)
+        self.memory.close()
+        self.memory = memory
+
+    def can_rebind(self, memory: EngineMemory) -> bool:
+        return not self.in_flight and not self.room and memory.cuda_device == self.memory.cuda_device
+
     def close(self) -> None:
         """Drop every entry and stop the workers (the server waits for in-flight copies first)."""
         for e in list(self.entries.values()):
