@@ -60,8 +60,9 @@ _STOP_WAIT_S = 30.0
 
 class TierServer:
     def __init__(self, config: TierdConfig, arena: Arena, endpoint: str, disk_dir: Path | None,
-                 metrics: TierdMetrics):
+                 metrics: TierdMetrics, mac_key: bytes = b""):
         self.config = config
+        self.mac_key = mac_key  # KV-disk files' MAC key (empty only when KV-disk is off for good)
         self.arena = arena
         self.endpoint = endpoint
         self.disk_dir = disk_dir
@@ -232,7 +233,7 @@ class TierServer:
         disk = None
         try:
             if disk_bytes:
-                disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes)
+                disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes, self.mac_key)
             elif self.disk_dir is not None:
                 kvdisk.wipe_dir(self.disk_dir, remove=True)
             if memory.uses_cuda:

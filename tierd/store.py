@@ -127,7 +127,7 @@ class TierStore:
         else:
             e.disk.move(S.READING)
             job = partial(read_into_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
-                          e.nbytes, self._staging, self.disk.chunk)
+                          e.nbytes, self._staging, self.disk.chunk, self.disk.mac_key)
             self.disk_io.submit(job, lambda r, err, s: self._restored(peer, msg, e, "disk", err, s))
 
     def drop(self, peer: bytes, msg: Drop) -> None:
@@ -261,7 +261,7 @@ class TierStore:
         self.disk.reserve(e.file_bytes)
         e.disk.move(S.FILLING)
         job = partial(write_from_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
-                      e.nbytes, self._staging, self.disk.chunk)
+                      e.nbytes, self._staging, self.disk.chunk, self.disk.mac_key)
         self.disk_io.submit(job, lambda r, err, s: self._written(peer, msg, e, err, s))
 
     def _written(self, peer: bytes, msg: Demote, e: Entry, err: BaseException | None, seconds: float) -> None:
@@ -293,7 +293,8 @@ class TierStore:
         if e.nbytes % bb:
             pieces[-1] = pieces[-1][:e.nbytes % bb]
         path = self.disk.file_path(e.key)
-        self.disk_io.submit(lambda: kvdisk.write_entry(path, e.header, pieces, e.nbytes, self.disk.chunk),
+        self.disk_io.submit(lambda: kvdisk.write_entry(path, e.header, pieces, e.nbytes, self.disk.mac_key,
+                                                              self.disk.chunk),
                             lambda r, err, s: self._spilled(e, err, s))
 
     def _spilled(self, e: Entry, err: BaseException | None, seconds: float) -> None:
