@@ -8,7 +8,9 @@ only calls tools) and, where given, ``name``, ``tool_calls`` (their string
 
 Developer messages (``apply_developer_policy``):
 
-    in-place       each developer message becomes a system turn where it is
+    in-place       each developer message is rendered where it stands: a system turn there, or, when
+                   the template takes a system turn only first, a user turn reading
+                   DEVELOPER_TURN_PREFIX + its text (first in the conversation it stays a system turn)
     into-system    their text is appended to the leading system message (one is created if none)
     after-system   they move, as system turns, right after the leading system message
 
@@ -26,6 +28,8 @@ from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+DEVELOPER_TURN_PREFIX = "Developer instructions:\n"
+"""Opens the user turn an ``in-place`` developer message becomes where the template refuses a late system turn."""
 MAX_MESSAGES = 100_000
 
 
@@ -120,10 +124,18 @@ def parse_messages(f: Fields) -> list[dict]:
     return out
 
 
-def apply_developer_policy(messages: list[dict], policy: str) -> list[dict]:
-    """Messages with developer turns placed by ``policy`` (see the module docstring)."""
+def _developer_turn(message: dict, first: bool, late_system: bool) -> dict:
+    if first or late_system:
+        return dict(message, role="system")
+    return dict(message, role="user", content=DEVELOPER_TURN_PREFIX + text_of(message.get("content")))
+
+
+def apply_developer_policy(messages: list[dict], policy: str, late_system: bool = True) -> list[dict]:
+    """Messages with developer turns placed by ``policy`` (see the module docstring); ``late_system``
+    says the template renders a system turn after the first message."""
     if policy == "in-place":
-        return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
+        return [_developer_turn(m, i == 0, late_system) if m["role"] == "developer" else m
+                for i, m in enumerate(messages)]
     devs = [m for m in messages if m["role"] == "developer"]
     if not devs:
         return messages
