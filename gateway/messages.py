@@ -12,7 +12,8 @@ Developer messages (``apply_developer_policy``):
                    the template takes a system turn only first, a user turn reading
                    DEVELOPER_TURN_PREFIX + its text (first in the conversation it stays a system turn)
     into-system    their text is appended to the leading system message (one is created if none)
-    after-system   they move, as system turns, right after the leading system message
+    after-system   they move right after the leading system message: system turns, or the user turns
+                   in-place makes where the template takes a system turn only first
 
 Tools go to the template unchanged. ``tool_choice`` "none" withholds them (and
 tool-call parsing); "auto", "required" and a named function pass them all, as
@@ -147,8 +148,9 @@ def apply_developer_policy(messages: list[dict], policy: str, late_system: bool 
         system["content"] = "\n\n".join(p for p in parts if p)
         return [system] + rest[1 if has_system else 0:]
     if policy == "after-system":
-        moved = [dict(m, role="system") for m in devs]
-        return rest[:1] + moved + rest[1:] if has_system else moved + rest
+        first = 1 if has_system else 0
+        moved = [_developer_turn(m, first + j == 0, late_system) for j, m in enumerate(devs)]
+        return rest[:first] + moved + rest[first:]
     raise ValueError(f"unknown developer message policy {policy!r}")
 
 
