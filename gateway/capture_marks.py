@@ -1,7 +1,9 @@
 """Capture marks for any chat template, found by rendering probe conversations once and cached.
 
     system block   lead + [user(PROBE_A)]  vs  lead + [user(PROBE_B)]         (generation prompt on)
-                   longest common token prefix, cut back to the probe user turn's start
+                   longest common prefix (the tokens of A wholly inside the text both share),
+                   cut back to the probe user turn's start; the block's text must tokenize alone
+                   to exactly those tokens
     opener         [user(PROBE_A)] with vs without the generation prompt
                    where the two token sequences part, cut back to a turn start
 
@@ -29,6 +31,7 @@ A mark that cannot be found is reported in ``Marks.missing`` as
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,7 +155,8 @@ class MarkFinder:
         except TemplateRenderError:
             return _Missing("probe_refused")
         enc = self.tok.tokenizer.encode(a, add_special_tokens=False)
-        shared = common_prefix_len(enc.ids, self.tok.encode(b))
+        # the tokens of probe A that lie wholly inside the text both probes share
+        shared = bisect.bisect_right([end for _, end in enc.offsets], common_prefix_len(a, b))
         start = turn_start(enc.ids, shared, self.added, self._names("user"))
         if start is None:
             return _Missing("no_turn_boundary")

@@ -23,8 +23,8 @@ HEADER_TOKENS = 8
 """Longest turn header (in tokens) a boundary is searched in: role name, added tokens, newlines."""
 
 
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
+def common_prefix_len(a: Sequence, b: Sequence) -> int:
+    """Length of the longest common prefix of two sequences (token ids, or strings)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
