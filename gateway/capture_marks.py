@@ -32,6 +32,7 @@ A mark that cannot be found is reported in ``Marks.missing`` as
 from __future__ import annotations
 
 import bisect
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,15 @@ PROBE_A = "Alpha probe question?"
 PROBE_B = "Omega probe question?"
 MAX_CACHED = 256
 """Distinct (system, tools, kwargs) blocks kept per template; the oldest goes first."""
+
+
+def _key(value: object) -> bytes:
+    """A cache key: the JSON of ``value`` (orjson; the standard library for what orjson refuses, such as
+    integers past 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, default=repr).encode()
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,7 @@ class MarkFinder:
         n_lead = 0
         while n_lead < len(messages) and messages[n_lead]["role"] == "system":
             n_lead += 1
-        key = orjson.dumps([messages[:n_lead], tools, extra])
+        key = _key([messages[:n_lead], tools, extra])
         block = self._blocks.get(key)
         if block is None and key not in self._blocks:
             block = self._probe_block(messages[:n_lead], tools, extra)
@@ -123,7 +133,7 @@ class MarkFinder:
         return None
 
     def _opener_start(self, text, ids, messages, tools, extra, missing) -> tuple[int | None, str]:
-        key = orjson.dumps(extra)
+        key = _key(extra)
         opener = self._openers.get(key)
         if opener is None:
             opener = self._probe_opener(extra)

@@ -175,3 +175,15 @@ def test_one_finder_per_template_and_tokenizer(demo_files):
     finder = mark_finder(template, demo_files.tokenizer)
     assert isinstance(finder, MarkFinder) and mark_finder(template, demo_files.tokenizer) is finder
     assert mark_finder(ChatTemplate(demo_files.chat_template), demo_files.tokenizer) is not finder
+
+
+def test_tools_orjson_cannot_encode_still_get_a_cached_block(demo_files):
+    tok = demo_files.tokenizer
+    huge = [{"type": "function", "function": {"name": "big", "description": "d", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "default": 2**70}}}}}]
+    template = CountingTemplate(demo_files.chat_template)
+    first = build_chat_prompt(template, tok, [SYSTEM, {"role": "user", "content": "a"}], huge)
+    renders = template.renders
+    second = build_chat_prompt(template, tok, [SYSTEM, {"role": "user", "content": "b"}], huge)
+    assert template.renders == renders + 1
+    assert first.system_end == second.system_end == expected_marks(tok, second.text)[0]
