@@ -45,6 +45,7 @@ class Tracked:
     last_token: float | None = None
     tokens: int = 0
     extra: dict = field(default_factory=dict)
+    mark_missing: str | None = None  # capture marks the gateway could not find, and why
 
 
 class TokenStreams:
@@ -56,7 +57,8 @@ class TokenStreams:
         self.tracked: dict[str, Tracked] = {}
 
     def track(self, peer: bytes, msg: Generate) -> None:
-        self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic())
+        self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic(),
+                                       mark_missing=msg.mark_missing)
 
     def admitted(self, started, now: float) -> None:
         """Requests that took a lane this round (``plan.started``); a resume keeps its first admission."""
@@ -135,6 +137,8 @@ class TokenStreams:
             "decode_tokens_per_s": round((t.tokens - 1) / decode_s, 2) if decode_s > 0 and t.tokens > 1 else 0.0,
             "finish_reason": ev.reason,
         }
+        if t.mark_missing:
+            done["mark"] = f"missing ({t.mark_missing})"
         log.info(orjson.dumps(done).decode())
 
 

@@ -46,7 +46,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw, f, p = req.gw, req.fields, req.params
     if gw.template is None:
         raise invalid("this model has no chat template; use /v1/completions", code="no_chat_template")
-    messages = apply_developer_policy(parse_messages(f), gw.config.server_developer_message_policy)
+    messages = apply_developer_policy(parse_messages(f), gw.config.server_developer_message_policy,
+                                      gw.template.takes_late_system)
     tools = parse_tools(f)
     choice = parse_tool_choice(f, tools)
     render_tools = None if choice.mode == "none" else tools
@@ -61,7 +62,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     max_tokens = await gw.max_tokens(len(prompt.ids), p.max_tokens, gw.config.default_max_tokens)
     rid = new_id("chatcmpl")
     head = {"id": rid, "created": int(time.time()), "model": gw.model_name}
-    marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user}
+    marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,
+             "mark_missing": prompt.marks.missing_text}
+    gw.metrics.mark_missing(prompt.marks.missing)
 
     def parser() -> OutputParser:
         return OutputParser(reasoning=gw.reasoning_markers, tools=render_tools is not None,

@@ -34,7 +34,8 @@ class GatewayConfig:
     max_request_bytes: int = field(default=32 << 20, metadata=field_doc(
         "largest request body accepted, e.g. 32M; larger bodies get HTTP 413", parse=parse_bytes))
     server_developer_message_policy: str = field(default="in-place", metadata=field_doc(
-        "where developer messages go: in-place renders each as a system turn where it arrives; into-system "
+        "where developer messages go: in-place renders each where it arrives (a system turn, or a user "
+        "turn where the template takes a system turn only first); into-system "
         "appends them to the system message; after-system moves them right after it (the last two re-render "
         "history and give up prompt reuse)", choices=DEVELOPER_POLICIES))
     default_max_tokens: int | None = field(default=None, metadata=field_doc(

@@ -8,9 +8,12 @@ only calls tools) and, where given, ``name``, ``tool_calls`` (their string
 
 Developer messages (``apply_developer_policy``):
 
-    in-place       each developer message becomes a system turn where it is
+    in-place       each developer message is rendered where it stands: a system turn there, or, when
+                   the template takes a system turn only first, a user turn reading
+                   DEVELOPER_TURN_PREFIX + its text (first in the conversation it stays a system turn)
     into-system    their text is appended to the leading system message (one is created if none)
-    after-system   they move, as system turns, right after the leading system message
+    after-system   they move right after the leading system message: system turns, or the user turns
+                   in-place makes where the template takes a system turn only first
 
 Tools go to the template unchanged. ``tool_choice`` "none" withholds them (and
 tool-call parsing); "auto", "required" and a named function pass them all, as
@@ -26,6 +29,8 @@ from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+DEVELOPER_TURN_PREFIX = "Developer instructions:\n"
+"""Opens the user turn an ``in-place`` developer message becomes where the template refuses a late system turn."""
 MAX_MESSAGES = 100_000
 
 
@@ -120,10 +125,18 @@ def parse_messages(f: Fields) -> list[dict]:
     return out
 
 
-def apply_developer_policy(messages: list[dict], policy: str) -> list[dict]:
-    """Messages with developer turns placed by ``policy`` (see the module docstring)."""
+def _developer_turn(message: dict, first: bool, late_system: bool) -> dict:
+    if first or late_system:
+        return dict(message, role="system")
+    return dict(message, role="user", content=DEVELOPER_TURN_PREFIX + text_of(message.get("content")))
+
+
+def apply_developer_policy(messages: list[dict], policy: str, late_system: bool = True) -> list[dict]:
+    """Messages with developer turns placed by ``policy`` (see the module docstring); ``late_system``
+    says the template renders a system turn after the first message."""
     if policy == "in-place":
-        return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
+        return [_developer_turn(m, i == 0, late_system) if m["role"] == "developer" else m
+                for i, m in enumerate(messages)]
     devs = [m for m in messages if m["role"] == "developer"]
     if not devs:
         return messages
@@ -135,8 +148,9 @@ def apply_developer_policy(messages: list[dict], policy: str) -> list[dict]:
         system["content"] = "\n\n".join(p for p in parts if p)
         return [system] + rest[1 if has_system else 0:]
     if policy == "after-system":
-        moved = [dict(m, role="system") for m in devs]
-        return rest[:1] + moved + rest[1:] if has_system else moved + rest
+        first = 1 if has_system else 0
+        moved = [_developer_turn(m, first + j == 0, late_system) for j, m in enumerate(devs)]
+        return rest[:first] + moved + rest[first:]
     raise ValueError(f"unknown developer message policy {policy!r}")
 
 

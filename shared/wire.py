@@ -81,7 +81,9 @@ class Generate:
     from the rendered template: ``system_end`` is where the system + tools block
     ends, ``opener_start`` where the generation opener (``<|im_start|>assistant``)
     starts; ``last_is_user`` says the last message is a real user turn (not a
-    tool result). ``model`` names the model asked for (None: the loaded one).
+    tool result). ``mark_missing`` names the marks the gateway could not find
+    and why (``"system_end: not_a_prefix"``), for the done line. ``model``
+    names the model asked for (None: the loaded one).
     """
 
     TYPE: ClassVar[str] = "generate"
@@ -94,6 +96,7 @@ class Generate:
     last_is_user: bool = False
     request_class: str = "interactive"
     model: str | None = None
+    mark_missing: str | None = None
 
     def __post_init__(self):
         _check_id(self.id)
@@ -113,6 +116,8 @@ class Generate:
         check_choice("request_class", self.request_class, REQUEST_CLASSES)
         if self.model is not None:
             check_str("model", self.model, MAX_ID_CHARS, allow_empty=False)
+        if self.mark_missing is not None:
+            check_str("mark_missing", self.mark_missing, MAX_ID_CHARS, allow_empty=False)
 
 
 @GATEWAY_ENGINE.message

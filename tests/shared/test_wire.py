@@ -44,6 +44,7 @@ MESSAGES = [
     Generate(
         id="chatcmpl-x-0", prompt_ids=tuple(range(200)), sampling=FULL_SAMPLING, system_end=64,
         opener_start=190, last_is_user=True, request_class="agent", model="qwen3.5-27b",
+        mark_missing="system_end: not_a_prefix",
     ),
     Abort(id="r1"),
     Stats(),
@@ -137,6 +138,7 @@ GEN = MESSAGES[1]
     (_header(GEN, system_end=-1), "system_end must be in"),
     (_header(GEN, system_end=195, opener_start=190), "after opener_start"),
     (_header(GEN, last_is_user=1), "true or false"),
+    (_header(GEN, mark_missing=""), "mark_missing must not be empty"),
     (_header(GEN, request_class="batch"), "request_class"),
     (_header(GEN, sampling={**to_json(FULL_SAMPLING), "n": 2}), "unknown field"),
     (_header(GEN, sampling={k: v for k, v in to_json(FULL_SAMPLING).items() if k != "seed"}), "missing field 'seed'"),
