@@ -3,7 +3,11 @@
 Response shapes follow OpenAI's: ``chat.completion`` (choices[i].message with
 content, reasoning_content, tool_calls) and ``chat.completion.chunk`` deltas
 (the first carries the role, then content / reasoning_content / tool_calls,
-then a chunk with finish_reason). vLLM's ``return_token_ids`` adds
+then a chunk with finish_reason). A streamed call's pieces that arrive
+together are one ``tool_calls`` entry. ``tool_choice`` "required" or a named
+function appends the call's opener to the rendered prompt
+(``tool_call_format.forced_call_suffix``) and the choices' parsers start
+inside that call. vLLM's ``return_token_ids`` adds
 ``choices[i].token_ids`` and a top-level ``prompt_token_ids``. Generating and
 answering is ``GenerationRequest.answer``'s.
 """
