@@ -59,17 +59,18 @@ class HermesCallBlock:
 
     def __init__(self, forced_name: str | None = None):
         self._forced = forced_name
-        self._buf = _call_prefix(forced_name) if forced_name is not None else ""
+        self._parts = [_call_prefix(forced_name)] if forced_name is not None else []
 
     def push(self, text: str) -> list[tuple[str, str]]:
-        self._buf += text
+        self._parts.append(text)
         return []
 
     def close(self, closed: bool) -> list[tuple[str, str]] | None:
-        call = parse_hermes_block(self._buf)
+        body = "".join(self._parts)
+        call = parse_hermes_block(body)
         if call is None and self._forced is not None:
             # The outer object's own "}" is the one a model most often leaves out.
-            call = parse_hermes_block(self._buf.rstrip() + "}") or (self._forced, "{}")
+            call = parse_hermes_block(body.rstrip() + "}") or (self._forced, "{}")
         if call is None:
             return None
         return [("header", call[0]), ("args", call[1])]

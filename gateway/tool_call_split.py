@@ -7,8 +7,8 @@ events become ``ToolCallDelta``: the first of a call carries its ``index``
 (0, 1, ... per choice), a fresh ``id`` and the ``name``, the next ones
 argument fragments that concatenate to the arguments JSON. A body that is not
 a call in the model's format is tried in the other format once whole, and
-otherwise returned as content as written, markers included. Whitespace-only
-text between and after calls is dropped.
+otherwise returned as content as written, markers included. After the first
+call, whitespace before another call or the end of the output is dropped.
 
 ``forced``: the prompt ended inside a call's opener (``tool_choice``
 required or named), so the output starts in a block body; the opener is not
@@ -69,7 +69,7 @@ class ToolCallSplitter:
         self._types = parameter_types(tools)
         self._buf = ""
         self._block = None
-        self._body = ""  # the open block's text as written
+        self._body: list[str] = []  # the open block's text as written, in pieces
         self._forced_open = False
         self._pending_ws = ""  # text after a call, held while it is only whitespace
         self.num_calls = 0
@@ -120,17 +120,17 @@ class ToolCallSplitter:
 
     def _open_block(self, forced_name: str | None, forced_open: bool) -> None:
         self._block = block_parser(self._fmt, self._types, forced_name)
-        self._body = ""
+        self._body = []
         self._forced_open = forced_open
 
     def _feed(self, events: list, text: str) -> None:
         if text:
-            self._body += text
+            self._body.append(text)
             self._calls(events, self._block.push(text))
 
     def _close_block(self, events: list, closed: bool) -> None:
-        block, body = self._block, self._body
-        self._block, self._body = None, ""
+        block, body = self._block, "".join(self._body)
+        self._block, self._body = None, []
         rest = block.close(closed)
         if rest is None:
             other = parse_other_format(self._fmt, body, self._types)
@@ -151,9 +151,8 @@ class ToolCallSplitter:
 
     def _content(self, events: list, text: str) -> None:
         if self.num_calls:
-            # After a call, whitespace-only text is dropped; other text is kept (with its whitespace).
-            self._pending_ws += text
-            if not self._pending_ws.strip():
-                return
-            text, self._pending_ws = self._pending_ws, ""
+            # After a call, trailing whitespace is held: dropped if a call or the end follows.
+            text = self._pending_ws + text
+            kept = text.rstrip()
+            text, self._pending_ws = kept, text[len(kept):]
         add_event(events, "content", text)

@@ -34,6 +34,8 @@ PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
 MAX_NAME_CHARS = 256
 _NAME = re.compile(r"[^\s<>]+")
 _JSON_TYPES = frozenset(("integer", "number", "boolean", "null", "object", "array"))
+_MARKER_TAIL = max(map(len, (FUNCTION_CLOSE, PARAM_OPEN, PARAM_CLOSE))) - 1
+"""Characters at a buffer's end that may still grow into a marker."""
 
 
 def xml_opener(name: str | None) -> str:
@@ -96,6 +98,8 @@ class XmlCallBlock:
         self._types = types
         self._buf = ""
         self._params = 0
+        self._open: str | None = None  # the parameter whose value is being read
+        self._resume = 0  # where the search for the open value's end continues
         self.name: str | None = None
         self._state = "head"  # head -> params -> done
         self._pending: list[tuple[str, str]] = []
@@ -107,8 +111,10 @@ class XmlCallBlock:
         return self.name is not None
 
     def push(self, text: str) -> list[tuple[str, str]]:
-        self._buf += text
         events, self._pending = self._pending, []
+        if self._state in ("raw", "done"):
+            return events  # nothing more to read: the caller keeps the text as written
+        self._buf += text
         if self._state == "head":
             self._head(events)
         if self._state == "params":
@@ -152,26 +158,35 @@ class XmlCallBlock:
         self._state = "raw"  # not a call: kept whole for the caller
 
     def _scan(self, events: list, closing: bool) -> None:
-        """Emit every parameter whose value has ended; at ``closing`` also the one still open."""
-        while True:
-            buf = self._buf
-            at, marker = _first(buf, (PARAM_OPEN, FUNCTION_CLOSE))
-            if at < 0 or marker == FUNCTION_CLOSE:
-                if at >= 0:
+        """Emit every parameter whose value has ended; at ``closing`` also the one still open.
+
+        Between parameters the buffer keeps only what may start a marker; inside a
+        value, the search for its end resumes where the last one stopped.
+        """
+        while self._state == "params":
+            if self._open is None:
+                buf = self._buf
+                at, marker = _first(buf, (PARAM_OPEN, FUNCTION_CLOSE))
+                if at < 0:
+                    self._buf = buf[len(buf) - _MARKER_TAIL:] if len(buf) > _MARKER_TAIL else buf
+                    return
+                if marker == FUNCTION_CLOSE:
                     self._buf, self._state = "", "done"
-                return
-            name_end = buf.find(">", at + len(PARAM_OPEN))
-            if name_end < 0:
-                return
-            start = name_end + 1
-            end, stop = _first(buf, (PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE), start)
-            if end < 0 and not closing:
-                return
-            value = buf[start:end if end >= 0 else len(buf)]
-            self._param(events, buf[at + len(PARAM_OPEN):name_end], _trim_value(value))
+                    return
+                name_end = buf.find(">", at + len(PARAM_OPEN))
+                if name_end < 0:
+                    return
+                self._open = buf[at + len(PARAM_OPEN):name_end]
+                self._buf, self._resume = buf[name_end + 1:], 0
+            buf = self._buf
+            end, stop = _first(buf, (PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE), self._resume)
             if end < 0:
-                self._buf = ""
-                return
+                if not closing:
+                    self._resume = max(0, len(buf) - _MARKER_TAIL)
+                    return
+                end = len(buf)
+            self._param(events, self._open, _trim_value(buf[:end]))
+            self._open = None
             self._buf = buf[end + len(PARAM_CLOSE):] if stop == PARAM_CLOSE else buf[end:]
 
     def _param(self, events: list, pname: str, raw: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -147,3 +148,25 @@ def test_whole_and_piecewise_parse_agree_on_a_long_turn():
     text = "Sure.\n" + "\n".join(call("get_weather", city=f"C{i}", days=str(i)) for i in range(5))
     r = parse([text], tool_format="qwen3_xml", tools=TOOLS)
     assert [json.loads(c["arguments"])["days"] for c in r["calls"]] == [0, 1, 2, 3, 4]
+
+
+PIECES = [
+    "Plain words. ", "\n", call("get_weather", city="Paris", days="2"), call("get_time"),
+    "<tool_call>\nnot a call\n</tool_call>", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nA <b>tag</b> & </param\n</parameter>\n</function>\n"
+    "</tool_call>", "a < b <tool", " <function=x> ",
+]
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_xml", "hermes"])
+@pytest.mark.parametrize("seed", range(12))
+def test_random_turns_parse_the_same_however_they_are_split(seed, fmt):
+    """Mixed turns (either format, malformed blocks, near-markers), in both parsers."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 5)))
+    if rng.random() < 0.5:
+        text = "<think>\nfirst " + rng.choice(PIECES) + "\n</think>\n\n" + text
+    r = every_split(text, tool_format=fmt, tools=TOOLS)
+    assert r["num_tool_calls"] == len(r["calls"])
+    for c in r["calls"]:
+        assert isinstance(json.loads(c["arguments"]), dict)
