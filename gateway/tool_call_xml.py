@@ -101,7 +101,7 @@ class XmlCallBlock:
         self._open: str | None = None  # the parameter whose value is being read
         self._resume = 0  # where the search for the open value's end continues
         self.name: str | None = None
-        self._state = "head"  # head -> params -> done
+        self._state = "head"  # head -> params -> done; or head -> raw: not a call
         self._pending: list[tuple[str, str]] = []
         if forced_name is not None:
             self._commit(forced_name)
