@@ -27,7 +27,9 @@ def hermes_opener(name: str | None) -> str:
 
 
 def _call_prefix(name: str) -> str:
-    return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+    # No space after the colon: Qwen's vocabulary writes it as part of the next token (' {"'), so a
+    # prompt ending in a lone space would be one the model never saw.
+    return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
 
 
 def parse_hermes_block(body: str) -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ import pytest
 from ignis.gateway.choice import ChoiceState
 from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.tokenizer import load_model_files
+from ignis.gateway.tool_call_format import forced_call_suffix
 from ignis.shared.wire import StreamTokens
 from tests.gateway.parser_helpers import gather
 
@@ -89,3 +90,11 @@ def test_malformed_call_token_by_token_is_content(tokenizer):
     text = "<tool_call>\n{broken json\n</tool_call>"
     out, reason = run(tokenizer, tokenizer.encode(text), OutputParser(tool_format="hermes", tools=TOOLS))
     assert out["calls"] == [] and out["content"] == text and reason == "stop"
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_xml", "hermes"])
+def test_forced_opener_tokens_are_how_a_whole_call_starts(tokenizer, fmt):
+    """The prompt a forced call ends with is tokenized as the model's own call would begin."""
+    opener = tokenizer.encode(forced_call_suffix(fmt, "get_weather", False))
+    assert tokenizer.encode(CALLS[fmt])[:len(opener)] == opener
+    assert tokenizer.encode(forced_call_suffix(fmt, None, False)) == tokenizer.encode(CALLS[fmt])[:2]

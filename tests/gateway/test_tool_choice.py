@@ -33,7 +33,7 @@ def test_auto_on_the_families_templates():
 
 def test_forced_suffixes():
     assert forced_call_suffix("qwen3_xml", "f", False) == "<tool_call>\n<function=f>\n"
-    assert forced_call_suffix("hermes", "f", False) == '<tool_call>\n{"name": "f", "arguments": '
+    assert forced_call_suffix("hermes", "f", False) == '<tool_call>\n{"name": "f", "arguments":'
     assert forced_call_suffix("qwen3_xml", None, False) == forced_call_suffix("hermes", None, False) == "<tool_call>\n"
     assert forced_call_suffix("qwen3_xml", "f", True) == "\n</think>\n\n<tool_call>\n<function=f>\n"
 

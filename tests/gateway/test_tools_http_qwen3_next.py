@@ -86,7 +86,7 @@ def test_malformed_call_is_content(gw, client):
 def test_named_tool_choice_forces_the_hermes_opener(gw, client):
     r = create(gw, client, '{"city": "Bern"}}\n</tool_call>',
                tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    opener = gw.tokenizer.encode('<tool_call>\n{"name": "get_weather", "arguments": ')
+    opener = gw.tokenizer.encode('<tool_call>\n{"name": "get_weather", "arguments":')
     assert gw.last_prompt_ids()[-len(opener):] == opener
     assert [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls] == [
         ("get_weather", {"city": "Bern"})]
