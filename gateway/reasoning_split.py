@@ -48,10 +48,6 @@ class ReasoningSplitter:
         self._strip_newlines = starts_in_reasoning
         self._buf = ""
 
-    @property
-    def in_reasoning(self) -> bool:
-        return self._state == "reasoning"
-
     def push(self, text: str) -> list[tuple[str, str]]:
         self._buf += text
         events: list[tuple[str, str]] = []

@@ -8,8 +8,8 @@ A block is decided when it ends: a JSON object with a non-empty string
 ``name`` and ``arguments`` (or ``parameters``) that is an object, or a string
 holding one, is a call; anything else is not (``close`` returns None, and the
 caller shows it as content). A call's events are its header, then its
-arguments as one fragment (JSON, as the model wrote them when it wrote an
-object).
+arguments as one fragment: an object re-serialized (``json.dumps``, non-ASCII
+kept), a string holding one passed on as written.
 
 A forced call (the prompt ends with ``hermes_opener(name)``) starts with that
 opener's text as the body: the model continues the arguments. When what it
@@ -56,8 +56,6 @@ def parse_hermes_block(body: str) -> tuple[str, str] | None:
 
 class HermesCallBlock:
     """One ``<tool_call>`` body, decided at ``close``. Events: ("header", name), ("args", text)."""
-
-    committed = False
 
     def __init__(self, forced_name: str | None = None):
         self._forced = forced_name

@@ -106,10 +106,6 @@ class XmlCallBlock:
         if forced_name is not None:
             self._commit(forced_name)
 
-    @property
-    def committed(self) -> bool:
-        return self.name is not None
-
     def push(self, text: str) -> list[tuple[str, str]]:
         events, self._pending = self._pending, []
         if self._state in ("raw", "done"):
@@ -127,7 +123,7 @@ class XmlCallBlock:
         events, self._pending = self._pending, []
         if self._state == "head":
             self._head(events, final=True)
-        if not self.committed:
+        if self.name is None:
             return None
         if self._state == "params":
             self._scan(events, closing=closed)
