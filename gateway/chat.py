@@ -33,7 +33,7 @@ from ignis.gateway.messages import (
 )
 from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
-from ignis.gateway.prompt import build_chat_prompt
+from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
@@ -50,6 +50,17 @@ def _template_kwargs(f: Fields) -> dict:
         if key in extra.obj:
             raise extra.error(key, "is set by the server and cannot be passed")
     return dict(extra.obj)
+
+
+def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[int]:
+    """The prompt's ids with ``suffix`` appended, tokenized with the prompt's text as one text (so
+    ``<think>\n`` + ``\n</think>`` gives the one "\n\n" token a whole prompt has), unless that changes
+    a token before a capture mark; then the suffix is tokenized alone."""
+    ids = tok.encode(prompt.text + suffix)
+    keep = max((m for m in (prompt.system_end, prompt.opener_start) if m is not None), default=0)
+    if len(ids) > len(prompt.ids) and ids[:keep] == prompt.ids[:keep]:
+        return ids
+    return prompt.ids + tok.encode(suffix)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -77,7 +88,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if forced is not None:
         # The call opener goes after the generation prompt: the model continues inside the call.
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
-        prompt_ids = prompt.ids + gw.tokenizer.encode(suffix)
+        prompt_ids = await asyncio.to_thread(_with_suffix, gw.tokenizer, prompt, suffix)
     max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
     rid = new_id("chatcmpl")
     head = {"id": rid, "created": int(time.time()), "model": gw.model_name}

@@ -142,6 +142,8 @@ def test_named_call_with_thinking_on_closes_the_think_block_first(gw, client):
     create(gw, client, "</function>\n</tool_call>", tool_choice={"type": "function", "function": {"name": "get_time"}},
            extra_body={"chat_template_kwargs": {"enable_thinking": True}})
     assert gw.last_prompt().endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_time>\n")
+    # Tokenized as one text: "\n\n" inside the closed block is the one token a whole prompt has.
+    assert gw.last_prompt_ids() == gw.tokenizer.encode(gw.last_prompt())
 
 
 def test_required_tool_choice_opens_a_call(gw, client):
