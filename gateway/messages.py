@@ -136,7 +136,7 @@ def check_tool_results(messages: list[dict]) -> None:
     for i, m in enumerate(messages):
         if m["role"] == "assistant":
             for call in m.get("tool_calls", ()):
-                if "id" in call:
+                if call.get("id") is not None:
                     ids.add(call["id"])
                 else:
                     anonymous = True
