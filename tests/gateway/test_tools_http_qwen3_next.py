@@ -23,7 +23,8 @@ def hermes_call(name, args):
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
 
 
-TWO_CALLS = hermes_call("get_weather", {"city": "Rome", "days": 1}) + "\n" + hermes_call("get_weather", {"city": "Oslo"})
+TWO_CALLS = (hermes_call("get_weather", {"city": "Rome", "days": 1}) + "\n"
+             + hermes_call("get_weather", {"city": "Oslo"}))
 
 
 @pytest.fixture(scope="module")
