@@ -15,9 +15,14 @@ Developer messages (``apply_developer_policy``):
     after-system   they move right after the leading system message: system turns, or the user turns
                    in-place makes where the template takes a system turn only first
 
+Tool-call ``arguments`` must be strings holding JSON objects (as OpenAI's API
+sends them); ``check_tool_results`` refuses a tool message that answers no
+earlier call.
+
 Tools go to the template unchanged. ``tool_choice`` "none" withholds them (and
 tool-call parsing); "auto", "required" and a named function pass them all, as
-vLLM does (required/named are not enforced by constrained decoding here).
+vLLM does; required and named calls are forced by the chat handler, which
+ends the prompt with the call's opener.
 """
 
 from __future__ import annotations
@@ -76,13 +81,13 @@ def _tool_calls(f: Fields) -> list[dict]:
         if not name:
             raise fn.error("name", "is required")
         args = fn.raw("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise fn.error("arguments", "must be a JSON object encoded as a string") from None
-        if args is None:
-            args = {}
+        if not isinstance(args, str):
+            raise fn.error("arguments", "must be a string holding a JSON object (as OpenAI's API sends it), "
+                                        f"got {type(args).__name__ if args is not None else 'null'}")
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise fn.error("arguments", "must be a JSON object encoded as a string; it is not valid JSON") from None
         if not isinstance(args, dict):
             raise fn.error("arguments", "must encode a JSON object")
         entry = {"type": "function", "function": {"name": name, "arguments": args}}
@@ -123,6 +128,31 @@ def parse_messages(f: Fields) -> list[dict]:
             m["tool_call_id"] = mf.str("tool_call_id", max_chars=256)
         out.append(m)
     return out
+
+
+def check_tool_results(messages: list[dict]) -> None:
+    """Each tool message answers a call of an earlier assistant message: 400 otherwise.
+
+    A ``tool_call_id`` must name one of those calls when they carry ids; a tool
+    message with no earlier call at all is refused whatever its id.
+    """
+    ids: set[str] = set()
+    anonymous = False  # an earlier call without an id: any tool_call_id may answer it
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            for call in m.get("tool_calls", ()):
+                if call.get("id") is not None:
+                    ids.add(call["id"])
+                else:
+                    anonymous = True
+        elif m["role"] == "tool":
+            if not ids and not anonymous:
+                raise invalid(f"messages[{i}] is a tool result, but no earlier assistant message calls a tool",
+                              f"messages[{i}]")
+            call_id = m.get("tool_call_id")
+            if call_id is not None and call_id not in ids and not anonymous:
+                raise invalid(f"messages[{i}].tool_call_id {call_id!r} matches no tool call of an earlier "
+                              f"assistant message", f"messages[{i}].tool_call_id")
 
 
 def _developer_turn(message: dict, first: bool, late_system: bool) -> dict:
