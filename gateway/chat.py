@@ -23,6 +23,7 @@ from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.messages import apply_developer_policy, parse_messages, parse_tool_choice, parse_tools
 from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams
+from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import build_chat_prompt
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
@@ -50,10 +51,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tools = parse_tools(f)
     choice = parse_tool_choice(f, tools)
     render_tools = None if choice.mode == "none" else tools
+    kwargs = _template_kwargs(f)
     try:
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
-        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools,
-                                         _template_kwargs(f))
+        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
+        part = await asyncio.to_thread(part_end, gw.template, gw.tokenizer, messages, render_tools, kwargs,
+                                       prompt.ids, prompt.opener_start)
     except TemplateRenderError as e:
         raise invalid(str(e), "messages") from None
     if not prompt.ids:
@@ -61,7 +64,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     max_tokens = await gw.max_tokens(len(prompt.ids), p.max_tokens, gw.config.default_max_tokens)
     rid = new_id("chatcmpl")
     head = {"id": rid, "created": int(time.time()), "model": gw.model_name}
-    marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user}
+    marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,
+             "part_end": part}
 
     def parser() -> OutputParser:
         return OutputParser(reasoning=gw.reasoning_markers, tools=render_tools is not None,

@@ -82,9 +82,12 @@ class Generate:
     ends, ``opener_start`` where the generation opener (``<|im_start|>assistant``)
     starts; ``last_is_user`` says the last message is a real user turn (not a
     tool result). ``model`` names the model asked for (None: the loaded one).
+    ``part_end`` is where the final text part of the newest multi-part user
+    message starts (``gateway.part_marks``); optional on the wire.
     """
 
     TYPE: ClassVar[str] = "generate"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("part_end",)
 
     id: str
     prompt_ids: TokenFrame
@@ -94,6 +97,7 @@ class Generate:
     last_is_user: bool = False
     request_class: str = "interactive"
     model: str | None = None
+    part_end: int | None = None
 
     def __post_init__(self):
         _check_id(self.id)
@@ -108,6 +112,7 @@ class Generate:
         check_opt_int("opener_start", self.opener_start, 0, n)
         if self.system_end is not None and self.opener_start is not None and self.system_end > self.opener_start:
             raise ValueError(f"system_end ({self.system_end}) is after opener_start ({self.opener_start})")
+        check_opt_int("part_end", self.part_end, 0, n if self.opener_start is None else self.opener_start)
         if type(self.last_is_user) is not bool:
             raise TypeError("last_is_user must be true or false")
         check_choice("request_class", self.request_class, REQUEST_CLASSES)
