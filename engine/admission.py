@@ -81,7 +81,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
             if req.num_preemptions == 0:
                 req.cached_tokens = hit.num_tokens
                 req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
-        if req.num_preemptions == 0 and sched.store.enabled:
+        if req.num_preemptions == 0 and sched.learned is not None:
             req.shortfall = shortfall_reason(tokens, matched, req.shared_tokens, req.earlier_cuts,
                                              sched.store.fates, page_tokens)
         req.page_table.ensure_capacity(req.num_tokens + 1)

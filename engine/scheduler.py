@@ -62,11 +62,12 @@ class Scheduler:
 
     ``tiers`` is the one port to the lower tiers, shared by the store and the
     evictor (``NO_TIERS``: none); ``restore_floors`` are the store's, per tier;
-    ``staging_slot`` is the evictor's (None: no live eviction)."""
+    ``staging_slot`` is the evictor's (None: no live eviction); ``learned_points``: keep the
+    index of recent prompts and capture where a new one diverges (``engine.reuse.learned_points``)."""
 
     def __init__(self, config: SchedulerConfig, device_slots: int = 0, host_slots: int = 0, reuse: bool = True,
                  stamp: str = "", tiers: TierPort = NO_TIERS, restore_floors: dict[str, int] | None = None,
-                 evict_window_pages: int = 16, staging_slot: int | None = None):
+                 evict_window_pages: int = 16, staging_slot: int | None = None, learned_points: bool = True):
         if not isinstance(config, SchedulerConfig):
             raise TypeError("Scheduler needs a SchedulerConfig")
         self.config = config
@@ -74,7 +75,7 @@ class Scheduler:
         self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse, stamp=stamp,
                                    tiers=tiers, restore_floors=restore_floors)
         self.evictor = Evictor(tiers, evict_window_pages, staging_slot)
-        self.learned = LearnedPoints(config.page_tokens)
+        self.learned = LearnedPoints(config.page_tokens) if learned_points and self.store.enabled else None
         self.waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}  # in admission order
         self.lanes = DecodeLanes(config.decode_lanes, self.pool)
         self._requests: dict[str, Request] = {}  # every live (not finished) request
@@ -134,7 +135,7 @@ class Scheduler:
                                        f"prompt + completion must be at most max_model_len {limit} tokens")
         if self.num_waiting >= self.config.max_queue:
             return Refusal("queue_full", f"{self.num_waiting} requests are waiting (max_queue {self.config.max_queue})")
-        if self.store.enabled:
+        if self.learned is not None:
             self._learn(req)
         req.arrival = self._arrivals
         self._arrivals += 1

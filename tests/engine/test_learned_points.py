@@ -205,7 +205,18 @@ def test_nothing_is_learned_or_cut_with_reuse_off():
         _, done, plans = run_all(s)
         assert done[f"r{tag}"].shortfall == "none"
         assert [c.end for p in plans for c in p.prefills if not c.is_last] == []
-    assert len(s.learned) == 0
+    assert s.learned is None
+
+
+def test_learned_points_can_be_turned_off_alone():
+    s = Scheduler(config(num_pages=32, max_model_len=1024), host_slots=4, learned_points=False)
+    for tag in (1, 2, 3):
+        s.add(req(f"r{tag}", prompt(200, 50, tag)))
+        _, done, plans = run_all(s)
+        assert (done[f"r{tag}"].cached_tokens, done[f"r{tag}"].shortfall) == (0, "none")
+        assert [c.end for p in plans for c in p.prefills if not c.is_last] == []
+    s.store.release_all()
+    assert_drained(s)
 
 
 def test_an_evicted_capture_is_named():
