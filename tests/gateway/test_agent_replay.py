@@ -21,6 +21,7 @@ from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.part_marks import newest_multipart_user, part_end
 from ignis.gateway.prompt import build_chat_prompt
 from ignis.gateway.tokenizer import load_model_files
+from ignis.shared.demo import ensure_demo_model
 from tests.gateway.conftest import API_KEY, start_serve, stop_serve
 from tests.support.replay import QWEN_CODE_TRACE, ideals, load_trace, replay
 
@@ -60,6 +61,28 @@ def test_part_mark_is_where_the_final_text_part_starts(trace, checkpoint):
     assert prefix.endswith("</system-reminder>") and "list the files here" not in prefix
     one_part = [main["messages"][0], {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert part_mark_of(files, dict(main, messages=one_part))[0] is None
+
+
+@pytest.mark.parametrize("template", ["official", "demo"])
+def test_marks_of_earlier_requests_cover_what_runs_two_and_three_share(trace, checkpoint, template):
+    """The gateway's side under either template: some capture point an earlier request plans (system
+    block, part boundary, opener) is a prefix of the later prompt and covers >= 0.95 of the ideal."""
+    files = load_model_files(checkpoint if template == "official" else ensure_demo_model())
+    tpl = ChatTemplate(files.chat_template)
+    tok = load_model_files(checkpoint).tokenizer
+    prompts, points = [], []
+    for r in trace:
+        prompt = build_chat_prompt(tpl, tok, r.body["messages"], r.body["tools"])
+        mark = part_end(tpl, tok, r.body["messages"], r.body["tools"], None, prompt.ids, prompt.opener_start)
+        assert mark is not None, r.seq
+        prompts.append(prompt.ids)
+        points.append([p for p in (prompt.system_end and prompt.system_end // 64 * 64, mark, prompt.opener_start)
+                       if p])
+    for i, (r, best) in enumerate(zip(trace, ideals(prompts))):
+        if r.run == 0:
+            continue
+        covered = max(p for j in range(i) for p in points[j] if prompts[i][:p] == prompts[j][:p])
+        assert covered >= 0.95 * best, (template, r.seq, covered, best)
 
 
 def serve(tmp_path_factory, checkpoint, *extra):
