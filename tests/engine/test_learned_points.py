@@ -232,3 +232,37 @@ def test_an_evicted_capture_is_named():
     assert (done["b"].cached_tokens, done["b"].shortfall) == (0, "evicted")
     s.store.release_all()
     assert_drained(s)
+
+
+# ----- what the operator sees ----------------------------------------------------------------------
+
+
+class Sent:
+    def __init__(self):
+        self.messages = []
+
+    def send(self, msg, peer):
+        self.messages.append((msg, peer))
+
+
+def test_the_done_line_and_the_metric_carry_the_reason(caplog):
+    import logging
+
+    from ignis.engine.metrics import EngineMetrics
+    from ignis.engine.schedule import FinishEvent
+    from ignis.engine.token_streams import TokenStreams
+    from ignis.shared.wire import Generate
+
+    metrics = EngineMetrics("m")
+    streams = TokenStreams(Sent(), metrics)
+    for rid, reason in (("a", "no_mark"), ("b", "none"), ("c", "no_mark"), ("d", "evicted")):
+        streams.track(b"gw", Generate(id=rid, prompt_ids=(1, 2, 3), sampling=SamplingParams()))
+        with caplog.at_level(logging.INFO, logger="ignis.engine"):
+            streams.finish(FinishEvent(rid, "length", 3, 1, shortfall=reason), "m")
+    done = [r.getMessage() for r in caplog.records if '"event":"done"' in r.getMessage()]
+    assert ['"shortfall":"no_mark"' in d for d in done] == [True, False, True, False]
+    assert '"shortfall":"none"' in done[1]
+    scrape = metrics.render().decode()
+    assert 'ignis:reuse_shortfall_total{model_name="m",reason="no_mark"} 2.0' in scrape
+    assert 'ignis:reuse_shortfall_total{model_name="m",reason="evicted"} 1.0' in scrape
+    assert 'reason="none"' not in scrape
