@@ -21,6 +21,10 @@ pending (its round not yet applied: its slot holds nothing), the waiting
 request waits, then resumes from the captured prefix. It never reads a slot
 that is not filled; the scheduler's ``update`` marks a round's captures filled.
 
+Shortfall. On its first admission a request records why it resumed less than
+it shares with a recent prompt (``engine.reuse.shortfall``), for the done line
+and ``ignis:reuse_shortfall_total``; nothing is decided by it.
+
 Resumed evictions. At most one evicted sequence comes back per round (its
 pages and image share the one staging slot); it decodes on where it stopped,
 or recomputes when its lower copy is gone. Pure Python, no torch.

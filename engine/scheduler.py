@@ -10,6 +10,8 @@ This module owns the requests and the round; its parts live beside it:
 - ``engine.preemption``: decodes under page pressure, preemption by recompute,
   live eviction.
 - ``engine.prefill_chunks``: chunk boundaries and the captures they end on.
+- ``engine.reuse.learned_points``: the index of recent prompts; ``add`` plans a
+  request's learned point (an extra cut) where it diverges from one of them.
 
 A round (``schedule``): requests aborted while running are freed, evicting
 sequences move one window, every decoding request gets its decode, running

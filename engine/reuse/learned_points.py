@@ -15,7 +15,8 @@ resumes there.
 Invariants:
 
 - Bounded: at most ``max_prompts`` records and ``max_pages`` hashes in all;
-  recording a prompt evicts the oldest records until both hold.
+  recording a prompt evicts the oldest records until both hold (at the
+  defaults, 256 and 65,536, about 100 bytes a page: under 7 MB).
 - Eviction is oldest first, so a hash still owned by the record being
   evicted is held by no newer record and leaves the index with it.
 - Prefix-closed: if h_k is in the index, so is h_{k-1} (the newest record
