@@ -4,10 +4,10 @@ The template's marks and the part mark predict where prompts repeat; this
 index sees where they actually did. It keeps, per recent prompt, the chain
 hashes of its full pages (``engine.reuse.hashing``) and the capture points
 its request planned; no KV, no state. When a new prompt shares whole pages
-with an earlier one beyond every capture point it plans inside that shared
-prefix, the new request's own prefill captures at the page where the two
-diverge (its *learned point*), so the next prompt that repeats the prefix
-resumes there.
+with an earlier one, and the last capture point either request plans inside
+that shared prefix is at least a page short of its end, the new request's
+own prefill captures at the page where the two diverge (its *learned
+point*), so the next prompt that repeats the prefix resumes there.
 
     owner : page hash h_k -> id of the newest record holding it
     records (oldest first): id -> (h_1 .. h_K, capture points)
@@ -92,7 +92,7 @@ class LearnedPoints:
         hashes = page_chain(tokens, pt)
         k, earlier = self.shared(hashes)
         shared = k * pt
-        best = max((c for c in cuts if c <= shared), default=0)
+        best = max((c for c in (*cuts, *earlier) if c <= shared), default=0)
         learned = shared if shared - best >= pt and shared < len(tokens) else None
         if learned is not None:
             self.learned += 1

@@ -35,6 +35,7 @@ def test_a_new_prompt_learns_the_page_where_it_diverges():
     assert second.earlier_cuts == ()
     third = idx.observe(prompt(200, 50, 3), cuts=())
     assert third.shared_tokens == 192 and third.earlier_cuts == (192, 247)  # the newest holder's points
+    assert third.learned_at is None  # the second request captures there already
     idx.check()
 
 
@@ -49,6 +50,17 @@ def test_own_capture_points_inside_the_shared_prefix_suppress_the_learned_one(cu
     idx = LearnedPoints(PT)
     idx.observe(prompt(200, 50, 1), cuts=())
     assert idx.observe(prompt(200, 50, 2), cuts=cuts).learned_at == learned
+
+
+def test_an_earlier_point_near_the_divergence_suppresses_it_too():
+    """The next turn of a conversation shares the last one's prompt up to a few tokens past its opener:
+    the opener, a capture point already, covers it."""
+    idx = LearnedPoints(PT)
+    idx.observe(prompt(129, 0, 1), cuts=(126,))  # opener at 126, prompt ends at 129
+    seen = idx.observe(prompt(129, 80, 2), cuts=(205,))
+    assert (seen.shared_tokens, seen.learned_at) == (128, None)
+    idx.observe(prompt(300, 0, 3), cuts=(40,))  # an early point only
+    assert idx.observe(prompt(300, 80, 4), cuts=()).learned_at == 256
 
 
 def test_divergence_is_counted_in_whole_pages():
