@@ -103,7 +103,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt, stamp=stamp,
         tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
-        evict_window_pages=config.evict_window_pages, staging_slot=staging_slot)
+        evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,
+        learned_points=config.reuse_learned_points)
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     runner.warm_up()

@@ -122,6 +122,8 @@ class TokenStreams:
             self.metrics.reuse_hits.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc()
             self.metrics.reuse_hit_tokens.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc(
                 ev.cached_tokens)
+        if ev.shortfall != "none":
+            self.metrics.reuse_shortfall.labels(self.metrics.model_name, ev.shortfall).inc()
         self.metrics.finished.labels(model_name, ev.reason).inc()
         self.metrics.prompt_tokens.inc(t.prompt_tokens)
         self.metrics.prefix_queries.inc(t.prompt_tokens)
@@ -136,6 +138,7 @@ class TokenStreams:
             "prefill_ms": timings.prefill_ms, "ttft_ms": timings.ttft_ms,
             "decode_tokens_per_s": round((t.tokens - 1) / decode_s, 2) if decode_s > 0 and t.tokens > 1 else 0.0,
             "finish_reason": ev.reason,
+            "shortfall": ev.shortfall,  # why it reused less than it shares with an earlier prompt (or "none")
         }
         if t.mark_missing:
             done["mark"] = f"missing ({t.mark_missing})"

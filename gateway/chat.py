@@ -33,6 +33,7 @@ from ignis.gateway.messages import (
 )
 from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
+from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
@@ -77,10 +78,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     render_tools = None if choice.mode == "none" else tools
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
     forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
+    kwargs = _template_kwargs(f)
     try:
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
-        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools,
-                                         _template_kwargs(f))
+        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
+        part = await asyncio.to_thread(part_end, gw.template, gw.tokenizer, messages, render_tools, kwargs,
+                                       prompt.ids, prompt.opener_start)
     except TemplateRenderError as e:
         raise invalid(str(e), "messages") from None
     if not prompt.ids:
@@ -94,7 +97,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rid = new_id("chatcmpl")
     head = {"id": rid, "created": int(time.time()), "model": gw.model_name}
     marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,
-             "mark_missing": prompt.marks.missing_text}
+             "mark_missing": prompt.marks.missing_text, "part_end": part}
     gw.metrics.mark_missing(prompt.marks.missing)
 
     def parser() -> OutputParser:
