@@ -32,6 +32,7 @@ from ignis.shared.sampling import SamplingParams
 from ignis.shared.wire_codec import ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_FRAME_TOKENS,
+    MAX_GRAMMAR_CHARS,
     MAX_TEXT_CHARS,
     TokenFrame,
     WireError,
@@ -82,6 +83,8 @@ class Generate:
     ends, ``opener_start`` where the generation opener (``<|im_start|>assistant``)
     starts; ``last_is_user`` says the last message is a real user turn (not a
     tool result). ``model`` names the model asked for (None: the loaded one).
+    ``grammar`` (llguidance's grammar text, JSON or Lark) constrains every
+    output token; None leaves the output free.
     """
 
     TYPE: ClassVar[str] = "generate"
@@ -94,6 +97,7 @@ class Generate:
     last_is_user: bool = False
     request_class: str = "interactive"
     model: str | None = None
+    grammar: str | None = None
 
     def __post_init__(self):
         _check_id(self.id)
@@ -113,6 +117,8 @@ class Generate:
         check_choice("request_class", self.request_class, REQUEST_CLASSES)
         if self.model is not None:
             check_str("model", self.model, MAX_ID_CHARS, allow_empty=False)
+        if self.grammar is not None:
+            check_str("grammar", self.grammar, MAX_GRAMMAR_CHARS, allow_empty=False)
 
 
 @GATEWAY_ENGINE.message

@@ -1,0 +1,82 @@
+"""The token bitmask of a round's constrained rows, and its application to their logits.
+
+One int32 bitmask row per sampled row, 32 tokens a word, bit ``t % 32`` of
+word ``t // 32`` set when token ``t`` is allowed (llguidance's layout):
+
+    mask[row] = | w0: tokens 0..31 (bit 0 = token 0) | w1: tokens 32..63 | ... | w[W-1] |
+
+Rows are filled by llguidance's executor for all constrained rows in one call
+(its threads, without the GIL), so a round's fill can run while the forward
+does. ``apply`` sets every disallowed logit of a constrained row to -inf in
+place, on the logits' own device: numpy's bit unpacking on the CPU, one
+unpack-and-fill on an accelerator (the mask rows are copied there from pinned
+memory). Rows of unconstrained streams are never read or written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ignis.engine.grammar_cache import GrammarCache
+
+
+def mask_words(vocab: int) -> int:
+    return (vocab + 31) // 32
+
+
+class GrammarMasks:
+    """The [rows, W] bitmask buffer (grown to the widest round seen) and the executor that fills it."""
+
+    def __init__(self, cache: GrammarCache):
+        import llguidance
+
+        tok = cache.tokenizer
+        self.vocab = tok.vocab_size
+        self.words = mask_words(self.vocab)
+        self.executor = llguidance.LLExecutor()
+        self.buffer = torch.empty((0, self.words), dtype=torch.int32)
+        self.eos_only = np.zeros(self.words, dtype=np.int32)  # a row allowing only the end tokens
+        bits = self.eos_only.view(np.uint32)
+        for t in tok.eos_tokens:
+            bits[t // 32] |= np.uint32(1 << (t % 32))
+        self._shifts: dict[torch.device, torch.Tensor] = {}
+
+    def _rows(self, n: int) -> torch.Tensor:
+        if self.buffer.shape[0] < n:
+            self.buffer = torch.empty((n, self.words), dtype=torch.int32, pin_memory=torch.cuda.is_available())
+        return self.buffer
+
+    def fill(self, matchers: list[tuple[object, int]], rows: int) -> torch.Tensor:
+        """Fill row ``i`` for each ``(matcher, i)``; a matcher in error allows only the end tokens.
+
+        Returns the buffer (its first ``rows`` rows hold this round's masks where filled).
+        """
+        buf = self._rows(rows)
+        self.executor.unsafe_compute_mask_ptr(matchers, buf.data_ptr(), self.words * 4, buf.shape[0])
+        arr = buf.numpy()
+        for m, i in matchers:
+            if m.is_error():
+                arr[i] = self.eos_only
+        return buf
+
+    def apply(self, logits: torch.Tensor, buf: torch.Tensor, rows: list[int]) -> None:
+        """Set the disallowed entries of ``logits[i]`` (fp32 [B, V]) to -inf for each i in ``rows``, in place."""
+        vocab = min(logits.shape[-1], self.vocab)
+        if logits.shape[-1] > self.vocab:  # ids the grammar's tokenizer does not have are never allowed
+            logits[rows, self.vocab:] = float("-inf")
+        if logits.device.type == "cpu":
+            lg = logits.numpy()
+            masks = buf.numpy().view(np.uint8)
+            for i in rows:
+                allowed = np.unpackbits(masks[i], bitorder="little", count=vocab).view(np.bool_)
+                np.copyto(lg[i, :vocab], -np.inf, where=~allowed)
+            return
+        idx = torch.tensor(rows, dtype=torch.long)
+        m8 = buf[idx].to(logits.device, non_blocking=True).view(torch.uint8)  # [k, 4W]
+        shifts = self._shifts.get(logits.device)
+        if shifts is None:
+            shifts = self._shifts[logits.device] = torch.arange(8, dtype=torch.uint8, device=logits.device)
+        bits = ((m8.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)[:, :vocab]  # [k, V], 1 = allowed
+        didx = idx.to(logits.device)
+        logits[didx, :vocab] = logits[didx, :vocab].masked_fill(bits == 0, float("-inf"))
