@@ -56,7 +56,7 @@ CASES = [
     ("bad_class_header", CHAT, body(), {"X-Ignis-Request-Class": "vip"}, 400, "X-Ignis-Request-Class", None),
     ("unknown_response_format", CHAT, body(response_format={"type": "yaml"}), None, 400, "response_format.type", None),
     ("bad_json_schema", CHAT, body(response_format={"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "integer", "pattern": "(("}}}), None, 400,
+        "name": "x", "schema": {"type": "string", "pattern": "(("}}}), None, 400,
      "response_format.json_schema.schema", None),
     ("json_with_ignore_eos", CHAT, body(response_format={"type": "json_object"}, ignore_eos=True), None, 400,
      "ignore_eos", None),

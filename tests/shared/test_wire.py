@@ -44,6 +44,7 @@ MESSAGES = [
     Generate(
         id="chatcmpl-x-0", prompt_ids=tuple(range(200)), sampling=FULL_SAMPLING, system_end=64,
         opener_start=190, last_is_user=True, request_class="agent", model="qwen3.5-27b",
+        grammar='{"grammars": [{"json_schema": {"type": "object"}}]}',
     ),
     Abort(id="r1"),
     Stats(),
@@ -138,6 +139,9 @@ GEN = MESSAGES[1]
     (_header(GEN, system_end=195, opener_start=190), "after opener_start"),
     (_header(GEN, last_is_user=1), "true or false"),
     (_header(GEN, request_class="batch"), "request_class"),
+    (_header(GEN, grammar=""), "grammar must not be empty"),
+    (_header(GEN, grammar={"json_schema": {}}), "grammar must be a string"),
+    (_header(GEN, grammar="x" * ((4 << 20) + 1)), "grammar is"),
     (_header(GEN, sampling={**to_json(FULL_SAMPLING), "n": 2}), "unknown field"),
     (_header(GEN, sampling={k: v for k, v in to_json(FULL_SAMPLING).items() if k != "seed"}), "missing field 'seed'"),
     (_header(GEN, sampling={**to_json(FULL_SAMPLING), "max_tokens": 0}), "max_tokens"),
