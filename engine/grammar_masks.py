@@ -8,8 +8,10 @@ word ``t // 32`` set when token ``t`` is allowed (llguidance's layout):
 Rows are filled by llguidance's executor for all constrained rows in one call
 (its threads, without the GIL), so a round's fill can run while the forward
 does. ``apply`` sets every disallowed logit of a constrained row to -inf in
-place, on the logits' own device: numpy's bit unpacking on the CPU, one
-unpack-and-fill on an accelerator (the mask rows are copied there from pinned
+place, on the logits' own device: on the CPU numpy unpacks a row's
+disallowed bits to bytes and writes -inf's bit pattern through integer
+operations (a masked float copy is several times slower there); on an
+accelerator one unpack-and-fill (the mask rows are copied there from pinned
 memory). Rows of unconstrained streams are never read or written.
 """
 
@@ -21,8 +23,25 @@ import torch
 from ignis.engine.grammar_cache import GrammarCache
 
 
+NEG_INF_BITS = np.int32(-8388608)  # 0xff800000: float32 -inf as an int32
+
+
 def mask_words(vocab: int) -> int:
     return (vocab + 31) // 32
+
+
+def fill_disallowed(row: np.ndarray, disallowed: np.ndarray) -> None:
+    """``row[t] = -inf`` where ``disallowed[t]`` is 1, in place (fp32 ``row``, uint8 0/1 ``disallowed``).
+
+    Bitwise: keep = disallowed - 1 is all ones where allowed and 0 where not;
+    row &= keep clears the disallowed entries, row |= disallowed * bits(-inf)
+    sets them.
+    """
+    bits = row.view(np.int32)
+    m = disallowed.astype(np.int32)
+    bits &= m - 1
+    m *= NEG_INF_BITS
+    bits |= m
 
 
 class GrammarMasks:
@@ -66,12 +85,20 @@ class GrammarMasks:
         if logits.shape[-1] > self.vocab:  # ids the grammar's tokenizer does not have are never allowed
             logits[rows, self.vocab:] = float("-inf")
         if logits.device.type == "cpu":
-            lg = logits.numpy()
-            masks = buf.numpy().view(np.uint8)
-            for i in rows:
-                allowed = np.unpackbits(masks[i], bitorder="little", count=vocab).view(np.bool_)
-                np.copyto(lg[i, :vocab], -np.inf, where=~allowed)
-            return
+            self.apply_numpy(logits, buf, rows, vocab)
+        else:
+            self.apply_torch(logits, buf, rows, vocab)
+
+    @staticmethod
+    def apply_numpy(logits: torch.Tensor, buf: torch.Tensor, rows: list[int], vocab: int) -> None:
+        """The host form of ``apply`` over the first ``vocab`` ids (``logits`` on the CPU)."""
+        lg = logits.numpy()
+        inverted = np.invert(buf.numpy()[rows]).view(np.uint8)  # a set bit is now a disallowed token
+        for k, i in enumerate(rows):
+            fill_disallowed(lg[i, :vocab], np.unpackbits(inverted[k], bitorder="little", count=vocab))
+
+    def apply_torch(self, logits: torch.Tensor, buf: torch.Tensor, rows: list[int], vocab: int) -> None:
+        """The device form of ``apply`` over the first ``vocab`` ids (torch ops on ``logits``' device)."""
         idx = torch.tensor(rows, dtype=torch.long)
         m8 = buf[idx].to(logits.device, non_blocking=True).view(torch.uint8)  # [k, 4W]
         shifts = self._shifts.get(logits.device)

@@ -172,3 +172,28 @@ def test_token_bytes_come_from_the_byte_level_vocabulary(tokenizer):
     ids = tokenizer.tokenize_str('{"a": 1}')
     assert tokenizer.decode_bytes(ids) == b'{"a": 1}'
     assert tokenizer.vocab_size == VOCAB and tokenizer.eos_tokens == [EOS]
+
+
+def test_the_host_and_device_forms_of_apply_set_the_same_entries_to_minus_inf(tokenizer):
+    from ignis.engine.grammar_masks import GrammarMasks, fill_disallowed
+
+    masks = GrammarMasks(GrammarCache(lambda: tokenizer))
+    gen = torch.Generator().manual_seed(3)
+    words = masks.words
+    buf = torch.randint(-2**31, 2**31 - 1, (4, words), dtype=torch.int32, generator=gen)
+    buf[2] = 0  # nothing allowed but what the bits say: here nothing
+    logits = torch.randn(4, VOCAB, generator=gen)
+    logits[1, 7] = float("-inf")
+    logits[3, 9] = -0.0
+    host, device = logits.clone(), logits.clone()
+    masks.apply_numpy(host, buf, [0, 1, 2], VOCAB - 5)
+    masks.apply_torch(device, buf, [0, 1, 2], VOCAB - 5)
+    assert torch.equal(host, device)
+    assert torch.equal(host[3], logits[3]) and torch.equal(host[:3, VOCAB - 5:], logits[:3, VOCAB - 5:])
+    bits = np.unpackbits(buf[0].numpy().view(np.uint8), bitorder="little")[:VOCAB - 5].astype(bool)
+    assert torch.equal(torch.isfinite(host[0, :VOCAB - 5]), torch.from_numpy(bits))
+    assert torch.isinf(host[2, :VOCAB - 5]).all()
+
+    row = np.array([1.5, -2.0, -0.0, np.inf, -np.inf, 3.0], dtype=np.float32)
+    fill_disallowed(row, np.array([0, 1, 0, 1, 1, 0], dtype=np.uint8))
+    assert row.tolist() == [1.5, -np.inf, 0.0, -np.inf, -np.inf, 3.0] and np.signbit(row[2])
