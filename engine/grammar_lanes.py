@@ -6,9 +6,11 @@ consumed exactly the tokens the request has output, in order, so a request
 preempted and recomputed, or evicted and resumed, continues where its grammar
 was (the matcher lives here, by request id, not with the lane).
 
-A round with constrained rows (``begin``) starts filling their masks on a
-worker thread before the forward and ``apply`` waits for it and masks the
-logits after; ``advance`` feeds each sampled token to its matcher. Once the
+A round with constrained rows (``begin``) fills their masks before the
+forward: on a worker thread while an accelerator runs the forward
+(``overlap``), in place when the forward runs on the host's own cores
+(there the fill's threads would only slow it); ``apply`` waits for the fill
+and masks the logits; ``advance`` feeds each sampled token to its matcher. Once the
 grammar is complete only the end-of-sequence tokens are allowed, so the
 request ends with "stop"; a matcher that fails allows only them too. A round
 without a constrained row touches nothing here.
@@ -39,8 +41,9 @@ class RoundMasks:
 
 
 class GrammarLanes:
-    def __init__(self, cache: GrammarCache):
+    def __init__(self, cache: GrammarCache, overlap: bool = False):
         self.cache = cache
+        self.overlap = overlap
         self.matchers: dict[str, object] = {}
         self._masks: GrammarMasks | None = None
         self._worker: ThreadPoolExecutor | None = None
@@ -72,7 +75,12 @@ class GrammarLanes:
             return None
         matchers = [self.matchers[ids[i]] for i in rows]
         masks = self.masks
-        filled = self._worker.submit(masks.fill, list(zip(matchers, rows)), len(ids))
+        pairs = list(zip(matchers, rows))
+        if self.overlap:
+            filled = self._worker.submit(masks.fill, pairs, len(ids))
+        else:
+            filled = Future()
+            filled.set_result(masks.fill(pairs, len(ids)))
         return RoundMasks(rows, matchers, filled)
 
     def apply(self, logits: torch.Tensor, rnd: RoundMasks) -> None:
@@ -89,6 +97,7 @@ class GrammarLanes:
                 log.warning("grammar matcher failed on token %d: %s", tok, m.get_error())
 
 
-def grammar_lanes(model_dir, vocab: int, eos_ids) -> GrammarLanes:
-    """The grammar lanes of one loaded checkpoint; its grammar tokenizer is built on the first grammar."""
-    return GrammarLanes(GrammarCache(lambda: load_tokenizer(model_dir, vocab, tuple(eos_ids))))
+def grammar_lanes(model_dir, vocab: int, eos_ids, device: str) -> GrammarLanes:
+    """The grammar lanes of one checkpoint loaded on ``device``; its grammar tokenizer is built on the first grammar."""
+    return GrammarLanes(GrammarCache(lambda: load_tokenizer(model_dir, vocab, tuple(eos_ids))),
+                        overlap=torch.device(device).type != "cpu")

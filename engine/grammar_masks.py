@@ -30,18 +30,23 @@ def mask_words(vocab: int) -> int:
     return (vocab + 31) // 32
 
 
-def fill_disallowed(row: np.ndarray, disallowed: np.ndarray) -> None:
+def fill_disallowed(row: np.ndarray, disallowed: np.ndarray, scratch: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> None:
     """``row[t] = -inf`` where ``disallowed[t]`` is 1, in place (fp32 ``row``, uint8 0/1 ``disallowed``).
 
     Bitwise: keep = disallowed - 1 is all ones where allowed and 0 where not;
     row &= keep clears the disallowed entries, row |= disallowed * bits(-inf)
-    sets them.
+    sets them. ``scratch``: two int32 arrays at least as long as ``row``,
+    reused so that no row allocates.
     """
+    n = row.shape[0]
+    keep, neg = (s[:n] for s in scratch) if scratch is not None else (np.empty(n, np.int32), np.empty(n, np.int32))
     bits = row.view(np.int32)
-    m = disallowed.astype(np.int32)
-    bits &= m - 1
-    m *= NEG_INF_BITS
-    bits |= m
+    np.copyto(keep, disallowed, casting="unsafe")
+    np.multiply(keep, NEG_INF_BITS, out=neg)
+    keep -= 1
+    bits &= keep
+    bits |= neg
 
 
 class GrammarMasks:
@@ -60,6 +65,7 @@ class GrammarMasks:
         for t in tok.eos_tokens:
             bits[t // 32] |= np.uint32(1 << (t % 32))
         self._shifts: dict[torch.device, torch.Tensor] = {}
+        self._scratch = (np.empty(self.vocab, dtype=np.int32), np.empty(self.vocab, dtype=np.int32))
 
     def _rows(self, n: int) -> torch.Tensor:
         if self.buffer.shape[0] < n:
@@ -89,13 +95,13 @@ class GrammarMasks:
         else:
             self.apply_torch(logits, buf, rows, vocab)
 
-    @staticmethod
-    def apply_numpy(logits: torch.Tensor, buf: torch.Tensor, rows: list[int], vocab: int) -> None:
+    def apply_numpy(self, logits: torch.Tensor, buf: torch.Tensor, rows: list[int], vocab: int) -> None:
         """The host form of ``apply`` over the first ``vocab`` ids (``logits`` on the CPU)."""
         lg = logits.numpy()
         inverted = np.invert(buf.numpy()[rows]).view(np.uint8)  # a set bit is now a disallowed token
+        disallowed = np.unpackbits(inverted, axis=1, bitorder="little", count=vocab)  # [k, vocab] 0/1, one block
         for k, i in enumerate(rows):
-            fill_disallowed(lg[i, :vocab], np.unpackbits(inverted[k], bitorder="little", count=vocab))
+            fill_disallowed(lg[i, :vocab], disallowed[k], self._scratch)
 
     def apply_torch(self, logits: torch.Tensor, buf: torch.Tensor, rows: list[int], vocab: int) -> None:
         """The device form of ``apply`` over the first ``vocab`` ids (torch ops on ``logits``' device)."""

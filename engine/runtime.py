@@ -107,7 +107,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         evict_window_pages=config.evict_window_pages, staging_slot=staging_slot)
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
-                         grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids))
+                         grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device))
     runner.warm_up()
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
             "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes}

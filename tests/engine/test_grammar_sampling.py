@@ -114,11 +114,12 @@ def test_top_k_top_p_and_penalties_respect_the_mask(model, demo_dir, tokenizer):
         assert isinstance(value, list) and len(value) <= 3 and set(value) <= {"red", "green"}
 
 
-def test_masks_disallow_exactly_what_the_matcher_disallows_and_skip_free_rows(tokenizer):
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-place", "worker"])
+def test_masks_disallow_exactly_what_the_matcher_disallows_and_skip_free_rows(tokenizer, overlap):
     import llguidance
 
     cache = GrammarCache(lambda: tokenizer)
-    lanes = GrammarLanes(cache)
+    lanes = GrammarLanes(cache, overlap=overlap)
     assert lanes.constrain("a", json_schema_grammar({"type": "boolean"})) is None
     logits = torch.randn(3, VOCAB)
     before = logits.clone()
