@@ -11,6 +11,7 @@ answering is ``GenerationRequest.answer``'s.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from ignis.gateway.choice import ChoiceDelta
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
+from ignis.gateway.grammars import after_reasoning
 from ignis.gateway.messages import apply_developer_policy, parse_messages, parse_tool_choice, parse_tools
 from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams
@@ -58,6 +60,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise invalid(str(e), "messages") from None
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
+    if p.grammar is not None and prompt.starts_in_reasoning:  # the grammar holds the answer, not the reasoning
+        req.params = p = dataclasses.replace(p, grammar=after_reasoning(p.grammar))
     max_tokens = await gw.max_tokens(len(prompt.ids), p.max_tokens, gw.config.default_max_tokens)
     rid = new_id("chatcmpl")
     head = {"id": rid, "created": int(time.time()), "model": gw.model_name}

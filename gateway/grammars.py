@@ -16,6 +16,10 @@
   JSON valid under its schema. Hermes arguments are one JSON object valid
   under the tool's ``parameters``.
 
+``after_reasoning(grammar)`` lets a reasoning block the prompt opened run
+free first: any text up to and including ``</think>``, up to two newlines,
+then ``grammar``.
+
 JSON anywhere is llguidance's JSON Schema compiler (``%json{...}`` inside Lark)
 with whitespace between tokens limited to ``JSON_WHITESPACE``, so a model
 cannot pad forever. ``grammar_error`` is the library's complaint about a
@@ -40,6 +44,13 @@ TOOL_PARSERS = ("xml", "hermes")
 _XML_TERMINALS = r"""
 RAW_TEXT: /(.|\n)*/ & ~/(.|\n)*\n<\/parameter>(.|\n)*/
 RAW_VALUE: RAW_TEXT "\n</parameter>\n"
+"""
+
+
+_REASONING = r"""start: THOUGHT AFTER_THOUGHT @answer
+THOUGHT: THOUGHT_TEXT "</think>"
+THOUGHT_TEXT: /(.|\n)*/ & ~/(.|\n)*<\/think>(.|\n)*/
+AFTER_THOUGHT: /\n{0,2}/
 """
 
 
@@ -121,3 +132,13 @@ def tool_call_grammar(tool: dict, parser: str) -> str:
         raise ValueError("function.parameters must be an object")
     lark = _xml_grammar(params) if parser == "xml" else _hermes_grammar(params)
     return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def after_reasoning(grammar: str) -> str:
+    """``grammar`` (llguidance's JSON form, or Lark text) preceded by the rest of an open reasoning block."""
+    try:
+        parts = [dict(g) for g in json.loads(grammar)["grammars"]]
+    except ValueError:  # Lark text, as grammar_from_lark gives it
+        parts = [{"lark_grammar": grammar}]
+    parts[0]["name"] = "answer"
+    return json.dumps({"grammars": [{"lark_grammar": _REASONING}, *parts]})

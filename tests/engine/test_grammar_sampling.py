@@ -198,3 +198,21 @@ def test_the_host_and_device_forms_of_apply_set_the_same_entries_to_minus_inf(to
     row = np.array([1.5, -2.0, -0.0, np.inf, -np.inf, 3.0], dtype=np.float32)
     fill_disallowed(row, np.array([0, 1, 0, 1, 1, 0], dtype=np.uint8))
     assert row.tolist() == [1.5, -np.inf, 0.0, -np.inf, -np.inf, 3.0] and np.signbit(row[2])
+
+
+def test_logprobs_are_those_of_the_masked_distribution(model, demo_dir, tokenizer):
+    import math
+
+    sched = Scheduler(SchedulerConfig(decode_lanes=2, num_pages=8, max_model_len=512,
+                                      max_prefill_tokens_per_round=512, eos_token_ids=(EOS,)), reuse=False)
+    runner = ModelRunner(model, ModelState.allocate(model.cfg, num_pages=8, lanes=2, dtype=torch.float32),
+                         vocab_limit=tokenizer_vocab_size(demo_dir), grammars=GrammarLanes(GrammarCache(lambda: tokenizer)))
+    runner.grammars.constrain("a", json_schema_grammar({"enum": ["yes", "no"]}))
+    sched.add(Request("a", (5, 6, 7), SamplingParams(temperature=1.0, seed=0, logprobs=True, top_logprobs=20)))
+    result, logprobs = runner.run(sched.schedule())
+    lp = logprobs["a"]
+    allowed = torch.isfinite(runner.last_logits["a"]).nonzero().flatten().tolist()
+    assert 0 < len(allowed) < 20  # a quote, or a quote and the start of a value
+    assert sorted(t for t, _ in lp.top) == allowed
+    assert math.isclose(sum(math.exp(v) for _, v in lp.top), 1.0, rel_tol=1e-5)
+    assert result.tokens["a"] in allowed and lp.token_logprob == dict(lp.top)[result.tokens["a"]]

@@ -1,4 +1,4 @@
-"""Forced tool-call grammars on Qwen's real vocabularies: what follows the opener, token by token.
+"""Grammars on Qwen's real vocabularies, token by token: forced tool calls, and answers after reasoning.
 
 Each case tokenizes a remainder as the model would write it (added tokens
 such as ``</tool_call>`` as themselves) and feeds it to an ``LLMatcher`` of
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ignis.engine.grammar_tokenizer import load_tokenizer
-from ignis.gateway.grammars import grammar_error, tool_call_grammar
+from ignis.gateway.grammars import after_reasoning, grammar_error, json_schema_grammar, tool_call_grammar
 from tests.support.real_tokenizer import token_ids
 
 llguidance = pytest.importorskip("llguidance")
@@ -101,3 +101,23 @@ def test_unusable_tools_and_parsers_raise():
         tool_call_grammar({"function": {"name": "f", "parameters": {"properties": {"a>b": {}}}}}, "xml")
     with pytest.raises(ValueError, match="parameters must be an object"):
         tool_call_grammar({"function": {"name": "f", "parameters": [1]}}, "hermes")
+
+
+@pytest.mark.parametrize("text,complete", [
+    ('Let me think: {"a": "x"}?\n</think>\n\n{"a": 1}', True),
+    ('</think>{"a": 1}', True),
+    ('Thinking.\n</think>\n\nThe answer is 1.', False),
+    ('{"a": 1}', False),  # no reasoning block closed: the JSON is still reasoning text
+])
+def test_after_reasoning_leaves_the_thought_free_and_holds_the_answer(vocab, text, complete):
+    grammar = after_reasoning(json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}},
+                                                   "required": ["a"]}))
+    assert grammar_error(grammar) == ""
+    n, total, matcher = consumed(vocab, grammar, text)
+    assert (n == total and only_eos_left(vocab, matcher)) is complete
+
+
+def test_after_reasoning_takes_a_tool_call_grammar_too(vocab):
+    grammar = after_reasoning(tool_call_grammar(WEATHER, "hermes"))
+    n, total, matcher = consumed(vocab, grammar, 'Call it.</think>\n{"city": "Rome", "days": 2}}\n</tool_call>')
+    assert n == total and only_eos_left(vocab, matcher)
