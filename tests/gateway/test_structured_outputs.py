@@ -97,3 +97,15 @@ def test_completions_take_a_response_format_too(client, served):
                                   extra_body={"response_format": schema_format({"enum": ["yes", "no"]})})
     assert r.choices[0].finish_reason == "stop"
     assert json.loads(r.choices[0].text) in ("yes", "no")
+
+
+def test_with_thinking_the_reasoning_runs_free_before_the_json(client, served):
+    # The template opens <think>: a random model never closes it within 12 tokens, so all of it is reasoning,
+    # drawn from the whole vocabulary rather than from what a JSON value allows.
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=1.0, seed=5, max_tokens=12,
+                                       response_format=schema_format(SCHEMA),
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content
+    assert choice.message.model_extra["reasoning_content"]
+    assert not choice.message.model_extra["reasoning_content"].lstrip().startswith("{")
