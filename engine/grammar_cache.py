@@ -8,7 +8,8 @@ request gets ``deep_copy()`` of it. A grammar the library refuses raises
 ``GrammarError`` with its message and is not cached.
 
 The ``LLTokenizer`` is built on first use (seconds at a 248K vocabulary), so an
-engine that never sees a grammar never pays for it.
+engine that never sees a grammar never pays for it; a vocabulary it cannot be
+built from makes every grammar a ``GrammarError`` saying so.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ class GrammarCache:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            self._tokenizer = self._make_tokenizer()
+            try:
+                self._tokenizer = self._make_tokenizer()
+            except (ValueError, OSError, ImportError) as e:
+                raise GrammarError(f"this model's vocabulary cannot take grammars: {e}") from None
         return self._tokenizer
 
     def __len__(self) -> int:

@@ -19,14 +19,21 @@ from functools import lru_cache
 
 from ignis.gateway.fields import Fields
 from ignis.gateway.grammars import grammar_error, json_schema_grammar
+from ignis.shared.wire_fields import MAX_GRAMMAR_CHARS
 
 FORMATS = ("text", "json_object", "json_schema")
 CHECKED_GRAMMARS = 256
+CACHED_GRAMMAR_CHARS = 64 << 10
+"""Checks of grammars up to this size are remembered (at most ``CHECKED_GRAMMARS`` of them)."""
 
 
 @lru_cache(maxsize=CHECKED_GRAMMARS)
-def _checked(grammar: str) -> str:
+def _remembered(grammar: str) -> str:
     return grammar_error(grammar)
+
+
+def _checked(grammar: str) -> str:
+    return _remembered(grammar) if len(grammar) <= CACHED_GRAMMAR_CHARS else grammar_error(grammar)
 
 
 def parse_response_format(f: Fields) -> str | None:
@@ -55,6 +62,8 @@ def parse_response_format(f: Fields) -> str | None:
         grammar = json_schema_grammar(schema)
     except ValueError as e:
         raise spec.error("schema", f"is not a usable JSON schema: {e}") from None
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise spec.error("schema", f"is too large ({len(grammar)} characters compiled, at most {MAX_GRAMMAR_CHARS})")
     error = _checked(grammar)
     if error:
         raise spec.error("schema", f"is not a usable JSON schema: {error}")

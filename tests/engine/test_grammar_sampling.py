@@ -216,3 +216,11 @@ def test_logprobs_are_those_of_the_masked_distribution(model, demo_dir, tokenize
     assert sorted(t for t, _ in lp.top) == allowed
     assert math.isclose(sum(math.exp(v) for _, v in lp.top), 1.0, rel_tol=1e-5)
     assert result.tokens["a"] in allowed and lp.token_logprob == dict(lp.top)[result.tokens["a"]]
+
+
+def test_a_vocabulary_that_cannot_take_grammars_refuses_them_without_raising_anything_else(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}')
+    lanes = GrammarLanes(GrammarCache(lambda: load_tokenizer(tmp_path, 8, (1,))))
+    error = lanes.constrain("a", json_schema_grammar({"type": "boolean"}))
+    assert "cannot take grammars" in error and "BPE" in error
+    assert lanes.begin(["a"]) is None
