@@ -10,12 +10,16 @@ Rows are filled by llguidance's executor for all constrained rows in one call
 does. ``apply`` sets every disallowed logit of a constrained row to -inf in
 place, on the logits' own device: on the CPU numpy unpacks a row's
 disallowed bits to bytes and writes -inf's bit pattern through integer
-operations (a masked float copy is several times slower there); on an
+operations (a masked float copy is several times slower there), rows split
+over a few threads; on an
 accelerator one unpack-and-fill (the mask rows are copied there from pinned
 memory). Rows of unconstrained streams are never read or written.
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -24,6 +28,7 @@ from ignis.engine.grammar_cache import GrammarCache
 
 
 NEG_INF_BITS = np.int32(-8388608)  # 0xff800000: float32 -inf as an int32
+APPLY_THREADS = 4
 
 
 def mask_words(vocab: int) -> int:
@@ -34,19 +39,18 @@ def fill_disallowed(row: np.ndarray, disallowed: np.ndarray, scratch: tuple[np.n
                     ) -> None:
     """``row[t] = -inf`` where ``disallowed[t]`` is 1, in place (fp32 ``row``, uint8 0/1 ``disallowed``).
 
-    Bitwise: keep = disallowed - 1 is all ones where allowed and 0 where not;
-    row &= keep clears the disallowed entries, row |= disallowed * bits(-inf)
-    sets them. ``scratch``: two int32 arrays at least as long as ``row``,
-    reused so that no row allocates.
+    Bitwise, on the row's int32 view: m = -disallowed is all ones where a
+    token is disallowed and 0 where not, and row ^= (row ^ bits(-inf)) & m
+    turns exactly those entries into -inf. ``scratch``: two int32 arrays at
+    least as long as ``row``, reused so that no row allocates.
     """
     n = row.shape[0]
-    keep, neg = (s[:n] for s in scratch) if scratch is not None else (np.empty(n, np.int32), np.empty(n, np.int32))
+    m, t = (s[:n] for s in scratch) if scratch is not None else (np.empty(n, np.int32), np.empty(n, np.int32))
     bits = row.view(np.int32)
-    np.copyto(keep, disallowed, casting="unsafe")
-    np.multiply(keep, NEG_INF_BITS, out=neg)
-    keep -= 1
-    bits &= keep
-    bits |= neg
+    np.negative(disallowed.view(np.int8), out=m, casting="unsafe")  # 0 or -1
+    np.bitwise_xor(bits, NEG_INF_BITS, out=t)
+    t &= m
+    bits ^= t
 
 
 class GrammarMasks:
@@ -65,7 +69,11 @@ class GrammarMasks:
         for t in tok.eos_tokens:
             bits[t // 32] |= np.uint32(1 << (t % 32))
         self._shifts: dict[torch.device, torch.Tensor] = {}
-        self._scratch = (np.empty(self.vocab, dtype=np.int32), np.empty(self.vocab, dtype=np.int32))
+        # the host form splits a round's rows over a few threads (numpy lets go of the GIL), each with its scratch
+        self._threads = max(1, min(APPLY_THREADS, os.cpu_count() or 1))
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="grammar-apply") if self._threads > 1 else None
+        self._scratch = [(np.empty(self.vocab, dtype=np.int32), np.empty(self.vocab, dtype=np.int32))
+                         for _ in range(self._threads)]
 
     def _rows(self, n: int) -> torch.Tensor:
         if self.buffer.shape[0] < n:
@@ -100,8 +108,16 @@ class GrammarMasks:
         lg = logits.numpy()
         inverted = np.invert(buf.numpy()[rows]).view(np.uint8)  # a set bit is now a disallowed token
         disallowed = np.unpackbits(inverted, axis=1, bitorder="little", count=vocab)  # [k, vocab] 0/1, one block
-        for k, i in enumerate(rows):
-            fill_disallowed(lg[i, :vocab], disallowed[k], self._scratch)
+
+        def part(j: int) -> None:
+            for k in range(j, len(rows), self._threads):
+                fill_disallowed(lg[rows[k], :vocab], disallowed[k], self._scratch[j])
+
+        if self._pool is None or len(rows) == 1:
+            for k, i in enumerate(rows):
+                fill_disallowed(lg[i, :vocab], disallowed[k], self._scratch[0])
+        else:
+            list(self._pool.map(part, range(self._threads)))
 
     def apply_torch(self, logits: torch.Tensor, buf: torch.Tensor, rows: list[int], vocab: int) -> None:
         """The device form of ``apply`` over the first ``vocab`` ids (torch ops on ``logits``' device)."""
