@@ -14,7 +14,11 @@
   of type string (or without a type) is raw text up to the first
   ``\\n</parameter>``, an enum of strings one of its values, any other value
   JSON valid under its schema. Hermes arguments are one JSON object valid
-  under the tool's ``parameters``.
+  under the tool's ``parameters`` (after an optional space: the opener may
+  end at ``"arguments":``).
+- ``any_tool_call_grammar(tools, parser)``: the rest of a required call
+  (any of ``tools``) after ``<tool_call>\\n``: the function's name, then its
+  arguments as above.
 
 ``after_reasoning(grammar)`` lets a reasoning block the prompt opened run
 free first: any text up to and including ``</think>``, up to two newlines,
@@ -39,6 +43,7 @@ JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
 JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
 
 TOOL_PARSERS = ("xml", "hermes")
+TOOL_PARSER_ALIASES = {"qwen3_xml": "xml"}  # --tool-call-parser's name of the XML format
 
 # Raw text of an XML parameter: anything up to, and then including, the first "\n</parameter>\n".
 _XML_TERMINALS = r"""
@@ -95,33 +100,8 @@ def _xml_value(schema: object) -> str:
     return f'{_json_rule(schema)} "\\n</parameter>\\n"'
 
 
-def _xml_grammar(params: dict) -> str:
-    props = params.get("properties") or {}
-    if not isinstance(props, dict):
-        raise ValueError("parameters.properties must be an object")
-    required = set(params.get("required") or ())
-    rules, parts = [], []
-    for k, (name, schema) in enumerate(props.items()):
-        if "\n" in name or ">" in name:
-            raise ValueError(f"parameter name {name!r} cannot appear in a <parameter=...> tag")
-        rules.append(f"p{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {_xml_value(schema)}")
-        parts.append(f"p{k}" if name in required else f"p{k}?")
-    body = " ".join(parts + ['"</function>\\n</tool_call>"'])
-    return "\n".join([f"start: {body}", *rules, _XML_TERMINALS])
-
-
-def _hermes_grammar(params: dict) -> str:
-    return f'start: {_json_rule(params)} "}}\\n</tool_call>"\n'
-
-
-def tool_call_grammar(tool: dict, parser: str) -> str:
-    """The grammar of what follows the opener of a forced call of ``tool`` (an OpenAI tool object).
-
-    ``parser``: "xml" (Qwen3.5) or "hermes" (Qwen3-Next). Raises ValueError
-    for a tool whose parameters cannot be written in that format.
-    """
-    if parser not in TOOL_PARSERS:
-        raise ValueError(f"tool parser must be one of {', '.join(TOOL_PARSERS)}, got {parser!r}")
+def _params(tool: object) -> tuple[str, dict]:
+    """(name, parameters schema) of an OpenAI tool object (or of its ``function``)."""
     fn = tool.get("function", tool) if isinstance(tool, dict) else None
     if not isinstance(fn, dict):
         raise ValueError("a tool must be an object")
@@ -130,8 +110,78 @@ def tool_call_grammar(tool: dict, parser: str) -> str:
         params = {"type": "object", "properties": {}}
     if not isinstance(params, dict):
         raise ValueError("function.parameters must be an object")
-    lark = _xml_grammar(params) if parser == "xml" else _hermes_grammar(params)
+    name = fn.get("name")
+    return (name if isinstance(name, str) else ""), params
+
+
+def _xml_call(params: dict, prefix: str) -> tuple[str, list[str]]:
+    """(the rule body of a call's parameters and its closing, the rules it names) for ``<function=...>``."""
+    props = params.get("properties") or {}
+    if not isinstance(props, dict):
+        raise ValueError("parameters.properties must be an object")
+    required = set(params.get("required") or ())
+    rules, parts = [], []
+    for k, (name, schema) in enumerate(props.items()):
+        if "\n" in name or ">" in name:
+            raise ValueError(f"parameter name {name!r} cannot appear in a <parameter=...> tag")
+        rules.append(f"{prefix}{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {_xml_value(schema)}")
+        parts.append(f"{prefix}{k}" if name in required else f"{prefix}{k}?")
+    return " ".join(parts + ['"</function>\\n</tool_call>"']), rules
+
+
+def _hermes_call(params: dict) -> str:
+    """The rule body of a call's arguments and its closing, after ``"arguments":``."""
+    return f'" "? {_json_rule(params)} "}}\\n</tool_call>"'
+
+
+def _parser(parser: str) -> str:
+    parser = TOOL_PARSER_ALIASES.get(parser, parser)
+    if parser not in TOOL_PARSERS:
+        raise ValueError(f"tool parser must be one of {', '.join(TOOL_PARSERS)}, got {parser!r}")
+    return parser
+
+
+def tool_call_grammar(tool: dict, parser: str) -> str:
+    """The grammar of what follows the opener of a forced call of ``tool`` (an OpenAI tool object).
+
+    ``parser``: "xml" (also "qwen3_xml"; Qwen3.5) or "hermes" (Qwen3-Next).
+    The hermes opener may end with or without the space after
+    ``"arguments":``. Raises ValueError for a tool whose parameters cannot be
+    written in that format.
+    """
+    parser = _parser(parser)
+    _, params = _params(tool)
+    if parser == "xml":
+        body, rules = _xml_call(params, "p")
+        lark = "\n".join([f"start: {body}", *rules, _XML_TERMINALS])
+    else:
+        lark = f"start: {_hermes_call(params)}\n"
     return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def any_tool_call_grammar(tools: list[dict], parser: str) -> str:
+    """The grammar of what follows ``<tool_call>\\n`` when a call of one of ``tools`` is required.
+
+    xml: ``<function=NAME>\\n`` and that tool's parameters; hermes:
+    ``{"name": "NAME", "arguments": {...}}`` and the closing.
+    """
+    parser = _parser(parser)
+    if not tools:
+        raise ValueError("a required call needs at least one tool")
+    calls, rules = [], []
+    for t, tool in enumerate(tools):
+        name, params = _params(tool)
+        if not name or (parser == "xml" and ("\n" in name or ">" in name)):
+            raise ValueError(f"tool {t} has no name that can be written in a call")
+        if parser == "xml":
+            body, params_rules = _xml_call(params, f"t{t}p")
+            rules += [f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} {body}", *params_rules]
+        else:
+            head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+            rules.append(f"call{t}: {_lark_string(head)} {_hermes_call(params)}")
+        calls.append(f"call{t}")
+    terminals = [_XML_TERMINALS] if parser == "xml" else []
+    return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: {' | '.join(calls)}", *rules, *terminals]))
 
 
 def after_reasoning(grammar: str) -> str:

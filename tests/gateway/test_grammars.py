@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from ignis.engine.grammar_tokenizer import load_tokenizer
-from ignis.gateway.grammars import after_reasoning, grammar_error, json_schema_grammar, tool_call_grammar
+from ignis.gateway.grammars import (
+    after_reasoning,
+    any_tool_call_grammar,
+    grammar_error,
+    json_schema_grammar,
+    tool_call_grammar,
+)
 from tests.support.real_tokenizer import token_ids
 
 llguidance = pytest.importorskip("llguidance")
@@ -62,7 +68,7 @@ XML_BAD = [
     "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n9\n</parameter>\n",  # above the maximum
     "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=mood>\nok\n",  # unknown
 ]
-HERMES_OK = ['{"city": "Paris", "days": 3}}\n</tool_call>',
+HERMES_OK = ['{"city": "Paris", "days": 3}}\n</tool_call>', ' {"city": "Paris", "days": 3}}\n</tool_call>',
              '{"city": "Saint-Malo", "unit": "f", "days": 1, "where": {"lat": 48.6}}}\n</tool_call>']
 HERMES_BAD = ['{"days": 3}}\n</tool_call>', '{"city": "Paris", "days": "3"}}\n</tool_call>',
               '{"city": "Paris", "days": 3}\n</tool_call>', '{"city": "Paris", "days": 3, "x": 1}}\n</tool_call>']
@@ -101,6 +107,10 @@ def test_unusable_tools_and_parsers_raise():
         tool_call_grammar({"function": {"name": "f", "parameters": {"properties": {"a>b": {}}}}}, "xml")
     with pytest.raises(ValueError, match="parameters must be an object"):
         tool_call_grammar({"function": {"name": "f", "parameters": [1]}}, "hermes")
+    with pytest.raises(ValueError, match="at least one tool"):
+        any_tool_call_grammar([], "xml")
+    with pytest.raises(ValueError, match="no name"):
+        any_tool_call_grammar([{"function": {"parameters": {}}}], "hermes")
 
 
 @pytest.mark.parametrize("text,complete", [
@@ -121,3 +131,24 @@ def test_after_reasoning_takes_a_tool_call_grammar_too(vocab):
     grammar = after_reasoning(tool_call_grammar(WEATHER, "hermes"))
     n, total, matcher = consumed(vocab, grammar, 'Call it.</think>\n{"city": "Rome", "days": 2}}\n</tool_call>')
     assert n == total and only_eos_left(vocab, matcher)
+
+
+NOW = {"type": "function", "function": {"name": "now"}}
+
+
+@pytest.mark.parametrize("parser,text,ok", [
+    ("qwen3_xml", "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
+                  "</function>\n</tool_call>", True),
+    ("xml", "<function=now>\n</function>\n</tool_call>", True),
+    ("xml", "<function=later>\n</function>\n</tool_call>", False),  # not among the tools
+    ("xml", "<function=get_weather>\n</function>\n</tool_call>", False),  # its required parameters are missing
+    ("hermes", '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>', True),
+    ("hermes", '{"name": "now", "arguments": {}}\n</tool_call>', True),
+    ("hermes", '{"name": "later", "arguments": {}}\n</tool_call>', False),
+    ("hermes", '{"name": "now", "arguments": {}}', False),  # not closed
+])
+def test_a_required_call_is_one_of_the_tools_with_its_arguments(vocab, parser, text, ok):
+    grammar = any_tool_call_grammar([WEATHER, NOW], parser)
+    assert grammar_error(grammar) == ""
+    n, total, matcher = consumed(vocab, grammar, text)
+    assert (n == total and only_eos_left(vocab, matcher)) is ok
