@@ -21,6 +21,10 @@ pending (its round not yet applied: its slot holds nothing), the waiting
 request waits, then resumes from the captured prefix. It never reads a slot
 that is not filled; the scheduler's ``update`` marks a round's captures filled.
 
+Shortfall. On its first admission a request records why it resumed less than
+it shares with a recent prompt (``engine.reuse.shortfall``), for the done line
+and ``ignis:reuse_shortfall_total``; nothing is decided by it.
+
 Resumed evictions. At most one evicted sequence comes back per round (its
 pages and image share the one staging slot); it decodes on where it stopped,
 or recomputes when its lower copy is gone. Pure Python, no torch.
@@ -31,6 +35,7 @@ from __future__ import annotations
 from ignis.engine.preemption import maybe_evict
 from ignis.engine.prefill_chunks import add_chunk, retained_prefix_point
 from ignis.engine.request import Request, RequestState
+from ignis.engine.reuse.shortfall import shortfall_reason
 from ignis.engine.schedule import LaneStart, RoundPlan
 from ignis.engine.scheduler_state import SchedulerState
 
@@ -80,6 +85,9 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
             if req.num_preemptions == 0:
                 req.cached_tokens = hit.num_tokens
                 req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
+        if req.num_preemptions == 0 and sched.learned is not None:
+            req.shortfall = shortfall_reason(tokens, matched, req.shared_tokens, req.earlier_cuts,
+                                             sched.store.fates, page_tokens)
         req.page_table.ensure_capacity(req.num_tokens + 1)
         req.state = RequestState.PREFILLING
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),

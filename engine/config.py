@@ -49,6 +49,9 @@ class EngineConfig:
         "most tokens per request, prompt + completion (default: the model's context, capped by the pool)"))
     reuse_prompt: bool = field(default=True, metadata=field_doc(
         "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)"))
+    reuse_learned_points: bool = field(default=True, metadata=field_doc(
+        "with --reuse-prompt on: also capture where a prompt diverges from a recent one past its marks "
+        "(docs/reuse.md, learned points)"))
     reuse_device_slots: int = field(default=0, metadata=field_doc(
         "retained state slots reserved on the device"))
     reuse_host_slots_per_lane: int = field(default=2, metadata=field_doc(

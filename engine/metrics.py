@@ -35,6 +35,9 @@ class EngineMetrics(ProcessMetrics):
                                        ("kind", "tier"))
         self.reuse_hit_tokens = self.counter("reuse_hit_tokens", "prompt tokens resumed, by kind and tier",
                                              ("kind", "tier"))
+        self.reuse_shortfall = self.counter(
+            "reuse_shortfall", "requests that reused less than they share with an earlier prompt (or nothing), "
+            "by reason: unseen, no_mark, slot_busy, evicted, budget, not_ready", ("reason",))
         self.store_counters = {
             name: self.counter(name, doc) for name, doc in (
                 ("reuse_captures", "retained entries captured"),

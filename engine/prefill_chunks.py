@@ -7,8 +7,11 @@ continues from there).
 
 A chunk that ends on a capture mark is captured after the forward
 (``plan.captures``): the end of system + tools rounded down to whole pages is a
-"retained_prefix", the generation opener a "prompt_checkpoint". Nothing is
-captured while the store is disabled. Pure Python, no torch.
+"retained_prefix", the generation opener a "prompt_checkpoint", the start of
+the newest multi-part user message's final text part a "part_boundary", and
+the request's learned point a "learned_point" (where marks coincide, that
+order decides). Nothing is captured while the store is disabled. Pure Python,
+no torch.
 """
 
 from __future__ import annotations
@@ -59,4 +62,8 @@ def capture_kind(req: Request, end: int, store: RetainedStore, page_tokens: int)
         return "prompt_checkpoint"
     if req.system_end is not None and req.system_end // page_tokens * page_tokens == end:
         return "retained_prefix"
+    if req.part_end == end:
+        return "part_boundary"
+    if req.learned_at == end:
+        return "learned_point"
     return None

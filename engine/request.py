@@ -42,15 +42,19 @@ class RequestState(enum.Enum):
     FINISHED = "finished"
 
 
-def capture_cuts(prompt_len: int, system_end: int | None, opener_start: int | None, page_tokens: int) -> tuple[int, ...]:
+def capture_cuts(prompt_len: int, system_end: int | None, opener_start: int | None, page_tokens: int,
+                 part_end: int | None = None) -> tuple[int, ...]:
     """Where prefill must cut so capture points exist: the end of the system block
-    rounded down to whole pages (retained prefix) and the generation opener
-    (prompt checkpoint). Points that leave nothing before or after are dropped."""
+    rounded down to whole pages (retained prefix), the start of the newest
+    multi-part user message's final text part (part boundary) and the generation
+    opener (prompt checkpoint). Points that leave nothing before or after are dropped.
+    A learned point is added later, by the scheduler (``engine.reuse.learned_points``)."""
     cuts = set()
     if system_end is not None:
         cuts.add(system_end // page_tokens * page_tokens)
-    if opener_start is not None:
-        cuts.add(opener_start)
+    for mark in (part_end, opener_start):
+        if mark is not None:
+            cuts.add(mark)
     return tuple(sorted(c for c in cuts if 0 < c < prompt_len))
 
 
@@ -65,6 +69,7 @@ class Request:
     system_end: int | None = None
     opener_start: int | None = None
     last_is_user: bool = False
+    part_end: int | None = None
     must_cut_at: tuple[int, ...] = ()
     """Token indices a prefill chunk may end at but never cross (sorted, in 1 .. len(prompt))."""
 
@@ -82,6 +87,10 @@ class Request:
     reuse_kind: str = field(default="none", init=False)
     reuse_slot: str = field(default="none", init=False)
     reuse_tier: str = field(default="none", init=False)
+    learned_at: int | None = field(default=None, init=False)  # a learned capture point (a cut too)
+    shared_tokens: int = field(default=0, init=False)  # whole pages shared with an earlier prompt, at arrival
+    earlier_cuts: tuple[int, ...] = field(default=(), init=False)  # that earlier prompt's capture points
+    shortfall: str = field(default="none", init=False)  # why it reused less than it shares (engine.reuse.shortfall)
     evicted: object = field(default=None, init=False, repr=False)  # eviction.Evicted while its state is below
 
     def __post_init__(self):
@@ -103,7 +112,9 @@ class Request:
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
-            must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens),
+            part_end=msg.part_end,
+            must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens,
+                                     msg.part_end),
         )
 
     @property

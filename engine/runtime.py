@@ -94,7 +94,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         if tier_endpoint == "auto":
             tier_endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).tierd
         port = connect_tiers(state, tier_endpoint, stamp, cfg.family, device_slots,
-                             staging_slot=device_slots + host_slots)
+                             staging_slot=device_slots + host_slots, engine_id=config.instance)
         if port is not None:  # else the staging slot stays unused: no live eviction without a tierd
             tiers, tier_client, staging_slot = port, port.client, port.staging_slot
     params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
@@ -104,7 +104,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt, stamp=stamp,
         tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
-        evict_window_pages=config.evict_window_pages, staging_slot=staging_slot)
+        evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,
+        learned_points=config.reuse_learned_points)
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
                          grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device))

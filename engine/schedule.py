@@ -95,9 +95,10 @@ class FinishEvent:
     completion_tokens: int
     message: str = ""
     cached_tokens: int = 0
-    reuse_kind: str = "none"  # "none" | "retained_prefix" | "prompt_checkpoint"
+    reuse_kind: str = "none"  # "none" or one of engine.reuse.entries.KINDS
     reuse_tier: str = "none"  # "none" | "device"
     reuse_slot: str = "none"  # where the resumed image sat: "none" | "device" | "host"
+    shortfall: str = "none"  # why it reused less than it shares with an earlier prompt (engine.reuse.shortfall)
 
 
 @dataclass

@@ -10,6 +10,8 @@ This module owns the requests and the round; its parts live beside it:
 - ``engine.preemption``: decodes under page pressure, preemption by recompute,
   live eviction.
 - ``engine.prefill_chunks``: chunk boundaries and the captures they end on.
+- ``engine.reuse.learned_points``: the index of recent prompts; ``add`` plans a
+  request's learned point (an extra cut) where it diverges from one of them.
 
 A round (``schedule``): requests aborted while running are freed, evicting
 sequences move one window, every decoding request gets its decode, running
@@ -42,6 +44,7 @@ from ignis.engine.prefill_chunks import add_chunk
 from ignis.engine.scheduler_config import SchedulerConfig
 from ignis.engine.request import REQUEST_CLASSES, Request, RequestState
 from ignis.engine.reuse.entries import SlotPool
+from ignis.engine.reuse.learned_points import LearnedPoints
 from ignis.engine.reuse.store import RetainedStore
 from ignis.engine.schedule import FinishEvent, RoundPlan, RoundResult
 from ignis.engine.tier_port import NO_TIERS, TierPort
@@ -61,11 +64,12 @@ class Scheduler:
 
     ``tiers`` is the one port to the lower tiers, shared by the store and the
     evictor (``NO_TIERS``: none); ``restore_floors`` are the store's, per tier;
-    ``staging_slot`` is the evictor's (None: no live eviction)."""
+    ``staging_slot`` is the evictor's (None: no live eviction); ``learned_points``: keep the
+    index of recent prompts and capture where a new one diverges (``engine.reuse.learned_points``)."""
 
     def __init__(self, config: SchedulerConfig, device_slots: int = 0, host_slots: int = 0, reuse: bool = True,
                  stamp: str = "", tiers: TierPort = NO_TIERS, restore_floors: dict[str, int] | None = None,
-                 evict_window_pages: int = 16, staging_slot: int | None = None):
+                 evict_window_pages: int = 16, staging_slot: int | None = None, learned_points: bool = True):
         if not isinstance(config, SchedulerConfig):
             raise TypeError("Scheduler needs a SchedulerConfig")
         self.config = config
@@ -73,6 +77,7 @@ class Scheduler:
         self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse, stamp=stamp,
                                    tiers=tiers, restore_floors=restore_floors)
         self.evictor = Evictor(tiers, evict_window_pages, staging_slot)
+        self.learned = LearnedPoints(config.page_tokens) if learned_points and self.store.enabled else None
         self.waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}  # in admission order
         self.lanes = DecodeLanes(config.decode_lanes, self.pool)
         self._requests: dict[str, Request] = {}  # every live (not finished) request
@@ -132,11 +137,21 @@ class Scheduler:
                                        f"prompt + completion must be at most max_model_len {limit} tokens")
         if self.num_waiting >= self.config.max_queue:
             return Refusal("queue_full", f"{self.num_waiting} requests are waiting (max_queue {self.config.max_queue})")
+        if self.learned is not None:
+            self._learn(req)
         req.arrival = self._arrivals
         self._arrivals += 1
         self._requests[req.req_id] = req
         self.waiting[req.request_class].append(req)
         return None
+
+    def _learn(self, req: Request) -> None:
+        """What ``req`` shares with earlier prompts; past its own capture points, it captures where they diverge."""
+        seen = self.learned.observe(req.prompt_ids, req.must_cut_at)
+        req.shared_tokens, req.earlier_cuts = seen.shared_tokens, seen.earlier_cuts
+        if seen.learned_at is not None:
+            req.learned_at = seen.learned_at
+            req.must_cut_at = tuple(sorted({*req.must_cut_at, seen.learned_at}))
 
     def abort(self, req_id: str, reason: str = "abort", message: str = "") -> FinishEvent | None:
         """End a request; see the module docstring for when. Unknown ids are ignored (None)."""
@@ -228,7 +243,8 @@ class Scheduler:
         del self._requests[req.req_id]
         return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
-                           reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot)
+                           reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
+                           shortfall=req.shortfall)
 
     def _check_result(self, plan: RoundPlan, result: RoundResult) -> None:
         if not isinstance(result, RoundResult):

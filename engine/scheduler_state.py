@@ -13,6 +13,7 @@ from ignis.engine.decode_lanes import DecodeLanes
 from ignis.engine.eviction import Evictor
 from ignis.engine.page_pool import PagePool
 from ignis.engine.request import Request
+from ignis.engine.reuse.learned_points import LearnedPoints
 from ignis.engine.reuse.store import RetainedStore
 from ignis.engine.scheduler_config import SchedulerConfig
 
@@ -22,6 +23,7 @@ class SchedulerState(Protocol):
     pool: PagePool
     store: RetainedStore
     evictor: Evictor
+    learned: LearnedPoints | None  # None: learned points (and shortfall reasons) are off
     lanes: DecodeLanes
     waiting: dict[str, deque[Request]]  # by request class, in admission order
     num_preemptions: int

@@ -10,6 +10,7 @@ message a client could act on is sent.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ class Tracked:
     last_token: float | None = None
     tokens: int = 0
     extra: dict = field(default_factory=dict)
+    mark_missing: str | None = None  # capture marks the gateway could not find, and why
 
 
 class TokenStreams:
@@ -55,7 +57,8 @@ class TokenStreams:
         self.tracked: dict[str, Tracked] = {}
 
     def track(self, peer: bytes, msg: Generate) -> None:
-        self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic())
+        self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic(),
+                                       mark_missing=msg.mark_missing)
 
     def admitted(self, started, now: float) -> None:
         """Requests that took a lane this round (``plan.started``); a resume keeps its first admission."""
@@ -81,15 +84,23 @@ class TokenStreams:
                 self.metrics.itl.observe(now - t.last_token)
             t.last_token = now
             t.tokens += 1
-            lp = logprobs.get(rid)
-            wire_lp = None if lp is None else TokenLogprobs(
-                logprobs=(lp.token_logprob,), top_ids=(tuple(i for i, _ in lp.top),),
-                top_logprobs=(tuple(v for _, v in lp.top),))
-            by_peer.setdefault(t.peer, []).append(StreamTokens(rid, (token,), wire_lp))
+            try:
+                stream = _stream_tokens(rid, token, logprobs.get(rid))
+            except Exception as exc:  # this request ends with an error; the others and the loop go on
+                log.exception("request %s: its token could not be sent; it ends with an error", rid)
+                scheduler.abort(rid, "error", f"engine error while sending its tokens: {exc}")
+                continue
+            by_peer.setdefault(t.peer, []).append(stream)
         for peer, streams in by_peer.items():
             self.channel.send(TokenBatch(tuple(streams)), peer)
 
     def finish(self, ev, model_name: str) -> None:
+        try:
+            self._finish(ev, model_name)
+        except Exception:  # the request is over either way; the loop must go on
+            log.exception("request %s: error while reporting its end", ev.req_id)
+
+    def _finish(self, ev, model_name: str) -> None:
         """``ev`` (a ``FinishEvent``) ended its request: metrics, ``Finished`` to its gateway, the done line."""
         t = self.tracked.pop(ev.req_id, None)
         if t is None:
@@ -111,6 +122,8 @@ class TokenStreams:
             self.metrics.reuse_hits.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc()
             self.metrics.reuse_hit_tokens.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc(
                 ev.cached_tokens)
+        if ev.shortfall != "none":
+            self.metrics.reuse_shortfall.labels(self.metrics.model_name, ev.shortfall).inc()
         self.metrics.finished.labels(model_name, ev.reason).inc()
         self.metrics.prompt_tokens.inc(t.prompt_tokens)
         self.metrics.prefix_queries.inc(t.prompt_tokens)
@@ -125,5 +138,25 @@ class TokenStreams:
             "prefill_ms": timings.prefill_ms, "ttft_ms": timings.ttft_ms,
             "decode_tokens_per_s": round((t.tokens - 1) / decode_s, 2) if decode_s > 0 and t.tokens > 1 else 0.0,
             "finish_reason": ev.reason,
+            "shortfall": ev.shortfall,  # why it reused less than it shares with an earlier prompt (or "none")
         }
+        if t.mark_missing:
+            done["mark"] = f"missing ({t.mark_missing})"
         log.info(orjson.dumps(done).decode())
+
+
+def _stream_tokens(rid: str, token: int, lp) -> StreamTokens:
+    """One stream's token (and logprobs) for the wire. Raises ``NonFiniteLogprobs`` when the
+    distribution it was sampled from is not finite: the request's state is corrupt."""
+    if lp is None:
+        return StreamTokens(rid, (token,), None)
+    values = (lp.token_logprob, *(v for _, v in lp.top))
+    if not all(math.isfinite(v) for v in values):
+        raise NonFiniteLogprobs(f"non-finite logprob for token {token}: its state is corrupt")
+    return StreamTokens(rid, (token,), TokenLogprobs(
+        logprobs=(lp.token_logprob,), top_ids=(tuple(i for i, _ in lp.top),),
+        top_logprobs=(tuple(v for _, v in lp.top),)))
+
+
+class NonFiniteLogprobs(ValueError):
+    pass

@@ -3,7 +3,11 @@
 Response shapes follow OpenAI's: ``chat.completion`` (choices[i].message with
 content, reasoning_content, tool_calls) and ``chat.completion.chunk`` deltas
 (the first carries the role, then content / reasoning_content / tool_calls,
-then a chunk with finish_reason). vLLM's ``return_token_ids`` adds
+then a chunk with finish_reason). A streamed call's pieces that arrive
+together are one ``tool_calls`` entry. ``tool_choice`` "required" or a named
+function appends the call's opener to the rendered prompt
+(``tool_call_format.forced_call_suffix``) and the choices' parsers start
+inside that call. vLLM's ``return_token_ids`` adds
 ``choices[i].token_ids`` and a top-level ``prompt_token_ids``. Generating and
 answering is ``GenerationRequest.answer``'s.
 """
@@ -22,12 +26,20 @@ from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.grammars import after_reasoning
-from ignis.gateway.messages import apply_developer_policy, parse_messages, parse_tool_choice, parse_tools
-from ignis.gateway.output_parser import OutputParser
+from ignis.gateway.messages import (
+    apply_developer_policy,
+    check_tool_results,
+    parse_messages,
+    parse_tool_choice,
+    parse_tools,
+)
+from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
-from ignis.gateway.prompt import build_chat_prompt
+from ignis.gateway.part_marks import part_end
+from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
+from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
 
 ENDPOINT = "chat"
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt")
@@ -43,35 +55,61 @@ def _template_kwargs(f: Fields) -> dict:
     return dict(extra.obj)
 
 
+def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[int]:
+    """The prompt's ids with ``suffix`` appended, tokenized with the prompt's text as one text (so
+    ``<think>\n`` + ``\n</think>`` gives the one "\n\n" token a whole prompt has), unless that changes
+    a token before a capture mark; then the suffix is tokenized alone."""
+    ids = tok.encode(prompt.text + suffix)
+    keep = max((m for m in (prompt.system_end, prompt.opener_start) if m is not None), default=0)
+    if len(ids) > len(prompt.ids) and ids[:keep] == prompt.ids[:keep]:
+        return ids
+    return prompt.ids + tok.encode(suffix)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await GenerationRequest.read(request, "chat")
     gw, f, p = req.gw, req.fields, req.params
     if gw.template is None:
         raise invalid("this model has no chat template; use /v1/completions", code="no_chat_template")
-    messages = apply_developer_policy(parse_messages(f), gw.config.server_developer_message_policy)
+    messages = parse_messages(f)
+    check_tool_results(messages)
+    messages = apply_developer_policy(messages, gw.config.server_developer_message_policy,
+                                      gw.template.takes_late_system)
     tools = parse_tools(f)
     choice = parse_tool_choice(f, tools)
     render_tools = None if choice.mode == "none" else tools
+    tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
+    forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
+    kwargs = _template_kwargs(f)
     try:
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
-        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools,
-                                         _template_kwargs(f))
+        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
+        part = await asyncio.to_thread(part_end, gw.template, gw.tokenizer, messages, render_tools, kwargs,
+                                       prompt.ids, prompt.opener_start)
     except TemplateRenderError as e:
         raise invalid(str(e), "messages") from None
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
-    if p.grammar is not None and prompt.starts_in_reasoning:  # the grammar holds the answer, not the reasoning
+    if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
+        # the grammar holds the answer, not the reasoning (a forced call's opener closes the reasoning itself)
         req.params = p = dataclasses.replace(p, grammar=after_reasoning(p.grammar))
-    max_tokens = await gw.max_tokens(len(prompt.ids), p.max_tokens, gw.config.default_max_tokens)
+    prompt_ids = prompt.ids
+    if forced is not None:
+        # The call opener goes after the generation prompt: the model continues inside the call.
+        suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
+        prompt_ids = await asyncio.to_thread(_with_suffix, gw.tokenizer, prompt, suffix)
+    max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
     rid = new_id("chatcmpl")
     head = {"id": rid, "created": int(time.time()), "model": gw.model_name}
-    marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user}
+    marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,
+             "mark_missing": prompt.marks.missing_text, "part_end": part}
+    gw.metrics.mark_missing(prompt.marks.missing)
 
     def parser() -> OutputParser:
-        return OutputParser(reasoning=gw.reasoning_markers, tools=render_tools is not None,
-                            starts_in_reasoning=prompt.starts_in_reasoning)
+        return OutputParser(reasoning=gw.reasoning_markers, starts_in_reasoning=prompt.starts_in_reasoning,
+                            tool_format=tool_format, tools=render_tools, forced=forced)
 
-    return await req.answer(ENDPOINT, rid, prompt.ids, max_tokens, ChatResponse(p, gw.tokenizer, head),
+    return await req.answer(ENDPOINT, rid, prompt_ids, max_tokens, ChatResponse(p, gw.tokenizer, head),
                             marks=marks, parser=parser)
 
 
@@ -81,8 +119,7 @@ class ChatResponse(EndpointResponse):
     def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict):
         super().__init__(params, tokenizer, dict(head, object="chat.completion"),
                          dict(head, object="chat.completion.chunk"))
-        # Tool calls streamed so far per choice: each new call's index continues from here.
-        self.calls_seen = [0] * params.n
+        # Per choice; "calls" holds OpenAI tool-call objects, position = the call's index.
         self.acc = [{"content": "", "reasoning": "", "calls": [], "lps": []} for _ in range(params.n)]
 
     def first_choices(self) -> list[dict]:
@@ -90,15 +127,19 @@ class ChatResponse(EndpointResponse):
                 for i in range(self.params.n)]
 
     def chunk_choice(self, d: ChoiceDelta) -> dict:
-        first_call = self.calls_seen[d.index]
-        self.calls_seen[d.index] += len(d.tool_calls)
         delta: dict = {}
         if d.reasoning:
             delta["reasoning_content"] = d.reasoning
         if d.content:
             delta["content"] = d.content
         if d.tool_calls:
-            delta["tool_calls"] = [dict(c.to_json(), index=first_call + k) for k, c in enumerate(d.tool_calls)]
+            calls: list[dict] = []
+            for piece in d.tool_calls:  # pieces of one call in one chunk become one entry
+                if calls and calls[-1]["index"] == piece.index:
+                    calls[-1]["function"]["arguments"] += piece.arguments
+                else:
+                    calls.append(piece.to_json())
+            delta["tool_calls"] = calls
         choice = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
         if self.params.logprobs and d.logprobs:
             choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, d.logprobs)}
@@ -108,7 +149,12 @@ class ChatResponse(EndpointResponse):
         a = self.acc[d.index]
         a["content"] += d.content
         a["reasoning"] += d.reasoning
-        a["calls"].extend(d.tool_calls)
+        for piece in d.tool_calls:
+            if piece.id is not None:
+                a["calls"].append({"id": piece.id, "type": "function",
+                                   "function": {"name": piece.name, "arguments": piece.arguments}})
+            else:
+                a["calls"][piece.index]["function"]["arguments"] += piece.arguments
         a["lps"].extend(d.logprobs)
 
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
@@ -117,7 +163,7 @@ class ChatResponse(EndpointResponse):
         if a["reasoning"]:
             message["reasoning_content"] = a["reasoning"]
         if a["calls"]:
-            message["tool_calls"] = [c.to_json() for c in a["calls"]]
+            message["tool_calls"] = a["calls"]
         choice = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
         if self.params.logprobs:
             choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, a["lps"])}

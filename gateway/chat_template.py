@@ -13,12 +13,15 @@ offered as ``thinking``, as transformers does.
 
 A template that fails (``raise_exception``, a syntax error, a type error
 inside) raises ``TemplateRenderError`` with the template's own message.
+``takes_late_system`` says, from one probe render, whether a system turn
+after the first message is rendered (some templates raise, or drop it).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import cached_property
 
 import jinja2
 import jinja2.ext
@@ -26,6 +29,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_LATE_SYSTEM_PROBE = "Late system turn probe."
 
 
 class TemplateRenderError(ValueError):
@@ -118,3 +122,13 @@ class ChatTemplate:
             raise TemplateRenderError(f"the chat template cannot render this conversation: {e}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise TemplateRenderError(f"the chat template failed on this conversation: {e}") from None
+
+    @cached_property
+    def takes_late_system(self) -> bool:
+        """A system turn between user turns is rendered, not refused nor dropped (probed once)."""
+        probe = [{"role": "user", "content": "First."}, {"role": "system", "content": _LATE_SYSTEM_PROBE},
+                 {"role": "user", "content": "Second."}]
+        try:
+            return _LATE_SYSTEM_PROBE in self.render(probe)
+        except TemplateRenderError:
+            return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ignis.gateway.detokenize import IncrementalDetokenizer
-from ignis.gateway.output_parser import OutputParser, ToolCall
+from ignis.gateway.output_parser import OutputParser, ToolCallDelta
 from ignis.gateway.stop_strings import StopMatcher
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.wire import StreamTokens
@@ -37,7 +37,8 @@ class ChoiceDelta:
     index: int
     content: str = ""
     reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    """Pieces of calls in stream order: a call's first piece names it, the rest add argument text."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenRecord] = field(default_factory=list)
     finish_reason: str | None = None

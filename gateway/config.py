@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ignis.shared.flags import field_doc, parse_bytes
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
+TOOL_CALL_PARSERS = ("auto", "qwen3_xml", "hermes")
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,14 @@ class GatewayConfig:
     max_request_bytes: int = field(default=32 << 20, metadata=field_doc(
         "largest request body accepted, e.g. 32M; larger bodies get HTTP 413", parse=parse_bytes))
     server_developer_message_policy: str = field(default="in-place", metadata=field_doc(
-        "where developer messages go: in-place renders each as a system turn where it arrives; into-system "
+        "where developer messages go: in-place renders each where it arrives (a system turn, or a user "
+        "turn where the template takes a system turn only first); into-system "
         "appends them to the system message; after-system moves them right after it (the last two re-render "
         "history and give up prompt reuse)", choices=DEVELOPER_POLICIES))
+    tool_call_parser: str = field(default="auto", metadata=field_doc(
+        "how the model writes tool calls: qwen3_xml (<function=NAME><parameter=P>, Qwen3.5), hermes (JSON in "
+        "<tool_call>, Qwen3 and Qwen3-Next), or auto: qwen3_xml when the chat template shows <function=, "
+        "else hermes", choices=TOOL_CALL_PARSERS))
     default_max_tokens: int | None = field(default=None, metadata=field_doc(
         "completion tokens when a request gives no max_tokens (default: the rest of the context)"))
     engine_timeout: float = field(default=30.0, metadata=field_doc(
@@ -57,6 +63,9 @@ class GatewayConfig:
         if self.server_developer_message_policy not in DEVELOPER_POLICIES:
             raise ValueError(f"--server-developer-message-policy must be one of {', '.join(DEVELOPER_POLICIES)}, "
                              f"got {self.server_developer_message_policy!r}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
         if self.default_max_tokens is not None and (type(self.default_max_tokens) is not int
                                                     or self.default_max_tokens < 1):
             raise ValueError(f"--default-max-tokens must be a positive integer, got {self.default_max_tokens!r}")

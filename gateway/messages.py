@@ -8,13 +8,21 @@ only calls tools) and, where given, ``name``, ``tool_calls`` (their string
 
 Developer messages (``apply_developer_policy``):
 
-    in-place       each developer message becomes a system turn where it is
+    in-place       each developer message is rendered where it stands: a system turn there, or, when
+                   the template takes a system turn only first, a user turn reading
+                   DEVELOPER_TURN_PREFIX + its text (first in the conversation it stays a system turn)
     into-system    their text is appended to the leading system message (one is created if none)
-    after-system   they move, as system turns, right after the leading system message
+    after-system   they move right after the leading system message: system turns, or the user turns
+                   in-place makes where the template takes a system turn only first
+
+Tool-call ``arguments`` must be strings holding JSON objects (as OpenAI's API
+sends them); ``check_tool_results`` refuses a tool message that answers no
+earlier call.
 
 Tools go to the template unchanged. ``tool_choice`` "none" withholds them (and
 tool-call parsing); "auto", "required" and a named function pass them all, as
-vLLM does (required/named are not enforced by constrained decoding here).
+vLLM does; required and named calls are forced by the chat handler, which
+ends the prompt with the call's opener.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+DEVELOPER_TURN_PREFIX = "Developer instructions:\n"
+"""Opens the user turn an ``in-place`` developer message becomes where the template refuses a late system turn."""
 MAX_MESSAGES = 100_000
 
 
@@ -71,13 +81,13 @@ def _tool_calls(f: Fields) -> list[dict]:
         if not name:
             raise fn.error("name", "is required")
         args = fn.raw("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise fn.error("arguments", "must be a JSON object encoded as a string") from None
-        if args is None:
-            args = {}
+        if not isinstance(args, str):
+            raise fn.error("arguments", "must be a string holding a JSON object (as OpenAI's API sends it), "
+                                        f"got {type(args).__name__ if args is not None else 'null'}")
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise fn.error("arguments", "must be a JSON object encoded as a string; it is not valid JSON") from None
         if not isinstance(args, dict):
             raise fn.error("arguments", "must encode a JSON object")
         entry = {"type": "function", "function": {"name": name, "arguments": args}}
@@ -120,10 +130,43 @@ def parse_messages(f: Fields) -> list[dict]:
     return out
 
 
-def apply_developer_policy(messages: list[dict], policy: str) -> list[dict]:
-    """Messages with developer turns placed by ``policy`` (see the module docstring)."""
+def check_tool_results(messages: list[dict]) -> None:
+    """Each tool message answers a call of an earlier assistant message: 400 otherwise.
+
+    A ``tool_call_id`` must name one of those calls when they carry ids; a tool
+    message with no earlier call at all is refused whatever its id.
+    """
+    ids: set[str] = set()
+    anonymous = False  # an earlier call without an id: any tool_call_id may answer it
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            for call in m.get("tool_calls", ()):
+                if call.get("id") is not None:
+                    ids.add(call["id"])
+                else:
+                    anonymous = True
+        elif m["role"] == "tool":
+            if not ids and not anonymous:
+                raise invalid(f"messages[{i}] is a tool result, but no earlier assistant message calls a tool",
+                              f"messages[{i}]")
+            call_id = m.get("tool_call_id")
+            if call_id is not None and call_id not in ids and not anonymous:
+                raise invalid(f"messages[{i}].tool_call_id {call_id!r} matches no tool call of an earlier "
+                              f"assistant message", f"messages[{i}].tool_call_id")
+
+
+def _developer_turn(message: dict, first: bool, late_system: bool) -> dict:
+    if first or late_system:
+        return dict(message, role="system")
+    return dict(message, role="user", content=DEVELOPER_TURN_PREFIX + text_of(message.get("content")))
+
+
+def apply_developer_policy(messages: list[dict], policy: str, late_system: bool = True) -> list[dict]:
+    """Messages with developer turns placed by ``policy`` (see the module docstring); ``late_system``
+    says the template renders a system turn after the first message."""
     if policy == "in-place":
-        return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
+        return [_developer_turn(m, i == 0, late_system) if m["role"] == "developer" else m
+                for i, m in enumerate(messages)]
     devs = [m for m in messages if m["role"] == "developer"]
     if not devs:
         return messages
@@ -135,8 +178,9 @@ def apply_developer_policy(messages: list[dict], policy: str) -> list[dict]:
         system["content"] = "\n\n".join(p for p in parts if p)
         return [system] + rest[1 if has_system else 0:]
     if policy == "after-system":
-        moved = [dict(m, role="system") for m in devs]
-        return rest[:1] + moved + rest[1:] if has_system else moved + rest
+        first = 1 if has_system else 0
+        moved = [_developer_turn(m, first + j == 0, late_system) for j, m in enumerate(devs)]
+        return rest[:first] + moved + rest[first:]
     raise ValueError(f"unknown developer message policy {policy!r}")
 
 

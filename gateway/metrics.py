@@ -2,12 +2,16 @@
 
 One registry per gateway (nothing global, so tests can run several):
 requests by endpoint and HTTP status, request latency, time to first token as
-the gateway sees it, tokens streamed to clients, and streams open right now.
+the gateway sees it, tokens streamed to clients, and streams open right now;
+and ``ignis:capture_marks_missing_total{mark,reason}``, chat requests served
+without a capture mark the gateway could not find (gateway.capture_marks).
 Served by the app's GET /metrics (``render``); every metric is labelled
 ``model_name`` first (``ProcessMetrics``).
 """
 
 from __future__ import annotations
+
+from prometheus_client import Counter
 
 from ignis.shared.process_metrics import LATENCY_BUCKETS as PROCESS_BUCKETS
 from ignis.shared.process_metrics import ProcessMetrics
@@ -26,6 +30,8 @@ class GatewayMetrics(ProcessMetrics):
                                    ("endpoint",), buckets=LATENCY_BUCKETS)
         self.tokens = self.counter("streamed_tokens", "completion tokens sent to clients")
         self.active = self.gauge("active_streams", "completion requests in progress")
+        self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
+                                     ("model_name", "mark", "reason"), registry=self.registry)
         self.model_name = model_name
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
@@ -34,3 +40,8 @@ class GatewayMetrics(ProcessMetrics):
 
     def first_token(self, endpoint: str, seconds: float) -> None:
         self.ttft.labels(self.model_name, endpoint).observe(seconds)
+
+    def mark_missing(self, missing: tuple[tuple[str, str], ...]) -> None:
+        """Count each ``(mark, reason)`` of one request."""
+        for mark, reason in missing:
+            self.marks_missing.labels(self.model_name, mark, reason).inc()

@@ -1,189 +1,58 @@
-"""Splits a chat completion's text into reasoning, content and tool calls, as it streams.
+"""A chat choice's output parser: reasoning split off first, then tool calls out of the text after it.
 
-The model writes (markers are single tokens in the Qwen vocabularies)::
+    text ──> ReasoningSplitter ──reasoning──────────────────────────> ("reasoning", str)
+                               └─text──> ToolCallSplitter ──content──> ("content", str)
+                                         (tools on only)  └─calls────> ("tool_call", ToolCallDelta)
 
-    [<think>] reasoning </think>  content  <tool_call>{"name": .., "arguments": {..}}</tool_call> ...
-
-- Reasoning is the text between ``<think>`` and ``</think>``; a ``<think>``
-  counts only at the very start of the output (after whitespace), or when the
-  prompt itself opened it (``starts_in_reasoning``). Leading newlines of the
-  reasoning and of the content after ``</think>`` are dropped. An unclosed
-  ``<think>`` makes all the rest reasoning.
-- With tool parsing on, each ``<tool_call>...</tool_call>`` block holding a JSON
-  object with a string ``name`` (and ``arguments``, an object or a string)
-  becomes a ``ToolCall``; a block that does not parse is passed on as content,
-  markers included. Whitespace between and after tool calls is dropped.
-- A text tail that may be the start of a marker is held back until the next
-  delta decides it; ``finish`` flushes.
-
-``push`` and ``finish`` return a list of ``(kind, value)`` events with kind
-"reasoning", "content" (value: text) or "tool_call" (value: ``ToolCall``).
-Pure Python.
+Tool calls inside reasoning are reasoning. With a forced call (``tool_choice``
+required or named, see ``tool_call_format.forced_call_suffix``) the output
+starts inside the call, so there is no reasoning to split. Pure Python.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
-from dataclasses import dataclass
+from ignis.gateway.reasoning_split import THINK_CLOSE, THINK_OPEN, ReasoningSplitter, add_event
+from ignis.gateway.tool_call_split import ForcedCall, ToolCallDelta, ToolCallSplitter
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed call: ``arguments`` is a JSON string, as OpenAI's API carries it."""
-
-    id: str
-    name: str
-    arguments: str
-
-    def to_json(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-def new_tool_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
-
-
-def parse_tool_call(body: str) -> ToolCall | None:
-    """The call in one ``<tool_call>`` block, or None when it is not a well-formed call."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        arguments = args
-    elif isinstance(args, dict):
-        arguments = json.dumps(args, ensure_ascii=False)
-    else:
-        return None
-    return ToolCall(id=new_tool_call_id(), name=obj["name"], arguments=arguments)
-
-
-def _partial(buf: str, marker: str) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of ``marker``."""
-    for k in range(min(len(marker) - 1, len(buf)), 0, -1):
-        if buf.endswith(marker[:k]):
-            return k
-    return 0
+__all__ = ["THINK_CLOSE", "THINK_OPEN", "ForcedCall", "OutputParser", "ToolCallDelta"]
 
 
 class OutputParser:
-    """One choice's parser; see the module docstring."""
+    """``reasoning``: the vocabulary has think markers; ``tool_format``: "qwen3_xml" or "hermes" to parse
+    tool calls of ``tools`` (None: no tool parsing); ``forced``: the prompt opened a call."""
 
-    def __init__(self, *, reasoning: bool = True, tools: bool = False, starts_in_reasoning: bool = False):
-        self.reasoning = reasoning
-        self.tools = tools
-        self._state = "reasoning" if (reasoning and starts_in_reasoning) else ("start" if reasoning else "content")
-        self._strip_newlines = self._state == "reasoning"
-        self._buf = ""
-        self._pending_ws = ""  # text after a tool call, held while it is only whitespace
-        self.num_tool_calls = 0
+    def __init__(self, *, reasoning: bool = True, starts_in_reasoning: bool = False, tool_format: str | None = None,
+                 tools: list[dict] | None = None, forced: ForcedCall | None = None):
+        if forced is not None and tool_format is None:
+            raise ValueError("a forced call needs a tool format")
+        self._reasoning = ReasoningSplitter(starts_in_reasoning) if reasoning and forced is None else None
+        self._tools = ToolCallSplitter(tool_format, tools, forced) if tool_format is not None else None
+
+    @property
+    def num_tool_calls(self) -> int:
+        return self._tools.num_calls if self._tools is not None else 0
 
     def push(self, text: str) -> list[tuple[str, object]]:
-        self._buf += text
-        events: list[tuple[str, object]] = []
-        while self._step(events, final=False):
-            pass
-        return events
+        if self._reasoning is None:
+            return self._text(text)
+        return self._route(self._reasoning.push(text))
 
     def finish(self) -> list[tuple[str, object]]:
-        events: list[tuple[str, object]] = []
-        while self._step(events, final=True):
-            pass
-        buf, self._buf = self._buf, ""
-        if self._state == "tool_call":
-            call = parse_tool_call(buf)
-            if call is not None:
-                self._call(events, call)
-            else:
-                self._content(events, TOOL_OPEN + buf)
-        elif self._state == "reasoning":
-            self._emit(events, "reasoning", buf)
-        elif buf:
-            self._content(events, buf)
+        events = self._route(self._reasoning.finish()) if self._reasoning is not None else []
+        if self._tools is not None:
+            events += self._tools.finish()
         return events
 
-    # ----- states -------------------------------------------------------------------
+    def _route(self, split: list[tuple[str, str]]) -> list[tuple[str, object]]:
+        events: list[tuple[str, object]] = []
+        for kind, text in split:
+            if kind == "reasoning":
+                add_event(events, "reasoning", text)
+            else:
+                events += self._text(text)
+        return events
 
-    def _step(self, events: list, final: bool) -> bool:
-        """Consume what the current state can decide; True when the state changed."""
-        buf = self._buf
-        if self._state == "start":
-            head = buf.lstrip()
-            if head.startswith(THINK_OPEN):
-                self._buf = head[len(THINK_OPEN):]
-                self._state, self._strip_newlines = "reasoning", True
-                return True
-            if not final and (not head or THINK_OPEN.startswith(head)):
-                return False  # could still become <think>
-            self._state = "content"
-            return True
-        if self._state == "reasoning":
-            at = buf.find(THINK_CLOSE)
-            if at >= 0:
-                self._emit(events, "reasoning", buf[:at])
-                self._buf = buf[at + len(THINK_CLOSE):]
-                self._state, self._strip_newlines = "content", True
-                return True
-            keep = 0 if final else _partial(buf, THINK_CLOSE)
-            if not final:
-                self._emit(events, "reasoning", buf[:len(buf) - keep])
-                self._buf = buf[len(buf) - keep:]
-            return False
-        if self._state == "content":
-            at = buf.find(TOOL_OPEN) if self.tools else -1
-            if at >= 0:
-                self._content(events, buf[:at])
-                self._buf = buf[at + len(TOOL_OPEN):]
-                self._state = "tool_call"
-                return True
-            keep = _partial(buf, TOOL_OPEN) if self.tools and not final else 0
-            if not final:
-                self._content(events, buf[:len(buf) - keep])
-                self._buf = buf[len(buf) - keep:]
-            return False
-        # tool_call
-        at = buf.find(TOOL_CLOSE)
-        if at < 0:
-            return False
-        body, self._buf = buf[:at], buf[at + len(TOOL_CLOSE):]
-        call = parse_tool_call(body)
-        if call is None:
-            self._content(events, TOOL_OPEN + body + TOOL_CLOSE)
-        else:
-            self._call(events, call)
-        self._state = "content"
-        return True
-
-    def _call(self, events: list, call: ToolCall) -> None:
-        self.num_tool_calls += 1
-        self._pending_ws = ""
-        events.append(("tool_call", call))
-
-    def _content(self, events: list, text: str) -> None:
-        if self.num_tool_calls:
-            # After a call, whitespace-only text is dropped; other text is kept (with its whitespace).
-            self._pending_ws += text
-            if not self._pending_ws.strip():
-                return
-            text, self._pending_ws = self._pending_ws, ""
-        self._emit(events, "content", text)
-
-    def _emit(self, events: list, kind: str, text: str) -> None:
-        if self._strip_newlines:
-            stripped = text.lstrip("\n")
-            if not stripped:
-                return
-            text, self._strip_newlines = stripped, False
-        if not text:
-            return
-        if events and events[-1][0] == kind:
-            events[-1] = (kind, events[-1][1] + text)
-        else:
-            events.append((kind, text))
+    def _text(self, text: str) -> list[tuple[str, object]]:
+        if self._tools is not None:
+            return self._tools.push(text)
+        return [("content", text)] if text else []

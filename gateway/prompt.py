@@ -1,49 +1,57 @@
 """A chat request's prompt: rendered, tokenized, with the capture marks the engine cuts prefill at.
 
-    full     = render(messages, tools, add_generation_prompt=True)     -> prompt_ids
-    system   = render(leading system messages, tools, no generation prompt)
-    history  = render(messages, tools, no generation prompt)           (ends where the opener starts)
+    full         = render(messages, tools, add_generation_prompt=True)   -> prompt_ids
+    system_end   = where the system + tools block ends in prompt_ids       (gateway.capture_marks)
+    opener_start = where the generation opener starts in prompt_ids       (gateway.capture_marks)
 
-    system_end   = len(tokens(system))   kept only if those tokens are an exact prefix of prompt_ids
-    opener_start = len(tokens(history))  kept only if an exact prefix (and shorter than the prompt)
-
-A mark the template cannot render alone (some templates insist on a user turn)
-is simply left out. ``starts_in_reasoning`` says the rendered generation
-prompt opened a ``<think>`` block the model continues.
+A mark that cannot be found leaves its field out and is named in
+``mark_missing`` (``"system_end: not_a_prefix"``), which travels to the
+engine's done line; the request is served all the same. One ``MarkFinder``
+(and its cache) is kept per template and tokenizer. ``starts_in_reasoning``
+says the rendered generation prompt opened a ``<think>`` block the model
+continues.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 
-from ignis.gateway.chat_template import ChatTemplate, TemplateRenderError
+from ignis.gateway.capture_marks import MarkFinder, Marks
+from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.messages import last_is_user
 from ignis.gateway.output_parser import THINK_CLOSE, THINK_OPEN
 from ignis.gateway.tokenizer import TextTokenizer
+
+_finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_finders_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class ChatPrompt:
     text: str
     ids: list[int]
-    system_end: int | None
-    opener_start: int | None
+    marks: Marks
     last_is_user: bool
     starts_in_reasoning: bool
 
+    @property
+    def system_end(self) -> int | None:
+        return self.marks.system_end
 
-def _prefix_len(ids: list[int], prefix: list[int]) -> int | None:
-    n = len(prefix)
-    if 0 < n < len(ids) and ids[:n] == prefix:
-        return n
-    return None
+    @property
+    def opener_start(self) -> int | None:
+        return self.marks.opener_start
 
 
-def _render_part(template: ChatTemplate, messages, tools, extra) -> str | None:
-    try:
-        return template.render(messages, tools, add_generation_prompt=False, extra=extra)
-    except TemplateRenderError:
-        return None
+def mark_finder(template: ChatTemplate, tok: TextTokenizer) -> MarkFinder:
+    """The finder (and its cache) of this template and tokenizer."""
+    with _finders_lock:
+        finder = _finders.get(template)
+        if finder is None or finder.tok is not tok:
+            finder = _finders[template] = MarkFinder(template, tok)
+        return finder
 
 
 def _opens_think(opener: str) -> bool:
@@ -57,18 +65,6 @@ def build_chat_prompt(template: ChatTemplate, tok: TextTokenizer, messages: list
     """Raises ``TemplateRenderError`` when the template refuses the conversation."""
     text = template.render(messages, tools, add_generation_prompt=True, extra=extra)
     ids = tok.encode(text)
-    n_system = 0
-    while n_system < len(messages) and messages[n_system]["role"] in ("system", "developer"):
-        n_system += 1
-    system_end = None
-    if n_system or tools:
-        system_text = _render_part(template, messages[:n_system], tools, extra)
-        if system_text:
-            system_end = _prefix_len(ids, tok.encode(system_text))
-    history = _render_part(template, messages, tools, extra)
-    opener_start = _prefix_len(ids, tok.encode(history)) if history else None
-    if system_end is not None and opener_start is not None and system_end > opener_start:
-        system_end = None
-    opener = text[len(history):] if history is not None and text.startswith(history) else ""
-    return ChatPrompt(text=text, ids=ids, system_end=system_end, opener_start=opener_start,
-                      last_is_user=last_is_user(messages), starts_in_reasoning=_opens_think(opener))
+    marks = mark_finder(template, tok).find(text, ids, messages, tools, extra)
+    return ChatPrompt(text=text, ids=ids, marks=marks, last_is_user=last_is_user(messages),
+                      starts_in_reasoning=_opens_think(marks.opener_text))

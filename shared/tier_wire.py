@@ -41,8 +41,8 @@ from ignis.shared.wire_fields import (
 )
 
 __all__ = [
-    "TIER_PROTOCOL_VERSION", "BlockDesc", "UnitLayout", "Hello", "Demote", "Restore", "Drop", "Lookup",
-    "Welcome", "Demoted", "Restored", "Missing", "Dropped", "LookupReply", "TierRefused", "Stats",
+    "TIER_PROTOCOL_VERSION", "BlockDesc", "UnitLayout", "Hello", "Demote", "Restore", "Drop", "Lookup", "Bye",
+    "Welcome", "Detached", "Demoted", "Restored", "Missing", "Dropped", "LookupReply", "TierRefused", "Stats",
     "StatsReply", "ErrorReply", "ENGINE_TO_TIERD", "TIERD_TO_ENGINE", "ENGINE_TIERD", "WireError", "encode",
     "decode",
 ]
@@ -52,7 +52,7 @@ ENGINE_TIERD = WireProtocol("engine-tierd", version=1)
 so a tierd of another version that can read the Hello refuses it in words (TierRefused, reason "protocol")."""
 ENGINE_TIERD.add(Stats, StatsReply)
 
-TIER_PROTOCOL_VERSION = 2
+TIER_PROTOCOL_VERSION = 3
 """Version of the engine <-> tierd contract; checked at ``Hello``, bumped on any incompatible change."""
 
 FAMILIES = ("qwen3_5", "qwen3_next")
@@ -60,11 +60,13 @@ TARGETS = ("ram", "disk", "auto")
 TIERS = ("ram", "disk")
 KINDS = ("retained", "live")
 CLASSES = ("interactive", "agent")
-OPS = ("hello", "demote", "restore", "drop", "lookup")
-REFUSAL_REASONS = ("protocol", "bad_layout", "not_ready", "stamp", "bad_request", "no_room", "no_disk", "copy_failed")
+OPS = ("hello", "demote", "restore", "drop", "lookup", "bye")
+REFUSAL_REASONS = ("protocol", "busy", "bad_layout", "not_ready", "stamp", "bad_request", "no_room", "no_disk",
+                   "copy_failed")
 MISSING_REASONS = ("unknown", "corrupt", "io_error")
 
 MAX_STAMP_CHARS = 512
+MAX_ENGINE_ID_CHARS = 256
 MAX_KEYS = 1 << 16
 MAX_LAST_USED = 1e11  # unix seconds, year ~5138
 
@@ -86,7 +88,11 @@ class Hello:
     """First message: the engine's exported blocks, its entry layout, stamp and family.
 
     ``block_bytes`` is the arena's allocation unit (the engine sends its page
-    bytes). A new Hello replaces the previous engine's: every entry is dropped.
+    bytes). ``engine_id`` names the engine (its instance): tierd serves one.
+    A Hello from the attached connection starts a new session (every entry is
+    dropped); one from another connection with the same ``engine_id``, stamp,
+    family and block size is that engine restarted, and it reclaims the
+    entries; any other is refused (reason "busy") and changes nothing.
     """
 
     TYPE: ClassVar[str] = "tier_hello"
@@ -98,11 +104,13 @@ class Hello:
     block_bytes: int
     blocks: tuple[BlockDesc, ...]
     unit: UnitLayout
+    engine_id: str = "default"
 
     def __post_init__(self):
         _check_req(self.req)
         check_int("protocol", self.protocol, 0, MAX_INT)
         _check_stamp(self.stamp)
+        check_str("engine_id", self.engine_id, MAX_ENGINE_ID_CHARS, allow_empty=False)
         check_choice("family", self.family, FAMILIES)
         check_int("block_bytes", self.block_bytes, 4096, 1 << 34)
         blocks = tuple(self.blocks) if isinstance(self.blocks, (list, tuple)) else self.blocks
@@ -206,6 +214,22 @@ class Lookup:
         if not isinstance(self.keys, (list, tuple)) or len(self.keys) > MAX_KEYS:
             raise ValueError(f"keys must be a list of at most {MAX_KEYS} keys")
         object.__setattr__(self, "keys", tuple(check_key(k, f"keys[{i}]") for i, k in enumerate(self.keys)))
+
+
+@ENGINE_TIERD.message
+@dataclass(frozen=True)
+class Bye:
+    """The engine detaches for good: tierd drops every entry it held for it (answered ``Detached``).
+
+    An engine that stops to restart sends nothing, so that it reclaims its
+    entries with its next Hello."""
+
+    TYPE: ClassVar[str] = "tier_bye"
+
+    req: int
+
+    def __post_init__(self):
+        _check_req(self.req)
 
 
 # ----- tierd -> engine ------------------------------------------------------
@@ -360,8 +384,24 @@ class TierRefused:
         check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-ENGINE_TO_TIERD = (Hello, Demote, Restore, Drop, Lookup, Stats)
-TIERD_TO_ENGINE = (Welcome, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, StatsReply, ErrorReply)
+@ENGINE_TIERD.message
+@dataclass(frozen=True)
+class Detached:
+    """The answer to ``Bye``: the session is over and ``entries`` entries were dropped."""
+
+    TYPE: ClassVar[str] = "tier_detached"
+
+    req: int
+    entries: int
+
+    def __post_init__(self):
+        _check_req(self.req)
+        check_int("entries", self.entries, 0, MAX_INT)
+
+
+ENGINE_TO_TIERD = (Hello, Demote, Restore, Drop, Lookup, Bye, Stats)
+TIERD_TO_ENGINE = (Welcome, Demoted, Restored, Missing, Dropped, LookupReply, Detached, TierRefused, StatsReply,
+                   ErrorReply)
 
 encode = ENGINE_TIERD.encode
 decode = ENGINE_TIERD.decode

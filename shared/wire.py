@@ -82,12 +82,17 @@ class Generate:
     from the rendered template: ``system_end`` is where the system + tools block
     ends, ``opener_start`` where the generation opener (``<|im_start|>assistant``)
     starts; ``last_is_user`` says the last message is a real user turn (not a
-    tool result). ``model`` names the model asked for (None: the loaded one).
-    ``grammar`` (llguidance's grammar text, JSON or Lark) constrains every
-    output token; None leaves the output free.
+    tool result). ``mark_missing`` names the marks the gateway could not find
+    and why (``"system_end: not_a_prefix"``), for the done line. ``model``
+    names the model asked for (None: the loaded one). ``part_end`` is where
+    the final text part of the newest multi-part user message starts
+    (``gateway.part_marks``). ``grammar`` (llguidance's grammar text, JSON or
+    Lark) constrains every output token; None leaves the output free. The
+    last three are optional on the wire.
     """
 
     TYPE: ClassVar[str] = "generate"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end", "grammar")
 
     id: str
     prompt_ids: TokenFrame
@@ -97,6 +102,8 @@ class Generate:
     last_is_user: bool = False
     request_class: str = "interactive"
     model: str | None = None
+    mark_missing: str | None = None
+    part_end: int | None = None
     grammar: str | None = None
 
     def __post_init__(self):
@@ -112,11 +119,14 @@ class Generate:
         check_opt_int("opener_start", self.opener_start, 0, n)
         if self.system_end is not None and self.opener_start is not None and self.system_end > self.opener_start:
             raise ValueError(f"system_end ({self.system_end}) is after opener_start ({self.opener_start})")
+        check_opt_int("part_end", self.part_end, 0, n if self.opener_start is None else self.opener_start)
         if type(self.last_is_user) is not bool:
             raise TypeError("last_is_user must be true or false")
         check_choice("request_class", self.request_class, REQUEST_CLASSES)
         if self.model is not None:
             check_str("model", self.model, MAX_ID_CHARS, allow_empty=False)
+        if self.mark_missing is not None:
+            check_str("mark_missing", self.mark_missing, MAX_ID_CHARS, allow_empty=False)
         if self.grammar is not None:
             check_str("grammar", self.grammar, MAX_GRAMMAR_CHARS, allow_empty=False)
 

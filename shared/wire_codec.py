@@ -8,7 +8,9 @@ A message is a frozen dataclass with a ``TYPE`` name. By default its fields
 travel in the header in declaration order, each as ``shared.wire_values``
 maps its declared type to JSON and back (strictly), except ``TokenFrame``
 fields, which travel as frames. Every field is in every header: none may be
-left out, none added. A class whose layout is not one value per field
+left out, none added, except the names a class lists in ``OPTIONAL`` (fields
+defaulting to None): those travel only when set, and a header without one
+means None, so a peer that predates the field still understands the message. A class whose layout is not one value per field
 (``TokenBatch``: columns plus one frame for all streams) defines ``FRAMES``,
 ``to_wire() -> (fields, frames)`` and ``from_wire(fields, frames)`` instead.
 
@@ -94,7 +96,8 @@ class WireProtocol:
         if layout.custom:
             fields, frames = msg.to_wire()
         else:
-            fields = {n: to_json(getattr(msg, n)) for n, _ in layout.header}
+            fields = {n: to_json(getattr(msg, n)) for n, _ in layout.header
+                      if n not in layout.optional or getattr(msg, n) is not None}
             frames = [tokens_to_frame(getattr(msg, n)) for n in layout.frames]
         return [orjson.dumps({"type": cls.TYPE, "v": self.version, **fields}), *frames]
 
@@ -146,6 +149,7 @@ class _Layout:
     header: tuple[tuple[str, object], ...]
     frames: tuple[str, ...]
     custom: bool  # the class packs itself (to_wire / from_wire); header and frames are empty
+    optional: frozenset[str] = frozenset()  # header fields sent only when not None
 
 
 @cache
@@ -155,8 +159,12 @@ def _layout(cls: type) -> _Layout:
             raise TypeError(f"{cls.__name__} packs itself: it needs FRAMES, to_wire and from_wire")
         return _Layout((), (), custom=True)
     fields = field_types(cls)
-    return _Layout(header=tuple((n, kind) for n, kind in fields if kind != TokenFrame),
-                   frames=tuple(n for n, kind in fields if kind == TokenFrame), custom=False)
+    optional = frozenset(getattr(cls, "OPTIONAL", ()))
+    header = tuple((n, kind) for n, kind in fields if kind != TokenFrame)
+    if not optional <= {n for n, _ in header}:
+        raise TypeError(f"{cls.__name__}.OPTIONAL names fields that are not header fields")
+    return _Layout(header=header, frames=tuple(n for n, kind in fields if kind == TokenFrame), custom=False,
+                   optional=optional)
 
 
 def _read_header(frames: object) -> dict:
@@ -183,8 +191,8 @@ def _build(cls: type, fields: dict, frames: list) -> object:
     layout = _layout(cls)
     if layout.custom:
         return cls.from_wire(fields, frames)
-    check_field_names(fields, (n for n, _ in layout.header))
-    values = {n: from_json(kind, fields[n], n) for n, kind in layout.header}
+    check_field_names(fields, (n for n, _ in layout.header if n not in layout.optional), layout.optional)
+    values = {n: from_json(kind, fields[n], n) for n, kind in layout.header if n in fields}
     for n, frame in zip(layout.frames, frames):
         values[n] = frame_to_tokens(n, frame)
     return cls(**values)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import zmq
 
 from ignis.shared.wire_codec import ErrorReply, WireError, protocol_of
+from ignis.shared.log_limits import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Channel:
         self.inbox: queue.Queue[Envelope] = queue.Queue()
         self.garbage_count = 0
         self.last_garbage = ""
+        self._garbage_log = RateLimitedLog(log)
         self._notify = notify
         self._answer_now = answer_now
         self._router = socket.type == zmq.ROUTER
@@ -205,7 +207,7 @@ class Channel:
     def _garbage(self, peer: bytes | None, frames: list[bytes], problem: str) -> None:
         self.garbage_count += 1
         self.last_garbage = problem
-        log.warning("%s: dropped a malformed message: %s", self.name, problem)
+        self._garbage_log.warning("%s: dropped a malformed message: %s", self.name, problem)
         if not self._router or self._is_error_reply(frames):
             return
         self._pending.append([peer, *self.protocol.encode(ErrorReply(message=problem[:4000]))])

@@ -63,16 +63,18 @@ def run(args) -> int:
     if pause:
         log.warning("FAULT INJECTION: %s=%s pauses every copy half way (for tests only)", FAULT_PAUSE_ENV, pause)
     disk_dir = config.disk_dir(runtime) if config.disk_may_be_on else None
+    mac_key = b""
     try:
         if disk_dir is not None:
             kvdisk.prepare_dir(disk_dir)
-    except kvdisk.ForeignFilesError as e:
+            mac_key = kvdisk.load_mac_key(config.disk_key_file(runtime))
+    except (kvdisk.ForeignFilesError, kvdisk.MacKeyError, OSError) as e:
         arena.close()
         return _fail(EXIT_CONFIG, str(e))
     metrics = TierdMetrics(config.instance)
     try:
         try:
-            server = TierServer(config, arena, endpoint, disk_dir, metrics)
+            server = TierServer(config, arena, endpoint, disk_dir, metrics, mac_key=mac_key)
         except OSError as e:
             return _fail(EXIT_CONFIG, str(e))
         server.install_signal_handlers()

@@ -30,6 +30,9 @@ class TierdConfig:
         parse=parse_bytes))
     kv_disk_dir: str | None = field(default=None, metadata=field_doc(
         "directory of the KV-disk files, wiped at start and exit (default: RUNTIME_DIR/INSTANCE-kv-disk)"))
+    kv_disk_key_file: str | None = field(default=None, metadata=field_doc(
+        "the install's KV-disk MAC key (32 bytes, mode 0600, created at first start; "
+        "default: RUNTIME_DIR/INSTANCE-kv-disk.key)"))
     kv_disk_bytes: int | None = field(default=None, metadata=field_doc(
         "KV-disk byte ceiling, e.g. 4G, 0 = off, or auto (default): off for Qwen3.5 dense, 4G for Qwen3-Next",
         parse=_disk_bytes))
@@ -79,6 +82,11 @@ class TierdConfig:
             raise ValueError(f"--kv-disk-bytes auto: unknown model family {family!r} "
                              f"(known: {', '.join(DISK_AUTO_BYTES)}); pass --kv-disk-bytes explicitly")
         return DISK_AUTO_BYTES[family]
+
+    def disk_key_file(self, runtime_dir: str | os.PathLike) -> Path:
+        if self.kv_disk_key_file:
+            return Path(os.path.abspath(self.kv_disk_key_file))
+        return Path(runtime_dir) / f"{self.instance}-kv-disk.key"
 
     def disk_dir(self, runtime_dir: str | os.PathLike) -> Path:
         if self.kv_disk_dir:

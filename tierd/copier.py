@@ -237,7 +237,8 @@ def _by_chunk(spans: Sequence[Span], chunk: int) -> dict[int, list[Span]]:
     return groups
 
 
-def write_from_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int) -> int:
+def write_from_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int,
+                      mac_key: bytes) -> int:
     """Engine memory -> KV-disk file, one ``chunk`` of payload at a time through ``staging`` (disk thread)."""
     groups = _by_chunk(plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk), chunk)
 
@@ -246,14 +247,15 @@ def write_from_engine(backend, items, path, header: bytes, nbytes: int, staging:
             backend.gather(groups[i], staging)
             yield staging[:min(chunk, nbytes - i * chunk)]
 
-    return kvdisk.write_entry(path, header, pieces(), nbytes, chunk)
+    return kvdisk.write_entry(path, header, pieces(), nbytes, mac_key, chunk)
 
 
-def read_into_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int) -> None:
+def read_into_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int,
+                     mac_key: bytes) -> None:
     """KV-disk file -> engine memory; each chunk is verified before it is copied on (disk thread)."""
     groups = _by_chunk(plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk), chunk)
     kvdisk.read_entry(path, header, nbytes, staging,
-                      lambda offset, view: backend.scatter(groups[offset // chunk], staging), chunk)
+                      lambda offset, view: backend.scatter(groups[offset // chunk], staging), mac_key, chunk)
 
 
 class Worker:

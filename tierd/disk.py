@@ -18,8 +18,12 @@ File layout (little endian)::
 
 The header JSON holds key, stamp, payload bytes and the block of every ref.
 The payload is checked in chunks of ``chunk_bytes`` (16 MiB by default):
-digest i is blake2b-256 over (header JSON, i as u64, payload chunk i), so a
-chunk cannot be swapped between files or positions. ``read_entry`` checks
+digest i is keyed blake2b-256 (a MAC) over (header JSON, i as u64, payload
+chunk i), so a chunk cannot be swapped between files or positions, and a
+file this install did not write fails the check even when whoever wrote it
+computed plain checksums. The MAC key is a per-install secret
+(``load_mac_key``: 32 random bytes in a mode-0600 file, created at first
+start). ``read_entry`` checks
 the size and the header, then verifies each chunk before handing it on; a
 bad file raises ``CorruptFile`` naming what is wrong. An entry of at most one
 chunk is therefore never handed on at all when its file is bad; in a longer
@@ -126,19 +130,51 @@ def file_bytes(header: bytes, nbytes: int, chunk: int = CHUNK_BYTES) -> int:
     return _PREFIX.size + len(header) + nbytes + DIGEST_BYTES * chunk_count(nbytes, chunk)
 
 
-def _digest(header: bytes, index: int):
-    d = hashlib.blake2b(header, digest_size=DIGEST_BYTES)
+MAC_KEY_BYTES = 32
+
+
+class MacKeyError(RuntimeError):
+    """The MAC key file cannot be used (readable by others, wrong size, not a file)."""
+
+
+def load_mac_key(path: str | os.PathLike) -> bytes:
+    """The install's KV-disk MAC key at ``path``, created (mode 0600, random) when absent; a file
+    readable or writable by anyone but its owner, or of the wrong size, is refused."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(MAC_KEY_BYTES))
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise MacKeyError(f"KV-disk MAC key {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise MacKeyError(f"KV-disk MAC key {path} has mode {stat.S_IMODE(st.st_mode):o}; "
+                          f"it must be 0600 or stricter (chmod 600 {path})")
+    key = path.read_bytes()
+    if len(key) != MAC_KEY_BYTES:
+        raise MacKeyError(f"KV-disk MAC key {path} holds {len(key)} bytes, not {MAC_KEY_BYTES}")
+    return key
+
+
+def _digest(header: bytes, index: int, mac_key: bytes):
+    if len(mac_key) != MAC_KEY_BYTES:
+        raise ValueError(f"a KV-disk MAC key is {MAC_KEY_BYTES} bytes")
+    d = hashlib.blake2b(header, digest_size=DIGEST_BYTES, key=mac_key)
     d.update(index.to_bytes(8, "little"))
     return d
 
 
-def write_entry(path: Path, header: bytes, pieces: Iterable[memoryview | np.ndarray], nbytes: int,
+def write_entry(path: Path, header: bytes, pieces: Iterable[memoryview | np.ndarray], nbytes: int, mac_key: bytes,
                 chunk: int = CHUNK_BYTES) -> int:
     """Write ``pieces`` (``nbytes`` of payload, in order, any sizes) to ``<path>.part``, then rename it
     to ``path``; returns the file's bytes. A partial file is removed on any error."""
     part = path.with_name(path.name + ".part")
     digests: list[bytes] = []
-    d, in_chunk, size = _digest(header, 0), 0, 0
+    d, in_chunk, size = _digest(header, 0, mac_key), 0, 0
     try:
         with open(part, "wb") as f:
             f.write(_PREFIX.pack(MAGIC, len(header), chunk))
@@ -153,7 +189,7 @@ def write_entry(path: Path, header: bytes, pieces: Iterable[memoryview | np.ndar
                     view, in_chunk = view[take:], in_chunk + take
                     if in_chunk == chunk:
                         digests.append(d.digest())
-                        d, in_chunk = _digest(header, len(digests)), 0
+                        d, in_chunk = _digest(header, len(digests), mac_key), 0
             if size != nbytes:
                 raise ValueError(f"wrote {size} payload bytes for an entry of {nbytes}")
             if in_chunk or not digests:
@@ -167,7 +203,7 @@ def write_entry(path: Path, header: bytes, pieces: Iterable[memoryview | np.ndar
 
 
 def read_entry(path: Path, header: bytes, nbytes: int, staging: np.ndarray,
-               consume: Callable[[int, np.ndarray], None], chunk: int = CHUNK_BYTES) -> None:
+               consume: Callable[[int, np.ndarray], None], mac_key: bytes, chunk: int = CHUNK_BYTES) -> None:
     """Read and verify ``path`` chunk by chunk; ``consume(payload_offset, chunk_view)`` gets each good chunk.
 
     ``staging`` (uint8, at least ``min(chunk, nbytes)`` bytes) is reused for
@@ -197,21 +233,24 @@ def read_entry(path: Path, header: bytes, nbytes: int, staging: np.ndarray,
             view = staging[:n]
             if f.readinto(memoryview(view)) != n:
                 raise CorruptFile(f"KV-disk file {path.name}: short read in chunk {i}", "short_read")
-            d = _digest(header, i)
+            d = _digest(header, i, mac_key)
             d.update(memoryview(view))
             if d.digest() != digests[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]:
-                raise CorruptFile(f"KV-disk file {path.name} fails the blake2b checksum of chunk {i} (corrupt)", "checksum")
+                raise CorruptFile(f"KV-disk file {path.name} fails the keyed blake2b checksum (MAC) of chunk {i} (corrupt, or not written by this install)", "checksum")
             consume(i * chunk, view)
 
 
 class DiskTier:
     """The directory and its byte ceiling; ``used`` counts reserved and written files."""
 
-    def __init__(self, path: Path, ceiling: int, chunk: int = CHUNK_BYTES, retry_after_s: float = RETRY_AFTER_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, path: Path, ceiling: int, mac_key: bytes, chunk: int = CHUNK_BYTES,
+                 retry_after_s: float = RETRY_AFTER_S, clock: Callable[[], float] = time.monotonic):
         if ceiling <= 0:
             raise ValueError("a DiskTier needs a positive byte ceiling (0 means KV-disk off)")
+        if len(mac_key) != MAC_KEY_BYTES:
+            raise ValueError(f"a KV-disk MAC key is {MAC_KEY_BYTES} bytes")
         self.path = Path(path)
+        self.mac_key = mac_key
         self.ceiling = ceiling
         self.chunk = chunk
         self.used = 0

@@ -9,7 +9,9 @@
                                  └──────────── posted callbacks <──────────┘
 
 The loop checks every request before anything moves: a hello must come
-first and from the same peer, the tier protocol must match, a request's
+first and from the same peer, the tier protocol must match, one engine is
+served at a time (a hello naming another engine is refused; the same engine
+from a new connection is a restart and reclaims its entries), a request's
 stamp must be the hello's, refs must fit the exported blocks. Garbage is
 answered by the channel with ``ErrorReply``; an unexpected error in a
 handler is logged and answered, and the loop keeps serving. SIGTERM lets
@@ -30,7 +32,9 @@ import zmq
 from ignis.shared.tier_wire import (
     ENGINE_TO_TIERD,
     TIER_PROTOCOL_VERSION,
+    Bye,
     Demote,
+    Detached,
     Drop,
     Hello,
     Lookup,
@@ -56,8 +60,9 @@ _STOP_WAIT_S = 30.0
 
 class TierServer:
     def __init__(self, config: TierdConfig, arena: Arena, endpoint: str, disk_dir: Path | None,
-                 metrics: TierdMetrics):
+                 metrics: TierdMetrics, mac_key: bytes = b""):
         self.config = config
+        self.mac_key = mac_key  # KV-disk files' MAC key (empty only when KV-disk is off for good)
         self.arena = arena
         self.endpoint = endpoint
         self.disk_dir = disk_dir
@@ -116,25 +121,34 @@ class TierServer:
             self._gauges()
 
     def _drain_inbox(self) -> None:
+        self._count_garbage()  # first: frames refused before a request are counted before it is answered
         while True:
             try:
                 env = self.channel.inbox.get_nowait()
             except queue.Empty:
                 break
             self.handle(env.peer, env.message)
-        if self.channel.garbage_count != self._garbage_seen:
-            self.metrics.wire_errors.inc(self.channel.garbage_count - self._garbage_seen)
-            self._garbage_seen = self.channel.garbage_count
+        self._count_garbage()
 
-    def _end_session(self, wait_s: float) -> None:
-        """Let copies in flight finish (their replies go out), then drop every entry."""
-        if self.store is None:
-            return
+    def _count_garbage(self) -> None:
+        seen = self.channel.garbage_count
+        if seen != self._garbage_seen:
+            self.metrics.wire_errors.inc(seen - self._garbage_seen)
+            self._garbage_seen = seen
+
+    def _wait_in_flight(self, wait_s: float) -> None:
+        """Let copies in flight finish (their replies go out), for at most ``wait_s``."""
         deadline = time.monotonic() + wait_s
         while self.store.in_flight and time.monotonic() < deadline:
             self._wake.wait(0.05)
             self._wake.clear()
             self._run_posted()
+
+    def _end_session(self, wait_s: float) -> None:
+        """Let copies in flight finish (their replies go out), then drop every entry."""
+        if self.store is None:
+            return
+        self._wait_in_flight(wait_s)
         if self.store.in_flight:
             log.error("%d copies still in flight after %.0f s; their entries are abandoned",
                       self.store.in_flight, wait_s)
@@ -152,7 +166,8 @@ class TierServer:
         except Exception as exc:  # a handler bug must not take the loop down
             log.exception("error handling %s", type(msg).__name__)
             key = getattr(msg, "key", "")
-            op = {Hello: "hello", Demote: "demote", Restore: "restore", Drop: "drop"}.get(type(msg), "lookup")
+            op = {Hello: "hello", Demote: "demote", Restore: "restore", Drop: "drop", Bye: "bye"}.get(type(msg),
+                                                                                                 "lookup")
             if hasattr(msg, "req"):
                 self._refuse(peer, msg.req, op, key, "bad_request", f"tierd error: {exc}")
         self._gauges()
@@ -162,11 +177,13 @@ class TierServer:
             return self.channel.send(StatsReply(self.stats()), peer)
         if isinstance(msg, Hello):
             return self._hello(peer, msg)
-        op = {Demote: "demote", Restore: "restore", Drop: "drop", Lookup: "lookup"}[type(msg)]
+        op = {Demote: "demote", Restore: "restore", Drop: "drop", Lookup: "lookup", Bye: "bye"}[type(msg)]
         key = getattr(msg, "key", "")
         if self.store is None or peer != self.peer:
             why = "no engine has said hello" if self.store is None else "another engine said hello after this one"
             return self._refuse(peer, msg.req, op, key, "not_ready", f"{why}; send tier_hello first")
+        if isinstance(msg, Bye):
+            return self._bye(peer, msg)
         if isinstance(msg, Drop):
             return self.store.drop(peer, msg)
         if msg.stamp != self.hello.stamp:  # before any byte moves
@@ -189,21 +206,34 @@ class TierServer:
         self.channel.send(TierRefused(req, op, key, reason, message[:4000]), peer)
 
     def _hello(self, peer: bytes, msg: Hello) -> None:
+        """Checked in full before any state changes: a refused hello leaves the attached engine served."""
         if msg.protocol != TIER_PROTOCOL_VERSION:
             return self._refuse(peer, msg.req, "hello", "", "protocol",
                                 f"the engine speaks tier protocol {msg.protocol}; this tierd speaks "
                                 f"{TIER_PROTOCOL_VERSION}: run an engine and tierd of the same ignis version")
-        self._end_session(_STOP_WAIT_S)  # a new engine session frees everything the last one left
-        self.hello = self.peer = None
-        disk_bytes = self.config.resolve_disk_bytes(msg.family)  # disk_dir is None only for an explicit 0
+        attached = self.hello
+        if attached is not None and peer != self.peer and msg.engine_id != attached.engine_id:
+            return self._refuse(peer, msg.req, "hello", "", "busy",
+                                f"this tierd serves engine {attached.engine_id!r}; it serves one engine at a time "
+                                f"(engine {msg.engine_id!r} needs its own instance's tierd)")
         try:
             memory = EngineMemory(msg.blocks, msg.unit)
         except LayoutError as e:
             return self._refuse(peer, msg.req, "hello", "", "bad_layout", str(e))
+        if attached is not None and peer != self.peer and self._reclaims(msg):
+            self._wait_in_flight(_STOP_WAIT_S)
+            if self.store.can_rebind(memory):
+                self.store.rebind(memory)
+                self.hello, self.peer = msg, peer
+                log.info("engine %r restarted: it reclaims %d entries", msg.engine_id, len(self.store.entries))
+                return self._welcome(peer, msg, self.store.disk.ceiling if self.store.disk else 0)
+        disk_bytes = self.config.resolve_disk_bytes(msg.family)  # disk_dir is None only for an explicit 0
+        self._end_session(_STOP_WAIT_S)  # a new session frees everything the last one left
+        self.hello = self.peer = None
         disk = None
         try:
             if disk_bytes:
-                disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes)
+                disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes, self.mac_key)
             elif self.disk_dir is not None:
                 kvdisk.wipe_dir(self.disk_dir, remove=True)
             if memory.uses_cuda:
@@ -215,10 +245,27 @@ class TierServer:
                                stamp=msg.stamp, ttl=float(self.config.reuse_retained_interactive_ttl),
                                metrics=self.metrics, post=self.post, reply=self._reply, again=self.handle)
         self.hello, self.peer = msg, peer
-        log.info("engine hello: family %s, stamp %s, %d arena blocks of %d bytes, KV-disk %s", msg.family,
-                 msg.stamp, self.store.alloc.n, msg.block_bytes, f"{disk_bytes} bytes" if disk else "off")
+        log.info("engine %r hello: family %s, stamp %s, %d arena blocks of %d bytes, KV-disk %s", msg.engine_id,
+                 msg.family, msg.stamp, self.store.alloc.n, msg.block_bytes,
+                 f"{disk_bytes} bytes" if disk else "off")
+        self._welcome(peer, msg, disk_bytes if disk else 0)
+
+    def _reclaims(self, msg: Hello) -> bool:
+        """``msg`` is the attached engine restarted: same identity and the same entry format."""
+        a = self.hello
+        return (msg.engine_id, msg.stamp, msg.family, msg.block_bytes) == (a.engine_id, a.stamp, a.family,
+                                                                          a.block_bytes)
+
+    def _welcome(self, peer: bytes, msg: Hello, disk_bytes: int) -> None:
         self.channel.send(Welcome(msg.req, TIER_PROTOCOL_VERSION, self.arena.nbytes, self.store.alloc.n,
-                                  msg.block_bytes, self.arena.locked_bytes, disk_bytes if disk else 0), peer)
+                                  msg.block_bytes, self.arena.locked_bytes, disk_bytes), peer)
+
+    def _bye(self, peer: bytes, msg: Bye) -> None:
+        entries = len(self.store.entries)
+        log.info("engine %r detached: %d entries dropped", self.hello.engine_id, entries)
+        self._end_session(_STOP_WAIT_S)
+        self.hello = self.peer = None
+        self.channel.send(Detached(msg.req, entries), peer)
 
     def _reply(self, peer: bytes, msg) -> None:
         self.channel.send(msg, peer)

@@ -127,7 +127,7 @@ class TierStore:
         else:
             e.disk.move(S.READING)
             job = partial(read_into_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
-                          e.nbytes, self._staging, self.disk.chunk)
+                          e.nbytes, self._staging, self.disk.chunk, self.disk.mac_key)
             self.disk_io.submit(job, lambda r, err, s: self._restored(peer, msg, e, "disk", err, s))
 
     def drop(self, peer: bytes, msg: Drop) -> None:
@@ -261,7 +261,7 @@ class TierStore:
         self.disk.reserve(e.file_bytes)
         e.disk.move(S.FILLING)
         job = partial(write_from_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
-                      e.nbytes, self._staging, self.disk.chunk)
+                      e.nbytes, self._staging, self.disk.chunk, self.disk.mac_key)
         self.disk_io.submit(job, lambda r, err, s: self._written(peer, msg, e, err, s))
 
     def _written(self, peer: bytes, msg: Demote, e: Entry, err: BaseException | None, seconds: float) -> None:
@@ -293,7 +293,8 @@ class TierStore:
         if e.nbytes % bb:
             pieces[-1] = pieces[-1][:e.nbytes % bb]
         path = self.disk.file_path(e.key)
-        self.disk_io.submit(lambda: kvdisk.write_entry(path, e.header, pieces, e.nbytes, self.disk.chunk),
+        self.disk_io.submit(lambda: kvdisk.write_entry(path, e.header, pieces, e.nbytes, self.disk.mac_key,
+                                                              self.disk.chunk),
                             lambda r, err, s: self._spilled(e, err, s))
 
     def _spilled(self, e: Entry, err: BaseException | None, seconds: float) -> None:
@@ -364,6 +365,22 @@ class TierStore:
                 on_disk = {e.key + kvdisk.SUFFIX for e in self.entries.values() if e.disk.holds_bytes}
                 if set(self.disk.files()) != on_disk:
                     raise RuntimeError("KV-disk files do not match the entries held on disk")
+
+    def rebind(self, memory: EngineMemory) -> None:
+        """The engine restarted with new memory of the same layout: entries stay, copies go to ``memory``.
+        Only with no copy in flight (the server waits for them first)."""
+        if self.in_flight or self.room:
+            raise RuntimeError("rebind with copies in flight or demotes waiting for room")
+        if memory.cuda_device != self.memory.cuda_device:
+            raise ValueError("the restarted engine's memory is on another device")
+        for e in list(self.entries.values()):
+            if e.kind == "live" and not e.busy:  # a live sequence died with the engine that ran it
+                self._remove(e)
+        self.memory.close()
+        self.memory = memory
+
+    def can_rebind(self, memory: EngineMemory) -> bool:
+        return not self.in_flight and not self.room and memory.cuda_device == self.memory.cuda_device
 
     def close(self) -> None:
         """Drop every entry and stop the workers (the server waits for in-flight copies first)."""

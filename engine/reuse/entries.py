@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from ignis.engine.sequence_pages import SequencePages
 
-KINDS = ("retained_prefix", "prompt_checkpoint")
+KINDS = ("retained_prefix", "prompt_checkpoint", "part_boundary", "learned_point")
+"""retained_prefix: end of system + tools; prompt_checkpoint: the generation opener; part_boundary: before the
+final text part of the newest multi-part user message; learned_point: where two served prompts diverged."""
 
 
 @dataclass(eq=False)
@@ -31,7 +33,7 @@ class Entry:
     full_hash: bytes  # chain hash of the entry's full pages
     pages: SequencePages
     slot: int
-    kind: str  # "retained_prefix" (end of system + tools) or "prompt_checkpoint" (generation opener)
+    kind: str  # one of KINDS
     request_class: str
     after_user: bool  # a checkpoint made right after a real user message
     last_used: int

@@ -30,6 +30,9 @@ Invariants:
   when the device needs its room, and comes back only past its tier's restore
   floor. The records of what tierd holds (``lower``) are of the port's current
   session: after a new hello they are empty before anything reads them.
+- What happened to a capture that is gone or never was (skipped, released for
+  room, dropped by its conversation) is noted in ``fates`` by content, so a
+  request that falls short can say why (``engine.reuse.shortfall``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ignis.engine.reuse.entries import KINDS, Entry, SlotPool
 from ignis.engine.reuse.hashing import page_chain
 from ignis.engine.sequence_pages import SequencePages
 from ignis.engine.reuse.lower_index import WIRE_TIER, LowerIndex, LowerRecord, content_key
+from ignis.engine.reuse.shortfall import Fates
 from ignis.engine.tier_port import NO_TIERS, TierPort
 
 CLASS_KEEP = {"agent": 0, "interactive": 1}
@@ -89,6 +93,7 @@ class RetainedStore:
         self.captures_skipped = 0
         self.hits = 0
         self.released = 0
+        self.fates = Fates()
 
     # ----- queries -------------------------------------------------------------
 
@@ -214,6 +219,7 @@ class RetainedStore:
         slot = self._slot_for(request_class)
         if slot is None:
             self.captures_skipped += 1
+            self.fates.note(tuple(tokens), "slot_busy")
             return None
         owner = SequencePages(self.pool, f"retained-{self._next_id}")
         try:
@@ -224,6 +230,7 @@ class RetainedStore:
             owner.release()
             self.slots.give_back(slot)
             self.captures_skipped += 1
+            self.fates.note(tuple(tokens), "slot_busy")
             return None
         e = self._register(tuple(tokens), owner, slot, kind, request_class, after_user, filled=False)
         self.captures += 1
@@ -271,7 +278,7 @@ class RetainedStore:
             if p.pinned:  # read or filled this round: it goes once the round is applied
                 self._superseded.append(p)
             else:
-                self._release(p)
+                self._release(p, fate="budget")
 
     # ----- ranking and release --------------------------------------------------
 
@@ -293,9 +300,10 @@ class RetainedStore:
             released += 1
         return released
 
-    def _release(self, e: Entry, keep_slot: bool = False, demote: bool = False) -> None:
+    def _release(self, e: Entry, keep_slot: bool = False, demote: bool = False, fate: str = "evicted") -> None:
         """Free an entry's pages and slot. ``demote``: the device needs the room, so the
-        entry first moves down a tier if one is connected (lazy demotion: only now)."""
+        entry first moves down a tier if one is connected (lazy demotion: only now).
+        ``fate``: why it goes ("evicted" for room, "budget" for its conversation's budget)."""
         if demote:
             tier = self.tiers.demote_retained(e.tokens, e.pages.pages, e.slot, e.request_class)
             if tier is not None:
@@ -311,6 +319,7 @@ class RetainedStore:
             if other.parent is e:
                 other.parent = e.parent
         e.pages.release()
+        self.fates.note(e.tokens, fate)
         if not keep_slot:
             self.slots.give_back(e.slot)
         self.released += 1
@@ -337,7 +346,7 @@ class RetainedStore:
         superseded, self._superseded = self._superseded, []
         for e in superseded:
             if self._entries.get(e.entry_id) is e:
-                self._release(e)
+                self._release(e, fate="budget")
 
     def release_all(self) -> None:
         """Free every retained entry here and forget those below (a switch, an unload, a stop)."""

@@ -44,8 +44,10 @@ REPLIES = (Welcome, Demoted, Restored, Missing, Dropped, LookupReply, TierRefuse
 
 class TierClient:
     def __init__(self, endpoint: str, stamp: str, family: str, block_bytes: int, blocks: list[BlockDesc],
-                 unit: UnitLayout, timeout_s: float = 10.0, backoff_s: float = 5.0, sync=None):
+                 unit: UnitLayout, timeout_s: float = 10.0, backoff_s: float = 5.0, sync=None,
+                 engine_id: str = "default"):
         self.endpoint = endpoint
+        self.engine_id = engine_id
         self.stamp = stamp
         self.family = family
         self.block_bytes = block_bytes
@@ -94,7 +96,8 @@ class TierClient:
         """Say hello (again, after tierd restarted): every entry it held for us is gone."""
         req = self._next()
         reply = self._call(Hello(req=req, protocol=TIER_PROTOCOL_VERSION, stamp=self.stamp, family=self.family,
-                                 block_bytes=self.block_bytes, blocks=self.blocks, unit=self.unit), req)
+                                 block_bytes=self.block_bytes, blocks=self.blocks, unit=self.unit,
+                                 engine_id=self.engine_id), req)
         if isinstance(reply, Welcome):
             self.welcome = reply
             self.connects += 1

@@ -6,6 +6,8 @@
     seed 3   Refused unknown_model       other    ``max_tokens`` tokens (id 65, "_"), then Finished stop
 
 Stats are answered with a small max_model_len. Every Abort is recorded.
+``script(seed, token_ids)`` makes that seed stream those tokens, one per
+batch, then Finished stop (a test's stand-in for a trained model's output).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class FakeEngine:
         self.aborts: list[str] = []
         self.started = 1.0  # what it reports as engine_started_unix; a change looks like a restart
         self.generates: list[Generate] = []
+        self.scripts: dict[int, tuple[int, ...]] = {}
         self._held: dict[str, tuple[bytes, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -64,10 +67,19 @@ class FakeEngine:
                 self.generates.append(msg)
                 self._answer(msg, peer)
 
+    def script(self, seed: int, token_ids) -> None:
+        self.scripts[seed] = tuple(token_ids)
+
     def _answer(self, msg: Generate, peer: bytes) -> None:
         seed = msg.sampling.seed
         usage = Usage(prompt_tokens=len(msg.prompt_ids), completion_tokens=2, cached_tokens=1)
-        if seed == 0:
+        if seed in self.scripts:
+            ids = self.scripts[seed][:msg.sampling.max_tokens]
+            for token in ids:
+                self.channel.send(TokenBatch((StreamTokens(msg.id, (token,)),)), peer)
+            reason = "length" if len(ids) < len(self.scripts[seed]) else "stop"
+            self.channel.send(Finished(msg.id, reason, Usage(len(msg.prompt_ids), len(ids), 0)), peer)
+        elif seed == 0:
             self.channel.send(TokenBatch((StreamTokens(msg.id, (65,)),)), peer)
             self._held[msg.id] = (peer, len(msg.prompt_ids))
         elif seed in REFUSALS:

@@ -1,4 +1,4 @@
-"""Reasoning and tool-call parsing: whole text, every split point, and crafted token streams."""
+"""Reasoning split and the parser as a whole: whole text, every split point, and crafted token streams."""
 
 from __future__ import annotations
 
@@ -7,105 +7,56 @@ import json
 import pytest
 
 from ignis.gateway.choice import ChoiceState
-from ignis.gateway.output_parser import OutputParser, parse_tool_call
+from ignis.gateway.output_parser import OutputParser
 from ignis.shared.wire import StreamTokens, TokenLogprobs
-
-
-def parse(text, pieces=None, **kwargs):
-    p = OutputParser(**kwargs)
-    events = []
-    for piece in pieces if pieces is not None else [text]:
-        events += p.push(piece)
-    events += p.finish()
-    out = {"reasoning": "", "content": "", "tool_call": []}
-    for kind, value in events:
-        if kind == "tool_call":
-            out[kind].append(value)
-        else:
-            out[kind] += value
-    return out
-
-
-def every_split(text, **kwargs):
-    """The parse of ``text`` fed one character at a time, and split in two at every point."""
-    results = [parse(text, list(text), **kwargs)]
-    results += [parse(text, [text[:i], text[i:]], **kwargs) for i in range(len(text) + 1)]
-    return results
-
-
-def same(results):
-    first = results[0]
-    for r in results[1:]:
-        assert (r["reasoning"], r["content"]) == (first["reasoning"], first["content"])
-        assert [(c.name, c.arguments) for c in r["tool_call"]] == [(c.name, c.arguments) for c in first["tool_call"]]
-    return first
+from tests.gateway.parser_helpers import every_split
 
 
 def test_reasoning_then_content():
-    r = same(every_split("<think>\nlet me see\n</think>\n\nThe answer is 4."))
+    r = every_split("<think>\nlet me see\n</think>\n\nThe answer is 4.")
     assert r["reasoning"] == "let me see\n" and r["content"] == "The answer is 4."
 
 
 def test_reasoning_opened_by_the_prompt():
-    r = same(every_split("hmm\n</think>\n\nok", starts_in_reasoning=True))
+    r = every_split("hmm\n</think>\n\nok", starts_in_reasoning=True)
     assert r["reasoning"] == "hmm\n" and r["content"] == "ok"
 
 
+def test_closed_empty_think_block_leaves_clean_content():
+    r = every_split("<think>\n\n</think>\n\nHello.")
+    assert r["reasoning"] == "" and r["content"] == "Hello."
+
+
 def test_unclosed_reasoning_is_all_reasoning():
-    r = same(every_split("<think>still thinking"))
+    r = every_split("<think>still thinking")
     assert r["reasoning"] == "still thinking" and r["content"] == ""
 
 
 def test_think_marker_later_in_the_text_is_content():
-    r = same(every_split("Use <think> tags."))
+    r = every_split("Use <think> tags.")
     assert r["content"] == "Use <think> tags." and r["reasoning"] == ""
 
 
+def test_without_think_markers_all_is_content():
+    r = every_split("<think>x</think>y", reasoning=False)
+    assert r["content"] == "<think>x</think>y" and r["reasoning"] == ""
+
+
 def test_text_resembling_a_marker_is_released():
-    r = same(every_split("<thin and <tool", tools=True))
+    r = every_split("<thin and <tool", tool_format="hermes")
     assert r["content"] == "<thin and <tool"
 
 
-def test_tool_calls_parsed():
-    text = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
-    r = same(every_split(text, tools=True))
-    assert r["content"] == "I will check.\n"
-    assert [c.name for c in r["tool_call"]] == ["get_weather", "get_time"]
-    assert json.loads(r["tool_call"][0].arguments) == {"city": "Paris"}
-    assert all(c.id.startswith("call_") for c in r["tool_call"])
-
-
-def test_tool_call_after_reasoning():
-    text = '<think>need weather</think>\n<tool_call>{"name": "w", "arguments": {"q": 1}}</tool_call>'
-    r = same(every_split(text, tools=True))
-    assert r["reasoning"] == "need weather" and r["content"] == "" and r["tool_call"][0].name == "w"
-
-
-def test_malformed_tool_call_stays_content():
-    text = "<tool_call>{not json}</tool_call>"
-    r = same(every_split(text, tools=True))
-    assert r["content"] == text and not r["tool_call"]
-
-
-def test_unclosed_tool_call_is_parsed_at_the_end_when_it_is_json():
-    r = parse('<tool_call>{"name": "f", "arguments": {"a": 1}}', tools=True)
-    assert r["tool_call"][0].name == "f"
-    r = parse('<tool_call>{"name": "f", "argu', tools=True)
-    assert r["content"] == '<tool_call>{"name": "f", "argu' and not r["tool_call"]
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_xml"])
+def test_tool_call_inside_reasoning_stays_reasoning(fmt):
+    text = '<think>maybe <tool_call>{"name": "f", "arguments": {}}</tool_call></think>no call'
+    r = every_split(text, tool_format=fmt)
+    assert r["calls"] == [] and r["content"] == "no call" and "<tool_call>" in r["reasoning"]
 
 
 def test_tool_markup_is_content_when_tools_are_off():
     text = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
-    assert parse(text, tools=False)["content"] == text
-
-
-def test_parse_tool_call_shapes():
-    assert parse_tool_call('{"name": "f", "arguments": "{\\"x\\": 1}"}').arguments == '{"x": 1}'
-    assert parse_tool_call('{"name": "f", "parameters": {"x": 1}}').arguments == '{"x": 1}'
-    assert parse_tool_call('{"name": "", "arguments": {}}') is None
-    assert parse_tool_call('["f"]') is None
-    assert parse_tool_call('{"name": "f", "arguments": 3}') is None
+    assert every_split(text)["content"] == text
 
 
 def feed_tokens(tok, ids, **kwargs):
@@ -124,10 +75,10 @@ def test_choice_tool_call_from_a_token_stream(demo_tokenizer):
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Köln"}}\n</tool_call>'
     ids = demo_tokenizer.encode(text) + [2]
     assert demo_tokenizer.token_id("<tool_call>") in ids
-    state, deltas = feed_tokens(demo_tokenizer, ids, parser=OutputParser(tools=True))
-    calls = [c for d in deltas for c in d.tool_calls]
-    assert len(calls) == 1 and calls[0].name == "get_weather"
-    assert json.loads(calls[0].arguments) == {"city": "Köln"}
+    state, deltas = feed_tokens(demo_tokenizer, ids, parser=OutputParser(tool_format="hermes"))
+    pieces = [c for d in deltas for c in d.tool_calls]
+    assert pieces[0].name == "get_weather" and pieces[0].id.startswith("call_")
+    assert json.loads("".join(c.arguments for c in pieces)) == {"city": "Köln"}
     assert join(deltas, "content") == ""
     assert deltas[-1].finish_reason == "tool_calls"
     assert state.token_ids == ids
@@ -167,6 +118,13 @@ def test_choice_records_logprobs(demo_tokenizer):
 
 @pytest.mark.parametrize("engine_reason", ["length", "stop"])
 def test_choice_finish_reasons(demo_tokenizer, engine_reason):
-    _, deltas = feed_tokens(demo_tokenizer, demo_tokenizer.encode("hi"))
     state = ChoiceState(0, demo_tokenizer)
+    state.feed(StreamTokens("r", tuple(demo_tokenizer.encode("hi"))))
     assert state.finish(engine_reason).finish_reason == engine_reason
+
+
+def test_a_call_cut_by_length_keeps_finish_reason_length(demo_tokenizer):
+    ids = demo_tokenizer.encode('<tool_call>\n{"name": "f", "arguments": {"a": 1}}')
+    state = ChoiceState(0, demo_tokenizer, parser=OutputParser(tool_format="hermes"))
+    state.feed(StreamTokens("r", tuple(ids)))
+    assert state.finish("length").finish_reason == "length"

@@ -44,6 +44,7 @@ MESSAGES = [
     Generate(
         id="chatcmpl-x-0", prompt_ids=tuple(range(200)), sampling=FULL_SAMPLING, system_end=64,
         opener_start=190, last_is_user=True, request_class="agent", model="qwen3.5-27b",
+        mark_missing="system_end: not_a_prefix",
         grammar='{"grammars": [{"json_schema": {"type": "object"}}]}',
     ),
     Abort(id="r1"),
@@ -60,6 +61,7 @@ MESSAGES = [
     Refused(id="r3", reason="too_long", message="prompt of 9000 tokens exceeds max_model_len 8192"),
     ErrorReply(message="header frame is not JSON"),
     StatsReply(values={"num_requests_waiting": 3, "kv_cache_usage_perc": 0.25}),
+    Generate(id="r4", prompt_ids=tuple(range(50)), sampling=SamplingParams(), opener_start=45, part_end=30),
 ]
 
 
@@ -74,6 +76,20 @@ def test_round_trip(msg):
     # memoryview and bytearray frames decode the same
     assert decode([memoryview(f) for f in frames]) == msg
     assert decode([bytearray(f) for f in frames]) == msg
+
+
+def test_an_optional_field_travels_only_when_set_and_may_be_absent():
+    plain = Generate(id="r", prompt_ids=(1, 2, 3), sampling=SamplingParams())
+    header = orjson.loads(encode(plain)[0])
+    assert "part_end" not in header  # a peer that predates the field reads this header unchanged
+    marked = encode(Generate(id="r", prompt_ids=(1, 2, 3), sampling=SamplingParams(), part_end=2))
+    assert orjson.loads(marked[0])["part_end"] == 2 and decode(marked).part_end == 2
+    assert decode(encode(plain)).part_end is None
+    bad = dict(header, part_end="2")
+    with pytest.raises(WireError, match="part_end"):
+        decode([orjson.dumps(bad), *encode(plain)[1:]])
+    with pytest.raises(ValueError, match="part_end"):
+        Generate(id="r", prompt_ids=(1, 2, 3), sampling=SamplingParams(), opener_start=1, part_end=2)
 
 
 def test_every_type_is_covered_and_split_by_direction():
@@ -138,6 +154,7 @@ GEN = MESSAGES[1]
     (_header(GEN, system_end=-1), "system_end must be in"),
     (_header(GEN, system_end=195, opener_start=190), "after opener_start"),
     (_header(GEN, last_is_user=1), "true or false"),
+    (_header(GEN, mark_missing=""), "mark_missing must not be empty"),
     (_header(GEN, request_class="batch"), "request_class"),
     (_header(GEN, grammar=""), "grammar must not be empty"),
     (_header(GEN, grammar={"json_schema": {}}), "grammar must be a string"),

@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 
 from ignis.shared.shm_blocks import ShmBlock
-from ignis.shared.tier_wire import TIER_PROTOCOL_VERSION, TIERD_TO_ENGINE, Hello, UnitLayout
+from ignis.shared.tier_wire import TIER_PROTOCOL_VERSION, TIERD_TO_ENGINE, Bye, Hello, UnitLayout, Welcome
 from ignis.shared.zmq_queues import connect_dealer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,8 +117,11 @@ class TierdProcess:
 class FakeEngine:
     """Shared-memory blocks laid out like the engine's, and a DEALER to tierd."""
 
-    def __init__(self, endpoint: str, seed: int = 0, pages: int = 32, lanes: int = 4, images: int = 4):
+    def __init__(self, endpoint: str, seed: int = 0, pages: int = 32, lanes: int = 4, images: int = 4,
+                 engine_id: str = "default"):
         self.rng = np.random.default_rng(seed)
+        self.engine_id = engine_id
+        self.attached = False  # the last hello was welcomed: close() says Bye
         self.blocks = make_blocks(pages, lanes, images)
         self.scramble()
         self.ctx = zmq.Context.instance()
@@ -143,9 +146,12 @@ class FakeEngine:
     def hello(self, stamp: str = STAMP, family: str = "qwen3_next", protocol: int = TIER_PROTOCOL_VERSION,
               **overrides):
         fields = dict(req=self.next_req(), protocol=protocol, stamp=stamp, family=family, block_bytes=PAGE_BYTES,
-                      blocks=tuple(b.descriptor() for b in self.blocks.values()), unit=UnitLayout())
+                      blocks=tuple(b.descriptor() for b in self.blocks.values()), unit=UnitLayout(),
+                      engine_id=self.engine_id)
         fields.update(overrides)
-        return self.ask(Hello(**fields))
+        reply = self.ask(Hello(**fields))
+        self.attached = isinstance(reply, Welcome) or self.attached
+        return reply
 
     # ----- messages ------------------------------------------------------------
 
@@ -175,6 +181,12 @@ class FakeEngine:
         return self.wait_for(self.send(msg), timeout)
 
     def close(self) -> None:
+        """Detach from tierd (its entries are dropped) and free the exported memory."""
+        if self.attached:
+            try:
+                self.ask(Bye(self.next_req()), timeout=2.0)
+            except TimeoutError:
+                pass  # tierd is gone: nothing of ours to drop there
         self.chan.close()
         for b in self.blocks.values():
             b.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -18,10 +19,13 @@ from ignis.tierd.disk import (
     read_entry,
     wipe_dir,
     write_entry,
+    load_mac_key,
+    MacKeyError,
 )
 
 KEY = "0123456789abcdef" * 2
 CHUNK = 4096
+MAC = bytes(range(32))
 
 
 def write(tmp_path, payload: bytes, pieces=3, chunk=CHUNK):
@@ -29,12 +33,12 @@ def write(tmp_path, payload: bytes, pieces=3, chunk=CHUNK):
     step = -(-len(payload) // pieces)
     parts = [np.frombuffer(payload[i:i + step], dtype=np.uint8) for i in range(0, len(payload), step)]
     path = tmp_path / f"{KEY}.kv"
-    size = write_entry(path, header, parts, len(payload), chunk)
+    size = write_entry(path, header, parts, len(payload), MAC, chunk)
     assert size == path.stat().st_size == file_bytes(header, len(payload), chunk)
     return path, header
 
 
-def read(path, header, nbytes, chunk=CHUNK):
+def read(path, header, nbytes, chunk=CHUNK, mac_key=MAC):
     staging = np.zeros(chunk, dtype=np.uint8)
     out = bytearray(nbytes)
     got = []
@@ -44,7 +48,7 @@ def read(path, header, nbytes, chunk=CHUNK):
         got.append(offset)
 
     try:
-        read_entry(path, header, nbytes, staging, consume, chunk)
+        read_entry(path, header, nbytes, staging, consume, mac_key, chunk)
     finally:
         read.handed_on = got
     return bytes(out)
@@ -64,7 +68,7 @@ def test_a_flipped_byte_is_caught_in_its_chunk_and_later_chunks_are_not_handed_o
     data = bytearray(path.read_bytes())
     data[len(data) - 32 * 4 - CHUNK - 5] ^= 1  # inside chunk 2
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptFile, match="checksum of chunk 2"):
+    with pytest.raises(CorruptFile, match="checksum \(MAC\) of chunk 2"):
         read(path, header, len(payload))
     assert read.handed_on == [0, CHUNK]
 
@@ -90,10 +94,10 @@ def test_a_failed_write_leaves_no_file(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        write_entry(tmp_path / f"{KEY}.kv", header, pieces(), 10)
+        write_entry(tmp_path / f"{KEY}.kv", header, pieces(), 10, MAC)
     assert os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="wrote 3 payload bytes"):
-        write_entry(tmp_path / f"{KEY}.kv", header, [b"abc"], 10)
+        write_entry(tmp_path / f"{KEY}.kv", header, [b"abc"], 10, MAC)
     assert os.listdir(tmp_path) == []
 
 
@@ -132,7 +136,7 @@ def test_wipe_removes_the_directory_unless_someone_else_put_a_file_there(tmp_pat
 
 
 def test_disk_tier_accounting():
-    t = DiskTier("/nonexistent", 100)
+    t = DiskTier("/nonexistent", 100, MAC)
     t.reserve(60)
     with pytest.raises(MemoryError):
         t.reserve(41)
@@ -141,4 +145,47 @@ def test_disk_tier_accounting():
     with pytest.raises(ValueError):
         t.release(1)
     with pytest.raises(ValueError, match="0 means KV-disk off"):
-        DiskTier("/nonexistent", 0)
+        DiskTier("/nonexistent", 0, MAC)
+
+
+def test_a_file_forged_with_plain_checksums_is_refused(tmp_path):
+    """Whoever can write the directory can recompute an unkeyed checksum, not the install's MAC."""
+    import hashlib
+    import struct
+
+    payload = bytes(range(256)) * 40
+    path, header = write(tmp_path, payload)
+    raw = bytearray(path.read_bytes())
+    prefix = 16 + len(header)
+    forged = bytes(len(payload))  # the attacker's payload (all zeros; NaN bytes are no different)
+    digests = []
+    for i in range(0, len(payload), CHUNK):
+        d = hashlib.blake2b(header, digest_size=32)
+        d.update(struct.pack("<Q", i // CHUNK))
+        d.update(forged[i:i + CHUNK])
+        digests.append(d.digest())
+    raw[prefix:prefix + len(payload)] = forged
+    raw[prefix + len(payload):] = b"".join(digests)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptFile, match="not written by this install") as e:
+        read(path, header, len(payload))
+    assert e.value.check == "checksum" and read.handed_on == []
+    other = tmp_path / "genuine"
+    other.mkdir()
+    path2, header2 = write(other, payload)
+    with pytest.raises(CorruptFile):  # a genuine file read under another install's key
+        read(path2, header2, len(payload), mac_key=bytes(32))
+
+
+def test_mac_key_file_is_created_0600_and_a_loose_one_refused(tmp_path):
+    key_path = tmp_path / "kv-disk.key"
+    key = load_mac_key(key_path)
+    assert len(key) == 32 and stat.S_IMODE(key_path.stat().st_mode) == 0o600
+    assert load_mac_key(key_path) == key  # the same install, the same key
+    key_path.chmod(0o644)
+    with pytest.raises(MacKeyError, match="0600"):
+        load_mac_key(key_path)
+    key_path.chmod(0o600)
+    key_path.write_bytes(b"short")
+    with pytest.raises(MacKeyError, match="5 bytes"):
+        load_mac_key(key_path)

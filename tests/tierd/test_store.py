@@ -32,7 +32,7 @@ class Harness:
         self.posted: queue.Queue = queue.Queue()
         self.replies: list = []
         self.memory = EngineMemory(tuple(b.descriptor() for b in self.blocks.values()), UnitLayout())
-        disk = DiskTier(prepare_dir(tmp_path / "kv"), disk_bytes) if disk_bytes else None
+        disk = DiskTier(prepare_dir(tmp_path / "kv"), disk_bytes, bytes(32)) if disk_bytes else None
         self.store = TierStore(arena=Arena(arena_blocks * PAGE_BYTES), block_bytes=PAGE_BYTES, memory=self.memory,
                                disk=disk, stamp=STAMP, ttl=300.0, metrics=TierdMetrics("t"), post=self.posted.put,
                                reply=lambda peer, m: self.replies.append(m), again=self.handle)

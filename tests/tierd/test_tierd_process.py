@@ -5,6 +5,7 @@ Entries here are 2 KV pages + one lane (ssm + conv) = 3 arena blocks of 16 KiB.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -12,8 +13,10 @@ import zmq
 
 from ignis.shared.tier_wire import (
     TIER_PROTOCOL_VERSION,
+    Bye,
     Demote,
     Demoted,
+    Detached,
     Drop,
     Dropped,
     ErrorReply,
@@ -230,3 +233,64 @@ def test_metrics_count_tiers_and_copies(engine, tierd):
     assert tierd.metric("ignis:tierd_copy_gbps", direction="engine_to_ram") > 0
     assert tierd.metric("ignis:tierd_copy_gbps", direction="ram_to_engine") > 0
     assert tierd.metric("ignis:tierd_disk_ceiling_bytes") == 4 << 30
+
+
+def test_a_hello_naming_another_engine_is_refused_and_changes_nothing(engine, tierd):
+    reply, want = demote(engine, 40)
+    assert isinstance(reply, Demoted)
+    other = FakeEngine(tierd.endpoint, seed=3, engine_id="another-instance")
+    try:
+        refused = other.hello()
+        assert isinstance(refused, TierRefused) and refused.reason == "busy"
+        assert "'default'" in refused.message and "one engine" in refused.message
+        assert tierd.metric("ignis:tierd_refusals_total", reason="busy") >= 1
+    finally:
+        other.close()
+    assert isinstance(restore(engine, 40), Restored) and engine.read(DST) == want  # still served, entry intact
+
+
+def test_a_bad_layout_hello_while_attached_changes_nothing(engine, tierd):
+    reply, want = demote(engine, 41)
+    again = FakeEngine(tierd.endpoint, seed=4)
+    try:
+        blocks = tuple(dataclasses.replace(b.descriptor(), handle="ignis-no-such-block")
+                       for b in again.blocks.values())
+        bad = again.hello(blocks=blocks)
+        assert isinstance(bad, TierRefused) and bad.reason in ("bad_layout", "bad_request")
+    finally:
+        again.close()
+    assert isinstance(restore(engine, 41), Restored) and engine.read(DST) == want
+
+
+def test_the_same_engine_restarted_reclaims_its_entries(tierd):
+    first = FakeEngine(tierd.endpoint, seed=5)
+    restarted = FakeEngine(tierd.endpoint, seed=6)
+    try:
+        assert isinstance(first.hello(), Welcome)
+        _, want = demote(first, 42)
+        _, _ = demote(first, 43, kind="live")
+        first.chan.close()  # the engine died without a word
+        first.attached = False
+        assert isinstance(restarted.hello(), Welcome)
+        assert lookup(restarted, 42, 43) == ["ram", None]  # retained entries stay, live sequences died with it
+        assert isinstance(restore(restarted, 42), Restored) and restarted.read(DST) == want
+    finally:
+        restarted.close()
+        for b in first.blocks.values():
+            b.close()
+
+
+def test_bye_drops_everything_and_frees_tierd_for_another_engine(tierd):
+    first = FakeEngine(tierd.endpoint, seed=7)
+    assert isinstance(first.hello(), Welcome)
+    demote(first, 44)
+    done = first.ask(Bye(first.next_req()))
+    assert isinstance(done, Detached) and done.entries == 1
+    first.attached = False
+    first.close()
+    other = FakeEngine(tierd.endpoint, seed=8, engine_id="another-instance")
+    try:
+        assert isinstance(other.hello(), Welcome)
+        assert lookup(other, 44) == [None]
+    finally:
+        other.close()

@@ -1,0 +1,63 @@
+"""Why a request reused less than it shares with an earlier prompt.
+
+At admission a request knows (from ``engine.reuse.learned_points``) how many
+whole pages it shares with the most similar earlier prompt and where that
+prompt's request planned its captures. When it resumes at least a page short
+of the shared prefix, the reason is one of:
+
+    unseen     nothing was reused and no earlier prompt shares a page
+    no_mark    the earlier request planned no capture point inside the shared prefix
+    slot_busy  it planned one, but the capture was skipped (no free slot or page)
+    evicted    the capture was made, then released for room (or by a restart or unload)
+    budget     the capture was made, then dropped by its conversation's two-checkpoint budget
+    not_ready  the capture was planned but not taken yet (the earlier request is still
+               prefilling towards it)
+
+``Fates`` remembers, by content, what happened to recent captures that are
+gone or never were. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ignis.engine.reuse.lower_index import content_key
+
+REASONS = ("unseen", "no_mark", "slot_busy", "evicted", "budget", "not_ready")
+
+
+class Fates:
+    """Bounded map: content key of a capture's tokens -> "slot_busy" | "evicted" | "budget" (newest kept)."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._fates: OrderedDict[str, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._fates)
+
+    def note(self, tokens: tuple[int, ...], fate: str) -> None:
+        if fate not in REASONS:
+            raise ValueError(f"fate must be one of {REASONS}, got {fate!r}")
+        key = content_key(tokens)
+        self._fates.pop(key, None)
+        self._fates[key] = fate
+        while len(self._fates) > self.limit:
+            self._fates.popitem(last=False)
+
+    def of(self, tokens: tuple[int, ...]) -> str | None:
+        return self._fates.get(content_key(tokens))
+
+
+def shortfall_reason(tokens: tuple[int, ...], matched: int, shared: int, earlier_cuts: tuple[int, ...],
+                     fates: Fates, page_tokens: int) -> str:
+    """The reason a prompt ``tokens`` resumed at ``matched`` while sharing ``shared`` (see above),
+    or "none" when it fell short by less than a page."""
+    if matched == 0 and shared == 0:
+        return "unseen"
+    if shared - matched < page_tokens:
+        return "none"
+    inside = [c for c in earlier_cuts if matched < c <= shared]
+    if not inside:
+        return "no_mark"
+    return fates.of(tuple(tokens[:max(inside)])) or "not_ready"

@@ -1,0 +1,212 @@
+"""Tool calls, tool_choice and reasoning through HTTP under the official Qwen3.5 template (XML calls).
+
+The engine is scripted (``fake_engine``): each request's seed picks the text
+it answers with, so what is tested is the gateway: the prompt it sends and
+how it parses the answer, streamed and not.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.gateway.tools_http_support import tools_gateway
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                    "metric": {"type": "boolean"}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "description": "The time",
+                                          "parameters": {"type": "object", "properties": {}}}}
+TOOLS = [WEATHER, CLOCK]
+ASK = [{"role": "user", "content": "Weather in Paris and the time?"}]
+
+
+def xml_call(name, **params):
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+TWO_CALLS = "Checking.\n" + xml_call("get_weather", city="Paris", days="2", metric="true") + "\n" + xml_call("get_time")
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    yield from tools_gateway(tmp_path_factory, "qwen3_5")
+
+
+@pytest.fixture(scope="module")
+def client(gw):
+    with gw.client() as c:
+        yield c
+
+
+def create(gw, client, text, **kwargs):
+    kwargs.setdefault("messages", ASK)
+    kwargs.setdefault("tools", TOOLS)
+    return client.chat.completions.create(model="qwen3_5", seed=gw.say(text), max_tokens=300, **kwargs)
+
+
+def streamed(gw, client, text, **kwargs):
+    """The chunks' choice deltas and the finish reasons, in order."""
+    chunks = list(create(gw, client, text, stream=True, **kwargs))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    return deltas, reasons
+
+
+def assemble(deltas):
+    """Tool calls from stream deltas; checks a call's first delta has id and name and the rest only arguments."""
+    calls, fragments = [], []
+    for d in deltas:
+        for tc in d.tool_calls or ():
+            if tc.id is not None:
+                assert tc.index == len(calls) and tc.function.name and tc.type == "function"
+                calls.append({"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or ""})
+                fragments.append(0)
+            else:
+                assert tc.index == len(calls) - 1 and not (tc.function.name or "")
+                calls[tc.index]["arguments"] += tc.function.arguments
+                fragments[tc.index] += 1
+    return calls, fragments
+
+
+def test_two_typed_calls_with_reasoning_not_streamed(gw, client):
+    r = create(gw, client, "Two lookups.\n</think>\n\n" + TWO_CALLS,
+               extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert gw.last_prompt().endswith("<|im_start|>assistant\n<think>\n")
+    msg, choice = r.choices[0].message, r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert msg.reasoning_content == "Two lookups.\n" and msg.content == "Checking.\n"
+    assert [c.function.name for c in msg.tool_calls] == ["get_weather", "get_time"]
+    assert json.loads(msg.tool_calls[0].function.arguments) == {"city": "Paris", "days": 2, "metric": True}
+    assert json.loads(msg.tool_calls[1].function.arguments) == {}
+    assert msg.tool_calls[0].id != msg.tool_calls[1].id and msg.tool_calls[0].id.startswith("call_")
+
+
+def test_two_typed_calls_with_reasoning_streamed(gw, client):
+    deltas, reasons = streamed(gw, client, "Two lookups.\n</think>\n\n" + TWO_CALLS,
+                               extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert reasons == ["tool_calls"]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "Two lookups.\n"
+    assert "".join(d.content or "" for d in deltas) == "Checking.\n"
+    calls, fragments = assemble(deltas)
+    assert [c["name"] for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 2, "metric": True}
+    assert calls[1]["arguments"] == "{}"
+    assert fragments[0] == 4  # one per parameter, then the closing brace
+
+
+def test_thinking_off_renders_a_closed_block_and_content_stays_clean(gw, client):
+    r = create(gw, client, "Sunny.", tools=None, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert gw.last_prompt().endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    msg = r.choices[0].message
+    assert msg.content == "Sunny." and getattr(msg, "reasoning_content", None) is None
+    assert r.choices[0].finish_reason == "stop" and msg.tool_calls is None
+
+
+def test_malformed_call_is_content(gw, client):
+    text = "<tool_call>\nI am not a function\n</tool_call>"
+    r = create(gw, client, text)
+    assert r.choices[0].message.content == text and r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason == "stop"
+    deltas, reasons = streamed(gw, client, text)
+    assert "".join(d.content or "" for d in deltas) == text and reasons == ["stop"]
+
+
+def test_named_tool_choice_forces_the_call_opener(gw, client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = create(gw, client, "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>", tool_choice=named)
+    opener = gw.tokenizer.encode("<tool_call>\n<function=get_weather>\n")
+    ids = gw.last_prompt_ids()
+    assert ids[-len(opener):] == opener
+    assert gw.last_prompt().endswith("<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n")
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls] == [
+        ("get_weather", {"city": "Oslo"})]
+    deltas, reasons = streamed(gw, client, "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>",
+                               tool_choice=named)
+    calls, _ = assemble(deltas)
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Oslo"})]
+    assert reasons == ["tool_calls"]
+
+
+def test_named_call_with_a_garbage_body_is_still_a_well_formed_answer(gw, client):
+    r = create(gw, client, "zq <<< >>> 17 ¿", tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls] == [("get_time", "{}")]
+
+
+def test_named_call_with_thinking_on_closes_the_think_block_first(gw, client):
+    create(gw, client, "</function>\n</tool_call>", tool_choice={"type": "function", "function": {"name": "get_time"}},
+           extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert gw.last_prompt().endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_time>\n")
+    # Tokenized as one text: "\n\n" inside the closed block is the one token a whole prompt has.
+    assert gw.last_prompt_ids() == gw.tokenizer.encode(gw.last_prompt())
+
+
+def test_required_tool_choice_opens_a_call(gw, client):
+    r = create(gw, client, "<function=get_time>\n</function>\n</tool_call>", tool_choice="required")
+    assert gw.last_prompt().endswith("</think>\n\n<tool_call>\n")
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time"]
+    refused = create(gw, client, "No call, sorry.", tool_choice="required")
+    assert refused.choices[0].message.content == "No call, sorry." and refused.choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_none_renders_no_tools_and_parses_no_calls(gw, client):
+    text = xml_call("get_time")
+    r = create(gw, client, text, tool_choice="none")
+    assert "# Tools" not in gw.last_prompt() and "get_weather" not in gw.last_prompt()
+    assert r.choices[0].message.content == text and r.choices[0].message.tool_calls is None
+    create(gw, client, "ok", tool_choice="auto")
+    assert "# Tools" in gw.last_prompt() and '"name": "get_weather"' in gw.last_prompt()
+
+
+def test_history_with_calls_results_and_reasoning_renders_as_the_template_expects(gw, client):
+    messages = ASK + [
+        {"role": "assistant", "content": "", "reasoning_content": "Ask the tool.", "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": '{"city": "Paris", "days": 2}'}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": '{"temp": 21}'}]
+    r = create(gw, client, "It is 21 degrees.", messages=messages)
+    prompt = gw.last_prompt()
+    assert ("<|im_start|>assistant\n<think>\nAsk the tool.\n</think>\n\n<tool_call>\n<function=get_weather>\n"
+            "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+            "<|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n") in prompt
+    assert r.choices[0].message.content == "It is 21 degrees."
+
+
+def test_earlier_turns_reasoning_is_dropped_before_the_last_user_query(gw, client):
+    messages = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "add"},
+                {"role": "user", "content": "3+3?"}]
+    create(gw, client, "6", messages=messages, tools=None)
+    assert "<|im_start|>assistant\n4<|im_end|>" in gw.last_prompt() and "add" not in gw.last_prompt()
+
+
+BAD = [
+    ({"tool_choice": {"type": "function", "function": {"name": "launch"}}}, "tool_choice.function.name", "launch"),
+    ({"messages": ASK + [{"role": "tool", "tool_call_id": "call_x", "content": "1"}]}, "messages[1]",
+     "no earlier assistant message"),
+    ({"messages": ASK + [
+        {"role": "assistant", "tool_calls": [{"id": "call_a", "type": "function",
+                                              "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_b", "content": "1"}]}, "messages[2].tool_call_id", "call_b"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": {"a": 1}}}]}]},
+     "messages[1].tool_calls[0].function.arguments", "must be a string"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": "{nope"}}]}]},
+     "messages[1].tool_calls[0].function.arguments", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("fields,param,words", BAD)
+def test_bad_tool_inputs_are_400_and_the_next_request_is_served(gw, client, fields, param, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3_5", tools=TOOLS, max_tokens=4,
+                                       **{"messages": ASK, **fields})
+    err = e.value.body
+    assert err["param"] == param and words in err["message"], err
+    assert create(gw, client, "fine").choices[0].message.content == "fine"

@@ -1,0 +1,60 @@
+"""Forced tool calls through ``ignis serve`` on a tiny random Qwen3.5 checkpoint (real tokenizer, official template).
+
+The weights are random, so what the model writes inside a forced call is
+noise: the answer must still be well formed, the prompt the engine ran must
+end with the call opener, and a named call must come back as that call.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai import OpenAI
+
+from ignis.gateway.tokenizer import load_model_files
+from tests.gateway.conftest import start_serve, stop_serve
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def served(real_checkpoint, tmp_path_factory):
+    path = real_checkpoint("qwen3_5").path
+    s = start_serve(tmp_path_factory.mktemp("serve-qwen3_5"),
+                    ["--model", str(path), "--kv-pool-tokens", "8192", "--decode-lanes", "4"])
+    client = OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield s, client, load_model_files(path).tokenizer
+    client.close()
+    assert stop_serve(s) == 0, s.log()
+
+
+def test_named_call_from_a_random_model(served):
+    s, client, tok = served
+    opener = tok.encode("<tool_call>\n<function=get_weather>\n")
+    r = client.chat.completions.create(model=s.model, messages=ASK, tools=[WEATHER], max_tokens=12, temperature=0,
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                       extra_body={"return_token_ids": True})
+    assert r.model_extra["prompt_token_ids"][-len(opener):] == opener
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_weather"]
+    assert isinstance(json.loads(calls[0].function.arguments), dict)
+    chunks = list(client.chat.completions.create(
+        model=s.model, messages=ASK, tools=[WEATHER], max_tokens=12, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    named = [tc.function.name for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or ())
+             if tc.id is not None]
+    assert named == ["get_weather"]
+
+
+def test_required_call_from_a_random_model_is_well_formed(served):
+    s, client, _ = served
+    r = client.chat.completions.create(model=s.model, messages=ASK, tools=[WEATHER], max_tokens=12,
+                                       tool_choice="required", extra_body={"return_token_ids": True})
+    choice = r.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    assert choice.message.content is not None or choice.message.tool_calls
+    for call in choice.message.tool_calls or ():
+        assert isinstance(json.loads(call.function.arguments), dict)

@@ -1,0 +1,66 @@
+"""A gateway process on a real Qwen tokenizer and chat template, in front of a scripted fake engine.
+
+``ToolsGateway.say(text)`` scripts the engine's answer to the next request
+(its tokens, from the model's own tokenizer) and returns the seed that picks
+it; ``last_prompt()`` is the prompt text the engine was last sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ignis.gateway.tokenizer import TextTokenizer, load_model_files
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.test_engine_errors import start_gateway, stop
+from tests.support.real_tokenizer import TemplateMissing, chat_template, write_real_tokenizer
+
+_SEEDS = itertools.count(1000)
+
+
+@dataclass
+class ToolsGateway:
+    engine: FakeEngine
+    url: str
+    tokenizer: TextTokenizer
+
+    def say(self, text: str) -> int:
+        seed = next(_SEEDS)
+        self.engine.script(seed, self.tokenizer.encode(text) + [self.tokenizer.token_id("<|im_end|>")])
+        return seed
+
+    def last_prompt_ids(self) -> list[int]:
+        return list(self.engine.generates[-1].prompt_ids)
+
+    def last_prompt(self) -> str:
+        return self.tokenizer.decode(self.last_prompt_ids(), skip_special_tokens=False)
+
+    def client(self):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def model_dir(root: Path, family: str) -> Path:
+    """Tokenizer files and the family's chat template (no weights: the fake engine needs none)."""
+    try:
+        template = chat_template(family)
+    except TemplateMissing as e:
+        pytest.skip(str(e))
+    return write_real_tokenizer(root / family, family, template)
+
+
+def tools_gateway(tmp_path_factory, family: str, *flags: str):
+    """A generator for a module fixture: the gateway up, then stopped."""
+    tmp = tmp_path_factory.mktemp(f"tools-{family}")
+    path = model_dir(tmp, family)
+    engine = FakeEngine(f"ipc://{tmp}/fake-engine.sock")
+    proc, url = start_gateway(tmp, f"ipc://{tmp}/fake-engine.sock", "--model", str(path), *flags)
+    try:
+        yield ToolsGateway(engine, url, load_model_files(path).tokenizer)
+    finally:
+        stop(proc)
+        engine.close()
