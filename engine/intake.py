@@ -3,8 +3,8 @@
 Checks, in this order: the engine is stopping; the named model is not served
 here; its model is not loaded, or requests already wait for a load (it waits
 too, in ``ServedModels.pending``, unless that queue is full); the prompt is
-empty; a token is outside the vocabulary; the id is in use; the scheduler's own
-limits. An accepted request becomes a scheduler ``Request`` and is tracked for
+empty; a token is outside the vocabulary; the id is in use; its grammar does not
+compile; the scheduler's own limits. An accepted request becomes a scheduler ``Request`` and is tracked for
 its output. Every refusal is counted by reason and model.
 """
 
@@ -57,12 +57,17 @@ class Intake:
                                f"token id {bad} is outside the vocabulary (size {runtime.vocab_size})")
         if msg.id in self.streams.tracked:
             return self.refuse(peer, msg.id, "bad_request", f"request id {msg.id!r} is already in use")
+        if msg.grammar is not None:
+            error = runtime.runner.grammars.constrain(msg.id, msg.grammar)
+            if error is not None:
+                return self.refuse(peer, msg.id, "bad_request", f"the grammar does not compile: {error}"[:4096])
         scheduler = runtime.scheduler
         req = Request.from_generate(msg, scheduler.config.page_tokens)
         if not scheduler.store.enabled:
             req.must_cut_at = ()  # nothing is captured, so prefill runs in one traversal
         refusal = scheduler.add(req)
         if refusal is not None:
+            runtime.runner.release(msg.id)
             return self.refuse(peer, msg.id, refusal.reason, refusal.message)
         self.streams.track(peer, msg)
 

@@ -11,6 +11,11 @@ per prefill that ends its prompt, at most one per lane. The forward returns
 exactly those rows, in ``plan.sampled_ids()`` order; they are copied to the
 host once (and widened to fp32 where the model is not), and the sampler
 works on them in one :class:`SamplerWorkspace` kept for the runner's life.
+
+Constrained rows (requests with a grammar, ``grammar_lanes.py``): their masks
+are filled while the forward runs and applied to their logits on the device
+before the copy to the host, so every sampling setting, and the logprobs,
+see only the tokens the grammar allows. A round without one pays nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.grammar_lanes import GrammarLanes
 from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
 from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs, sample_batch
@@ -25,8 +31,10 @@ from ignis.engine.schedule import RoundPlan, RoundResult
 
 
 class ModelRunner:
-    def __init__(self, model: HybridModel, state: ModelState, device: str = "cpu", vocab_limit: int | None = None):
+    def __init__(self, model: HybridModel, state: ModelState, device: str = "cpu", vocab_limit: int | None = None,
+                 grammars: GrammarLanes | None = None):
         self.model = model
+        self.grammars = grammars  # None: this model takes no grammars
         self.state = state
         self.device = torch.device(device)
         self.samplers: dict[str, SamplerState] = {}
@@ -48,6 +56,8 @@ class ModelRunner:
         """Forget a finished request's sampler."""
         self.samplers.pop(req_id, None)
         self.want_logprobs.pop(req_id, None)
+        if self.grammars is not None:
+            self.grammars.release(req_id)
 
     def _start(self, plan: RoundPlan) -> None:
         for ev in plan.finished:
@@ -80,19 +90,24 @@ class ModelRunner:
         chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last)
                    for c in plan.prefills]
         batch = ForwardBatch.build(chunks, self.device)
+        ids = plan.sampled_ids()
+        masks = self.grammars.begin(ids) if self.grammars is not None else None  # filled during the forward
         logits = self.model(batch, self.state)  # one row per sampled id, in sampled_ids() order
         self._capture(plan)
-        ids = plan.sampled_ids()
         if not ids:
             return RoundResult(), {}
         picked = logits.float()  # the forward's own tensor when the model is fp32
         if self.vocab_limit is not None and self.vocab_limit < picked.shape[-1]:
             with torch.inference_mode():  # the forward's output is an inference tensor: written in the mode only
                 picked[:, self.vocab_limit:] = float("-inf")
+        if masks is not None:
+            self.grammars.apply(picked, masks)
         picked = picked.cpu()
         self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
         tokens, lps = sample_batch(picked, [self.samplers[i] for i in ids],
                                    [self.want_logprobs.get(i) for i in ids], self.workspace)
+        if masks is not None:
+            self.grammars.advance(masks, tokens)
         result = RoundResult(tokens=dict(zip(ids, tokens)))
         logprobs = {i: lp for i, lp in zip(ids, lps) if lp is not None}
         return result, logprobs

@@ -50,6 +50,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     from ignis.engine.memory_plan import plan_memory
     from ignis.engine.models.build import TORCH_DTYPES, load_model
     from ignis.engine.models.state import ModelState
+    from ignis.engine.grammar_lanes import grammar_lanes
     from ignis.engine.runner import ModelRunner
     from ignis.engine.scheduler import Scheduler, SchedulerConfig
     from ignis.engine.tier_port import NO_TIERS
@@ -106,7 +107,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,
         learned_points=config.reuse_learned_points)
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
-    runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
+    runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
+                         grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device))
     runner.warm_up()
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
             "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes}

@@ -10,7 +10,9 @@ of the sequence state (``snapshot`` / ``restore``).
 Penalties follow the usual server conventions: repetition (divide positive
 logits, multiply negative ones) over prompt and output tokens; presence and
 frequency (subtract) over output tokens only. Logprobs are those of the raw
-model distribution, before penalties and temperature.
+model distribution, before penalties and temperature; where the logits come
+masked (a grammar's disallowed tokens at -inf, ``grammar_lanes.py``) that is
+the masked distribution, and tokens at -inf are never listed as alternatives.
 
 Rows are sampled one at a time in a :class:`SamplerWorkspace` of the
 vocabulary's width that the runner keeps across rounds (the steps are in
@@ -143,6 +145,6 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs
         top = []
         if k > 0:
             vals, idx = torch.topk(logp, min(k, vocab))
-            top = list(zip(idx.tolist(), vals.tolist()))
+            top = [(t, v) for t, v in zip(idx.tolist(), vals.tolist()) if v != float("-inf")]
         lps.append(TokenLogprobs(token_logprob=float(logp[tok]), top=top))
     return tokens, lps

@@ -62,6 +62,8 @@ def _top_k(row: torch.Tensor, k: int, ws: SamplerWorkspace) -> Kept:
     """Set to -inf every entry below the k-th largest, in place (ties with it stay)."""
     vals, ids = torch.topk(row, k + 1)
     kth = vals[k - 1]
+    if kth == float("-inf"):  # fewer than k finite entries (a grammar's mask): they are all kept, nothing changes
+        return ids[:int(torch.isfinite(vals).sum())].sort().values
     if vals[k] < kth:  # exactly k entries reach the k-th value: they are topk's k ids
         kept = ids[:k].sort().values
         kept_vals = row[kept]

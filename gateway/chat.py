@@ -15,6 +15,7 @@ answering is ``GenerationRequest.answer``'s.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from aiohttp import web
@@ -24,6 +25,7 @@ from ignis.gateway.choice import ChoiceDelta
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
+from ignis.gateway.grammars import after_reasoning
 from ignis.gateway.messages import (
     apply_developer_policy,
     check_tool_results,
@@ -88,6 +90,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise invalid(str(e), "messages") from None
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
+    if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
+        # the grammar holds the answer, not the reasoning (a forced call's opener closes the reasoning itself)
+        req.params = p = dataclasses.replace(p, grammar=after_reasoning(p.grammar))
     prompt_ids = prompt.ids
     if forced is not None:
         # The call opener goes after the generation prompt: the model continues inside the call.

@@ -8,6 +8,9 @@
 min_p, repetition_penalty, ignore_eos, stop_token_ids, return_token_ids).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
 or "agent", else the ``X-Ignis-Request-Class`` header, else interactive.
+``response_format`` becomes the grammar of every choice
+(``gateway/response_format.py``); it cannot be combined with ``ignore_eos``
+(a complete output ends with the end-of-sequence token).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
+from ignis.gateway.response_format import parse_response_format
 from ignis.shared.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, SamplingParams
 from ignis.shared.wire import REQUEST_CLASSES
 
@@ -48,6 +52,7 @@ class CommonParams:
     top_logprobs: int
     return_token_ids: bool
     request_class: str
+    grammar: str | None = None
 
 
 def _stops(f: Fields) -> tuple[str, ...]:
@@ -97,9 +102,6 @@ def _logprobs(f: Fields, kind: str) -> tuple[bool, int]:
 
 
 def _unsupported(f: Fields) -> None:
-    fmt = f.object("response_format")
-    if fmt is not None and fmt.raw("type") not in (None, "text"):
-        raise f.error("response_format", "only {\"type\": \"text\"} is supported (no structured output)")
     bias = f.raw("logit_bias")
     if bias not in (None, {}):
         raise f.error("logit_bias", "is not supported")
@@ -125,6 +127,9 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
     if any(type(t) is not int or t < 0 for t in stop_ids):
         raise f.error("stop_token_ids", "must be an array of token ids")
     logprobs, top_logprobs = _logprobs(f, kind)
+    grammar = parse_response_format(f)
+    if grammar is not None and f.bool("ignore_eos"):
+        raise f.error("ignore_eos", "cannot be combined with a JSON response_format")
     return CommonParams(
         model=f.str("model", None, max_chars=256),
         stream=stream,
@@ -146,6 +151,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         top_logprobs=top_logprobs,
         return_token_ids=f.bool("return_token_ids"),
         request_class=_request_class(f, headers),
+        grammar=grammar,
     )
 
 

@@ -32,6 +32,7 @@ from ignis.shared.sampling import SamplingParams
 from ignis.shared.wire_codec import ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_FRAME_TOKENS,
+    MAX_GRAMMAR_CHARS,
     MAX_TEXT_CHARS,
     TokenFrame,
     WireError,
@@ -85,11 +86,13 @@ class Generate:
     and why (``"system_end: not_a_prefix"``), for the done line. ``model``
     names the model asked for (None: the loaded one). ``part_end`` is where
     the final text part of the newest multi-part user message starts
-    (``gateway.part_marks``). The last two are optional on the wire.
+    (``gateway.part_marks``). ``grammar`` (llguidance's grammar text, JSON or
+    Lark) constrains every output token; None leaves the output free. The
+    last three are optional on the wire.
     """
 
     TYPE: ClassVar[str] = "generate"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end", "grammar")
 
     id: str
     prompt_ids: TokenFrame
@@ -101,6 +104,7 @@ class Generate:
     model: str | None = None
     mark_missing: str | None = None
     part_end: int | None = None
+    grammar: str | None = None
 
     def __post_init__(self):
         _check_id(self.id)
@@ -123,6 +127,8 @@ class Generate:
             check_str("model", self.model, MAX_ID_CHARS, allow_empty=False)
         if self.mark_missing is not None:
             check_str("mark_missing", self.mark_missing, MAX_ID_CHARS, allow_empty=False)
+        if self.grammar is not None:
+            check_str("grammar", self.grammar, MAX_GRAMMAR_CHARS, allow_empty=False)
 
 
 @GATEWAY_ENGINE.message

@@ -33,6 +33,9 @@ MAX_INT = 2**63 - 1
 MAX_TEXT_CHARS = 8192
 """Longest human-readable message (an error's or a refusal's words) any message carries."""
 
+MAX_GRAMMAR_CHARS = 4 << 20
+"""Longest grammar (llguidance's JSON or Lark text) a Generate may carry."""
+
 TOKEN_DTYPE = np.dtype("<i4")
 
 TokenFrame = Annotated[tuple[int, ...], "int32 token ids, one array frame"]

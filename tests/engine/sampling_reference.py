@@ -73,6 +73,6 @@ def reference_batch(logits: torch.Tensor, states: list[SamplerState],
         top = []
         if k > 0:
             vals, idx = torch.topk(logp[i], min(k, logits.shape[-1]))
-            top = list(zip(idx.tolist(), vals.tolist()))
+            top = [(t, v) for t, v in zip(idx.tolist(), vals.tolist()) if v != float("-inf")]  # allowed tokens only
         lps.append(TokenLogprobs(token_logprob=float(logp[i, tok]), top=top))
     return tokens, lps

@@ -106,6 +106,16 @@ def test_refusals_have_reasons(engine):
     assert out.finished is not None
 
 
+def test_a_grammar_is_refused_when_it_does_not_compile_and_held_to_when_it_does(engine):
+    out = engine.run("bad-grammar", prompt(10, 4), max_tokens=8, grammar="start: missing_rule")
+    assert out.refused is not None and out.refused.reason == "bad_request"
+    assert "grammar does not compile" in out.refused.message and "missing_rule" in out.refused.message
+    grammar = '{"grammars": [{"json_schema": {"enum": ["yes", "no"]}}]}'
+    out = engine.run("held", prompt(10, 5), max_tokens=20, temperature=1.0, seed=3, grammar=grammar)
+    assert out.finished.finish_reason == "stop"
+    assert out.tokens[-1] in (0, 2)  # the demo's end-of-sequence ids close a complete value
+
+
 def test_garbage_on_the_socket_gets_error_reply_and_next_request_served(engine):
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

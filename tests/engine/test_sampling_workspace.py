@@ -60,6 +60,27 @@ def test_draws_tokens_logprobs_and_generator_states_of_the_reference(kind, vocab
         assert a.output_counts == b.output_counts
 
 
+@pytest.mark.parametrize("allowed", [1, 12, 400])
+def test_rows_a_grammar_masked_draw_what_the_reference_draws(allowed):
+    vocab = 4096
+    ours, ref = states(SETTINGS), states(SETTINGS)
+    want = [3] * len(SETTINGS)
+    ws = SamplerWorkspace(vocab)
+    gen = torch.Generator().manual_seed(allowed)
+    for r in range(4):
+        logits = logits_for("bf16", len(SETTINGS), vocab, r)
+        for row in logits:  # fewer finite entries than top-k's k (or than top_logprobs) where allowed is small
+            keep = torch.randperm(vocab - PADDING, generator=gen)[:allowed]
+            row[~torch.isin(torch.arange(vocab), keep)] = float("-inf")
+        got_tokens, got_lps = sample_batch(logits, ours, want, ws)
+        ref_tokens, ref_lps = reference_batch(logits, ref, want)
+        assert got_tokens == ref_tokens and got_lps == ref_lps
+        assert all(torch.isfinite(logits[i, t]) for i, t in enumerate(got_tokens))
+        assert all(len(lp.top) == min(3, allowed) for lp in got_lps)
+    for a, b in zip(ours, ref):
+        assert torch.equal(a.generator.get_state(), b.generator.get_state())
+
+
 def test_ties_at_the_nucleus_boundary_keep_the_lower_token_ids():
     vocab, top, top_p = 4096, 5.0, 0.5
     logits = torch.zeros(1, vocab)

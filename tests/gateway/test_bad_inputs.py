@@ -54,7 +54,12 @@ CASES = [
     ("required_without_tools", CHAT, body(tool_choice="required"), None, 400, "tool_choice", None),
     ("bad_request_class", CHAT, body(request_class="vip"), None, 400, "request_class", None),
     ("bad_class_header", CHAT, body(), {"X-Ignis-Request-Class": "vip"}, 400, "X-Ignis-Request-Class", None),
-    ("structured_output", CHAT, body(response_format={"type": "json_object"}), None, 400, "response_format", None),
+    ("unknown_response_format", CHAT, body(response_format={"type": "yaml"}), None, 400, "response_format.type", None),
+    ("bad_json_schema", CHAT, body(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "(("}}}), None, 400,
+     "response_format.json_schema.schema", None),
+    ("json_with_ignore_eos", CHAT, body(response_format={"type": "json_object"}, ignore_eos=True), None, 400,
+     "ignore_eos", None),
     ("too_long_prompt", CHAT, body(messages=[{"role": "user", "content": "word " * 20000}]), None, 400, "messages",
      "context_length_exceeded"),
     ("max_tokens_past_context", CHAT, body(max_tokens=10**6), None, 400, "messages", "context_length_exceeded"),

@@ -1,0 +1,73 @@
+"""Compiled grammars, one per grammar text, in a bounded least-recently-used cache.
+
+llguidance compiles a grammar when a matcher is built for it (lexer, parser
+tables: up to hundreds of milliseconds for a large schema); a copy of a
+compiled matcher shares that work and starts in the grammar's initial state.
+So the cache keeps one untouched *template* matcher per grammar text and every
+request gets ``deep_copy()`` of it. A grammar the library refuses raises
+``GrammarError`` with its message and is not cached.
+
+The ``LLTokenizer`` is built on first use (seconds at a 248K vocabulary), so an
+engine that never sees a grammar never pays for it; a vocabulary it cannot be
+built from makes every grammar a ``GrammarError`` saying so.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+DEFAULT_CACHE_SIZE = 64
+
+
+class GrammarError(ValueError):
+    """A grammar the library cannot compile; the message is the library's."""
+
+
+class GrammarCache:
+    """``matcher(text)``: a fresh matcher for ``text``, compiling it at most once while it stays cached."""
+
+    def __init__(self, make_tokenizer: Callable[[], object], size: int = DEFAULT_CACHE_SIZE):
+        if size < 1:
+            raise ValueError(f"grammar cache size must be >= 1, got {size}")
+        self._make_tokenizer = make_tokenizer
+        self._tokenizer = None
+        self.size = size
+        self._templates: OrderedDict[str, object] = OrderedDict()
+        self.compiles = 0  # grammars compiled (cache misses that compiled)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = self._make_tokenizer()
+            except (ValueError, OSError, ImportError) as e:
+                raise GrammarError(f"this model's vocabulary cannot take grammars: {e}") from None
+        return self._tokenizer
+
+    def __len__(self) -> int:
+        return len(self._templates)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self._templates
+
+    def matcher(self, text: str):
+        """A new ``LLMatcher`` for ``text`` in its initial state; ``GrammarError`` if it does not compile."""
+        template = self._templates.get(text)
+        if template is None:
+            template = self._compile(text)
+            self._templates[text] = template
+            if len(self._templates) > self.size:
+                self._templates.popitem(last=False)
+        else:
+            self._templates.move_to_end(text)
+        return template.deep_copy()
+
+    def _compile(self, text: str):
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error())
+        self.compiles += 1
+        return matcher

@@ -1,0 +1,103 @@
+"""Constrained streams: one grammar matcher per request, and a round's masks around the forward.
+
+A request with a grammar gets a matcher at intake (``constrain``; a grammar
+that does not compile is refused there). Invariant: a request's matcher has
+consumed exactly the tokens the request has output, in order, so a request
+preempted and recomputed, or evicted and resumed, continues where its grammar
+was (the matcher lives here, by request id, not with the lane).
+
+A round with constrained rows (``begin``) fills their masks before the
+forward: on a worker thread while an accelerator runs the forward
+(``overlap``), in place when the forward runs on the host's own cores
+(there the fill's threads would only slow it); ``apply`` waits for the fill
+and masks the logits; ``advance`` feeds each sampled token to its matcher. Once the
+grammar is complete only the end-of-sequence tokens are allowed, so the
+request ends with "stop"; a matcher that fails allows only them too. A round
+without a constrained row touches nothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from ignis.engine.grammar_cache import GrammarCache, GrammarError
+from ignis.engine.grammar_masks import GrammarMasks
+from ignis.engine.grammar_tokenizer import load_tokenizer
+
+log = logging.getLogger("ignis.engine")
+
+
+@dataclass
+class RoundMasks:
+    """The masks being filled for one round: which rows (positions in the round's sampled ids) and by whom."""
+
+    rows: list[int]
+    matchers: list[object]
+    filled: Future
+
+
+class GrammarLanes:
+    def __init__(self, cache: GrammarCache, overlap: bool = False):
+        self.cache = cache
+        self.overlap = overlap
+        self.matchers: dict[str, object] = {}
+        self._masks: GrammarMasks | None = None
+        self._worker: ThreadPoolExecutor | None = None
+
+    @property
+    def masks(self) -> GrammarMasks:
+        if self._masks is None:
+            self._masks = GrammarMasks(self.cache)
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return self._masks
+
+    def constrain(self, req_id: str, grammar: str) -> str | None:
+        """Give ``req_id`` a matcher for ``grammar``; the library's complaint when it does not compile."""
+        try:
+            self.matchers[req_id] = self.cache.matcher(grammar)
+        except GrammarError as e:
+            return str(e)
+        return None
+
+    def release(self, req_id: str) -> None:
+        self.matchers.pop(req_id, None)
+
+    def begin(self, ids: list[str]) -> RoundMasks | None:
+        """Start filling the masks of the constrained ones among a round's sampled ``ids``; None if none is."""
+        if not self.matchers:
+            return None
+        rows = [i for i, rid in enumerate(ids) if rid in self.matchers]
+        if not rows:
+            return None
+        matchers = [self.matchers[ids[i]] for i in rows]
+        masks = self.masks
+        pairs = list(zip(matchers, rows))
+        if self.overlap:
+            filled = self._worker.submit(masks.fill, pairs, len(ids))
+        else:
+            filled = Future()
+            filled.set_result(masks.fill(pairs, len(ids)))
+        return RoundMasks(rows, matchers, filled)
+
+    def apply(self, logits: torch.Tensor, rnd: RoundMasks) -> None:
+        """Mask the round's constrained rows of ``logits`` (fp32 [B, V], any device) in place."""
+        buf = rnd.filled.result()
+        with torch.inference_mode():  # the forward's output is an inference tensor
+            self.masks.apply(logits, buf, rnd.rows)
+
+    def advance(self, rnd: RoundMasks, tokens: list[int]) -> None:
+        """Feed each constrained row's sampled token to its matcher."""
+        pairs = [(m, tokens[i]) for m, i in zip(rnd.matchers, rnd.rows)]
+        for (m, tok), ok in zip(pairs, self.masks.executor.consume_token_par(pairs)):
+            if not ok:
+                log.warning("grammar matcher failed on token %d: %s", tok, m.get_error())
+
+
+def grammar_lanes(model_dir, vocab: int, eos_ids, device: str) -> GrammarLanes:
+    """The grammar lanes of one checkpoint loaded on ``device``; its grammar tokenizer is built on the first grammar."""
+    return GrammarLanes(GrammarCache(lambda: load_tokenizer(model_dir, vocab, tuple(eos_ids))),
+                        overlap=torch.device(device).type != "cpu")

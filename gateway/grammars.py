@@ -1,0 +1,194 @@
+"""Grammars for constrained output, as llguidance grammar text the engine compiles.
+
+- ``json_schema_grammar(schema)``: output that is one JSON value valid under
+  ``schema`` (``response_format`` json_schema; json_object is the schema
+  ``{"type": "object"}``).
+- ``tool_call_grammar(tool, parser)``: the rest of a forced call of ``tool``
+  after its opener, which the prompt already ends with:
+
+      xml     <tool_call>\\n<function=NAME>\\n  |  <parameter=P>\\nVALUE\\n</parameter>\\n ... </function>\\n</tool_call>
+      hermes  <tool_call>\\n{"name": "NAME", "arguments":  |  {ARGUMENTS} }\\n</tool_call>
+
+  (opener | what the grammar allows). XML parameters come in the schema's
+  property order, each at most once, the required ones always; a parameter
+  of type string (or without a type) is raw text up to the first
+  ``\\n</parameter>``, an enum of strings one of its values, any other value
+  JSON valid under its schema. Hermes arguments are one JSON object valid
+  under the tool's ``parameters`` (after an optional space: the opener may
+  end at ``"arguments":``).
+- ``any_tool_call_grammar(tools, parser)``: the rest of a required call
+  (any of ``tools``) after ``<tool_call>\\n``: the function's name, then its
+  arguments as above.
+
+``after_reasoning(grammar)`` lets a reasoning block the prompt opened run
+free first: any text up to and including ``</think>``, up to two newlines,
+then ``grammar``.
+
+JSON anywhere is llguidance's JSON Schema compiler (``%json{...}`` inside Lark)
+with whitespace between tokens limited to ``JSON_WHITESPACE``, so a model
+cannot pad forever. ``grammar_error`` is the library's complaint about a
+grammar ("" when it compiles); the engine compiles each grammar once more with
+the model's vocabulary. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
+"""Whitespace allowed at each place JSON allows it: up to 8 spaces, newlines or tabs."""
+
+JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
+
+TOOL_PARSERS = ("xml", "hermes")
+TOOL_PARSER_ALIASES = {"qwen3_xml": "xml"}  # --tool-call-parser's name of the XML format
+
+# Raw text of an XML parameter: anything up to, and then including, the first "\n</parameter>\n".
+_XML_TERMINALS = r"""
+RAW_TEXT: /(.|\n)*/ & ~/(.|\n)*\n<\/parameter>(.|\n)*/
+RAW_VALUE: RAW_TEXT "\n</parameter>\n"
+"""
+
+
+_REASONING = r"""start: THOUGHT AFTER_THOUGHT @answer
+THOUGHT: THOUGHT_TEXT "</think>"
+THOUGHT_TEXT: /(.|\n)*/ & ~/(.|\n)*<\/think>(.|\n)*/
+AFTER_THOUGHT: /\n{0,2}/
+"""
+
+
+def _with_options(schema: dict) -> dict:
+    """``schema`` with our JSON options as llguidance's ``x-guidance`` (the schema's own win)."""
+    return dict(schema, **{"x-guidance": JSON_OPTIONS | dict(schema.get("x-guidance") or {})})
+
+
+def json_schema_grammar(schema: dict | bool) -> str:
+    """The grammar of one JSON value valid under ``schema`` (a JSON Schema object, or true)."""
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise ValueError("a JSON schema must be an object")
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+
+
+def grammar_error(grammar: str) -> str:
+    """The library's error for ``grammar``, or "" when it compiles (warnings are not errors)."""
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return messages[0] if is_error else ""
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text)  # a Lark string literal: JSON escapes are Lark escapes
+
+
+def _json_rule(schema: object) -> str:
+    return "%json " + json.dumps(_with_options(schema if isinstance(schema, dict) else {}))
+
+
+def _xml_value(schema: object) -> str:
+    """The rule body of one parameter's value followed by its closing line."""
+    schema = schema if isinstance(schema, dict) else {}
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        options = " | ".join(_lark_string(v) for v in enum)
+        return f'({options}) "\\n</parameter>\\n"'
+    kind = schema.get("type")
+    if kind in (None, "string") and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "const")):
+        return "RAW_VALUE"
+    return f'{_json_rule(schema)} "\\n</parameter>\\n"'
+
+
+def _params(tool: object) -> tuple[str, dict]:
+    """(name, parameters schema) of an OpenAI tool object (or of its ``function``)."""
+    fn = tool.get("function", tool) if isinstance(tool, dict) else None
+    if not isinstance(fn, dict):
+        raise ValueError("a tool must be an object")
+    params = fn.get("parameters")
+    if params is None:
+        params = {"type": "object", "properties": {}}
+    if not isinstance(params, dict):
+        raise ValueError("function.parameters must be an object")
+    name = fn.get("name")
+    return (name if isinstance(name, str) else ""), params
+
+
+def _xml_call(params: dict, prefix: str) -> tuple[str, list[str]]:
+    """(the rule body of a call's parameters and its closing, the rules it names) for ``<function=...>``."""
+    props = params.get("properties") or {}
+    if not isinstance(props, dict):
+        raise ValueError("parameters.properties must be an object")
+    required = set(params.get("required") or ())
+    rules, parts = [], []
+    for k, (name, schema) in enumerate(props.items()):
+        if "\n" in name or ">" in name:
+            raise ValueError(f"parameter name {name!r} cannot appear in a <parameter=...> tag")
+        rules.append(f"{prefix}{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {_xml_value(schema)}")
+        parts.append(f"{prefix}{k}" if name in required else f"{prefix}{k}?")
+    return " ".join(parts + ['"</function>\\n</tool_call>"']), rules
+
+
+def _hermes_call(params: dict) -> str:
+    """The rule body of a call's arguments and its closing, after ``"arguments":``."""
+    return f'" "? {_json_rule(params)} "}}\\n</tool_call>"'
+
+
+def _parser(parser: str) -> str:
+    parser = TOOL_PARSER_ALIASES.get(parser, parser)
+    if parser not in TOOL_PARSERS:
+        raise ValueError(f"tool parser must be one of {', '.join(TOOL_PARSERS)}, got {parser!r}")
+    return parser
+
+
+def tool_call_grammar(tool: dict, parser: str) -> str:
+    """The grammar of what follows the opener of a forced call of ``tool`` (an OpenAI tool object).
+
+    ``parser``: "xml" (also "qwen3_xml"; Qwen3.5) or "hermes" (Qwen3-Next).
+    The hermes opener may end with or without the space after
+    ``"arguments":``. Raises ValueError for a tool whose parameters cannot be
+    written in that format.
+    """
+    parser = _parser(parser)
+    _, params = _params(tool)
+    if parser == "xml":
+        body, rules = _xml_call(params, "p")
+        lark = "\n".join([f"start: {body}", *rules, _XML_TERMINALS])
+    else:
+        lark = f"start: {_hermes_call(params)}\n"
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def any_tool_call_grammar(tools: list[dict], parser: str) -> str:
+    """The grammar of what follows ``<tool_call>\\n`` when a call of one of ``tools`` is required.
+
+    xml: ``<function=NAME>\\n`` and that tool's parameters; hermes:
+    ``{"name": "NAME", "arguments": {...}}`` and the closing.
+    """
+    parser = _parser(parser)
+    if not tools:
+        raise ValueError("a required call needs at least one tool")
+    calls, rules = [], []
+    for t, tool in enumerate(tools):
+        name, params = _params(tool)
+        if not name or (parser == "xml" and ("\n" in name or ">" in name)):
+            raise ValueError(f"tool {t} has no name that can be written in a call")
+        if parser == "xml":
+            body, params_rules = _xml_call(params, f"t{t}p")
+            rules += [f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} {body}", *params_rules]
+        else:
+            head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+            rules.append(f"call{t}: {_lark_string(head)} {_hermes_call(params)}")
+        calls.append(f"call{t}")
+    terminals = [_XML_TERMINALS] if parser == "xml" else []
+    return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: {' | '.join(calls)}", *rules, *terminals]))
+
+
+def after_reasoning(grammar: str) -> str:
+    """``grammar`` (llguidance's JSON form, or Lark text) preceded by the rest of an open reasoning block."""
+    try:
+        parts = [dict(g) for g in json.loads(grammar)["grammars"]]
+    except ValueError:  # Lark text, as grammar_from_lark gives it
+        parts = [{"lark_grammar": grammar}]
+    parts[0]["name"] = "answer"
+    return json.dumps({"grammars": [{"lark_grammar": _REASONING}, *parts]})

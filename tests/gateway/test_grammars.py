@@ -1,0 +1,154 @@
+"""Grammars on Qwen's real vocabularies, token by token: forced tool calls, and answers after reasoning.
+
+Each case tokenizes a remainder as the model would write it (added tokens
+such as ``</tool_call>`` as themselves) and feeds it to an ``LLMatcher`` of
+``tool_call_grammar``: a well-formed call is consumed to the end, where only
+the end-of-sequence tokens remain allowed; a malformed one is stopped at the
+first token the grammar does not allow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ignis.engine.grammar_tokenizer import load_tokenizer
+from ignis.gateway.grammars import (
+    after_reasoning,
+    any_tool_call_grammar,
+    grammar_error,
+    json_schema_grammar,
+    tool_call_grammar,
+)
+from tests.support.real_tokenizer import token_ids
+
+llguidance = pytest.importorskip("llguidance")
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                   "where": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]}},
+    "required": ["city", "days"]}}}
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
+def vocab(request, real_tokenizer_dir):
+    family = request.param
+    ids = token_ids(family)
+    eos = (ids["<|im_end|>"], ids["<|endoftext|>"])
+    return load_tokenizer(real_tokenizer_dir(family), max(ids.values()) + 1, eos), eos
+
+
+def consumed(vocab, grammar: str, text: str) -> tuple[int, int, object]:
+    """(tokens consumed, tokens in ``text``, the matcher after them)."""
+    tok, _ = vocab
+    matcher = llguidance.LLMatcher(tok, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    ids = tok.tokenize_str(text, parse_special=True)
+    return matcher.try_consume_tokens(ids), len(ids), matcher
+
+
+def only_eos_left(vocab, matcher) -> bool:
+    tok, eos = vocab
+    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    return matcher.is_accepting() and sorted(np.nonzero(bits)[0].tolist()) == sorted(eos)
+
+
+XML_OK = [
+    "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    "<parameter=city>\nSaint <b>Malo</b>\nen Bretagne\n</parameter>\n<parameter=unit>\nc\n</parameter>\n"
+    "<parameter=days>\n7\n</parameter>\n<parameter=where>\n{\"lat\": 48.6}\n</parameter>\n</function>\n</tool_call>",
+]
+XML_BAD = [
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",  # city is required
+    "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",  # days is required
+    "<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nkelvin\n</parameter>\n",  # not in the enum
+    "<parameter=city>\nParis\n</parameter>\n<parameter=days>\nthree\n</parameter>\n",  # not an integer
+    "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n9\n</parameter>\n",  # above the maximum
+    "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=mood>\nok\n",  # unknown
+]
+HERMES_OK = ['{"city": "Paris", "days": 3}}\n</tool_call>', ' {"city": "Paris", "days": 3}}\n</tool_call>',
+             '{"city": "Saint-Malo", "unit": "f", "days": 1, "where": {"lat": 48.6}}}\n</tool_call>']
+HERMES_BAD = ['{"days": 3}}\n</tool_call>', '{"city": "Paris", "days": "3"}}\n</tool_call>',
+              '{"city": "Paris", "days": 3}\n</tool_call>', '{"city": "Paris", "days": 3, "x": 1}}\n</tool_call>']
+
+
+@pytest.mark.parametrize("parser,text", [("xml", t) for t in XML_OK] + [("hermes", t) for t in HERMES_OK])
+def test_a_well_formed_call_is_consumed_to_the_end_and_only_eos_follows(vocab, parser, text):
+    grammar = tool_call_grammar(WEATHER, parser)
+    assert grammar_error(grammar) == ""
+    n, total, matcher = consumed(vocab, grammar, text)
+    assert n == total
+    assert only_eos_left(vocab, matcher)
+
+
+@pytest.mark.parametrize("parser,text", [("xml", t) for t in XML_BAD] + [("hermes", t) for t in HERMES_BAD])
+def test_a_malformed_call_is_stopped(vocab, parser, text):
+    params = WEATHER["function"]["parameters"]
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": dict(
+        params, additionalProperties=False)}}
+    n, total, matcher = consumed(vocab, tool_call_grammar(tool, parser), text)
+    assert n < total or not matcher.is_accepting()
+
+
+def test_a_tool_without_parameters_closes_at_once(vocab):
+    tool = {"type": "function", "function": {"name": "now"}}
+    n, total, matcher = consumed(vocab, tool_call_grammar(tool, "xml"), "</function>\n</tool_call>")
+    assert n == total and only_eos_left(vocab, matcher)
+    n, total, matcher = consumed(vocab, tool_call_grammar(tool, "hermes"), "{}}\n</tool_call>")
+    assert n == total and only_eos_left(vocab, matcher)
+
+
+def test_unusable_tools_and_parsers_raise():
+    with pytest.raises(ValueError, match="tool parser"):
+        tool_call_grammar(WEATHER, "json")
+    with pytest.raises(ValueError, match="parameter name"):
+        tool_call_grammar({"function": {"name": "f", "parameters": {"properties": {"a>b": {}}}}}, "xml")
+    with pytest.raises(ValueError, match="parameters must be an object"):
+        tool_call_grammar({"function": {"name": "f", "parameters": [1]}}, "hermes")
+    with pytest.raises(ValueError, match="at least one tool"):
+        any_tool_call_grammar([], "xml")
+    with pytest.raises(ValueError, match="no name"):
+        any_tool_call_grammar([{"function": {"parameters": {}}}], "hermes")
+
+
+@pytest.mark.parametrize("text,complete", [
+    ('Let me think: {"a": "x"}?\n</think>\n\n{"a": 1}', True),
+    ('</think>{"a": 1}', True),
+    ('Thinking.\n</think>\n\nThe answer is 1.', False),
+    ('{"a": 1}', False),  # no reasoning block closed: the JSON is still reasoning text
+])
+def test_after_reasoning_leaves_the_thought_free_and_holds_the_answer(vocab, text, complete):
+    grammar = after_reasoning(json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer"}},
+                                                   "required": ["a"]}))
+    assert grammar_error(grammar) == ""
+    n, total, matcher = consumed(vocab, grammar, text)
+    assert (n == total and only_eos_left(vocab, matcher)) is complete
+
+
+def test_after_reasoning_takes_a_tool_call_grammar_too(vocab):
+    grammar = after_reasoning(tool_call_grammar(WEATHER, "hermes"))
+    n, total, matcher = consumed(vocab, grammar, 'Call it.</think>\n{"city": "Rome", "days": 2}}\n</tool_call>')
+    assert n == total and only_eos_left(vocab, matcher)
+
+
+NOW = {"type": "function", "function": {"name": "now"}}
+
+
+@pytest.mark.parametrize("parser,text,ok", [
+    ("qwen3_xml", "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
+                  "</function>\n</tool_call>", True),
+    ("xml", "<function=now>\n</function>\n</tool_call>", True),
+    ("xml", "<function=later>\n</function>\n</tool_call>", False),  # not among the tools
+    ("xml", "<function=get_weather>\n</function>\n</tool_call>", False),  # its required parameters are missing
+    ("hermes", '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>', True),
+    ("hermes", '{"name": "now", "arguments": {}}\n</tool_call>', True),
+    ("hermes", '{"name": "later", "arguments": {}}\n</tool_call>', False),
+    ("hermes", '{"name": "now", "arguments": {}}', False),  # not closed
+])
+def test_a_required_call_is_one_of_the_tools_with_its_arguments(vocab, parser, text, ok):
+    grammar = any_tool_call_grammar([WEATHER, NOW], parser)
+    assert grammar_error(grammar) == ""
+    n, total, matcher = consumed(vocab, grammar, text)
+    assert (n == total and only_eos_left(vocab, matcher)) is ok
