@@ -25,7 +25,7 @@ from ignis.gateway.choice import ChoiceDelta
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
-from ignis.gateway.grammars import after_reasoning
+from ignis.gateway.grammars import after_reasoning, any_tool_call_grammar, tool_call_grammar
 from ignis.gateway.messages import (
     apply_developer_policy,
     check_tool_results,
@@ -53,6 +53,20 @@ def _template_kwargs(f: Fields) -> dict:
         if key in extra.obj:
             raise extra.error(key, "is set by the server and cannot be passed")
     return dict(extra.obj)
+
+
+def _forced_call_grammar(p: CommonParams, forced: ForcedCall, tools: list[dict], tool_format: str) -> str:
+    """The grammar of the rest of a forced call: the named tool's, or any tool's for ``required``."""
+    if p.grammar is not None:
+        raise invalid("response_format cannot be combined with a required or named tool_choice: the call's "
+                      "arguments follow the tool's parameters schema", "response_format")
+    try:
+        if forced.name is None:
+            return any_tool_call_grammar(tools, tool_format)
+        tool = next(t for t in tools if t["function"]["name"] == forced.name)
+        return tool_call_grammar(tool, tool_format)
+    except ValueError as e:
+        raise invalid(f"the forced tool call cannot be constrained: {e}", "tool_choice") from None
 
 
 def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[int]:
@@ -95,7 +109,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         req.params = p = dataclasses.replace(p, grammar=after_reasoning(p.grammar))
     prompt_ids = prompt.ids
     if forced is not None:
-        # The call opener goes after the generation prompt: the model continues inside the call.
+        # The call opener goes after the generation prompt: the model continues inside the call, and a
+        # grammar holds the rest of it to the tool's parameters.
+        req.params = p = dataclasses.replace(p, grammar=_forced_call_grammar(p, forced, render_tools, tool_format))
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await asyncio.to_thread(_with_suffix, gw.tokenizer, prompt, suffix)
     max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)

@@ -58,3 +58,41 @@ def test_required_call_from_a_random_model_is_well_formed(served):
     assert choice.message.content is not None or choice.message.tool_calls
     for call in choice.message.tool_calls or ():
         assert isinstance(json.loads(call.function.arguments), dict)
+
+
+BOOKING = {"type": "function", "function": {"name": "book", "parameters": {
+    "type": "object", "required": ["unit", "confirm"], "additionalProperties": False,
+    "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}, "confirm": {"type": "boolean"}}}}}
+ALARM = {"type": "function", "function": {"name": "alarm", "parameters": {
+    "type": "object", "required": ["loud"], "additionalProperties": False,
+    "properties": {"loud": {"type": "boolean"}}}}}
+
+
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "book"}}, "required"],
+                         ids=["named", "required"])
+def test_forced_calls_follow_the_tools_schema(served, tool_choice):
+    """A grammar holds the rest of a forced call: even random weights write a call whose arguments
+    validate against the tool's schema (finite values here, so every sample can finish)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    s, client, _ = served
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (BOOKING, ALARM)}
+    for seed in range(4):
+        r = client.chat.completions.create(model=s.model, messages=ASK, tools=[BOOKING, ALARM], max_tokens=64,
+                                           temperature=1.0, seed=seed, tool_choice=tool_choice)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        [call] = choice.message.tool_calls
+        if tool_choice != "required":
+            assert call.function.name == "book"
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_response_format_with_a_forced_call_is_refused(served):
+    s, client, _ = served
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="response_format cannot be combined"):
+        client.chat.completions.create(model=s.model, messages=ASK, tools=[BOOKING], max_tokens=8,
+                                       tool_choice="required", response_format={"type": "json_object"})
+    r = client.chat.completions.create(model=s.model, messages=ASK, max_tokens=2)  # and the next is served
+    assert r.choices[0].finish_reason in ("stop", "length")
