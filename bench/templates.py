@@ -13,7 +13,11 @@ paid with or without marks). Times are the median of ``--reps`` calls,
 in microseconds. The template is read from ``../shared/fixtures/templates``
 beside the checkout. Last line (one ``key=value`` per measured section)::
 
-    BENCH templates mark_us_first=A mark_us_cached=B
+    BENCH templates mark_us_first=A mark_us_cached=B grammar_tax_32=C
+
+``grammar_tax_32`` is a decode round at 32 lanes all held by a JSON-schema
+grammar over the same round unconstrained (``bench/grammar_tax.py``, whose
+table is printed too; 4 lanes in ``--quick``, reported under the same key).
 
     python bench/templates.py [--block-tokens 4000] [--reps 200] [--quick]
 """
@@ -109,7 +113,11 @@ def main(argv=None) -> int:
     print(f"{'tokenize the prompt':<40}{tokenize_us:>12.1f}")
     print(f"{'capture marks, first (probes)':<40}{first_us:>12.1f}")
     print(f"{'capture marks, cached':<40}{cached_us:>12.1f}")
-    fields = {"mark_us_first": f"{first_us:.1f}", "mark_us_cached": f"{cached_us:.1f}"}
+    from grammar_tax import grammar_tax
+
+    tax = grammar_tax(args.quick, lanes=4 if args.quick else 32, report=lambda line: print("  " + line))
+    fields = {"mark_us_first": f"{first_us:.1f}", "mark_us_cached": f"{cached_us:.1f}",
+              "grammar_tax_32": f"{tax:.3f}"}
     print("BENCH templates " + " ".join(f"{k}={v}" for k, v in fields.items()))
     return 0
 
