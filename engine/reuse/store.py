@@ -359,7 +359,7 @@ class RetainedStore:
             "retained_entries": len(self._entries),
             "retained_slots_free": self.slots.num_free,
             "retained_slots_total": self.slots.total,
-            "retained_pages_held": sum(len(e.pages.pages) for e in self._entries.values()),
+            "retained_pages_held": len({p for e in self._entries.values() for p in e.pages.pages}),
             "reuse_captures_total": self.captures,
             "reuse_captures_skipped_total": self.captures_skipped,
             "reuse_hits_total": self.hits,
