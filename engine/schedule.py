@@ -99,6 +99,7 @@ class FinishEvent:
     reuse_tier: str = "none"  # "none" | "device"
     reuse_slot: str = "none"  # where the resumed image sat: "none" | "device" | "host"
     shortfall: str = "none"  # why it reused less than it shares with an earlier prompt (engine.reuse.shortfall)
+    restore_rejected: int = 0  # restores refused for non-finite bytes (it recomputed instead)
 
 
 @dataclass

@@ -114,6 +114,7 @@ class Scheduler:
             "kv_cache_usage_perc": self.pool.num_used / self.pool.num_pages,
             "num_preemptions_total": self.num_preemptions,
             **self.store.stats(),
+            "reuse_restore_rejected_total": self.store.restore_rejections + self.evictor.restore_rejections,
             "live_evictions_total": self.evictor.evictions,
             "live_resumes_total": self.evictor.resumes,
             "live_evictions_abandoned_total": self.evictor.abandoned,
@@ -244,7 +245,7 @@ class Scheduler:
         return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
                            reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
-                           shortfall=req.shortfall)
+                           shortfall=req.shortfall, restore_rejected=req.restore_rejected)
 
     def _check_result(self, plan: RoundPlan, result: RoundResult) -> None:
         if not isinstance(result, RoundResult):
