@@ -11,17 +11,23 @@ per prefill that ends its prompt, at most one per lane. The forward returns
 exactly those rows, in ``plan.sampled_ids()`` order; they are copied to the
 host once (and widened to fp32 where the model is not), and the sampler
 works on them in one :class:`SamplerWorkspace` kept for the runner's life.
+A request whose sampling fails ends alone (``engine.row_sampling``).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
-from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs, sample_batch
+from ignis.engine.row_sampling import sample_isolated
+from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs
 from ignis.engine.schedule import RoundPlan, RoundResult
+
+log = logging.getLogger("ignis.engine")
 
 
 class ModelRunner:
@@ -60,7 +66,11 @@ class ModelRunner:
             else:
                 self.state.load_image(s.restore_slot, s.lane)
             if s.req_id not in self.samplers or not s.generated:
-                self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids))
+                try:
+                    self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids))
+                except Exception:  # its rows fail alone when sampled (engine.row_sampling)
+                    log.exception("request %s: its sampler could not be set up", s.req_id)
+                    self.samplers.pop(s.req_id, None)
                 self.want_logprobs[s.req_id] = s.sampling.top_logprobs if s.sampling.logprobs else None
 
     def _capture(self, plan: RoundPlan) -> None:
@@ -91,8 +101,8 @@ class ModelRunner:
                 picked[:, self.vocab_limit:] = float("-inf")
         picked = picked.cpu()
         self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
-        tokens, lps = sample_batch(picked, [self.samplers[i] for i in ids],
-                                   [self.want_logprobs.get(i) for i in ids], self.workspace)
-        result = RoundResult(tokens=dict(zip(ids, tokens)))
+        tokens, lps, errors = sample_isolated(picked, ids, [self.samplers.get(i) for i in ids],
+                                              [self.want_logprobs.get(i) for i in ids], self.workspace)
+        result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors)
         logprobs = {i: lp for i, lp in zip(ids, lps) if lp is not None}
         return result, logprobs

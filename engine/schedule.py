@@ -140,3 +140,6 @@ class RoundResult:
     """
 
     tokens: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    """Requests whose step failed this round (e.g. sampling): each ends with "error" and this message;
+    its entry in ``tokens`` is a placeholder that is never used."""

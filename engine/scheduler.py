@@ -27,6 +27,8 @@ Abort. A waiting request leaves at once (``abort`` returns its FinishEvent). A
 running one is marked; a round in flight may still compute it (its token is
 dropped by ``update``), and it is freed at the next round boundary: the next
 ``schedule`` frees its lane and pages and lists it in ``plan.finished``.
+A request the runner reports in ``RoundResult.errors`` (its sampling failed)
+ends the same way, with "error".
 """
 
 from __future__ import annotations
@@ -203,6 +205,10 @@ class Scheduler:
         self._in_flight = None
         self.store.mark_filled(order.entry_id for order in plan.captures)
         self.store.unpin_all()
+        for req_id, message in result.errors.items():  # ends at the next round boundary; its token is dropped
+            req = self._requests.get(req_id)
+            if req is not None and req.pending_end is None:
+                req.pending_end = ("error", message)
         ended = []
         # (request, tokens computed after this round), in plan order: decodes, then chunks.
         advanced = [(d.req_id, d.position + 1) for d in plan.decodes]
