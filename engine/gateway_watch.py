@@ -11,8 +11,8 @@ A gateway is gone when
   whose host vanished without closing its connection.
 
 A peer that does not heartbeat (a test client, a tool) is judged only by the
-first rule. Pure Python: the engine loop asks ``gone`` once per turn, at most
-every ``CHECK_EVERY_S``, with the peers that hold requests, and aborts theirs.
+first rule. Pure Python: when ``due`` (at most every ``CHECK_EVERY_S``), the
+engine loop asks ``gone`` with the peers that hold requests, and aborts theirs.
 """
 
 from __future__ import annotations
@@ -37,12 +37,17 @@ class GatewayWatch:
         self.clock = clock
         self._next_check = 0.0
 
+    def due(self) -> bool:
+        """Time for a look (at most every ``CHECK_EVERY_S``): the caller then gathers its peers."""
+        now = self.clock()
+        if now < self._next_check:
+            return False
+        self._next_check = now + CHECK_EVERY_S
+        return True
+
     def gone(self, peers: Iterable[bytes]) -> list[tuple[bytes, str]]:
         """The peers among ``peers`` that are gone, each with why (for the log)."""
         now = self.clock()
-        if now < self._next_check:
-            return []
-        self._next_check = now + CHECK_EVERY_S
         out = []
         for peer in set(peers):
             if peer in self.channel.unreachable:

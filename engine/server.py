@@ -204,6 +204,8 @@ class EngineServer:
     def _abort_orphans(self) -> None:
         """Requests of a gateway that went away end now ("abort", "gateway gone"): their lanes and
         pages are free at the next round boundary."""
+        if not self.watch.due():
+            return
         peers = {t.peer for t in self.streams.tracked.values()} | {peer for peer, _ in self.models.pending}
         for peer, why in self.watch.gone(peers):
             rids = [rid for rid, t in self.streams.tracked.items() if t.peer == peer]

@@ -24,12 +24,43 @@ from pathlib import Path
 
 import pytest
 
+from ignis.engine.config import EngineConfig
+from ignis.engine.gateway_watch import CHECK_EVERY_S, GatewayWatch
+from ignis.shared.zmq_queues import heartbeat_routing_id
 from tests.engine.engine_process import ROOT, EngineProcess
 
 KILLED_STREAMS = 5  # one of them drops its client first
 HUNG_STREAMS = 4
 LONG = 6000  # tokens: far longer than the test runs
 API_KEY = "orphans-key"
+
+
+class FakeChannel:
+    def __init__(self):
+        self.last_heard: dict[bytes, float] = {}
+        self.unreachable: set[bytes] = set()
+
+
+def test_watch_rules():
+    now = [100.0]
+    channel = FakeChannel()
+    watch = GatewayWatch(channel, silence_s=1.0, clock=lambda: now[0])
+    gw, tool, dead = heartbeat_routing_id(), b"\x00k\x8bEg", heartbeat_routing_id()
+    assert gw != dead and gw.startswith(b"hb-")
+    channel.last_heard.update({gw: 100.0, tool: 100.0, dead: 100.0})
+    channel.unreachable.add(dead)
+    assert watch.due() and not watch.due()  # at most every CHECK_EVERY_S
+    assert watch.gone([gw, tool, dead]) == [(dead, "its connection is gone")]
+    now[0] = 101.5
+    assert watch.due()
+    assert sorted(watch.gone([gw, tool])) == [(gw, "silent for 1.5s")]  # a tool that never heartbeats is kept
+    channel.last_heard[gw] = 101.4
+    assert watch.gone([gw, tool]) == []
+    off = GatewayWatch(channel, silence_s=0.0, clock=lambda: 1e9)
+    assert off.gone([gw, tool, dead]) == [(dead, "its connection is gone")]
+    assert CHECK_EVERY_S < 0.5
+    with pytest.raises(ValueError, match="--gateway-silence-timeout"):
+        EngineConfig(gateway_silence_timeout=-1)
 
 
 class Gateway:
