@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -135,8 +136,13 @@ def engine(tmp_path):
     runtime.mkdir(parents=True, exist_ok=True)
     eng = EngineProcess(runtime, "--gateway-silence-timeout", "1", "--decode-lanes", "16", "--kv-pool-tokens",
                         str((KILLED_STREAMS + HUNG_STREAMS) * 8192))
-    yield eng, runtime
-    assert eng.stop() == 0
+    try:
+        yield eng, runtime
+        assert eng.stop() == 0
+    finally:
+        if eng.proc.poll() is None:
+            eng.stop()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_dropped_client_killed_gateway_and_hung_gateway_free_the_engine(engine):
