@@ -27,7 +27,11 @@ and ``ignis:reuse_shortfall_total``; nothing is decided by it.
 
 Resumed evictions. At most one evicted sequence comes back per round (its
 pages and image share the one staging slot); it decodes on where it stopped,
-or recomputes when its lower copy is gone. Pure Python, no torch.
+or recomputes when its lower copy is gone.
+
+Rejected restores. A restore whose bytes are not finite is never used (the
+store falls back to a device match or none; an evicted sequence recomputes);
+the request counts it (``restore_rejected``, in its done line). Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -65,7 +69,9 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
                 budget -= add_chunk(plan, req, budget, sched.store, page_tokens)
             continue
         tokens = req.token_slice(0, req.num_tokens)
+        rejected = sched.store.restore_rejections
         hit = sched.store.lookup(tokens)
+        req.restore_rejected += sched.store.restore_rejections - rejected
         matched = hit.num_tokens if hit else 0
         if sched.store.pending_prefix(tokens) > matched or _sibling_capturing(sched, req, tokens, matched):
             return  # a request ahead is about to retain this prefix: resume from it once it is filled
@@ -98,7 +104,10 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
 def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> None:
     """``req`` holds a new lane and table: bring its lower copy back, or recompute without it."""
     record, req.evicted = req.evicted, None
-    if sched.evictor.restore(req, record):
+    rejected = sched.evictor.restore_rejections
+    restored = sched.evictor.restore(req, record)
+    req.restore_rejected += sched.evictor.restore_rejections - rejected
+    if restored:
         req.num_computed_tokens = record.computed
         req.state = RequestState.DECODING  # decodes on next round: nothing is recomputed
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,

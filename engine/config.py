@@ -80,6 +80,9 @@ class EngineConfig:
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight requests finish before aborting them"))
     seed: int = field(default=0, metadata=field_doc("seed of the engine's own generator (unseeded requests)"))
+    gateway_silence_timeout: float = field(default=3.0, metadata=field_doc(
+        "abort the requests of a gateway that heartbeats (asks for stats every second) once it has been silent "
+        "this many seconds (0: only a gateway whose connection is gone loses its requests)"))
 
     def __post_init__(self):
         positive = {"decode_lanes": "--decode-lanes", "max_prefill_tokens_per_round": "--max-prefill-tokens-per-round",
@@ -117,6 +120,8 @@ class EngineConfig:
             object.__setattr__(self, "model", ())
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if not self.gateway_silence_timeout >= 0:
+            raise ValueError(f"--gateway-silence-timeout must be >= 0, got {self.gateway_silence_timeout}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
 

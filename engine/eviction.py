@@ -17,7 +17,8 @@ new table and the image into the staging slot (``restore``), the lane loads
 it, and the sequence decodes on from where it stopped: bit-exact, since no
 token is recomputed. If a demote is refused (every tier full of live work)
 the eviction is abandoned and the sequence decodes on; if a restore misses,
-the sequence recomputes its tokens instead. Either way, once a sequence is
+the sequence recomputes its tokens instead, as it does when the restored
+bytes are not finite (``TierPort.check_restored``). Either way, once a sequence is
 resumed, abandoned or ended, every copy it had below is dropped.
 """
 
@@ -55,6 +56,7 @@ class Evictor:
         self.evictions = 0
         self.resumes = 0
         self.abandoned = 0
+        self.restore_rejections = 0
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +94,9 @@ class Evictor:
         """Bring an evicted sequence back into its new page table; drops the lower copies either way."""
         pages = list(req.page_table.pages[:record.num_pages])
         ok = len(pages) == record.num_pages and self._restore(req.req_id, record, pages)
+        if ok and not self.tiers.check_restored(pages, record.computed, self.staging_slot):
+            ok = False  # non-finite bytes: never used, the sequence recomputes
+            self.restore_rejections += 1
         self.drop(req.req_id, record)
         if ok:
             self.resumes += 1

@@ -46,6 +46,9 @@ class EngineMetrics(ProcessMetrics):
                 ("reuse_restores", "retained entries restored from KV-RAM or KV-disk"),
                 ("reuse_released", "retained entries released from the device"),
                 ("reuse_stamp_refusals", "retained entries refused for another stamp"))}
+        self.restore_rejected = self.counter(
+            "reuse_restore_rejected", "restores from KV-RAM or KV-disk whose bytes were refused before use "
+            "(dropped; the request recomputes), by reason: non_finite", ("reason",))
         self._store_seen: dict[str, float] = {}
         self.retained_entries = self.gauge("retained_entries", "retained entries on the device")
         self.retained_lower_entries = self.gauge("retained_lower_entries", "retained entries the engine knows in tierd")
@@ -64,7 +67,9 @@ class EngineMetrics(ProcessMetrics):
     def sync_store(self, stats: dict) -> None:
         """Advance the store's counters to its totals (the store counts; we export)."""
         for name, counter in {**self.store_counters, "live_evictions": self.live_evictions,
-                              "live_resumes": self.live_resumes}.items():
+                              "live_resumes": self.live_resumes,
+                              "reuse_restore_rejected": self.restore_rejected.labels(self.model_name,
+                                                                                     "non_finite")}.items():
             total = stats.get(f"{name}_total", 0)
             delta = total - self._store_seen.get(name, 0)
             if delta > 0:

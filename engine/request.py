@@ -91,6 +91,7 @@ class Request:
     shared_tokens: int = field(default=0, init=False)  # whole pages shared with an earlier prompt, at arrival
     earlier_cuts: tuple[int, ...] = field(default=(), init=False)  # that earlier prompt's capture points
     shortfall: str = field(default="none", init=False)  # why it reused less than it shares (engine.reuse.shortfall)
+    restore_rejected: int = field(default=0, init=False)  # its restores refused for non-finite bytes (recomputed)
     evicted: object = field(default=None, init=False, repr=False)  # eviction.Evicted while its state is below
 
     def __post_init__(self):

@@ -16,9 +16,13 @@ Constrained rows (requests with a grammar, ``grammar_lanes.py``): their masks
 are filled while the forward runs and applied to their logits on the device
 before the copy to the host, so every sampling setting, and the logprobs,
 see only the tokens the grammar allows. A round without one pays nothing.
+
+A request whose sampling fails ends alone (``engine.row_sampling``).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -26,8 +30,11 @@ from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.grammar_lanes import GrammarLanes
 from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
-from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs, sample_batch
+from ignis.engine.row_sampling import sample_isolated
+from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs
 from ignis.engine.schedule import RoundPlan, RoundResult
+
+log = logging.getLogger("ignis.engine")
 
 
 class ModelRunner:
@@ -70,7 +77,11 @@ class ModelRunner:
             else:
                 self.state.load_image(s.restore_slot, s.lane)
             if s.req_id not in self.samplers or not s.generated:
-                self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids))
+                try:
+                    self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids))
+                except Exception:  # its rows fail alone when sampled (engine.row_sampling)
+                    log.exception("request %s: its sampler could not be set up", s.req_id)
+                    self.samplers.pop(s.req_id, None)
                 self.want_logprobs[s.req_id] = s.sampling.top_logprobs if s.sampling.logprobs else None
 
     def _capture(self, plan: RoundPlan) -> None:
@@ -104,10 +115,10 @@ class ModelRunner:
             self.grammars.apply(picked, masks)
         picked = picked.cpu()
         self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
-        tokens, lps = sample_batch(picked, [self.samplers[i] for i in ids],
-                                   [self.want_logprobs.get(i) for i in ids], self.workspace)
+        tokens, lps, errors = sample_isolated(picked, ids, [self.samplers.get(i) for i in ids],
+                                              [self.want_logprobs.get(i) for i in ids], self.workspace)
         if masks is not None:
-            self.grammars.advance(masks, tokens)
-        result = RoundResult(tokens=dict(zip(ids, tokens)))
+            self.grammars.advance(masks, tokens)  # a failed row's placeholder too: that request ends now
+        result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors)
         logprobs = {i: lp for i, lp in zip(ids, lps) if lp is not None}
         return result, logprobs

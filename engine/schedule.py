@@ -99,6 +99,7 @@ class FinishEvent:
     reuse_tier: str = "none"  # "none" | "device"
     reuse_slot: str = "none"  # where the resumed image sat: "none" | "device" | "host"
     shortfall: str = "none"  # why it reused less than it shares with an earlier prompt (engine.reuse.shortfall)
+    restore_rejected: int = 0  # restores refused for non-finite bytes (it recomputed instead)
 
 
 @dataclass
@@ -139,3 +140,6 @@ class RoundResult:
     """
 
     tokens: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    """Requests whose step failed this round (e.g. sampling): each ends with "error" and this message;
+    its entry in ``tokens`` is a placeholder that is never used."""

@@ -27,6 +27,8 @@ Abort. A waiting request leaves at once (``abort`` returns its FinishEvent). A
 running one is marked; a round in flight may still compute it (its token is
 dropped by ``update``), and it is freed at the next round boundary: the next
 ``schedule`` frees its lane and pages and lists it in ``plan.finished``.
+A request the runner reports in ``RoundResult.errors`` (its sampling failed)
+ends the same way, with "error".
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class Scheduler:
             "kv_cache_usage_perc": self.pool.num_used / self.pool.num_pages,
             "num_preemptions_total": self.num_preemptions,
             **self.store.stats(),
+            "reuse_restore_rejected_total": self.store.restore_rejections + self.evictor.restore_rejections,
             "live_evictions_total": self.evictor.evictions,
             "live_resumes_total": self.evictor.resumes,
             "live_evictions_abandoned_total": self.evictor.abandoned,
@@ -202,6 +205,10 @@ class Scheduler:
         self._in_flight = None
         self.store.mark_filled(order.entry_id for order in plan.captures)
         self.store.unpin_all()
+        for req_id, message in result.errors.items():  # ends at the next round boundary; its token is dropped
+            req = self._requests.get(req_id)
+            if req is not None and req.pending_end is None:
+                req.pending_end = ("error", message)
         ended = []
         # (request, tokens computed after this round), in plan order: decodes, then chunks.
         advanced = [(d.req_id, d.position + 1) for d in plan.decodes]
@@ -244,7 +251,7 @@ class Scheduler:
         return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
                            reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
-                           shortfall=req.shortfall)
+                           shortfall=req.shortfall, restore_rejected=req.restore_rejected)
 
     def _check_result(self, plan: RoundPlan, result: RoundResult) -> None:
         if not isinstance(result, RoundResult):

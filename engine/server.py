@@ -3,6 +3,7 @@
 One loop, one thread of compute::
 
     drain inbox (Generate / Abort / Stats)  ->  intake, aborts, Stats replies
+    gone gateways (engine.gateway_watch)    ->  their requests aborted ("gateway gone")
     between rounds                          ->  model switch or idle unload
     plan = scheduler.schedule()             ->  Finished for aborts freed now
     result = runner.run(plan)               ->  one forward, one token per stream
@@ -28,6 +29,7 @@ import zmq
 
 from ignis.engine.config import EngineConfig
 from ignis.engine.engine_stats import loaded_stats, set_gauges, unloaded_stats
+from ignis.engine.gateway_watch import GatewayWatch
 from ignis.engine.intake import Intake
 from ignis.engine.metrics import EngineMetrics
 from ignis.engine.served_models import ServedModels
@@ -53,6 +55,7 @@ class EngineServer:
         self._stats_snapshot: dict | None = None
         self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats), name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
+        self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
         self.streams = TokenStreams(self.channel, self.metrics)
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
         self.intake = Intake(self.channel, self.metrics, self.models, self.streams, self._stopping,
@@ -152,6 +155,7 @@ class EngineServer:
                         break
                     if time.monotonic() >= self._stop_deadline:
                         self._abort_all("engine shutting down")
+                self._abort_orphans()
                 self._service_models()
                 if self.loaded:
                     self._round()
@@ -196,6 +200,24 @@ class EngineServer:
                 self._finish(ev)
         elif isinstance(msg, Stats):
             self.channel.send(StatsReply(self.stats()), peer)
+
+    def _abort_orphans(self) -> None:
+        """Requests of a gateway that went away end now ("abort", "gateway gone"): their lanes and
+        pages are free at the next round boundary."""
+        if not self.watch.due():
+            return
+        peers = {t.peer for t in self.streams.tracked.values()} | {peer for peer, _ in self.models.pending}
+        for peer, why in self.watch.gone(peers):
+            rids = [rid for rid, t in self.streams.tracked.items() if t.peer == peer]
+            waiting = [msg.id for p, msg in self.models.pending if p == peer]
+            log.warning("gateway %s is gone (%s): aborting its %d requests", peer.hex(), why,
+                        len(rids) + len(waiting))
+            for rid in waiting:
+                self.intake.abort_pending(rid)
+            for rid in rids:
+                ev = self.scheduler.abort(rid, "abort", "gateway gone") if self.loaded else None
+                if ev is not None:
+                    self._finish(ev)
 
     # ----- rounds ------------------------------------------------------------------
 

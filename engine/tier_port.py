@@ -13,6 +13,9 @@ Invariants every port keeps:
   reuses no page or slot a copy still reads or writes.
 - A refused demote or a missed restore is a cache miss, never an error: the
   caller carries on without the lower tiers (the destination is then unused).
+- Restored bytes are used only after ``check_restored`` accepts them; a
+  rejected retained entry is dropped below (``drop_retained``) and treated as
+  a miss, a rejected live sequence recomputes.
 - ``session`` changes on every accepted hello; tierd holds nothing of the
   engine's from before the latest one.
 """
@@ -41,6 +44,13 @@ class TierPort(Protocol):
 
     def locate(self, keys: list[str]) -> dict[str, str | None] | None:
         """Where each key is now ("ram", "disk", or None: gone); None when tierd cannot answer."""
+
+    def drop_retained(self, key: str) -> None:
+        """Forget the retained entry under ``key`` below (its restored copy was rejected)."""
+
+    def check_restored(self, pages: Sequence[int], num_tokens: int, slot: int) -> bool:
+        """The restore just made holds usable bytes: rows ``0 .. num_tokens-1`` of ``pages`` (in order)
+        and the image in ``slot`` are finite (``engine.tiers.restore_check``)."""
 
     # ----- live sequences (the evictor) ---------------------------------------------
 
@@ -76,6 +86,12 @@ class NullTierPort:
 
     def locate(self, keys) -> None:
         return None
+
+    def drop_retained(self, key) -> None:
+        return None
+
+    def check_restored(self, pages, num_tokens, slot) -> bool:
+        return True
 
     def demote_window(self, req_id, index, pages, request_class) -> bool:
         return False

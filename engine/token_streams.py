@@ -140,6 +140,8 @@ class TokenStreams:
             "finish_reason": ev.reason,
             "shortfall": ev.shortfall,  # why it reused less than it shares with an earlier prompt (or "none")
         }
+        if ev.restore_rejected:  # ignis:reuse_restore_rejected_total{reason="non_finite"} counts them too
+            done["restore_rejected"] = {"non_finite": ev.restore_rejected}
         if t.mark_missing:
             done["mark"] = f"missing ({t.mark_missing})"
         log.info(orjson.dumps(done).decode())

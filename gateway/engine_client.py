@@ -10,7 +10,9 @@ sends its ``Generate`` messages, and reads the queue. ``last_seen`` is when the
 engine last answered (an ErrorReply does not count: an engine that cannot
 decode our messages is not serving us); a heartbeat task asks for Stats every
 second, so a silent engine is noticed (``engine_alive``) and ``max_model_len``
-stays known.
+stays known. The connection's routing id says so (``heartbeat_routing_id``):
+the engine aborts the requests of a gateway silent past its
+``--gateway-silence-timeout``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ignis.shared.wire import (
     TokenBatch,
     Usage,
 )
-from ignis.shared.zmq_queues import connect_dealer
+from ignis.shared.zmq_queues import connect_dealer, heartbeat_routing_id
 
 log = logging.getLogger("ignis.gateway")
 
@@ -68,7 +70,7 @@ class EngineClient:
         self._loop = asyncio.get_running_loop()
         self._ctx = zmq.Context()
         self._channel = connect_dealer(self._ctx, self.endpoint, ENGINE_TO_GATEWAY, name="gateway",
-                                       notify=self._notify).start()
+                                       routing_id=heartbeat_routing_id(), notify=self._notify).start()
         self._heartbeat = asyncio.create_task(self._beat())
 
     async def close(self) -> None:

@@ -16,6 +16,13 @@ and one thread that does all its I/O:
   I/O thread through a pipe, which the thread polls next to the socket. A
   ROUTER send needs the peer's identity (from the Envelope it answers).
 - ``MAXMSGSIZE`` bounds what a peer can make us buffer.
+- On a ROUTER, ``last_heard`` (peer -> monotonic time of its last decoded
+  message, ``answer_now`` ones included) and ``unreachable`` (peers a send
+  found gone: ROUTER_MANDATORY's EHOSTUNREACH; a peer leaves it when heard
+  again) let the owner notice peers that went away. They are written by the
+  I/O thread only; read them by key. A DEALER that promises to send at least
+  once a second connects with a ``heartbeat_routing_id()`` (``is_heartbeating``
+  tells it by its identity), so its silence means something.
 
 ROUTER is the serving side (engine for gateways, tierd for the engine),
 DEALER the client side; ``bind_router`` and ``connect_dealer`` build both.
@@ -27,6 +34,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,6 +90,8 @@ class Channel:
         self._notify = notify
         self._answer_now = answer_now
         self._router = socket.type == zmq.ROUTER
+        self.last_heard: dict[bytes, float] = {}
+        self.unreachable: set[bytes] = set()
         self._outbox: deque[tuple[bytes | None, list[bytes]]] = deque()
         self._pending: deque[list[bytes]] = deque()  # encoded, not yet accepted by the socket
         self._wake_r, self._wake_w = os.pipe()
@@ -187,6 +197,9 @@ class Channel:
             except WireError as e:
                 self._garbage(peer, frames, str(e))
                 continue
+            if peer is not None:
+                self.last_heard[peer] = time.monotonic()
+                self.unreachable.discard(peer)
             if self._answer_now is not None:
                 try:
                     reply = self._answer_now(message)
@@ -228,6 +241,8 @@ class Channel:
             except zmq.Again:
                 return  # high-water mark: retry when the socket is writable
             except zmq.ZMQError as e:  # e.g. ROUTER_MANDATORY and an unknown peer
+                if self._router and e.errno == zmq.EHOSTUNREACH:
+                    self.unreachable.add(self._pending[0][0])
                 log.warning("%s: send failed: %s", self.name, e)
             self._pending.popleft()
 
@@ -244,6 +259,8 @@ def _configure(sock: zmq.Socket) -> zmq.Socket:
         # A ROUTER at its high-water mark drops messages silently; mandatory routing makes it
         # say EAGAIN instead (the I/O thread retries when writable) and fail loudly for a gone peer.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A peer that reconnects under its fixed routing id (heartbeat_routing_id) takes the id over.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     return sock
 
 
@@ -258,9 +275,26 @@ def bind_router(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], **kwa
     return Channel(sock, accept, **kwargs)
 
 
-def connect_dealer(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], **kwargs) -> Channel:
-    """A client channel connected to ``endpoint`` (ZeroMQ reconnects on its own)."""
+HEARTBEAT_ID_PREFIX = b"hb-"
+"""Routing ids of DEALERs that send something at least once a second (a gateway's Stats heartbeat)."""
+
+
+def heartbeat_routing_id() -> bytes:
+    """A fresh routing id that says "I heartbeat" (unique per connection: a ROUTER drops a duplicate)."""
+    return HEARTBEAT_ID_PREFIX + os.urandom(8).hex().encode()
+
+
+def is_heartbeating(peer: bytes) -> bool:
+    return peer.startswith(HEARTBEAT_ID_PREFIX)
+
+
+def connect_dealer(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], routing_id: bytes | None = None,
+                   **kwargs) -> Channel:
+    """A client channel connected to ``endpoint`` (ZeroMQ reconnects on its own); ``routing_id``: the
+    identity the ROUTER sees (default: one it picks)."""
     sock = _configure(ctx.socket(zmq.DEALER))
+    if routing_id is not None:
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
     try:
         sock.connect(endpoint)
     except zmq.ZMQError as e:

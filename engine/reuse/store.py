@@ -30,6 +30,9 @@ Invariants:
   when the device needs its room, and comes back only past its tier's restore
   floor. The records of what tierd holds (``lower``) are of the port's current
   session: after a new hello they are empty before anything reads them.
+- A restored entry is registered only once ``TierPort.check_restored`` accepts
+  its bytes (finite KV rows and image); a rejected one is dropped here and
+  below, and the lookup falls back to the device match (or none).
 - What happened to a capture that is gone or never was (skipped, released for
   room, dropped by its conversation) is noted in ``fates`` by content, so a
   request that falls short can say why (``engine.reuse.shortfall``).
@@ -89,6 +92,7 @@ class RetainedStore:
         self._lower_session = tiers.session
         self.demotions = 0
         self.restores = 0
+        self.restore_rejections = 0  # restores whose bytes were not finite (dropped, recomputed)
         self.captures = 0
         self.captures_skipped = 0
         self.hits = 0
@@ -193,7 +197,11 @@ class RetainedStore:
             self.slots.give_back(slot)
             return None, ""
         read_from = self.tiers.restore_retained(r.key, owner.pages, slot)
-        if not read_from:
+        rejected = bool(read_from) and not self.tiers.check_restored(owner.pages, n, slot)
+        if rejected:  # non-finite bytes: never used; the copy below goes too, the request computes instead
+            self.restore_rejections += 1
+            self.tiers.drop_retained(r.key)
+        if not read_from or rejected:
             owner.release()
             self.slots.give_back(slot)
             self.lower.forget(r.key)
@@ -367,5 +375,6 @@ class RetainedStore:
             "reuse_stamp_refusals_total": self.stamp_refusals,
             "reuse_demotions_total": self.demotions,
             "reuse_restores_total": self.restores,
+            "reuse_restore_rejected_total": self.restore_rejections,
             "retained_lower_entries": len(self.lower),
         }

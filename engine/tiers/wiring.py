@@ -14,6 +14,10 @@ move down; a device-slot image is not exported. The store keys them by
 content (a hash of the entry's tokens). A live sequence moves as one
 "live" entry per page window and one for its state image, staged in the
 reserved host slot; those keys hash the request id and the part.
+
+Restored bytes are checked before use (``check_restored``: finite KV rows and
+image, ``engine.tiers.restore_check``); the store and the evictor drop what
+fails and recompute.
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ import time
 
 from ignis.engine.reuse.lower_index import content_key
 from ignis.engine.tiers.client import TierClient
+from ignis.engine.tiers.restore_check import (
+    FAULT_NAN_RESTORE_ENV,
+    fault_nan_restores,
+    finite_image,
+    finite_pages,
+    poison_image,
+)
 from ignis.shared.tier_layout import BlockDesc, UnitLayout
 
 log = logging.getLogger("ignis.engine.tiers")
@@ -90,7 +101,11 @@ def connect_tiers(state, endpoint: str, stamp: str, family: str, device_slots: i
                         sync=_device_sync(state), engine_id=engine_id)
     if not client.connect():
         log.warning("tierd at %s is not answering yet; the engine will retry", endpoint)
-    return TierClientPort(client, state, device_slots, staging_slot)
+    poison = fault_nan_restores()
+    if poison:
+        log.warning("FAULT INJECTION: %s=%d writes NaN into the next %d restored state images (for tests only)",
+                    FAULT_NAN_RESTORE_ENV, poison, poison)
+    return TierClientPort(client, state, device_slots, staging_slot, poison_restores=poison)
 
 
 class TierClientPort:
@@ -99,9 +114,11 @@ class TierClientPort:
     ``device_slots``: retained slots below this id are on the device (never
     exported); host slot ``s`` is item ``s - device_slots`` of each slot block.
     ``staging_slot``: the host slot live images pass through (None: no live
-    eviction through this port)."""
+    eviction through this port). ``poison_restores`` (tests only): the next N restored
+    images get a NaN written into them (``restore_check.FAULT_NAN_RESTORE_ENV``)."""
 
-    def __init__(self, client: TierClient, state, device_slots: int, staging_slot: int | None):
+    def __init__(self, client: TierClient, state, device_slots: int, staging_slot: int | None,
+                 poison_restores: int = 0):
         if staging_slot is not None and staging_slot < device_slots:
             raise ValueError(f"the staging slot {staging_slot} must be a host slot (ids from {device_slots})")
         self.client = client
@@ -109,6 +126,7 @@ class TierClientPort:
         self.device_slots = device_slots
         self.staging_slot = staging_slot
         self.lane_blocks = tuple(client.unit.lane)
+        self.poison_restores = poison_restores
 
     @property
     def session(self) -> int:
@@ -128,10 +146,29 @@ class TierClientPort:
     def restore_retained(self, key, pages, slot) -> str | None:
         if slot < self.device_slots:
             return None
-        return self.client.restore(key, _page_refs(pages) + self._slot_refs(slot))
+        read_from = self.client.restore(key, _page_refs(pages) + self._slot_refs(slot))
+        if read_from:
+            self._maybe_poison(slot)
+        return read_from
 
     def locate(self, keys):
         return self.client.lookup(keys)
+
+    def drop_retained(self, key) -> None:
+        self.client.drop(key)
+
+    def check_restored(self, pages, num_tokens, slot) -> bool:
+        try:
+            return finite_pages(self.state, pages, num_tokens) and finite_image(self.state, slot)
+        except Exception:  # a check that cannot run refuses the bytes: the request recomputes
+            log.exception("checking restored bytes failed; they are not used")
+            return False
+
+    def _maybe_poison(self, slot: int) -> None:
+        if self.poison_restores > 0:
+            self.poison_restores -= 1
+            log.warning("FAULT INJECTION: NaN written into the image restored into slot %d", slot)
+            poison_image(self.state, slot)
 
     # ----- live sequences --------------------------------------------------------------
 
@@ -156,7 +193,10 @@ class TierClientPort:
     def restore_image(self, req_id) -> bool:
         if self.staging_slot is None:
             return False
-        return bool(self.client.restore(self._live_key(req_id, "image"), self._slot_refs(self.staging_slot)))
+        if not self.client.restore(self._live_key(req_id, "image"), self._slot_refs(self.staging_slot)):
+            return False
+        self._maybe_poison(self.staging_slot)
+        return True
 
     def drop_window(self, req_id, index) -> None:
         self.client.drop(self._live_key(req_id, f"w{index}"))

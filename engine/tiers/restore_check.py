@@ -1,0 +1,67 @@
+"""Restored bytes are checked before use: KV rows and state images must be finite.
+
+A restore from tierd (KV-RAM or KV-disk) lands in engine memory that the next
+round reads; a corrupt copy (a bad disk, a bad RAM arena, a bug below) would
+otherwise poison every token after it. Only what the restore wrote is read,
+so the cost is proportional to the restored bytes::
+
+    pages  [L_full, 2, num_pages, 64, ...]   rows 0 .. num_tokens-1 of the restored pages,
+                                             in order (the last page may be partial: its
+                                             unwritten tail is never looked at)
+    image  slot_ssm / slot_conv / slot_window, item ``slot`` of its block
+
+Compressed (hq-e8-2b) pages are int16 codes: always "finite"; their exact
+window travels in the image and is checked there.
+
+``FAULT_NAN_RESTORE_ENV`` (tests only) writes NaN into the image of the next N
+restores, so the check and the recompute behind it can be exercised end to end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from ignis.engine.models.config import PAGE_TOKENS
+
+FAULT_NAN_RESTORE_ENV = "IGNIS_ENGINE_FAULT_NAN_RESTORES"
+
+
+def fault_nan_restores() -> int:
+    """How many restores the test hook poisons (0: off)."""
+    return max(0, int(os.environ.get(FAULT_NAN_RESTORE_ENV, "0") or 0))
+
+
+def _image_parts(state, slot: int) -> list[torch.Tensor]:
+    """Views of the state image in ``slot`` (ssm, conv and, for hq-e8-2b, the window)."""
+    block, i = state._slot(slot)
+    return [blocks[block][:, i] for blocks in (state.slot_ssm, state.slot_conv, state.slot_window) if blocks]
+
+
+def finite_pages(state, pages: Sequence[int], num_tokens: int) -> bool:
+    """Rows ``0 .. num_tokens-1`` of ``pages`` (in order) hold no NaN or inf."""
+    pool = state.pages
+    if not pool.is_floating_point() or num_tokens <= 0:
+        return True
+    full, rest = divmod(num_tokens, PAGE_TOKENS)
+    ids = [int(p) for p in pages]
+    if full:
+        index = torch.tensor(ids[:full], device=pool.device)
+        if not bool(torch.isfinite(pool.index_select(2, index)).all()):
+            return False
+    if rest and not bool(torch.isfinite(pool[:, :, ids[full], :rest]).all()):
+        return False
+    return True
+
+
+def finite_image(state, slot: int) -> bool:
+    """The state image in ``slot`` holds no NaN or inf."""
+    return all(bool(torch.isfinite(part).all()) for part in _image_parts(state, slot))
+
+
+def poison_image(state, slot: int) -> None:
+    """The fault hook: one NaN in the recurrent state of ``slot``'s image."""
+    part = _image_parts(state, slot)[0]
+    part[(0,) * part.dim()] = float("nan")

@@ -1,0 +1,164 @@
+"""Restored bytes are checked before use: a non-finite restore is dropped and the request recomputes.
+
+The end-to-end case runs scheduler + store + runner on the demo model with a
+real tierd behind them, and the fault hook (``IGNIS_ENGINE_FAULT_NAN_RESTORES``)
+writing NaN into the first restored image: the request that would resume from
+it gives the greedy tokens and logprobs of a reuse-off run (fp32, logprobs
+within 1e-5 absolute), the request beside it finishes, and the entry is gone
+here and in tierd.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ignis.engine.eviction import Evicted, Evictor
+from ignis.engine.metrics import EngineMetrics
+from ignis.engine.models.build import load_model
+from ignis.engine.models.state import ModelState
+from ignis.engine.reuse.lower_index import content_key
+from ignis.engine.tier_port import NullTierPort
+from ignis.engine.tiers.restore_check import FAULT_NAN_RESTORE_ENV, finite_image, finite_pages, poison_image
+from ignis.shared.demo import ensure_demo_model
+from tests.engine.test_reuse import Engine, prompt
+from tests.engine.test_tiers_e2e import Tierd
+from tests.engine.test_tiers_logits import TieredEngine
+
+LOGPROB_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model():
+    m, _ = load_model(ensure_demo_model())
+    return m
+
+
+def run_recording(eng: Engine) -> dict[str, list[float]]:
+    """``eng.run()``, also keeping each sampled token's logprob (from the row it was sampled from)."""
+    logprobs: dict[str, list[float]] = {}
+    for _ in range(10_000):
+        plan = eng.sched.schedule()
+        for ev in plan.finished:
+            eng.finished[ev.req_id] = ev
+        if plan.is_empty:
+            if not eng.sched.has_work:
+                return logprobs
+            continue
+        result, _ = eng.runner.run(plan)
+        for rid, tok in result.tokens.items():
+            row = eng.runner.last_logits[rid][:2000]
+            eng.tokens.setdefault(rid, []).append(tok)
+            logprobs.setdefault(rid, []).append(float(torch.log_softmax(row, -1)[tok]))
+        for ev in eng.sched.update(result):
+            eng.finished[ev.req_id] = ev
+            eng.runner.release(ev.req_id)
+    raise AssertionError("engine did not drain")
+
+
+def test_partial_last_page_is_checked_only_where_written(model):
+    state = ModelState.allocate(model.cfg, num_pages=8, lanes=1, dtype=torch.float32, fill=float("nan"))
+    state.allocate_slots(0, 2)
+    state.pages[:, :, 3] = 0.0
+    state.pages[:, :, 5, :36] = 0.0  # 100 tokens: page 3 whole, rows 0..35 of page 5
+    assert finite_pages(state, [3, 5], 100)
+    assert not finite_pages(state, [3, 5], 101)  # row 36 of page 5 was never written
+    state.pages[1, 1, 5, 10, 0, 0] = float("inf")
+    assert not finite_pages(state, [3, 5], 100)
+    state.pages[1, 1, 5, 10, 0, 0] = 0.0
+    state.pages[0, 0, 3, 63, 0, 0] = float("nan")
+    assert not finite_pages(state, [3, 5], 100)
+    for blocks in (state.slot_ssm, state.slot_conv):
+        blocks[1].zero_()
+    assert finite_image(state, 0) and finite_image(state, 1)
+    poison_image(state, 1)
+    assert finite_image(state, 0) and not finite_image(state, 1)
+    state.close()
+
+
+class RejectingTier(NullTierPort):
+    """A lower tier whose live copies come back, but not finite."""
+
+    def __init__(self):
+        self.dropped = []
+
+    def restore_window(self, req_id, index, pages):
+        return True
+
+    def restore_image(self, req_id):
+        return True
+
+    def check_restored(self, pages, num_tokens, slot):
+        return False
+
+    def drop_window(self, req_id, index):
+        self.dropped.append(("window", index))
+
+    def drop_image(self, req_id):
+        self.dropped.append(("image",))
+
+
+class Table:
+    def __init__(self, pages):
+        self.pages = pages
+
+
+class Held:
+    req_id = "r"
+
+    def __init__(self, pages):
+        self.page_table = Table(pages)
+
+
+def test_evicted_sequence_with_non_finite_restore_recomputes():
+    tier = RejectingTier()
+    evictor = Evictor(tier, window_pages=2, staging_slot=4)
+    record = Evicted(computed=150, windows=[[1, 2], [3]], image=True, next_page=3)
+    assert not evictor.restore(Held([7, 8, 9, 10]), record)
+    assert (evictor.restore_rejections, evictor.resumes) == (1, 0)
+    assert tier.dropped == [("window", 0), ("window", 1), ("image",)]  # nothing of it stays below
+
+
+def test_non_finite_restore_is_dropped_and_recomputed(tmp_path, model, monkeypatch):
+    tierd = Tierd(tmp_path, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    monkeypatch.setenv(FAULT_NAN_RESTORE_ENV, "1")
+    eng = TieredEngine(model, tierd.endpoint)
+    monkeypatch.delenv(FAULT_NAN_RESTORE_ENV)
+    try:
+        p = prompt(300, 11)
+        eng.submit("a", p, system_end=200, opener_start=297)
+        eng.run()
+        for i in range(2):  # unrelated work that needs the room: retained entries move down
+            eng.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
+            eng.run()
+        assert eng.sched.store.demotions >= 1
+        held = {r.key for r in eng.sched.store.lower.matches(tuple(p), len(p) - 1, longer_than=0)}
+        assert content_key(tuple(p[:297])) in held
+        eng.submit("again", p, system_end=200, opener_start=297, max_tokens=8)
+        eng.submit("beside", prompt(120, 77), max_tokens=8)
+        logprobs = run_recording(eng)
+        again, beside = eng.finished["again"], eng.finished["beside"]
+        assert again.reason == "length" and beside.reason == "length"
+        assert again.restore_rejected == 1 and again.reuse_tier not in ("kv_ram", "kv_disk")
+        assert eng.sched.stats()["reuse_restore_rejected_total"] == 1
+        assert eng.client.lookup([content_key(tuple(p[:297]))]) == {content_key(tuple(p[:297])): None}
+        metrics = EngineMetrics("demo")
+        metrics.sync_store(eng.sched.stats())
+        assert 'ignis:reuse_restore_rejected_total{model_name="demo",reason="non_finite"} 1.0' in \
+            metrics.render().decode()
+
+        cold = Engine(model, reuse=False)
+        cold.submit("cold", p, max_tokens=8)
+        cold_logprobs = run_recording(cold)
+        assert eng.tokens["again"] == cold.tokens["cold"]
+        assert max(abs(a - b) for a, b in zip(logprobs["again"], cold_logprobs["cold"])) < LOGPROB_TOL
+        assert len(logprobs["again"]) == len(cold_logprobs["cold"]) == 8
+
+        eng.sched.store.release_all()
+        assert eng.sched.pool.num_free == eng.sched.pool.num_pages
+        assert eng.sched.store.slots.num_free == eng.sched.store.slots.total
+        eng.sched.pool.integrity_check()
+    finally:
+        eng.client.close()
+        eng.runner.state.close()
+        assert tierd.stop() == 0
