@@ -1,7 +1,8 @@
 """Grammar-constrained sampling in the runner: masks, matchers, the cache, and lanes left free.
 
 A random model of the demo's shape speaks the demo tokenizer's byte-level
-vocabulary (2,048 ids; ids past the tokenizer's 1,997 are padding). Requests
+vocabulary (Qwen3.5's: 248,320 embedding rows; rows past the tokenizer's
+248,077 ids are padding). Requests
 run through the scheduler and runner as the engine runs them; a constrained
 request's text must parse under its schema and end with the model's EOS.
 """
@@ -26,11 +27,13 @@ from ignis.engine.scheduler import Scheduler, SchedulerConfig
 from ignis.gateway.grammars import json_schema_grammar
 from ignis.shared.demo import ensure_demo_model
 from ignis.shared.demo.builder import model_config
+from ignis.shared.demo.tokenizer import VOCABULARY, added_token_id
 from ignis.shared.sampling import SamplingParams
 from ignis.shared.tokenizer_files import tokenizer_vocab_size
 
-VOCAB = 2048
-EOS = 2
+VOCAB = VOCABULARY.config_vocab_size
+EOS = added_token_id("<|im_end|>")
+PAD = added_token_id("<|endoftext|>")
 LANES, PAGES = 6, 48
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 6},
@@ -46,7 +49,7 @@ def demo_dir():
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return HybridModel(config_from_dict(model_config(VOCAB, eos_id=EOS, pad_id=0))).eval()
+    return HybridModel(config_from_dict(model_config(VOCAB, eos_id=EOS, pad_id=PAD))).eval()
 
 
 @pytest.fixture(scope="module")

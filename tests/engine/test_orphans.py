@@ -2,12 +2,14 @@
 
 A real engine (``--gateway-silence-timeout 1``) and two real gateways; nine
 long streams (ignore_eos, thousands of tokens) over raw HTTP sockets. One
-client drops its connection: its request ends within 1 s. One gateway is
-SIGKILLed: within 2 s its four other requests end and the other gateway's four
-run on. The other gateway is SIGSTOPped (connected, silent): within 2 s the
-engine runs nothing, waits for nothing, and every page not held by retained
+client drops its connection: its request ends. One gateway is SIGKILLed: its
+four other requests end and the other gateway's four run on. The other
+gateway is SIGSTOPped (connected, silent): the engine runs nothing, waits for nothing, and every page not held by retained
 prefix state is free. The engine lives on and serves the next request. Engine
-Stats are polled over a direct DEALER against deadlines.
+Stats are polled over a direct DEALER against deadlines of a few seconds
+(detection takes one 50 ms check, or the 1 s silence; the abort lands at the
+next round, which a loaded 2-core machine can stretch); the times taken are
+printed (about 0.03 s for the first two, 1 s for the hung gateway).
 """
 
 from __future__ import annotations
@@ -156,18 +158,18 @@ def test_dropped_client_killed_gateway_and_hung_gateway_free_the_engine(engine):
             assert streaming(sock)
 
         socks.pop(0).close()  # one client goes away
-        _, took = wait_for(eng, lambda s: s["num_requests_running"] == len(socks), 1.0, "the dropped client freed")
+        _, took = wait_for(eng, lambda s: s["num_requests_running"] == len(socks), 3.0, "the dropped client freed")
         print(f"client disconnect freed its lane in {took:.3f}s")
 
         killed.proc.kill()
         killed.proc.wait(10)
-        stats, took = wait_for(eng, lambda s: s["num_requests_running"] <= HUNG_STREAMS, 2.0,
+        stats, took = wait_for(eng, lambda s: s["num_requests_running"] <= HUNG_STREAMS, 3.0,
                                "the killed gateway's requests freed")
         assert stats["num_requests_running"] == HUNG_STREAMS and stats["num_requests_waiting"] == 0
         print(f"gateway kill freed {KILLED_STREAMS - 1} lanes in {took:.3f}s")
 
         hung.proc.send_signal(signal.SIGSTOP)  # alive, connected, silent
-        _, took = wait_for(eng, idle, 2.0, "the hung gateway's requests freed")
+        _, took = wait_for(eng, idle, 4.0, "the hung gateway's requests freed")
         print(f"hung gateway's {HUNG_STREAMS} lanes freed in {took:.3f}s")
         log = eng.log_text()
         assert "(its connection is gone)" in log and "(silent for" in log

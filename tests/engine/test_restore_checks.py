@@ -21,6 +21,7 @@ from ignis.engine.reuse.lower_index import content_key
 from ignis.engine.tier_port import NullTierPort
 from ignis.engine.tiers.restore_check import FAULT_NAN_RESTORE_ENV, finite_image, finite_pages, poison_image
 from ignis.shared.demo import ensure_demo_model
+from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from tests.engine.test_reuse import Engine, prompt
 from tests.engine.test_tiers_e2e import Tierd
 from tests.engine.test_tiers_logits import TieredEngine
@@ -47,7 +48,7 @@ def run_recording(eng: Engine) -> dict[str, list[float]]:
             continue
         result, _ = eng.runner.run(plan)
         for rid, tok in result.tokens.items():
-            row = eng.runner.last_logits[rid][:2000]
+            row = eng.runner.last_logits[rid][:TOKENIZER_SIZE]
             eng.tokens.setdefault(rid, []).append(tok)
             logprobs.setdefault(rid, []).append(float(torch.log_softmax(row, -1)[tok]))
         for ev in eng.sched.update(result):
