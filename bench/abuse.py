@@ -198,8 +198,8 @@ def deep_tool_status(url: str) -> int:
     return post(url + CHAT, raw.encode())[0]
 
 
-def half_sent(url: str, host: str, port: int, n: int) -> tuple[float, float]:
-    """(seconds until the server has closed all n, slowest normal request meanwhile)."""
+def half_sent(url: str, host: str, port: int, n: int) -> tuple[float, list[float]]:
+    """(seconds until the server has closed all n, the times of normal requests made meanwhile)."""
     socks = []
     for _ in range(n):
         s = socket.create_connection((host, port), timeout=10)
@@ -207,18 +207,22 @@ def half_sent(url: str, host: str, port: int, n: int) -> tuple[float, float]:
                   "Content-Length: 1000\r\n\r\n{".encode())
         socks.append(s)
     started = time.monotonic()
-    slowest = 0.0
+    times = []
     open_ = list(socks)
     while open_ and time.monotonic() - started < 120:
-        t = time.monotonic()
-        greedy(url, "Name a color.")
-        slowest = max(slowest, time.monotonic() - t)
+        times.append(timed_greedy(url))
         open_ = [s for s in open_ if not closed(s)]
         time.sleep(0.05)
     took = time.monotonic() - started if not open_ else float("inf")
     for s in socks:
         s.close()
-    return took, slowest
+    return took, times
+
+
+def timed_greedy(url: str) -> float:
+    t = time.monotonic()
+    greedy(url, PROMPTS[1])
+    return time.monotonic() - t
 
 
 def main() -> int:
@@ -257,8 +261,11 @@ def main() -> int:
             failed.append(f"text/plain answered {plain}")
         if health.failures:
             failed.append(f"/health failed {health.failures} times")
-        took, slowest = half_sent(url, host, port, args.halfsent)
-        print(f"half-sent       {args.halfsent} closed after {took:.1f} s; slowest chat meanwhile {slowest:.3f} s")
+        usual = sorted(timed_greedy(url) for _ in range(5))
+        took, during = half_sent(url, host, port, args.halfsent)
+        print(f"half-sent       {args.halfsent} closed after {took:.1f} s; chat requests before: median "
+              f"{usual[2]:.3f} s, max {usual[-1]:.3f} s; meanwhile ({len(during)}): median "
+              f"{sorted(during)[len(during) // 2]:.3f} s, max {max(during):.3f} s")
         after = [greedy(url, p) for p in prompts]
         alive = int(all(not a.startswith("<HTTP") for a in after))
         wrong = sum(a != b for a, b in zip(before, after))
