@@ -280,8 +280,8 @@ def main() -> int:
     for f in failed:
         print(f"FAIL {f}")
     big_s = max(t for _, t in bodies)
-    print(f"BENCH abuse big_body_s={big_s:.3f} health_max_ms={health.worst * 1e3:.1f} rss_growth_mb={rss_growth_mb:.1f} "
-          f"halfsent_closed_s={took:.1f} engine_alive={alive} wrong_answers={wrong}")
+    print(f"BENCH abuse big_body_s={big_s:.3f} health_max_ms={health.worst * 1e3:.1f} "
+          f"rss_growth_mb={rss_growth_mb:.1f} halfsent_closed_s={took:.1f} engine_alive={alive} wrong_answers={wrong}")
     return 1 if failed else 0
 
 

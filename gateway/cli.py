@@ -6,7 +6,7 @@ prints ``READY http://HOST:PORT`` on stdout once listening (the port is the
 bound one, useful with ``--port 0``). SIGTERM or SIGINT stops accepting,
 gives in-flight requests ``--shutdown-timeout`` seconds, and aborts the rest
 at the engine. The API key comes from ``--api-key-file``, ``IGNIS_API_KEY``
-or ``--api-key`` (gateway.api_key). Connections go through
+or ``--api-key`` (shared.api_key). Connections go through
 ``gateway.listener`` (connection cap, header deadline). Imports no torch.
 """
 
@@ -20,7 +20,7 @@ import sys
 import uvloop
 from aiohttp import web
 
-from ignis.gateway.api_key import resolve_api_key
+from ignis.shared.api_key import resolve_api_key
 from ignis.gateway.app import build_app
 from ignis.gateway.config import GatewayConfig
 from ignis.gateway.listener import CONNECTIONS, LINGER_S, Connections, listen

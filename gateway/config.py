@@ -2,7 +2,7 @@
 
 ``ignis serve`` derives its gateway flags from these fields too, so a flag is
 defined once. The API key may also come from ``IGNIS_API_KEY`` or
-``--api-key-file`` (read by ``gateway.api_key``, never printed).
+``--api-key-file`` (read by ``shared.api_key``, never printed).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ gets the flags of its own fields that differ from their defaults. Fields both
 configs have (model, served name, runtime dir, instance, shutdown timeout)
 go to both. The API key travels to the gateway in its environment, never on a
 command line; ``--api-key-file`` is passed as the path (the gateway reads the
-file); ``--api-key`` on serve's own command line works with a warning. SIGTERM/SIGINT are forwarded to every child; when a child
+file); ``--api-key`` on serve's own command line works with a warning.
+SIGTERM/SIGINT are forwarded to every child; when a child
 cannot start or dies, the others are stopped and ``serve`` exits non-zero
 with the failing child's last output. Children's stdout and stderr are passed
 through, and each is asked to die with its parent (PR_SET_PDEATHSIG).
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ignis.engine.config import EngineConfig
-from ignis.gateway.api_key import resolve_api_key
+from ignis.shared.api_key import resolve_api_key
 from ignis.gateway.config import GatewayConfig
 from ignis.tierd.config import TierdConfig
 from ignis.shared.flags import add_flags, field_doc, from_args

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from ignis.gateway.app import build_app
 from ignis.gateway.config import GatewayConfig
+from ignis.gateway.tokenizer import ModelFiles
 
 
 def test_an_unexpected_exception_is_a_500_with_a_request_id_logged_with_its_traceback(demo_files, tmp_path, caplog):
@@ -40,3 +41,22 @@ def test_an_unexpected_exception_is_a_500_with_a_request_id_logged_with_its_trac
     assert headers["x-request-id"] == rid
     logged = [r for r in caplog.records if rid in r.getMessage()]
     assert logged and logged[0].exc_info is not None and logged[0].exc_info[0] is KeyError
+
+
+RECURSIVE_TEMPLATE = ("{% macro deep(n) %}{% if n > 0 %}{{ deep(n - 1) }}{% endif %}{% endmacro %}"
+                      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ deep(m.content | length) }}{{ m.content }}"
+                      "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+
+
+def test_a_template_that_recurses_on_the_input_is_a_400_not_a_500(demo_files, tmp_path):
+    files = ModelFiles(tokenizer=demo_files.tokenizer, chat_template=RECURSIVE_TEMPLATE, generation_config={})
+    app = build_app(GatewayConfig(), files, "ignis-demo", f"ipc://{tmp_path}/none.sock")
+
+    async def go(content: str):
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+            return resp.status, await resp.json()
+
+    status, body = asyncio.run(go("x" * 5000))
+    assert status == 400, body
+    assert body["error"]["param"] == "messages" and body["error"]["code"] == "template_failed", body

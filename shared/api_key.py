@@ -1,4 +1,5 @@
-"""Where the gateway's API key comes from: a file, the environment, or (discouraged) the command line.
+"""Where the gateway's API key comes from (read by the gateway, checked first by `ignis serve`): a file,
+the environment, or (discouraged) the command line.
 
     --api-key-file PATH   the file's content, whitespace around it dropped; refused unless
                           the file's mode gives nothing to group or others (0600 or stricter)
@@ -15,7 +16,7 @@ import logging
 import os
 import stat
 
-log = logging.getLogger("ignis.gateway")
+log = logging.getLogger("ignis.api_key")
 
 API_KEY_ENV = "IGNIS_API_KEY"
 FLAG_WARNING = ("--api-key puts the key on the command line, where every local user can read it (ps, "
