@@ -106,7 +106,8 @@ def test_past_a_raised_body_limit_the_character_budget_refuses_before_rendering(
     results, worst_health = probe_two_big_bodies(gw_big, ten_mb_chat())
     assert [s for s, _ in results] == [400, 400], results
     assert max(t for _, t in results) < 1.0, results
-    assert worst_health < 0.1, worst_health
+    # each 10 MB body is parsed (about 50 ms holding the interpreter) before its characters are counted
+    assert worst_health < 0.5, worst_health
     assert gw_big.rss_kb("VmHWM") - base < 200 << 10
     r = gw_big.post(CHAT, {"messages": [{"role": "user", "content": "y" * 40_000}]})
     assert r.status == 400
