@@ -9,9 +9,12 @@ Routes:
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
 as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
-anything else a 500 whose body says only "internal error" (the trace goes to
-the log). Every /v1 path needs ``Authorization: Bearer <key>`` when a key is
-set, compared in constant time.
+anything else a 500 whose body says only "internal error" and a request id
+(also in ``X-Request-Id``; the log line with the trace names it). Before any
+handler runs: CORS preflights are answered (gateway.cors), every /v1 path
+needs ``Authorization: Bearer <key>`` when a key is set (compared in constant
+time), and a POST must be ``Content-Type: application/json`` (else 415, so a
+web page cannot send one without a preflight).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import secrets
 import time
 
 from aiohttp import web
@@ -27,16 +31,20 @@ from ignis.gateway.chat import chat_completions
 from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.completions import completions
 from ignis.gateway.config import GatewayConfig
+from ignis.gateway.cors import add_origin_headers, is_preflight, preflight
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import ApiError, from_http_exception
 from ignis.gateway.generation import ClientGone, EngineFailed, api_error_of
+from ignis.gateway.listener import CONNECTIONS, Connections
 from ignis.gateway.metrics import GatewayMetrics
+from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tokenizer import ModelFiles
 
 log = logging.getLogger("ignis.gateway")
 
+BODY_CEILING = 64 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
               "/health": "health", "/metrics": "metrics"}
 
@@ -60,13 +68,33 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
         raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
 
+def _json_post(request: web.Request) -> None:
+    if request.method == "POST" and request.content_type != "application/json":
+        raise ApiError(415, f"POST bodies must be sent as Content-Type: application/json, got "
+                            f"{request.content_type!r}", code="unsupported_media_type")
+
+
+def _internal_error(request: web.Request) -> web.Response:
+    rid = secrets.token_hex(8)
+    log.exception("internal error, request id %s, on %s %s", rid, request.method, request.path)
+    return ApiError(500, f"internal error (request id {rid})", type="internal_error",
+                    headers={"X-Request-Id": rid}).response()
+
+
 @web.middleware
 async def _middleware(request: web.Request, handler):
     gw: GatewayState = request.app[STATE]
+    connections: Connections = request.app[CONNECTIONS]
+    connections.request_started(request)
     started = time.monotonic()
     status = 500
     try:
+        if is_preflight(request):
+            resp = preflight(request, gw.config.allowed_origins)
+            status = resp.status
+            return resp
         _auth(gw, request)
+        _json_post(request)
         resp = await handler(request)
         status = resp.status
         return resp
@@ -85,9 +113,9 @@ async def _middleware(request: web.Request, handler):
         status = 499  # the client went away; nothing can be sent
         raise
     except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return ApiError(500, "internal error", type="internal_error").response()
+        return _internal_error(request)
     finally:
+        connections.request_done(request)
         gw.metrics.observe(_endpoint(request), status, time.monotonic() - started)
 
 
@@ -139,9 +167,11 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,
                       client=EngineClient(endpoint, timeout=config.engine_timeout),
                       metrics=GatewayMetrics(model_name), created=int(time.time()), models=models)
-    # client_max_size is aiohttp's own body limit (1 MiB by default): it must be ours.
-    app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes)
+    # Handlers read bodies through gateway.body, within RequestLimits; aiohttp's own limit is only a ceiling.
+    app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes or BODY_CEILING)
     app[STATE] = gw
+    app[PROMPT_WORK] = PromptWork()
+    app[CONNECTIONS] = Connections(config.max_connections, config.header_read_timeout)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
@@ -155,6 +185,10 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     async def stop(app: web.Application) -> None:
         await gw.client.close()
 
+    async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+        add_origin_headers(request, response, config.allowed_origins)
+
+    app.on_response_prepare.append(cors_headers)
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
     return app

@@ -14,7 +14,6 @@ answering is ``GenerationRequest.answer``'s.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 
@@ -37,6 +36,7 @@ from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
 from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
+from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
@@ -95,13 +95,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
     forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
     kwargs = _template_kwargs(f)
+    work = prompt_work(request)
     try:
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
-        prompt = await asyncio.to_thread(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
-        part = await asyncio.to_thread(part_end, gw.template, gw.tokenizer, messages, render_tools, kwargs,
-                                       prompt.ids, prompt.opener_start)
+        prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
+        part = await work.run(part_end, gw.template, gw.tokenizer, messages, render_tools, kwargs,
+                              prompt.ids, prompt.opener_start)
     except TemplateRenderError as e:
         raise invalid(str(e), "messages") from None
+    except (RecursionError, ArithmeticError):  # input the template recursed or computed on past its limits
+        raise invalid("the chat template cannot render this conversation (nested too deeply, or a number out "
+                      "of range)", "messages", code="template_failed") from None
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
     if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
@@ -113,7 +117,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         # grammar holds the rest of it to the tool's parameters.
         req.params = p = dataclasses.replace(p, grammar=_forced_call_grammar(p, forced, render_tools, tool_format))
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
-        prompt_ids = await asyncio.to_thread(_with_suffix, gw.tokenizer, prompt, suffix)
+        prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)
     max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
     rid = new_id("chatcmpl")
     head = {"id": rid, "created": int(time.time()), "model": gw.model_name}

@@ -5,23 +5,25 @@ model), connects to the engine's ZeroMQ endpoint, serves HTTP on uvloop, and
 prints ``READY http://HOST:PORT`` on stdout once listening (the port is the
 bound one, useful with ``--port 0``). SIGTERM or SIGINT stops accepting,
 gives in-flight requests ``--shutdown-timeout`` seconds, and aborts the rest
-at the engine. The API key may come from ``IGNIS_API_KEY`` instead of
-``--api-key``. Imports no torch.
+at the engine. The API key comes from ``--api-key-file``, ``IGNIS_API_KEY``
+or ``--api-key`` (shared.api_key). Connections go through
+``gateway.listener`` (connection cap, header deadline). Imports no torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 
 import uvloop
 from aiohttp import web
 
+from ignis.shared.api_key import resolve_api_key
 from ignis.gateway.app import build_app
 from ignis.gateway.config import GatewayConfig
+from ignis.gateway.listener import CONNECTIONS, LINGER_S, Connections, listen
 from ignis.gateway.state import STATE
 from ignis.gateway.tokenizer import load_model_files
 from ignis.shared import sdnotify
@@ -32,8 +34,6 @@ from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
 from ignis.shared.tokenizer_files import TokenizerFilesError
 
 log = logging.getLogger("ignis.gateway")
-
-API_KEY_ENV = "IGNIS_API_KEY"
 
 
 def add_arguments(parser) -> None:
@@ -55,16 +55,17 @@ def _endpoint(config: GatewayConfig) -> str:
 
 
 async def serve(app: web.Application, config: GatewayConfig) -> int:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout)
+    connections: Connections = app[CONNECTIONS]
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout,
+                           keepalive_timeout=config.keepalive_timeout, lingering_time=LINGER_S)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, shutdown_timeout=config.shutdown_timeout)
     try:
-        await site.start()
+        server = await listen(runner, connections, config.host, config.port)
     except OSError as e:
         await runner.cleanup()
         print(f"ignis gateway: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr)
         return 2
-    port = runner.addresses[0][1]
+    port = server.sockets[0].getsockname()[1]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,6 +79,7 @@ async def serve(app: web.Application, config: GatewayConfig) -> int:
     watchdog.stop()
     sdnotify.stopping()
     log.info("gateway stopping")
+    server.close()
     await runner.cleanup()
     return 0
 
@@ -87,7 +89,7 @@ def run(args) -> int:
 
     setup_logging("gateway")
     try:
-        key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        key = resolve_api_key(args.api_key, args.api_key_file)
         config = from_args(GatewayConfig, args, api_key=key)
         specs = model_specs(config.model, config.served_model_name)
         loaded = {name: load_model_files(_model_dir(path)) for name, path in specs}

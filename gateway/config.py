@@ -1,12 +1,13 @@
 """The gateway process's config: one frozen dataclass, whose fields are its CLI flags.
 
 ``ignis serve`` derives its gateway flags from these fields too, so a flag is
-defined once. The API key may also come from ``IGNIS_API_KEY`` (read by
-``gateway.cli``, never printed).
+defined once. The API key may also come from ``IGNIS_API_KEY`` or
+``--api-key-file`` (read by ``shared.api_key``, never printed).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ignis.shared.flags import field_doc, parse_bytes
@@ -31,9 +32,25 @@ class GatewayConfig:
     engine_endpoint: str | None = field(default=None, metadata=field_doc(
         "ZeroMQ endpoint of the engine (default: ipc://RUNTIME_DIR/INSTANCE-engine.sock)"))
     api_key: str | None = field(default=None, metadata=field_doc(
-        "require 'Authorization: Bearer KEY' on every /v1 path (or set IGNIS_API_KEY); default: no auth"))
-    max_request_bytes: int = field(default=32 << 20, metadata=field_doc(
-        "largest request body accepted, e.g. 32M; larger bodies get HTTP 413", parse=parse_bytes))
+        "require 'Authorization: Bearer KEY' on every /v1 path; visible to local users in the process list, "
+        "prefer --api-key-file or IGNIS_API_KEY; default: no auth"))
+    api_key_file: str | None = field(default=None, metadata=field_doc(
+        "read the API key from this file (mode 0600 or stricter, else refused; surrounding whitespace dropped)"))
+    max_request_bytes: int | None = field(default=None, metadata=field_doc(
+        "largest request body accepted, e.g. 4M; larger bodies get HTTP 413 (default: 16 bytes per token of "
+        "the engine's context plus 64K)", parse=parse_bytes))
+    header_read_timeout: float = field(default=10.0, metadata=field_doc(
+        "seconds a request's headers may take to arrive, from its first byte; then the connection is closed"))
+    body_read_timeout: float = field(default=15.0, metadata=field_doc(
+        "seconds a request's body may take to arrive in full, after its headers; then HTTP 408 and the "
+        "connection is closed"))
+    keepalive_timeout: float = field(default=15.0, metadata=field_doc(
+        "seconds an idle connection is kept open between requests (and after it opens, before any byte)"))
+    max_connections: int = field(default=1024, metadata=field_doc(
+        "open client connections at most; one more is answered HTTP 503 and closed"))
+    allowed_origins: tuple[str, ...] = field(default=(), metadata=field_doc(
+        "a browser origin (e.g. https://app.example.com) allowed to call the API cross-origin; repeat for more; "
+        "default: none, no CORS headers are sent", repeat=True))
     server_developer_message_policy: str = field(default="in-place", metadata=field_doc(
         "where developer messages go: in-place renders each where it arrives (a system turn, or a user "
         "turn where the template takes a system turn only first); into-system "
@@ -58,7 +75,12 @@ class GatewayConfig:
             object.__setattr__(self, "model", ())
         if type(self.port) is not int or not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port!r}")
-        if type(self.max_request_bytes) is not int or self.max_request_bytes < 1024:
+        if isinstance(self.allowed_origins, str):
+            object.__setattr__(self, "allowed_origins", (self.allowed_origins,))
+        if self.allowed_origins is None:
+            object.__setattr__(self, "allowed_origins", ())
+        if self.max_request_bytes is not None and (type(self.max_request_bytes) is not int
+                                                   or self.max_request_bytes < 1024):
             raise ValueError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes!r}")
         if self.server_developer_message_policy not in DEVELOPER_POLICIES:
             raise ValueError(f"--server-developer-message-policy must be one of {', '.join(DEVELOPER_POLICIES)}, "
@@ -75,3 +97,12 @@ class GatewayConfig:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key must not be empty")
+        for name in ("header_read_timeout", "body_read_timeout", "keepalive_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if type(self.max_connections) is not int or self.max_connections < 1:
+            raise ValueError(f"--max-connections must be a positive integer, got {self.max_connections!r}")
+        for origin in self.allowed_origins:
+            if origin == "*" or not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"--allowed-origins takes origins like https://app.example.com (scheme and host, "
+                                 f"no path, no '*'), got {origin!r}")

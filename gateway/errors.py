@@ -6,10 +6,14 @@ with an HTTP status:
     400 invalid_request_error        a bad field (param names it), context_length_exceeded, malformed JSON
     401 authentication_error         missing or wrong API key
     404 not_found_error              unknown model (code model_not_found) or route
-    413 invalid_request_error        body over --max-request-bytes (code request_too_large)
+    408 invalid_request_error        the body did not arrive within --body-read-timeout (code body_timeout)
+    413 invalid_request_error        body over the byte limit (code request_too_large)
+    415 invalid_request_error        a POST whose Content-Type is not application/json
     429 rate_limit_error             engine queue full (Retry-After)
     503 service_unavailable_error    engine down, unreachable or shutting down (Retry-After)
-    500 internal_error               a gateway bug; the message never carries a trace or a path
+    500 internal_error               a gateway bug; the message carries a request id (also in the
+                                     X-Request-Id header) that the logged traceback names too;
+                                     never a trace or a path
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import orjson
 from aiohttp import web
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+          413: "invalid_request_error", 415: "invalid_request_error",
           429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable_error"}
 
 RETRY_AFTER_S = 1
@@ -28,7 +33,8 @@ class ApiError(Exception):
     """An error answered to the client as an OpenAI error object."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None, retry_after: int | None = None):
+                 type: str | None = None, retry_after: int | None = None, close: bool = False,
+                 headers: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -36,14 +42,21 @@ class ApiError(Exception):
         self.code = code
         self.type = type or _TYPES.get(status, "invalid_request_error")
         self.retry_after = retry_after
+        self.close = close  # close the connection after answering
+        self.headers = dict(headers or {})
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-        return web.Response(status=self.status, body=orjson.dumps(self.body()), content_type="application/json",
+        headers = dict(self.headers)
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        resp = web.Response(status=self.status, body=orjson.dumps(self.body()), content_type="application/json",
                             headers=headers)
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -80,4 +93,6 @@ def from_http_exception(exc: web.HTTPException) -> ApiError:
         return ApiError(405, "method not allowed on this route", code="method_not_allowed")
     if status == 413:
         return ApiError(413, "the request body is too large", code="request_too_large")
+    if status == 408:
+        return ApiError(408, "the request did not arrive in time", code="request_timeout", close=True)
     return ApiError(status, exc.reason or "request failed")

@@ -3,7 +3,8 @@
 /v1/chat/completions and /v1/completions differ in how they make a prompt and
 in what a choice looks like (an ``EndpointResponse``); the rest is here, once:
 
-    GenerationRequest.read()    the body, the common fields, the model asked for
+    GenerationRequest.read()    the body (bounded in bytes and time, gateway.body), its cheap checks
+                                (gateway.request_limits), the common fields, the model asked for
     GenerationRequest.answer()  one Generate and one ChoiceState per choice, the
                                 engine streams opened, then SSE chunks or one
                                 JSON body, with usage and prompt_token_ids
@@ -22,15 +23,27 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from ignis.gateway.body import parse_object, read_body
 from ignis.gateway.choice import ChoiceDelta, ChoiceState
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import Generation
 from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams, parse_common, sampling_for
+from ignis.gateway.prompt_work import prompt_work
+from ignis.gateway.request_limits import RequestLimits, check_body
 from ignis.gateway.responses import json_response, stream_sse
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.wire import Generate
+
+
+_INLINE_BODY_BYTES = 256 << 10
+
+
+def _checked_body(raw: bytes, limits: RequestLimits) -> dict:
+    body = parse_object(raw)
+    check_body(body, limits)
+    return body
 
 
 class EndpointResponse:
@@ -78,7 +91,13 @@ class GenerationRequest:
         """``kind``: "chat" or "completion", for the fields only one endpoint has."""
         gw: GatewayState = http.app[STATE]
         started = time.monotonic()
-        f = Fields(await gw.read_json(http))
+        limits = RequestLimits.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes)
+        raw = await read_body(http, limits.body_bytes, gw.config.body_read_timeout)
+        if len(raw) > _INLINE_BODY_BYTES:  # parsing and walking a big body: off the event loop
+            body = await prompt_work(http).run(_checked_body, raw, limits)
+        else:
+            body = _checked_body(raw, limits)
+        f = Fields(body)
         p = parse_common(f, http.headers, kind)
         return cls(http, gw.select(p.model), f, p, started)
 

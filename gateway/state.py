@@ -1,22 +1,21 @@
 """What every handler of one gateway shares, and the checks they all make.
 
 ``GatewayState`` holds the config, the tokenizer and chat template, the engine
-client, the metrics and the served model name; it reads request bodies
-(orjson, within --max-request-bytes), checks the model name, and settles
-max_tokens against the engine's context length.
+client, the metrics and the served model name; it checks the model name and
+settles max_tokens against the engine's context length (bodies are read by
+gateway.body).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import orjson
 from aiohttp import web
 
 from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.config import GatewayConfig
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
-from ignis.gateway.errors import ApiError, context_length_exceeded, engine_unavailable, invalid
+from ignis.gateway.errors import ApiError, context_length_exceeded, engine_unavailable
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.tokenizer import TextTokenizer
 
@@ -38,20 +37,6 @@ class GatewayState:
     @property
     def reasoning_markers(self) -> bool:
         return self.tokenizer.token_id("<think>") is not None and self.tokenizer.token_id("</think>") is not None
-
-    async def read_json(self, request: web.Request) -> dict:
-        length = request.content_length
-        if length is not None and length > self.config.max_request_bytes:
-            raise ApiError(413, f"the request body is {length} bytes, at most {self.config.max_request_bytes} "
-                                f"allowed", code="request_too_large")
-        raw = await request.read()  # bounded by client_max_size, which is --max-request-bytes
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise invalid(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise invalid("the request body must be a JSON object", code="invalid_json")
-        return body
 
     def check_model(self, model: str | None) -> None:
         names = list(self.models) or [self.model_name]

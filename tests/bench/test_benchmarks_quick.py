@@ -47,3 +47,13 @@ def test_gpu_tiers_dry_run_moves_the_entry_across_processes():
     assert "hash_ok  True" in out and "scatter_ok  True" in out
     fields = dict(kv.split("=") for kv in last.split()[2:])
     assert float(fields["gather_gbps"]) > 0 and float(fields["scatter_gbps"]) > 0
+
+
+def test_abuse_quick_meets_its_goals():
+    last = run_quick("abuse.py").strip().splitlines()[-1]
+    assert last.startswith("BENCH abuse "), last
+    f = {k: float(v) for k, v in (kv.split("=") for kv in last.split()[2:])}
+    assert set(f) == {"big_body_s", "health_max_ms", "rss_growth_mb", "halfsent_closed_s", "engine_alive",
+                      "wrong_answers"}
+    assert f["big_body_s"] <= 1 and f["health_max_ms"] <= 100 and f["rss_growth_mb"] <= 200, last
+    assert f["halfsent_closed_s"] <= 30 and f["engine_alive"] == 1 and f["wrong_answers"] == 0, last

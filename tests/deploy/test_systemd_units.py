@@ -53,3 +53,20 @@ def test_memlock_and_ordering():
     assert "ignis-tierd.service" in engine["Unit"]["After"]
     assert "Requires" not in engine["Unit"]  # a lost tierd is a miss, not an outage
     assert "ignis-engine.service" in parse("ignis-gateway.service")["Unit"]["After"]
+
+
+DROPIN = ROOT / "deploy" / "dropins" / "ignis-gateway.service.d" / "api-key.conf"
+
+
+def test_the_gateway_key_comes_from_a_credential_or_the_env_file_never_the_command_line():
+    gateway = parse("ignis-gateway.service")["Service"]
+    assert "--api-key " not in gateway["ExecStart"] and "--api-key=" not in gateway["ExecStart"]
+    assert "$IGNIS_API_KEY_ARGS" in gateway["ExecStart"].split()
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str
+    cp.read(DROPIN)
+    assert cp["Service"]["LoadCredential"] == "api-key:/etc/ignis/api-key"
+    assert cp["Service"]["Environment"] == "IGNIS_API_KEY_ARGS=--api-key-file=%d/api-key"
+    env = (ROOT / "deploy" / "ignis.env.example").read_text()
+    settings = [line for line in env.splitlines() if not line.startswith("#")]
+    assert not any("--api-key" in line for line in settings) and "0600" in env

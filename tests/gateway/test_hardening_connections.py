@@ -1,0 +1,90 @@
+"""Connections: half-sent requests, slow headers, idle keep-alive, and the connection cap.
+
+Probe of issue #26: 200 connections that send headers and one byte of a
+1,000-byte body, then nothing, must all be closed within 30 s while normal
+requests are served as usual. Short timeouts keep the test fast.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.gateway.conftest import http
+from tests.gateway.hardening_support import fake_gateway, is_closed, post_head, read_status, wait_until
+
+CHAT = "/v1/chat/completions"
+OK = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    with fake_gateway(tmp_path_factory.mktemp("conns"), "--body-read-timeout", "2", "--header-read-timeout", "1",
+                      "--keepalive-timeout", "3", "--max-connections", "300") as g:
+        yield g
+
+
+def chat_latency(gw) -> float:
+    t = time.monotonic()
+    r = gw.post(CHAT, OK)
+    assert r.status == 200, r.body[:300]
+    return time.monotonic() - t
+
+
+def test_200_half_sent_requests_are_closed_while_others_are_served(gw):
+    usual = min(chat_latency(gw) for _ in range(5))
+    socks = []
+    for _ in range(200):
+        s = gw.connect()
+        s.sendall(post_head(CHAT, "x", 1000) + b"{")
+        socks.append(s)
+    started = time.monotonic()
+    during = [chat_latency(gw) for _ in range(5)]
+    assert max(during) < max(0.5, 20 * usual), (usual, during)
+    statuses = [read_status(s, 15) for s in socks]
+    assert statuses == [408] * 200, sorted(set(statuses))
+    wait_until(lambda: all(is_closed(s) for s in socks), 30 - (time.monotonic() - started),
+               "half-sent connections still open 30 s after they stalled")
+    for s in socks:
+        s.close()
+    assert chat_latency(gw) < max(0.5, 20 * usual)
+
+
+def test_headers_that_stop_arriving_close_the_connection(gw):
+    s = gw.connect()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    started = time.monotonic()
+    wait_until(lambda: is_closed(s), 10, "a connection with half its headers is still open")
+    assert time.monotonic() - started >= 0.8  # the deadline, not an immediate refusal
+    s.close()
+
+
+def test_an_idle_keepalive_connection_is_closed(gw):
+    s = gw.connect()
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_status(s, 5) == 200
+    wait_until(lambda: is_closed(s), 10, "an idle keep-alive connection is still open")
+    s.close()
+
+
+def test_past_max_connections_a_new_connection_gets_503(tmp_path):
+    with fake_gateway(tmp_path, "--max-connections", "4") as gw:
+        held = [gw.connect() for _ in range(4)]
+        for s in held:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_status(s, 5) == 200  # each is open and counted
+        extra = gw.connect()
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        extra.settimeout(5)
+        reply = b""
+        while chunk := extra.recv(4096):
+            reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head, reply
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        for s in held:
+            s.close()
+        wait_until(lambda: http("GET", gw.url + "/health", timeout=5).status == 200, 10,
+                   "connections freed but new ones are still refused")

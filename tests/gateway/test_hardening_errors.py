@@ -1,0 +1,62 @@
+"""A 500 is a gateway bug: its answer carries a request id, and the log has that id with the traceback.
+
+The app is served in-process (aiohttp's test server) with one extra route that
+fails the way a bug would; failures caused by input are 400s (see
+test_hardening_limits and test_bad_inputs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from ignis.gateway.app import build_app
+from ignis.gateway.config import GatewayConfig
+from ignis.gateway.tokenizer import ModelFiles
+
+
+def test_an_unexpected_exception_is_a_500_with_a_request_id_logged_with_its_traceback(demo_files, tmp_path, caplog):
+    app = build_app(GatewayConfig(), demo_files, "ignis-demo", f"ipc://{tmp_path}/none.sock")
+
+    async def broken(request: web.Request) -> web.Response:
+        return {}["missing"]  # a bug, not the client's doing
+
+    app.router.add_get("/v1/broken", broken)
+
+    async def go():
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get("/v1/broken")
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, await resp.json()
+
+    with caplog.at_level(logging.ERROR, logger="ignis.gateway"):
+        status, headers, body = asyncio.run(go())
+    assert status == 500
+    err = body["error"]
+    assert err["type"] == "internal_error" and "Traceback" not in err["message"] and ".py" not in err["message"]
+    rid = re.search(r"request id ([0-9a-f]{16})", err["message"]).group(1)
+    assert headers["x-request-id"] == rid
+    logged = [r for r in caplog.records if rid in r.getMessage()]
+    assert logged and logged[0].exc_info is not None and logged[0].exc_info[0] is KeyError
+
+
+RECURSIVE_TEMPLATE = ("{% macro deep(n) %}{% if n > 0 %}{{ deep(n - 1) }}{% endif %}{% endmacro %}"
+                      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ deep(m.content | length) }}{{ m.content }}"
+                      "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+
+
+def test_a_template_that_recurses_on_the_input_is_a_400_not_a_500(demo_files, tmp_path):
+    files = ModelFiles(tokenizer=demo_files.tokenizer, chat_template=RECURSIVE_TEMPLATE, generation_config={})
+    app = build_app(GatewayConfig(), files, "ignis-demo", f"ipc://{tmp_path}/none.sock")
+
+    async def go(content: str):
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+            return resp.status, await resp.json()
+
+    status, body = asyncio.run(go("x" * 5000))
+    assert status == 400, body
+    assert body["error"]["param"] == "messages" and body["error"]["code"] == "template_failed", body
