@@ -1,7 +1,7 @@
 """The gateway's asyncio side of the engine connection: one DEALER channel, many streams.
 
     engine ──ZeroMQ──> Channel I/O thread ──inbox──> (notify: call_soon_threadsafe) ──> _drain
-        TokenBatch  -> each stream's share onto its request's asyncio.Queue as (engine id, StreamTokens)
+        TokenBatch  -> each stream's share onto its request's inbox as (engine id, StreamTokens)
         Finished / Refused -> onto the queue, and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
 
@@ -54,7 +54,7 @@ class EngineClient:
         self.last_seen: float | None = None
         self.stats_values: dict = {}
         self._engine_started: float | None = None  # the engine instance we talk to (its start time)
-        self._routes: dict[str, asyncio.Queue] = {}
+        self._routes: dict[str, object] = {}  # engine id -> its request's inbox (put_nowait)
         self._stats_waiters: collections.deque[asyncio.Future] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = threading.Event()
@@ -85,8 +85,8 @@ class EngineClient:
 
     # ----- requests ----------------------------------------------------------------------
 
-    def open(self, messages: list[Generate], inbox: asyncio.Queue) -> None:
-        """Route the answers of ``messages`` to ``inbox``, then send them."""
+    def open(self, messages: list[Generate], inbox) -> None:
+        """Route the answers of ``messages`` to ``inbox`` (anything with ``put_nowait``), then send them."""
         for msg in messages:
             self._routes[msg.id] = inbox
         for msg in messages:
