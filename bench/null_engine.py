@@ -21,7 +21,8 @@ its tokens are unread by its client, so the engine runs exactly as fast as the
 gateway delivers (a stream whose counter has not moved for ``STALL_S`` gets a
 token anyway, so a miscount cannot stall it). Without ``--credits`` every
 stream gets a token every round. When no stream can take a token the loop
-sleeps ``IDLE_S``. TokenBatch frames are built directly (checked at start
+sleeps ``IDLE_S``. ``--garbage-every N`` adds a malformed TokenBatch after
+every Nth round (the gateway must log it, drop it and keep serving). TokenBatch frames are built directly (checked at start
 against the codec's encoding of the same batch).
 """
 
@@ -64,6 +65,8 @@ SLOT_BASE = 1000
 MAX_MODEL_LEN = 1 << 20
 VOCAB_SIZE = 248_320
 STALL_S = 0.05
+MALFORMED = [orjson.dumps({"type": "token_batch", "v": 1, "ids": ["nobody"], "counts": [3]}), b"\0\0\0\0"]
+"""A TokenBatch whose counts do not match its frame (``--garbage-every``): the gateway must drop it."""
 IDLE_S = 0.0005
 """How long the loop sleeps when every stream waits for its client."""
 
@@ -110,7 +113,9 @@ def check_framing() -> None:
 class NullEngine:
     """One thread, one ROUTER socket: the inbox is read between rounds, as the engine does."""
 
-    def __init__(self, endpoint: str, tokens: list[int], credits: Credits | None, window: int):
+    def __init__(self, endpoint: str, tokens: list[int], credits: Credits | None, window: int,
+                 garbage_every: int = 0):
+        self.garbage_every = garbage_every
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -199,6 +204,8 @@ class NullEngine:
                 done.append(s)
         for peer, (ids, toks) in batches.items():
             self._send(peer, token_batch_frames(ids, toks))
+            if self.garbage_every and self.rounds % self.garbage_every == 0:
+                self._send(peer, MALFORMED)
         for s in done:
             del self.streams[s.id]
             self._finish(s, "length")
@@ -217,9 +224,12 @@ def main() -> int:
     ap.add_argument("--tokens", required=True, help="comma-separated token ids every stream cycles through")
     ap.add_argument("--credits", default=None, help="file of int64 per-slot read counters (see the docstring)")
     ap.add_argument("--window", type=int, default=2, help="unread tokens allowed per stream with --credits")
+    ap.add_argument("--garbage-every", type=int, default=0, help="after every Nth round also send a malformed "
+                    "TokenBatch to each gateway (tests)")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
-    engine = NullEngine(args.endpoint, tokens, Credits(args.credits) if args.credits else None, args.window)
+    engine = NullEngine(args.endpoint, tokens, Credits(args.credits) if args.credits else None, args.window,
+                        args.garbage_every)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     check_framing()
