@@ -51,13 +51,15 @@ def bytes_decodable(tokenizer: TextTokenizer) -> bool:
 class IncrementalDetokenizer:
     """Detokenizes one stream."""
 
-    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True, byte_path: bool = True):
+        """``byte_path=False`` keeps the window even where the byte path applies (to compare the two)."""
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self.ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if bytes_decodable(tokenizer) else None
+        self._utf8 = (codecs.getincrementaldecoder("utf-8")("replace") if byte_path and bytes_decodable(tokenizer)
+                      else None)
         self._skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
 
     def push(self, token_ids) -> str:
