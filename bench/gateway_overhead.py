@@ -1,38 +1,43 @@
-"""Streaming overhead of the gateway: HTTP + SSE + ZeroMQ against driving the engine directly.
+"""The gateway's cost per streamed token, against a bare aiohttp SSE server doing the same writes.
 
-Starts one ``ignis serve`` (engine + gateway, demo model unless --model), then
-for 1 and 64 concurrent streams runs the same greedy requests (token-id
-prompts, ``ignore_eos``, a fixed ``max_tokens``) twice per repetition:
+Starts, in one process tree:
 
-    direct    Generate messages straight to the engine's ZeroMQ ROUTER, read until every Finished
-    gateway   POST /v1/completions with stream=true through the gateway (aiohttp client), read every
-              SSE chunk until [DONE]
+    raw       bench/raw_sse.py: aiohttp on uvloop writing the same SSE events (same keys, same text pieces,
+              one event per token) with no gateway code: the transport's own cost
+    gateway   the real gateway (``ignis gateway``, the demo model's tokenizer and detokenizer) in front of
+    null      bench/null_engine.py: the real ZeroMQ protocol, no model; one TokenBatch per round for all
+              streams, each stream paced by what its client has read (no backlog, no idle engine)
 
-and reports the median wall time of each, the overhead per streamed token
-(gateway wall - direct wall) / tokens, aggregate streamed tokens/s through the
-gateway, and the gateway process's own CPU time per token (from /proc; on a
-machine with few cores the gateway, the client and the engine share them, so
-the wall-time overhead includes CPU taken from the engine). Both paths
-alternate within a repetition, after a warm-up, so load drift on a shared
-machine hits both. The last line is
+and for 1, 16, 64 and 256 concurrent streams drives each server with
+bench/sse_clients.py processes (each stream a loop of streamed
+/v1/completions requests of ``--max-tokens`` tokens) for ``--seconds``
+after a warm-up; raw and gateway alternate at each concurrency, so load
+drift on a shared machine hits both. The tokens are those of an English
+text in the real tokenizer (each decodes to at least one character, so a
+client counts its tokens from the text length, exactly).
 
-    BENCH gateway_overhead us_per_token_1=X us_per_token_64=Y tokens_per_s_64=Z
+Reported per server and concurrency: tokens read by the clients in the
+window, wall throughput, and the server process's CPU time (user + system,
+from /proc) per token; the gateway's ratio to raw is a ratio of CPU times
+per token, never a difference of walls. The last line is
 
-    python bench/gateway_overhead.py [--model DIR] [--max-tokens N] [--reps R] [--quick]
+    BENCH gateway_overhead us_per_token_1=A us_per_token_64=B tokens_per_s_64=C ratio_to_raw_64=D tokens_per_s_256=E
+
+where A and B are the gateway's CPU microseconds per token and C, E its
+wall throughput.
+
+    python bench/gateway_overhead.py [--seconds S] [--clients P] [--max-tokens N] [--quick] [--profile FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import mmap
 import os
-import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,162 +45,159 @@ from checkout import use_checkout  # noqa: E402
 
 ROOT = use_checkout()
 
-import aiohttp  # noqa: E402
+import numpy as np  # noqa: E402
 import orjson  # noqa: E402
-import zmq  # noqa: E402
 
-from ignis.shared.sampling import SamplingParams  # noqa: E402
-from ignis.shared.wire import ENGINE_TO_GATEWAY, Finished, Generate, Refused, TokenBatch  # noqa: E402
-from ignis.shared.zmq_queues import connect_dealer  # noqa: E402
-
-CONCURRENCY = (1, 64)
-PROMPT = [(7 * i + 11) % 1900 + 50 for i in range(24)]  # a fixed token-id prompt inside the demo vocabulary
+CONCURRENCY = (1, 16, 64, 256)
+TEXT = ("The quick brown fox jumps over the lazy dog while the patient engineer measures every step of the "
+        "server, counting each token that leaves the gateway and each byte that crosses the socket. ")
+BENCH_DIR = Path(__file__).resolve().parent
 
 
-def start_serve(args, runtime: str) -> tuple[subprocess.Popen, str, str, Path]:
-    log = Path(runtime) / "serve.log"
-    argv = [sys.executable, "-m", "ignis.launcher.cli", "serve", "--port", "0", "--runtime-dir", runtime,
-            "--instance", "bench", "--decode-lanes", "64", "--kv-pool-tokens", str(args.kv_pool_tokens)]
-    if args.model:
-        argv += ["--model", args.model]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    endpoint = url = None
-    deadline = time.monotonic() + 300
-    for line in proc.stdout:
-        if line.startswith("READY ipc://") or line.startswith("READY tcp://"):
-            endpoint = line.split()[1]
-        m = re.match(r"ignis serving \S+ on (http://\S+)", line)
-        if m:
-            url = m.group(1)
-            break
-        if time.monotonic() > deadline:
-            break
-    if not (endpoint and url):
-        proc.kill()
-        raise SystemExit(f"ignis serve did not start:\n{log.read_text()[-3000:]}")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its stdout pipe drained
-    return proc, endpoint, url, log
+def pieces_of_text() -> tuple[list[int], list[str]]:
+    """Token ids of TEXT in the demo model's tokenizer, and each one's text (non-empty, context free)."""
+    from ignis.gateway.tokenizer import load_model_files
+    from ignis.shared.demo import ensure_demo_model
+
+    tok = load_model_files(ensure_demo_model()).tokenizer
+    ids = tok.encode(TEXT)
+    pieces = [tok.decode([i]) for i in ids]
+    if "".join(pieces) != tok.decode(ids) or not all(pieces):
+        raise SystemExit("the benchmark text does not split into context-free tokens")
+    return ids, pieces
 
 
-def gateway_pid(serve_pid: int) -> int | None:
-    """The gateway child of ``ignis serve`` (Linux /proc)."""
-    try:
-        kids = Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split()
-        for pid in kids:
-            if b"gateway" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                return int(pid)
-    except OSError:
-        pass
-    return None
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of ``pid`` so far (0 when unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def direct_run(channel, concurrency: int, max_tokens: int, tag: str) -> tuple[float, int]:
-    """Seconds until every stream finished, and tokens received."""
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    ids = [f"bench-{tag}-{i}" for i in range(concurrency)]
-    t0 = time.perf_counter()
-    for rid in ids:
-        channel.send(Generate(id=rid, prompt_ids=tuple(PROMPT), sampling=sampling))
-    left, tokens = set(ids), 0
-    while left:
-        msg = channel.get(timeout=120).message
-        if isinstance(msg, TokenBatch):
-            tokens += sum(len(s.token_ids) for s in msg.streams if s.id in left)
-        elif isinstance(msg, Finished):
-            left.discard(msg.id)
-        elif isinstance(msg, Refused):
-            raise SystemExit(f"the engine refused a benchmark request: {msg.reason}: {msg.message}")
-    return time.perf_counter() - t0, tokens
+def start(argv: list[str], log: Path, ready: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a process and wait for its line starting with ``ready``; returns it and the rest of that line."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+    for line in proc.stdout:
+        if line.startswith(ready):
+            return proc, line[len(ready):].strip()
+    proc.kill()
+    raise SystemExit(f"{argv[1]} did not start:\n{log.read_text()[-3000:]}")
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, max_tokens: int) -> int:
-    payload = {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-               "stream_options": {"include_usage": True}}
-    tokens = 0
-    async with session.post(url + "/v1/completions", data=orjson.dumps(payload),
-                            headers={"Content-Type": "application/json"}) as resp:
-        if resp.status != 200:
-            raise SystemExit(f"the gateway answered {resp.status}: {await resp.text()}")
-        async for line in resp.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            chunk = orjson.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return tokens
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-async def gateway_run(url: str, concurrency: int, max_tokens: int) -> tuple[float, int]:
-    limits = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(connector=limits, timeout=aiohttp.ClientTimeout(total=600)) as session:
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(one_stream(session, url, max_tokens) for _ in range(concurrency)))
-        return time.perf_counter() - t0, sum(counts)
+class Counters:
+    """The clients' per-slot token counters (a file of int64, shared with clients and the null engine)."""
+
+    SLOTS = 512
+
+    def __init__(self, path: Path):
+        path.write_bytes(bytes(8 * self.SLOTS))
+        self.path = path
+        self._file = path.open("r+b")
+        self.values = np.frombuffer(mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.int64)
+
+    def total(self) -> int:
+        return int(self.values.sum())
+
+
+def measure(url: str, server_pid: int, streams: int, args, counters: Counters, pieces_file: Path,
+            logs: Path, tag: str) -> dict:
+    """Drive ``url`` with ``streams`` streams; tokens, seconds and server CPU over the measured window."""
+    procs = []
+    nproc = min(args.clients, streams)
+    per, first = [streams // nproc + (i < streams % nproc) for i in range(nproc)], 0
+    try:
+        for i, k in enumerate(per):
+            procs.append(start([sys.executable, str(BENCH_DIR / "sse_clients.py"), "--url", url, "--streams", str(k),
+                                "--first-slot", str(first), "--counters", str(counters.path), "--pieces-file",
+                                str(pieces_file), "--max-tokens", str(args.max_tokens)],
+                               logs / f"clients-{tag}-{streams}-{i}.log", "READY")[0])
+            first += k
+        time.sleep(args.warmup)
+        n0, c0, t0 = counters.total(), cpu_seconds(server_pid), time.perf_counter()
+        time.sleep(args.seconds)
+        n1, c1, t1 = counters.total(), cpu_seconds(server_pid), time.perf_counter()
+    finally:
+        for p in procs:
+            stop(p)
+    for p in procs:
+        if p.returncode not in (0, -signal.SIGTERM):
+            raise SystemExit(f"a client of {tag} failed:\n" + "".join(
+                f.read_text()[-2000:] for f in logs.glob(f"clients-{tag}-{streams}-*.log")))
+    tokens = n1 - n0
+    if tokens <= 0:
+        raise SystemExit(f"{tag} streamed no tokens at {streams} streams")
+    return {"tokens": tokens, "seconds": t1 - t0, "cpu": c1 - c0, "clients": nproc}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="checkpoint directory (default: the demo model)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per stream")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per concurrency (median reported)")
-    ap.add_argument("--kv-pool-tokens", type=int, default=32768, help="engine KV pool (enough for 64 streams)")
-    ap.add_argument("--quick", action="store_true", help="a few tokens, one repetition (for tests)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="measured window per server and concurrency")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of streaming before the window")
+    ap.add_argument("--clients", type=int, default=2, help="client processes (fewer when fewer streams)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="tokens per request")
+    ap.add_argument("--window", type=int, default=2, help="unread tokens a null-engine stream may have")
+    ap.add_argument("--profile", default=None, help="write a cProfile of the gateway to this file")
+    ap.add_argument("--quick", action="store_true", help="short windows (for tests)")
     args = ap.parse_args()
     if args.quick:
-        args.max_tokens, args.reps = 4, 1
-    with tempfile.TemporaryDirectory(prefix="ignis-bench-gw-") as runtime:
-        proc, endpoint, url, log = start_serve(args, runtime)
-        ctx = zmq.Context()
-        channel = connect_dealer(ctx, endpoint, ENGINE_TO_GATEWAY, name="bench").start()
-        gw_pid = gateway_pid(proc.pid)
+        args.seconds, args.warmup, args.max_tokens = 0.5, 0.6, 64
+    ids, pieces = pieces_of_text()
+    with tempfile.TemporaryDirectory(prefix="ignis-bench-gw-") as tmp:
+        tmp = Path(tmp)
+        pieces_file = tmp / "pieces.json"
+        pieces_file.write_bytes(orjson.dumps(pieces))
+        counters = Counters(tmp / "counters")
+        endpoint = f"ipc://{tmp}/null-engine.sock"
+        procs = []
         try:
+            null, _ = start([sys.executable, str(BENCH_DIR / "null_engine.py"), "--endpoint", endpoint, "--tokens",
+                             ",".join(map(str, ids)), "--credits", str(counters.path), "--window", str(args.window)],
+                            tmp / "null.log", "READY")
+            procs.append(null)
+            gw_argv = [sys.executable, "-m", "ignis.launcher.cli", "gateway", "--engine-endpoint", endpoint,
+                       "--port", "0"]
+            if args.profile:
+                gw_argv[1:1] = ["-m", "cProfile", "-o", os.path.abspath(args.profile)]
+            gateway, gw_url = start(gw_argv, tmp / "gateway.log", "READY ")
+            procs.append(gateway)
+            raw, raw_url = start([sys.executable, str(BENCH_DIR / "raw_sse.py"), "--pieces-file", str(pieces_file)],
+                                 tmp / "raw.log", "READY ")
+            procs.append(raw)
             results = {}
             for c in CONCURRENCY:
-                direct_run(channel, c, args.max_tokens, f"warm{c}")  # warm-up: lanes, pages, retained prefix
-                asyncio.run(gateway_run(url, c, args.max_tokens))
-                d_times, g_times, tokens, cpu = [], [], 0, 0.0
-                for r in range(args.reps):
-                    dt, dn = direct_run(channel, c, args.max_tokens, f"{c}-{r}")
-                    cpu0 = cpu_seconds(gw_pid)
-                    gt, gn = asyncio.run(gateway_run(url, c, args.max_tokens))
-                    cpu += cpu_seconds(gw_pid) - cpu0
-                    if dn != gn or dn != c * args.max_tokens:
-                        raise SystemExit(f"token counts differ: direct {dn}, gateway {gn}, "
-                                         f"expected {c * args.max_tokens}")
-                    d_times.append(dt)
-                    g_times.append(gt)
-                    tokens = gn
-                print(f"# {c} streams, seconds per repetition: direct {' '.join(f'{t:.3f}' for t in d_times)}; "
-                      f"gateway {' '.join(f'{t:.3f}' for t in g_times)}", flush=True)
-                d, g = statistics.median(d_times), statistics.median(g_times)
-                results[c] = (d, g, tokens, cpu / (args.reps * tokens))
+                r = measure(raw_url, raw.pid, c, args, counters, pieces_file, tmp, "raw")
+                n0 = cpu_seconds(null.pid)
+                g = measure(gw_url, gateway.pid, c, args, counters, pieces_file, tmp, "gateway")
+                g["null_cpu"] = cpu_seconds(null.pid) - n0
+                results[c] = (r, g)
+                print(f"# {c} streams ({g['clients']} client processes): raw {r['tokens']} tokens in "
+                      f"{r['seconds']:.2f} s, cpu {r['cpu']:.2f} s; gateway {g['tokens']} tokens in "
+                      f"{g['seconds']:.2f} s, cpu {g['cpu']:.2f} s", flush=True)
         finally:
-            channel.close()
-            ctx.term()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    print(f"{'streams':>8} {'tokens':>8} {'direct s':>10} {'gateway s':>10} {'us/token':>10} {'gateway tok/s':>14} "
-          f"{'gateway cpu us/token':>21}")
-    for c, (d, g, n, cpu) in results.items():
-        print(f"{c:>8} {n:>8} {d:>10.3f} {g:>10.3f} {(g - d) / n * 1e6:>10.1f} {n / g:>14.1f} {cpu * 1e6:>21.1f}")
-    (d1, g1, n1, _), (d64, g64, n64, _) = results[1], results[64]
-    print(f"BENCH gateway_overhead us_per_token_1={(g1 - d1) / n1 * 1e6:.1f} "
-          f"us_per_token_64={(g64 - d64) / n64 * 1e6:.1f} tokens_per_s_64={n64 / g64:.1f}")
+            for p in reversed(procs):  # the gateway first, so it writes its profile while the engine is up
+                stop(p)
+    print(f"{'streams':>8} {'clients':>8} {'raw tok/s':>10} {'raw us/tok':>11} {'gw tok/s':>10} {'gw us/tok':>10} "
+          f"{'null us/tok':>12} {'ratio':>6}")
+    row = {}
+    for c, (r, g) in results.items():
+        r_us, g_us = r["cpu"] / r["tokens"] * 1e6, g["cpu"] / g["tokens"] * 1e6
+        ratio = g_us / r_us if r_us > 0 else float("inf")
+        row[c] = (g_us, g["tokens"] / g["seconds"], ratio)
+        print(f"{c:>8} {g['clients']:>8} {r['tokens'] / r['seconds']:>10.0f} {r_us:>11.1f} "
+              f"{g['tokens'] / g['seconds']:>10.0f} {g_us:>10.1f} {g['null_cpu'] / g['tokens'] * 1e6:>12.1f} "
+              f"{ratio:>6.2f}")
+    print(f"BENCH gateway_overhead us_per_token_1={row[1][0]:.1f} us_per_token_64={row[64][0]:.1f} "
+          f"tokens_per_s_64={row[64][1]:.0f} ratio_to_raw_64={row[64][2]:.2f} tokens_per_s_256={row[256][1]:.0f}")
     return 0
 
 

@@ -69,27 +69,43 @@ class ChoiceState:
     def stopped_by_string(self) -> bool:
         return self.stops.stopped
 
-    def feed(self, stream: StreamTokens) -> ChoiceDelta:
+    def feed(self, *streams: StreamTokens) -> ChoiceDelta:
+        """The delta of one or more consecutive engine batches of this choice."""
         delta = ChoiceDelta(self.index)
         if self.finished or self.stops.stopped:
             return delta
-        lp = stream.logprobs
         text_parts = []
-        for i, token in enumerate(stream.token_ids):
+        for stream in streams:
+            if self._feed(stream, delta, text_parts):
+                break
+        self.token_ids.extend(delta.token_ids)
+        self._parse("".join(text_parts), delta)
+        return delta
+
+    def _feed(self, stream: StreamTokens, delta: ChoiceDelta, text_parts: list[str]) -> bool:
+        """Add one batch's tokens; True once a stop string matched."""
+        lp = stream.logprobs
+        ids = stream.token_ids
+        stop_ids = self.stop_token_ids
+        if lp is None and not self.stops.stops and not (stop_ids and not stop_ids.isdisjoint(ids)):
+            delta.token_ids.extend(ids)  # the common case: no per-token work but detokenizing
+            text = self.detok.push(ids)
+            if text:
+                text_parts.append(text)
+            return False
+        for i, token in enumerate(ids):
             delta.token_ids.append(token)
             if lp is not None:
                 top = tuple(zip(lp.top_ids[i], lp.top_logprobs[i]))
                 delta.logprobs.append(TokenRecord(token, lp.logprobs[i], top))
-            if token in self.stop_token_ids:
+            if token in stop_ids:
                 continue
             text = self.detok.push((token,))
             if text:
                 text_parts.append(self.stops.push(text))
                 if self.stops.stopped:
-                    break
-        self.token_ids.extend(delta.token_ids)
-        self._parse("".join(text_parts), delta)
-        return delta
+                    return True
+        return False
 
     def finish(self, engine_reason: str) -> ChoiceDelta:
         """Flush held text; ``engine_reason`` is the engine's finish reason (stop, length, abort, error)."""

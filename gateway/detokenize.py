@@ -12,34 +12,71 @@ window and only the stable part is emitted:
 Special tokens (``<|im_end|>``, ``<|endoftext|>``) decode to nothing.
 ``finish()`` flushes whatever is held back, so the concatenated deltas equal
 ``decode(all ids)``. Plain Python over ``gateway.tokenizer.TextTokenizer``.
+
+Fast path, for a tokenizer whose decoder is byte-level BPE alone (Qwen's) and
+whose added tokens are ASCII: decoding is then the concatenation of each
+token's bytes (``token_bytes``, cached per id), read as UTF-8. Each token's
+bytes go through an incremental UTF-8 decoder, which holds an incomplete
+character until its last byte arrives: O(1) per token, no re-decode of a
+window. Invalid bytes become U+FFFD as the tokenizer's lossy decode makes
+them.
 """
 
 from __future__ import annotations
 
-from ignis.gateway.tokenizer import TextTokenizer
+import codecs
+
+from ignis.gateway.tokenizer import TextTokenizer, _decoder_json
 
 _REPLACEMENT = "\ufffd"
 _WINDOW = 6
 """Tokens of context kept before the unread ones: enough for any UTF-8 character to start inside."""
 
 
+_BYTES_DECODABLE: dict[int, tuple[object, bool]] = {}
+"""id(tokenizers.Tokenizer) -> (that tokenizer, whether the fast path applies); kept alive so ids stay unique."""
+
+
+def bytes_decodable(tokenizer: TextTokenizer) -> bool:
+    """Decoding ``tokenizer`` is reading the concatenated ``token_bytes`` of its ids as UTF-8."""
+    key = id(tokenizer.tokenizer)
+    known = _BYTES_DECODABLE.get(key)
+    if known is None:
+        ok = (tokenizer.byte_level and (_decoder_json(tokenizer.tokenizer) or {}).get("type") == "ByteLevel"
+              and all(c.isascii() for c in tokenizer.added_content.values()))
+        known = _BYTES_DECODABLE[key] = (tokenizer.tokenizer, ok)
+    return known[1]
+
+
 class IncrementalDetokenizer:
     """Detokenizes one stream."""
 
-    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True, byte_path: bool = True):
+        """``byte_path=False`` keeps the window even where the byte path applies (to compare the two)."""
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self.ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
+        self._utf8 = (codecs.getincrementaldecoder("utf-8")("replace") if byte_path and bytes_decodable(tokenizer)
+                      else None)
+        self._skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
 
     def push(self, token_ids) -> str:
         """Add tokens; return the newly stable text (may be empty)."""
         self.ids.extend(token_ids)
+        if self._utf8 is not None:
+            piece, skipped = self._tok.token_bytes, self._skipped
+            if len(token_ids) == 1:
+                t = token_ids[0]
+                return "" if t in skipped else self._utf8.decode(piece(t))
+            return self._utf8.decode(b"".join(piece(t) for t in token_ids if t not in skipped))
         return self._step(final=False)
 
     def finish(self) -> str:
         """All tokens are in: return the text still held back."""
+        if self._utf8 is not None:
+            return self._utf8.decode(b"", final=True)
         return self._step(final=True)
 
     def _step(self, final: bool) -> str:

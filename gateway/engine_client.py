@@ -1,12 +1,17 @@
-"""The gateway's asyncio side of the engine connection: one DEALER channel, many streams.
+"""The gateway's asyncio side of the engine connection: one DEALER socket, many streams.
 
-    engine ──ZeroMQ──> Channel I/O thread ──inbox──> (notify: call_soon_threadsafe) ──> _drain
-        TokenBatch  -> each stream's share onto its request's asyncio.Queue as (engine id, StreamTokens)
-        Finished / Refused -> onto the queue, and the route is dropped
+    engine ──ZeroMQ──> DEALER (zmq.asyncio, on the event loop) ──> one reader task ──> _dispatch
+        TokenBatch  -> each stream's share onto its request's inbox as (engine id, StreamTokens)
+        Finished / Refused -> onto the inbox, and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
 
+No I/O thread: the reader task takes every message already queued on the
+socket in one turn of the loop (no thread hop, no wake-up pipe per message),
+and sends go straight to the socket. A message that does not decode is
+logged (rate limited), counted in ``garbage_count`` and dropped.
+
 A request registers its engine ids on one queue (several choices share it),
-sends its ``Generate`` messages, and reads the queue. ``last_seen`` is when the
+sends its ``Generate`` messages, and reads that inbox. ``last_seen`` is when the
 engine last answered (an ErrorReply does not count: an engine that cannot
 decode our messages is not serving us); a heartbeat task asks for Stats every
 second, so a silent engine is noticed (``engine_alive``) and ``max_model_len``
@@ -20,14 +25,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import queue
-import threading
 import time
 
 import zmq
+import zmq.asyncio
 
+from ignis.shared.log_limits import RateLimitedLog
 from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
+    GATEWAY_ENGINE,
     Abort,
     ErrorReply,
     Finished,
@@ -37,12 +43,15 @@ from ignis.shared.wire import (
     StatsReply,
     TokenBatch,
     Usage,
+    WireError,
 )
-from ignis.shared.zmq_queues import connect_dealer, heartbeat_routing_id
+from ignis.shared.zmq_queues import MAX_MESSAGE_BYTES, heartbeat_routing_id
 
 log = logging.getLogger("ignis.gateway")
 
 HEARTBEAT_S = 1.0
+HWM = 100_000
+"""Messages queued each way before ZeroMQ pushes back (as ``shared.zmq_queues``)."""
 
 
 class EngineUnavailable(RuntimeError):
@@ -56,50 +65,70 @@ class EngineClient:
         self.last_seen: float | None = None
         self.stats_values: dict = {}
         self._engine_started: float | None = None  # the engine instance we talk to (its start time)
-        self._routes: dict[str, asyncio.Queue] = {}
+        self._routes: dict[str, object] = {}  # engine id -> its request's inbox (put_nowait)
         self._stats_waiters: collections.deque[asyncio.Future] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._scheduled = threading.Event()
-        self._ctx: zmq.Context | None = None
-        self._channel = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
+        self.garbage_count = 0
+        self._garbage_log = RateLimitedLog(log)
 
     # ----- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._ctx = zmq.Context()
-        self._channel = connect_dealer(self._ctx, self.endpoint, ENGINE_TO_GATEWAY, name="gateway",
-                                       routing_id=heartbeat_routing_id(), notify=self._notify).start()
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        for option, value in ((zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES), (zmq.LINGER, 0), (zmq.SNDHWM, HWM),
+                              (zmq.RCVHWM, HWM)):
+            sock.setsockopt(option, value)
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError as e:
+            sock.close()
+            raise OSError(f"cannot connect to {self.endpoint}: {e}") from None
+        self._sock = sock
+        self._reader = asyncio.create_task(self._read())
         self._heartbeat = asyncio.create_task(self._beat())
 
     async def close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            try:
-                await self._heartbeat
-            except asyncio.CancelledError:
-                pass
-        if self._channel is not None:
-            self._channel.close()
+        for task in (self._heartbeat, self._reader):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        if self._sock is not None:
+            self._sock.close(linger=0)
         if self._ctx is not None:
             self._ctx.term()
 
+    def _send(self, msg) -> None:
+        """Queue ``msg`` on the socket (ZeroMQ sends it on its own thread)."""
+        fut = self._sock.send_multipart(GATEWAY_ENGINE.encode(msg))
+        if not fut.done():  # at the high-water mark: it leaves when the socket has room
+            fut.add_done_callback(_log_send_failure)
+        elif fut.exception() is not None:
+            _log_send_failure(fut)
+
     # ----- requests ----------------------------------------------------------------------
 
-    def open(self, messages: list[Generate], inbox: asyncio.Queue) -> None:
-        """Route the answers of ``messages`` to ``inbox``, then send them."""
+    def open(self, messages: list[Generate], inbox) -> None:
+        """Route the answers of ``messages`` to ``inbox`` (anything with ``put_nowait``), then send them."""
         for msg in messages:
             self._routes[msg.id] = inbox
         for msg in messages:
-            self._channel.send(msg)
+            self._send(msg)
 
     def abort(self, engine_id: str, keep_route: bool = False) -> None:
         """Ask the engine to end a stream; without ``keep_route`` its remaining answers are dropped."""
         if engine_id in self._routes:
             if not keep_route:
                 del self._routes[engine_id]
-            self._channel.send(Abort(engine_id))
+            self._send(Abort(engine_id))
 
     def is_open(self, engine_id: str) -> bool:
         return engine_id in self._routes
@@ -113,7 +142,7 @@ class EngineClient:
         """The engine's StatsReply values; raises EngineUnavailable after ``timeout`` seconds."""
         fut = self._loop.create_future()
         self._stats_waiters.append(fut)
-        self._channel.send(Stats())
+        self._send(Stats())
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -130,26 +159,31 @@ class EngineClient:
 
     # ----- incoming ------------------------------------------------------------------------
 
-    def _notify(self) -> None:
-        # Runs on the channel's I/O thread: schedule one drain per burst of messages.
-        if not self._scheduled.is_set():
-            self._scheduled.set()
-            try:
-                self._loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:
-                pass  # the loop is closed; nothing is waiting any more
-
-    def _drain(self) -> None:
-        self._scheduled.clear()
-        inbox = self._channel.inbox
+    async def _read(self) -> None:
+        """The one reader: every engine message, decoded and dispatched in arrival order."""
+        sock = self._sock
         while True:
-            try:
-                msg = inbox.get_nowait().message
-            except queue.Empty:
-                return
-            if not isinstance(msg, ErrorReply):  # an engine that cannot read us is not serving us
-                self.last_seen = time.monotonic()
+            frames = await sock.recv_multipart()
+            while True:
+                self._take(frames)
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK).result()  # what is already queued, this turn
+                except zmq.Again:
+                    break
+
+    def _take(self, frames: list[bytes]) -> None:
+        try:
+            msg = GATEWAY_ENGINE.decode(frames, ENGINE_TO_GATEWAY)
+        except WireError as e:
+            self.garbage_count += 1
+            self._garbage_log.warning("gateway: dropped a malformed message from the engine: %s", e)
+            return
+        if not isinstance(msg, ErrorReply):  # an engine that cannot read us is not serving us
+            self.last_seen = time.monotonic()
+        try:
             self._dispatch(msg)
+        except Exception:  # a bug in one message's handling must not end the reader
+            log.exception("gateway: failed to dispatch a %s", type(msg).__name__)
 
     def _dispatch(self, msg) -> None:
         if isinstance(msg, TokenBatch):
@@ -191,3 +225,8 @@ class EngineClient:
             except EngineUnavailable:
                 pass
             await asyncio.sleep(HEARTBEAT_S)
+
+
+def _log_send_failure(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("gateway: a message to the engine was not sent: %s", fut.exception())

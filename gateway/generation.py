@@ -5,16 +5,22 @@
     deltas()  yields ChoiceDelta as tokens arrive, then each choice's final delta
     close()   aborts every choice the engine has not finished (client gone, error, stop string)
 
-Waiting never blocks forever: every 0.5 s without news the client connection is
-checked (gone: ``ClientGone``) and so is the engine (silent for longer than its
-timeout: ``EngineUnavailable``, HTTP 503 or an SSE error). A stop string match
-aborts that choice at the engine and keeps reading until its Finished, whose
-usage is then reported with the tokens up to the match.
+Waiting never blocks forever: a timer every 0.5 s (one per request, not one per
+wait) checks, while the request waits, the client connection (gone:
+``ClientGone``) and the engine (silent for longer than its timeout:
+``EngineUnavailable``, HTTP 503 or an SSE error). A stop string match aborts
+that choice at the engine and keeps reading until its Finished, whose usage is
+then reported with the tokens up to the match.
+
+Tokens of one choice that arrived together (several engine rounds queued while
+the client was written to) are fed as one batch, so they leave as one delta:
+one SSE chunk, one write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -36,6 +42,39 @@ class EngineFailed(Exception):
     def __init__(self, message: str, status: int = 500):
         super().__init__(message)
         self.status = status
+
+
+@dataclass
+class StreamInbox:
+    """One request's engine answers, ``(engine id, item)`` in arrival order; the engine client puts, the
+    request awaits. A wait costs one future; ``fail`` wakes a waiter with an exception."""
+
+    def __init__(self):
+        self.items: collections.deque[tuple[str, object]] = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item: tuple[str, object]) -> None:
+        self.items.append(item)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    @property
+    def waiting(self) -> bool:
+        return self._waiter is not None
+
+    async def wait(self) -> None:
+        """Until an item arrives (or ``fail``)."""
+        self._waiter = fut = asyncio.get_running_loop().create_future()
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def fail(self, exc: BaseException) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_exception(exc)
 
 
 @dataclass
@@ -61,8 +100,9 @@ class Generation:
         self.by_id = {m.id: c for m, c in zip(messages, choices)}
         self.finished: dict[str, Finished] = {}
         self.disconnected = disconnected
-        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.inbox = StreamInbox()
         self._early: list[tuple[str, object]] = []
+        self._tick: asyncio.TimerHandle | None = None
         self.usage = Usage(prompt_tokens=len(messages[0].prompt_ids))
 
     async def __aenter__(self) -> Generation:
@@ -74,6 +114,7 @@ class Generation:
     # ----- lifecycle -------------------------------------------------------------------
 
     async def open(self) -> None:
+        self._tick = asyncio.get_running_loop().call_later(POLL_S, self._check)
         self.client.open(self.messages, self.inbox)
         waiting = set(self.by_id)
         while waiting:
@@ -85,6 +126,9 @@ class Generation:
             self._early.append((engine_id, item))
 
     def close(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
         for m in self.messages:
             if m.id not in self.finished:
                 self.client.abort(m.id)
@@ -101,7 +145,7 @@ class Generation:
             if choice is None or engine_id in self.finished:
                 continue
             if isinstance(item, StreamTokens):
-                delta = choice.feed(item)
+                delta = choice.feed(*self._same_stream(engine_id, item))
                 if choice.stopped_by_string:
                     self.client.abort(engine_id, keep_route=True)
                 if delta.has_output:
@@ -125,20 +169,29 @@ class Generation:
         u.completion_tokens += len(choice.token_ids) if choice.stopped_by_string else fin.usage.completion_tokens
         return delta
 
+    def _same_stream(self, engine_id: str, item: StreamTokens) -> list[StreamTokens]:
+        """``item`` and the tokens of the same stream queued right behind it."""
+        batch, items = [item], self.inbox.items
+        if self._early:
+            return batch
+        while items and items[0][0] == engine_id and isinstance(items[0][1], StreamTokens):
+            batch.append(items.popleft()[1])
+        return batch
+
     async def _get(self) -> tuple[str, object]:
-        try:
-            return self.inbox.get_nowait()
-        except asyncio.QueueEmpty:
-            pass
-        while True:
-            try:
-                async with asyncio.timeout(POLL_S):
-                    return await self.inbox.get()
-            except TimeoutError:
-                if self.disconnected():
-                    raise ClientGone() from None
-                if not self.client.engine_alive:
-                    raise EngineUnavailable("the engine stopped answering") from None
+        items = self.inbox.items
+        while not items:
+            await self.inbox.wait()
+        return items.popleft()
+
+    def _check(self) -> None:
+        """Every POLL_S while open: a waiting request learns that its client or the engine is gone."""
+        if self.inbox.waiting:
+            if self.disconnected():
+                self.inbox.fail(ClientGone())
+            elif not self.client.engine_alive:
+                self.inbox.fail(EngineUnavailable("the engine stopped answering"))
+        self._tick = asyncio.get_running_loop().call_later(POLL_S, self._check)
 
 
 def api_error_of(exc: BaseException) -> ApiError:

@@ -26,6 +26,8 @@ from ignis.gateway.tokenizer import TextTokenizer
 log = logging.getLogger("ignis.gateway")
 
 DONE = b"data: [DONE]\n\n"
+TOKENS_PER_COUNT = 256
+"""Streamed tokens counted into the metrics at once."""
 
 
 def new_id(prefix: str) -> str:
@@ -87,18 +89,25 @@ def merge_completion_logprobs(parts: list[dict]) -> dict:
 async def stream_sse(request: web.Request, gen: Generation, prelude: list[dict],
                      chunk_of: Callable[[ChoiceDelta], dict | None], usage_chunk: Callable[[dict], dict] | None,
                      on_tokens: Callable[[int], None] = lambda n: None) -> web.StreamResponse:
-    """Send ``prelude``, a chunk per delta, the usage chunk (if asked) and [DONE]."""
+    """Send ``prelude``, a chunk per delta, the usage chunk (if asked) and [DONE].
+
+    ``on_tokens`` (a metrics counter) is told in batches of ``TOKENS_PER_COUNT`` and once at the end, not per
+    delta: a counter takes a lock."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
+    counted = 0
     try:
         for obj in prelude:
             await resp.write(sse(obj))
         async for delta in gen.deltas():
-            on_tokens(len(delta.token_ids))
+            counted += len(delta.token_ids)
+            if counted >= TOKENS_PER_COUNT:
+                on_tokens(counted)
+                counted = 0
             obj = chunk_of(delta)
             if obj is not None:
-                await resp.write(sse(obj))
+                await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
         if usage_chunk is not None:
             await resp.write(sse(usage_chunk(gen.usage.to_json())))
     except (ClientGone, ConnectionResetError):
@@ -113,6 +122,9 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[dict],
             await resp.write(sse(err.body()))
         except ConnectionResetError:
             raise ClientGone() from None
+    finally:
+        if counted:
+            on_tokens(counted)
     await resp.write(DONE)
     await resp.write_eof()
     return resp

@@ -1,4 +1,4 @@
-"""bench/gateway_overhead.py in its quick mode prints its BENCH line."""
+"""bench/gateway_overhead.py in its quick mode prints its BENCH line, every figure positive."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_gateway_overhead_quick():
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("BENCH gateway_overhead "), last
     fields = dict(kv.split("=") for kv in last.split()[2:])
-    assert set(fields) == {"us_per_token_1", "us_per_token_64", "tokens_per_s_64"}
+    assert set(fields) == {"us_per_token_1", "us_per_token_64", "tokens_per_s_64", "ratio_to_raw_64",
+                           "tokens_per_s_256"}
     for value in fields.values():
-        float(value)  # overheads may come out negative on a noisy machine; they must be numbers
-    assert float(fields["tokens_per_s_64"]) > 0
+        assert float(value) > 0  # CPU time per token and throughputs: positive by construction
