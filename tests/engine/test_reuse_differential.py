@@ -1,0 +1,94 @@
+"""Differential reuse: random mixes of requests on a reuse-on engine give a reuse-off engine's outputs.
+
+Both families (tiny random Qwen3.5 dense and Qwen3-Next MoE checkpoints), a
+small pool, few lanes and slots, and a real tierd with a small arena and a
+small KV-disk ceiling behind them. Hypothesis draws the engine's shape and a
+list of operations (``tests.support.reuse_diff``: bursts, multi-turn
+conversations, retries, forks, aborts, long prompts, rounds in between); every
+finished request's greedy tokens and logprobs are compared with the same
+prompt run alone on a reuse-off engine (logprobs within 1e-4 absolute), and
+the engine must drain with every page and slot free. A failure prints the
+shrunk operation list: ``run_ops`` replays it as it is.
+
+``IGNIS_LONG_TESTS=1`` also runs the long mode (marked ``long``): many more and longer examples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ignis.engine.models.build import load_model
+from tests.engine.test_tiers_e2e import Tierd
+from tests.support.reuse_diff import Config, Driver, References, compare, run_ops
+
+LONG = os.environ.get("IGNIS_LONG_TESTS") == "1"
+
+_stamps = itertools.count()
+
+configs = st.builds(Config, lanes=st.integers(1, 3), pages=st.sampled_from([8, 12, 16]),
+                    device_slots=st.integers(0, 1), host_slots=st.integers(1, 3),
+                    budget=st.sampled_from([48, 100, 4096]), window=st.integers(1, 2), tiers=st.just(True))
+
+ops = st.one_of(
+    st.tuples(st.just("new"), st.integers(0, 2), st.integers(1, 120), st.integers(0, 30),
+              st.sampled_from(["interactive", "agent"]), st.integers(1, 8)),
+    st.tuples(st.just("turn"), st.integers(0, 5), st.integers(1, 60), st.integers(0, 30), st.booleans()),
+    st.tuples(st.just("retry"), st.integers(0, 20)),
+    st.tuples(st.just("fork"), st.integers(0, 20), st.integers(1, 40), st.integers(0, 30)),
+    st.tuples(st.just("burst"), st.integers(0, 2), st.integers(2, 4), st.integers(0, 30)),
+    st.tuples(st.just("long"), st.integers(0, 30)),
+    st.tuples(st.just("abort"), st.integers(0, 20)),
+    st.tuples(st.just("step"), st.integers(1, 6)),
+)
+
+
+@pytest.fixture(scope="module")
+def tierd(tmp_path_factory):
+    rt = tmp_path_factory.mktemp("diff-rt")
+    # an arena of about two small entries, a KV-disk ceiling of about ten
+    t = Tierd(rt, "--reuse-kv-host-pool-bytes", "256K", "--kv-disk-bytes", "1M")
+    yield t.endpoint
+    assert t.stop() == 0
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
+def family_model(request, checkpoint_factory):
+    model, _ = load_model(checkpoint_factory(request.param).path)
+    return request.param, model, References(model, request.param)
+
+
+def check(family, model, refs, endpoint, cfg, op_list):
+    drv = Driver(model, family, cfg, endpoint=endpoint, stamp=f"diff-{family}-{next(_stamps)}")
+    try:
+        run_ops(drv, op_list)
+        compare(drv, refs)
+        drv.check_drained()
+    finally:
+        drv.close()
+
+
+def _explore(family_model, endpoint, examples, steps):
+    family, model, refs = family_model
+
+    @settings(max_examples=examples, derandomize=True, deadline=None, database=None, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(cfg=configs, op_list=st.lists(ops, min_size=1, max_size=steps))
+    def run(cfg, op_list):
+        check(family, model, refs, endpoint, cfg, op_list)
+
+    run()
+
+
+def test_reuse_on_equals_reuse_off(family_model, tierd):
+    _explore(family_model, tierd, examples=5, steps=14)
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not LONG, reason="long mode: IGNIS_LONG_TESTS=1")
+def test_reuse_on_equals_reuse_off_long(family_model, tierd):
+    _explore(family_model, tierd, examples=300, steps=40)
