@@ -19,12 +19,15 @@ import itertools
 import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ignis.engine.models.build import load_model
 from tests.engine.test_tiers_e2e import Tierd
-from tests.support.reuse_diff import Config, Driver, References, compare, run_ops
+from collections import Counter
+
+from tests.support.reuse_diff import Config, Driver, References, compare, coverage, run_ops
 
 LONG = os.environ.get("IGNIS_LONG_TESTS") == "1"
 
@@ -42,9 +45,19 @@ ops = st.one_of(
     st.tuples(st.just("fork"), st.integers(0, 20), st.integers(1, 40), st.integers(0, 30)),
     st.tuples(st.just("burst"), st.integers(0, 2), st.integers(2, 4), st.integers(0, 30)),
     st.tuples(st.just("long"), st.integers(0, 30)),
+    st.tuples(st.just("urgent"), st.integers(0, 2), st.integers(1, 60), st.integers(0, 30)),
     st.tuples(st.just("abort"), st.integers(0, 20)),
     st.tuples(st.just("step"), st.integers(1, 6)),
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are too small to split: on a shared CPU more threads only wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -62,30 +75,39 @@ def family_model(request, checkpoint_factory):
     return request.param, model, References(model, request.param)
 
 
-def check(family, model, refs, endpoint, cfg, op_list):
+def check(family, model, refs, endpoint, cfg, op_list, seen=None):
     drv = Driver(model, family, cfg, endpoint=endpoint, stamp=f"diff-{family}-{next(_stamps)}")
     try:
         run_ops(drv, op_list)
         compare(drv, refs)
+        if seen is not None:
+            seen.update(coverage(drv))
         drv.check_drained()
     finally:
         drv.close()
 
 
 def _explore(family_model, endpoint, examples, steps):
+    """``examples`` runs of ``steps // 2`` to ``steps`` operations each."""
     family, model, refs = family_model
+    seen = Counter()
 
     @settings(max_examples=examples, derandomize=True, deadline=None, database=None, print_blob=False,
               suppress_health_check=list(HealthCheck))
-    @given(cfg=configs, op_list=st.lists(ops, min_size=1, max_size=steps))
+    @given(cfg=configs, op_list=st.lists(ops, min_size=steps // 2, max_size=steps))
     def run(cfg, op_list):
-        check(family, model, refs, endpoint, cfg, op_list)
+        check(family, model, refs, endpoint, cfg, op_list, seen)
 
     run()
+    print(f"{family}: {dict(seen)}, {refs.runs} reference runs")
+    return seen
 
 
 def test_reuse_on_equals_reuse_off(family_model, tierd):
-    _explore(family_model, tierd, examples=5, steps=14)
+    seen = _explore(family_model, tierd, examples=40, steps=16)
+    # the runs compared reused from every tier and went through live eviction and aborts
+    for what in ("hit_device", "hit_kv_ram", "hit_kv_disk", "restores", "live_evictions", "aborted"):
+        assert seen[what] > 0, (what, dict(seen))
 
 
 @pytest.mark.long

@@ -9,6 +9,7 @@ replay that ``run_ops`` takes as it is)::
     ("fork", k, extra, seed)                    the k-th prompt up to its opener + another ending
     ("burst", sys, n, seed)                     n agent requests sharing system block ``sys``
     ("long", seed)                              an unrelated prompt of nearly the whole pool
+    ("urgent", sys, user, seed)                 once an agent decodes (at most 60 rounds), an interactive request
     ("abort", k)                                abort the k-th submitted request (if still live)
     ("step", n)                                 run n rounds
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ignis.engine.models.state import ModelState
-from ignis.engine.request import Request, capture_cuts
+from ignis.engine.request import Request, RequestState, capture_cuts
 from ignis.engine.runner import ModelRunner
 from ignis.engine.scheduler import Scheduler, SchedulerConfig
 from ignis.engine.tier_port import NO_TIERS
@@ -210,10 +211,23 @@ def run_ops(drv: Driver, ops) -> None:
             system = system_block(sys_i)
             for j in range(n):
                 p = system + tokens(10 + 13 * j, seed * 31 + j) + list(OPENER)
-                drv.submit(p, len(system), len(p) - 3, "agent", 4)
+                drv.submit(p, len(system), len(p) - 3, "agent", MAX_TOKENS)
         elif kind == "long":
             p = tokens(max_len - op[1] % 40, 5000 + op[1])
             drv.submit(p, None, len(p) - 3, "agent", 3)
+        elif kind == "urgent":
+            _, sys_i, user, seed = op
+            for _ in range(60):
+                if any(r.request_class == "agent" and r.state is RequestState.DECODING for r in drv.sched.running()):
+                    break
+                if not drv.sched.has_work:
+                    break
+                drv.step()
+            system = system_block(sys_i)
+            p = system + tokens(user, seed) + list(OPENER)
+            s = drv.submit(p, len(system), len(p) - 3, "interactive", MAX_TOKENS, conv=len(convs))
+            if s is not None:
+                convs.append([s])
         elif kind == "abort" and drv.sent:
             s = drv.sent[op[1] % len(drv.sent)]
             if s.end is None:
@@ -247,6 +261,19 @@ class References:
             finally:
                 drv.close()
         return self._cache[prompt]
+
+
+def coverage(drv: Driver) -> dict[str, int]:
+    """What a run exercised: hits per tier, demotions, restores, live evictions, preemptions, aborts."""
+    st = drv.sched.stats()
+    out = {f"hit_{t}": sum(1 for s in drv.sent if s.req.cached_tokens and s.req.reuse_tier == t)
+           for t in ("device", "kv_ram", "kv_disk")}
+    out.update(demotions=st["reuse_demotions_total"], restores=st["reuse_restores_total"],
+               live_evictions=st["live_evictions_total"], live_resumes=st["live_resumes_total"],
+               preemptions=st["num_preemptions_total"], captures=st["reuse_captures_total"],
+               skipped=st["reuse_captures_skipped_total"], aborted=sum(1 for s in drv.sent if s.end == "abort"),
+               finished=sum(1 for s in drv.sent if s.end == "length"))
+    return out
 
 
 def compare(drv: Driver, refs: References) -> int:
