@@ -88,13 +88,13 @@ def check(family, model, refs, endpoint, cfg, op_list, seen=None):
 
 
 def _explore(family_model, endpoint, examples, steps):
-    """``examples`` runs of ``steps // 2`` to ``steps`` operations each."""
+    """``examples`` runs of up to ``steps`` operations each."""
     family, model, refs = family_model
     seen = Counter()
 
     @settings(max_examples=examples, derandomize=True, deadline=None, database=None, print_blob=False,
-              suppress_health_check=list(HealthCheck))
-    @given(cfg=configs, op_list=st.lists(ops, min_size=steps // 2, max_size=steps))
+              report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+    @given(cfg=configs, op_list=st.lists(ops, min_size=1, max_size=steps))
     def run(cfg, op_list):
         check(family, model, refs, endpoint, cfg, op_list, seen)
 
