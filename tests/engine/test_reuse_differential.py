@@ -110,6 +110,28 @@ def test_reuse_on_equals_reuse_off(family_model, tierd):
         assert seen[what] > 0, (what, dict(seen))
 
 
+REPLAYS = {
+    # a burst of the same system block on a pool of 8 pages, prefill budget 48: the second request must
+    # not resume from the first one's retained prefix before the round that fills its slot is applied
+    "pending_capture": (Config(lanes=2, pages=8, device_slots=0, host_slots=1, budget=48, window=1),
+                        [("new", 0, 1, 0, "interactive", 1)] * 8),
+    # a retry and a next turn resume from checkpoints whose last page is partial (its private copy must be
+    # filled after the capturing forward)
+    "partial_page": (Config(lanes=1, pages=8, device_slots=0, host_slots=1, budget=48, window=1),
+                     [("retry", 0), ("retry", 0), ("retry", 0), ("new", 0, 1, 0, "interactive", 1),
+                      ("new", 1, 1, 0, "agent", 1), ("new", 0, 1, 0, "interactive", 1), ("turn", 0, 1, 0, False),
+                      ("new", 1, 1, 0, "interactive", 1)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPLAYS))
+def test_replay(family_model, tierd, name):
+    """Shrunk failures the harness printed (with a reuse rule broken by hand), kept as fixed cases."""
+    family, model, refs = family_model
+    cfg, op_list = REPLAYS[name]
+    check(family, model, refs, tierd, cfg, op_list)
+
+
 @pytest.mark.long
 @pytest.mark.skipif(not LONG, reason="long mode: IGNIS_LONG_TESTS=1")
 def test_reuse_on_equals_reuse_off_long(family_model, tierd):
