@@ -39,13 +39,14 @@ configs = st.builds(Config, lanes=st.integers(1, 3), pages=st.sampled_from([8, 1
 
 ops = st.one_of(
     st.tuples(st.just("new"), st.integers(0, 2), st.integers(1, 120), st.integers(0, 30),
-              st.sampled_from(["interactive", "agent"]), st.integers(1, 8)),
+              st.sampled_from(["interactive", "agent"]), st.sampled_from([1, 4, 8, 40])),
     st.tuples(st.just("turn"), st.integers(0, 5), st.integers(1, 60), st.integers(0, 30), st.booleans()),
     st.tuples(st.just("retry"), st.integers(0, 20)),
     st.tuples(st.just("fork"), st.integers(0, 20), st.integers(1, 40), st.integers(0, 30)),
     st.tuples(st.just("burst"), st.integers(0, 2), st.integers(2, 4), st.integers(0, 30)),
     st.tuples(st.just("long"), st.integers(0, 30)),
     st.tuples(st.just("urgent"), st.integers(0, 2), st.integers(1, 60), st.integers(0, 30)),
+    st.tuples(st.just("squeeze"), st.integers(0, 30)),
     st.tuples(st.just("abort"), st.integers(0, 20)),
     st.tuples(st.just("step"), st.integers(1, 6)),
 )
@@ -106,7 +107,7 @@ def _explore(family_model, endpoint, examples, steps):
 def test_reuse_on_equals_reuse_off(family_model, tierd):
     seen = _explore(family_model, tierd, examples=40, steps=16)
     # the runs compared reused from every tier and went through live eviction and aborts
-    for what in ("hit_device", "hit_kv_ram", "hit_kv_disk", "restores", "live_evictions", "aborted"):
+    for what in ("hit_device", "hit_kv_ram", "hit_kv_disk", "restores", "live_evictions", "preemptions", "aborted"):
         assert seen[what] > 0, (what, dict(seen))
 
 

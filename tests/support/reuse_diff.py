@@ -10,6 +10,7 @@ replay that ``run_ops`` takes as it is)::
     ("burst", sys, n, seed)                     n agent requests sharing system block ``sys``
     ("long", seed)                              an unrelated prompt of nearly the whole pool
     ("urgent", sys, user, seed)                 once an agent decodes (at most 60 rounds), an interactive request
+    ("squeeze", seed)                           two prompts of half the pool each, ending a token short of a page
     ("abort", k)                                abort the k-th submitted request (if still live)
     ("step", n)                                 run n rounds
 
@@ -40,7 +41,8 @@ LOGPROB_TOL = 1e-4
 """Absolute, on each generated token's fp32 log probability (a resumed prefill sums in another order)."""
 NEAR_TIE = 1e-4
 """Cold logprob gap under which the reuse run may pick the other token of a near-tie."""
-MAX_TOKENS = 8
+MAX_TOKENS = 40
+"""The longest completion asked for: long ones grow their page tables while decoding (page pressure, preemption)."""
 OPENER = (5, 6, 7)
 SYSTEM_LENGTHS = (70, 140, 200)
 VOCAB = 128
@@ -211,7 +213,7 @@ def run_ops(drv: Driver, ops) -> None:
             system = system_block(sys_i)
             for j in range(n):
                 p = system + tokens(10 + 13 * j, seed * 31 + j) + list(OPENER)
-                drv.submit(p, len(system), len(p) - 3, "agent", MAX_TOKENS)
+                drv.submit(p, len(system), len(p) - 3, "agent", 16)
         elif kind == "long":
             p = tokens(max_len - op[1] % 40, 5000 + op[1])
             drv.submit(p, None, len(p) - 3, "agent", 3)
@@ -225,9 +227,14 @@ def run_ops(drv: Driver, ops) -> None:
                 drv.step()
             system = system_block(sys_i)
             p = system + tokens(user, seed) + list(OPENER)
-            s = drv.submit(p, len(system), len(p) - 3, "interactive", MAX_TOKENS, conv=len(convs))
+            s = drv.submit(p, len(system), len(p) - 3, "interactive", 8, conv=len(convs))
             if s is not None:
                 convs.append([s])
+        elif kind == "squeeze":  # together they fill the pool: the first decode past the page preempts
+            n = drv.cfg.pages // 2 * PAGE - 1
+            for j in range(2):
+                p = tokens(n, 7000 + 2 * op[1] + j)
+                drv.submit(p, None, n - 3, "interactive", 8)
         elif kind == "abort" and drv.sent:
             s = drv.sent[op[1] % len(drv.sent)]
             if s.end is None:
@@ -248,12 +255,14 @@ class References:
         self._cache: dict[tuple[int, ...], tuple[list[int], list]] = {}
         self.runs = 0
 
-    def get(self, prompt: tuple[int, ...]) -> tuple[list[int], list]:
-        if prompt not in self._cache:
-            pages = -(-(len(prompt) + MAX_TOKENS + 1) // PAGE)
+    def get(self, prompt: tuple[int, ...], max_tokens: int) -> tuple[list[int], list]:
+        """The cold greedy tokens and logprobs of ``prompt``, at least ``max_tokens`` (or 8) of them."""
+        if prompt not in self._cache or len(self._cache[prompt][0]) < max_tokens:
+            n = max(max_tokens, 8)
+            pages = -(-(len(prompt) + n + 1) // PAGE)
             drv = Driver(self.model, self.family, Config(lanes=1, pages=pages, host_slots=0, tiers=False), reuse=False)
             try:
-                s = drv.submit(prompt)
+                s = drv.submit(prompt, max_tokens=n)
                 drv.drain()
                 assert s.end == "length"
                 self._cache[prompt] = (list(s.req.output_ids), s.logprobs)
@@ -285,7 +294,7 @@ def compare(drv: Driver, refs: References) -> int:
         assert s.end == "length", (s.rid, s.end)
         got = list(s.req.output_ids)
         assert len(got) == len(s.logprobs), (s.rid, len(got), len(s.logprobs))
-        ref_tokens, ref_lps = refs.get(s.prompt)
+        ref_tokens, ref_lps = refs.get(s.prompt, len(got))
         for i, (a, b) in enumerate(zip(got, ref_tokens)):
             if a != b:
                 alt = dict(ref_lps[i].top).get(a)
