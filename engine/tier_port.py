@@ -34,10 +34,11 @@ class TierPort(Protocol):
     # ----- retained entries (the store) ------------------------------------------
 
     def demote_retained(self, tokens: tuple[int, ...], pages: Sequence[int], slot: int,
-                        request_class: str) -> str | None:
+                        request_class: str, last_used: float | None = None) -> str | None:
         """Copy the retained entry over ``tokens`` (its pages in order, the image in ``slot``) down,
         under ``content_key(tokens)`` (``engine.reuse.lower_index``), the key the store's records and
-        ``restore_retained`` use; the tier it landed in ("ram" / "disk"), or None when it did not move."""
+        ``restore_retained`` use; the tier it landed in ("ram" / "disk"), or None when it did not move.
+        ``last_used``: when the entry was last used (unix s; None: now), where tierd's TTL counts from."""
 
     def restore_retained(self, key: str, pages: Sequence[int], slot: int) -> str | None:
         """Copy the entry under ``key`` into ``pages`` and ``slot``; the tier it was read from, or None."""
@@ -78,7 +79,7 @@ class NullTierPort:
 
     session = 0
 
-    def demote_retained(self, tokens, pages, slot, request_class) -> None:
+    def demote_retained(self, tokens, pages, slot, request_class, last_used=None) -> None:
         return None
 
     def restore_retained(self, key, pages, slot) -> None:

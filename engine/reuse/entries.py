@@ -41,6 +41,7 @@ class Entry:
     pinned: bool = False  # bytes move this round: not reclaimable until the round is applied
     filled: bool = True  # a capture's slot holds its image only once the round that took it is applied
     stamp: str = ""  # artifact structural hash, KV format, drafter presence
+    used_at: float = 0.0  # wall clock (unix s) of its capture or last hit: tierd's TTL counts from it
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,9 @@ Invariants:
 - A restored entry is registered only once ``TierPort.check_restored`` accepts
   its bytes (finite KV rows and image); a rejected one is dropped here and
   below, and the lookup falls back to the device match (or none).
+- A demote carries the wall-clock time of the entry's capture or last hit
+  (``Entry.used_at``), not of the demotion: tierd's interactive TTL counts
+  from the last use.
 - What happened to a capture that is gone or never was (skipped, released for
   room, dropped by its conversation) is noted in ``fates`` by content, so a
   request that falls short can say why (``engine.reuse.shortfall``).
@@ -40,6 +43,8 @@ Invariants:
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ignis.engine.page_pool import PagePool, PoolExhausted
@@ -76,8 +81,10 @@ class ResumePoint:
 
 class RetainedStore:
     def __init__(self, pool: PagePool, slots: SlotPool, enabled: bool = True, stamp: str = "",
-                 tiers: TierPort = NO_TIERS, restore_floors: dict[str, int] | None = None):
+                 tiers: TierPort = NO_TIERS, restore_floors: dict[str, int] | None = None,
+                 clock: Callable[[], float] = time.time):
         self.pool = pool
+        self.clock = clock  # wall clock for ``Entry.used_at``; ranking here uses ``_tick``
         self.stamp = stamp
         self.stamp_refusals = 0
         self.slots = slots
@@ -162,6 +169,7 @@ class RetainedStore:
         if e is None:
             return None
         e.last_used = self._tick()
+        e.used_at = self.clock()
         e.pinned = True
         self.hits += 1
         return ResumePoint(e.entry_id, e.num_tokens, e.slot, e.pages.pages, e.kind, self.slots.tier_of(e.slot), tier)
@@ -223,6 +231,7 @@ class RetainedStore:
         same = self._find(tokens, n, filled=None)
         if same is not None and same.num_tokens == n:
             same.last_used = self._tick()
+            same.used_at = self.clock()
             return None
         slot = self._slot_for(request_class)
         if slot is None:
@@ -250,7 +259,7 @@ class RetainedStore:
                   after_user: bool, filled: bool = True) -> Entry:
         full_hash = page_chain(tokens, self.pool.page_tokens)[-1]
         e = Entry(self._next_id, tokens, full_hash, owner, slot, kind, request_class, after_user,
-                  self._tick(), pinned=True, filled=filled, stamp=self.stamp)
+                  self._tick(), pinned=True, filled=filled, stamp=self.stamp, used_at=self.clock())
         self._next_id += 1
         self._entries[e.entry_id] = e
         self._by_hash.setdefault(full_hash, []).append(e)
@@ -313,7 +322,7 @@ class RetainedStore:
         entry first moves down a tier if one is connected (lazy demotion: only now).
         ``fate``: why it goes ("evicted" for room, "budget" for its conversation's budget)."""
         if demote:
-            tier = self.tiers.demote_retained(e.tokens, e.pages.pages, e.slot, e.request_class)
+            tier = self.tiers.demote_retained(e.tokens, e.pages.pages, e.slot, e.request_class, last_used=e.used_at)
             if tier is not None:
                 self.demotions += 1
                 self.lower.add(LowerRecord(content_key(e.tokens), e.tokens, e.kind, e.request_class,

@@ -137,11 +137,12 @@ class TierClientPort:
 
     # ----- retained entries ------------------------------------------------------------
 
-    def demote_retained(self, tokens, pages, slot, request_class) -> str | None:
+    def demote_retained(self, tokens, pages, slot, request_class, last_used=None) -> str | None:
         if slot < self.device_slots:
             return None
         return self.client.demote(content_key(tokens), _page_refs(pages) + self._slot_refs(slot), kind="retained",
-                                  request_class=request_class, last_used=time.time())
+                                  request_class=request_class,
+                                  last_used=time.time() if last_used is None else last_used)
 
     def restore_retained(self, key, pages, slot) -> str | None:
         if slot < self.device_slots:

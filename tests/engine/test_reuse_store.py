@@ -241,6 +241,7 @@ class FakeTier(NullTierPort):
         self.tier, self.fail_fetch, self.read_from = tier, fail_fetch, read_from
         self.where = where
         self.demoted, self.fetched = [], []
+        self.last_used: dict[tuple, float | None] = {}  # tokens -> last_used sent with the demote
         self.held: dict[str, str] = {}  # key -> tier
         self.session = 1
 
@@ -249,8 +250,9 @@ class FakeTier(NullTierPort):
         self.held[record.key] = record.tier
         return record
 
-    def demote_retained(self, tokens, pages, slot, request_class):
+    def demote_retained(self, tokens, pages, slot, request_class, last_used=None):
         self.demoted.append((tokens, tuple(pages), slot))
+        self.last_used[tokens] = last_used
         self.held[content_key(tokens)] = self.tier
         return self.tier
 
@@ -434,9 +436,9 @@ def test_a_new_hello_empties_what_the_engine_knew_of_tierd():
 
 def test_an_entry_demoted_through_a_new_hello_is_known_below():
     class HelloOnDemote(FakeTier):
-        def demote_retained(self, tokens, pages, slot, request_class):
+        def demote_retained(self, tokens, pages, slot, request_class, last_used=None):
             self.session += 1  # tierd had restarted: the port said hello again before the copy
-            return super().demote_retained(tokens, pages, slot, request_class)
+            return super().demote_retained(tokens, pages, slot, request_class, last_used)
 
     tier = HelloOnDemote()
     pool, store = with_lower(tier, pages=8)
