@@ -294,3 +294,37 @@ def test_bye_drops_everything_and_frees_tierd_for_another_engine(tierd):
         assert lookup(other, 44) == [None]
     finally:
         other.close()
+
+
+def test_a_disk_file_forged_with_nan_bytes_and_plain_checksums_is_refused(engine, tierd):
+    """The probe: someone rewrites a KV-disk file's payload with NaNs and recomputes unkeyed blake2b
+    digests; the install's MAC refuses it before any byte reaches engine memory."""
+    import hashlib
+    import struct
+
+    import numpy as np
+
+    disk_dir = tierd.runtime_dir / "default-kv-disk"
+    key_file = tierd.runtime_dir / "default-kv-disk.key"
+    assert key_file.stat().st_mode & 0o077 == 0 and len(key_file.read_bytes()) == 32
+    reply, _ = demote(engine, 13, target="disk")
+    path = disk_dir / f"{key(13)}.kv"
+    data = bytearray(path.read_bytes())
+    _, header_len, chunk = struct.unpack_from("<8sII", data)
+    header = bytes(data[16:16 + header_len])
+    payload_at, nbytes = 16 + header_len, reply.nbytes
+    forged = np.full(nbytes // 4, np.nan, dtype=np.float32).tobytes().ljust(nbytes, b"\0")
+    digests = []
+    for i in range(0, nbytes, chunk):
+        d = hashlib.blake2b(header, digest_size=32)
+        d.update((i // chunk).to_bytes(8, "little"))
+        d.update(forged[i:i + chunk])
+        digests.append(d.digest())
+    data[payload_at:payload_at + nbytes] = forged
+    data[payload_at + nbytes:] = b"".join(digests)
+    path.write_bytes(bytes(data))
+    engine.scramble()
+    before = engine.snapshot()
+    got = engine.ask(Restore(engine.next_req(), key(13), STAMP, DST))
+    assert isinstance(got, Missing) and got.reason == "corrupt" and "not written by this install" in got.message
+    assert engine.snapshot() == before and lookup(engine, 13) == [None]
