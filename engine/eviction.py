@@ -57,6 +57,7 @@ class Evictor:
         self.resumes = 0
         self.abandoned = 0
         self.restore_rejections = 0
+        self._abandoned_seen = 0
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +84,11 @@ class Evictor:
         rec.computed = req.num_computed_tokens  # the round that was in flight at the start has been applied
         self.evictions += 1
         return "done"
+
+    def failed_lately(self) -> bool:
+        """An eviction was abandoned (a tier refused) since the last call: do not count on the next one."""
+        failed, self._abandoned_seen = self.abandoned != self._abandoned_seen, self.abandoned
+        return failed
 
     def abandon(self, req) -> None:
         rec = self.evicting.pop(req.req_id, None)

@@ -4,17 +4,23 @@ Decodes. Every decoding request gets one step per round, in rank order, and
 its page table grows a page at a time to hold it. Retained pages are given up
 (``store.reclaim_pages``) before anything running is.
 
-Preemption (recompute). When a decode needs a page and none is free, the
-lowest-ranked running request (agent before interactive, latest arrival first)
-gives up its pages and lane and goes back to the FRONT of its class's queue;
-its output so far stays, and on readmission it prefills prompt + output and
-goes on sampling where it stopped. It keeps its arrival, hence its rank.
+Live eviction (with tierd). A sequence moves down a tier one window between
+rounds (``engine.eviction``); once all of it has moved it gives up its lane
+and pages and waits at the front of its class's queue, to resume without
+recomputing. One moves at a time. It starts when the head of the queue cannot
+fit (the lowest-ranked decoding sequence ranked below the head), and when a
+decode needs a page and none is free (the lowest-ranked decoding sequence not
+yet given its step this round, possibly the one asking): decodes short of a
+page then wait a round while the pages are on their way, and nothing is
+recomputed.
 
-Live eviction (with tierd). When the head of the queue cannot fit, the
-lowest-ranked decoding sequence ranked below it starts moving down a tier, one
-window between rounds (``engine.eviction``); once all of it has moved it gives
-up its lane and pages and waits at the front of its class's queue, to resume
-without recomputing. Pure Python, no torch.
+Preemption (recompute). When a decode needs a page, none is free and no live
+eviction can free one (no tierd, or the last eviction failed), the
+lowest-ranked running request (agent before interactive, latest arrival
+first) gives up its pages and lane and goes back to the FRONT of its class's
+queue; its output so far stays, and on readmission it prefills prompt +
+output and goes on sampling where it stopped. It keeps its arrival, hence
+its rank. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         needed = req.page_table.pages_needed(position + 1)
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
+        if req.page_table.pages_needed(position + 1) > sched.pool.num_free and _evict_for_pages(sched, scheduled):
+            continue  # pages are on their way down a tier: this decode waits a round, nothing recomputes
         while req.page_table.pages_needed(position + 1) > sched.pool.num_free:
             victim = max((r for r in sched.lanes.holders() if r.req_id not in scheduled), key=_rank)
             plan.preempted.append(preempt(sched, victim))
@@ -48,6 +56,24 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         req.page_table.ensure_capacity(position + 1)
         plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position), req.page_table.pages))
         scheduled.add(req.req_id)
+
+
+def _evict_for_pages(sched: SchedulerState, scheduled: set[str]) -> bool:
+    """Decode-time pressure: True when a live eviction is under way (started here if none was), so
+    the decode short of a page waits; False when none can help (then the caller preempts)."""
+    evictor = sched.evictor
+    if not evictor.enabled or evictor.failed_lately():
+        return False
+    if evictor.evicting:
+        return True
+    candidates = [r for r in sched.lanes.holders()
+                  if r.state is RequestState.DECODING and r.req_id not in scheduled]
+    if not candidates:
+        return False
+    victim = max(candidates, key=_rank)
+    victim.state = RequestState.EVICTING
+    evictor.start(victim)
+    return True
 
 
 def preempt(sched: SchedulerState, req: Request) -> Preempted:

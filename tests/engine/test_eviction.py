@@ -175,3 +175,31 @@ def test_refused_demote_abandons_the_eviction_and_the_agent_decodes_on(model):
     assert h.tokens["agent0"] == undisturbed(model, 0)
     assert len(h.tokens["user"]) == 3
     h.sched.pool.integrity_check()
+
+
+def test_decode_pressure_evicts_a_live_sequence_instead_of_recomputing_it(model):
+    """Four agents whose growth outruns the pool: a decode short of a page moves the lowest-ranked
+    sequence down a tier (a window a round) and waits; nothing is preempted, every output is bit-exact."""
+    h = Harness(model, pages=9, window=1)  # three agents fill it; two of them grow into a fourth page
+    for i in range(4):
+        h.submit(f"agent{i}", prompt(150 + 10 * i, i), "agent", **AGENT_SAMPLING[i])
+    h.run()
+    stats = h.sched.stats()
+    assert stats["live_evictions_total"] >= 1 and stats["live_resumes_total"] == stats["live_evictions_total"]
+    assert stats["num_preemptions_total"] == 0
+    for i in range(4):
+        assert h.tokens[f"agent{i}"] == undisturbed(model, i), i
+    assert not h.tier.pages and not h.tier.images
+    h.sched.store.release_all()
+    assert h.sched.pool.num_free == h.sched.pool.num_pages
+    h.sched.pool.integrity_check()
+
+
+def test_decode_pressure_without_a_tier_preempts_as_before(model):
+    h = Harness(model, pages=9, evict=False)
+    for i in range(4):
+        h.submit(f"agent{i}", prompt(150 + 10 * i, i), "agent", **AGENT_SAMPLING[i])
+    h.run()
+    assert h.sched.stats()["num_preemptions_total"] >= 1
+    for i in range(4):
+        assert h.tokens[f"agent{i}"] == undisturbed(model, i), i
