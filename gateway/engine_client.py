@@ -81,8 +81,9 @@ class EngineClient:
         self._loop = asyncio.get_running_loop()
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.DEALER)
+        # the routing id says this gateway heartbeats: the engine treats its silence as gone (gateway_watch)
         for option, value in ((zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES), (zmq.LINGER, 0), (zmq.SNDHWM, HWM),
-                              (zmq.RCVHWM, HWM)):
+                              (zmq.RCVHWM, HWM), (zmq.ROUTING_ID, heartbeat_routing_id())):
             sock.setsockopt(option, value)
         try:
             sock.connect(self.endpoint)
