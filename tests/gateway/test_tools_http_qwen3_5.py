@@ -96,7 +96,9 @@ def test_two_typed_calls_with_reasoning_streamed(gw, client):
     assert [c["name"] for c in calls] == ["get_weather", "get_time"]
     assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 2, "metric": True}
     assert calls[1]["arguments"] == "{}"
-    assert fragments[0] == 4  # one per parameter, then the closing brace
+    # at most one per parameter and one for the closing brace: tokens that reach the gateway together
+    # leave it as one delta (parameter-by-parameter fragments are tested on the parser)
+    assert fragments[0] <= 4
 
 
 def test_thinking_off_renders_a_closed_block_and_content_stays_clean(gw, client):
