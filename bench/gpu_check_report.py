@@ -1,12 +1,9 @@
-"""gpu_check's table and time budget: each section's share, and the lines and failures it reports.
+"""gpu_check's table: the lines and failures a section reports.
 
 Imported by ``bench/gpu_check.py`` once it has set ``TRITON_INTERPRET`` and called ``use_checkout()``.
 """
 
 from __future__ import annotations
-
-BUDGET_S = {"tests": 210.0, "model": 60.0, "bench": 115.0, "hq": 45.0, "tiers": 20.0}  # 450 s of 480
-
 
 class Report:
     """Lines of the table and the failures, printed as they come."""

@@ -1,4 +1,4 @@
-"""gpu_check section 5: ``bench/gpu_tiers.py``, the engine <-> tierd copy path, in its own processes.
+"""gpu_check section tiers: ``bench/gpu_tiers.py``, the engine <-> tierd copy path, in its own processes.
 
 Its lines go into the table and its figures into ``head``; anything but a last
 line ``BENCH gpu_tiers ok=1 ...`` with exit 0 is a failure.
@@ -10,16 +10,16 @@ import subprocess
 import sys
 
 from checkout import ROOT
-from gpu_check_report import BUDGET_S, Report
+from gpu_check_report import Report
 
 
-def run_tiers(rep: Report, device: str, head: dict) -> None:
-    """Section 5: bench/gpu_tiers.py in its own processes, its figures into the table and ``head``."""
+def run_tiers(rep: Report, device: str, head: dict, seconds: float) -> None:
+    """bench/gpu_tiers.py in its own processes, its figures into the table and ``head``."""
     argv = [sys.executable, str(ROOT / "bench" / "gpu_tiers.py")] + (["--dry-run"] if device == "cpu" else [])
     try:
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_S["tiers"] + 60)
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=seconds)
     except subprocess.TimeoutExpired:
-        rep.fail(f"tiers: bench/gpu_tiers.py ran past {BUDGET_S['tiers'] + 60:.0f} s")
+        rep.fail(f"tiers: bench/gpu_tiers.py ran past {seconds:.0f} s")
         return
     lines = proc.stdout.strip().splitlines()
     for line in lines:

@@ -41,6 +41,9 @@ class EngineConfig:
         "given to the KV pool"))
     decode_lanes: int = field(default=16, metadata=field_doc(
         "most sequences running at once (each holds a live recurrent state)"))
+    cuda_graph_max_bs: int = field(default=32, metadata=field_doc(
+        "on CUDA: rounds of up to N decode steps (and no prefill) replay a CUDA graph captured at load for "
+        "batch sizes 1, 2, 4, 8, 16, 24, ... N; larger and mixed rounds run eagerly (0: never; CPU: never)"))
     max_prefill_tokens_per_round: int = field(default=2048, metadata=field_doc(
         "prompt tokens prefilled per round, all requests together"))
     max_queue: int = field(default=256, metadata=field_doc(
@@ -108,6 +111,8 @@ class EngineConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
+        if type(self.cuda_graph_max_bs) is not int or self.cuda_graph_max_bs < 0:
+            raise ValueError(f"--cuda-graph-max-bs must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if type(self.kv_exact_window) is not int or self.kv_exact_window < 0:
             raise ValueError(f"--kv-exact-window must be an integer >= 0, got {self.kv_exact_window!r}")
         if not 0.0 < self.kv_memory_fraction <= 1.0:

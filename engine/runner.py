@@ -18,6 +18,9 @@ before the copy to the host, so every sampling setting, and the logprobs,
 see only the tokens the grammar allows. A round without one pays nothing.
 
 A request whose sampling fails ends alone (``engine.row_sampling``).
+
+On CUDA a round of decode steps only replays a captured graph
+(``engine.decode_graphs``) instead of launching the forward op by op.
 """
 
 from __future__ import annotations
@@ -50,14 +53,42 @@ class ModelRunner:
         self.vocab_limit = vocab_limit
         self.workspace = SamplerWorkspace(model.cfg.vocab_size)
         self.last_logits: dict = {}  # req_id -> the row it was sampled from this round (views, no copy)
+        self.graphs = None  # DecodeGraphs once captured (CUDA)
 
     def warm_up(self) -> None:
-        """One prefill and one decode on lane 0, so the first request does not pay for first calls."""
-        pages = [0]
-        self.state.reset_lane(0)
-        self.model(ForwardBatch.build([SeqChunk([0, 0, 0], 0, pages, 0)], self.device), self.state)
-        self.model(ForwardBatch.build([SeqChunk([0], 3, pages, 0)], self.device), self.state)
-        self.state.reset_lane(0)
+        """Compile every kernel variant a round can meet before the first request does.
+
+        Triton specialises integer arguments (1, multiples of 16, others), so
+        the warm-up runs prefills of odd and whole-tile lengths, a decode step,
+        and a mixed batch (decodes and a prefill chunk in one forward), on lanes
+        0 and 1 and the first pages, and clears them after."""
+        lanes = [0, 1] if self.state.lanes > 1 else [0, 0]
+        pages = list(range(min(2, self.state.num_pages)))
+        tile = 64 if len(pages) * 64 >= 67 else 16
+        rounds = [
+            [SeqChunk([0, 0, 0], 0, pages, lanes[0])],
+            [SeqChunk([0], 3, pages, lanes[0])],
+            [SeqChunk([0] * tile, 0, pages, lanes[1])] if lanes[1] != lanes[0] else [],
+            [SeqChunk([0], 4, pages, lanes[0]), SeqChunk([0, 0, 0], tile, pages, lanes[1])]
+            if lanes[1] != lanes[0] else [],
+        ]
+        for lane in set(lanes):
+            self.state.reset_lane(lane)
+        for chunks in rounds:
+            if chunks:
+                self.model(ForwardBatch.build(chunks, self.device), self.state)
+        for lane in set(lanes):
+            self.state.reset_lane(lane)
+
+    def use_graphs(self, graphs) -> None:
+        """Replay ``graphs`` (a captured ``DecodeGraphs``) for the decode-only rounds it takes."""
+        self.graphs = graphs
+
+    def close(self) -> None:
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+        self.state.close()
 
     def release(self, req_id: str) -> None:
         """Forget a finished request's sampler."""
@@ -100,10 +131,12 @@ class ModelRunner:
         chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane) for d in plan.decodes]
         chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last)
                    for c in plan.prefills]
-        batch = ForwardBatch.build(chunks, self.device)
         ids = plan.sampled_ids()
         masks = self.grammars.begin(ids) if self.grammars is not None else None  # filled during the forward
-        logits = self.model(batch, self.state)  # one row per sampled id, in sampled_ids() order
+        if not plan.prefills and self.graphs is not None and self.graphs.takes(chunks):
+            logits = self.graphs.run(chunks)
+        else:  # one row per sampled id, in sampled_ids() order
+            logits = self.model(ForwardBatch.build(chunks, self.device), self.state)
         self._capture(plan)
         if not ids:
             return RoundResult(), {}

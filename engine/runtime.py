@@ -29,9 +29,11 @@ class Runtime:
         """Free everything: retained state here and in the lower tiers, device and host memory."""
         self.scheduler.store.release_all()
         if self.tier_client is not None:
-            self.tier_client.connect()  # a new hello: tierd drops every entry it held for us
+            # tierd drops our entries and unmaps the pool and slots before they are freed here
+            if not self.tier_client.bye():
+                log.warning("tierd did not confirm it let go of this engine's memory; freeing it anyway")
             self.tier_client.close()
-        self.runner.state.close()
+        self.runner.close()
         self.runner = self.scheduler = None
         gc.collect()
         try:
@@ -69,6 +71,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     cfg = ckpt.config
     free = None
     if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the loader's staging blocks go back before free memory is measured
         free, _total = torch.cuda.mem_get_info()
     device_slots = config.reuse_device_slots if config.reuse_prompt else 0
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
@@ -81,8 +85,10 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
                        device_slots=device_slots, host_slots=host_slots + staging, kv_format=kv_format,
                        exact_window=window)
     log.info(plan.describe())
+    graph_bs = min(config.cuda_graph_max_bs, plan.lanes) if device == "cuda" else 0
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
-                                device=device, kv_format=kv_format, exact_window=window, shared=tiers_on)
+                                device=device, kv_format=kv_format, exact_window=window, shared=tiers_on,
+                                scratch=graph_bs > 0)
     state.allocate_slots(device_slots, host_slots + staging)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
     stamp = f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0"
@@ -110,8 +116,17 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
                          grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device))
     runner.warm_up()
+    captured = 0
+    if graph_bs:
+        from ignis.engine.decode_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(model, state, torch.device(device), graph_bs, max_len)
+        if graphs.capture():
+            runner.use_graphs(graphs)
+            captured = len(graphs.graphs)
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
-            "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes}
+            "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes,
+            "cuda_graphs": captured}  # decode graphs captured (0: every round eager)
     log.info("model %s loaded from %s", name, model_dir)
     return Runtime(name, runner, sched, tier_client, info, cfg.vocab_size)
 

@@ -14,13 +14,20 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 def model_from_checkpoint(ckpt: LoadedCheckpoint, device: str = "cpu", ops: Ops | None = None) -> HybridModel:
-    """Instantiate the model without initialising weights, then load the tensors in place."""
+    """Instantiate the model on the meta device, then take the checkpoint's tensors as its parameters.
+
+    Nothing is allocated for the model itself: ``assign=True`` makes the loaded
+    tensors (already on ``device``) the parameters, so the weights occupy the
+    device once, not twice (a ``to_empty`` first would hold a second, dead copy
+    in the allocator's cache until it is emptied)."""
     with torch.device("meta"):
         model = HybridModel(ckpt.config, ops=ops)
-    model.to_empty(device=device)
     model.load_state_dict(ckpt.tensors, strict=True, assign=True)
-    # buffers are not in the checkpoint: recompute them on the real device
+    # buffers are not in the checkpoint: compute them on the real device
     model.rotary.inv_freq = model.rotary.frequencies(device)
+    left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise ValueError(f"checkpoint left {len(left)} tensors unset: {', '.join(left[:5])}")
     model.eval()
     return model
 

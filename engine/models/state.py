@@ -67,15 +67,20 @@ class ModelState:
     slot_window: tuple = ()  # hq-e8-2b: (device block, host block) [L_full, n, 2, W, Hkv, D]
     host_blocks: tuple = ()  # HostBlock objects kept alive for the engine's life
     kv_block: object = None  # the HostBlock (CPU) or DeviceBlock (CUDA) holding the page tensor when shared
+    scratch: bool = False  # the last lane and the last page are scratch (``scratch_lane``, ``scratch_page``)
 
     @staticmethod
     def allocate(cfg: ModelConfig, num_pages: int, lanes: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", fill: float = 0.0, kv_format: str = "bf16",
-                 exact_window: int = 0, shared: bool = False) -> "ModelState":
+                 exact_window: int = 0, shared: bool = False, scratch: bool = False) -> "ModelState":
         """``fill`` seeds the pool (and window) so tests see reads of unwritten memory (NaN).
         ``shared``: the page tensor is memory tierd can map: named shared memory on the CPU, an
-        allocation of its own with a CUDA IPC handle on CUDA (``engine.device_memory``)."""
+        allocation of its own with a CUDA IPC handle on CUDA (``engine.device_memory``).
+        ``scratch``: one lane and one page more than asked for, which the scheduler never hands out:
+        the padding rows of a captured decode graph write there (``engine.decode_graphs``)."""
         dev = torch.device(device)
+        if scratch:
+            num_pages, lanes = num_pages + 1, lanes + 1
         full = len(cfg.full_layers)
         kv_block = None
 
@@ -113,7 +118,7 @@ class ModelState:
                            cfg.linear_key_head_dim, cfg.linear_value_head_dim), dtype=torch.float32, device=dev)
         conv = torch.zeros((len(cfg.linear_layers), lanes, cfg.conv_dim, cfg.conv_kernel - 1),
                            dtype=dtype, device=dev)
-        return ModelState(kv=kv, ssm=ssm, conv=conv, kv_block=kv_block)
+        return ModelState(kv=kv, ssm=ssm, conv=conv, kv_block=kv_block, scratch=scratch)
 
     def allocate_slots(self, device_slots: int, host_slots: int) -> None:
         """Reserve the retained slots (called once at load)."""
@@ -146,21 +151,36 @@ class ModelState:
         d = self.slot_ssm[0].shape[1]
         return (0, slot) if slot < d else (1, slot - d)
 
+    def _image_pairs(self, lane: int, slot: int):
+        """(lane part, slot part) of each state tensor: the image of ``lane`` and item ``slot``."""
+        block, i = self._slot(slot)
+        pairs = [(self.ssm, self.slot_ssm[block]), (self.conv, self.slot_conv[block])]
+        if self.slot_window:
+            pairs.append((self.window, self.slot_window[block]))
+        return [(live[:, lane], slots[:, i]) for live, slots in pairs]
+
+    @staticmethod
+    def _copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
+        """One strided copy on one device; across devices one contiguous copy per layer.
+
+        A lane's (or slot's) image is one contiguous run per layer. Between the
+        device and pinned host memory a strided ``copy_`` goes through a staging
+        tensor; a copy per layer run is a plain DMA at the link's speed."""
+        if dst.device == src.device:
+            dst.copy_(src, non_blocking=True)
+            return
+        for d, s in zip(dst, src):
+            d.copy_(s, non_blocking=True)
+
     def save_image(self, lane: int, slot: int) -> None:
         """Copy a lane's recurrent + conv state (and exact window) into a retained slot."""
-        block, i = self._slot(slot)
-        self.slot_ssm[block][:, i].copy_(self.ssm[:, lane], non_blocking=True)
-        self.slot_conv[block][:, i].copy_(self.conv[:, lane], non_blocking=True)
-        if self.slot_window:
-            self.slot_window[block][:, i].copy_(self.window[:, lane], non_blocking=True)
+        for live, kept in self._image_pairs(lane, slot):
+            self._copy_image(kept, live)
 
     def load_image(self, slot: int, lane: int) -> None:
         """Copy a retained slot's image into a lane (the slot is left as it was)."""
-        block, i = self._slot(slot)
-        self.ssm[:, lane].copy_(self.slot_ssm[block][:, i], non_blocking=True)
-        self.conv[:, lane].copy_(self.slot_conv[block][:, i], non_blocking=True)
-        if self.slot_window:
-            self.window[:, lane].copy_(self.slot_window[block][:, i], non_blocking=True)
+        for live, kept in self._image_pairs(lane, slot):
+            self._copy_image(live, kept)
 
     def close(self) -> None:
         """Drop every tensor, then release the blocks under them (shared memory is unlinked)."""
@@ -188,11 +208,25 @@ class ModelState:
 
     @property
     def num_pages(self) -> int:
-        return int(self.pages.shape[2])
+        """Pages the scheduler may use (the scratch page not counted)."""
+        return int(self.pages.shape[2]) - int(self.scratch)
 
     @property
     def lanes(self) -> int:
-        return int(self.ssm.shape[1])
+        """Lanes the scheduler may use (the scratch lane not counted)."""
+        return int(self.ssm.shape[1]) - int(self.scratch)
+
+    @property
+    def scratch_lane(self) -> int:
+        if not self.scratch:
+            raise ValueError("this state has no scratch lane (allocate with scratch=True)")
+        return int(self.ssm.shape[1]) - 1
+
+    @property
+    def scratch_page(self) -> int:
+        if not self.scratch:
+            raise ValueError("this state has no scratch page (allocate with scratch=True)")
+        return int(self.pages.shape[2]) - 1
 
     def reset_lane(self, lane: int) -> None:
         """A fresh sequence starts from zero recurrent state and zero conv history."""

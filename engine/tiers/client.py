@@ -21,8 +21,10 @@ import zmq
 from ignis.shared.tier_layout import BlockDesc, UnitLayout
 from ignis.shared.tier_wire import (
     TIER_PROTOCOL_VERSION,
+    Bye,
     Demote,
     Demoted,
+    Detached,
     Drop,
     Dropped,
     ErrorReply,
@@ -39,7 +41,7 @@ from ignis.shared.zmq_queues import connect_dealer
 
 log = logging.getLogger("ignis.engine.tiers")
 
-REPLIES = (Welcome, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, ErrorReply)
+REPLIES = (Welcome, Detached, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, ErrorReply)
 
 
 class TierClient:
@@ -175,6 +177,17 @@ class TierClient:
         if self.ready:
             req = self._next()
             self._call(Drop(req=req, key=key), req)
+
+    def bye(self) -> bool:
+        """Detach for good before the engine frees its memory: tierd lets its copies in flight finish,
+        drops every entry it held for us and unmaps the pool and slots, then answers. False when it
+        did not answer (gone, or slow): the caller frees its memory anyway."""
+        if self.welcome is None:
+            return True  # tierd holds no mapping of ours
+        req = self._next()
+        reply = self._call(Bye(req=req), req)
+        self.welcome = None
+        return isinstance(reply, Detached)
 
     def close(self) -> None:
         self.channel.close()

@@ -1,0 +1,101 @@
+"""Decode graphs' static buffers: a padded bucket gives each sequence the logits and state a plain batch does.
+
+On the CPU the graphs run as their eager twin (``capture=False``): the same
+buffers, the same padding rows on the scratch lane and page, an eager forward
+instead of a replay. Both families: the hq-e8-2b window and the MoE layer are
+in the forward a graph captures.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ignis.engine.decode_graphs import DecodeGraphs, buckets_up_to
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.config import config_from_dict
+from ignis.engine.models.hybrid import HybridModel
+from ignis.engine.models.state import ModelState
+from ignis.shared.demo.builder import model_config
+
+VOCAB = 512
+LANES = 5
+PAGES = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return HybridModel(config_from_dict(model_config(VOCAB, eos_id=1, pad_id=0))).eval()
+
+
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (5, 70, 1, 130, 64)]
+
+
+def prefilled(model, scratch: bool, kv_format: str = "bf16") -> tuple[ModelState, list[list[int]]]:
+    """A state with the prompts prefilled on lanes 0..4 (pages 4 apart); NaN in every unwritten page row."""
+    state = ModelState.allocate(model.cfg, num_pages=PAGES, lanes=LANES, dtype=torch.float32,
+                                fill=float("nan"), scratch=scratch, kv_format=kv_format,
+                                exact_window=16 if kv_format == "hq-e8-2b" else 0)
+    tables = [list(range(4 * i, 4 * i + 4)) for i in range(len(prompts()))]
+    for lane, (ids, pages) in enumerate(zip(prompts(), tables)):
+        state.reset_lane(lane)
+        model(ForwardBatch.build([SeqChunk(ids, 0, pages, lane)]), state)
+    return state, tables
+
+
+def decode_chunks(tables, lanes, step: int) -> list[SeqChunk]:
+    return [SeqChunk([7 + lane + step], len(prompts()[lane]) + step, tables[lane], lane) for lane in lanes]
+
+
+def test_buckets_cover_every_size_up_to_the_largest():
+    assert buckets_up_to(1) == [1]
+    assert buckets_up_to(5) == [1, 2, 4, 5]
+    assert buckets_up_to(32) == [1, 2, 4, 8, 16, 24, 32]
+    sizes = buckets_up_to(20)
+    assert all(any(b >= n for b in sizes) for n in range(1, 21)) and sizes[-1] == 20
+
+
+def test_scratch_lane_and_page_are_beyond_what_the_scheduler_sees(model):
+    state = ModelState.allocate(model.cfg, num_pages=PAGES, lanes=LANES, dtype=torch.float32, scratch=True)
+    assert (state.lanes, state.num_pages) == (LANES, PAGES)
+    assert (state.scratch_lane, state.scratch_page) == (LANES, PAGES)
+    assert state.ssm.shape[1] == LANES + 1 and state.pages.shape[2] == PAGES + 1
+    with pytest.raises(ValueError):
+        _ = ModelState.allocate(model.cfg, num_pages=PAGES, lanes=LANES, dtype=torch.float32).scratch_lane
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "hq-e8-2b"])
+@pytest.mark.parametrize("lanes", [[0], [2, 0, 3], [4, 1, 0, 3, 2]])
+def test_a_padded_bucket_decodes_like_a_plain_batch(model, lanes, kv_format):
+    plain, tables = prefilled(model, scratch=False, kv_format=kv_format)
+    padded, _ = prefilled(model, scratch=True, kv_format=kv_format)
+    graphs = DecodeGraphs(model, padded, torch.device("cpu"), max_bs=8, max_len=PAGES * 64, capture=False)
+    assert graphs.bucket_for(len(lanes)) > len(lanes) or len(lanes) in (1, 4)
+    for step in range(3):  # three rounds: the buffers are refilled each time, stale rows never read
+        chunks = decode_chunks(tables, lanes, step)
+        assert graphs.takes(chunks)
+        want = model(ForwardBatch.build(chunks), plain)
+        got = graphs.run(chunks)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for lane in range(LANES):  # every lane's state as the plain batches left it, the padding wrote only scratch
+        torch.testing.assert_close(padded.ssm[:, lane], plain.ssm[:, lane], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(padded.conv[:, lane], plain.conv[:, lane], rtol=1e-5, atol=1e-6)
+    live = padded.pages[:, :, :PAGES]
+    assert torch.equal(live.isnan(), plain.pages.isnan()), "padding rows wrote into a live page"
+
+
+def test_rounds_the_graphs_do_not_take(model):
+    state, tables = prefilled(model, scratch=True)
+    graphs = DecodeGraphs(model, state, torch.device("cpu"), max_bs=2, max_len=PAGES * 64, capture=False)
+    assert not graphs.takes(decode_chunks(tables, [0, 1, 2], 0)), "more sequences than the largest bucket"
+    assert not graphs.takes([SeqChunk([1, 2], 5, tables[0], 0)]), "a prefill chunk"
+    assert not graphs.takes([])
+    narrow = DecodeGraphs(model, state, torch.device("cpu"), max_bs=2, max_len=64, capture=False)
+    assert not narrow.takes(decode_chunks(tables, [1], 0)), "a page table wider than the captured one"
+    capturing = DecodeGraphs(model, state, torch.device("cpu"), max_bs=2, max_len=PAGES * 64)
+    assert not capturing.capture() and "CUDA" in capturing.status
+    assert not capturing.takes(decode_chunks(tables, [0], 0)), "nothing captured: every round eager"
