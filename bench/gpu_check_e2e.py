@@ -12,7 +12,8 @@ and hq-e8-2b), then times with CUDA synchronisation:
   (``ForwardBatch.build`` + forward, one host sync per step, as a round does)
   and replaying the decode CUDA graphs (``engine.decode_graphs``). The
   decode contexts are page tables over pages nobody prefilled: attention reads
-  the same bytes either way.
+  the same bytes either way. The graphs' page tables are as wide as the
+  engine's would be at the model's full context (262,144 tokens).
 
 ``state`` times a lane's state image (recurrent + conv state of every linear
 layer, ~148 MiB at 27B shapes) cloned into a device slot, and restored from a
@@ -118,6 +119,27 @@ def _tpot(step, steps: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / steps
 
 
+def top_kernels(rep: Report, what: str, fn, device: str, rows: int = 12) -> None:
+    """The kernels one call of ``fn`` runs on the device, the costliest first (torch profiler)."""
+    if device != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync(device)
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events)
+    launches = sum(e.count for e in events)
+    rep.say(f"profile {what}: {launches} kernels, {total / 1e3:.2f} ms on the device")
+    for e in events[:rows]:
+        rep.say(f"profile {what}: {e.self_device_time_total / 1e3:8.3f} ms {100 * e.self_device_time_total / total:5.1f}%"
+                f" x{e.count:<5} {e.key[:90]}")
+
+
 def run_e2e(rep: Report, shapes: Shapes, device: str, deadline: float, head: dict) -> None:
     from ignis.engine.decode_graphs import DecodeGraphs
     from ignis.engine.forward_batch import ForwardBatch
@@ -155,7 +177,13 @@ def run_e2e(rep: Report, shapes: Shapes, device: str, deadline: float, head: dic
         rate = n / secs
         rep.say(f"e2e: prefill {n:>6} tokens in {chunk}-token chunks: {secs * 1e3:8.1f} ms  {rate:10.0f} tokens/s")
         head[key] = f"{rate:.0f}"
-    graphs = DecodeGraphs(model, state, torch.device(device), lanes, ctx + 64, capture=device == "cuda")
+    if time.monotonic() < deadline:
+        top_kernels(rep, f"prefill {chunk}", lambda: _prefill(model, state, ids[:chunk], lanes, decode_pages, chunk,
+                                                             device), device)
+        one = _decode_chunks(1, ctx, 0)
+        top_kernels(rep, "decode 1 lane", lambda: model(ForwardBatch.build(one, device), state), device)
+    # the table of a graph spans the longest sequence the engine admits, as when it serves
+    graphs = DecodeGraphs(model, state, torch.device(device), lanes, e["graph_max_len"], capture=device == "cuda")
     t0 = time.monotonic()
     captured = graphs.capture()
     rep.say(f"e2e: decode graphs {graphs.status} ({time.monotonic() - t0:.1f} s)")

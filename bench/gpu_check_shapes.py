@@ -56,7 +56,8 @@ FULL = Shapes(
     # Qwen3.5-27B's shape: 64 layers (every 4th full attention), hidden 5120, 24 q / 4 kv heads of 256,
     # GDN 16 key / 48 value heads of 128, MLP 17408, the real vocabulary
     e2e={"model": _model_cfg(5120, 64, 24, 4, 256, 16, 48, 128, 17408, 248320, max_len=262144),
-         "prefill": (K8, 4 * K8), "chunk": K8, "decode_lanes": (1, 32), "decode_context": K4, "steps": 20},
+         "prefill": (K8, 4 * K8), "chunk": K8, "decode_lanes": (1, 32), "decode_context": K4, "steps": 20,
+         "graph_max_len": 262144},
 )
 DRY = Shapes(
     hq=6, hkv=2, d=32, hk=2, hv=4, dk=16, dv=16, taps=4,
@@ -64,5 +65,6 @@ DRY = Shapes(
     conv_tokens=(64, 130), write_tokens=(5, 64),
     model=_model_cfg(32, 2, 4, 2, 16, 2, 4, 16, 48, 96), model_tokens=(37, 33, 3),
     e2e={"model": _model_cfg(32, 4, 4, 2, 16, 2, 4, 16, 48, 96),
-         "prefill": (K1 // 8, K1 // 2), "chunk": K1 // 8, "decode_lanes": (1, 3), "decode_context": 100, "steps": 2},
+         "prefill": (K1 // 8, K1 // 2), "chunk": K1 // 8, "decode_lanes": (1, 3), "decode_context": 100, "steps": 2,
+         "graph_max_len": 4096},
 )

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ignis.kernels.hq_e8 import codebook, codec
-from ignis.kernels.paged_attention.triton_decode import LOG2E, _decode_reduce_kernel, num_sms, split_plan
+from ignis.kernels.paged_attention.triton_decode import LOG2E, _decode_reduce_kernel, _split_size, num_sms, split_plan
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def decode_rows(pages, table, pg, row, mask, vidx, s_pg_p, s_pg_r, s_pg_c, NCODE
 @triton.jit
 def _decode_split_kernel(
     q, q_rot, k_pages, v_pages, k_win, v_win, table, page_table, seq_lens, lanes, mid_o, mid_lse,
-    scale_log2, split_tokens, window,
+    scale_log2, split_tokens, num_splits, window,
     s_q_b, s_q_h, s_q_d, s_qr_b, s_qr_h, s_qr_d,
     s_kp_p, s_kp_r, s_kp_c, s_vp_p, s_vp_r, s_vp_c,
     s_kw_l, s_kw_r, s_kw_h, s_kw_d, s_vw_l, s_vw_r, s_vw_h, s_vw_d,
@@ -69,8 +69,9 @@ def _decode_split_kernel(
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     length = tl.load(seq_lens + b).to(tl.int64)
-    lo = sp.to(tl.int64) * split_tokens
-    hi = tl.minimum(length, lo + split_tokens)
+    size = _split_size(length, split_tokens, num_splits, BN)
+    lo = sp.to(tl.int64) * size
+    hi = tl.minimum(length, lo + size)
     if lo < hi:
         offs_g = tl.arange(0, BG)
         offs_d = tl.arange(0, BD)
@@ -174,7 +175,8 @@ def decode_attention(
     bn, bd, warps, stages = _blocks(d, query.dtype, query.device.type == "cpu")
     capacity = page_table.shape[1] * page
     if split_tokens is None:
-        num_splits, split_tokens = split_plan(bsz, hkv, capacity, bn, num_sms(query.device))
+        num_splits, _ = split_plan(bsz, hkv, capacity, bn, num_sms(query.device))
+        split_tokens = 0  # each sequence spreads its own context over the splits
     else:
         if split_tokens <= 0 or split_tokens % bn:
             raise ValueError(f"split_tokens must be a positive multiple of {bn}, got {split_tokens}")
@@ -186,7 +188,7 @@ def decode_attention(
     prec = "ieee" if query.dtype == torch.float32 else "tf32"
     _decode_split_kernel[(bsz, hkv, num_splits)](
         query, q_rot, k_pages, v_pages, k_win, v_win, codebook.packed_table(query.device), page_table, seq_lens,
-        lanes, mid_o, mid_lse, scale * LOG2E, split_tokens, window,
+        lanes, mid_o, mid_lse, scale * LOG2E, split_tokens, num_splits, window,
         *query.stride(), *q_rot.stride(), *k_pages.stride(), *v_pages.stride(), *k_win.stride(), *v_win.stride(),
         *page_table.stride(), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
         mid_lse.stride(1),
@@ -198,9 +200,9 @@ def decode_attention(
         mo = mid_o[..., half * d:(half + 1) * d]
         o = halves[:, :, half]
         _decode_reduce_kernel[(bsz, hq)](
-            mo, mid_lse, o, seq_lens, split_tokens,
+            mo, mid_lse, o, seq_lens, split_tokens, num_splits,
             mo.stride(0), mo.stride(1), mo.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-            *o.stride(), D=d, BD=bd, num_warps=4 if bd >= 128 else 1,
+            *o.stride(), D=d, BD=bd, BN=bn, num_warps=4 if bd >= 128 else 1,
         )
     out.copy_(codec.unrotate(halves[:, :, 0]) + halves[:, :, 1])
     return out

@@ -15,10 +15,13 @@ Two kernels:
 2. ``_decode_reduce_kernel``, one program per (sequence, query head),
    combines the ``cdiv(seq_lens[b], split_tokens)`` non-empty splits.
 
-The split count comes from the page table's width (the longest context the
+The split count S comes from the page table's width (the longest context the
 batch can hold) and the GPU's SM count, so a single 64K sequence spreads over
-the whole GPU, and nothing is read back to the host (the launch stays
-graph-capturable). Keys outside the context are loaded as zeros and masked to
+the whole GPU. Each sequence divides its own context over the S splits
+(``_split_size``: ``cdiv(seq_len, S)`` rounded up to the key tile), so a short
+context in a wide table (a captured decode graph's table spans the longest
+admitted sequence) still uses every split. Nothing is read back to the host
+(the launch stays graph-capturable). Keys outside the context are loaded as zeros and masked to
 ``-inf``; splits past a sequence's end are never written nor read.
 """
 
@@ -35,8 +38,17 @@ MAX_SPLITS = 256
 
 
 @triton.jit
+def _split_size(length, split_tokens, num_splits, BN: tl.constexpr):
+    """Keys per split of one sequence: ``split_tokens`` when fixed (> 0), else its context over the splits."""
+    if split_tokens > 0:
+        return split_tokens.to(tl.int64)
+    per = (length + num_splits - 1) // num_splits
+    return tl.maximum((per + BN - 1) // BN * BN, BN)
+
+
+@triton.jit
 def _decode_split_kernel(
-    q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, scale_log2, split_tokens,
+    q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, scale_log2, split_tokens, num_splits,
     s_q_b, s_q_h, s_q_d,
     s_kc_p, s_kc_r, s_kc_h, s_kc_d,
     s_vc_p, s_vc_r, s_vc_h, s_vc_d,
@@ -50,8 +62,9 @@ def _decode_split_kernel(
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     length = tl.load(seq_lens + b).to(tl.int64)
-    lo = sp.to(tl.int64) * split_tokens
-    hi = tl.minimum(length, lo + split_tokens)
+    size = _split_size(length, split_tokens, num_splits, BN)
+    lo = sp.to(tl.int64) * size
+    hi = tl.minimum(length, lo + size)
     if lo < hi:
         offs_g = tl.arange(0, BG)
         offs_d = tl.arange(0, BD)
@@ -93,15 +106,15 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    mid_o, mid_lse, out, seq_lens, split_tokens,
+    mid_o, mid_lse, out, seq_lens, split_tokens, num_splits,
     s_mo_b, s_mo_h, s_mo_s, s_ml_b, s_ml_h,
     s_o_b, s_o_h, s_o_d,
-    D: tl.constexpr, BD: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    length = tl.load(seq_lens + b)
-    n_splits = tl.cdiv(length, split_tokens)
+    length = tl.load(seq_lens + b).to(tl.int64)
+    n_splits = tl.cdiv(length, _split_size(length, split_tokens, num_splits, BN))
     offs_d = tl.arange(0, BD)
     d_mask = offs_d < D
     base_o = mid_o + b * s_mo_b + h * s_mo_h
@@ -177,7 +190,8 @@ def decode_attention(
     bn, bd, warps, stages = _blocks(d, query.dtype, query.device.type == "cpu")
     capacity = page_table.shape[1] * page
     if split_tokens is None:
-        num_splits, split_tokens = split_plan(bsz, hkv, capacity, bn, num_sms(query.device))
+        num_splits, _ = split_plan(bsz, hkv, capacity, bn, num_sms(query.device))
+        split_tokens = 0  # each sequence spreads its own context over the splits
     else:
         if split_tokens <= 0 or split_tokens % bn:
             raise ValueError(f"split_tokens must be a positive multiple of {bn}, got {split_tokens}")
@@ -187,15 +201,15 @@ def decode_attention(
     mid_lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=query.device)
     prec = "ieee" if query.dtype == torch.float32 else "tf32"
     _decode_split_kernel[(bsz, hkv, num_splits)](
-        query, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, scale * LOG2E, split_tokens,
+        query, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, scale * LOG2E, split_tokens, num_splits,
         *query.stride(), *k_cache.stride(), *v_cache.stride(), *page_table.stride(),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, D=d, PAGE=page, BG=max(16, triton.next_power_of_2(group)), BN=bn, BD=bd,
         PREC=prec, UPCAST=query.device.type == "cpu", num_warps=warps, num_stages=stages,
     )
     _decode_reduce_kernel[(bsz, hq)](
-        mid_o, mid_lse, out, seq_lens, split_tokens,
+        mid_o, mid_lse, out, seq_lens, split_tokens, num_splits,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        *out.stride(), D=d, BD=bd, num_warps=4 if bd >= 128 else 1,
+        *out.stride(), D=d, BD=bd, BN=bn, num_warps=4 if bd >= 128 else 1,
     )
     return out

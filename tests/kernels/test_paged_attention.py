@@ -125,6 +125,19 @@ def test_decode_many_small_splits(device, gen):
     _decode_case(4, 1, 32, torch.float32, [3, 13 * block - 5, 2 * block], device, gen, split_tokens=block)
 
 
+def test_decode_in_a_table_far_wider_than_its_contexts(device, gen):
+    """A captured decode graph's table spans the longest admitted sequence: each sequence divides its own
+    context over the splits, the columns past it (pointing at a NaN page) are never read."""
+    contexts = [1, 200, 130, 7, 64]
+    k_cache, v_cache, table = build_pool(contexts, 1, 32, torch.float32, device, gen)
+    wide = torch.cat([table, table[:, -1:].expand(-1, 60)], dim=1)  # 64 columns: a 4K-token capacity
+    query = strided((len(contexts), 4, 32), torch.float32, device, gen)
+    lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    want = ref.decode_attention(query, k_cache, v_cache, table, lens, 32 ** -0.5)
+    got = triton_decode.decode_attention(query, k_cache, v_cache, wide, lens, 32 ** -0.5)
+    assert_close(got, want, TOL[torch.float32], "decode in a wide table")
+
+
 def test_decode_rejects_bad_split(device, gen):
     with pytest.raises(ValueError, match="split_tokens"):
         _decode_case(2, 1, 16, torch.float32, [5], device, gen, split_tokens=3)
