@@ -146,10 +146,11 @@ def prefill_attention(
     bsz = seq_lens.shape[0]
     if total == 0 or bsz == 0:
         return out
-    max_n = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    # the grid covers the longest chunk without asking the device which one it is: no chunk is longer
+    # than the whole batch, and tiles past a chunk's end return at once
     bm, bn, bd, warps, stages = _blocks(d, query.dtype, query.device.type == "cpu")
     prec = "ieee" if query.dtype == torch.float32 else "tf32"
-    grid = (bsz, triton.cdiv(max_n, bm), hq)
+    grid = (bsz, triton.cdiv(total, bm), hq)
     _prefill_kernel[grid](
         query, k_cache, v_cache, out, page_table, cu_seqlens, seq_lens, scale * LOG2E,
         *query.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *page_table.stride(),
