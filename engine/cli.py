@@ -36,6 +36,7 @@ def build_server(config: EngineConfig):
 
 
 def run(args) -> int:
+    from ignis.kernels.backend import KernelPathError
     from ignis.shared import sdnotify
     from ignis.shared.demo import DemoModelUnavailable
 
@@ -45,7 +46,7 @@ def run(args) -> int:
         sdnotify.status("loading model")
         sdnotify.extend_timeout(600)
         server = build_server(config)
-    except (ValueError, OSError, DemoModelUnavailable) as exc:
+    except (ValueError, OSError, DemoModelUnavailable, KernelPathError) as exc:
         log.error("engine cannot start: %s", exc)
         print(f"ignis engine: {exc}", file=sys.stderr)
         return 2

@@ -25,10 +25,15 @@ class EngineConfig:
         "bfloat16 on CUDA)"))
     device: str = field(default="auto", metadata=field_doc(
         "cpu, cuda, or auto (cuda when available)", choices=("auto", "cpu", "cuda")))
+    allow_torch_fallback: bool = field(default=False, metadata=field_doc(
+        "on CUDA: serve even when an op's Triton form fails to import (or Triton itself does), running that op "
+        "on its torch twin (much slower) with a WARNING naming it; off: the engine refuses to start and names "
+        "the op and the import error. IGNIS_KERNELS=reference (every op on its twin, chosen) needs no flag"))
     kv_format: str = field(default="auto", metadata=field_doc(
         "KV pool format: hq-e8-2b (keys and values E8-lattice coded, 2.25 bits per value, the last "
         "--kv-exact-window tokens kept exact) or bf16 (exact, in the model dtype); auto: hq-e8-2b on CUDA "
-        "where the model's kv heads fit it, bf16 on CPU (docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
+        "for a bfloat16 or float16 model whose kv heads fit it, else bf16 (a float32 model, the CPU) "
+        "(docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
     kv_exact_window: int = field(default=64, metadata=field_doc(
         "hq-e8-2b: the last N tokens of each sequence whose keys and values stay exact (0: none)"))
     kv_pool_tokens: int | None = field(default=None, metadata=field_doc(
@@ -146,9 +151,9 @@ class EngineConfig:
             disk = 8192 if family == "qwen3_next" else 16384
         return {"ram": ram, "disk": disk}
 
-    def resolved_kv_format(self, device: str, hq_fits: bool = True) -> str:
-        """The pool format for a resolved device ("cpu" or "cuda"): --kv-format with auto decided
-        (hq-e8-2b on CUDA when the model's kv heads fit the format, else bf16)."""
+    def resolved_kv_format(self, device: str, hq_fits: bool = True, dtype: str = "bfloat16") -> str:
+        """The pool format for a resolved device ("cpu" or "cuda") and load dtype: --kv-format with auto
+        decided (hq-e8-2b on CUDA for a bfloat16/float16 model whose kv heads fit the format, else bf16)."""
         if self.kv_format != "auto":
             return self.kv_format
-        return "hq-e8-2b" if device == "cuda" and hq_fits else "bf16"
+        return "hq-e8-2b" if device == "cuda" and hq_fits and dtype in ("bfloat16", "float16") else "bf16"

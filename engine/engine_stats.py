@@ -1,8 +1,9 @@
 """The engine's Stats reply and its Prometheus gauges, read from the loaded runtime.
 
 A Stats reply carries the scheduler's load under vLLM's names
-(``Scheduler.stats``), the pool, the limits, which model is loaded and the
-wire error count; with no model loaded it still carries the last model's sizes
+(``Scheduler.stats``), the pool, the limits, which model is loaded, its kernel
+path (``kernel_triton_ops``, ``kernel_twin_ops``, ``kernel_fallback_ops``) and
+the wire error count; with no model loaded it still carries the last model's sizes
 (``ServedModels.unloaded_stats``). The gauges mirror the same numbers once per
 loop turn.
 """
@@ -39,6 +40,16 @@ def unloaded_stats(kept: dict, waiting: int, wire_errors: int, started_unix: flo
             "wire_errors": wire_errors, "engine_started_unix": started_unix}
 
 
+KERNEL_PATHS = ("triton", "reference", "mixed")
+
+
+def kernel_path(info: dict) -> str:
+    """The kernel path named by a runtime's info: "triton", "reference" (every op on its twin) or "mixed"."""
+    if not info.get("kernel_triton_ops"):
+        return "reference"
+    return "mixed" if info.get("kernel_twin_ops") else "triton"
+
+
 def set_gauges(metrics: EngineMetrics, runtime, waiting_for_model: int) -> None:
     """Gauges from ``runtime`` (None: no model loaded, ``waiting_for_model`` requests wait for one)."""
     if runtime is None:
@@ -52,6 +63,9 @@ def set_gauges(metrics: EngineMetrics, runtime, waiting_for_model: int) -> None:
     metrics.pages_used.set(pool.num_used)
     metrics.pages_free.set(pool.num_free)
     metrics.kv_usage.set(pool.num_used / pool.num_pages)
+    path = kernel_path(runtime.info)
+    for name in KERNEL_PATHS:
+        metrics.kernel_path.labels(metrics.model_name, name).set(1 if name == path else 0)
     store = scheduler.stats()
     metrics.sync_store(store)
     metrics.live_evicting.set(store["live_evicting"])

@@ -20,9 +20,12 @@ def resolve_device(choice: str) -> str:
 
 
 def resolve_kv_format(config: EngineConfig, device: str, cfg) -> str:
-    """--kv-format resolved; an explicit hq-e8-2b on heads it cannot store raises ValueError."""
+    """--kv-format resolved for the model's load dtype; an explicit hq-e8-2b on heads it cannot store
+    raises ValueError."""
+    from ignis.engine.models.loader import resolve_dtype
     from ignis.kernels.hq_e8.codec import check_shape
 
+    dtype = resolve_dtype(config.dtype, device, cfg.dtype)
     try:
         check_shape(cfg.num_kv_heads, cfg.head_dim)
         fits = True
@@ -32,7 +35,10 @@ def resolve_kv_format(config: EngineConfig, device: str, cfg) -> str:
         fits = False
         if device == "cuda":
             log.warning("kv format: %s; using bf16", exc)
-    return config.resolved_kv_format(device, hq_fits=fits)
+    kv_format = config.resolved_kv_format(device, hq_fits=fits, dtype=dtype)
+    if config.kv_format == "auto" and device == "cuda" and fits and kv_format == "bf16":
+        log.info("kv format: bf16 pages for a %s model (auto picks hq-e8-2b for bfloat16/float16)", dtype)
+    return kv_format
 
 
 def kv_stamp(kv_format: str, exact_window: int) -> str:

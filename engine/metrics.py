@@ -56,6 +56,9 @@ class EngineMetrics(ProcessMetrics):
                                          "bytes the device tier holds for retained entries (pages + slot images)")
         self.retained_slots_free = self.gauge("retained_slots_free", "free retained slots")
         self.tierd_connected = self.gauge("tierd_connected", "1 while a tierd answers (0: device tier only)")
+        self.kernel_path = self.gauge(
+            "kernel_path", "1 for the kernel path the loaded model runs (triton, reference or mixed: some ops on "
+            "torch twins because their Triton forms failed to import), 0 for the others", ("path",))
         self.live_evicting = self.gauge("live_evicting", "running sequences moving down a tier now")
         self.live_evictions = self.counter("live_evictions", "running sequences moved down a tier")
         self.live_resumes = self.counter("live_resumes", "evicted sequences resumed from a lower tier")

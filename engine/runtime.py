@@ -59,7 +59,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
     from ignis.engine.load_choices import kv_stamp, resolve_device, resolve_kv_format
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
     from ignis.shared.tokenizer_files import tokenizer_vocab_size
-    from ignis.kernels.backend import select_ops
+    from ignis.kernels.backend import kernel_info, require_kernel_path, select_ops
 
     device = resolve_device(config.device)
     if model_dir is None:
@@ -67,6 +67,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         model_dir = str(ensure_demo_model())
     torch.manual_seed(config.seed)
     ops = select_ops(torch.device(device).type)  # the kernel backend is fixed when the model is built
+    require_kernel_path(ops, torch.device(device).type, config.allow_torch_fallback)  # KernelPathError
     model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops)
     cfg = ckpt.config
     free = None
@@ -125,7 +126,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
             runner.use_graphs(graphs)
             captured = len(graphs.graphs)
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
-            "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes,
+            "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes, **kernel_info(ops),
             "cuda_graphs": captured}  # decode graphs captured (0: every round eager)
     log.info("model %s loaded from %s", name, model_dir)
     return Runtime(name, runner, sched, tier_client, info, cfg.vocab_size)

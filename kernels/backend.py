@@ -9,11 +9,21 @@ hq-e8-2b pages plus the exact window; the attention layer calls the set its
 pool's format names. ``IGNIS_KERNELS=reference|triton``
 overrides the choice (tests use it to run Triton forms under
 ``TRITON_INTERPRET=1`` on the CPU).
+
+The record says which path it is (``Ops.name``): "triton" (every op on its
+Triton form), "reference" (every op on its twin) or "mixed"; ``Ops.fallbacks``
+names each op whose Triton form failed to import, with the import error, and
+that runs on its twin instead. ``require_kernel_path`` is the engine's check
+at load: on CUDA a fallback (Triton itself missing included) refuses to start
+unless the engine was told ``--allow-torch-fallback``. ``IGNIS_KERNELS=reference``
+on CUDA is an explicit choice of the twins, not a fallback: it is allowed and
+reports path "reference".
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -23,10 +33,16 @@ from ignis.kernels.gated_delta_rule import reference as gdr_ref
 from ignis.kernels.hq_e8 import reference as hq_ref
 from ignis.kernels.paged_attention import reference as attn_ref
 
+log = logging.getLogger("ignis.kernels")
+
 
 @dataclass(frozen=True)
 class Ops:
-    """The ops the hybrid model calls; signatures as in each op's reference.py."""
+    """The ops the hybrid model calls; signatures as in each op's reference.py.
+
+    ``name`` is the path: "triton", "reference" or "mixed". ``fallbacks``:
+    one "op: error" per op whose Triton form failed to import (it runs its twin).
+    """
 
     name: str
     write_kv: Callable
@@ -40,6 +56,7 @@ class Ops:
     hq_window_write: Callable
     hq_prefill_attention: Callable
     hq_decode_attention: Callable
+    fallbacks: tuple[str, ...] = ()
 
 
 REFERENCE = Ops(
@@ -73,21 +90,34 @@ TRITON_FORMS = {
 }
 
 
-def _load(path: str) -> Callable | None:
+def _load(path: str) -> tuple[Callable | None, str]:
+    """(the Triton form, "") or (None, why it cannot be had)."""
     module_name, fn = path.split(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    return getattr(module, fn, None)
+    except ImportError as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    form = getattr(module, fn, None)
+    return (form, "") if form is not None else (None, f"{module_name} has no {fn}")
+
+
+def path_name(triton_ops: int) -> str:
+    """The path of a record with ``triton_ops`` of its ops on Triton forms."""
+    if triton_ops == 0:
+        return "reference"
+    return "triton" if triton_ops == len(TRITON_FORMS) else "mixed"
 
 
 def triton_ops() -> Ops:
-    """Triton forms where they exist; an op without one keeps its twin."""
-    fields = {}
+    """Triton forms where they import; an op whose form does not keeps its twin and is named in ``fallbacks``."""
+    fields, fallbacks = {}, []
     for op, path in TRITON_FORMS.items():
-        fields[op] = _load(path) or getattr(REFERENCE, op)
-    return Ops(name="triton", **fields)
+        form, error = _load(path)
+        if form is None:
+            fallbacks.append(f"{op}: {error}")
+            form = getattr(REFERENCE, op)
+        fields[op] = form
+    return Ops(name=path_name(len(TRITON_FORMS) - len(fallbacks)), fallbacks=tuple(fallbacks), **fields)
 
 
 def select_ops(device_type: str) -> Ops:
@@ -100,3 +130,34 @@ def select_ops(device_type: str) -> Ops:
     if choice == "triton" or device_type == "cuda":
         return triton_ops()
     return REFERENCE
+
+
+class KernelPathError(RuntimeError):
+    """On CUDA, an op would run on its torch twin because its Triton form failed to import."""
+
+
+def require_kernel_path(ops: Ops, device_type: str, allow_fallback: bool) -> None:
+    """Refuse (``KernelPathError``) a CUDA load where ``ops`` has fallbacks, unless ``allow_fallback``
+    (then a WARNING names them). On the CPU, and for the twins chosen by IGNIS_KERNELS=reference,
+    nothing is refused."""
+    if device_type != "cuda" or not ops.fallbacks:
+        log.info("kernel path: %s", ops.name)
+        return
+    by_error: dict[str, list[str]] = {}
+    for entry in ops.fallbacks:
+        op, _, error = entry.partition(": ")
+        by_error.setdefault(error, []).append(op)
+    detail = "; ".join(f"{', '.join(names)} ({error})" for error, names in by_error.items())
+    what = (f"kernel path {ops.name}: {len(ops.fallbacks)} of {len(TRITON_FORMS)} ops run on their torch twins "
+            f"because their Triton forms failed to import: {detail}")
+    if not allow_fallback:
+        raise KernelPathError(f"{what}. Fix the Triton install, or pass --allow-torch-fallback to serve on the "
+                              "twins (much slower)")
+    log.warning("%s; serving on the twins (--allow-torch-fallback)", what)
+
+
+def kernel_info(ops: Ops) -> dict[str, int]:
+    """The path as Stats numbers: ops on Triton forms, ops on twins, and of those the fallbacks."""
+    on_triton = sum(getattr(ops, op) is not getattr(REFERENCE, op) for op in TRITON_FORMS)
+    return {"kernel_triton_ops": on_triton, "kernel_twin_ops": len(TRITON_FORMS) - on_triton,
+            "kernel_fallback_ops": len(ops.fallbacks)}

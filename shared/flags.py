@@ -4,7 +4,8 @@ A process's config is one frozen dataclass; each field's ``metadata`` holds
 its help text (and optionally ``choices``, ``flag`` and a ``parse`` function).
 ``add_flags`` turns the fields into ``--kebab-case`` flags and
 ``from_args`` builds the config back, so flags, help and defaults are
-defined once. Byte sizes accept suffixes (``2G``, ``512M``, ``64K``).
+defined once. Byte sizes accept suffixes (``2G``, ``512M``, ``64K``). A
+boolean flag takes on/off, and given bare (``--allow-torch-fallback``) means on.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def add_flags(parser: argparse.ArgumentParser, config_cls, skip: tuple[str, ...]
         elif tp is bool:
             kwargs["type"] = _bool
             kwargs["metavar"] = "on|off"
+            kwargs["nargs"] = "?"
+            kwargs["const"] = True
         elif tp in (int, float, str):
             kwargs["type"] = tp
         if "choices" in f.metadata:

@@ -110,7 +110,8 @@ def decode_attention(
 
     Each sequence's keys and values are rebuilt in the query's dtype (ring for
     the last ``W`` positions, decoded pages before them) and handed to the
-    bf16 twin, so a context inside the window gives exactly its result.
+    bf16 twin, so a context inside the window gives exactly its result (and
+    a sequence of length 0 gets zeros).
     """
     bsz, hq, d = query.shape
     window, hkv = k_win.shape[1], k_win.shape[2]

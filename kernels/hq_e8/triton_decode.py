@@ -15,7 +15,8 @@ The wrapper rotates the query (``codec.rotate``) and launches, split-K as in
        mid_o   : [B, Hq, S, 2D] fp32   [:D] rotated-domain (pages), [D:] plain (ring)
        mid_lse : [B, Hq, S]     fp32
 
-2. the bf16 form's reduce kernel, once per half, combines the splits.
+2. the bf16 form's reduce kernel, once per half, combines the splits (a
+   sequence of length 0 has none and gets zeros, so its output is zero).
 
 The wrapper returns ``unrotate(o[:D]) + o[D:]``: with the whole context in the
 window the first half is exactly zero.

@@ -138,18 +138,44 @@ def _prefill_kernel(
                  mask=q_mask)
 
 
-def _blocks(d: int, group: int, on_cpu: bool) -> tuple[int, int, int, int, int, int]:
+SHARED_BUDGET = 100 * 1024
+"""Bytes of shared memory the block choice aims under (sm_90 allows 227 KB a block)."""
+
+
+def shared_estimate(rows: int, bn: int, bd: int, elem: int, stages: int) -> int:
+    """Shared-memory bytes of one program, an upper estimate: the two query tiles (rotated, plain)
+    once, and per pipeline stage the four key/value tiles (compressed and exact) and the two
+    probability tiles, all in ``elem``-byte elements::
+
+        elem * (2 * rows * BD  +  stages * (4 * BN * BD + 2 * rows * BN))
+
+    It exceeds what ``bench/gpu_check.py --compile-only`` reports for sm_90 (fp32, D = 128, 64 rows,
+    BN 32, 2 stages: estimate 229376, compiled 213248)."""
+    return elem * (2 * rows * bd + stages * (4 * bn * bd + 2 * rows * bn))
+
+
+def _blocks(d: int, group: int, dtype: torch.dtype, on_cpu: bool) -> tuple[int, int, int, int, int, int]:
     """(GP, BMQ, BN, BD, num_warps, num_stages). Tile rows: 16 on the interpreter; on the GPU 64 up
-    to D = 128 and 32 beyond (two [rows, D] fp32 accumulators live in registers)."""
+    to D = 128 and 32 beyond (two [rows, D] fp32 accumulators live in registers). fp32 inputs take
+    twice the bytes per tile: for them stages, then BN, then rows shrink (to 16) until
+    ``shared_estimate`` fits ``SHARED_BUDGET``; bf16/fp16 keep the choice above."""
     gp = triton.next_power_of_2(group)
     bd = max(16, triton.next_power_of_2(d))
-    rows = 16 if on_cpu else (64 if bd <= 128 else 32)
-    bmq = max(1, rows // gp)
     if on_cpu:
-        return gp, bmq, 16, bd, 4, 1
-    if bd <= 128:
-        return gp, bmq, 32, bd, 4, 2
-    return gp, bmq, 32, bd, 8, 1
+        return gp, max(1, 16 // gp), 16, bd, 4, 1
+    rows = 64 if bd <= 128 else 32
+    bn, warps, stages = (32, 4, 2) if bd <= 128 else (32, 8, 1)
+    if dtype == torch.float32:
+        while shared_estimate(max(rows, gp), bn, bd, 4, stages) > SHARED_BUDGET:
+            if stages > 1:
+                stages -= 1
+            elif bn > 16:
+                bn //= 2
+            elif rows > 16:
+                rows //= 2
+            else:
+                break
+    return gp, max(1, rows // gp), bn, bd, warps, stages
 
 
 def prefill_attention(
@@ -175,7 +201,7 @@ def prefill_attention(
     window, hkv = k_win.shape[1], k_win.shape[2]
     group = hq // hkv
     max_n = total  # bounds the longest chunk with no read from the device; tiles past a chunk's end return
-    gp, bmq, bn, bd, warps, stages = _blocks(d, group, query.device.type == "cpu")
+    gp, bmq, bn, bd, warps, stages = _blocks(d, group, query.dtype, query.device.type == "cpu")
     q_rot = codec.rotate(query).to(query.dtype)
     halves = torch.empty((total, hq, 2, d), dtype=torch.float32, device=query.device)
     o_c, o_e = halves[:, :, 0], halves[:, :, 1]

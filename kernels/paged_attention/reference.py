@@ -100,7 +100,7 @@ def decode_attention(
     """One query per sequence ([B, Hq, D]) over contexts of different lengths.
 
     Vectorised over the batch: contexts are gathered to the longest one and
-    masked. Returns [B, Hq, D].
+    masked. A sequence of length 0 gets zeros. Returns [B, Hq, D].
     """
     bsz, hq, d = query.shape
     page = k_cache.shape[1]
@@ -120,4 +120,5 @@ def decode_attention(
     scores = scores.masked_fill(~valid.view(bsz, 1, 1, 1, max_len), float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     o = torch.matmul(probs, v.permute(0, 2, 1, 3).unsqueeze(2))  # [B, Hkv, g, 1, D]
+    o = torch.where(seq_lens.view(bsz, 1, 1, 1, 1) > 0, o, torch.zeros((), dtype=o.dtype, device=o.device))
     return o.reshape(bsz, hq, d)

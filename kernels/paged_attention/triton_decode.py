@@ -13,7 +13,8 @@ Two kernels:
        mid_lse : [B, Hq, S]    fp32   log2-sum-exp of the split's scores
 
 2. ``_decode_reduce_kernel``, one program per (sequence, query head),
-   combines the ``cdiv(seq_lens[b], split_tokens)`` non-empty splits.
+   combines the ``cdiv(seq_lens[b], split_tokens)`` non-empty splits; a
+   sequence of length 0 has none, reads nothing and gets zeros.
 
 The split count S comes from the page table's width (the longest context the
 batch can hold) and the GPU's SM count, so a single 64K sequence spreads over
@@ -114,24 +115,27 @@ def _decode_reduce_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     length = tl.load(seq_lens + b).to(tl.int64)
-    n_splits = tl.cdiv(length, _split_size(length, split_tokens, num_splits, BN))
     offs_d = tl.arange(0, BD)
     d_mask = offs_d < D
-    base_o = mid_o + b * s_mo_b + h * s_mo_h
-    base_l = mid_lse + b * s_ml_b + h * s_ml_h
-    m = tl.load(base_l)
-    acc = tl.load(base_o + offs_d, mask=d_mask, other=0.0)
-    l = tl.exp2(m - m)
-    for sp in range(1, n_splits):
-        lse = tl.load(base_l + sp)
-        o = tl.load(base_o + sp * s_mo_s + offs_d, mask=d_mask, other=0.0)
-        m_new = tl.maximum(m, lse)
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
-        acc = acc * alpha + o * w
-        l = l * alpha + w
-        m = m_new
-    tl.store(out + b * s_o_b + h * s_o_h + offs_d * s_o_d, (acc / l).to(out.dtype.element_ty), mask=d_mask)
+    res = tl.zeros([BD], dtype=tl.float32)
+    if length > 0:  # length 0: no split was written, none is read, the output is zero
+        n_splits = tl.cdiv(length, _split_size(length, split_tokens, num_splits, BN))
+        base_o = mid_o + b * s_mo_b + h * s_mo_h
+        base_l = mid_lse + b * s_ml_b + h * s_ml_h
+        m = tl.load(base_l)
+        acc = tl.load(base_o + offs_d, mask=d_mask, other=0.0)
+        l = tl.exp2(m - m)
+        for sp in range(1, n_splits):
+            lse = tl.load(base_l + sp)
+            o = tl.load(base_o + sp * s_mo_s + offs_d, mask=d_mask, other=0.0)
+            m_new = tl.maximum(m, lse)
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)
+            acc = acc * alpha + o * w
+            l = l * alpha + w
+            m = m_new
+        res = acc / l
+    tl.store(out + b * s_o_b + h * s_o_h + offs_d * s_o_d, res.to(out.dtype.element_ty), mask=d_mask)
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,7 +183,7 @@ def decode_attention(
     """One query per sequence ([B, Hq, D]) over contexts of different lengths.
 
     caches [num_pages, PAGE, Hkv, D], page_table [B, max_pages], seq_lens [B]
-    (each >= 1). ``split_tokens`` overrides the planned split size (a multiple
+    (each >= 0; a sequence of length 0 gets zeros). ``split_tokens`` overrides the planned split size (a multiple
     of the key tile; tests use it). Returns [B, Hq, D] in the query's dtype.
     """
     bsz, hq, d = query.shape

@@ -30,6 +30,10 @@ def test_metrics_move_with_requests(tmp_path):
         before = scrape(port)
         assert before["ignis:num_requests_running"] == 0
         assert before["ignis:kv_pool_pages_free"] == 64
+        assert before["ignis:kernel_path|path=reference"] == 1  # the CPU runs the twins
+        assert before["ignis:kernel_path|path=triton"] == 0 and before["ignis:kernel_path|path=mixed"] == 0
+        stats = eng.stats()
+        assert stats["kernel_triton_ops"] == 0 and stats["kernel_fallback_ops"] == 0 and stats["kernel_twin_ops"] > 0
         p = list(range(10, 210))
         eng.run("m1", p, max_tokens=5, ignore_eos=True, opener_start=197)
         eng.run("m2", p, max_tokens=5, ignore_eos=True, opener_start=197)

@@ -120,6 +120,20 @@ def test_auto_falls_back_to_bf16_where_the_heads_do_not_fit():
         resolve_kv_format(EngineConfig(kv_format=HQ), "cpu", narrow)
 
 
+def test_auto_format_on_cuda_follows_the_load_dtype():
+    """hq-e8-2b is the CUDA default for bfloat16/float16 models; a float32 model gets bf16 (exact) pages."""
+    assert EngineConfig().resolved_kv_format("cuda", dtype="bfloat16") == HQ
+    assert EngineConfig().resolved_kv_format("cuda", dtype="float16") == HQ
+    assert EngineConfig().resolved_kv_format("cuda", dtype="float32") == "bf16"
+    assert EngineConfig(kv_format=HQ).resolved_kv_format("cuda", dtype="float32") == HQ
+    cfg = tiny_cfg()  # a float32 checkpoint: CUDA loads it in bfloat16 unless --dtype says otherwise
+    assert resolve_kv_format(EngineConfig(), "cuda", cfg) == HQ
+    assert resolve_kv_format(EngineConfig(dtype="float32"), "cuda", cfg) == "bf16"
+    assert resolve_kv_format(EngineConfig(dtype="fp16"), "cuda", cfg) == HQ
+    assert resolve_kv_format(EngineConfig(dtype="float32", kv_format=HQ), "cuda", cfg) == HQ
+    assert resolve_kv_format(EngineConfig(), "cpu", cfg) == "bf16"
+
+
 def test_stamp_names_format_and_window():
     stamps = {kv_stamp("bf16", 0), kv_stamp(HQ, 64), kv_stamp(HQ, 32)}
     assert len(stamps) == 3 and kv_stamp("bf16", 0) == "bf16"

@@ -21,7 +21,15 @@ from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.models.config import config_from_dict
 from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
-from ignis.kernels.backend import REFERENCE, TRITON_FORMS, select_ops, triton_ops
+from ignis.kernels.backend import (
+    REFERENCE,
+    TRITON_FORMS,
+    KernelPathError,
+    kernel_info,
+    require_kernel_path,
+    select_ops,
+    triton_ops,
+)
 from tests.kernels.conftest import FRESH_PROCESS_TEST, IN_PROCESS, assert_close
 
 
@@ -39,6 +47,62 @@ def test_env_selects_every_triton_form(monkeypatch):
     for op, path in TRITON_FORMS.items():
         module, fn = path.split(":")
         assert getattr(ops, op) is getattr(importlib.import_module(module), fn), f"{op} fell back to its twin"
+
+
+def test_triton_ops_name_the_triton_path(monkeypatch):
+    ops = triton_ops()
+    assert ops.name == "triton" and ops.fallbacks == ()
+    assert kernel_info(ops) == {"kernel_triton_ops": len(TRITON_FORMS), "kernel_twin_ops": 0,
+                                "kernel_fallback_ops": 0}
+    require_kernel_path(ops, "cuda", allow_fallback=False)
+
+
+def test_a_form_that_fails_to_import_is_named_and_refused_on_cuda(monkeypatch, caplog):
+    """One Triton module fails to import: that op runs its twin, the path is "mixed", and on CUDA the
+    load is refused unless fallback is allowed (then a WARNING names the op)."""
+    monkeypatch.delenv("IGNIS_KERNELS", raising=False)
+    monkeypatch.setitem(sys.modules, "ignis.kernels.hq_e8.triton_prefill", None)  # import raises ImportError
+    ops = select_ops("cuda")
+    assert ops.name == "mixed"
+    assert ops.hq_prefill_attention is REFERENCE.hq_prefill_attention
+    assert ops.decode_attention is not REFERENCE.decode_attention
+    assert len(ops.fallbacks) == 1 and ops.fallbacks[0].startswith("hq_prefill_attention: ModuleNotFoundError")
+    assert kernel_info(ops) == {"kernel_triton_ops": len(TRITON_FORMS) - 1, "kernel_twin_ops": 1,
+                                "kernel_fallback_ops": 1}
+    with pytest.raises(KernelPathError, match="hq_prefill_attention") as refused:
+        require_kernel_path(ops, "cuda", allow_fallback=False)
+    assert "ignis.kernels.hq_e8.triton_prefill" in str(refused.value)  # the import error
+    assert "--allow-torch-fallback" in str(refused.value)
+    with caplog.at_level("WARNING", logger="ignis.kernels"):
+        require_kernel_path(ops, "cuda", allow_fallback=True)
+    assert any(r.levelname == "WARNING" and "hq_prefill_attention" in r.getMessage() and "mixed" in r.getMessage()
+               for r in caplog.records)
+    require_kernel_path(ops, "cpu", allow_fallback=False)  # the CPU serves on twins anyway
+
+
+def test_triton_missing_is_refused_on_cuda(monkeypatch):
+    """Triton itself cannot be imported: every op falls back, the path is "reference", and CUDA refuses."""
+    monkeypatch.delenv("IGNIS_KERNELS", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for path in TRITON_FORMS.values():
+        monkeypatch.delitem(sys.modules, path.split(":")[0], raising=False)
+    ops = select_ops("cuda")
+    assert ops.name == "reference" and len(ops.fallbacks) == len(TRITON_FORMS)
+    assert all(getattr(ops, op) is getattr(REFERENCE, op) for op in TRITON_FORMS)
+    with pytest.raises(KernelPathError, match="triton") as refused:
+        require_kernel_path(ops, "cuda", allow_fallback=False)
+    assert all(op in str(refused.value) for op in TRITON_FORMS)
+    require_kernel_path(ops, "cuda", allow_fallback=True)
+
+
+def test_reference_chosen_on_cuda_is_allowed(monkeypatch):
+    """IGNIS_KERNELS=reference on CUDA is a choice, not a fallback: allowed, path "reference"."""
+    monkeypatch.setenv("IGNIS_KERNELS", "reference")
+    ops = select_ops("cuda")
+    assert ops is REFERENCE and ops.name == "reference" and ops.fallbacks == ()
+    require_kernel_path(ops, "cuda", allow_fallback=False)
+    assert kernel_info(ops) == {"kernel_triton_ops": 0, "kernel_twin_ops": len(TRITON_FORMS),
+                                "kernel_fallback_ops": 0}
 
 
 def test_bad_env_value_raises(monkeypatch):

@@ -101,6 +101,24 @@ def test_decode_matches_twin(device, gen, hq, hkv, d, dtype):
         assert_close(got, want, tol, f"hq decode {dtype} split={split}")
 
 
+def test_decode_empty_sequences_give_zeros(device, gen):
+    """Rows of length 0 among normal rows (pages poisoned, ring NaN, partials NaN): zeros from
+    kernel and twin, the twin's output for the others."""
+    ctx = Context(device, gen, [0, 20, 0, 150])
+    q = ctx.randn(4, 4, 32)
+    want = ref.decode_attention(*decode_args(ctx, q))
+    empty, full = [0, 2], [1, 3]
+    assert bool((want[empty] == 0).all()), "twin: empty rows are not zero"
+    for split in (None, 32):
+        got = triton_decode.decode_attention(*decode_args(ctx, q), split_tokens=split)
+        assert bool((got[empty] == 0).all()), f"kernel (split={split}): empty rows are not zero"
+        assert_close(got[full], want[full], TOL, f"hq decode beside empty rows, split={split}")
+    ctx = Context(device, gen, [0, 0])
+    q = ctx.randn(2, 4, 32)
+    assert bool((triton_decode.decode_attention(*decode_args(ctx, q)) == 0).all())
+    assert bool((ref.decode_attention(*decode_args(ctx, q)) == 0).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_matches_twin(device, gen, dtype):
     hq, hkv, d, window = 4, 2, 32, 8
@@ -118,6 +136,27 @@ def test_prefill_matches_twin(device, gen, dtype):
     want = ref.prefill_attention(*args)
     got = triton_prefill.prefill_attention(*args)
     assert_close(got, want, TOL if dtype == torch.float32 else BF16_TOL, f"hq prefill {dtype}")
+
+
+def test_prefill_blocks_fit_shared_memory():
+    """fp32 tiles are twice bf16's: the fp32 choice shrinks under the budget (the old one compiled to
+    139392 B at D = 256 and 213248 B at D = 128 for sm_90; the new ones to 67648 B and 53376 B), bf16
+    keeps its choice."""
+    from ignis.kernels.hq_e8.triton_prefill import SHARED_BUDGET, _blocks, shared_estimate
+
+    def rows_bn_stages(d, dtype):
+        gp, bmq, bn, bd, _warps, stages = _blocks(d, 6, dtype, on_cpu=False)
+        assert bd == d and shared_estimate(gp * bmq, bn, bd, dtype.itemsize, stages) <= SHARED_BUDGET
+        return gp * bmq, bn, stages
+
+    assert SHARED_BUDGET <= 100 * 1024
+    assert rows_bn_stages(256, torch.float32) == (16, 16, 1)
+    assert rows_bn_stages(256, torch.bfloat16) == (32, 32, 1)
+    assert rows_bn_stages(256, torch.float16) == (32, 32, 1)
+    assert rows_bn_stages(128, torch.float32) == (32, 16, 1)
+    assert shared_estimate(32, 32, 256, 4, 1) > SHARED_BUDGET  # the fp32 choice before, D = 256
+    assert shared_estimate(64, 32, 128, 4, 2) > SHARED_BUDGET  # and at D = 128
+    assert shared_estimate(64, 32, 128, 4, 2) == 4 * (2 * 64 * 128 + 2 * (4 * 32 * 128 + 2 * 64 * 32))
 
 
 def test_context_inside_the_window_is_exactly_bf16(device, gen):

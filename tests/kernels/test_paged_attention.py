@@ -138,6 +138,27 @@ def test_decode_in_a_table_far_wider_than_its_contexts(device, gen):
     assert_close(got, want, TOL[torch.float32], "decode in a wide table")
 
 
+def test_decode_empty_sequences_give_zeros(device, gen):
+    """Rows of length 0 among normal rows: no split is written for them (the partials stay NaN) and
+    none is read; they come out zero from kernel and twin, the others match the twin."""
+    contexts = [0, 70, 0, 5, 130]
+    k_cache, v_cache, table = build_pool([max(n, 1) for n in contexts], 2, 32, torch.float32, device, gen)
+    query = strided((len(contexts), 4, 32), torch.float32, device, gen)
+    lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    want = ref.decode_attention(query, k_cache, v_cache, table, lens, 32 ** -0.5)
+    empty, full = [0, 2], [1, 3, 4]
+    assert bool((want[empty] == 0).all()), "twin: empty rows are not zero"
+    block = triton_decode._blocks(32, torch.float32, device.type == "cpu")[0]
+    for split in (None, block):
+        got = triton_decode.decode_attention(query, k_cache, v_cache, table, lens, 32 ** -0.5, split_tokens=split)
+        assert bool((got[empty] == 0).all()), f"kernel (split={split}): empty rows are not zero"
+        assert_close(got[full], want[full], TOL[torch.float32], f"decode beside empty rows, split={split}")
+    only_empty = torch.zeros(2, dtype=torch.int32, device=device)
+    got = triton_decode.decode_attention(query[:2], k_cache, v_cache, table[:2], only_empty, 32 ** -0.5)
+    assert bool((got == 0).all()) and bool((ref.decode_attention(
+        query[:2], k_cache, v_cache, table[:2], only_empty, 32 ** -0.5) == 0).all())
+
+
 def test_decode_rejects_bad_split(device, gen):
     with pytest.raises(ValueError, match="split_tokens"):
         _decode_case(2, 1, 16, torch.float32, [5], device, gen, split_tokens=3)

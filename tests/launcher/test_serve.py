@@ -53,6 +53,13 @@ def test_each_child_gets_its_own_changed_flags():
         from_args(cfg, p.parse_args(argv))  # the child accepts what it is given
 
 
+def test_allow_torch_fallback_reaches_the_engine():
+    args = parse(["--allow-torch-fallback"])
+    engine = serve.child_argv(EngineConfig, args, serve._SKIP[EngineConfig])
+    assert engine == ["--allow-torch-fallback", "on"]
+    assert serve.child_argv(GatewayConfig, args, serve._SKIP[GatewayConfig]) == []
+
+
 def test_bool_flags_are_spelled_on_off():
     assert serve._flag_value(True) == "on" and serve._flag_value(False) == "off"
 
