@@ -31,9 +31,8 @@ class EngineConfig:
         "the op and the import error. IGNIS_KERNELS=reference (every op on its twin, chosen) needs no flag"))
     kv_format: str = field(default="auto", metadata=field_doc(
         "KV pool format: hq-e8-2b (keys and values E8-lattice coded, 2.25 bits per value, the last "
-        "--kv-exact-window tokens kept exact) or bf16 (exact, in the model dtype); auto: hq-e8-2b on CUDA "
-        "for a bfloat16 or float16 model whose kv heads fit it, else bf16 (a float32 model, the CPU) "
-        "(docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
+        "--kv-exact-window tokens kept exact; 7x the tokens per byte, prefill over it slower) or bf16 (exact, "
+        "in the model dtype); auto: bf16 (docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
     kv_exact_window: int = field(default=64, metadata=field_doc(
         "hq-e8-2b: the last N tokens of each sequence whose keys and values stay exact (0: none)"))
     kv_pool_tokens: int | None = field(default=None, metadata=field_doc(
@@ -151,9 +150,7 @@ class EngineConfig:
             disk = 8192 if family == "qwen3_next" else 16384
         return {"ram": ram, "disk": disk}
 
-    def resolved_kv_format(self, device: str, hq_fits: bool = True, dtype: str = "bfloat16") -> str:
-        """The pool format for a resolved device ("cpu" or "cuda") and load dtype: --kv-format with auto
-        decided (hq-e8-2b on CUDA for a bfloat16/float16 model whose kv heads fit the format, else bf16)."""
-        if self.kv_format != "auto":
-            return self.kv_format
-        return "hq-e8-2b" if device == "cuda" and hq_fits and dtype in ("bfloat16", "float16") else "bf16"
+    def resolved_kv_format(self, device: str) -> str:
+        """The pool format on a resolved device ("cpu" or "cuda"): --kv-format, auto being bf16 (on an
+        H200 the hq-e8-2b prefill kernels run an order of magnitude slower than bf16's: docs/gpu.md)."""
+        return "bf16" if self.kv_format == "auto" else self.kv_format

@@ -59,7 +59,7 @@ def tiny_cfg(head_dim=32, kv_heads=2):
 # ----- flags, plan, state ---------------------------------------------------
 def test_format_flag_and_its_default_per_device():
     assert EngineConfig().kv_format == "auto"
-    assert EngineConfig().resolved_kv_format("cuda") == HQ
+    assert EngineConfig().resolved_kv_format("cuda") == "bf16", "auto is exact pages everywhere (docs/gpu.md)"
     assert EngineConfig().resolved_kv_format("cpu") == "bf16"
     assert EngineConfig(kv_format=HQ).resolved_kv_format("cpu") == HQ
     assert EngineConfig(kv_format="bf16").resolved_kv_format("cuda") == "bf16"
@@ -112,26 +112,15 @@ def test_head_shapes_the_format_refuses():
                             exact_window=4)
 
 
-def test_auto_falls_back_to_bf16_where_the_heads_do_not_fit():
+def test_auto_is_bf16_and_an_explicit_hq_checks_the_heads():
     narrow = tiny_cfg(head_dim=16)
-    assert resolve_kv_format(EngineConfig(), "cuda", narrow) == "bf16"
-    assert resolve_kv_format(EngineConfig(), "cuda", tiny_cfg()) == HQ
+    for device in ("cpu", "cuda"):
+        assert resolve_kv_format(EngineConfig(), device, narrow) == "bf16"
+        assert resolve_kv_format(EngineConfig(), device, tiny_cfg()) == "bf16"
+        assert resolve_kv_format(EngineConfig(kv_format=HQ), device, tiny_cfg()) == HQ
     with pytest.raises(ValueError, match="kv-format"):
         resolve_kv_format(EngineConfig(kv_format=HQ), "cpu", narrow)
 
-
-def test_auto_format_on_cuda_follows_the_load_dtype():
-    """hq-e8-2b is the CUDA default for bfloat16/float16 models; a float32 model gets bf16 (exact) pages."""
-    assert EngineConfig().resolved_kv_format("cuda", dtype="bfloat16") == HQ
-    assert EngineConfig().resolved_kv_format("cuda", dtype="float16") == HQ
-    assert EngineConfig().resolved_kv_format("cuda", dtype="float32") == "bf16"
-    assert EngineConfig(kv_format=HQ).resolved_kv_format("cuda", dtype="float32") == HQ
-    cfg = tiny_cfg()  # a float32 checkpoint: CUDA loads it in bfloat16 unless --dtype says otherwise
-    assert resolve_kv_format(EngineConfig(), "cuda", cfg) == HQ
-    assert resolve_kv_format(EngineConfig(dtype="float32"), "cuda", cfg) == "bf16"
-    assert resolve_kv_format(EngineConfig(dtype="fp16"), "cuda", cfg) == HQ
-    assert resolve_kv_format(EngineConfig(dtype="float32", kv_format=HQ), "cuda", cfg) == HQ
-    assert resolve_kv_format(EngineConfig(), "cpu", cfg) == "bf16"
 
 
 def test_stamp_names_format_and_window():
