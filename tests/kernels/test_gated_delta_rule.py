@@ -5,7 +5,10 @@ NaN and must stay bitwise untouched. q, k, v are non-contiguous views (as the
 model's split of the conv output is). Tolerances (relative RMS): fp32 1e-5
 (measured ~2e-7 recurrent; chunked ~5e-7 outputs, up to ~2e-6 final states);
 bf16 inputs 2e-2 (measured ~4e-3, mostly the bf16 rounding of the outputs;
-on the GPU the kernels use tf32 dots for bf16 inputs).
+on the GPU the kernels use tf32 dots for bf16 inputs). The model's decays
+fade a chunk's early tokens from its late rows; a slow-decay case keeps every
+block of the chunk's (I + A)^-1 in play, and the blocked inverse is also
+checked on its own against an fp64 triangular solve (measured ~1e-7).
 """
 
 from __future__ import annotations
@@ -13,20 +16,23 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from ignis.kernels.gated_delta_rule import reference as ref
 from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
 from tests.kernels.conftest import assert_close, assert_untouched, cu_seqlens, strided
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+BT, BC = triton_chunk.BT, triton_chunk.BC
 
 
-def make_inputs(total, hk, hv, dk, dv, dtype, device, gen):
+def make_inputs(total, hk, hv, dk, dv, dtype, device, gen, g_scale=0.5):
     q = strided((total, hk, dk), dtype, device, gen)
     k = strided((total, hk, dk), dtype, device, gen)
     v = strided((total, hv, dv), dtype, device, gen)
     # decays as the model makes them: -exp(A_log) * softplus(a + dt_bias)
-    g = (-F.softplus(torch.randn((total, hv), generator=gen)) * 0.5).to(device)
+    g = (-F.softplus(torch.randn((total, hv), generator=gen)) * g_scale).to(device)
     beta = torch.rand((total, hv), generator=gen).to(device=device, dtype=dtype)
     return q, k, v, g, beta
 
@@ -75,21 +81,46 @@ CHUNK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("hk,hv,dk,dv,dtype,lengths", CHUNK_CASES)
-def test_chunk_matches_twin(device, gen, hk, hv, dk, dv, dtype, lengths):
+@pytest.mark.parametrize("hk,hv,dk,dv,dtype,lengths,g_scale",
+                         [(*case, 0.5) for case in CHUNK_CASES]
+                         # slow decay: every token of a chunk still weighs on its last rows
+                         + [(1, 2, 16, 16, torch.float32, [64, 100], 0.01)])
+def test_chunk_matches_twin(device, gen, hk, hv, dk, dv, dtype, lengths, g_scale):
     num_slots = len(lengths) + 3
     slots = torch.randperm(num_slots, generator=gen)[:len(lengths)].tolist()
-    q, k, v, g, beta = make_inputs(sum(lengths), hk, hv, dk, dv, dtype, device, gen)
+    q, k, v, g, beta = make_inputs(sum(lengths), hk, hv, dk, dv, dtype, device, gen, g_scale)
     pool = make_pool(num_slots, slots, hv, dk, dv, device, gen)
     want_pool, got_pool = pool.clone(), pool.clone()
     idx = torch.tensor(slots, device=device)
     cu = cu_seqlens(lengths, device)
     want = ref.chunk_gated_delta_rule(q, k, v, g, beta, want_pool, idx, cu)
     got = triton_chunk.chunk_gated_delta_rule(q, k, v, g, beta, got_pool, idx, cu)
-    what = f"chunk Hk={hk} Hv={hv} Dk={dk} Dv={dv} {dtype} lengths={lengths}"
+    what = f"chunk Hk={hk} Hv={hv} Dk={dk} Dv={dv} {dtype} lengths={lengths} g_scale={g_scale}"
     assert_close(got, want, TOL[dtype], what + " output")
     assert_close(got_pool[slots], want_pool[slots], TOL[dtype], what + " state")
     assert_untouched(got_pool, pool, unused(num_slots, slots), what)
+
+
+def test_chunk_with_empty_sequences_over_several_lookup_blocks(device, gen, monkeypatch):
+    """Kernel 1 finds each chunk's sequence on the device, reading chunk counts SEQ_BLOCK
+    sequences at a time: empty sequences own no chunk and keep their state, and the grid's
+    spare programs past the last chunk write nothing."""
+    monkeypatch.setattr(triton_chunk, "SEQ_BLOCK", 4)
+    lengths = [0, 65, 0, 0, 3, 1, 0, 130, 0, 2]
+    hk, hv, dk, dv = 1, 2, 16, 16
+    slots = torch.randperm(len(lengths) + 2, generator=gen)[:len(lengths)].tolist()
+    q, k, v, g, beta = make_inputs(sum(lengths), hk, hv, dk, dv, torch.float32, device, gen)
+    pool = make_pool(len(lengths) + 2, slots, hv, dk, dv, device, gen)
+    want_pool, got_pool = pool.clone(), pool.clone()
+    idx = torch.tensor(slots, device=device)
+    cu = cu_seqlens(lengths, device)
+    want = ref.chunk_gated_delta_rule(q, k, v, g, beta, want_pool, idx, cu)
+    got = triton_chunk.chunk_gated_delta_rule(q, k, v, g, beta, got_pool, idx, cu)
+    assert_close(got, want, 1e-5, f"chunk lengths={lengths} output")
+    assert_close(got_pool[slots], want_pool[slots], 1e-5, f"chunk lengths={lengths} state")
+    empty = [s for s, n in zip(slots, lengths) if n == 0]
+    assert bool((got_pool[empty] == pool[empty]).all()), "an empty sequence's state changed"
+    assert_untouched(got_pool, pool, unused(len(lengths) + 2, slots), "chunk with empty sequences")
 
 
 def test_chunk_then_recurrent_continues_the_state(device, gen):
@@ -108,3 +139,77 @@ def test_chunk_then_recurrent_continues_the_state(device, gen):
     assert_close(torch.cat(got), torch.cat(want), 1e-5, "chunk + recurrent vs recurrent")
     assert_close(got_pool[1], want_pool[1], 1e-5, "final state")
     assert_untouched(got_pool, pool, [0], "chunk + recurrent")
+
+
+_unit_lower_inverse = triton_chunk._unit_lower_inverse
+
+
+@triton.jit
+def _block_ptrs(base, rb, cb, N: tl.constexpr, BC: tl.constexpr):
+    offs = tl.arange(0, BC)
+    return base + (rb * BC + offs)[:, None] * N + (cb * BC + offs)[None, :]
+
+
+@triton.jit
+def _inverse_kernel(a, out, N: tl.constexpr, BC: tl.constexpr):
+    """out[m] = (I + a[m])^-1 for strictly lower [N, N] a[m], through the chunk kernel's blocked inverse."""
+    src = a + tl.program_id(0) * N * N
+    dst = out + tl.program_id(0) * N * N
+    i00, i10, i11, i20, i21, i22, i30, i31, i32, i33 = _unit_lower_inverse(
+        tl.load(_block_ptrs(src, 0, 0, N, BC)),
+        tl.load(_block_ptrs(src, 1, 0, N, BC)), tl.load(_block_ptrs(src, 1, 1, N, BC)),
+        tl.load(_block_ptrs(src, 2, 0, N, BC)), tl.load(_block_ptrs(src, 2, 1, N, BC)),
+        tl.load(_block_ptrs(src, 2, 2, N, BC)),
+        tl.load(_block_ptrs(src, 3, 0, N, BC)), tl.load(_block_ptrs(src, 3, 1, N, BC)),
+        tl.load(_block_ptrs(src, 3, 2, N, BC)), tl.load(_block_ptrs(src, 3, 3, N, BC)),
+        BC)
+    tl.store(_block_ptrs(dst, 0, 0, N, BC), i00)
+    tl.store(_block_ptrs(dst, 1, 0, N, BC), i10)
+    tl.store(_block_ptrs(dst, 1, 1, N, BC), i11)
+    tl.store(_block_ptrs(dst, 2, 0, N, BC), i20)
+    tl.store(_block_ptrs(dst, 2, 1, N, BC), i21)
+    tl.store(_block_ptrs(dst, 2, 2, N, BC), i22)
+    tl.store(_block_ptrs(dst, 3, 0, N, BC), i30)
+    tl.store(_block_ptrs(dst, 3, 1, N, BC), i31)
+    tl.store(_block_ptrs(dst, 3, 2, N, BC), i32)
+    tl.store(_block_ptrs(dst, 3, 3, N, BC), i33)
+
+
+def chunk_systems(m, dk, spread, g_scale, gen, valid=BT):
+    """m strictly lower [BT, BT] matrices as the chunk kernel builds them:
+    A[i, j] = beta_i k_i.k_j exp(gc_i - gc_j) for j < i, unit-norm keys drawn around a
+    common direction with the given spread (small spread: |k_i.k_j| near 1), rows past
+    ``valid`` zero (a short last chunk)."""
+    sign = torch.randint(0, 2, (m, BT, 1), generator=gen) * 2.0 - 1.0
+    k = sign * torch.randn((m, 1, dk), generator=gen) + spread * torch.randn((m, BT, dk), generator=gen)
+    k = F.normalize(k, dim=-1)
+    beta = torch.rand((m, BT, 1), generator=gen)
+    gc = (-F.softplus(torch.randn((m, BT), generator=gen)) * g_scale).cumsum(-1)
+    a = (beta * (k @ k.transpose(-1, -2)) * (gc[:, :, None] - gc[:, None, :]).exp()).tril(-1)
+    a[:, valid:] = 0
+    return a
+
+
+# (dk, key spread, decay scale, valid rows): independent keys with the model's decays; nearly
+# parallel keys of either sign with little decay (entries of A and of the inverse up to ~1);
+# the same in a short chunk
+INVERSE_CASES = [(128, 1e3, 0.5, BT), (16, 0.2, 0.01, BT), (16, 0.2, 0.01, 37)]
+
+
+@pytest.mark.parametrize("dk,spread,g_scale,valid", INVERSE_CASES)
+def test_blocked_inverse_matches_triangular_solve(device, gen, dk, spread, g_scale, valid):
+    m = 8
+    a = chunk_systems(m, dk, spread, g_scale, gen, valid)
+    eye = torch.eye(BT, dtype=torch.float64)
+    want = torch.linalg.solve_triangular(eye + a.double(), eye.expand(m, BT, BT), upper=False)
+    a_dev = a.to(device)
+    got = torch.zeros_like(a_dev)
+    _inverse_kernel[(m,)](a_dev, got, N=BT, BC=BC)
+    got = got.cpu()
+    print(f"max |A| {a.abs().max():.2f}, max off-diagonal |(I + A)^-1| {want.tril(-1).abs().max():.2f}")
+    # the strictly lower part (the unit diagonal would dilute the relative error); the rest exactly
+    assert_close(got.tril(-1), want.tril(-1), TOL[torch.float32],
+                 f"blocked inverse dk={dk} spread={spread} valid={valid}")
+    assert bool((got.triu(1) == 0).all()), "upper triangle of a diagonal block not exactly zero"
+    assert bool((got.diagonal(dim1=-2, dim2=-1) == 1).all()), "diagonal not exactly one"
+    assert bool((got[:, valid:] == eye[valid:].float()).all()), "padding rows not the identity's"
