@@ -50,6 +50,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [S] int64, last token of each sampled sequence, in batch order (S <= B)
     num_decodes: int
     num_tokens: int
+    _prefill_cu: torch.Tensor | None = None  # prefill_cu_seqlens(), made once per batch
 
     @property
     def num_seqs(self) -> int:
@@ -107,5 +108,8 @@ class ForwardBatch:
         return self.num_tokens - self.num_decodes
 
     def prefill_cu_seqlens(self) -> torch.Tensor:
-        """cu_seqlens of the prefill sequences, relative to the first prefill token."""
-        return self.cu_seqlens[self.num_decodes:] - self.num_decodes
+        """cu_seqlens of the prefill sequences, relative to the first prefill token (one tensor for
+        every layer of the forward)."""
+        if self._prefill_cu is None:
+            self._prefill_cu = self.cu_seqlens[self.num_decodes:] - self.num_decodes
+        return self._prefill_cu
