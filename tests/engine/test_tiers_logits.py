@@ -73,3 +73,34 @@ def test_lower_tier_resume_matches_cold_prefill(tmp_path, model, tier):
         eng.client.close()
         eng.runner.state.close()
         assert tierd.stop() == 0
+
+
+def test_closing_the_runtime_detaches_from_tierd_before_the_memory_goes(tmp_path, model):
+    """Runtime.close says goodbye (tierd drops our entries and unmaps the pool and slots) and only then
+    frees the shared blocks: after it, an engine of another name is welcome, which tierd allows only once
+    the first one has detached."""
+    from ignis.engine.runtime import Runtime
+
+    tierd = Tierd(tmp_path, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    eng = TieredEngine(model, tierd.endpoint)
+    order = []
+    bye, close_state = eng.client.bye, eng.runner.state.close
+    eng.client.bye = lambda: order.append("bye") or bye()
+    eng.runner.state.close = lambda: order.append("free") or close_state()
+    try:
+        eng.submit("a", prompt(300, 11), system_end=200, opener_start=297)
+        eng.run()
+        Runtime("demo", eng.runner, eng.sched, eng.client, {}, TOKENIZER_SIZE).close()
+        assert order == ["bye", "free"]
+        other = ModelState.allocate(model.cfg, num_pages=4, lanes=1, dtype=torch.float32, shared=True)
+        other.allocate_slots(0, 1)
+        port = connect_tiers(other, tierd.endpoint, "logits-test", "qwen3_5", device_slots=0, staging_slot=None,
+                             engine_id="another-instance")
+        try:
+            assert port is not None and port.client.welcome is not None
+        finally:
+            if port is not None:
+                port.client.close()
+            other.close()
+    finally:
+        assert tierd.stop() == 0
