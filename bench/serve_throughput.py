@@ -3,8 +3,12 @@
 For 1, 8 and 32 concurrent requests (same prompts, same output lengths on
 both sides) it measures the wall time from sending every request to the last
 token. Ours runs the real engine process over ZeroMQ; the reference runs
-``generate`` on the whole batch at once. Last line:
-``BENCH serve_throughput vocab=N ratio_1=X ratio_8=Y ratio_32=Z`` (ours / transformers).
+transformers' ``generate`` on the whole batch at once (greedy, its default
+dynamic cache, fp32: the fastest CPU generation it offers this model family,
+whose hybrid cache has no static form). It also runs ``bench/round_cost.py``:
+an engine round at 32 lanes against the bare forward of the same batch.
+Last line: ``BENCH serve_throughput vocab=N ratio_1=X ratio_8=Y ratio_32=Z
+round_vs_forward_32=D`` (ratios: ours / transformers).
 
     python bench/serve_throughput.py [--model DIR] [--quick]
 """
@@ -90,11 +94,17 @@ def main(argv=None) -> int:
                 rows.append((n, o, r))
         finally:
             engine.stop()
+    from round_cost import round_vs_forward
+
+    round_ms, forward_ms = round_vs_forward(args.model, 32, 3 if args.quick else 30)
+    print(f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens per request, vocab {vocab}")
     print(f"{'concurrency':<12}{'ours tok/s':>12}{'transformers tok/s':>20}{'ratio':>8}")
     for n, o, r in rows:
         print(f"{n:<12}{o:>12.1f}{r:>20.1f}{o / r:>8.2f}")
     ratios = {n: o / r for n, o, r in rows}
-    print(f"BENCH serve_throughput vocab={vocab} ratio_1={ratios[1]:.3f} ratio_8={ratios[8]:.3f} ratio_32={ratios[32]:.3f}")
+    print(f"engine round at 32 lanes {round_ms:.2f} ms, bare forward of the same batch {forward_ms:.2f} ms")
+    print(f"BENCH serve_throughput vocab={vocab} ratio_1={ratios[1]:.3f} ratio_8={ratios[8]:.3f} "
+          f"ratio_32={ratios[32]:.3f} round_vs_forward_32={round_ms / forward_ms:.3f}")
     return 0
 
 

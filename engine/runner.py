@@ -54,6 +54,9 @@ class ModelRunner:
         self.workspace = SamplerWorkspace(model.cfg.vocab_size)
         self.last_logits: dict = {}  # req_id -> the row it was sampled from this round (views, no copy)
         self.graphs = None  # DecodeGraphs once captured (CUDA)
+        # rounds of plain greedy rows (no penalties, no logprobs) take their argmax where the logits are and
+        # copy only the tokens to the host: on CUDA that spares a [rows, vocab] copy per round
+        self.greedy_on_device = self.device.type != "cpu"
 
     def warm_up(self) -> None:
         """Compile every kernel variant a round can meet before the first request does.
@@ -146,10 +149,19 @@ class ModelRunner:
                 picked[:, self.vocab_limit:] = float("-inf")
         if masks is not None:
             self.grammars.apply(picked, masks)
-        picked = picked.cpu()
-        self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
-        tokens, lps, errors = sample_isolated(picked, ids, [self.samplers.get(i) for i in ids],
-                                              [self.want_logprobs.get(i) for i in ids], self.workspace)
+        states = [self.samplers.get(i) for i in ids]
+        wants = [self.want_logprobs.get(i) for i in ids]
+        if self.greedy_on_device and all(w is None for w in wants) and all(
+                st is not None and st.greedy and not st.penalised for st in states):
+            tokens = picked.argmax(-1).tolist()  # the first largest entry, as the host sampler picks it
+            for st, token in zip(states, tokens):
+                st.record(token)
+            lps, errors = [None] * len(ids), {}
+            self.last_logits = dict(zip(ids, picked))
+        else:
+            picked = picked.cpu()
+            self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
+            tokens, lps, errors = sample_isolated(picked, ids, states, wants, self.workspace)
         if masks is not None:
             self.grammars.advance(masks, tokens)  # a failed row's placeholder too: that request ends now
         result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors)
