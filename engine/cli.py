@@ -43,6 +43,10 @@ def run(args) -> int:
     setup_logging("engine")
     try:
         config = from_args(EngineConfig, args)
+        import torch
+
+        torch.set_num_threads(config.resolved_cpu_threads())
+        log.info("engine CPU math on %d threads", torch.get_num_threads())
         sdnotify.status("loading model")
         sdnotify.extend_timeout(600)
         server = build_server(config)

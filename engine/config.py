@@ -45,6 +45,9 @@ class EngineConfig:
         "given to the KV pool"))
     decode_lanes: int = field(default=16, metadata=field_doc(
         "most sequences running at once (each holds a live recurrent state)"))
+    cpu_threads: int | None = field(default=None, metadata=field_doc(
+        "threads of the engine's CPU math (torch intra-op); default: the CPUs this process may use minus one "
+        "(at least 1), leaving one to the gateway and tierd: oversubscribed math threads stall on each other"))
     cuda_graph_max_bs: int = field(default=32, metadata=field_doc(
         "on CUDA: rounds of up to N decode steps (and no prefill) replay a CUDA graph captured at load for "
         "batch sizes 1, 2, 4, 8, 16, 24, ... N; larger and mixed rounds run eagerly (0: never; CPU: never)"))
@@ -115,6 +118,8 @@ class EngineConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")
+        if self.cpu_threads is not None and (type(self.cpu_threads) is not int or self.cpu_threads < 1):
+            raise ValueError(f"--cpu-threads must be a positive integer, got {self.cpu_threads!r}")
         if type(self.cuda_graph_max_bs) is not int or self.cuda_graph_max_bs < 0:
             raise ValueError(f"--cuda-graph-max-bs must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if type(self.kv_exact_window) is not int or self.kv_exact_window < 0:
@@ -149,6 +154,18 @@ class EngineConfig:
         if disk is None:
             disk = 8192 if family == "qwen3_next" else 16384
         return {"ram": ram, "disk": disk}
+
+    def resolved_cpu_threads(self) -> int:
+        """--cpu-threads, or the CPUs this process may run on minus one (at least 1)."""
+        if self.cpu_threads is not None:
+            return self.cpu_threads
+        import os
+
+        try:
+            usable = len(os.sched_getaffinity(0))
+        except AttributeError:  # no affinity on this platform
+            usable = os.cpu_count() or 1
+        return max(1, usable - 1)
 
     def resolved_kv_format(self, device: str) -> str:
         """The pool format on a resolved device ("cpu" or "cuda"): --kv-format, auto being bf16 (on an
