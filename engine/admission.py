@@ -66,7 +66,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
             staged = True
             if req.state is RequestState.PREFILLING:
                 req.num_computed_tokens = 0
-                budget -= add_chunk(plan, req, budget, sched.store, page_tokens)
+                budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting)
             continue
         tokens = req.token_slice(0, req.num_tokens)
         rejected = sched.store.restore_rejections
@@ -98,7 +98,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         req.state = RequestState.PREFILLING
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
                                       restore_slot=hit.slot if hit else None))
-        budget -= add_chunk(plan, req, budget, sched.store, page_tokens)
+        budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting)
 
 
 def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> None:

@@ -10,28 +10,48 @@ A chunk that ends on a capture mark is captured after the forward
 "retained_prefix", the generation opener a "prompt_checkpoint", the start of
 the newest multi-part user message's final text part a "part_boundary", and
 the request's learned point a "learned_point" (where marks coincide, that
-order decides). Nothing is captured while the store is disabled. Pure Python,
-no torch.
+order decides). Nothing is captured while the store is disabled.
+
+A retained prefix that requests already waiting in the queue share (the
+siblings of a subagent burst, held back to resume from it) ranks as an
+interactive entry, whatever class made it: it is read as soon as it is
+filled, so it outranks any idle agent entry, and an agent's own checkpoint
+cannot push it out before its siblings read it. Pure Python, no torch.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
 
 from ignis.engine.request import Request
 from ignis.engine.reuse.store import RetainedStore
 from ignis.engine.schedule import PrefillChunk, RoundPlan
 
 
-def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, page_tokens: int) -> int:
-    """Plan ``req``'s next chunk (and its capture, if it ends on a mark); returns its size."""
+def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, page_tokens: int,
+              waiting: Mapping[str, deque[Request]] | None = None) -> int:
+    """Plan ``req``'s next chunk (and its capture, if it ends on a mark); returns its size.
+    ``waiting``: the queue, whose requests may be waiting to read a retained prefix captured here."""
     chunk = next_chunk(req, budget)
     plan.prefills.append(chunk)
     kind = capture_kind(req, chunk.end, store, page_tokens)
     if kind is not None:
-        order = store.capture(req.token_slice(0, chunk.end), req.page_table, req.lane, kind,
-                              req.request_class, req.last_is_user)
+        tokens = req.token_slice(0, chunk.end)
+        claim = req.request_class
+        if kind == "retained_prefix" and waiting is not None and has_waiting_reader(waiting, tokens):
+            claim = "interactive"
+        order = store.capture(tokens, req.page_table, req.lane, kind, req.request_class, req.last_is_user,
+                              claim_as=claim)
         if order is not None:
             plan.captures.append(order)
     return chunk.num_tokens
+
+
+def has_waiting_reader(waiting: Mapping[str, deque[Request]], prefix: tuple[int, ...]) -> bool:
+    """Whether a request in the queue starts with ``prefix`` (and goes on past it)."""
+    n = len(prefix)
+    return any(r.num_tokens > n and r.token_slice(0, n) == prefix for q in waiting.values() for r in q)
 
 
 def next_chunk(req: Request, budget: int) -> PrefillChunk:

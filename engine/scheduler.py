@@ -186,7 +186,7 @@ class Scheduler:
         for req in sorted((r for r in self.lanes.holders() if r.state is RequestState.PREFILLING), key=_rank):
             if budget == 0:
                 break
-            budget -= add_chunk(plan, req, budget, self.store, self.config.page_tokens)
+            budget -= add_chunk(plan, req, budget, self.store, self.config.page_tokens, self.waiting)
         if not plan.preempted:
             admit(self, plan, budget)
         if not self.lanes.any_free:

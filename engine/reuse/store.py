@@ -11,8 +11,10 @@ Invariants:
 - Retained pages never delay or refuse an admission: ``reclaim_pages``
   releases entries, lowest-ranked first, until the pool has the room.
 - Rank (lowest goes first): made by an agent request below interactive, then
-  least recently used. A capture may only take the slot of an entry ranked no
-  higher than itself; if none qualifies the capture is skipped.
+  least recently used; a retained prefix that queued requests wait to read
+  ranks as interactive whoever made it (``engine.prefill_chunks``). A capture
+  may only take the slot of an entry ranked no higher than itself; if none
+  qualifies the capture is skipped.
 - A conversation (checkpoints whose tokens extend each other) keeps at most
   two checkpoints: its latest, and the nearest earlier one made right after a
   real user message (released only once no round still reads it).
@@ -221,8 +223,9 @@ class RetainedStore:
     # ----- captures ------------------------------------------------------------
 
     def capture(self, tokens: tuple[int, ...], live: SequencePages, lane: int, kind: str, request_class: str,
-                after_user: bool) -> CaptureOrder | None:
-        """Retain ``tokens`` (the first len(tokens) positions of ``live``), or skip."""
+                after_user: bool, claim_as: str | None = None) -> CaptureOrder | None:
+        """Retain ``tokens`` (the first len(tokens) positions of ``live``), or skip. ``claim_as``: the class
+        the entry ranks as (default ``request_class``, the class of the request that made it)."""
         if not self.enabled:
             return None
         if kind not in KINDS:
@@ -233,6 +236,7 @@ class RetainedStore:
             same.last_used = self._tick()
             same.used_at = self.clock()
             return None
+        request_class = claim_as or request_class
         slot = self._slot_for(request_class)
         if slot is None:
             self.captures_skipped += 1

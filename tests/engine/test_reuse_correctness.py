@@ -73,3 +73,37 @@ def test_ten_turn_conversation_keeps_two_checkpoints_and_cold_outputs(model):
         assert rel(eng.first_logits[rid], logits) < CONVERSATION_TOL, turn
         history = p + eng.tokens[rid]
     eng.check_drained()
+
+
+def test_a_cold_agent_burst_takes_a_slot_from_idle_interactive_entries(model):
+    """Every slot holds an idle interactive checkpoint; a burst of agent subagents arrives on a fresh
+    system block. Its retained prefix is read by the siblings waiting in the queue, so it claims a slot
+    as an interactive capture would: the block is prefilled once, and every output is the cold one."""
+    system = prompt(SYSTEM, 41)
+    eng = Engine(model, lanes=4, host_slots=2)
+    for i in range(2):
+        chat = prompt(90, 80 + i)
+        eng.submit(f"chat{i}", chat, opener_start=len(chat) - 3, max_tokens=2)
+    eng.run()
+    assert {e.request_class for e in eng.sched.store.entries()} == {"interactive"}
+    assert eng.sched.store.slots.num_free == 0
+    prompts = {f"sub{i}": system + prompt(20 + 5 * i, 60 + i) for i in range(4)}
+    for rid, p in prompts.items():
+        eng.submit(rid, p, system_end=SYSTEM, opener_start=len(p) - 3, cls="agent")
+    prefilled = 0
+    original = eng.runner.run
+
+    def counting_run(plan):
+        nonlocal prefilled
+        prefilled += sum(c.num_tokens for c in plan.prefills)
+        return original(plan)
+
+    eng.runner.run = counting_run
+    eng.run()
+    assert sorted(eng.finished[rid].cached_tokens for rid in prompts) == [0, 128, 128, 128]
+    assert prefilled == 128 + sum(len(p) - 128 for p in prompts.values())
+    for rid, p in prompts.items():
+        tokens, logits = cold_run(model, rid, p)
+        assert eng.tokens[rid] == tokens, rid
+        assert rel(eng.first_logits[rid], logits) < TOL, rid
+    eng.check_drained()
