@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ignis.gateway.chat_template import ChatTemplate, TemplateRenderError
 from ignis.gateway.tokenizer import TextTokenizer
+from ignis.gateway.turn_boundaries import common_prefix_len
 
 
 def newest_multipart_user(messages: list[dict]) -> int | None:
@@ -32,14 +33,6 @@ def newest_multipart_user(messages: list[dict]) -> int | None:
                 and isinstance(content[-1], dict) and content[-1].get("type") == "text":
             return i
     return None
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def part_end(template: ChatTemplate, tok: TextTokenizer, messages: list[dict], tools: list[dict] | None,
@@ -54,6 +47,6 @@ def part_end(template: ChatTemplate, tok: TextTokenizer, messages: list[dict], t
         text = template.render(stripped, tools, add_generation_prompt=False, extra=extra)
     except TemplateRenderError:
         return None
-    n = common_prefix(prompt_ids, tok.encode(text))
+    n = common_prefix_len(prompt_ids, tok.encode(text))
     limit = opener_start if opener_start is not None else len(prompt_ids)
     return n if 0 < n < len(prompt_ids) and n <= limit else None

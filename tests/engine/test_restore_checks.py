@@ -21,7 +21,6 @@ from ignis.engine.reuse.lower_index import content_key
 from ignis.engine.tier_port import NullTierPort
 from ignis.engine.tiers.restore_check import FAULT_NAN_RESTORE_ENV, finite_image, finite_pages, poison_image
 from ignis.shared.demo import ensure_demo_model
-from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from tests.engine.test_reuse import Engine, prompt
 from tests.engine.test_tiers_e2e import Tierd
 from tests.engine.test_tiers_logits import TieredEngine
@@ -33,28 +32,6 @@ LOGPROB_TOL = 1e-5
 def model():
     m, _ = load_model(ensure_demo_model())
     return m
-
-
-def run_recording(eng: Engine) -> dict[str, list[float]]:
-    """``eng.run()``, also keeping each sampled token's logprob (from the row it was sampled from)."""
-    logprobs: dict[str, list[float]] = {}
-    for _ in range(10_000):
-        plan = eng.sched.schedule()
-        for ev in plan.finished:
-            eng.finished[ev.req_id] = ev
-        if plan.is_empty:
-            if not eng.sched.has_work:
-                return logprobs
-            continue
-        result, _ = eng.runner.run(plan)
-        for rid, tok in result.tokens.items():
-            row = eng.runner.last_logits[rid][:TOKENIZER_SIZE]
-            eng.tokens.setdefault(rid, []).append(tok)
-            logprobs.setdefault(rid, []).append(float(torch.log_softmax(row, -1)[tok]))
-        for ev in eng.sched.update(result):
-            eng.finished[ev.req_id] = ev
-            eng.runner.release(ev.req_id)
-    raise AssertionError("engine did not drain")
 
 
 def test_partial_last_page_is_checked_only_where_written(model):
@@ -127,17 +104,12 @@ def test_non_finite_restore_is_dropped_and_recomputed(tmp_path, model, monkeypat
     monkeypatch.delenv(FAULT_NAN_RESTORE_ENV)
     try:
         p = prompt(300, 11)
-        eng.submit("a", p, system_end=200, opener_start=297)
-        eng.run()
-        for i in range(2):  # unrelated work that needs the room: retained entries move down
-            eng.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
-            eng.run()
-        assert eng.sched.store.demotions >= 1
+        eng.serve_then_demote(p, system_end=200, opener_start=297)
         held = {r.key for r in eng.sched.store.lower.matches(tuple(p), len(p) - 1, longer_than=0)}
         assert content_key(tuple(p[:297])) in held
         eng.submit("again", p, system_end=200, opener_start=297, max_tokens=8)
         eng.submit("beside", prompt(120, 77), max_tokens=8)
-        logprobs = run_recording(eng)
+        eng.run(logprobs=True)
         again, beside = eng.finished["again"], eng.finished["beside"]
         assert again.reason == "length" and beside.reason == "length"
         assert again.restore_rejected == 1 and again.reuse_tier not in ("kv_ram", "kv_disk")
@@ -150,10 +122,10 @@ def test_non_finite_restore_is_dropped_and_recomputed(tmp_path, model, monkeypat
 
         cold = Engine(model, reuse=False)
         cold.submit("cold", p, max_tokens=8)
-        cold_logprobs = run_recording(cold)
+        cold.run(logprobs=True)
         assert eng.tokens["again"] == cold.tokens["cold"]
-        assert max(abs(a - b) for a, b in zip(logprobs["again"], cold_logprobs["cold"])) < LOGPROB_TOL
-        assert len(logprobs["again"]) == len(cold_logprobs["cold"]) == 8
+        assert max(abs(a - b) for a, b in zip(eng.logprobs["again"], cold.logprobs["cold"])) < LOGPROB_TOL
+        assert len(eng.logprobs["again"]) == len(cold.logprobs["cold"]) == 8
 
         eng.sched.store.release_all()
         assert eng.sched.pool.num_free == eng.sched.pool.num_pages

@@ -43,6 +43,7 @@ class Engine:
         self.runner = ModelRunner(model, state, vocab_limit=TOKENIZER_SIZE)
         self.first_logits: dict[str, torch.Tensor] = {}
         self.tokens: dict[str, list[int]] = {}
+        self.logprobs: dict[str, list[float]] = {}
         self.finished = {}
 
     def submit(self, rid, prompt, system_end=None, opener_start=None, last_is_user=True, cls="interactive",
@@ -54,7 +55,9 @@ class Engine:
                       last_is_user=last_is_user, must_cut_at=capture_cuts(len(prompt), system_end, opener_start, 64))
         assert self.sched.add(req) is None
 
-    def run(self):
+    def run(self, logprobs=False):
+        """Until every request ends; with ``logprobs``, also keeps each sampled token's logprob in
+        ``self.logprobs`` (from the row it was sampled from)."""
         for _ in range(10_000):
             plan = self.sched.schedule()
             for ev in plan.finished:
@@ -68,6 +71,9 @@ class Engine:
                 self.first_logits.setdefault(rid, row.clone())
             for rid, tok in result.tokens.items():
                 self.tokens.setdefault(rid, []).append(tok)
+                if logprobs:
+                    row = self.runner.last_logits[rid][:TOKENIZER_SIZE]
+                    self.logprobs.setdefault(rid, []).append(float(torch.log_softmax(row, -1)[tok]))
             for ev in self.sched.update(result):
                 self.finished[ev.req_id] = ev
                 self.runner.release(ev.req_id)

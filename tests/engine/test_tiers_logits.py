@@ -38,7 +38,16 @@ class TieredEngine(Engine):
                                                max_prefill_tokens_per_round=4096), host_slots=host_slots,
                                tiers=port, restore_floors={"ram": 64, "disk": 64})
         self.runner = ModelRunner(model, state, vocab_limit=TOKENIZER_SIZE)
-        self.first_logits, self.tokens, self.finished = {}, {}, {}
+        self.first_logits, self.tokens, self.logprobs, self.finished = {}, {}, {}, {}
+
+    def serve_then_demote(self, p, system_end, opener_start):
+        """Serves ``p`` (request "a"), then unrelated work that needs the room: its retained entries move down."""
+        self.submit("a", p, system_end=system_end, opener_start=opener_start)
+        self.run()
+        for i in range(2):
+            self.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
+            self.run()
+        assert self.sched.store.demotions >= 1
 
 
 @pytest.mark.parametrize("tier", ["kv_ram", "kv_disk"])
@@ -49,12 +58,7 @@ def test_lower_tier_resume_matches_cold_prefill(tmp_path, model, tier):
     eng = TieredEngine(model, tierd.endpoint)
     try:
         p = prompt(300, 11)
-        eng.submit("a", p, system_end=200, opener_start=297)
-        eng.run()
-        for i in range(2):  # unrelated work that needs the room: retained entries move down
-            eng.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
-            eng.run()
-        assert eng.sched.store.demotions >= 1
+        eng.serve_then_demote(p, system_end=200, opener_start=297)
         eng.submit("again", p, system_end=200, opener_start=297)
         eng.run()
         ev = eng.finished["again"]

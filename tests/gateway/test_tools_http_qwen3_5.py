@@ -12,7 +12,7 @@ import json
 import openai
 import pytest
 
-from tests.gateway.tools_http_support import tools_gateway
+from tests.gateway.tools_http_support import assemble, create, streamed, tools_gateway
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -34,43 +34,13 @@ TWO_CALLS = "Checking.\n" + xml_call("get_weather", city="Paris", days="2", metr
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    yield from tools_gateway(tmp_path_factory, "qwen3_5")
+    yield from tools_gateway(tmp_path_factory, "qwen3_5", messages=ASK, tools=TOOLS)
 
 
 @pytest.fixture(scope="module")
 def client(gw):
     with gw.client() as c:
         yield c
-
-
-def create(gw, client, text, **kwargs):
-    kwargs.setdefault("messages", ASK)
-    kwargs.setdefault("tools", TOOLS)
-    return client.chat.completions.create(model="qwen3_5", seed=gw.say(text), max_tokens=300, **kwargs)
-
-
-def streamed(gw, client, text, **kwargs):
-    """The chunks' choice deltas and the finish reasons, in order."""
-    chunks = list(create(gw, client, text, stream=True, **kwargs))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    return deltas, reasons
-
-
-def assemble(deltas):
-    """Tool calls from stream deltas; checks a call's first delta has id and name and the rest only arguments."""
-    calls, fragments = [], []
-    for d in deltas:
-        for tc in d.tool_calls or ():
-            if tc.id is not None:
-                assert tc.index == len(calls) and tc.function.name and tc.type == "function"
-                calls.append({"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or ""})
-                fragments.append(0)
-            else:
-                assert tc.index == len(calls) - 1 and not (tc.function.name or "")
-                calls[tc.index]["arguments"] += tc.function.arguments
-                fragments[tc.index] += 1
-    return calls, fragments
 
 
 def test_two_typed_calls_with_reasoning_not_streamed(gw, client):

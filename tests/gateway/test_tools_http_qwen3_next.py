@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.gateway.tools_http_support import tools_gateway
+from tests.gateway.tools_http_support import assemble, create, streamed, tools_gateway
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -29,19 +29,13 @@ TWO_CALLS = (hermes_call("get_weather", {"city": "Rome", "days": 1}) + "\n"
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    yield from tools_gateway(tmp_path_factory, "qwen3_next")
+    yield from tools_gateway(tmp_path_factory, "qwen3_next", messages=ASK, tools=TOOLS)
 
 
 @pytest.fixture(scope="module")
 def client(gw):
     with gw.client() as c:
         yield c
-
-
-def create(gw, client, text, **kwargs):
-    kwargs.setdefault("messages", ASK)
-    kwargs.setdefault("tools", TOOLS)
-    return client.chat.completions.create(model="qwen3_next", seed=gw.say(text), max_tokens=300, **kwargs)
 
 
 def test_calls_and_reasoning_not_streamed(gw, client):
@@ -54,22 +48,13 @@ def test_calls_and_reasoning_not_streamed(gw, client):
 
 
 def test_calls_streamed(gw, client):
-    chunks = list(create(gw, client, "<think>\nTwo cities.\n</think>\n\n" + TWO_CALLS, stream=True))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    deltas, reasons = streamed(gw, client, "<think>\nTwo cities.\n</think>\n\n" + TWO_CALLS)
     assert reasons == ["tool_calls"]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "Two cities.\n"
     assert "".join(d.content or "" for d in deltas) == ""
-    calls = []
-    for d in deltas:
-        for tc in d.tool_calls or ():
-            if tc.id is not None:
-                assert tc.index == len(calls)
-                calls.append([tc.function.name, tc.function.arguments or ""])
-            else:
-                calls[tc.index][1] += tc.function.arguments
-    assert [(n, json.loads(a)) for n, a in calls] == [("get_weather", {"city": "Rome", "days": 1}),
-                                                      ("get_weather", {"city": "Oslo"})]
+    calls, _ = assemble(deltas)
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Rome", "days": 1}),
+                                                                        ("get_weather", {"city": "Oslo"})]
 
 
 def test_thinking_off_closes_the_block_in_the_prompt(gw, client):

@@ -3,6 +3,9 @@
 ``ToolsGateway.say(text)`` scripts the engine's answer to the next request
 (its tokens, from the model's own tokenizer) and returns the seed that picks
 it; ``last_prompt()`` is the prompt text the engine was last sent.
+``create``/``streamed`` send a request the engine answers with a given text,
+and ``assemble`` puts streamed tool calls back together: the client side both
+``test_tools_http_*`` modules share.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ class ToolsGateway:
     engine: FakeEngine
     url: str
     tokenizer: TextTokenizer
+    model: str
+    defaults: dict
+    """Request fields ``create`` sends unless told otherwise (messages, tools)."""
 
     def say(self, text: str) -> int:
         seed = next(_SEEDS)
@@ -53,14 +59,44 @@ def model_dir(root: Path, family: str) -> Path:
     return write_real_tokenizer(root / family, family, template)
 
 
-def tools_gateway(tmp_path_factory, family: str, *flags: str):
-    """A generator for a module fixture: the gateway up, then stopped."""
+def tools_gateway(tmp_path_factory, family: str, *flags: str, **defaults):
+    """A generator for a module fixture: the gateway up, then stopped; ``defaults`` as ``ToolsGateway.defaults``."""
     tmp = tmp_path_factory.mktemp(f"tools-{family}")
     path = model_dir(tmp, family)
     engine = FakeEngine(f"ipc://{tmp}/fake-engine.sock")
     proc, url = start_gateway(tmp, f"ipc://{tmp}/fake-engine.sock", "--model", str(path), *flags)
     try:
-        yield ToolsGateway(engine, url, load_model_files(path).tokenizer)
+        yield ToolsGateway(engine, url, load_model_files(path).tokenizer, family, defaults)
     finally:
         stop(proc)
         engine.close()
+
+
+def create(gw: ToolsGateway, client, text: str, **kwargs):
+    """A chat completion (model ``gw.model``, ``gw.defaults`` unless given) the engine answers with ``text``."""
+    return client.chat.completions.create(model=gw.model, seed=gw.say(text), max_tokens=300,
+                                          **{**gw.defaults, **kwargs})
+
+
+def streamed(gw: ToolsGateway, client, text: str, **kwargs):
+    """The chunks' choice deltas and the finish reasons, in order."""
+    chunks = list(create(gw, client, text, stream=True, **kwargs))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    return deltas, reasons
+
+
+def assemble(deltas):
+    """Tool calls from stream deltas; checks a call's first delta has id and name and the rest only arguments."""
+    calls, fragments = [], []
+    for d in deltas:
+        for tc in d.tool_calls or ():
+            if tc.id is not None:
+                assert tc.index == len(calls) and tc.function.name and tc.type == "function"
+                calls.append({"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or ""})
+                fragments.append(0)
+            else:
+                assert tc.index == len(calls) - 1 and not (tc.function.name or "")
+                calls[tc.index]["arguments"] += tc.function.arguments
+                fragments[tc.index] += 1
+    return calls, fragments

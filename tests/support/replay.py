@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ignis.gateway.turn_boundaries import common_prefix_len
+
 ROOT = Path(__file__).resolve().parents[2]
 QWEN_CODE_TRACE = ROOT.parent / "shared" / "fixtures" / "agent-traces" / "qwen-code.jsonl"
 PAGE_TOKENS = 64
@@ -146,15 +148,7 @@ def replay(trace: list[TraceRequest], url: str, api_key: str, model: str, max_to
         return list(pool.map(lambda r: one(r, start), trace))
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def ideals(prompts: list[list[int]], page_tokens: int = PAGE_TOKENS) -> list[int]:
     """Per prompt: the longest prefix in whole pages it shares with any earlier prompt."""
-    return [max((common_prefix(p, q) // page_tokens * page_tokens for q in prompts[:i]), default=0)
+    return [max((common_prefix_len(p, q) // page_tokens * page_tokens for q in prompts[:i]), default=0)
             for i, p in enumerate(prompts)]
