@@ -18,6 +18,9 @@ and a section past its deadline skips what is left and says so:
    against transformers' forward, bf16 and fp32 (``gpu_check_model``).
 5. ``tiers``: ``bench/gpu_tiers.py``: the engine <-> tierd copy path across
    two processes through the pool's CUDA IPC handle (``gpu_check_tiers``).
+6. ``engine``: the real engine process on small checkpoints of both families,
+   with and without decode graphs: the kernel path, graphs captured, greedy
+   tokens identical either way, a repeat resumed (``gpu_check_engine``).
 
 ``--with-tests`` adds pytest on ``tests/kernels`` on the device first
 (``gpu_check_tests``; minutes, so not in the default run).
@@ -62,9 +65,10 @@ from checkout import use_checkout  # noqa: E402
 ROOT = use_checkout()
 
 TOTAL_S = 360.0  # one device call
-SECTIONS = {"tests": 150.0, "e2e": 150.0, "state": 25.0, "kernels": 85.0, "model": 35.0, "tiers": 40.0}
+SECTIONS = {"tests": 150.0, "e2e": 120.0, "state": 20.0, "engine": 70.0, "kernels": 60.0, "model": 30.0,
+            "tiers": 25.0}
 HEAD_KEYS = ("prefill_8k_tok_s", "prefill_32k_tok_s", "tpot_1_ms", "tpot_32_ms", "clone_ms", "restore_gbs")
-MORE_KEYS = ("tpot_1_eager_ms", "tpot_32_eager_ms", "model_max_rel_err", "decode_attn_64k_gbps",
+MORE_KEYS = ("engine_graphs_identical", "tpot_1_eager_ms", "tpot_32_eager_ms", "model_max_rel_err", "decode_attn_64k_gbps",
              "prefill_attn_tflops", "gdn_chunk_ms", "gdn_recurrent_gbps", "conv_varlen_gbps", "hq_decode_b64_gbps",
              "hq_prefill_tflops", "tiers_ok", "tiers_gather_gbps", "tiers_scatter_gbps")
 RESULT = "GPU_CHECK_RESULT "  # a section's last line: its figures and failures as JSON
@@ -105,6 +109,10 @@ def run_section(name: str, device: str, seconds: float) -> int:
             from gpu_check_model import run_model
 
             head["model_max_rel_err"] = f"{run_model(rep, shapes, device, deadline):.2e}"
+        elif name == "engine":
+            from gpu_check_engine import run_engine
+
+            run_engine(rep, shapes, device, deadline, head)
         elif name == "tiers":
             from gpu_check_tiers import run_tiers
 
@@ -204,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         got, failed = spawn(section, device, seconds, args.dry_run, lines)
         head.update(got)
         failures += [f if f.startswith(section) else f"{section}: {f}" for f in failed]
-        if section in ("kernels", "model", "tests"):
+        if section in ("kernels", "model", "tests", "engine"):
             checks_ran += 1
             checks_failed += len(failed)
     wall = time.monotonic() - t0

@@ -41,13 +41,14 @@ def test_dry_run_passes_and_prints_its_bench_line(tmp_path):
     got = fields(stdout)
     for key in ("prefill_8k_tok_s", "prefill_32k_tok_s", "tpot_1_ms", "tpot_32_ms", "clone_ms", "restore_gbs"):
         assert float(got[key]) > 0, f"{key}={got[key]}: every step of the plan ran"
-    assert got["kernels_ok"] == "1" and got["failures"] == "0"
+    assert got["kernels_ok"] == "1" and got["failures"] == "0" and got["engine_graphs_identical"] == "1"
     assert float(got["model_max_rel_err"]) < 5e-2
     assert got["tiers_ok"] == "1" and float(got["tiers_gather_gbps"]) > 0
     table = out.read_text()
     for op in ("write_kv", "decode_attention", "prefill_attention", "gdn_chunk", "gdn_recurrent",
                "conv_varlen", "conv_update", "hq_decode_attn", "memory plan bf16", "memory plan hq-e8-2b",
-               "decode graphs", "restore from a host slot", "section tiers"):
+               "decode graphs", "restore from a host slot", "section tiers",
+               "greedy tokens with and without graphs identical"):
         assert op in table, f"{op} missing from the table"
 
 
