@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rep = Report()
         ok = run_compile_only(rep)
-        print(f"BENCH gpu_check compiled={ok} compile_failed={len(rep.failures)} "
+        print(f"BENCH gpu_compile compiled={ok} compile_failed={len(rep.failures)} "
               f"wall_s={time.monotonic() - t0:.0f}", flush=True)
         return 0 if not rep.failures else 1
     import torch

@@ -67,6 +67,22 @@ def bench_attention(b: Bench, head: dict) -> None:
                                   ref.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale)))
         if r is not None:
             head["prefill_attn_tflops"] = f"{r[2]:.3g}"
+    if dev == "cuda":  # the tile choice against alternatives, on the 8K chunk at 8K context
+        n = ctx = max(c for c, _ in s.prefill)
+        table = page_tables(b, num_pages, 1, ctx)
+        lens = torch.tensor([ctx], dtype=torch.int32, device=dev)
+        cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+        q = b.randn(n, s.hq, s.d)
+        flops = 4 * s.hq * s.d * n * (n + 1) / 2
+        for cfg in ((64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 1),
+                    (64, 64, 4, 2), (128, 128, 8, 1)):
+            try:
+                b.case("prefill_tiles", f"BM,BN,w,st={cfg}",
+                       lambda cfg=cfg: triton_prefill.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale,
+                                                                        blocks=cfg),
+                       nbytes=2 * ctx * s.hkv * s.d * el, flops=flops)
+            except Exception as exc:  # a tile that does not fit: say so, keep going
+                b.rep.say(f"prefill_tiles      {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
     del k_cache, v_cache
 
 

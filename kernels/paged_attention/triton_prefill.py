@@ -133,12 +133,14 @@ def prefill_attention(
     cu_seqlens: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    blocks: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen chunk batch over each sequence's pages.
 
     query [T, Hq, D], caches [num_pages, PAGE, Hkv, D], page_table [B, max_pages],
     cu_seqlens [B + 1], seq_lens [B] (context after this step). Returns [T, Hq, D]
-    in the query's dtype.
+    in the query's dtype. ``blocks`` (BM, BN, num_warps, num_stages) overrides the
+    tile choice (``bench/gpu_check_bench.py`` sweeps it on a GPU).
     """
     total, hq, d = query.shape
     hkv = k_cache.shape[2]
@@ -149,6 +151,8 @@ def prefill_attention(
     # the grid covers the longest chunk without asking the device which one it is: no chunk is longer
     # than the whole batch, and tiles past a chunk's end return at once
     bm, bn, bd, warps, stages = _blocks(d, query.dtype, query.device.type == "cpu")
+    if blocks is not None:
+        bm, bn, warps, stages = blocks
     prec = "ieee" if query.dtype == torch.float32 else "tf32"
     grid = (bsz, triton.cdiv(total, bm), hq)
     _prefill_kernel[grid](

@@ -26,7 +26,7 @@ def run_script(*args: str, timeout: float = 300) -> str:
                           env=dict(env, PYTHONUNBUFFERED="1"), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("BENCH gpu "), last
+    assert last.startswith("BENCH gpu"), last
     return proc.stdout
 
 
