@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ignis.kernels.causal_conv import reference as conv_ref
+from ignis.kernels.fused import reference as fused_ref
 from ignis.kernels.gated_delta_rule import reference as gdr_ref
 from ignis.kernels.hq_e8 import reference as hq_ref
 from ignis.kernels.paged_attention import reference as attn_ref
@@ -56,6 +57,13 @@ class Ops:
     hq_window_write: Callable
     hq_prefill_attention: Callable
     hq_decode_attention: Callable
+    rms_norm: Callable
+    add_rms_norm: Callable
+    gated_rms_norm: Callable
+    norm_rotary: Callable
+    silu_mul: Callable
+    sigmoid_mul: Callable
+    gdn_gating: Callable
     fallbacks: tuple[str, ...] = ()
 
 
@@ -72,6 +80,13 @@ REFERENCE = Ops(
     hq_window_write=hq_ref.window_write,
     hq_prefill_attention=hq_ref.prefill_attention,
     hq_decode_attention=hq_ref.decode_attention,
+    rms_norm=fused_ref.rms_norm,
+    add_rms_norm=fused_ref.add_rms_norm,
+    gated_rms_norm=fused_ref.gated_rms_norm,
+    norm_rotary=fused_ref.norm_rotary,
+    silu_mul=fused_ref.silu_mul,
+    sigmoid_mul=fused_ref.sigmoid_mul,
+    gdn_gating=fused_ref.gdn_gating,
 )
 
 # op name -> "module:function" of its Triton form
@@ -87,6 +102,13 @@ TRITON_FORMS = {
     "hq_window_write": "ignis.kernels.hq_e8.triton_write:window_write",
     "hq_prefill_attention": "ignis.kernels.hq_e8.triton_prefill:prefill_attention",
     "hq_decode_attention": "ignis.kernels.hq_e8.triton_decode:decode_attention",
+    "rms_norm": "ignis.kernels.fused.triton_norms:rms_norm",
+    "add_rms_norm": "ignis.kernels.fused.triton_norms:add_rms_norm",
+    "gated_rms_norm": "ignis.kernels.fused.triton_norms:gated_rms_norm",
+    "norm_rotary": "ignis.kernels.fused.triton_norms:norm_rotary",
+    "silu_mul": "ignis.kernels.fused.triton_pointwise:silu_mul",
+    "sigmoid_mul": "ignis.kernels.fused.triton_pointwise:sigmoid_mul",
+    "gdn_gating": "ignis.kernels.fused.triton_pointwise:gdn_gating",
 }
 
 

@@ -2,7 +2,7 @@
 
 q_proj yields, per head, the query and an output gate side by side
 ([T, Hq, 2D] -> query | gate). Queries and keys get a per-head RMSNorm and a
-partial rotary embedding; new keys and values are written to their pages
+partial rotary embedding (one fused op each); new keys and values are written to their pages
 before attending, so a chunk reads itself from the pool like any earlier
 token. The attention output is gated by ``sigmoid(gate)`` before o_proj.
 
@@ -19,7 +19,7 @@ from torch import nn
 
 from ignis.engine.forward_batch import ForwardBatch
 from ignis.engine.models.config import ModelConfig
-from ignis.engine.models.layers import PartialRotary, ZeroCenteredRMSNorm
+from ignis.engine.models.layers import ZeroCenteredRMSNorm
 from ignis.engine.models.state import CompressedLayer
 
 
@@ -38,33 +38,30 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, rotary: PartialRotary,
-                cos_sin: tuple[torch.Tensor, torch.Tensor], kv, ops) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                kv, ops) -> torch.Tensor:
         """x: [T, hidden]; kv: this layer's pool slice, [2, pages, 64, Hkv, D] or a ``CompressedLayer``."""
         t = x.shape[0]
         qg = self.q_proj(x).view(t, self.num_heads, 2 * self.head_dim)
         q, gate = qg.split(self.head_dim, dim=-1)
-        gate = gate.reshape(t, -1)
-        q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         cos, sin = cos_sin
-        q = rotary.apply(q, cos, sin)
-        k = rotary.apply(k, cos, sin)
+        q = self.q_norm.rotary(q, cos, sin, ops)
+        k = self.k_norm.rotary(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin, ops)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if isinstance(kv, CompressedLayer):
             out = self._attend_compressed(q, k, v, batch, kv, ops)
         else:
             out = self._attend(q, k, v, batch, kv, ops)
-        out = out.reshape(t, -1) * torch.sigmoid(gate)
-        return self.o_proj(out)
+        return self.o_proj(ops.sigmoid_mul(out, gate).reshape(t, -1))
 
     def _attend(self, q, k, v, batch: ForwardBatch, kv: torch.Tensor, ops) -> torch.Tensor:
         t = q.shape[0]
         k_cache, v_cache = kv[0], kv[1]
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-
-        out = torch.empty_like(q)
         nd = batch.num_decodes
+        if nd == t:  # decode only: no scatter into a shared output
+            return ops.decode_attention(q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale)
+        out = torch.empty_like(q)
         if nd:
             out[:nd] = ops.decode_attention(
                 q[:nd], k_cache, v_cache, batch.page_table[:nd], batch.seq_lens[:nd], self.scale)

@@ -16,7 +16,6 @@ out_proj.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ignis.engine.forward_batch import ForwardBatch
@@ -67,25 +66,28 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self._project(x)
         weight = self.conv1d.weight.squeeze(1)
         nd = batch.num_decodes
-        conv_out = torch.empty_like(mixed)
-        if nd:
-            conv_out[:nd] = ops.causal_conv1d_update(mixed[:nd], weight, conv, batch.slots[:nd])
-        if nd < t:
+        if nd == t:  # decode only: no scatter into a shared output
+            conv_out = ops.causal_conv1d_update(mixed, weight, conv, batch.slots)
+        else:
+            conv_out = torch.empty_like(mixed)
+            if nd:
+                conv_out[:nd] = ops.causal_conv1d_update(mixed[:nd], weight, conv, batch.slots[:nd])
             conv_out[nd:] = ops.causal_conv1d_varlen(
                 mixed[nd:], weight, conv, batch.slots[nd:], batch.prefill_cu_seqlens())
         q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.hk, self.dk)
         k = k.reshape(t, self.hk, self.dk)
         v = v.reshape(t, self.hv, self.dv)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)
 
-        core = torch.empty_like(v)
-        if nd:
-            core[:nd] = ops.recurrent_gated_delta_rule(
-                q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], ssm, batch.slots[:nd])
-        if nd < t:
+        if nd == t:
+            core = ops.recurrent_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots)
+        else:
+            core = torch.empty_like(v)
+            if nd:
+                core[:nd] = ops.recurrent_gated_delta_rule(
+                    q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], ssm, batch.slots[:nd])
             core[nd:] = ops.chunk_gated_delta_rule(
                 q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], ssm, batch.slots[nd:], batch.prefill_cu_seqlens())
-        core = self.norm(core, z)
+        core = self.norm(core, z, ops)
         return self.out_proj(core.reshape(t, -1))

@@ -62,24 +62,32 @@ class HybridModel(nn.Module):
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
     def body(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
-        """Hidden states of every token after the last layer, before the final norm [T, hidden]."""
+        """Hidden states of every token after the last layer, before the final norm [T, hidden].
+
+        Each residual add runs fused with the norm after it (``ZeroCenteredRMSNorm.add``):
+        the residual stream ``x`` is updated by the op that normalises it.
+        """
         ops = self._ops(batch.input_ids.device)
         x = self.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        out = None  # the previous layer's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
+            if out is None:
+                h = layer.input_layernorm(x, ops)
+            else:
+                x, h = layer.input_layernorm.add(out, x, ops)
             if layer.kind == "full_attention":
-                h = layer.self_attn(h, batch, self.rotary, cos_sin, state.kv[self._full_slot[i]], ops)
+                h = layer.self_attn(h, batch, cos_sin, state.kv[self._full_slot[i]], ops)
             else:
                 j = self._linear_slot[i]
                 h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return x
+            x, h = layer.post_attention_layernorm.add(h, x, ops)
+            out = layer.mlp(h) if isinstance(layer.mlp, SparseMoE) else layer.mlp(h, ops)  # SparseMoE takes no ops
+        return x if out is None else x + out
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [R, vocab] of R rows of hidden states: the final norm and the LM head."""
-        return torch.nn.functional.linear(self.norm(x), self.head_weight())
+        return torch.nn.functional.linear(self.norm(x, self._ops(x.device)), self.head_weight())
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, state: ModelState, all_logits: bool = False) -> torch.Tensor:

@@ -1,10 +1,16 @@
-"""Small building blocks shared by both families: norms, rotary embedding, SwiGLU MLP."""
+"""Small building blocks shared by both families: norms, rotary embedding, SwiGLU MLP.
+
+The modules hold the weights; their math is an ``Ops`` call (kernels/backend.py),
+so each forward takes the model's ``ops`` record like the attention and
+delta-rule layers do.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ignis.kernels.backend import REFERENCE, Ops
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -15,10 +21,16 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).type_as(x)
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add fused with this norm: -> (residual + x, norm(residual + x))."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Ops) -> torch.Tensor:
+        """Per-head norm of x [T, H, D], then the partial rotary embedding (cos/sin [T, rotary_dim])."""
+        return ops.norm_rotary(x, self.weight, cos, sin, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -29,16 +41,15 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = self.weight * xf.to(dtype)
-        return (y * F.silu(gate.float())).to(dtype)
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return ops.gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class PartialRotary(nn.Module):
-    """Rotary embedding on the first ``rotary_dim`` channels of each head (half-split form)."""
+    """Rotary tables for the first ``rotary_dim`` channels of each head (half-split form).
+
+    The rotation itself runs fused with the q/k norm (``ZeroCenteredRMSNorm.rotary``).
+    """
 
     def __init__(self, rotary_dim: int, theta: float):
         super().__init__()
@@ -55,18 +66,6 @@ class PartialRotary(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D]; cos/sin: [T, rotary_dim]."""
-        r = self.rotary_dim
-        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-        rot, rest = x[..., :r], x[..., r:]
-        return torch.cat([rot * c + self._rotate_half(rot) * s, rest], dim=-1)
-
 
 class SwiGLU(nn.Module):
     """Dense MLP: ``down(silu(gate(x)) * up(x))``."""
@@ -77,5 +76,6 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ops: Ops = REFERENCE) -> torch.Tensor:
+        """``ops`` defaults to the torch twins for a caller that holds none (the MoE shared expert)."""
+        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
