@@ -82,7 +82,7 @@ class HybridModel(nn.Module):
                 j = self._linear_slot[i]
                 h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
             x, h = layer.post_attention_layernorm.add(h, x, ops)
-            out = layer.mlp(h) if isinstance(layer.mlp, SparseMoE) else layer.mlp(h, ops)  # SparseMoE takes no ops
+            out = layer.mlp(h, ops)
         return x if out is None else x + out
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

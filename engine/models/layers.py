@@ -77,5 +77,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, ops: Ops = REFERENCE) -> torch.Tensor:
-        """``ops`` defaults to the torch twins for a caller that holds none (the MoE shared expert)."""
         return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))

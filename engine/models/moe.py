@@ -42,6 +42,7 @@ from torch.torch_version import TorchVersion
 
 from ignis.engine.models.config import ModelConfig
 from ignis.engine.models.layers import SwiGLU
+from ignis.kernels.backend import REFERENCE, Ops
 
 DECODE_PAIRS = 64
 """Largest number of (token, expert) pairs run by the gathered bmm."""
@@ -136,12 +137,12 @@ class SparseMoE(nn.Module):
         self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: Ops = REFERENCE) -> torch.Tensor:
         logits = self.gate(x)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_w, top_e = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         routed = self.experts(x, top_e, top_w.to(logits.dtype))
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, ops)
         return routed + shared
