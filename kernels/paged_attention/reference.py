@@ -16,7 +16,11 @@ new token ``i`` is written to. Queries are packed varlen::
     page_table : [B, max_pages] int32, entries past the context unused
 
 GQA: query head h reads kv head h // (Hq // Hkv). Prefill uses torch's
-fused scaled-dot-product attention with an explicit causal mask.
+fused scaled-dot-product attention with an explicit causal mask; a short
+chunk at the end of a long context (a resumed prompt's tail: at most
+``SHORT_TAIL`` queries) reads the pool in place instead, one run of
+consecutive pages at a time, with batched matmuls per kv head (no gathered
+copy of the context, no expansion of the kv heads).
 Nothing outside a sequence's first ``seq_lens[b]`` slots is read into a
 result: masked keys and values are replaced, not multiplied by zero, so a
 NaN-filled free page cannot leak into an output.
@@ -42,6 +46,47 @@ def write_kv(
     idx = slot_mapping.long()
     k_flat.index_copy_(0, idx, key.to(k_cache.dtype))
     v_flat.index_copy_(0, idx, value.to(v_cache.dtype))
+
+
+SHORT_TAIL = 64
+
+
+def page_runs(pages: list[int], length: int, page: int) -> list[tuple[int, int, int]]:
+    """The first ``length`` tokens' pages as runs of consecutive page ids: (first page, pages, tokens)."""
+    used = pages[:(length + page - 1) // page]
+    runs, at = [], 0
+    while at < len(used):
+        end = at + 1
+        while end < len(used) and used[end] == used[end - 1] + 1:
+            end += 1
+        runs.append((used[at], end - at, min(length, end * page) - at * page))
+        at = end
+    return runs
+
+
+def tail_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pages: list[int], length: int,
+                   scale: float) -> torch.Tensor:
+    """``n`` queries [n, Hq, D], the last ``n`` positions of a ``length``-token context, over its pages.
+
+    The keys and values are read in place, one run of consecutive pages at a
+    time (views, no gathered copy of the context); no kv head is expanded."""
+    n, hq, d = q.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    rows = q.reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)  # row gi * n + i
+    runs = [(k_cache[p:p + c].reshape(c * page, hkv, d)[:t], v_cache[p:p + c].reshape(c * page, hkv, d)[:t])
+            for p, c, t in page_runs(pages, length, page)]
+    scores = torch.cat([torch.bmm(rows, k.to(q.dtype).permute(1, 2, 0)) for k, _ in runs], dim=-1).float() * scale
+    qpos = (length - n) + torch.arange(n, device=q.device).repeat(g)
+    hidden = torch.arange(length, device=q.device).view(1, length) > qpos.view(g * n, 1)
+    scores.masked_fill_(hidden.unsqueeze(0), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)  # [Hkv, g * n, length]
+    out, at = None, 0
+    for _, v in runs:
+        part = torch.bmm(probs[:, :, at:at + v.shape[0]], v.to(q.dtype).permute(1, 0, 2))
+        out = part if out is None else out + part
+        at += v.shape[0]
+    return out.reshape(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
 
 
 def gather_context(cache: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
@@ -77,6 +122,9 @@ def prefill_attention(
         if n == 0:
             continue
         start = length - n
+        if n <= SHORT_TAIL < length:
+            out[qs:qe] = tail_attention(query[qs:qe], k_cache, v_cache, page_table[b].tolist(), length, scale)
+            continue
         k = gather_context(k_cache, page_table[b], length).to(query.dtype)
         v = gather_context(v_cache, page_table[b], length).to(query.dtype)
         q = query[qs:qe].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]

@@ -177,3 +177,27 @@ def test_head_dim_256_prefill_and_decode(device, gen):
     """The 27B head dim, on a small batch (the interpreter is slow at D=256)."""
     _prefill_case(4, 1, 256, torch.float32, [(70, 6), (1, 1)], device, gen)
     _decode_case(4, 1, 256, torch.float32, [70, 1], device, gen)
+
+
+@pytest.mark.parametrize("n", [1, 5, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_twin_tail_over_page_runs_matches_the_gathered_form(gen, n, dtype):
+    """The twin's short-tail path reads the pool in place, run by run: the same result as gathering the
+    context and running the masked softmax, across runs of consecutive and scattered pages (NaN pool)."""
+    import torch.nn.functional as F
+
+    length = 300 + n
+    k_cache, v_cache, table = build_pool([length], 2, 32, dtype, "cpu", gen)
+    query = torch.randn((n, 6, 32), generator=gen).to(dtype)
+    k = ref.gather_context(k_cache, table[0], length)
+    v = ref.gather_context(v_cache, table[0], length)
+    qpos = torch.arange(length - n, length).view(n, 1)
+    want = F.scaled_dot_product_attention(
+        query.float().transpose(0, 1).unsqueeze(0), k.float().transpose(0, 1).unsqueeze(0),
+        v.float().transpose(0, 1).unsqueeze(0), attn_mask=torch.arange(length).view(1, length) <= qpos,
+        scale=32 ** -0.5, enable_gqa=True)[0].transpose(0, 1)
+    got = ref.tail_attention(query, k_cache, v_cache, table[0].tolist(), length, 32 ** -0.5)
+    assert not got.isnan().any()
+    assert_close(got.float(), want, TOL[dtype], f"twin tail n={n} {dtype}")
+    runs = ref.page_runs([4, 5, 6, 9, 2, 3], 6 * 64 - 10, 64)
+    assert runs == [(4, 3, 192), (9, 1, 64), (2, 2, 118)]
