@@ -49,20 +49,50 @@ def gw(tmp_path_factory):
         big.undo()
 
 
-def test_codex_exec_runs_a_turn_to_its_end(gw, tmp_path):
-    binary = codex_binary()
-    gw.engine.script(None, gw.tokenizer.encode(ANSWER) + [gw.tokenizer.token_id("<|im_end|>")])
+def answers(gw, *texts: str) -> None:
+    """The engine's answers to the next requests, in order."""
+    for t in texts:
+        gw.engine.queue(gw.tokenizer.encode(t) + [gw.tokenizer.token_id("<|im_end|>")])
+
+
+def codex_exec(gw, tmp_path, prompt: str, *flags: str) -> subprocess.CompletedProcess:
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     (home / "config.toml").write_text(
         f'model = "{gw.model}"\nmodel_provider = "ignis"\n\n[model_providers.ignis]\nname = "ignis"\n'
         f'base_url = "{gw.url}/v1"\nwire_api = "responses"\nenv_key = "IGNIS_TEST_KEY"\n')
-    proc = subprocess.run([str(binary), "exec", "--skip-git-repo-check", "Say hello."], cwd=work,
+    proc = subprocess.run([str(codex_binary()), "exec", "--skip-git-repo-check", *flags, prompt], cwd=work,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, CODEX_HOME=str(home), IGNIS_TEST_KEY="unused"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_codex_exec_runs_a_turn_to_its_end(gw, tmp_path):
+    codex_binary()
+    answers(gw, ANSWER)
+    proc = codex_exec(gw, tmp_path, "Say hello.")
     assert ANSWER in proc.stdout + proc.stderr
     prompt = gw.last_prompt()
     assert "Say hello." in prompt and "<tools>" in prompt  # Codex's tools reached the template
     assert prompt.startswith("<|im_start|>system\n")
+
+
+def test_codex_runs_a_tool_and_sends_the_reasoning_back(gw, tmp_path):
+    """Turn one: reasoning and an exec_command call; Codex runs it and sends back the call, its output and
+    the reasoning item (its sealed blob, as Codex keeps no server state): turn two's prompt has the
+    reasoning restored where the template keeps it, and the answer ends the turn."""
+    codex_binary()
+    call = ("<tool_call>\n<function=exec_command>\n<parameter=cmd>\necho ignis-$((6*7))\n</parameter>\n"
+            "</function>\n</tool_call>")
+    answers(gw, "List nothing, just echo.\n</think>\n\n" + call, "Checked.\n</think>\n\n" + ANSWER)
+    first = len(gw.engine.generates)
+    proc = codex_exec(gw, tmp_path, "Run the echo.", "-c", 'model_reasoning_effort="high"')
+    assert ANSWER in proc.stdout + proc.stderr
+    prompts = [gw.tokenizer.decode(list(g.prompt_ids), skip_special_tokens=False)
+               for g in gw.engine.generates[first:]]
+    assert len(prompts) == 2 and prompts[0].endswith("<|im_start|>assistant\n<think>\n")
+    assert ("<|im_start|>assistant\n<think>\nList nothing, just echo.\n</think>\n\n<tool_call>\n"
+            "<function=exec_command>") in prompts[1]
+    assert "<tool_response>" in prompts[1] and "ignis-42" in prompts[1]
