@@ -16,8 +16,9 @@ the round (as the engine does), then the Finished of streams that ran out.
 Pacing (``--credits``): the benchmark's clients count the tokens each of
 their streams received in a shared file of int64 counters, one per client
 slot; a request names its slot in its first prompt token (``SLOT_BASE +
-slot``), or, when its prompt is a rendered chat template, in its seed. A stream gets its next token only while fewer than ``--window`` of
-its tokens are unread by its client, so the engine runs exactly as fast as the
+slot``), or, when its prompt is a rendered chat template, in its seed. A
+stream gets its next token only while fewer than ``--window`` of its tokens
+are unread by its client, so the engine runs exactly as fast as the
 gateway delivers (a stream whose counter has not moved for ``STALL_S`` gets a
 token anyway, so a miscount cannot stall it). Without ``--credits`` every
 stream gets a token every round. When no stream can take a token the loop

@@ -34,7 +34,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ignis.gateway.chat import answer_chat
-from ignis.gateway.errors import ApiError, invalid
+from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import GenerationRequest
 from ignis.gateway.params import CommonParams
@@ -219,8 +219,6 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     turn = ResponsesTurn(request)
     try:
         req = await GenerationRequest.read(request, "chat", translate=turn.translate)
-        if req.params.n != 1:
-            raise invalid("n is not a Responses field; one output per response", "n")
         return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
     except ApiError as e:
         raise turn.remap(e) from None

@@ -128,8 +128,8 @@ class ResponsesResponse(EndpointResponse):
                 log.exception("responses stream failed")
             else:
                 log.warning("responses stream failed: %s", err.message)
-            failed = self.response("failed", error={"code": "rate_limit_exceeded" if err.status == 429 else "server_error",
-                                                      "message": err.message})
+            code = "rate_limit_exceeded" if err.status == 429 else "server_error"
+            failed = self.response("failed", error={"code": code, "message": err.message})
             try:
                 await resp.write(self._event({"type": "response.failed", "response": failed}))
             except ConnectionResetError:

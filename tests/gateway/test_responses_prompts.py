@@ -110,7 +110,10 @@ def test_namespace_tools_flattened_and_mapped_back_hosted_tools_left_out(gw, cli
         "function_call", "lookup", "crm", {"email": "a@b.c"})
     after = http("GET", gw.url + "/metrics").body.decode()
     line = 'ignis:gateway_responses_tools_ignored_total{model_name="qwen3_5",tool="web_search"}'
-    count = lambda text: float(next((l.split()[-1] for l in text.splitlines() if l.startswith(line)), "0"))  # noqa: E731
+
+    def count(text: str) -> float:
+        return float(next((x.split()[-1] for x in text.splitlines() if x.startswith(line)), "0"))
+
     assert count(after) == count(before) + 1
     # the call goes back as a namespaced function_call item and renders under its flat name
     history = ASK + [{"type": "function_call", "call_id": call.call_id, "name": "lookup", "namespace": "crm",
@@ -164,8 +167,8 @@ def test_previous_response_id_continues_a_stored_conversation(gw, client):
                    input=ASK, tools=[WEATHER], reasoning=THINK, instructions="First instructions.")
     call = first.output[-1]
     assert http("GET", gw.url + f"/v1/responses/{first.id}").json()["id"] == first.id
-    second = create(gw, client, "Done.\n</think>\n\nWarm.", previous_response_id=first.id, tools=[WEATHER], reasoning=THINK,
-                    input=[{"type": "function_call_output", "call_id": call.call_id, "output": "30 C"}])
+    second = create(gw, client, "Done.\n</think>\n\nWarm.", previous_response_id=first.id, tools=[WEATHER],
+                    reasoning=THINK, input=[{"type": "function_call_output", "call_id": call.call_id, "output": "30 C"}])
     prompt = gw.last_prompt()
     assert "First instructions." not in prompt and "Weather in Paris?" in prompt
     assert "<think>\nLet me check.\n</think>\n\n<tool_call>\n<function=get_weather>" in prompt
