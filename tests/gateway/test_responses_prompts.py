@@ -179,6 +179,9 @@ def test_previous_response_id_continues_a_stored_conversation(gw, client):
     assert e.value.body["param"] == "previous_response_id" and "resp_nope" in e.value.body["message"]
     unstored = create(gw, client, "x", input="hi", store=False)
     assert post(gw, {"previous_response_id": unstored.id, "input": "more"}).status == 404
+    assert http("DELETE", gw.url + f"/v1/responses/{first.id}").json()["deleted"] is True
+    assert http("GET", gw.url + f"/v1/responses/{first.id}").status == 404
+    assert post(gw, {"previous_response_id": first.id, "input": "more"}).status == 404
 
 
 def test_max_output_tokens_is_incomplete(gw, client):
