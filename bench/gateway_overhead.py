@@ -23,8 +23,13 @@ per token, never a difference of walls. The last line is
 
     BENCH gateway_overhead us_per_token_1=A us_per_token_64=B tokens_per_s_64=C ratio_to_raw_64=D tokens_per_s_256=E
 
+    ... chat_us_per_token=F responses_us_per_token=G responses_to_chat=H
+
 where A and B are the gateway's CPU microseconds per token and C, E its
-wall throughput.
+wall throughput; F and G the same CPU cost at 64 streams of
+/v1/chat/completions and /v1/responses (one user message rendered through
+the demo model's chat template, the text through the chat path's parsers;
+the null engine paces them by their seed), H = G / F.
 
     python bench/gateway_overhead.py [--seconds S] [--clients P] [--max-tokens N] [--quick] [--profile FILE]
 """
@@ -52,6 +57,9 @@ CONCURRENCY = (1, 16, 64, 256)
 TEXT = ("The quick brown fox jumps over the lazy dog while the patient engineer measures every step of the "
         "server, counting each token that leaves the gateway and each byte that crosses the socket. ")
 BENCH_DIR = Path(__file__).resolve().parent
+API_CASES = ("chat", "responses")
+API_STREAMS = 64
+"""Streams of the chat and responses cases (one user message through the chat template)."""
 
 
 def pieces_of_text() -> tuple[list[int], list[str]]:
@@ -110,7 +118,7 @@ class Counters:
 
 
 def measure(url: str, server_pid: int, streams: int, args, counters: Counters, pieces_file: Path,
-            logs: Path, tag: str) -> dict:
+            logs: Path, tag: str, api: str = "completions") -> dict:
     """Drive ``url`` with ``streams`` streams; tokens, seconds and server CPU over the measured window."""
     procs = []
     nproc = min(args.clients, streams)
@@ -119,7 +127,7 @@ def measure(url: str, server_pid: int, streams: int, args, counters: Counters, p
         for i, k in enumerate(per):
             procs.append(start([sys.executable, str(BENCH_DIR / "sse_clients.py"), "--url", url, "--streams", str(k),
                                 "--first-slot", str(first), "--counters", str(counters.path), "--pieces-file",
-                                str(pieces_file), "--max-tokens", str(args.max_tokens)],
+                                str(pieces_file), "--max-tokens", str(args.max_tokens), "--api", api],
                                logs / f"clients-{tag}-{streams}-{i}.log", "READY")[0])
             first += k
         time.sleep(args.warmup)
@@ -183,6 +191,11 @@ def main() -> int:
                 print(f"# {c} streams ({g['clients']} client processes): raw {r['tokens']} tokens in "
                       f"{r['seconds']:.2f} s, cpu {r['cpu']:.2f} s; gateway {g['tokens']} tokens in "
                       f"{g['seconds']:.2f} s, cpu {g['cpu']:.2f} s", flush=True)
+            apis = {}
+            for api in API_CASES:  # the templated endpoints, alternated, at API_STREAMS
+                apis[api] = measure(gw_url, gateway.pid, API_STREAMS, args, counters, pieces_file, tmp, api, api)
+                print(f"# {API_STREAMS} streams of {api}: {apis[api]['tokens']} tokens in "
+                      f"{apis[api]['seconds']:.2f} s, cpu {apis[api]['cpu']:.2f} s", flush=True)
         finally:
             for p in reversed(procs):  # the gateway first, so it writes its profile while the engine is up
                 stop(p)
@@ -196,8 +209,14 @@ def main() -> int:
         print(f"{c:>8} {g['clients']:>8} {r['tokens'] / r['seconds']:>10.0f} {r_us:>11.1f} "
               f"{g['tokens'] / g['seconds']:>10.0f} {g_us:>10.1f} {g['null_cpu'] / g['tokens'] * 1e6:>12.1f} "
               f"{ratio:>6.2f}")
+    api_us = {api: a["cpu"] / a["tokens"] * 1e6 for api, a in apis.items()}
+    for api, a in apis.items():
+        print(f"{API_STREAMS:>8} {a['clients']:>8} {api:>10} {a['tokens'] / a['seconds']:>10.0f} tok/s "
+              f"{api_us[api]:>10.1f} us/tok")
     print(f"BENCH gateway_overhead us_per_token_1={row[1][0]:.1f} us_per_token_64={row[64][0]:.1f} "
-          f"tokens_per_s_64={row[64][1]:.0f} ratio_to_raw_64={row[64][2]:.2f} tokens_per_s_256={row[256][1]:.0f}")
+          f"tokens_per_s_64={row[64][1]:.0f} ratio_to_raw_64={row[64][2]:.2f} tokens_per_s_256={row[256][1]:.0f} "
+          f"chat_us_per_token={api_us['chat']:.1f} responses_us_per_token={api_us['responses']:.1f} "
+          f"responses_to_chat={api_us['responses'] / api_us['chat']:.2f}")
     return 0
 
 

@@ -16,8 +16,9 @@ the round (as the engine does), then the Finished of streams that ran out.
 Pacing (``--credits``): the benchmark's clients count the tokens each of
 their streams received in a shared file of int64 counters, one per client
 slot; a request names its slot in its first prompt token (``SLOT_BASE +
-slot``). A stream gets its next token only while fewer than ``--window`` of
-its tokens are unread by its client, so the engine runs exactly as fast as the
+slot``), or, when its prompt is a rendered chat template, in its seed. A
+stream gets its next token only while fewer than ``--window`` of its tokens
+are unread by its client, so the engine runs exactly as fast as the
 gateway delivers (a stream whose counter has not moved for ``STALL_S`` gets a
 token anyway, so a miscount cannot stall it). Without ``--credits`` every
 stream gets a token every round. When no stream can take a token the loop
@@ -167,7 +168,10 @@ class NullEngine:
                 "rounds": self.rounds})))
         elif isinstance(msg, Generate):
             first = msg.prompt_ids[0] - SLOT_BASE
-            slot = first if self.credits is not None and 0 <= first < len(self.credits.counts) else None
+            slots = len(self.credits.counts) if self.credits is not None else 0
+            if not 0 <= first < slots and msg.sampling.seed is not None:  # a templated prompt: its seed names it
+                first = msg.sampling.seed - SLOT_BASE
+            slot = first if 0 <= first < slots else None
             base = int(self.credits.counts[slot]) if slot is not None else 0
             self.streams[msg.id] = Stream(msg.id, peer, len(msg.prompt_ids), msg.sampling.max_tokens, slot, base,
                                           moved_at=time.monotonic(), last_read=base)

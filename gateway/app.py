@@ -3,9 +3,11 @@
 Routes:
     POST /v1/chat/completions   gateway.chat
     POST /v1/completions        gateway.completions
+    POST /v1/responses          gateway.responses_api (GET / DELETE /v1/responses/{id}: stored ones)
     GET  /v1/models[/{id}]      the served model, OpenAI list format
     GET  /health                200 when the engine answers a Stats within 1 s, else 503 (no auth)
     GET  /metrics               the gateway's Prometheus metrics (no auth)
+    GET  /openapi.json          the routes as an OpenAPI document (no auth; gateway.openapi)
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
 as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
@@ -37,22 +39,27 @@ from ignis.gateway.errors import ApiError, from_http_exception
 from ignis.gateway.generation import ClientGone, EngineFailed, api_error_of
 from ignis.gateway.listener import CONNECTIONS, Connections
 from ignis.gateway.metrics import GatewayMetrics
+from ignis.gateway.openapi import openapi
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
+from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tokenizer import ModelFiles
+from ignis.shared.runtime import default_runtime_dir
 
 log = logging.getLogger("ignis.gateway")
 
 BODY_CEILING = 64 << 20
-_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
-              "/health": "health", "/metrics": "metrics"}
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
+              "/v1/models": "models", "/health": "health", "/metrics": "metrics", "/openapi.json": "openapi"}
 
 
 def _endpoint(request: web.Request) -> str:
     path = request.path
     if path.startswith("/v1/models/"):
         return "models"
+    if path.startswith("/v1/responses/"):
+        return "responses"
     return _ENDPOINTS.get(path, "other")
 
 
@@ -120,6 +127,7 @@ async def _middleware(request: web.Request, handler):
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 when the engine answers, else 503."""
     gw: GatewayState = request.app[STATE]
     try:
         await gw.client.stats(timeout=1.0)
@@ -129,6 +137,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """The gateway's Prometheus metrics."""
     gw: GatewayState = request.app[STATE]
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": gw.metrics.content_type})
 
@@ -142,12 +151,14 @@ def _model_card(gw: GatewayState) -> dict:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The served models."""
     gw: GatewayState = request.app[STATE]
     names = list(gw.models) or [gw.model_name]
     return json_response({"object": "list", "data": [_model_card(gw.select(n)) for n in names]})
 
 
 async def get_model(request: web.Request) -> web.Response:
+    """One served model."""
     gw: GatewayState = request.app[STATE]
     return json_response(_model_card(gw.select(request.match_info["model"])))
 
@@ -172,12 +183,17 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app[STATE] = gw
     app[PROMPT_WORK] = PromptWork()
     app[CONNECTIONS] = Connections(config.max_connections, config.header_read_timeout)
+    app[RESPONSES] = responses_state(config.runtime_dir or default_runtime_dir(), config.instance)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
 
     async def start(app: web.Application) -> None:
         await gw.client.start()

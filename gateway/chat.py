@@ -9,13 +9,15 @@ function appends the call's opener to the rendered prompt
 (``tool_call_format.forced_call_suffix``) and the choices' parsers start
 inside that call. vLLM's ``return_token_ids`` adds
 ``choices[i].token_ids`` and a top-level ``prompt_token_ids``. Generating and
-answering is ``GenerationRequest.answer``'s.
+answering is ``GenerationRequest.answer``'s; ``answer_chat`` is the part
+/v1/responses shares (it hands its own ``EndpointResponse``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -81,7 +83,19 @@ def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[in
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """Create a chat completion."""
     req = await GenerationRequest.read(request, "chat")
+    return await answer_chat(req, ENDPOINT, new_id("chatcmpl"),
+                             lambda p, tok, head: ChatResponse(p, tok, {"id": head["id"], "created": int(time.time()),
+                                                                     "model": head["model"]}))
+
+
+async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
+                      make_response: Callable[[CommonParams, TextTokenizer, dict], EndpointResponse]
+                      ) -> web.StreamResponse:
+    """Render ``req``'s chat-shaped fields (messages, tools, tool_choice, chat_template_kwargs) into a
+    prompt, generate, and answer through ``make_response(params, tokenizer, {"id", "model"})``: the one
+    path of /v1/chat/completions and /v1/responses."""
     gw, f, p = req.gw, req.fields, req.params
     if gw.template is None:
         raise invalid("this model has no chat template; use /v1/completions", code="no_chat_template")
@@ -95,7 +109,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
     forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
     kwargs = _template_kwargs(f)
-    work = prompt_work(request)
+    work = prompt_work(req.http)
     try:
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
         prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
@@ -119,8 +133,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)
     max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
-    rid = new_id("chatcmpl")
-    head = {"id": rid, "created": int(time.time()), "model": gw.model_name}
+    head = {"id": rid, "model": gw.model_name}
     marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,
              "mark_missing": prompt.marks.missing_text, "part_end": part}
     gw.metrics.mark_missing(prompt.marks.missing)
@@ -129,7 +142,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return OutputParser(reasoning=gw.reasoning_markers, starts_in_reasoning=prompt.starts_in_reasoning,
                             tool_format=tool_format, tools=render_tools, forced=forced)
 
-    return await req.answer(ENDPOINT, rid, prompt_ids, max_tokens, ChatResponse(p, gw.tokenizer, head),
+    return await req.answer(endpoint, rid, prompt_ids, max_tokens, make_response(p, gw.tokenizer, head),
                             marks=marks, parser=parser)
 
 

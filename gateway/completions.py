@@ -56,6 +56,7 @@ async def _prompt(gw: GatewayState, f: Fields) -> tuple[list[int], str | None]:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    """Create a completion of a raw prompt."""
     req = await GenerationRequest.read(request, "completion")
     gw, f, p = req.gw, req.fields, req.params
     if f.has("suffix"):

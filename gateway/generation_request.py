@@ -26,7 +26,7 @@ from aiohttp import web
 from ignis.gateway.body import parse_object, read_body
 from ignis.gateway.choice import ChoiceDelta, ChoiceState
 from ignis.gateway.fields import Fields
-from ignis.gateway.generation import Generation
+from ignis.gateway.generation import Generation, Usage
 from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams, parse_common, sampling_for
 from ignis.gateway.prompt_work import prompt_work
@@ -75,6 +75,15 @@ class EndpointResponse:
         """One choice of the body, once every delta has been taken."""
         raise NotImplementedError
 
+    def body(self, choices: list[dict], usage: Usage) -> dict:
+        """The one JSON body (``choices`` from ``body_choice``)."""
+        return dict(self.body_head, choices=choices, usage=usage.to_json())
+
+    async def stream(self, http: web.Request, gen: Generation, on_tokens: Callable[[int], None]
+                     ) -> web.StreamResponse | None:
+        """A streamed answer in the endpoint's own event format; None: chat-style ``data:`` chunks."""
+        return None
+
 
 @dataclass
 class GenerationRequest:
@@ -87,8 +96,10 @@ class GenerationRequest:
     started: float  # time.monotonic() when the request arrived
 
     @classmethod
-    async def read(cls, http: web.Request, kind: str) -> GenerationRequest:
-        """``kind``: "chat" or "completion", for the fields only one endpoint has."""
+    async def read(cls, http: web.Request, kind: str,
+                   translate: Callable[[dict], dict] | None = None) -> GenerationRequest:
+        """``kind``: "chat" or "completion", for the fields only one endpoint has; ``translate`` turns
+        another endpoint's body (checked within the same limits) into a chat-shaped one first."""
         gw: GatewayState = http.app[STATE]
         started = time.monotonic()
         limits = RequestLimits.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes)
@@ -97,6 +108,8 @@ class GenerationRequest:
             body = await prompt_work(http).run(_checked_body, raw, limits)
         else:
             body = _checked_body(raw, limits)
+        if translate is not None:
+            body = translate(body)
         f = Fields(body)
         p = parse_common(f, http.headers, kind)
         return cls(http, gw.select(p.model), f, p, started)
@@ -119,6 +132,9 @@ class GenerationRequest:
                 await gen.open()
                 gw.metrics.first_token(endpoint, time.monotonic() - self.started)
                 if p.stream:
+                    own = await response.stream(self.http, gen, gw.metrics.tokens.inc)
+                    if own is not None:
+                        return own
                     return await self._stream(gen, response, prompt_ids)
                 return await self._one_body(gen, response, prompt_ids)
         finally:
@@ -169,7 +185,7 @@ class GenerationRequest:
             if p.return_token_ids:
                 choice["token_ids"] = ids[i]
             choices.append(choice)
-        body = dict(response.body_head, choices=choices, usage=gen.usage.to_json())
+        body = response.body(choices, gen.usage)
         if p.return_token_ids:
             body["prompt_token_ids"] = list(prompt_ids)
         return json_response(body)

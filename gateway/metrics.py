@@ -4,7 +4,9 @@ One registry per gateway (nothing global, so tests can run several):
 requests by endpoint and HTTP status, request latency, time to first token as
 the gateway sees it, tokens streamed to clients, and streams open right now;
 and ``ignis:capture_marks_missing_total{mark,reason}``, chat requests served
-without a capture mark the gateway could not find (gateway.capture_marks).
+without a capture mark the gateway could not find (gateway.capture_marks); and
+``ignis:gateway_responses_tools_ignored_total{tool}``, hosted tools of
+/v1/responses requests left out of the prompt.
 Served by the app's GET /metrics (``render``); every metric is labelled
 ``model_name`` first (``ProcessMetrics``).
 """
@@ -32,6 +34,8 @@ class GatewayMetrics(ProcessMetrics):
         self.active = self.gauge("active_streams", "completion requests in progress")
         self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
                                      ("model_name", "mark", "reason"), registry=self.registry)
+        self.tools_ignored = self.counter("responses_tools_ignored", "hosted tools of /v1/responses requests left "
+                                          "out of the prompt (ignis cannot run them)", ("tool",))
         self.model_name = model_name
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
@@ -40,6 +44,9 @@ class GatewayMetrics(ProcessMetrics):
 
     def first_token(self, endpoint: str, seconds: float) -> None:
         self.ttft.labels(self.model_name, endpoint).observe(seconds)
+
+    def tool_ignored(self, tool: str) -> None:
+        self.tools_ignored.labels(self.model_name, tool).inc()
 
     def mark_missing(self, missing: tuple[tuple[str, str], ...]) -> None:
         """Count each ``(mark, reason)`` of one request."""

@@ -18,6 +18,6 @@ def test_gateway_overhead_quick():
     assert last.startswith("BENCH gateway_overhead "), last
     fields = dict(kv.split("=") for kv in last.split()[2:])
     assert set(fields) == {"us_per_token_1", "us_per_token_64", "tokens_per_s_64", "ratio_to_raw_64",
-                           "tokens_per_s_256"}
+                           "tokens_per_s_256", "chat_us_per_token", "responses_us_per_token", "responses_to_chat"}
     for value in fields.values():
         assert float(value) > 0  # CPU time per token and throughputs: positive by construction

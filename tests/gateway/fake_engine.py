@@ -7,7 +7,9 @@
 
 Stats are answered with a small max_model_len and the demo model's vocab_size. Every Abort is recorded.
 ``script(seed, token_ids)`` makes that seed stream those tokens, one per
-batch, then Finished stop (a test's stand-in for a trained model's output).
+batch, then Finished stop (a test's stand-in for a trained model's output);
+``queue(token_ids)`` does the same for the next request without a seed (in
+order; once they are used up, the last one keeps answering).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class FakeEngine:
         self.started = 1.0  # what it reports as engine_started_unix; a change looks like a restart
         self.generates: list[Generate] = []
         self.scripts: dict[int, tuple[int, ...]] = {}
+        self.queued: list[tuple[int, ...]] = []
         self._held: dict[str, tuple[bytes, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -74,8 +77,13 @@ class FakeEngine:
     def script(self, seed: int, token_ids) -> None:
         self.scripts[seed] = tuple(token_ids)
 
+    def queue(self, token_ids) -> None:
+        self.queued.append(tuple(token_ids))
+
     def _answer(self, msg: Generate, peer: bytes) -> None:
         seed = msg.sampling.seed
+        if seed is None and self.queued:
+            self.scripts[None] = self.queued.pop(0)
         usage = Usage(prompt_tokens=len(msg.prompt_ids), completion_tokens=2, cached_tokens=1)
         if seed in self.scripts:
             ids = self.scripts[seed][:msg.sampling.max_tokens]

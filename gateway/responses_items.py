@@ -1,0 +1,191 @@
+"""Responses ``input`` items as the chat messages the chat path renders.
+
+    {"type": "message", "role": system|developer|user, "content": str | parts}
+                                   -> {"role", "content": str | [{"type": "text", "text"}]}
+    {"type": "message", "role": "assistant", "content": [output_text | refusal parts]}
+    {"type": "reasoning", "summary": [summary_text], "content": [reasoning_text], "encrypted_content"}
+    {"type": "function_call", "call_id", "name", "namespace"?, "arguments"}
+                                   -> one assistant turn: {"role": "assistant", "content",
+                                      "reasoning_content", "tool_calls": [{"id": call_id, ...}]}
+    {"type": "function_call_output", "call_id", "output": str | parts}
+                                   -> {"role": "tool", "tool_call_id": call_id, "content": str}
+
+A message item may leave out ``type`` (OpenAI's "easy" input message); a
+string ``input`` is one user message. A run of assistant-side items (reasoning,
+an assistant message, function calls) is one assistant turn, the reasoning
+given to it as ``reasoning_content``: a reasoning blob (``encrypted_content``,
+gateway.reasoning_seal) is opened to the reasoning text it carries (a blob
+this install did not seal is a 400 naming it); without one, the summary or
+content text is used. Reasoning with no assistant item after it is dropped.
+Parts: ``input_text``, ``output_text``, ``text`` and ``refusal`` are text;
+``input_image`` and ``input_file`` are a 400 (text-only models), as non-text
+parts are on the chat path. Any other item type is a 400 naming
+``input[i].type``. Each message remembers the field it came from
+(``origins``), so a later 400 of the chat path names the Responses field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ignis.gateway.fields import Fields
+from ignis.gateway.reasoning_seal import ReasoningSeal, SealError
+from ignis.gateway.responses_tools import ToolNames
+
+MAX_ITEMS = 100_000
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass
+class Conversation:
+    messages: list[dict] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+    call_ids: set[str] = field(default_factory=set)
+
+    def add(self, message: dict, origin: str) -> None:
+        self.messages.append(message)
+        self.origins.append(origin)
+
+
+def _parts_text(f: Fields, name: str, as_parts: bool) -> object:
+    """A content value as a string, or a list of chat text parts (``as_parts``)."""
+    value = f.raw(name)
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise f.error(name, "must be a string or an array of content parts")
+    parts = []
+    for j, part in enumerate(value):
+        pf = Fields(part, f.param(f"{name}[{j}]"))
+        kind = pf.str("type")
+        if kind in TEXT_PARTS:
+            text = pf.str("text")
+        elif kind == "refusal":
+            text = pf.str("refusal")
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise pf.error("type", f"{kind} parts are not supported: this server serves text-only models")
+        else:
+            raise pf.error("type", f"unknown content part type {kind!r}")
+        if text is None:
+            raise pf.error("refusal" if kind == "refusal" else "text", "is required")
+        parts.append(text)
+    if as_parts:
+        return [{"type": "text", "text": t} for t in parts]
+    return "".join(parts)
+
+
+def _reasoning_text(f: Fields, seal: ReasoningSeal) -> str:
+    blob = f.raw("encrypted_content")
+    if blob is not None:
+        if not isinstance(blob, str):
+            raise f.error("encrypted_content", "must be a string")
+        try:
+            return seal.open(blob)
+        except SealError as e:
+            raise f.error("encrypted_content", f"{e}") from None
+    for name in ("content", "summary"):
+        if f.list(name):
+            return "\n\n".join(p["text"] for p in _parts_text(f, name, True) if p["text"])
+    return ""
+
+
+def _arguments(f: Fields) -> str:
+    args = f.raw("arguments")
+    if not isinstance(args, str):
+        raise f.error("arguments", "must be a string holding a JSON object")
+    try:
+        parsed = json.loads(args) if args.strip() else {}
+    except ValueError:
+        raise f.error("arguments", "must be a JSON object encoded as a string; it is not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise f.error("arguments", "must encode a JSON object")
+    return args if args.strip() else "{}"
+
+
+class _Builder:
+    def __init__(self, conv: Conversation, names: ToolNames, seal: ReasoningSeal):
+        self.conv, self.names, self.seal = conv, names, seal
+        self.turn: dict | None = None  # the assistant turn items are being added to
+        self.reasoning: list[str] = []
+
+    def assistant(self, origin: str, content: str | None = None) -> dict:
+        if self.turn is None or content is not None:
+            self.turn = {"role": "assistant", "content": content or ""}
+            self.conv.add(self.turn, origin)
+        if self.reasoning:
+            text = "\n\n".join(self.reasoning)
+            prior = self.turn.get("reasoning_content")
+            self.turn["reasoning_content"] = f"{prior}\n\n{text}" if prior else text
+            self.reasoning = []
+        return self.turn
+
+    def other(self, message: dict, origin: str) -> None:
+        self.turn, self.reasoning = None, []
+        self.conv.add(message, origin)
+
+    def item(self, f: Fields) -> None:
+        kind = f.str("type", "message")
+        if kind == "message":
+            role = f.str("role")
+            if role is None:
+                raise f.error("role", "is required")
+            if role not in ROLES:
+                raise f.error("role", f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
+            if f.raw("content") is None:
+                raise f.error("content", "is required")
+            if role == "assistant":
+                self.assistant(f.where, _parts_text(f, "content", False))
+            else:
+                self.other({"role": role, "content": _parts_text(f, "content", True)}, f.where)
+        elif kind == "reasoning":
+            text = _reasoning_text(f, self.seal)
+            if text:
+                self.reasoning.append(text)
+        elif kind == "function_call":
+            call_id, name = f.str("call_id", max_chars=256), f.str("name", max_chars=256)
+            if not call_id:
+                raise f.error("call_id", "is required")
+            if not name:
+                raise f.error("name", "is required")
+            flat = self.names.flat(name, f.str("namespace", max_chars=64))
+            turn = self.assistant(f.where)
+            turn.setdefault("tool_calls", []).append(
+                {"id": call_id, "type": "function", "function": {"name": flat, "arguments": _arguments(f)}})
+            self.conv.call_ids.add(call_id)
+        elif kind == "function_call_output":
+            call_id = f.str("call_id", max_chars=256)
+            if not call_id:
+                raise f.error("call_id", "is required")
+            if call_id not in self.conv.call_ids:
+                raise f.error("call_id", f"{call_id!r} answers no earlier function_call item")
+            if f.raw("output") is None:
+                raise f.error("output", "is required")
+            self.other({"role": "tool", "tool_call_id": call_id, "content": _parts_text(f, "output", False)},
+                       f.where)
+        else:
+            raise f.error("type", f"unknown or unsupported input item type {kind!r} (supported: message, "
+                                  "reasoning, function_call, function_call_output)")
+
+
+def translate_input(f: Fields, names: ToolNames, seal: ReasoningSeal, earlier: Conversation) -> Conversation:
+    """``earlier`` (a stored conversation, or empty) followed by the body's ``input``."""
+    conv = Conversation(list(earlier.messages), list(earlier.origins), set(earlier.call_ids))
+    value = f.raw("input")
+    if value is None:
+        raise f.error("input", "is required")
+    if isinstance(value, str):
+        conv.add({"role": "user", "content": value}, "input")
+        return conv
+    if not isinstance(value, list):
+        raise f.error("input", "must be a string or an array of items")
+    items = f.list("input", max_items=MAX_ITEMS)
+    builder = _Builder(conv, names, seal)
+    for i, item in enumerate(items):
+        builder.item(Fields(item, f"input[{i}]"))
+    return conv
+
+
+def stored_call_ids(messages) -> set[str]:
+    return {c["id"] for m in messages for c in m.get("tool_calls", ()) if c.get("id")}

@@ -1,0 +1,150 @@
+"""A Responses turn's output items, built from the chat path's deltas, with the stream events of each step.
+
+    reasoning text  -> {"type": "reasoning", "id": "rs_...", "summary": [{"type": "summary_text", "text"}],
+                        "encrypted_content"?: blob}
+    content text    -> {"type": "message", "id": "msg_...", "role": "assistant", "status",
+                        "content": [{"type": "output_text", "text", "annotations": []}]}
+    a tool call     -> {"type": "function_call", "id": "fc_...", "call_id", "name", "namespace"?, "arguments",
+                        "status"}
+
+One item is open at a time; text of another kind closes it. Events of one
+item, in order (``feed`` and ``close`` return them, without ``sequence_number``):
+
+    reasoning  output_item.added, reasoning_summary_part.added, reasoning_summary_text.delta*,
+               reasoning_summary_text.done, reasoning_summary_part.done, output_item.done
+    message    output_item.added, content_part.added, output_text.delta*, output_text.done,
+               content_part.done, output_item.done
+    call       output_item.added, function_call_arguments.delta*, function_call_arguments.done,
+               output_item.done
+
+``parallel_tool_calls: false`` keeps the first call only. The turn as the
+chat path takes it back (``assistant_turn``) uses the prompt's tool names.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+from ignis.gateway.choice import ChoiceDelta
+from ignis.gateway.responses_tools import ToolNames
+
+
+def item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+class OutputItems:
+    def __init__(self, names: ToolNames, parallel_calls: bool = True, seal: Callable[[str], str] | None = None):
+        self.names = names
+        self.parallel_calls = parallel_calls
+        self.seal = seal  # makes a reasoning item's encrypted_content, when asked for
+        self.items: list[dict] = []
+        self.kind: str | None = None  # of the open item: reasoning | message | call
+        self.text = ""  # of the open item
+        self.reasoning = ""
+        self.content = ""
+        self.calls: list[dict] = []  # chat tool calls, prompt names
+        self.finish_reason: str | None = None
+
+    # ----- events ----------------------------------------------------------------------
+
+    def _open(self, kind: str, item: dict) -> list[dict]:
+        self.kind, self.text = kind, ""
+        self.items.append(item)
+        events = [{"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)}]
+        where = {"item_id": item["id"], "output_index": len(self.items) - 1}
+        if kind == "reasoning":
+            events.append({"type": "response.reasoning_summary_part.added", **where, "summary_index": 0,
+                           "part": {"type": "summary_text", "text": ""}})
+        elif kind == "message":
+            events.append({"type": "response.content_part.added", **where, "content_index": 0,
+                           "part": {"type": "output_text", "text": "", "annotations": []}})
+        return events
+
+    def _delta(self, text: str) -> dict:
+        self.text += text
+        item, index = self.items[-1], len(self.items) - 1
+        where = {"item_id": item["id"], "output_index": index}
+        if self.kind == "reasoning":
+            return {"type": "response.reasoning_summary_text.delta", **where, "summary_index": 0, "delta": text}
+        if self.kind == "message":
+            return {"type": "response.output_text.delta", **where, "content_index": 0, "delta": text, "logprobs": []}
+        return {"type": "response.function_call_arguments.delta", **where, "delta": text}
+
+    def close(self, status: str = "completed") -> list[dict]:
+        """Close the open item (if any); its done events."""
+        if self.kind is None:
+            return []
+        item, index, text = self.items[-1], len(self.items) - 1, self.text
+        where = {"item_id": item["id"], "output_index": index}
+        events: list[dict] = []
+        if self.kind == "reasoning":
+            part = {"type": "summary_text", "text": text}
+            item["summary"] = [part]
+            if self.seal is not None:
+                item["encrypted_content"] = self.seal(text)
+            self.reasoning += text
+            events += [{"type": "response.reasoning_summary_text.done", **where, "summary_index": 0, "text": text},
+                       {"type": "response.reasoning_summary_part.done", **where, "summary_index": 0, "part": part}]
+        elif self.kind == "message":
+            part = {"type": "output_text", "text": text, "annotations": []}
+            item.update(content=[part], status=status)
+            self.content += text
+            events += [{"type": "response.output_text.done", **where, "content_index": 0, "text": text,
+                        "logprobs": []},
+                       {"type": "response.content_part.done", **where, "content_index": 0, "part": part}]
+        else:
+            item.update(arguments=text, status="completed")
+            self.calls[-1]["function"]["arguments"] = text
+            events.append({"type": "response.function_call_arguments.done", **where, "arguments": text,
+                           "name": item["name"]})
+        events.append({"type": "response.output_item.done", "output_index": index, "item": dict(item)})
+        self.kind, self.text = None, ""
+        return events
+
+    def _switch(self, kind: str, item: dict) -> list[dict]:
+        return self.close() + self._open(kind, item)
+
+    # ----- deltas ----------------------------------------------------------------------
+
+    def feed(self, d: ChoiceDelta) -> list[dict]:
+        """The events of one delta of choice 0 (text in the order the parser gave it: reasoning, content,
+        calls)."""
+        events: list[dict] = []
+        if d.reasoning:
+            if self.kind != "reasoning":
+                events += self._switch("reasoning", {"id": item_id("rs"), "type": "reasoning", "summary": []})
+            events.append(self._delta(d.reasoning))
+        if d.content:
+            if self.kind != "message":
+                events += self._switch("message", {"id": item_id("msg"), "type": "message", "status": "in_progress",
+                                                   "role": "assistant", "content": []})
+            events.append(self._delta(d.content))
+        for piece in d.tool_calls:
+            if piece.index > 0 and not self.parallel_calls:
+                continue
+            if piece.id is not None:
+                namespace, name = self.names.client_name(piece.name)
+                item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress",
+                        "call_id": piece.id, "name": name, "arguments": ""}
+                if namespace is not None:
+                    item["namespace"] = namespace
+                self.calls.append({"id": piece.id, "type": "function",
+                                   "function": {"name": piece.name, "arguments": ""}})
+                events += self._switch("call", item)
+            if piece.arguments:
+                events.append(self._delta(piece.arguments))
+        if d.finish_reason:
+            self.finish_reason = d.finish_reason
+            events += self.close("incomplete" if d.finish_reason == "length" else "completed")
+        return events
+
+    def assistant_turn(self) -> dict:
+        """This output as a chat assistant message (for a stored conversation)."""
+        turn: dict = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            turn["reasoning_content"] = self.reasoning
+        if self.calls:
+            turn["tool_calls"] = self.calls
+        return turn
