@@ -1,6 +1,8 @@
 """Codex CLI (`codex exec`, from the npm registry) runs one turn against the gateway's /v1/responses.
 
-Skipped when ``node``/``npm`` are absent or the package cannot be installed
+It downloads Codex from the npm registry, so it runs only in the long mode
+(``IGNIS_LONG_TESTS=1``: the default suite fetches nothing), and is skipped
+when ``node``/``npm`` are absent or the package cannot be installed
 (no network). The package is installed once into a cache directory
 (``$XDG_CACHE_HOME/ignis-tests``, else ``~/.cache/ignis-tests``) and reused.
 The gateway runs on the official Qwen3.5 template in front of the scripted
@@ -19,6 +21,10 @@ from pathlib import Path
 import pytest
 
 from tests.gateway import fake_engine
+
+pytestmark = [pytest.mark.long,
+              pytest.mark.skipif(os.environ.get("IGNIS_LONG_TESTS") != "1",
+                                 reason="long mode: IGNIS_LONG_TESTS=1 (downloads Codex from npm)")]
 from tests.gateway.tools_http_support import tools_gateway
 
 CODEX_VERSION = "0.171.0"
