@@ -11,12 +11,16 @@ that is contiguous on the host side::
     ...                                  <- (c1 - c0) bytes per row ->
     run r1-1 [c0 ........ c1)
 
-so a span is one numpy assignment on the CPU and one cudaMemcpy2DAsync
-(source pitch = run stride) on CUDA. Engine memory <-> KV-disk goes through
-one reused staging buffer, a file chunk at a time (``write_from_engine``,
-``read_into_engine``). ``Worker`` runs jobs on its own thread and hands
-results back through a callback; the server's loop never waits on a copy
-or a file.
+``coalesce`` then merges spans that continue each other on both sides
+(the next item with the same rectangle, or the same item's next rows), so
+pages that are neighbours in engine memory and in the arena move as one
+copy: one numpy assignment per span on the CPU, over [rows, items, cols]
+(``ParallelBackend`` cuts a large copy into a few parts run at once), and
+one cudaMemcpy2DAsync per item (source pitch = run stride) on CUDA.
+Engine memory <-> KV-disk goes a chunk at a time through ``DiskIO``'s
+staging windows (``write_from_engine``, ``read_into_engine``). ``Worker``
+runs jobs on its own thread and hands results back through a callback; the
+server's loop never waits on a copy or a file.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ignis.tierd import disk as kvdisk
+from ignis.tierd import disk_io
 from ignis.tierd.memory_map import MappedBlock
 
 log = logging.getLogger("ignis.tierd")
@@ -40,7 +46,8 @@ log = logging.getLogger("ignis.tierd")
 
 @dataclass(frozen=True)
 class Span:
-    """Rows [run_lo, run_hi) x bytes [col_lo, col_hi) of ``block``'s item ``item`` <-> host bytes at ``host``."""
+    """Rows [run_lo, run_hi) x bytes [col_lo, col_hi) of ``block``'s items [item, item + n_items) <-> host bytes
+    at ``host``, item after item (each item's rectangle row by row)."""
 
     block: MappedBlock
     item: int
@@ -49,10 +56,15 @@ class Span:
     col_lo: int
     col_hi: int
     host: int
+    n_items: int = 1
+
+    @property
+    def item_nbytes(self) -> int:
+        return (self.run_hi - self.run_lo) * (self.col_hi - self.col_lo)
 
     @property
     def nbytes(self) -> int:
-        return (self.run_hi - self.run_lo) * (self.col_hi - self.col_lo)
+        return self.n_items * self.item_nbytes
 
 
 def plan_spans(items: Sequence[tuple[MappedBlock, int]], host_blocks: Sequence[int], block_bytes: int) -> list[Span]:
@@ -94,22 +106,122 @@ def _rows(block: MappedBlock, item: int, a: int, b: int, width: int, host: int) 
     return out
 
 
+def coalesce(spans: Sequence[Span]) -> list[Span]:
+    """``spans`` with neighbours merged into one copy where both sides continue each other.
+
+    A span joins the one before it when it is the next item with the same
+    rectangle right after it on the host (one strided copy of several
+    items), or the same item's next rows, full width, right after it on the
+    host (one block of rows)."""
+    out: list[Span] = []
+    for t in spans:
+        s = out[-1] if out else None
+        if s is not None and t.block is s.block and t.host == s.host + s.nbytes:
+            if (t.n_items == 1 and t.item == s.item + s.n_items and (t.run_lo, t.run_hi, t.col_lo, t.col_hi)
+                    == (s.run_lo, s.run_hi, s.col_lo, s.col_hi)):
+                out[-1] = replace(s, n_items=s.n_items + 1)
+                continue
+            full = (0, s.block.item_bytes)
+            if (s.n_items == t.n_items == 1 and t.item == s.item and t.run_lo == s.run_hi
+                    and (s.col_lo, s.col_hi) == (t.col_lo, t.col_hi) == full):
+                out[-1] = replace(s, run_hi=t.run_hi)
+                continue
+        out.append(t)
+    return out
+
+
+def split(spans: Sequence[Span], parts: int) -> list[list[Span]]:
+    """``spans`` cut into at most ``parts`` lists of about equal bytes (a span is cut between items or rows)."""
+    total = sum(s.nbytes for s in spans)
+    share = -(-total // max(1, parts))
+    out: list[list[Span]] = [[]]
+    room = share
+    for s in spans:
+        while s is not None:
+            if room <= 0:
+                out.append([])
+                room = share
+            head, s = _cut(s, room)
+            out[-1].append(head)
+            room -= head.nbytes
+    return [p for p in out if p]
+
+
+def _cut(s: Span, nbytes: int) -> tuple[Span, Span | None]:
+    """(the first whole items or rows of ``s`` within about ``nbytes``, the rest or None)."""
+    if s.nbytes <= nbytes:
+        return s, None
+    if s.n_items > 1:
+        k = max(1, nbytes // s.item_nbytes)
+        return (replace(s, n_items=k),
+                replace(s, item=s.item + k, n_items=s.n_items - k, host=s.host + k * s.item_nbytes))
+    width, rows = s.col_hi - s.col_lo, s.run_hi - s.run_lo
+    r = max(1, nbytes // width)
+    if rows <= 1 or r >= rows:
+        return s, None
+    return replace(s, run_hi=s.run_lo + r), replace(s, run_lo=s.run_lo + r, host=s.host + r * width)
+
+
+def _views(s: Span, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(engine view, host view) of ``s``, both [rows, items, cols]."""
+    rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
+    h = host[s.host:s.host + s.nbytes].reshape(s.n_items, rows, cols).transpose(1, 0, 2)
+    return s.block.view[s.run_lo:s.run_hi, s.item:s.item + s.n_items, s.col_lo:s.col_hi], h
+
+
 class NumpyBackend:
-    """CPU copies: numpy assignments between shm views and a host uint8 array."""
+    """CPU copies: one numpy assignment per span between shm views and a host uint8 array."""
 
     def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
         """Engine -> host."""
         for s in spans:
-            rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
-            dst = host[s.host:s.host + rows * cols].reshape(rows, cols)
-            dst[...] = s.block.view[s.run_lo:s.run_hi, s.item, s.col_lo:s.col_hi]
+            eng, h = _views(s, host)
+            h[...] = eng
 
     def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
         """Host -> engine."""
         for s in spans:
-            rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
-            src = host[s.host:s.host + rows * cols].reshape(rows, cols)
-            s.block.view[s.run_lo:s.run_hi, s.item, s.col_lo:s.col_hi] = src
+            eng, h = _views(s, host)
+            eng[...] = h
+
+    def close(self) -> None:
+        pass
+
+
+PARALLEL_MIN_BYTES = 4 << 20
+"""A copy smaller than this runs on the calling thread: handing it to others costs more than it saves."""
+
+
+class ParallelBackend:
+    """Cuts each copy into ``threads`` parts of about equal bytes and runs them at once (numpy releases
+    the GIL), so one large copy uses several cores' memory bandwidth."""
+
+    def __init__(self, inner, threads: int):
+        self.inner = inner
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="tierd-copy") if threads > 1 else None
+
+    def _run(self, fn, spans: Sequence[Span], host: np.ndarray) -> None:
+        if self._pool is None or sum(s.nbytes for s in spans) < PARALLEL_MIN_BYTES:
+            return fn(spans, host)
+        first, *rest = split(spans, self.threads)
+        jobs = [self._pool.submit(fn, part, host) for part in rest]
+        try:
+            fn(first, host)  # the calling thread copies a part too
+        finally:
+            wait(jobs)  # every part finishes before the copy is reported, failed or not
+        for job in jobs:
+            job.result()
+
+    def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        self._run(self.inner.gather, spans, host)
+
+    def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
+        self._run(self.inner.scatter, spans, host)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 _DEFAULT_MAX_PITCH = 2**31 - 1
@@ -165,22 +277,20 @@ class CupyBackend:
         stream = self._stream.ptr
         with self._use_device():  # the thread's current device: the one the blocks live on
             for s in on_device:
-                rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
-                pitch = s.block.run_stride
-                dev = s.block.device_ptr + s.run_lo * pitch + s.item * s.block.item_bytes + s.col_lo
-                hst = base + s.host
-                if rows > 1 and pitch <= self.max_pitch:
-                    if to_host:
-                        self._rt.memcpy2DAsync(hst, cols, dev, pitch, cols, rows, kind, stream)
-                    else:
-                        self._rt.memcpy2DAsync(dev, pitch, hst, cols, cols, rows, kind, stream)
-                    continue
-                for r in range(rows):  # one row, or a pitch too wide for a 2D copy
-                    d, h = dev + r * pitch, hst + r * cols
-                    if to_host:
-                        self._rt.memcpyAsync(h, d, cols, kind, stream)
-                    else:
-                        self._rt.memcpyAsync(d, h, cols, kind, stream)
+                for dev, hst, rows, cols in _device_rects(s, base):
+                    pitch = s.block.run_stride
+                    if rows > 1 and pitch <= self.max_pitch:
+                        if to_host:
+                            self._rt.memcpy2DAsync(hst, cols, dev, pitch, cols, rows, kind, stream)
+                        else:
+                            self._rt.memcpy2DAsync(dev, pitch, hst, cols, cols, rows, kind, stream)
+                        continue
+                    for r in range(rows):  # one row, or a pitch too wide for a 2D copy
+                        d, h = dev + r * pitch, hst + r * cols
+                        if to_host:
+                            self._rt.memcpyAsync(h, d, cols, kind, stream)
+                        else:
+                            self._rt.memcpyAsync(d, h, cols, kind, stream)
             self._stream.synchronize()  # the reply goes out only once the bytes are there
 
     def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
@@ -188,6 +298,21 @@ class CupyBackend:
 
     def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
         self._copy(spans, host, to_host=False)
+
+    def close(self) -> None:
+        pass
+
+
+def _device_rects(s: Span, host_base: int):
+    """(device address, host address, rows, cols) rectangles of a device span: one for a run of whole
+    one-row items (contiguous on both sides), else one per item."""
+    rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
+    dev = s.block.device_ptr + s.run_lo * s.block.run_stride + s.item * s.block.item_bytes + s.col_lo
+    if s.n_items == 1 or (rows == 1 and cols == s.block.item_bytes):
+        yield dev, host_base + s.host, rows, cols * s.n_items if rows == 1 else cols
+        return
+    for j in range(s.n_items):
+        yield dev + j * s.block.item_bytes, host_base + s.host + j * s.item_nbytes, rows, cols
 
 
 FAULT_PAUSE_ENV = "IGNIS_TIERD_FAULT_PAUSE_S"
@@ -213,6 +338,9 @@ class PausingBackend:
     def scatter(self, spans: Sequence[Span], host: np.ndarray) -> None:
         self._split(self.inner.scatter, spans, host)
 
+    def close(self) -> None:
+        self.inner.close()
+
 
 def fault_pause_s() -> float:
     try:
@@ -221,41 +349,49 @@ def fault_pause_s() -> float:
         return 0.0
 
 
-def make_backend(cuda_device: int | None):
-    """The CUDA backend for blocks on ``cuda_device``, or numpy when no block is on a device."""
-    backend = NumpyBackend() if cuda_device is None else CupyBackend(cuda_device)
+def copy_threads() -> int:
+    """Threads for one engine <-> arena copy: a few, never more than the cores."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def make_backend(cuda_device: int | None, threads: int = 1):
+    """The CUDA backend for blocks on ``cuda_device``, or numpy when no block is on a device; numpy copies
+    run on ``threads`` threads (CUDA copies are DMA on tierd's stream already)."""
+    if cuda_device is None:
+        backend = NumpyBackend() if threads <= 1 else ParallelBackend(NumpyBackend(), threads)
+    else:
+        backend = CupyBackend(cuda_device)
     pause = fault_pause_s()
     return PausingBackend(backend, pause) if pause > 0 else backend
 
 
-def _by_chunk(spans: Sequence[Span], chunk: int) -> dict[int, list[Span]]:
-    """Spans grouped by the ``chunk``-sized piece of the payload they fall in, shifted to start at 0."""
+def plan_copy(items: Sequence[tuple[MappedBlock, int]], host_blocks: Sequence[int], block_bytes: int) -> list[Span]:
+    """``plan_spans``, coalesced: what the backends are given."""
+    return coalesce(plan_spans(items, host_blocks, block_bytes))
+
+
+def _by_chunk(items, nbytes: int, chunk: int) -> dict[int, list[Span]]:
+    """The copy of payload chunk ``i`` (host offsets from the chunk's start) for every ``i``."""
     groups: dict[int, list[Span]] = {}
-    for s in spans:
+    for s in plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk):
         i = s.host // chunk
         groups.setdefault(i, []).append(replace(s, host=s.host - i * chunk))
-    return groups
+    return {i: coalesce(g) for i, g in groups.items()}
 
 
-def write_from_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int,
-                      mac_key: bytes) -> int:
-    """Engine memory -> KV-disk file, one ``chunk`` of payload at a time through ``staging`` (disk thread)."""
-    groups = _by_chunk(plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk), chunk)
-
-    def pieces():
-        for i in sorted(groups):
-            backend.gather(groups[i], staging)
-            yield staging[:min(chunk, nbytes - i * chunk)]
-
-    return kvdisk.write_entry(path, header, pieces(), nbytes, mac_key, chunk)
+def write_from_engine(backend, items, path, header: bytes, nbytes: int, io: disk_io.DiskIO, mac_key: bytes) -> int:
+    """Engine memory -> KV-disk file: each chunk is gathered into a staging window, then MACed and
+    written by ``io``'s threads while the next is gathered (disk thread)."""
+    groups = _by_chunk(items, nbytes, io.chunk)
+    return kvdisk.write_entry(path, header, lambda i, dst: backend.gather(groups.get(i, []), dst), nbytes,
+                              mac_key, io.chunk, io)
 
 
-def read_into_engine(backend, items, path, header: bytes, nbytes: int, staging: np.ndarray, chunk: int,
-                     mac_key: bytes) -> None:
+def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_io.DiskIO, mac_key: bytes) -> None:
     """KV-disk file -> engine memory; each chunk is verified before it is copied on (disk thread)."""
-    groups = _by_chunk(plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk), chunk)
-    kvdisk.read_entry(path, header, nbytes, staging,
-                      lambda offset, view: backend.scatter(groups[offset // chunk], staging), mac_key, chunk)
+    groups = _by_chunk(items, nbytes, io.chunk)
+    kvdisk.read_entry(path, header, nbytes, lambda offset, view: backend.scatter(groups[offset // io.chunk], view),
+                      mac_key, io.chunk, io)
 
 
 class Worker:

@@ -31,8 +31,9 @@ import numpy as np
 
 from ignis.shared.tier_wire import Demote, Demoted, Drop, Dropped, Lookup, LookupReply, Missing, Restore, Restored, TierRefused
 from ignis.tierd import disk as kvdisk
-from ignis.tierd.arena import PAGE, Arena, BlockAllocator
-from ignis.tierd.copier import Worker, make_backend, plan_spans, read_into_engine, write_from_engine
+from ignis.tierd import disk_io as kvdisk_io
+from ignis.tierd.arena import Arena, BlockAllocator
+from ignis.tierd.copier import Worker, copy_threads, make_backend, plan_copy, read_into_engine, write_from_engine
 from ignis.tierd.memory_map import EngineMemory, Resolved
 from ignis.tierd.metrics import TierdMetrics
 from ignis.tierd.ranking import Candidate, DiskView, Rank, RoomPlan, plan_arena_room, plan_disk_room
@@ -69,17 +70,15 @@ class TierStore:
         self.reply = reply  # reply(peer, message)
         self.again = again  # again(peer, request): handle a waiting request once more
         self.clock = clock
-        self.backend = make_backend(memory.cuda_device)  # copier thread
+        self.backend = make_backend(memory.cuda_device, copy_threads())  # copier thread
         self.disk_backend = make_backend(memory.cuda_device)  # disk thread (its own CUDA stream)
         self.copier = Worker("copier", post)
         self.disk_io = Worker("disk", post) if disk is not None else None
         self.entries: dict[str, Entry] = {}
         self.room: deque[_Waiting] = deque()
         self._seq = 0
-        self._staging = np.zeros(0, dtype=np.uint8)
-        if disk is not None:  # the disk thread's chunk buffer, touched now and reused for every file
-            self._staging = np.zeros(disk.chunk, dtype=np.uint8)
-            self._staging[::PAGE] = 1
+        # the disk thread's staging windows and I/O threads, touched now and reused for every file
+        self.disk_files = kvdisk_io.DiskIO(disk.chunk, copy_threads(), disk.direct) if disk is not None else None
 
     # ----- requests (the server checked hello, stamp and refs) -------------------
 
@@ -121,13 +120,13 @@ class TierStore:
                                 f"{_brief(e.shape)} (same blocks, same order needed)")
         if e.arena.state is S.RESIDENT:
             e.arena.move(S.READING)
-            spans = plan_spans(resolved.items, e.blocks, self.block_bytes)
+            spans = plan_copy(resolved.items, e.blocks, self.block_bytes)
             self.copier.submit(lambda: self.backend.scatter(spans, self.arena.view),
                                lambda r, err, s: self._restored(peer, msg, e, "ram", err, s))
         else:
             e.disk.move(S.READING)
             job = partial(read_into_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
-                          e.nbytes, self._staging, self.disk.chunk, self.disk.mac_key)
+                          e.nbytes, self.disk_files, self.disk.mac_key)
             self.disk_io.submit(job, lambda r, err, s: self._restored(peer, msg, e, "disk", err, s))
 
     def drop(self, peer: bytes, msg: Drop) -> None:
@@ -230,7 +229,7 @@ class TierStore:
         e = w.entry
         e.blocks = self.alloc.allocate(w.need)
         e.arena.move(S.RESERVED)
-        spans = plan_spans(w.resolved.items, e.blocks, self.block_bytes)
+        spans = plan_copy(w.resolved.items, e.blocks, self.block_bytes)
         e.arena.move(S.FILLING)
         self.copier.submit(lambda: self.backend.gather(spans, self.arena.view),
                            lambda r, err, s: self._filled(w, err, s))
@@ -261,7 +260,7 @@ class TierStore:
         self.disk.reserve(e.file_bytes)
         e.disk.move(S.FILLING)
         job = partial(write_from_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
-                      e.nbytes, self._staging, self.disk.chunk, self.disk.mac_key)
+                      e.nbytes, self.disk_files, self.disk.mac_key)
         self.disk_io.submit(job, lambda r, err, s: self._written(peer, msg, e, err, s))
 
     def _written(self, peer: bytes, msg: Demote, e: Entry, err: BaseException | None, seconds: float) -> None:
@@ -288,13 +287,10 @@ class TierStore:
         e.disk.move(S.RESERVED)
         self.disk.reserve(e.file_bytes)
         e.disk.move(S.FILLING)
-        bb, view = self.block_bytes, self.arena.view
-        pieces = [view[b * bb:(b + 1) * bb] for b in e.blocks]
-        if e.nbytes % bb:
-            pieces[-1] = pieces[-1][:e.nbytes % bb]
         path = self.disk.file_path(e.key)
+        pieces = _runs(self.arena.view, e.blocks, self.block_bytes, e.nbytes)
         self.disk_io.submit(lambda: kvdisk.write_entry(path, e.header, pieces, e.nbytes, self.disk.mac_key,
-                                                              self.disk.chunk),
+                                                       self.disk.chunk, self.disk_files),
                             lambda r, err, s: self._spilled(e, err, s))
 
     def _spilled(self, e: Entry, err: BaseException | None, seconds: float) -> None:
@@ -390,7 +386,24 @@ class TierStore:
         self.copier.close()
         if self.disk_io is not None:
             self.disk_io.close()
+            self.disk_files.close()
+        self.backend.close()
         self.memory.close()
+
+
+def _runs(view: np.ndarray, blocks: list[int], block_bytes: int, nbytes: int) -> list[np.ndarray]:
+    """An entry's first ``nbytes`` in the arena as views, one per run of consecutive blocks."""
+    out, i = [], 0
+    while i < len(blocks):
+        j = i + 1
+        while j < len(blocks) and blocks[j] == blocks[j - 1] + 1:
+            j += 1
+        out.append(view[blocks[i] * block_bytes:(blocks[j - 1] + 1) * block_bytes])
+        i = j
+    excess = len(blocks) * block_bytes - nbytes
+    if excess:
+        out[-1] = out[-1][:out[-1].size - excess]
+    return out
 
 
 def _brief(shape: tuple[str, ...]) -> str:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ignis.shared.tier_wire import BlockDesc
-from ignis.tierd.copier import NumpyBackend, Worker, plan_spans
+from ignis.tierd.copier import NumpyBackend, ParallelBackend, Worker, coalesce, plan_spans, split
 from ignis.tierd.memory_map import MappedBlock
 
 
@@ -94,3 +94,88 @@ def test_worker_runs_jobs_in_order_and_reports_errors():
         fn()
     assert seen == [(1, None), (None, ZeroDivisionError), (3, None)] and w.in_flight == 0
     w.close()
+
+
+def test_neighbouring_pages_coalesce_into_one_copy_with_the_same_bytes():
+    for runs in (1, 3):
+        kv = ArrayBlock("kv", runs=runs, items=8, item_bytes=16)
+        kv.raw[:] = np.arange(kv.raw.size, dtype=np.uint8)
+        items = [(kv, i) for i in (2, 3, 4, 5, 0)]
+        spans = plan_spans(items, [4, 5, 6, 7, 1], block_bytes=16 * runs)
+        merged = coalesce(spans)
+        assert len(spans) == 5 and len(merged) == 2  # items 2..5 into blocks 4..7, then item 0
+        assert (merged[0].item, merged[0].n_items, merged[0].host) == (2, 4, 4 * 16 * runs)
+        a, b = np.zeros(8 * 16 * runs, dtype=np.uint8), np.zeros(8 * 16 * runs, dtype=np.uint8)
+        NumpyBackend().gather(spans, a)
+        NumpyBackend().gather(merged, b)
+        assert np.array_equal(a, b)
+
+
+def test_rows_of_one_item_split_over_neighbouring_blocks_coalesce():
+    lane = ArrayBlock("ssm", runs=4, items=2, item_bytes=8)
+    spans = plan_spans([(lane, 1)], [3, 4], block_bytes=16)  # rows 0-1 in block 3, rows 2-3 in block 4
+    assert [(s.run_lo, s.run_hi, s.n_items) for s in coalesce(spans)] == [(0, 4, 1)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_coalesced_split_and_parallel_copies_move_the_same_bytes(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    kv = ArrayBlock("kv", data.draw(st.integers(1, 4)), 12, data.draw(st.integers(1, 24)), pad=data.draw(st.integers(0, 5)))
+    kv.raw[:] = rng.integers(0, 256, kv.raw.size, dtype=np.uint8)
+    chosen = data.draw(st.lists(st.integers(0, 11), min_size=1, max_size=12, unique=True))
+    items = [(kv, i) for i in chosen]
+    block_bytes = data.draw(st.integers(1, 64))
+    nblocks = -(-sum(b.item_total for b, _ in items) // block_bytes)
+    host_blocks = sorted(int(x) for x in rng.permutation(nblocks + 2)[:nblocks])
+    spans = plan_spans(items, host_blocks, block_bytes)
+    want = np.zeros((nblocks + 2) * block_bytes, dtype=np.uint8)
+    NumpyBackend().gather(spans, want)
+    merged = coalesce(spans)
+    assert len(merged) <= len(spans) and sum(s.nbytes for s in merged) == sum(s.nbytes for s in spans)
+    parts = split(merged, data.draw(st.integers(1, 5)))
+    assert sum(s.nbytes for p in parts for s in p) == sum(s.nbytes for s in spans)
+    got = np.zeros_like(want)
+    for p in parts:
+        NumpyBackend().gather(p, got)
+    assert np.array_equal(got, want)
+    backend = ParallelBackend(NumpyBackend(), 3)
+    try:
+        got[:] = 0
+        backend.gather(merged, got)
+        assert np.array_equal(got, want)
+        before = payload(items)
+        kv.raw[:] = 0
+        for p in parts:
+            NumpyBackend().scatter(p, want)
+        assert payload(items) == before
+    finally:
+        backend.close()
+
+
+def test_a_large_copy_runs_in_parts_on_several_threads_with_the_same_bytes(monkeypatch):
+    import ignis.tierd.copier as copier
+
+    monkeypatch.setattr(copier, "PARALLEL_MIN_BYTES", 0)
+    kv = ArrayBlock("kv", runs=3, items=64, item_bytes=32)
+    kv.raw[:] = np.random.default_rng(1).integers(0, 256, kv.raw.size, dtype=np.uint8)
+    items = [(kv, i) for i in range(64)]
+    spans = coalesce(plan_spans(items, list(range(64)), block_bytes=96))
+    seen = []
+
+    class Recording(NumpyBackend):
+        def gather(self, spans, host):
+            seen.append(threading.get_ident())
+            super().gather(spans, host)
+
+    backend = ParallelBackend(Recording(), 4)
+    try:
+        host = np.zeros(64 * 96, dtype=np.uint8)
+        backend.gather(spans, host)
+        assert host.tobytes() == payload(items) and len(split(spans, 4)) == 4
+        assert len(seen) == 4 and seen.count(threading.get_ident()) == 1  # one part here, three on the pool
+        kv.raw[:] = 0
+        backend.scatter(spans, host)
+        assert payload(items) == host.tobytes()
+    finally:
+        backend.close()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ignis.shared.tier_wire import BlockDesc
-from ignis.tierd.copier import CupyBackend, NumpyBackend, plan_spans
+from ignis.tierd.copier import CupyBackend, NumpyBackend, coalesce, plan_spans
 from ignis.tierd.memory_map import MappedBlock
 from tests.tierd.test_copier import ArrayBlock, payload
 
@@ -124,3 +124,33 @@ def test_host_only_entries_never_touch_the_device():
     CupyBackend(runtime=runtime, stream=stream).gather(spans, host)
     assert host[:32].tobytes() == payload([(lane, 1)])
     assert runtime.calls == 0 and stream.synced == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_coalesced_device_spans_of_several_items_move_the_same_bytes(data):
+    """What the store hands the backend: neighbouring pages merged into spans of several items."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    pages = FakeDeviceBlock("kv", data.draw(st.integers(1, 4)), 10, data.draw(st.integers(1, 32)),
+                            pad=data.draw(st.integers(0, 5)))
+    pages.raw[:] = rng.integers(0, 256, pages.raw.size, dtype=np.uint8)
+    first = data.draw(st.integers(0, 5))
+    items = [(pages, p) for p in range(first, first + data.draw(st.integers(1, 10 - first)))]
+    block_bytes = pages.item_total * data.draw(st.sampled_from([1, 2]))
+    nblocks = -(-sum(b.item_total for b, _ in items) // block_bytes)
+    spans = coalesce(plan_spans(items, list(range(1, nblocks + 1)), block_bytes))
+    assert len(spans) <= nblocks and any(s.n_items > 1 for s in spans) == (len(items) > 1)
+    max_pitch = data.draw(st.sampled_from([2**31 - 1, pages.run_stride - 1]))
+    runtime, stream = HostRuntime(max_pitch), Stream()
+    cuda = CupyBackend(runtime=runtime, stream=stream, max_pitch=max_pitch)
+    host = np.zeros((nblocks + 1) * block_bytes, dtype=np.uint8)
+    reference = host.copy()
+    cuda.gather(spans, host)
+    NumpyBackend().gather(spans, reference)
+    assert host.tobytes() == reference.tobytes()
+    if pages.runs == 1:
+        assert runtime.calls == 0 and runtime.row_calls == len(spans)  # one contiguous copy per span
+    want = payload(items)
+    pages.raw[:] = 0
+    cuda.scatter(spans, host)
+    assert payload(items) == want

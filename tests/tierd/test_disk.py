@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 import numpy as np
 import pytest
 
+from ignis.tierd import disk_io
+from ignis.tierd.disk_io import DiskIO, direct_io_works
 from ignis.tierd.disk import (
     MARKER,
     CorruptFile,
@@ -39,7 +42,6 @@ def write(tmp_path, payload: bytes, pieces=3, chunk=CHUNK):
 
 
 def read(path, header, nbytes, chunk=CHUNK, mac_key=MAC):
-    staging = np.zeros(chunk, dtype=np.uint8)
     out = bytearray(nbytes)
     got = []
 
@@ -48,7 +50,7 @@ def read(path, header, nbytes, chunk=CHUNK, mac_key=MAC):
         got.append(offset)
 
     try:
-        read_entry(path, header, nbytes, staging, consume, mac_key, chunk)
+        read_entry(path, header, nbytes, consume, mac_key, chunk)
     finally:
         read.handed_on = got
     return bytes(out)
@@ -189,3 +191,65 @@ def test_mac_key_file_is_created_0600_and_a_loose_one_refused(tmp_path):
     key_path.write_bytes(b"short")
     with pytest.raises(MacKeyError, match="5 bytes"):
         load_mac_key(key_path)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("n,header_refs", [(5 * CHUNK + 123, 3), (2 * CHUNK, 700), (17, 1)])
+def test_pipelined_and_direct_io_round_trip_any_header_and_size(tmp_path, direct, threads, n, header_refs):
+    """Chunks MACed and written several at a time, O_DIRECT or not, for payloads at any offset in a window."""
+    payload = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+    header = encode_header(KEY, "stamp-1", n, ("kv",) * header_refs)
+    io = DiskIO(CHUNK, threads=threads, direct=direct)
+    try:
+        path = tmp_path / f"{KEY}.kv"
+        step = CHUNK // 3 + 5
+        assert write_entry(path, header, [payload[i:i + step] for i in range(0, n, step)], n, MAC, CHUNK, io) \
+            == path.stat().st_size == file_bytes(header, n, CHUNK)
+        got, order = bytearray(n), []
+
+        def consume(offset, view):
+            got[offset:offset + view.nbytes] = view.tobytes()
+            order.append(offset)
+
+        read_entry(path, header, n, consume, MAC, CHUNK, io)
+        assert bytes(got) == payload.tobytes() and order == sorted(order)
+        assert io.direct == (direct and direct_io_works(tmp_path))
+        assert io.buffers.qsize() == threads + 1  # every staging window given back
+    finally:
+        io.close()
+
+
+def test_a_filesystem_refusing_o_direct_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def refusing(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(disk_io.os, "open", refusing)
+    assert not direct_io_works(tmp_path) and not (tmp_path / ".ignis-direct-probe.kv.part").exists()
+    assert not DiskTier(tmp_path, 100, MAC).direct
+    io = DiskIO(CHUNK, direct=True)
+    try:
+        payload = bytes(range(256)) * 50
+        header = encode_header(KEY, "s", len(payload), ("kv",))
+        write_entry(tmp_path / "a.kv", header, [payload], len(payload), MAC, CHUNK, io)
+        assert not io.direct  # the refusal turned O_DIRECT off for good, the file is whole
+        out = bytearray()
+        read_entry(tmp_path / "a.kv", header, len(payload), lambda o, v: out.extend(v.tobytes()), MAC, CHUNK, io)
+        assert bytes(out) == payload
+    finally:
+        io.close()
+
+
+def test_a_format_1_file_is_refused_by_name(tmp_path):
+    payload = b"y" * 5000
+    path, header = write(tmp_path, payload)
+    data = bytearray(path.read_bytes())
+    data[:8] = b"IGNISKV1"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFile, match="format 1") as e:
+        read(path, header, len(payload))
+    assert e.value.check == "header" and read.handed_on == []
