@@ -5,13 +5,17 @@ B <= ``max_bs`` sequences runs the graph of the smallest bucket >= B
 (1, 2, 4, 8, then every multiple of 8 up to ``max_bs``). A graph reads its
 inputs from static buffers that the round fills before the replay::
 
-    input_ids, positions, seq_lens, slots, slot_mapping   [max_bs]         int64 / int32
-    page_table                                            [max_bs, width]  int32
-    cu_seqlens = 0..bucket, logits_indices = 0..bucket-1                   fixed per bucket
+    input_ids, positions, seq_lens, slots, slot_mapping   [max_bs]          int64 / int32
+    lane_table                                            [lanes, width]    int32, a row per lane
+    page_table = lane_table[slots]                        [bucket, width]   gathered inside the graph
+    cu_seqlens = 0..bucket, logits_indices = 0..bucket-1                    fixed per bucket
 
 ``width`` is the page table of the longest sequence the engine admits
-(``max_model_len``); a row holds a sequence's pages and is read only up to
-its length, so what the last round left past that is never read.
+(``max_model_len``). The page tables live by lane and are kept up to date
+incrementally: a round copies only the pages a lane gained since the last
+round (one every 64 tokens), or the whole row when another sequence took the
+lane, never every sequence's whole table. A row is read only up to its
+sequence's length, so what an earlier sequence left past that is never read.
 
 Rows B..bucket-1 are padding: they decode token 0 at position 0 on the
 state's scratch lane and scratch page (``ModelState.scratch_lane`` /
@@ -61,7 +65,10 @@ class DecodeGraphs:
         dev = self.device
         pin = dev.type == "cuda"
         self._host = torch.zeros((5, max_bs), dtype=torch.int64, pin_memory=pin)  # ids, pos, lens, slots, slot_map
-        self._host_table = torch.zeros((max_bs, self.width), dtype=torch.int32, pin_memory=pin)
+        lanes = state.scratch_lane + 1
+        self._host_table = torch.full((lanes, self.width), state.scratch_page, dtype=torch.int32, pin_memory=pin)
+        self.lane_table = torch.full((lanes, self.width), state.scratch_page, dtype=torch.int32, device=dev)
+        self._known: dict[int, list[int]] = {}  # lane -> the pages its lane_table row holds
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.seq_lens = torch.ones(max_bs, dtype=torch.int32, device=dev)
@@ -98,7 +105,7 @@ class DecodeGraphs:
 
     def _fill(self, chunks: list[SeqChunk], bucket: int) -> None:
         """Write this round's rows (and padding rows up to ``bucket``) into the static buffers."""
-        host, table = self._host, self._host_table
+        host = self._host
         n = len(chunks)
         for b, c in enumerate(chunks):
             pos = c.start
@@ -107,15 +114,27 @@ class DecodeGraphs:
             host[2, b] = pos + 1
             host[3, b] = c.slot
             host[4, b] = c.pages[pos // PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS
-            table[b, :len(c.pages)] = torch.as_tensor(c.pages, dtype=torch.int32)
+            self._sync_lane(c.slot, c.pages)
         if bucket > n:
             scratch = self.state.scratch_page
             host[:, n:bucket] = torch.tensor([[0], [0], [1], [self.state.scratch_lane], [scratch * PAGE_TOKENS]])
-            table[n:bucket, 0] = scratch
-        used = max(1, max((len(c.pages) for c in chunks), default=1))
         for dst, row in zip((self.input_ids, self.positions, self.seq_lens, self.slots, self.slot_mapping), host):
             dst[:bucket].copy_(row[:bucket], non_blocking=True)
-        self.page_table[:bucket, :used].copy_(table[:bucket, :used], non_blocking=True)
+
+    def _sync_lane(self, lane: int, pages: list[int]) -> None:
+        """Bring ``lane``'s row of the device table to ``pages``, copying only what changed."""
+        known = self._known.get(lane)
+        start = len(known) if known is not None and known == pages[:len(known)] else 0
+        if start == len(pages):
+            return
+        row = self._host_table[lane]
+        row[start:len(pages)] = torch.as_tensor(pages[start:], dtype=torch.int32)
+        self.lane_table[lane, start:len(pages)].copy_(row[start:len(pages)], non_blocking=True)
+        self._known[lane] = list(pages)
+
+    def _gather_tables(self, bucket: int) -> None:
+        """page_table[:bucket] = lane_table[slots[:bucket]] (on the device, inside the graph)."""
+        torch.index_select(self.lane_table, 0, self.slots[:bucket], out=self.page_table[:bucket])
 
     # ----- capture and run -----------------------------------------------------------
 
@@ -136,10 +155,12 @@ class DecodeGraphs:
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
                     for _ in range(2):  # first calls (allocator, autotuning) stay outside the graph
+                        self._gather_tables(bucket)
                         self.model(batch, self.state)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self._gather_tables(bucket)
                     out = self.model(batch, self.state)
                 pool = graph.pool()
                 self.graphs[bucket] = (graph, out)
@@ -163,6 +184,7 @@ class DecodeGraphs:
             graph.replay()
             self.replays += 1
         else:
+            self._gather_tables(bucket)
             out = self.model(self._batch(bucket), self.state)
         return out[:n]
 

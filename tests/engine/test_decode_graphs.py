@@ -99,3 +99,21 @@ def test_rounds_the_graphs_do_not_take(model):
     capturing = DecodeGraphs(model, state, torch.device("cpu"), max_bs=2, max_len=PAGES * 64)
     assert not capturing.capture() and "CUDA" in capturing.status
     assert not capturing.takes(decode_chunks(tables, [0], 0)), "nothing captured: every round eager"
+
+
+def test_page_tables_follow_their_lanes_across_rounds(model):
+    """The graphs keep page tables by lane and copy only what changed: a lane whose sequence grows a page,
+    and a lane taken over by another sequence's pages, read what a plain batch reads."""
+    plain, tables = prefilled(model, scratch=False)
+    padded, _ = prefilled(model, scratch=True)
+    graphs = DecodeGraphs(model, padded, torch.device("cpu"), max_bs=4, max_len=PAGES * 64, capture=False)
+    # lane 4's prompt fills its first page: position 63 again (both states write the same), then 64 on a
+    # second page, then lane 4 holds sequence 3's pages (both states read the same lane state either way)
+    rounds = [[SeqChunk([9], 63, tables[4][:1], 4), SeqChunk([8], len(prompts()[1]), tables[1], 1)],
+              [SeqChunk([7], 64, tables[4][:2], 4), SeqChunk([6], len(prompts()[1]) + 1, tables[1], 1)],
+              [SeqChunk([5], len(prompts()[3]), tables[3], 4)],
+              [SeqChunk([4], len(prompts()[3]) + 1, tables[3], 4), SeqChunk([3], 65, tables[4][:2], 1)]]
+    for chunks in rounds:
+        want = model(ForwardBatch.build(chunks), plain)
+        torch.testing.assert_close(graphs.run(chunks), want, rtol=1e-5, atol=1e-5)
+    assert graphs.lane_table[4, :4].tolist() == tables[3] and graphs.lane_table[1, :2].tolist() == tables[4][:2]
