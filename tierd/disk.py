@@ -52,6 +52,17 @@ CHUNK_BYTES = 16 << 20
 RETRY_AFTER_S = 30.0
 """After a failed write (disk full, I/O error) KV-disk takes no writes for this long, then tries again."""
 
+FAULT_DISK_WRITE_ENV = "IGNIS_TIERD_FAULT_DISK_WRITE_S"
+"""Fault injection for tests: every KV-disk write waits this many seconds before its first byte (a slow
+disk). The wait is on the disk thread, before anything is read from engine memory or the arena."""
+
+
+def fault_disk_write_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(FAULT_DISK_WRITE_ENV, "0") or 0))
+    except ValueError:
+        return 0.0
+
 
 class ForeignFilesError(RuntimeError):
     """The KV-disk directory holds files tierd did not create; it is not wiped."""
@@ -172,6 +183,9 @@ def write_entry(path: Path, header: bytes, pieces: Iterable[memoryview | np.ndar
                 chunk: int = CHUNK_BYTES) -> int:
     """Write ``pieces`` (``nbytes`` of payload, in order, any sizes) to ``<path>.part``, then rename it
     to ``path``; returns the file's bytes. A partial file is removed on any error."""
+    delay = fault_disk_write_s()
+    if delay:
+        time.sleep(delay)
     part = path.with_name(path.name + ".part")
     digests: list[bytes] = []
     d, in_chunk, size = _digest(header, 0, mac_key), 0, 0
