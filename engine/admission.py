@@ -104,27 +104,26 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
     False: not yet (it waits at the head of its queue)."""
     record = req.evicted
     pool = sched.pool
-    if sched.evictor.enabled and req.req_id not in sched.evictor.resuming and record.num_pages > pool.num_free:
-        sched.store.reclaim_pages(record.num_pages)
+    room = pool.pages_for(max(record.num_pages * pool.page_tokens, req.num_tokens + 1))
+    if req.req_id not in sched.evictor.resuming and room > pool.num_free:
+        sched.store.reclaim_pages(room)
     rejected = sched.evictor.restore_rejections
     status = "failed" if record.lost or not sched.evictor.enabled else sched.evictor.prepare(req, record, pool)
     record.lost = status == "failed"
     req.restore_rejected += sched.evictor.restore_rejections - rejected
     if status == "wait":
         return False
-    full = record.computed // pool.page_tokens
-    needed = pool.pages_for(req.num_tokens + 1) - (full if status == "ready" else 0)
-    if needed > pool.num_free:
-        sched.store.reclaim_pages(needed)
-    if needed > pool.num_free:
-        return False
+    if status == "failed":
+        needed = pool.pages_for(req.num_tokens + 1)
+        if needed > pool.num_free:
+            sched.store.reclaim_pages(needed)
+        if needed > pool.num_free:
+            return False
     sched.waiting[req.request_class].popleft()
     sched.lanes.take(req)
     req.evicted = None
     if status == "ready":
-        landed = sched.evictor.take(req, record)
-        plan.copies_before.extend(req.page_table.fork_from(landed.pages, record.computed))
-        landed.release()  # the table shares its full pages; the partial last one was copied
+        req.page_table.adopt(sched.evictor.take(req, record))  # the restored pages and the room after them
         req.page_table.ensure_capacity(req.num_tokens + 1)
         req.num_computed_tokens = record.computed
         req.state = RequestState.DECODING  # decodes on next round: nothing is recomputed

@@ -5,17 +5,23 @@ Pure Python; the bytes move through the ``TierPort`` given at construction
 which the engine reserves only when its port reaches a tierd. When a
 higher-ranked request cannot fit (no lane, or no pages once retained entries
 are gone), the lowest-ranked decoding sequence below it is marked EVICTING.
-It stops decoding, and each round, between forwards, ``window`` of its pages
-move down (``demote_window``) while the other lanes keep generating. After
-the last window its state image (recurrent + conv state and window extras,
-staged through the one reserved host slot) follows (``demote_image``); then
-it gives up its lane and pages and waits at the front of its class's queue.
-Its sampler (RNG, penalty counts) stays with the runner, keyed by request id.
+It stops decoding, and between forwards ``window`` of its pages at a time
+move down (``demote_window``: posted, one copy in flight per sequence, the
+next posted in the round the last one landed) while the other lanes keep
+generating; a window's pages are held (``PageHold``) until its copy is
+done, whatever happens to the request meanwhile. After the last window its
+state image (recurrent + conv state and window extras, staged through the
+one reserved host slot) follows (``demote_image``); then it gives up its
+lane and pages and waits at the front of its class's queue. Its sampler
+(RNG, penalty counts) stays with the runner, keyed by request id.
 
-Resume: at admission the windows come back, in order, into fresh pages of a
-new table and the image into the staging slot (``restore``), the lane loads
-it, and the sequence decodes on from where it stopped: bit-exact, since no
-token is recomputed. If a demote is refused (every tier full of live work)
+Resume (``prepare``, then ``take``): at the head of its queue the sequence
+reserves every page its table will need and the staging slot, and posts the
+restores of all its windows (in order, into the first pages) and its image;
+it waits there until they have landed and passed the finite check, then
+takes a lane, its new table adopts the reserved pages, the lane loads the
+image, and it decodes on from where it stopped: bit-exact, since no token
+is recomputed. The staging slot has one user at a time. If a demote is refused (every tier full of live work)
 the eviction is abandoned and the sequence decodes on; if a restore misses,
 the sequence recomputes its tokens instead, as it does when the restored
 bytes are not finite (``TierPort.check_restored``). Either way, once a sequence is
@@ -185,10 +191,11 @@ class Evictor:
         The lower copies are dropped once it is ready or failed."""
         resume = self.resuming.get(req.req_id)
         if resume is None:
-            if self.staging_user is not None or record.num_pages > pool.num_free:
+            capacity = max(record.num_pages * pool.page_tokens, req.num_tokens + 1)
+            if self.staging_user is not None or pool.pages_for(capacity) > pool.num_free:
                 return "wait"
             owner = SequencePages(pool, f"resuming-{req.req_id}")
-            owner.ensure_capacity(record.num_pages * pool.page_tokens)
+            owner.ensure_capacity(capacity)  # every page its table needs: once landed, only a lane is wanted
             self.staging_user = req.req_id
             resume = Resume(owner, self._post_restores(req.req_id, record, list(owner.pages)))
             self.resuming[req.req_id] = resume
@@ -213,8 +220,8 @@ class Evictor:
         return ops
 
     def take(self, req, record: Evicted) -> SequencePages:
-        """The landed copies of a "ready" resume: their pages (the caller forks its table from them and
-        releases them); the staged image is loaded by the round that starts the lane."""
+        """The landed copies of a "ready" resume: the table holding them and the room to decode on (the
+        caller's table adopts it); the staged image is loaded by the round that starts the lane."""
         resume = self.resuming.pop(req.req_id)
         self.drop(req.req_id, record)
         self.resumes += 1
