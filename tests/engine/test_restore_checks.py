@@ -101,6 +101,7 @@ class RejectingTier(NullTierPort):
 
 class Held:
     req_id = "r"
+    num_tokens = 151
 
 
 def test_evicted_sequence_with_non_finite_restore_recomputes():
