@@ -31,8 +31,9 @@ Invariants:
   floor. Every exchange is posted, never awaited (``engine.reuse.lower_moves``):
   a demote holds its pages and slot until it lands, a restore fills reserved
   pages and a slot that no page table names, and the request waiting for it
-  resumes the round it lands (``pending_prefix`` covers it meanwhile). The records of what tierd holds (``lower``) are of the port's current
-  session: after a new hello they are empty before anything reads them.
+  resumes the round it lands (``pending_prefix`` covers it meanwhile). The
+  records of what tierd holds (``lower``) are of the port's current session:
+  after a new hello they are empty before anything reads them.
 - A restored entry is registered only once ``TierPort.check_restored`` accepts
   its bytes (finite KV rows and image); a rejected one is dropped here and
   below, and the lookup falls back to the device match (or none).

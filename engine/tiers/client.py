@@ -188,7 +188,8 @@ class TierClient:
         block = wait_s > 0 and self.in_flight > 0
         while True:
             try:
-                reply = self.channel.get(timeout=wait_s if block and not taken else 0).message
+                inbox = self.channel.inbox
+                reply = (inbox.get(timeout=wait_s) if block and not taken else inbox.get_nowait()).message
             except queue.Empty:
                 break
             taken += 1
