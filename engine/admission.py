@@ -8,6 +8,10 @@ are taken at admission, so a prefill never runs short. Admission stops when the
 round's prefill budget is spent; the scheduler admits nothing in a round that
 preempted.
 
+A lower-tier match is restored without waiting: the head posts the lookup
+and then the restore, waits at the head of its queue, and is admitted in the
+round after the bytes land (``engine.reuse.lower_moves``).
+
 Reuse. With a ``RetainedStore`` (slots > 0), admission first looks up the
 longest retained prefix of the request's tokens: full pages are shared, the
 partial last page copied (``plan.copies_before``), the state image copied into
@@ -25,9 +29,12 @@ Shortfall. On its first admission a request records why it resumed less than
 it shares with a recent prompt (``engine.reuse.shortfall``), for the done line
 and ``ignis:reuse_shortfall_total``; nothing is decided by it.
 
-Resumed evictions. At most one evicted sequence comes back per round (its
-pages and image share the one staging slot); it decodes on where it stopped,
-or recomputes when its lower copy is gone.
+Resumed evictions. An evicted sequence at the head of its queue posts the
+restores of its copies into reserved pages and the staging slot (one at a
+time: the slot has one user) and waits there; in the round after they land
+(and pass the finite check) it takes a lane, its table shares the restored
+pages, and it decodes on where it stopped. It recomputes when its lower
+copy is gone or not finite. Nothing behind it is admitted meanwhile.
 
 Rejected restores. A restore whose bytes are not finite is never used (the
 store falls back to a device match or none; an evicted sequence recomputes);
@@ -47,31 +54,20 @@ from ignis.engine.scheduler_state import SchedulerState
 def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
     """Admit waiting requests in order while lanes are free and ``budget`` prefill tokens last."""
     page_tokens = sched.config.page_tokens
-    staged = False
     while budget > 0 and sched.lanes.any_free:
         queue = next((q for q in sched.waiting.values() if q), None)
         if queue is None:
             return
         req = queue[0]
         if req.evicted is not None:
-            needed = sched.pool.pages_for(req.num_tokens + 1)
-            if needed > sched.pool.num_free:
-                sched.store.reclaim_pages(needed)
-            if staged or needed > sched.pool.num_free:
-                return
-            queue.popleft()
-            sched.lanes.take(req)
-            req.page_table.ensure_capacity(req.num_tokens + 1)
-            _resume_evicted(sched, plan, req)
-            staged = True
+            if not _resume_evicted(sched, plan, req):
+                return  # its copies are on their way back (or wait for room): nothing overtakes it
             if req.state is RequestState.PREFILLING:
-                req.num_computed_tokens = 0
                 budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting)
             continue
         tokens = req.token_slice(0, req.num_tokens)
-        rejected = sched.store.restore_rejections
         hit = sched.store.lookup(tokens)
-        req.restore_rejected += sched.store.restore_rejections - rejected
+        req.restore_rejected += sched.store.claim_rejections(tokens)
         matched = hit.num_tokens if hit else 0
         if sched.store.pending_prefix(tokens) > matched or _sibling_capturing(sched, req, tokens, matched):
             return  # a request ahead is about to retain this prefix: resume from it once it is filled
@@ -80,8 +76,9 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
         if needed > sched.pool.num_free:
-            maybe_evict(sched, req)
-            return  # head of line waits; nothing overtakes it
+            if sched.pool.num_free + sched.store.moves.pages_landing < needed:
+                maybe_evict(sched, req)
+            return  # head of line waits (for pages, or for demotes in flight to land); nothing overtakes it
         queue.popleft()
         sched.lanes.take(req)
         req.num_computed_tokens = 0
@@ -101,21 +98,44 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting)
 
 
-def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> None:
-    """``req`` holds a new lane and table: bring its lower copy back, or recompute without it."""
-    record, req.evicted = req.evicted, None
+def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> bool:
+    """``req`` was evicted: once its copies are back (posted the first time it is the head, landed in a
+    later round), it takes a lane and decodes on; if they are gone or not finite, it recomputes.
+    False: not yet (it waits at the head of its queue)."""
+    record = req.evicted
+    pool = sched.pool
+    room = pool.pages_for(max(record.num_pages * pool.page_tokens, req.num_tokens + 1))
+    if req.req_id not in sched.evictor.resuming and room > pool.num_free:
+        sched.store.reclaim_pages(room)
     rejected = sched.evictor.restore_rejections
-    restored = sched.evictor.restore(req, record)
+    status = "failed" if record.lost or not sched.evictor.enabled else sched.evictor.prepare(req, record, pool)
+    record.lost = status == "failed"
     req.restore_rejected += sched.evictor.restore_rejections - rejected
-    if restored:
+    if status == "wait":
+        return False
+    if status == "failed":
+        needed = pool.pages_for(req.num_tokens + 1)
+        if needed > pool.num_free:
+            sched.store.reclaim_pages(needed)
+        if needed > pool.num_free:
+            return False
+    sched.waiting[req.request_class].popleft()
+    sched.lanes.take(req)
+    req.evicted = None
+    if status == "ready":
+        req.page_table.adopt(sched.evictor.take(req, record))  # the restored pages and the room after them
+        req.page_table.ensure_capacity(req.num_tokens + 1)
         req.num_computed_tokens = record.computed
         req.state = RequestState.DECODING  # decodes on next round: nothing is recomputed
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
                                       tuple(req.output_ids), restore_slot=sched.evictor.staging_slot))
     else:
+        req.page_table.ensure_capacity(req.num_tokens + 1)
+        req.num_computed_tokens = 0
         req.state = RequestState.PREFILLING  # the lower copy is gone: recompute instead
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
                                       tuple(req.output_ids)))
+    return True
 
 
 def _sibling_capturing(sched: SchedulerState, req: Request, tokens: tuple[int, ...], matched: int) -> bool:

@@ -5,17 +5,23 @@ Pure Python; the bytes move through the ``TierPort`` given at construction
 which the engine reserves only when its port reaches a tierd. When a
 higher-ranked request cannot fit (no lane, or no pages once retained entries
 are gone), the lowest-ranked decoding sequence below it is marked EVICTING.
-It stops decoding, and each round, between forwards, ``window`` of its pages
-move down (``demote_window``) while the other lanes keep generating. After
-the last window its state image (recurrent + conv state and window extras,
-staged through the one reserved host slot) follows (``demote_image``); then
-it gives up its lane and pages and waits at the front of its class's queue.
-Its sampler (RNG, penalty counts) stays with the runner, keyed by request id.
+It stops decoding, and between forwards ``window`` of its pages at a time
+move down (``demote_window``: posted, one copy in flight per sequence, the
+next posted in the round the last one landed) while the other lanes keep
+generating; a window's pages are held (``PageHold``) until its copy is
+done, whatever happens to the request meanwhile. After the last window its
+state image (recurrent + conv state and window extras, staged through the
+one reserved host slot) follows (``demote_image``); then it gives up its
+lane and pages and waits at the front of its class's queue. Its sampler
+(RNG, penalty counts) stays with the runner, keyed by request id.
 
-Resume: at admission the windows come back, in order, into fresh pages of a
-new table and the image into the staging slot (``restore``), the lane loads
-it, and the sequence decodes on from where it stopped: bit-exact, since no
-token is recomputed. If a demote is refused (every tier full of live work)
+Resume (``prepare``, then ``take``): at the head of its queue the sequence
+reserves every page its table will need and the staging slot, and posts the
+restores of all its windows (in order, into the first pages) and its image;
+it waits there until they have landed and passed the finite check, then
+takes a lane, its new table adopts the reserved pages, the lane loads the
+image, and it decodes on from where it stopped: bit-exact, since no token
+is recomputed. The staging slot has one user at a time. If a demote is refused (every tier full of live work)
 the eviction is abandoned and the sequence decodes on; if a restore misses,
 the sequence recomputes its tokens instead, as it does when the restored
 bytes are not finite (``TierPort.check_restored``). Either way, once a sequence is
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ignis.engine.sequence_pages import SequencePages
+from ignis.engine.tier_ops import PageHold, TierOp, as_op
 from ignis.engine.tier_port import TierPort
 
 
@@ -37,14 +45,37 @@ class Evicted:
     windows: list[list[int]] = field(default_factory=list)  # page ids at eviction, per window
     image: bool = False
     next_page: int = 0  # pages demoted so far
+    lost: bool = False  # the copies did not come back: the sequence recomputes
+    op: TierOp | None = field(default=None, repr=False)  # the demote in flight (one at a time)
+    part: list[int] | None = field(default=None, repr=False)  # its window (None: the image)
 
     @property
     def num_pages(self) -> int:
         return sum(len(w) for w in self.windows)
 
 
+@dataclass
+class Resume:
+    """An evicted sequence's copies coming back: into ``owner``'s pages (no page table's) and the staging slot."""
+
+    owner: SequencePages
+    ops: list[TierOp]
+    rejected: bool = False
+
+    @property
+    def pending(self) -> bool:
+        return any(op.pending for op in self.ops)
+
+    @property
+    def ok(self) -> bool:
+        return all(op.ok for op in self.ops)
+
+
 class Evictor:
-    """``staging_slot``: the host slot images of evicted sequences pass through (None: live eviction off)."""
+    """``staging_slot``: the host slot images of evicted sequences pass through (None: live eviction off).
+
+    The staging slot has one user at a time (``staging_user``): an image on its
+    way down, or one on its way back until the round that loads it into a lane."""
 
     def __init__(self, tiers: TierPort, window_pages: int, staging_slot: int | None):
         if window_pages < 1:
@@ -53,6 +84,10 @@ class Evictor:
         self.window = window_pages
         self.staging_slot = staging_slot
         self.evicting: dict[str, Evicted] = {}
+        self.resuming: dict[str, Resume] = {}
+        self.staging_user: str | None = None
+        self._staging_loaded = False  # the staged image was handed to a lane: free at the next round
+        self._holds: list[PageHold] = []  # windows whose demote is in flight
         self.evictions = 0
         self.resumes = 0
         self.abandoned = 0
@@ -63,27 +98,79 @@ class Evictor:
     def enabled(self) -> bool:
         return self.staging_slot is not None
 
+    @property
+    def copies_in_flight(self) -> int:
+        return (sum(1 for r in self.evicting.values() if r.op is not None and r.op.pending)
+                + sum(1 for r in self.resuming.values() if r.pending) + len(self._holds))
+
+    def round_start(self) -> None:
+        """A new round: an image a lane loaded last round has left the staging slot."""
+        if self._staging_loaded:
+            self._staging_loaded = False
+            self.staging_user = None
+
     def start(self, req) -> None:
         self.evicting[req.req_id] = Evicted(computed=req.num_computed_tokens)
 
+    # ----- down ----------------------------------------------------------------------
+
     def step(self, req) -> str:
-        """One window for ``req``: "more" (windows left), "done" (all saved) or "failed"."""
+        """Move ``req`` on by at most one posted copy: "more" (copies left or in flight), "done" (all
+        below) or "failed" (a tier refused or tierd did not answer)."""
         rec = self.evicting[req.req_id]
         pages = list(req.page_table.pages)
-        if rec.next_page < len(pages):
-            chunk = pages[rec.next_page:rec.next_page + self.window]
-            if not self.tiers.demote_window(req.req_id, len(rec.windows), chunk, req.request_class):
-                return "failed"
-            rec.windows.append(chunk)
-            rec.next_page += len(chunk)
+        posted = False
+        while True:
+            if rec.op is not None:
+                if rec.op.pending:
+                    return "more"
+                if not self._landed(rec):
+                    return "failed"
+                if rec.image:
+                    rec.computed = req.num_computed_tokens  # the round in flight at the start has been applied
+                    self.evictions += 1
+                    return "done"
+            if posted and rec.next_page < len(pages):
+                return "more"  # one window a round
             if rec.next_page < len(pages):
-                return "more"
-        if not self.tiers.demote_image(req.req_id, req.lane, req.request_class):
-            return "failed"
-        rec.image = True
-        rec.computed = req.num_computed_tokens  # the round that was in flight at the start has been applied
-        self.evictions += 1
-        return "done"
+                rec.part = pages[rec.next_page:rec.next_page + self.window]
+                rec.op = self._post_window(req, len(rec.windows), rec.part)
+            else:
+                if self.staging_user not in (None, req.req_id):
+                    return "more"  # another image is in the staging slot
+                self.staging_user = req.req_id
+                rec.part = None
+                rec.op = as_op("demote", self.tiers.demote_image(req.req_id, req.lane, req.request_class))
+                rec.op.when_free(lambda _op, rid=req.req_id: self._unstage(rid))
+            posted = True
+
+    def _post_window(self, req, index: int, chunk: list[int]) -> TierOp:
+        op = as_op("demote", self.tiers.demote_window(req.req_id, index, chunk, req.request_class))
+        if op.pending:  # the pages stay out of the pool until the copy is done, whatever the request does
+            hold = PageHold(req.page_table.pool, chunk, f"evicting-{req.req_id}-{index}")
+            self._holds.append(hold)
+
+            def free(_op):
+                self._holds.remove(hold)
+                hold.release()
+
+            op.when_free(free)
+        return op
+
+    def _landed(self, rec: Evicted) -> bool:
+        op, rec.op = rec.op, None
+        if not op.ok:
+            return False
+        if rec.part is None:
+            rec.image = True
+        else:
+            rec.windows.append(rec.part)
+            rec.next_page += len(rec.part)
+        return True
+
+    def _unstage(self, req_id: str) -> None:
+        if self.staging_user == req_id and req_id not in self.resuming:
+            self.staging_user = None
 
     def failed_lately(self) -> bool:
         """An eviction was abandoned (a tier refused) since the last call: do not count on the next one."""
@@ -96,36 +183,90 @@ class Evictor:
             self.drop(req.req_id, rec)
             self.abandoned += 1
 
-    def restore(self, req, record: Evicted) -> bool:
-        """Bring an evicted sequence back into its new page table; drops the lower copies either way."""
-        pages = list(req.page_table.pages[:record.num_pages])
-        ok = len(pages) == record.num_pages and self._restore(req.req_id, record, pages)
-        if ok and not self.tiers.check_restored(pages, record.computed, self.staging_slot):
-            ok = False  # non-finite bytes: never used, the sequence recomputes
-            self.restore_rejections += 1
-        self.drop(req.req_id, record)
-        if ok:
-            self.resumes += 1
-        return ok
+    # ----- back up ---------------------------------------------------------------------
 
-    def _restore(self, req_id: str, record: Evicted, pages: list[int]) -> bool:
-        """Each window into its share of ``pages`` (in order), then the image; stops at the first miss."""
-        at = 0
+    def prepare(self, req, record: Evicted, pool) -> str:
+        """Bring ``req``'s copies back into reserved pages and the staging slot: "wait" (posted, or no
+        room / staging slot yet), "ready" (landed and finite: ``take`` them) or "failed" (recompute).
+        The lower copies are dropped once it is ready or failed."""
+        resume = self.resuming.get(req.req_id)
+        if resume is None:
+            capacity = max(record.num_pages * pool.page_tokens, req.num_tokens + 1)
+            if self.staging_user is not None or pool.pages_for(capacity) > pool.num_free:
+                return "wait"
+            owner = SequencePages(pool, f"resuming-{req.req_id}")
+            owner.ensure_capacity(capacity)  # every page its table needs: once landed, only a lane is wanted
+            self.staging_user = req.req_id
+            resume = Resume(owner, self._post_restores(req.req_id, record, list(owner.pages)))
+            self.resuming[req.req_id] = resume
+        if resume.pending:
+            return "wait"
+        if resume.ok and not resume.rejected and not self.tiers.check_restored(resume.owner.pages, record.computed,
+                                                                             self.staging_slot):
+            resume.rejected = True  # non-finite bytes: never used, the sequence recomputes
+            self.restore_rejections += 1
+        if resume.ok and not resume.rejected:
+            return "ready"
+        self._end_resume(req.req_id, record)
+        return "failed"
+
+    def _post_restores(self, req_id: str, record: Evicted, pages: list[int]) -> list[TierOp]:
+        """Each window into its share of ``pages`` (in order), then the image; all posted together."""
+        ops, at = [], 0
         for i, window in enumerate(record.windows):
-            if not self.tiers.restore_window(req_id, i, pages[at:at + len(window)]):
-                return False
+            ops.append(as_op("restore", self.tiers.restore_window(req_id, i, pages[at:at + len(window)])))
             at += len(window)
-        return self.tiers.restore_image(req_id)
+        ops.append(as_op("restore", self.tiers.restore_image(req_id)))
+        return ops
+
+    def take(self, req, record: Evicted) -> SequencePages:
+        """The landed copies of a "ready" resume: the table holding them and the room to decode on (the
+        caller's table adopts it); the staged image is loaded by the round that starts the lane."""
+        resume = self.resuming.pop(req.req_id)
+        self.drop(req.req_id, record)
+        self.resumes += 1
+        self._staging_loaded = True
+        return resume.owner
+
+    def _end_resume(self, req_id: str, record: Evicted) -> None:
+        resume = self.resuming.pop(req_id, None)
+        self.drop(req_id, record)
+        if resume is None:
+            return
+        left = [op for op in resume.ops if not op.memory_free]
+
+        def free(_op=None):
+            if all(op.memory_free for op in resume.ops):
+                resume.owner.release()
+                if self.staging_user == req_id:
+                    self.staging_user = None
+
+        for op in left:
+            op.when_free(free)
+        if not left:
+            free()
+
+    # ----- copies below ------------------------------------------------------------------
 
     def drop(self, req_id: str, record: Evicted) -> None:
-        """Every copy ``record`` has below: its windows, and its image once it was saved."""
+        """Every copy ``record`` has below: its windows, and its image once it was saved (a demote still
+        in flight is dropped once it lands)."""
         for i in range(len(record.windows)):
             self.tiers.drop_window(req_id, i)
         if record.image:
             self.tiers.drop_image(req_id)
+        op = record.op
+        if op is not None and op.pending:
+            index, part = len(record.windows), record.part
+            op.when_done(lambda o: (self.tiers.drop_image(req_id) if part is None
+                                    else self.tiers.drop_window(req_id, index)) if o.ok else None)
 
-    def forget(self, req_id: str) -> None:
-        """A request that ended while evicting or evicted: its lower copies go."""
+    def forget(self, req_id: str, record: Evicted | None = None) -> None:
+        """A request that ended while evicting or evicted: its lower copies go (and any resume of them)."""
         rec = self.evicting.pop(req_id, None)
         if rec is not None:
             self.drop(req_id, rec)
+        if req_id in self.resuming:
+            self._end_resume(req_id, record or Evicted(0))
+        elif record is not None:
+            self.drop(req_id, record)

@@ -5,7 +5,8 @@ its page table grows a page at a time to hold it. Retained pages are given up
 (``store.reclaim_pages``) before anything running is.
 
 Live eviction (with tierd). A sequence moves down a tier one window between
-rounds (``engine.eviction``); once all of it has moved it gives up its lane
+rounds (``engine.eviction``; each copy is posted, and the next goes once it
+has landed, while the other lanes decode); once all of it has moved it gives up its lane
 and pages and waits at the front of its class's queue, to resume without
 recomputing. One moves at a time. It starts when the head of the queue cannot
 fit (the lowest-ranked decoding sequence ranked below the head), and when a
@@ -44,7 +45,9 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         needed = req.page_table.pages_needed(position + 1)
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
-        if req.page_table.pages_needed(position + 1) > sched.pool.num_free and _evict_for_pages(sched, scheduled):
+        short = req.page_table.pages_needed(position + 1)
+        if short > sched.pool.num_free and (sched.pool.num_free + sched.store.moves.pages_landing >= short
+                                            or _evict_for_pages(sched, scheduled)):
             continue  # pages are on their way down a tier: this decode waits a round, nothing recomputes
         while req.page_table.pages_needed(position + 1) > sched.pool.num_free:
             victim = max((r for r in sched.lanes.holders() if r.req_id not in scheduled), key=_rank)
@@ -79,7 +82,7 @@ def _evict_for_pages(sched: SchedulerState, scheduled: set[str]) -> bool:
 def preempt(sched: SchedulerState, req: Request) -> Preempted:
     """``req`` gives up its lane and pages and waits at the front of its queue, to recompute."""
     lane = req.lane
-    sched.evictor.forget(req.req_id)
+    sched.evictor.forget(req.req_id)  # a window whose demote is in flight stays held until it lands
     sched.lanes.release(req)
     req.state = RequestState.WAITING
     req.num_computed_tokens = 0

@@ -13,7 +13,9 @@ This module owns the requests and the round; its parts live beside it:
 - ``engine.reuse.learned_points``: the index of recent prompts; ``add`` plans a
   request's learned point (an extra cut) where it diverges from one of them.
 
-A round (``schedule``): requests aborted while running are freed, evicting
+A round (``schedule``): replies from tierd are taken (``TierPort.poll``, no
+blocking: demotes that landed free their pages, restores that landed become
+resume points), requests aborted while running are freed, evicting
 sequences move one window, every decoding request gets its decode, running
 prefills get a chunk each in rank order within the round's prefill budget,
 then new requests are admitted (not in a round that preempted); with no lane
@@ -78,6 +80,7 @@ class Scheduler:
         self.pool = PagePool(config.num_pages, config.page_tokens)
         self.store = RetainedStore(self.pool, SlotPool(device_slots, host_slots), enabled=reuse, stamp=stamp,
                                    tiers=tiers, restore_floors=restore_floors)
+        self.tiers = tiers
         self.evictor = Evictor(tiers, evict_window_pages, staging_slot)
         self.learned = LearnedPoints(config.page_tokens) if learned_points and self.store.enabled else None
         self.waiting: dict[str, deque[Request]] = {c: deque() for c in REQUEST_CLASSES}  # in admission order
@@ -99,7 +102,12 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._requests)
+        """Requests, or copies to or from tierd still in flight (their pages are held until they land)."""
+        return bool(self._requests) or self.copies_in_flight > 0
+
+    @property
+    def copies_in_flight(self) -> int:
+        return self.store.copies_in_flight + self.evictor.copies_in_flight
 
     def get(self, req_id: str) -> Request | None:
         return self._requests.get(req_id)
@@ -178,6 +186,9 @@ class Scheduler:
             raise RuntimeError("schedule() called while a round is in flight; call update() first")
         plan = RoundPlan()
         self.store.unpin_all()  # the previous round (if any) has been applied
+        self.evictor.round_start()
+        self.store.moves.round_start()
+        self.tiers.poll()  # replies that arrived: demotes landed free their pages, restores land pinned
         for req in [r for r in self.lanes.holders() if r.pending_end is not None]:
             plan.finished.append(self._finish(req, *req.pending_end))
         evict_windows(self, plan)
@@ -194,6 +205,8 @@ class Scheduler:
             if head is not None:
                 maybe_evict(self, head)
         self._in_flight = None if plan.is_empty else plan
+        if plan.is_empty and not plan.started and self.copies_in_flight:
+            self.tiers.poll(IDLE_WAIT_S)  # nothing to compute: wait a little for tierd instead of spinning
         return plan
 
     def update(self, result: RoundResult) -> list[FinishEvent]:
@@ -239,10 +252,8 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request, reason: str, message: str = "") -> FinishEvent:
-        self.evictor.forget(req.req_id)
-        if req.evicted is not None:
-            self.evictor.drop(req.req_id, req.evicted)
-            req.evicted = None
+        self.evictor.forget(req.req_id, req.evicted)
+        req.evicted = None
         if req.has_lane:
             self.lanes.release(req)
         req.state = RequestState.FINISHED
@@ -267,3 +278,5 @@ class Scheduler:
 
 
 _rank = attrgetter("rank")
+IDLE_WAIT_S = 0.005
+"""How long a round with nothing to compute waits for a tierd reply (only while copies are in flight)."""

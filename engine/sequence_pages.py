@@ -92,6 +92,19 @@ class SequencePages:
         self._num_tokens = num_tokens
         return copies
 
+    def adopt(self, other: SequencePages) -> None:
+        """Start this (empty) table with every page ``other`` holds, in order; ``other`` is released
+        holding nothing (no reference count changes hands twice)."""
+        self._check_live()
+        other._check_live()
+        if self._pages:
+            raise ValueError(f"{self.name}: adopt needs an empty page table, it holds {len(self._pages)} pages")
+        if other.pool is not self.pool:
+            raise ValueError("adopt across pools")
+        self._pages, other._pages = other._pages, []
+        self._num_tokens, other._num_tokens = other._num_tokens, 0
+        other.release()
+
     def release(self) -> None:
         """Return every page to the pool and unregister; the table cannot be used after."""
         if self._released:

@@ -9,8 +9,14 @@ configured, or the engine's memory cannot be shared with it, that port is a
 
 Invariants every port keeps:
 
-- Each call returns once its copy is complete (or has failed): the engine
-  reuses no page or slot a copy still reads or writes.
+- A copy is two-phase: the call posts it and returns a handle
+  (``engine.tier_ops.TierOp``), or a plain value when the port answers at
+  once (``as_op`` turns either into a handle). ``poll``, once per round at the
+  start of ``Scheduler.schedule``, completes handles whose replies arrived; it
+  never blocks unless asked to wait (an idle round). Until a handle is done
+  (a demote) or its memory is free (a restore), the caller keeps the pages and
+  slot it named out of every other use: the engine reuses no page or slot a
+  copy still reads or writes.
 - A refused demote or a missed restore is a cache miss, never an error: the
   caller carries on without the lower tiers (the destination is then unused).
 - Restored bytes are used only after ``check_restored`` accepts them; a
@@ -31,6 +37,10 @@ class TierPort(Protocol):
     def session(self) -> int:
         """Accepted hellos so far (0 before the first)."""
 
+    def poll(self, wait_s: float = 0.0) -> int:
+        """Complete the handles whose replies arrived (waiting up to ``wait_s`` for one while any is in
+        flight); how many replies were taken."""
+
     # ----- retained entries (the store) ------------------------------------------
 
     def demote_retained(self, tokens: tuple[int, ...], pages: Sequence[int], slot: int,
@@ -43,8 +53,9 @@ class TierPort(Protocol):
     def restore_retained(self, key: str, pages: Sequence[int], slot: int) -> str | None:
         """Copy the entry under ``key`` into ``pages`` and ``slot``; the tier it was read from, or None."""
 
-    def locate(self, keys: list[str]) -> dict[str, str | None] | None:
-        """Where each key is now ("ram", "disk", or None: gone); None when tierd cannot answer."""
+    def locate(self, keys: list[str]):
+        """Where each key is now: a handle (or plain value) of a dict "ram" / "disk" / None (gone) per key;
+        a failed handle (or None) when tierd cannot answer."""
 
     def drop_retained(self, key: str) -> None:
         """Forget the retained entry under ``key`` below (its restored copy was rejected)."""
@@ -78,6 +89,10 @@ class NullTierPort:
     """No tier below the device: nothing moves down, nothing is found there."""
 
     session = 0
+    in_flight = 0
+
+    def poll(self, wait_s: float = 0.0) -> int:
+        return 0
 
     def demote_retained(self, tokens, pages, slot, request_class, last_used=None) -> None:
         return None

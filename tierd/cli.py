@@ -62,6 +62,9 @@ def run(args) -> int:
     pause = fault_pause_s()
     if pause:
         log.warning("FAULT INJECTION: %s=%s pauses every copy half way (for tests only)", FAULT_PAUSE_ENV, pause)
+    if kvdisk.fault_disk_write_s():
+        log.warning("FAULT INJECTION: %s=%s delays every KV-disk write (for tests only)",
+                    kvdisk.FAULT_DISK_WRITE_ENV, kvdisk.fault_disk_write_s())
     disk_dir = config.disk_dir(runtime) if config.disk_may_be_on else None
     mac_key = b""
     try:

@@ -83,6 +83,17 @@ CHUNK_BYTES = 16 << 20
 RETRY_AFTER_S = 30.0
 """After a failed write (disk full, I/O error) KV-disk takes no writes for this long, then tries again."""
 
+FAULT_DISK_WRITE_ENV = "IGNIS_TIERD_FAULT_DISK_WRITE_S"
+"""Fault injection for tests: every KV-disk write waits this many seconds before its first byte (a slow
+disk). The wait is on the disk thread, before anything is read from engine memory or the arena."""
+
+
+def fault_disk_write_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(FAULT_DISK_WRITE_ENV, "0") or 0))
+    except ValueError:
+        return 0.0
+
 
 class ForeignFilesError(RuntimeError):
     """The KV-disk directory holds files tierd did not create; it is not wiped."""
@@ -231,6 +242,9 @@ def write_entry(path: Path, header: bytes, source: Callable[[int, np.ndarray], N
     """
     if len(mac_key) != MAC_KEY_BYTES:
         raise ValueError(f"a KV-disk MAC key is {MAC_KEY_BYTES} bytes")
+    delay = fault_disk_write_s()
+    if delay:
+        time.sleep(delay)
     fill = source if callable(source) else disk_io.Stream(source, nbytes)
     own = io is None
     io = io or disk_io.DiskIO(chunk)

@@ -42,6 +42,7 @@ class Entry:
     filled: bool = True  # a capture's slot holds its image only once the round that took it is applied
     stamp: str = ""  # artifact structural hash, KV format, drafter presence
     used_at: float = 0.0  # wall clock (unix s) of its capture or last hit: tierd's TTL counts from it
+    restored_from: str | None = None  # "ram" / "disk": restored from there and not hit since
 
     @property
     def num_tokens(self) -> int:

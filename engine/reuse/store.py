@@ -30,8 +30,12 @@ Invariants:
 - The lower tiers are reached only through the ``TierPort`` given at
   construction (``NO_TIERS`` when there are none): an entry moves down only
   when the device needs its room, and comes back only past its tier's restore
-  floor. The records of what tierd holds (``lower``) are of the port's current
-  session: after a new hello they are empty before anything reads them.
+  floor. Every exchange is posted, never awaited (``engine.reuse.lower_moves``):
+  a demote holds its pages and slot until it lands, a restore fills reserved
+  pages and a slot that no page table names, and the request waiting for it
+  resumes the round it lands (``pending_prefix`` covers it meanwhile). The
+  records of what tierd holds (``lower``) are of the port's current session:
+  after a new hello they are empty before anything reads them.
 - A restored entry is registered only once ``TierPort.check_restored`` accepts
   its bytes (finite KV rows and image); a rejected one is dropped here and
   below, and the lookup falls back to the device match (or none).
@@ -54,6 +58,7 @@ from ignis.engine.reuse.entries import KINDS, Entry, SlotPool
 from ignis.engine.reuse.hashing import page_chain
 from ignis.engine.sequence_pages import SequencePages
 from ignis.engine.reuse.lower_index import WIRE_TIER, LowerIndex, LowerRecord, content_key
+from ignis.engine.reuse.lower_moves import WAIT, LowerMoves
 from ignis.engine.reuse.shortfall import Fates
 from ignis.engine.tier_port import NO_TIERS, TierPort
 
@@ -99,6 +104,8 @@ class RetainedStore:
         self.tiers = tiers
         self._lower = LowerIndex(restore_floors or {})
         self._lower_session = tiers.session
+        self.moves = LowerMoves(pool, slots, tiers)
+        self._wait_below: tuple[tuple[int, ...], int] = ((), 0)  # a lookup's lower match on its way
         self.demotions = 0
         self.restores = 0
         self.restore_rejections = 0  # restores whose bytes were not finite (dropped, recomputed)
@@ -161,15 +168,17 @@ class RetainedStore:
         restore floor) in a lower tier. Pins the entry for this round."""
         if not self.enabled or len(tokens) < 2:
             return None
+        self._wait_below = ((), 0)
         e = self._find(tokens, len(tokens) - 1)
-        tier = "device"
-        r = self._lower_choice(tokens, e.num_tokens if e else 0)
+        # the request whose restore was just refused computes from the device match (or from scratch)
+        r = None if self.moves.rejected_for(tokens) else self._lower_choice(tokens, e.num_tokens if e else 0)
         if r is not None:
-            promoted, read_from = self._promote(r, keep=e)
-            if promoted is not None:
-                e, tier = promoted, WIRE_TIER[read_from]
+            self._promote(r, keep=e, tokens=tokens)
+            e = self._find(tokens, len(tokens) - 1)  # the restored entry, when it landed at once
         if e is None:
             return None
+        tier = WIRE_TIER[e.restored_from] if e.restored_from else "device"
+        e.restored_from = None  # the request that waited for the restore names the tier; later hits are device hits
         e.last_used = self._tick()
         e.used_at = self.clock()
         e.pinned = True
@@ -181,44 +190,59 @@ class RetainedStore:
         records = self.lower.matches(tokens, len(tokens) - 1, longer_than=device_match)
         if not records:
             return None
-        where = self.tiers.locate([r.key for r in records])
+        restoring = self.moves.restoring_prefix(tokens)
+        if restoring > device_match:
+            self._wait_below = (tokens, restoring)
+            return None
+        where = self.moves.where(tuple(r.key for r in records))
+        if where is WAIT:
+            self._wait_below = (tokens, max(r.num_tokens for r in records))
+            return None
         if where is None:
             return None  # tierd cannot answer: a restore would not either
         self.lower.update(where)
         records = [r for r in records if where.get(r.key) is not None]
         return self.lower.choose(records, device_match)
 
-    def _promote(self, r: LowerRecord, keep: Entry | None) -> tuple[Entry | None, str]:
-        """Copy a lower-tier entry back into fresh pages and a slot: it is a device entry again.
-        Returns it and the tier it was read from (None and "" when it could not be)."""
+    def _promote(self, r: LowerRecord, keep: Entry | None, tokens: tuple[int, ...]) -> None:
+        """Post the copy of a lower-tier entry back into fresh pages and a slot; it is a device entry
+        again once it lands (now, for a port that answers at once; else in a later round's poll)."""
         if keep is not None:
             keep.pinned = True  # the device match stays usable if the restore misses
+        n = len(r.tokens)
+        needed = self.pool.pages_for(n)
+        if needed > self.pool.num_free:
+            self.reclaim_pages(needed)
+        if needed > self.pool.num_free:
+            if self.pool.num_free + self.moves.pages_landing >= needed:
+                self._wait_below = (tokens, n)  # room on its way: ask again next round
+            return
         slot = self._slot_for(r.request_class)
         if slot is None:
-            return None, ""
-        n = len(r.tokens)
-        owner = SequencePages(self.pool, f"restored-{self._next_id}")
-        if self.pool.pages_for(n) > self.pool.num_free:
-            self.reclaim_pages(self.pool.pages_for(n))
+            return
+        owner = SequencePages(self.pool, f"restored-{self._next_id}-{r.key[:8]}")
         try:
             owner.ensure_capacity(n)
         except PoolExhausted:
             owner.release()
             self.slots.give_back(slot)
-            return None, ""
-        read_from = self.tiers.restore_retained(r.key, owner.pages, slot)
-        rejected = bool(read_from) and not self.tiers.check_restored(owner.pages, n, slot)
-        if rejected:  # non-finite bytes: never used; the copy below goes too, the request computes instead
-            self.restore_rejections += 1
-            self.tiers.drop_retained(r.key)
-        if not read_from or rejected:
-            owner.release()
-            self.slots.give_back(slot)
-            self.lower.forget(r.key)
-            return None, ""
+            return
+        self.moves.restore(r, owner, slot, self._restored, self._missed)
+
+    def _restored(self, r: LowerRecord, owner: SequencePages, slot: int, read_from: str) -> None:
         self.restores += 1
         self.lower.move(r.key, read_from)  # tierd keeps its copy: restoring never consumes
-        return self._register(tuple(r.tokens), owner, slot, r.kind, r.request_class, r.after_user), read_from
+        e = self._register(tuple(r.tokens), owner, slot, r.kind, r.request_class, r.after_user)
+        e.restored_from = read_from
+
+    def _missed(self, r: LowerRecord, rejected: bool) -> None:
+        if rejected:
+            self.restore_rejections += 1
+        self.lower.forget(r.key)
+
+    def claim_rejections(self, tokens: tuple[int, ...]) -> int:
+        """Restores of prefixes of ``tokens`` refused for non-finite bytes since a request was last told."""
+        return self.moves.claim_rejections(tokens)
 
     # ----- captures ------------------------------------------------------------
 
@@ -277,7 +301,8 @@ class RetainedStore:
         if victim is None or CLASS_KEEP[victim.request_class] > CLASS_KEEP[request_class]:
             return None
         slot = victim.slot
-        self._release(victim, keep_slot=True, demote=True)
+        if not self._release(victim, keep_slot=True, demote=True):
+            return None  # its slot is read by the demote in flight: free once it lands
         return slot
 
     def _link_conversation(self, e: Entry) -> None:
@@ -313,7 +338,7 @@ class RetainedStore:
         """Release entries, lowest-ranked first, until ``needed_free`` pages are free
         (or nothing more can go). Returns how many entries were released."""
         released = 0
-        while self.pool.num_free < needed_free:
+        while self.pool.num_free + self.moves.pages_landing < needed_free:
             victim = self._lowest(exclude=None)
             if victim is None:
                 break
@@ -321,16 +346,20 @@ class RetainedStore:
             released += 1
         return released
 
-    def _release(self, e: Entry, keep_slot: bool = False, demote: bool = False, fate: str = "evicted") -> None:
+    def _release(self, e: Entry, keep_slot: bool = False, demote: bool = False, fate: str = "evicted") -> bool:
         """Free an entry's pages and slot. ``demote``: the device needs the room, so the
-        entry first moves down a tier if one is connected (lazy demotion: only now).
-        ``fate``: why it goes ("evicted" for room, "budget" for its conversation's budget)."""
+        entry first moves down a tier if one is connected (lazy demotion: only now); while that
+        copy is in flight its pages and slot stay held (``LowerMoves``), and False says the slot
+        was not kept for the caller. ``fate``: why it goes ("evicted" for room, "budget" for its
+        conversation's budget)."""
+        slot_free = True
         if demote:
-            tier = self.tiers.demote_retained(e.tokens, e.pages.pages, e.slot, e.request_class, last_used=e.used_at)
-            if tier is not None:
+            def landed(tier, e=e):
                 self.demotions += 1
                 self.lower.add(LowerRecord(content_key(e.tokens), e.tokens, e.kind, e.request_class,
                                            e.after_user, tier))
+
+            slot_free = self.moves.demote(e.tokens, e.pages, e.slot, e.request_class, e.used_at, landed)
         del self._entries[e.entry_id]
         bucket = self._by_hash[e.full_hash]
         bucket.remove(e)
@@ -341,17 +370,20 @@ class RetainedStore:
                 other.parent = e.parent
         e.pages.release()
         self.fates.note(e.tokens, fate)
-        if not keep_slot:
+        if slot_free and not keep_slot:
             self.slots.give_back(e.slot)
         self.released += 1
+        return slot_free
 
     def pending_prefix(self, tokens: tuple[int, ...]) -> int:
-        """Tokens of the longest pending capture that a request with ``tokens`` could resume from
-        once it is filled (0 if none)."""
+        """Tokens of the longest pending capture, or lower-tier match being looked up or restored,
+        that a request with ``tokens`` could resume from once it is in place (0 if none)."""
         if not self.enabled or len(tokens) < 2:
             return 0
         e = self._find(tokens, len(tokens) - 1, filled=False)
-        return e.num_tokens if e is not None else 0
+        waited, below = self._wait_below
+        below = below if tuple(waited) == tuple(tokens) else 0
+        return max(e.num_tokens if e is not None else 0, below, self.moves.restoring_prefix(tokens))
 
     def mark_filled(self, entry_ids) -> None:
         """The round that captured these entries has been applied: their slots hold their images."""
@@ -359,6 +391,11 @@ class RetainedStore:
             e = self._entries.get(entry_id)
             if e is not None:
                 e.filled = True
+
+    @property
+    def copies_in_flight(self) -> int:
+        """Demotes, restores and lookups posted to tierd and not answered yet."""
+        return self.moves.in_flight
 
     def unpin_all(self) -> None:
         """The round is applied: nothing is pinned, and superseded checkpoints are released."""

@@ -1,13 +1,38 @@
-"""The engine's tierd client: hello once, then demote / restore / lookup / drop, each awaited to completion.
+"""The engine's tierd client: every exchange is posted and its reply polled, never awaited in a round.
 
-A copy is acknowledged by tierd only once it is complete, and the engine
-reuses no page or slot a copy still reads or writes: every call here waits
-for its reply (the copies are memory-to-memory; KV-disk writes happen later,
-on tierd's own threads). Before a demote or a restore the engine's queued
-device work is finished (``sync``, CUDA only), so tierd reads what the
-engine wrote and overwrites nothing a kernel still reads. A tierd that is gone or slow is a cache miss, not
-an outage: a call that times out marks the client down for ``backoff_s``
-and returns a failure, and the engine carries on without the lower tiers.
+Two phases (``engine.tier_ops.TierOp``)::
+
+    demote / restore / lookup / drop / hello:  post(msg) -> handle   (returns at once)
+    poll(wait_s=0)   drains the replies that arrived (the channel's inbox, no blocking),
+                     completes their handles, expires those past their deadline
+
+The scheduler polls once at the start of every round (``TierPort.poll``),
+and only an idle round waits (briefly) for a reply. The socket lives on the
+channel's I/O thread; this class touches only its queues.
+
+Rules the engine's memory depends on:
+
+- Device work is finished before tierd reads or writes engine memory: the
+  first demote or restore posted in a round syncs (``sync``, CUDA only), the
+  rest of that round's batch shares it. ``device_dirty`` (the image staged for
+  a live demote) asks for another sync before the next post.
+- A handle past ``timeout_s`` fails, tierd is marked down for ``backoff_s``
+  (``welcome`` cleared; every other handle in flight fails with it) and the
+  lower tiers are off meanwhile: a cache miss, never an outage. Late replies
+  are ignored.
+- What a failed handle's memory may do: a demote's pages and slot are free at
+  once (tierd only reads them, and whatever it stored is dropped by our next
+  hello, which comes before any other exchange). A restore's destination is
+  not: tierd may still be writing it. It stays quarantined until the late
+  reply to that restore, the next accepted hello (tierd finishes or abandons
+  its copies before it answers one: ``tierd.server._end_session``), or
+  ``quarantine_s`` after the deadline, the bound past which no copy of tierd
+  is assumed alive (tierd abandons a session's copies after 30 s).
+- A ``not_ready`` refusal (tierd restarted and does not know us) fails that
+  exchange (a miss) and the next one posts a new hello. The hello at load is awaited
+  (``connect``); a hello after tierd went away is posted like the rest.
+- ``bye`` (``Runtime.close``) is the one exchange that waits: the engine must
+  know tierd let go of its memory before freeing it.
 """
 
 from __future__ import annotations
@@ -15,9 +40,11 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from dataclasses import dataclass
 
 import zmq
 
+from ignis.engine.tier_ops import TierOp
 from ignis.shared.tier_layout import BlockDesc, UnitLayout
 from ignis.shared.tier_wire import (
     TIER_PROTOCOL_VERSION,
@@ -42,12 +69,19 @@ from ignis.shared.zmq_queues import connect_dealer
 log = logging.getLogger("ignis.engine.tiers")
 
 REPLIES = (Welcome, Detached, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, ErrorReply)
+QUARANTINE_S = 60.0
+
+
+@dataclass
+class _Posted:
+    op: TierOp
+    deadline: float
 
 
 class TierClient:
     def __init__(self, endpoint: str, stamp: str, family: str, block_bytes: int, blocks: list[BlockDesc],
                  unit: UnitLayout, timeout_s: float = 10.0, backoff_s: float = 5.0, sync=None,
-                 engine_id: str = "default"):
+                 engine_id: str = "default", quarantine_s: float = QUARANTINE_S, clock=time.monotonic):
         self.endpoint = endpoint
         self.engine_id = engine_id
         self.stamp = stamp
@@ -57,126 +91,232 @@ class TierClient:
         self.unit = unit
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
+        self.quarantine_s = quarantine_s
         self.sync = sync  # waits for the engine's queued device work (None on the CPU)
+        self.clock = clock
+        self._synced = False
         self._req = 0
         self._down_until = 0.0
         self.welcome: Welcome | None = None
         self.connects = 0  # accepted hellos: after each, tierd holds nothing of ours from before
+        self._posted: dict[int, _Posted] = {}
+        self._hello: int | None = None  # req of a hello in flight
+        self._hello_deadline = 0.0
+        self._quarantined: dict[int, tuple[TierOp, float]] = {}  # timed-out restores: req -> (op, release at)
         self.channel = connect_dealer(zmq.Context.instance(), endpoint, REPLIES, name="tierd").start()
 
-    # ----- plumbing ---------------------------------------------------------------
+    # ----- state --------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Exchanges posted and not answered (hello included)."""
+        return len(self._posted) + (self._hello is not None)
+
+    @property
+    def quarantined(self) -> int:
+        return len(self._quarantined)
+
+    @property
+    def ready(self) -> bool:
+        """Welcomed; when not, and the back-off is over, a hello is posted (answered in a later poll)."""
+        if self.welcome is None and self._hello is None and self.clock() >= self._down_until:
+            self._post_hello()
+        return self.welcome is not None
+
+    def device_dirty(self) -> None:
+        """The engine queued device work tierd must see: sync again before the next copy is posted."""
+        self._synced = False
+
+    # ----- posting ------------------------------------------------------------------
 
     def _next(self) -> int:
         self._req += 1
         return self._req
 
-    def _call(self, msg, req: int):
-        if time.monotonic() < self._down_until:
-            return None
-        self.channel.send(msg)
-        deadline = time.monotonic() + self.timeout_s
+    def _hello_msg(self, req: int) -> Hello:
+        return Hello(req=req, protocol=TIER_PROTOCOL_VERSION, stamp=self.stamp, family=self.family,
+                     block_bytes=self.block_bytes, blocks=self.blocks, unit=self.unit, engine_id=self.engine_id)
+
+    def _post_hello(self) -> None:
+        req = self._next()
+        self._hello = req
+        self._hello_deadline = self.clock() + self.timeout_s
+        self.channel.send(self._hello_msg(req))
+
+    def _post(self, what: str, make, copy: bool) -> TierOp:
+        op = TierOp(what)
+        if not self.ready:
+            op.fail("tierd not connected")
+            return op
+        if copy and self.sync is not None and not self._synced:
+            self.sync()
+            self._synced = True
+        req = self._next()
+        self._posted[req] = _Posted(op, self.clock() + self.timeout_s)
+        self.channel.send(make(req))
+        return op
+
+    def demote(self, key: str, source: list[tuple[str, int]], kind: str, request_class: str,
+               last_used: float) -> TierOp:
+        """Copy an entry down; the handle's value is the tier it landed in ("ram"/"disk")."""
+        return self._post("demote", lambda req: Demote(
+            req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto", kind=kind,
+            request_class=request_class, last_used=last_used), copy=True)
+
+    def restore(self, key: str, dest: list[tuple[str, int]]) -> TierOp:
+        """Copy an entry back into ``dest``; the handle's value is the tier it was read from. A miss fails
+        it (the destination is then unused, and free once ``memory_free``)."""
+        return self._post("restore", lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)),
+                          copy=True)
+
+    def lookup(self, keys: list[str]) -> TierOp:
+        """Where tierd holds each key now: the value maps each to "ram", "disk" or None (gone)."""
+        keys = tuple(keys)
+        return self._post("lookup", lambda req: Lookup(req=req, stamp=self.stamp, keys=keys), copy=False)
+
+    def drop(self, key: str) -> TierOp:
+        return self._post("drop", lambda req: Drop(req=req, key=key), copy=False)
+
+    # ----- replies ------------------------------------------------------------------
+
+    def poll(self, wait_s: float = 0.0) -> int:
+        """Complete the handles whose replies arrived; wait up to ``wait_s`` for the first one only when
+        something is in flight. Returns how many replies were taken. A new round starts here: the next
+        copy posted syncs the device again."""
+        self._synced = False
+        taken = 0
+        block = wait_s > 0 and self.in_flight > 0
         while True:
-            left = deadline - time.monotonic()
+            try:
+                inbox = self.channel.inbox
+                reply = (inbox.get(timeout=wait_s) if block and not taken else inbox.get_nowait()).message
+            except queue.Empty:
+                break
+            taken += 1
+            self._take(reply)
+        self._expire()
+        return taken
+
+    def _take(self, reply) -> None:
+        if isinstance(reply, ErrorReply):
+            log.warning("tierd could not read a message: %s", reply.message)
+            return
+        req = getattr(reply, "req", None)
+        if req is not None and req == self._hello:
+            return self._welcomed(reply)
+        late = self._quarantined.pop(req, None)
+        if late is not None:  # the answer to a restore that timed out: tierd is done with its destination
+            late[0].release()
+            return
+        posted = self._posted.pop(req, None)
+        if posted is None:
+            return  # a late answer to an exchange that failed earlier: nothing waits for it now
+        op = posted.op
+        if isinstance(reply, TierRefused) and reply.reason == "not_ready":
+            log.warning("tierd does not know this engine (it restarted?): saying hello again")
+            op.fail("not_ready")
+            self._lost("not_ready", backoff=False)  # the next post says hello
+            return
+        if isinstance(reply, (Demoted, Restored)):
+            op.finish(reply.tier)
+        elif isinstance(reply, LookupReply):
+            op.finish(dict(zip(reply.keys, reply.tiers)))
+        elif isinstance(reply, Dropped):
+            op.finish(reply.held)
+        else:
+            if isinstance(reply, (Missing, TierRefused)):
+                log.info("tierd: %s of %s: %s", op.what, getattr(reply, "key", ""), reply.reason)
+            op.fail(getattr(reply, "reason", "unexpected reply"))
+
+    def _welcomed(self, reply) -> None:
+        self._hello = None
+        if isinstance(reply, Welcome):
+            self.welcome = reply
+            self.connects += 1
+            log.info("tierd connected: arena %d bytes (%d locked), KV-disk %d bytes", reply.arena_bytes,
+                     reply.locked_bytes, reply.disk_bytes)
+            quarantined, self._quarantined = self._quarantined, {}
+            for op, _ in quarantined.values():  # tierd finished its copies before it answered
+                op.release()
+            return
+        if isinstance(reply, TierRefused):
+            log.error("tierd refused hello: %s", reply.message)
+        self._down_until = self.clock() + self.backoff_s
+
+    def _expire(self) -> None:
+        now = self.clock()
+        if self._hello is not None and now >= self._hello_deadline:
+            log.warning("tierd did not answer Hello in %.1fs: lower tiers off for %.0fs", self.timeout_s,
+                        self.backoff_s)
+            self._hello = None
+            self._down_until = now + self.backoff_s
+        late = [req for req, p in self._posted.items() if now >= p.deadline]
+        if late:
+            p = self._posted[late[0]]
+            name = {"demote": "Demote", "restore": "Restore", "lookup": "Lookup", "drop": "Drop"}[p.op.what]
+            log.warning("tierd did not answer %s in %.1fs: lower tiers off for %.0fs", name, self.timeout_s,
+                        self.backoff_s)
+            self._lost("timeout", backoff=True)
+        for req, (op, until) in list(self._quarantined.items()):
+            if now >= until:
+                log.warning("a restore tierd never answered: its pages and slot are used again after %.0f s",
+                            self.quarantine_s)
+                del self._quarantined[req]
+                op.release()
+
+    def _lost(self, reason: str, backoff: bool) -> None:
+        """tierd is gone (or forgot us): every exchange in flight fails; restores' destinations stay
+        quarantined (see the module docstring)."""
+        self.welcome = None
+        if backoff:
+            self._down_until = self.clock() + self.backoff_s
+        posted, self._posted = self._posted, {}
+        for req, p in posted.items():
+            restore = p.op.what == "restore"
+            if restore:
+                self._quarantined[req] = (p.op, self.clock() + self.quarantine_s)
+            p.op.fail(reason, memory_free=not restore)
+
+    # ----- the waiting exchanges -----------------------------------------------------
+
+    def _await(self, msg, req: int):
+        """Send ``msg`` and wait for its reply (load and close only); other replies are handled as usual."""
+        self.channel.send(msg)
+        deadline = self.clock() + self.timeout_s
+        while True:
+            left = deadline - self.clock()
             if left <= 0:
-                log.warning("tierd did not answer %s in %.1fs: lower tiers off for %.0fs",
-                            type(msg).__name__, self.timeout_s, self.backoff_s)
-                self._down_until = time.monotonic() + self.backoff_s
+                log.warning("tierd did not answer %s in %.1fs: lower tiers off for %.0fs", type(msg).__name__,
+                            self.timeout_s, self.backoff_s)
+                self._down_until = self.clock() + self.backoff_s
                 self.welcome = None
                 return None
             try:
                 reply = self.channel.get(timeout=left).message
             except queue.Empty:
                 continue
-            if isinstance(reply, ErrorReply):
-                log.warning("tierd could not read a message: %s", reply.message)
-                return None
             if getattr(reply, "req", None) == req:
                 return reply
-            # a late answer to a call that timed out earlier: nothing waits for it now
+            self._take(reply)
+
+    def wait(self, op: TierOp, timeout_s: float | None = None) -> TierOp:
+        """Poll until ``op`` is done (tests and tools; a round never calls it)."""
+        deadline = self.clock() + (self.timeout_s if timeout_s is None else timeout_s) + 1.0
+        while op.pending and self.clock() < deadline:
+            self.poll(0.05)
+        return op
 
     def connect(self) -> bool:
-        """Say hello (again, after tierd restarted): every entry it held for us is gone."""
+        """Say hello and wait for the answer (at load): every entry tierd held for us is gone."""
         req = self._next()
-        reply = self._call(Hello(req=req, protocol=TIER_PROTOCOL_VERSION, stamp=self.stamp, family=self.family,
-                                 block_bytes=self.block_bytes, blocks=self.blocks, unit=self.unit,
-                                 engine_id=self.engine_id), req)
-        if isinstance(reply, Welcome):
-            self.welcome = reply
-            self.connects += 1
-            log.info("tierd connected: arena %d bytes (%d locked), KV-disk %d bytes", reply.arena_bytes,
-                     reply.locked_bytes, reply.disk_bytes)
-            return True
-        if isinstance(reply, TierRefused):
-            log.error("tierd refused hello: %s", reply.message)
-        return False
-
-    @property
-    def ready(self) -> bool:
-        if self.welcome is None and time.monotonic() >= self._down_until:
-            self.connect()
+        self._hello = req
+        self._hello_deadline = self.clock() + self.timeout_s
+        reply = self._await(self._hello_msg(req), req)
+        if reply is None:
+            self._hello = None
+            return False
+        self._welcomed(reply)
         return self.welcome is not None
-
-    # ----- operations ---------------------------------------------------------------
-
-    def _call_hello_first(self, make):
-        """A demote or restore (after ``sync``); if tierd restarted and no longer knows us, say hello
-        again and retry once."""
-        if self.sync is not None:
-            self.sync()
-        req = self._next()
-        reply = self._call(make(req), req)
-        if isinstance(reply, TierRefused) and reply.reason == "not_ready":
-            log.warning("tierd does not know this engine (it restarted?): saying hello again")
-            self.welcome = None
-            if self.connect():
-                req = self._next()
-                reply = self._call(make(req), req)
-        return reply
-
-    def demote(self, key: str, source: list[tuple[str, int]], kind: str, request_class: str,
-               last_used: float) -> str | None:
-        """Copy an entry down; returns the tier it landed in ("ram"/"disk") or None."""
-        if not self.ready:
-            return None
-        reply = self._call_hello_first(lambda req: Demote(
-            req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto", kind=kind,
-            request_class=request_class, last_used=last_used))
-        if isinstance(reply, Demoted):
-            return reply.tier
-        if isinstance(reply, TierRefused):
-            log.info("tierd refused demote of %s: %s", key, reply.reason)
-        return None
-
-    def restore(self, key: str, dest: list[tuple[str, int]]) -> str | None:
-        """Copy an entry back into ``dest``; the tier it was read from ("ram"/"disk"), or None on a miss
-        (the destination is then unused)."""
-        if not self.ready:
-            return None
-        reply = self._call_hello_first(lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)))
-        if isinstance(reply, Restored):
-            return reply.tier
-        if isinstance(reply, (Missing, TierRefused)):
-            log.info("restore of %s missed: %s", key, getattr(reply, "reason", ""))
-        return None
-
-    def lookup(self, keys: list[str]) -> dict[str, str | None] | None:
-        """Where tierd holds each key now ("ram", "disk", or None: gone); None when tierd cannot answer.
-        tierd moves entries to KV-disk and discards them on its own, so the engine asks before it picks."""
-        if not self.ready:
-            return None
-        req = self._next()
-        reply = self._call(Lookup(req=req, stamp=self.stamp, keys=tuple(keys)), req)
-        if isinstance(reply, TierRefused) and reply.reason == "not_ready":
-            self.welcome = None  # tierd restarted: the next call says hello, which clears what we knew
-            return None
-        if not isinstance(reply, LookupReply) or tuple(reply.keys) != tuple(keys):
-            return None
-        return dict(zip(reply.keys, reply.tiers))
-
-    def drop(self, key: str) -> None:
-        if self.ready:
-            req = self._next()
-            self._call(Drop(req=req, key=key), req)
 
     def bye(self) -> bool:
         """Detach for good before the engine frees its memory: tierd lets its copies in flight finish,
@@ -185,7 +325,7 @@ class TierClient:
         if self.welcome is None:
             return True  # tierd holds no mapping of ours
         req = self._next()
-        reply = self._call(Bye(req=req), req)
+        reply = self._await(Bye(req=req), req)
         self.welcome = None
         return isinstance(reply, Detached)
 

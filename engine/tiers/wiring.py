@@ -15,6 +15,9 @@ content (a hash of the entry's tokens). A live sequence moves as one
 "live" entry per page window and one for its state image, staged in the
 reserved host slot; those keys hash the request id and the part.
 
+Every copy is posted and returns a handle (``engine.tier_ops.TierOp``); the
+scheduler's ``poll`` completes them (``engine.tiers.client``).
+
 Restored bytes are checked before use (``check_restored``: finite KV rows and
 image, ``engine.tiers.restore_check``); the store and the evictor drop what
 fails and recompute.
@@ -26,6 +29,7 @@ import logging
 import time
 
 from ignis.engine.reuse.lower_index import content_key
+from ignis.engine.tier_ops import TierOp, as_op
 from ignis.engine.tiers.client import TierClient
 from ignis.engine.tiers.restore_check import (
     FAULT_NAN_RESTORE_ENV,
@@ -109,7 +113,8 @@ def connect_tiers(state, endpoint: str, stamp: str, family: str, device_slots: i
 
 
 class TierClientPort:
-    """Retained entries and live sequences as tierd entries, through ``client``.
+    """Retained entries and live sequences as tierd entries, through ``client``; every copy is posted
+    and answered by a handle (``engine.tier_ops.TierOp``) that ``poll`` completes.
 
     ``device_slots``: retained slots below this id are on the device (never
     exported); host slot ``s`` is item ``s - device_slots`` of each slot block.
@@ -132,28 +137,34 @@ class TierClientPort:
     def session(self) -> int:
         return self.client.connects
 
+    def poll(self, wait_s: float = 0.0) -> int:
+        return self.client.poll(wait_s)
+
+    @property
+    def in_flight(self) -> int:
+        return self.client.in_flight
+
     def _slot_refs(self, slot: int) -> list[tuple[str, int]]:
         return [(name, slot - self.device_slots) for name in self.lane_blocks]
 
     # ----- retained entries ------------------------------------------------------------
 
-    def demote_retained(self, tokens, pages, slot, request_class, last_used=None) -> str | None:
+    def demote_retained(self, tokens, pages, slot, request_class, last_used=None) -> TierOp | None:
         if slot < self.device_slots:
             return None
-        return self.client.demote(content_key(tokens), _page_refs(pages) + self._slot_refs(slot), kind="retained",
-                                  request_class=request_class,
-                                  last_used=time.time() if last_used is None else last_used)
+        return as_op("demote", self.client.demote(content_key(tokens), _page_refs(pages) + self._slot_refs(slot),
+                                                  kind="retained", request_class=request_class,
+                                                  last_used=time.time() if last_used is None else last_used))
 
-    def restore_retained(self, key, pages, slot) -> str | None:
+    def restore_retained(self, key, pages, slot) -> TierOp | None:
         if slot < self.device_slots:
             return None
-        read_from = self.client.restore(key, _page_refs(pages) + self._slot_refs(slot))
-        if read_from:
-            self._maybe_poison(slot)
-        return read_from
+        op = as_op("restore", self.client.restore(key, _page_refs(pages) + self._slot_refs(slot)))
+        op.when_done(lambda o: self._maybe_poison(slot) if o.ok else None)
+        return op
 
-    def locate(self, keys):
-        return self.client.lookup(keys)
+    def locate(self, keys) -> TierOp:
+        return as_op("lookup", self.client.lookup(keys))
 
     def drop_retained(self, key) -> None:
         self.client.drop(key)
@@ -177,27 +188,30 @@ class TierClientPort:
     def _live_key(req_id: str, part: str) -> str:
         return content_key(tuple(f"live:{req_id}:{part}".encode()))
 
-    def demote_window(self, req_id, index, pages, request_class) -> bool:
-        return self.client.demote(self._live_key(req_id, f"w{index}"), _page_refs(pages), kind="live",
-                                  request_class=request_class, last_used=time.time()) is not None
+    def demote_window(self, req_id, index, pages, request_class) -> TierOp:
+        return as_op("demote", self.client.demote(self._live_key(req_id, f"w{index}"), _page_refs(pages),
+                                                  kind="live", request_class=request_class, last_used=time.time()))
 
-    def demote_image(self, req_id, lane, request_class) -> bool:
+    def demote_image(self, req_id, lane, request_class) -> TierOp | bool:
         if self.staging_slot is None:
             return False
         self.state.save_image(lane, self.staging_slot)
-        return self.client.demote(self._live_key(req_id, "image"), self._slot_refs(self.staging_slot), kind="live",
-                                  request_class=request_class, last_used=time.time()) is not None
+        if hasattr(self.client, "device_dirty"):
+            self.client.device_dirty()  # the staging copy is device work tierd must see finished
+        return as_op("demote", self.client.demote(self._live_key(req_id, "image"),
+                                                  self._slot_refs(self.staging_slot), kind="live",
+                                                  request_class=request_class, last_used=time.time()))
 
-    def restore_window(self, req_id, index, pages) -> bool:
-        return bool(self.client.restore(self._live_key(req_id, f"w{index}"), _page_refs(pages)))
+    def restore_window(self, req_id, index, pages) -> TierOp:
+        return as_op("restore", self.client.restore(self._live_key(req_id, f"w{index}"), _page_refs(pages)))
 
-    def restore_image(self, req_id) -> bool:
+    def restore_image(self, req_id) -> TierOp | bool:
         if self.staging_slot is None:
             return False
-        if not self.client.restore(self._live_key(req_id, "image"), self._slot_refs(self.staging_slot)):
-            return False
-        self._maybe_poison(self.staging_slot)
-        return True
+        op = as_op("restore", self.client.restore(self._live_key(req_id, "image"),
+                                                  self._slot_refs(self.staging_slot)))
+        op.when_done(lambda o: self._maybe_poison(self.staging_slot) if o.ok else None)
+        return op
 
     def drop_window(self, req_id, index) -> None:
         self.client.drop(self._live_key(req_id, f"w{index}"))

@@ -55,7 +55,7 @@ def test_partial_last_page_is_checked_only_where_written(model):
 
 
 class RejectingTier(NullTierPort):
-    """A lower tier whose live copies come back, but not finite."""
+    """A lower tier whose live copies come back at once, but not finite."""
 
     def __init__(self):
         self.dropped = []
@@ -76,25 +76,23 @@ class RejectingTier(NullTierPort):
         self.dropped.append(("image",))
 
 
-class Table:
-    def __init__(self, pages):
-        self.pages = pages
-
-
 class Held:
     req_id = "r"
-
-    def __init__(self, pages):
-        self.page_table = Table(pages)
+    num_tokens = 151
 
 
 def test_evicted_sequence_with_non_finite_restore_recomputes():
+    from ignis.engine.page_pool import PagePool
+
     tier = RejectingTier()
     evictor = Evictor(tier, window_pages=2, staging_slot=4)
+    pool = PagePool(8)
     record = Evicted(computed=150, windows=[[1, 2], [3]], image=True, next_page=3)
-    assert not evictor.restore(Held([7, 8, 9, 10]), record)
+    assert evictor.prepare(Held(), record, pool) == "failed"
     assert (evictor.restore_rejections, evictor.resumes) == (1, 0)
     assert tier.dropped == [("window", 0), ("window", 1), ("image",)]  # nothing of it stays below
+    assert pool.num_free == 8 and evictor.staging_user is None  # the reserved pages and the slot are free
+    pool.integrity_check()
 
 
 def test_non_finite_restore_is_dropped_and_recomputed(tmp_path, model, monkeypatch):
@@ -114,7 +112,8 @@ def test_non_finite_restore_is_dropped_and_recomputed(tmp_path, model, monkeypat
         assert again.reason == "length" and beside.reason == "length"
         assert again.restore_rejected == 1 and again.reuse_tier not in ("kv_ram", "kv_disk")
         assert eng.sched.stats()["reuse_restore_rejected_total"] == 1
-        assert eng.client.lookup([content_key(tuple(p[:297]))]) == {content_key(tuple(p[:297])): None}
+        gone = eng.client.wait(eng.client.lookup([content_key(tuple(p[:297]))]))
+        assert gone.value == {content_key(tuple(p[:297])): None}
         metrics = EngineMetrics("demo")
         metrics.sync_store(eng.sched.stats())
         assert 'ignis:reuse_restore_rejected_total{model_name="demo",reason="non_finite"} 1.0' in \

@@ -106,7 +106,7 @@ def _explore(family_model, endpoint, examples, steps, cfgs=configs):
 
 
 def test_reuse_on_equals_reuse_off(family_model, tierd):
-    seen = _explore(family_model, tierd, examples=60, steps=16)
+    seen = _explore(family_model, tierd, examples=70, steps=16)
     # the runs compared reused from every tier and went through live eviction and aborts (with a tier,
     # decode-time pressure evicts instead of preempting)
     for what in ("hit_device", "hit_kv_ram", "hit_kv_disk", "restores", "live_evictions", "aborted"):

@@ -65,7 +65,8 @@ def test_a_real_cpu_state_exports_shared_memory_and_needs_no_sync():
 
 
 class RecordingClient:
-    """A TierClient's calls, recorded; every copy succeeds in KV-RAM."""
+    """A TierClient's calls, recorded; every copy succeeds in KV-RAM at once (plain values: the port
+    turns them into done handles)."""
 
     def __init__(self):
         self.unit = SimpleNamespace(lane=("slot_ssm", "slot_conv"))
@@ -98,16 +99,16 @@ def test_the_port_names_pages_and_host_slot_items_and_never_exports_a_device_slo
     assert port.demote_retained((1, 2, 3), [4, 5], slot=1, request_class="agent") is None  # a device slot
     assert port.restore_retained("k", [4, 5], slot=0) is None
     assert client.calls == []
-    assert port.demote_retained((1, 2, 3), [4, 5], slot=3, request_class="agent") == "ram"
+    assert port.demote_retained((1, 2, 3), [4, 5], slot=3, request_class="agent").value == "ram"
     assert client.calls[-1] == ("demote", content_key((1, 2, 3)),
                                 [("kv", 4), ("kv", 5), ("slot_ssm", 1), ("slot_conv", 1)], "retained")
-    assert port.restore_retained("k", [7], slot=2) == "ram"
+    assert port.restore_retained("k", [7], slot=2).value == "ram"
     assert client.calls[-1] == ("restore", "k", [("kv", 7), ("slot_ssm", 0), ("slot_conv", 0)])
-    assert port.demote_window("r", 0, [8, 9], "agent") and port.demote_image("r", lane=1, request_class="agent")
+    assert port.demote_window("r", 0, [8, 9], "agent").ok and port.demote_image("r", lane=1, request_class="agent").ok
     assert saved == [(1, 6)]  # the image is staged in the staging slot before it moves
     window, image = client.calls[-2:]
     assert window[2:] == ([("kv", 8), ("kv", 9)], "live") and image[2:] == ([("slot_ssm", 4), ("slot_conv", 4)], "live")
-    assert port.restore_window("r", 0, [10, 11]) and port.restore_image("r")
+    assert port.restore_window("r", 0, [10, 11]).ok and port.restore_image("r").ok
     assert [c[1] for c in client.calls[-2:]] == [window[1], image[1]]  # the same keys come back
     port.drop_window("r", 0)
     port.drop_image("r")
