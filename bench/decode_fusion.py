@@ -7,9 +7,12 @@ before the fusions). For each: CUDA kernels one step launches (torch
 profiler), the step's median wall time over ``--steps`` eager steps (no CUDA
 graphs), and the logits' ``max|a - b| / max|b|`` between the two.
 
-    python bench/decode_fusion.py [--seqs 4] [--layers 64] [--steps 20] [--device cuda]
+    python bench/decode_fusion.py [--seqs 4] [--layers 64] [--steps 20] [--device cuda] [--quick]
 
-``--device cpu`` (with few layers, ``TRITON_INTERPRET=1``) only checks that the script runs.
+``--quick`` (the test suite's) runs a tiny model of the same structure on the
+CPU under ``TRITON_INTERPRET=1``: it checks that the script runs, nothing
+more. Last line: ``BENCH decode_fusion kernels_unfused=A kernels_fused=B
+ms_unfused=C ms_fused=D max_rel_err=E`` (kernels -1 off CUDA).
 
 On an H200 (4 sequences, 64 layers, bf16): unfused 4005 kernels, median
 57.0 ms per step; triton 1245 kernels, 43.0 ms; logits max rel err 5.7e-2
@@ -20,8 +23,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
+import sys
 import time
+
+if "--quick" in sys.argv:  # before triton is imported: the kernels are decorated for the interpreter
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
 
@@ -40,11 +48,16 @@ QWEN35_27B = {
 }
 
 
-def build(layers: int, device: str):
+TINY = {"vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64}
+
+
+def build(layers: int, device: str, tiny: bool = False):
     from ignis.engine.models.config import config_from_dict
     from ignis.engine.models.hybrid import HybridModel
 
-    cfg = config_from_dict({**QWEN35_27B, "num_hidden_layers": layers})
+    cfg = config_from_dict({**QWEN35_27B, **(TINY if tiny else {}), "num_hidden_layers": layers})
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("meta"):
         model = HybridModel(cfg)
@@ -85,14 +98,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (the test suite's run)")
     args = ap.parse_args()
+    if args.quick:
+        args.device, args.layers, args.steps, args.seqs = "cpu", 4, 1, 2
     use_checkout()
     from ignis.engine.forward_batch import ForwardBatch, SeqChunk
     from ignis.engine.models.state import ModelState
     from ignis.kernels.backend import REFERENCE, triton_ops
 
     dev = args.device
-    model = build(args.layers, dev)
+    model = build(args.layers, dev, tiny=args.quick)
     fused = triton_ops()
     unfused = dataclasses.replace(fused, name="unfused", **{op: getattr(REFERENCE, op) for op in FUSED})
     state = ModelState.allocate(model.cfg, num_pages=2 * args.seqs, lanes=args.seqs, dtype=torch.bfloat16,
@@ -108,6 +124,7 @@ def main() -> None:
         state.conv.copy_(saved[1])
     err = float((logits["triton"] - logits["unfused"]).abs().max() / logits["unfused"].abs().max())
     print(f"logits triton vs unfused: max rel err {err:.2e} (finite: {bool(logits['triton'].isfinite().all())})")
+    figures = {}
     for ops in (unfused, fused):
         model.ops = ops
 
@@ -124,8 +141,12 @@ def main() -> None:
             sync(dev)
             times.append(time.perf_counter() - t0)
         launches = kernels_per_step(step, dev)
+        figures[ops.name] = (launches, statistics.median(times) * 1e3)
         print(f"{ops.name:8s}: {launches} CUDA kernels per decode step, median {statistics.median(times) * 1e3:.2f} ms "
               f"(min {min(times) * 1e3:.2f}) over {args.steps} eager steps, {args.seqs} seqs, {args.layers} layers")
+    (k_u, ms_u), (k_f, ms_f) = figures["unfused"], figures["triton"]
+    print(f"BENCH decode_fusion kernels_unfused={k_u} kernels_fused={k_f} ms_unfused={ms_u:.2f} ms_fused={ms_f:.2f} "
+          f"max_rel_err={err:.2e}")
 
 
 if __name__ == "__main__":

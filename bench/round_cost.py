@@ -6,7 +6,7 @@ In one process, on the CPU: a scheduler and a model runner (no sockets) run
 decode batch, ``steps`` times. The ratio is the engine's overhead per round:
 1.0 means a round costs exactly its forward.
 
-    python bench/round_cost.py [--model DIR] [--lanes 32] [--steps 30]
+    python bench/round_cost.py [--model DIR] [--lanes 32] [--steps 30] [--quick]
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the demo model)")
     ap.add_argument("--lanes", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="4 lanes, 3 rounds (the test suite's run)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.lanes, args.steps = 4, 3
     if args.model is None:
         from ignis.shared.demo import ensure_demo_model
         args.model = str(ensure_demo_model())

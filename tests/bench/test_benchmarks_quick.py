@@ -22,7 +22,9 @@ def run_quick(script: str, timeout: float = 300) -> str:
 
 @pytest.mark.parametrize("script,name,keys", [
     ("forward.py", "forward", ("prefill_ratio", "decode1_ratio", "decode16_ratio")),
-    ("serve_throughput.py", "serve_throughput", ("ratio_1", "ratio_8", "ratio_32")),
+    ("serve_throughput.py", "serve_throughput", ("ratio_1", "ratio_8", "ratio_32", "round_vs_forward_32")),
+    ("round_cost.py", "round_cost", ("round_ms", "forward_ms", "round_vs_forward")),
+    ("decode_fusion.py", "decode_fusion", ("ms_unfused", "ms_fused")),
     ("tiers.py", "tiers", ("ram_vs_memcpy", "disk_write_vs_raw", "disk_read_vs_raw", "ram_ttft_vs_cold",
                            "disk_ttft_vs_cold")),
     ("kv_format.py", "kv_format", ("bytes_ratio", "attn_time_ratio")),
