@@ -47,12 +47,13 @@ class Engine:
         self.finished = {}
 
     def submit(self, rid, prompt, system_end=None, opener_start=None, last_is_user=True, cls="interactive",
-               max_tokens=6):
+               max_tokens=6, part_end=None):
         from ignis.engine.request import capture_cuts
 
         req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-                      request_class=cls, system_end=system_end, opener_start=opener_start,
-                      last_is_user=last_is_user, must_cut_at=capture_cuts(len(prompt), system_end, opener_start, 64))
+                      request_class=cls, system_end=system_end, opener_start=opener_start, part_end=part_end,
+                      last_is_user=last_is_user,
+                      must_cut_at=capture_cuts(len(prompt), system_end, opener_start, 64, part_end))
         assert self.sched.add(req) is None
 
     def run(self, logprobs=False):
@@ -198,4 +199,30 @@ def test_simultaneous_burst_reads_the_shared_block_once(model):
     cold.submit("sub3", block + prompt(40, 53))
     cold.run()
     assert eng.tokens["sub3"] == cold.tokens["sub3"]
+    eng.check_drained()
+
+
+@pytest.mark.parametrize("slot_tier", ["device", "host"])
+def test_an_image_saved_and_loaded_on_another_lane_matches_cold_prefill(model, slot_tier):
+    """Captured on lane 1 while lane 0 runs another prompt, resumed on lane 1 while lane 0 runs a third:
+    the image is the capturing lane's, and it lands in the resuming lane (a device slot, or a host slot)."""
+    device_slots, host_slots = (4, 1) if slot_tier == "device" else (0, 4)
+    p = prompt(203, 60)
+    eng = Engine(model, lanes=2, device_slots=device_slots, host_slots=host_slots)
+    eng.submit("other", prompt(230, 61))
+    eng.submit("a", p, opener_start=200)
+    eng.run()
+    assert [e.kind for e in eng.sched.store.entries()] == ["prompt_checkpoint"]
+    eng.submit("third", prompt(260, 62))
+    eng.submit("retry", p, opener_start=200)
+    eng.run()
+    ev = eng.finished["retry"]
+    assert (ev.cached_tokens, ev.reuse_kind, ev.reuse_slot) == (200, "prompt_checkpoint", slot_tier)
+    cold = Engine(model, lanes=1, reuse=False)
+    cold.submit("cold", p)
+    cold.run()
+    err = rel(eng.first_logits["retry"], cold.first_logits["cold"])
+    print(f"{slot_tier} slot, lane 1: resumed vs cold rel err {err:.2e}")
+    assert err < TOL
+    assert eng.tokens["retry"] == cold.tokens["cold"] == eng.tokens["a"]
     eng.check_drained()

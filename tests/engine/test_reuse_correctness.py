@@ -107,3 +107,64 @@ def test_a_cold_agent_burst_takes_a_slot_from_idle_interactive_entries(model):
         assert eng.tokens[rid] == tokens, rid
         assert rel(eng.first_logits[rid], logits) < TOL, rid
     eng.check_drained()
+
+
+def test_a_retry_arriving_with_its_original_waits_for_the_pending_checkpoint(model):
+    """Two requests with the same prompt arrive together: the first's checkpoint is captured in the round
+    that admits both, so the second waits one round for it to be filled, resumes from it (never from the
+    unfilled slot) and the prompt is prefilled once; both give the cold outputs."""
+    p = prompt(203, 90)
+    eng = Engine(model, lanes=2, host_slots=4)
+    eng.submit("first", p, opener_start=200)
+    eng.submit("retry", p, opener_start=200)
+    prefilled = 0
+    original = eng.runner.run
+
+    def counting_run(plan):
+        nonlocal prefilled
+        prefilled += sum(c.num_tokens for c in plan.prefills)
+        return original(plan)
+
+    eng.runner.run = counting_run
+    eng.run()
+    assert (eng.finished["first"].cached_tokens, eng.finished["retry"].cached_tokens) == (0, 200)
+    assert prefilled == 203 + 3
+    tokens, logits = cold_run(model, "cold", p)
+    for rid in ("first", "retry"):
+        assert eng.tokens[rid] == tokens, rid
+        assert rel(eng.first_logits[rid], logits) < TOL, rid
+    eng.check_drained()
+
+
+def test_siblings_wait_while_the_first_prefills_towards_the_block_with_nothing_pending(model):
+    """The first of an agent burst cuts its prefill at a point inside the system block (a part boundary at
+    64) whose capture is skipped (every slot holds an interactive checkpoint), so for a round nothing is
+    pending; the siblings still wait for the retained prefix it is prefilling towards, then resume from it:
+    the block is prefilled once and every output is the cold one."""
+    system = prompt(SYSTEM, 42)
+    eng = Engine(model, lanes=4, host_slots=2)
+    for i in range(2):
+        chat = prompt(90, 85 + i)
+        eng.submit(f"chat{i}", chat, opener_start=len(chat) - 3, max_tokens=2)
+    eng.run()
+    assert eng.sched.store.slots.num_free == 0
+    prompts = {f"sub{i}": system + prompt(20 + 5 * i, 95 + i) for i in range(3)}
+    for rid, p in prompts.items():
+        eng.submit(rid, p, system_end=SYSTEM, opener_start=len(p) - 3, cls="agent", part_end=64)
+    prefilled = 0
+    original = eng.runner.run
+
+    def counting_run(plan):
+        nonlocal prefilled
+        prefilled += sum(c.num_tokens for c in plan.prefills)
+        return original(plan)
+
+    eng.runner.run = counting_run
+    eng.run()
+    assert sorted(eng.finished[rid].cached_tokens for rid in prompts) == [0, 128, 128]
+    assert prefilled == 128 + sum(len(p) - 128 for p in prompts.values())
+    for rid, p in prompts.items():
+        tokens, logits = cold_run(model, rid, p)
+        assert eng.tokens[rid] == tokens, rid
+        assert rel(eng.first_logits[rid], logits) < TOL, rid
+    eng.check_drained()

@@ -230,6 +230,15 @@ def test_page_chain_length(n):
     assert len(hashing.page_chain(list(range(n)), 64)) == 1 + n // 64
 
 
+def test_page_chain_names_each_page_in_its_place():
+    """h_k depends on which page comes where: swapped pages, or the same page after another one, hash apart."""
+    a, b, c = list(range(64)), list(range(100, 164)), list(range(200, 264))
+    ab, ba, cb = (hashing.page_chain(x, 64) for x in (a + b, b + a, c + b))
+    assert ab[2] != ba[2]
+    assert ab[2] != cb[2]
+    assert len({ab[1], ba[1], cb[1]}) == 3 and ab[1] == hashing.page_chain(a, 64)[1]
+
+
 class FakeTier(NullTierPort):
     """Stands in for tierd: remembers what was demoted, restores it on request, says where each key is.
 
@@ -320,6 +329,23 @@ def test_restore_floor_and_ties_go_to_the_tier_above():
     seq.release()
     round_applied(store)
     store.release_all()
+    pool.integrity_check()
+
+
+def test_lower_tier_candidates_are_verified_token_by_token():
+    """A record tierd holds is restored only for a prompt whose first tokens are its tokens: another prompt of
+    the same length (or longer) moves nothing and resumes nowhere."""
+    tier = FakeTier()
+    pool, store = with_lower(tier, {"ram": 1, "disk": 1})
+    store.lower.add(tier.hold(lower_record("d" * 32, 200, "ram")))
+    assert store.lookup(toks(230, base=7)) is None
+    assert store.lookup(toks(200)[:199] + (9999,) + toks(30, 500)) is None  # only the record's last token differs
+    assert tier.fetched == [] and len(store) == 0
+    hit = store.lookup(toks(230))
+    assert (hit.num_tokens, hit.tier) == (200, "kv_ram") and len(tier.fetched) == 1
+    round_applied(store)
+    store.release_all()
+    assert pool.num_free == pool.num_pages
     pool.integrity_check()
 
 

@@ -27,16 +27,17 @@ def model():
 
 
 class TieredEngine(Engine):
-    def __init__(self, model, endpoint, pages=16, lanes=2, host_slots=4):
+    def __init__(self, model, endpoint, pages=16, lanes=2, host_slots=4, device_slots=0):
         state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32,
                                     fill=float("nan"), shared=True)
-        state.allocate_slots(0, host_slots)
-        port = connect_tiers(state, endpoint, "logits-test", "qwen3_5", device_slots=0, staging_slot=None)
+        state.allocate_slots(device_slots, host_slots)
+        port = connect_tiers(state, endpoint, "logits-test", "qwen3_5", device_slots=device_slots,
+                             staging_slot=None)
         assert port is not None and port.client.welcome is not None
         self.client = port.client
         self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
-                                               max_prefill_tokens_per_round=4096), host_slots=host_slots,
-                               tiers=port, restore_floors={"ram": 64, "disk": 64})
+                                               max_prefill_tokens_per_round=4096), device_slots=device_slots,
+                               host_slots=host_slots, tiers=port, restore_floors={"ram": 64, "disk": 64})
         self.runner = ModelRunner(model, state, vocab_limit=TOKENIZER_SIZE)
         self.first_logits, self.tokens, self.logprobs, self.finished = {}, {}, {}, {}
 
@@ -71,6 +72,53 @@ def test_lower_tier_resume_matches_cold_prefill(tmp_path, model, tier):
         assert err < 1e-5
         assert eng.tokens["again"] == cold.tokens["cold"]
         eng.sched.store.release_all()
+        assert eng.sched.pool.num_free == eng.sched.pool.num_pages
+        eng.sched.pool.integrity_check()
+    finally:
+        eng.client.close()
+        eng.runner.state.close()
+        assert tierd.stop() == 0
+
+
+@pytest.mark.parametrize("device_slot", [
+    "held",
+    pytest.param("free", marks=pytest.mark.xfail(strict=True, reason=(
+        "a restore takes the lowest free slot, a device slot when one is free, and the port refuses to "
+        "restore into a device slot: the lookup misses and the record is forgotten"))),
+])
+def test_with_device_slots_a_host_slot_entry_demotes_and_resumes_from_kv_ram(tmp_path, model, device_slot):
+    """``--reuse-device-slots 1`` with a tierd: the retained prefix takes the device slot, the checkpoint a
+    host slot (host item 0). Under pressure the checkpoint moves to KV-RAM (a device-slot image is never
+    exported). Another conversation then takes the device slot and host item 0 (``held``), and the retry
+    resumes from KV-RAM into another host slot with the logits and greedy tokens of a cold prefill."""
+    tierd = Tierd(tmp_path, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    eng = TieredEngine(model, tierd.endpoint, device_slots=1)
+    store = eng.sched.store
+    try:
+        p = prompt(300, 12)
+        eng.submit("a", p, system_end=200, opener_start=297)
+        eng.run()
+        assert sorted((e.kind, e.slot) for e in store.entries()) == [("prompt_checkpoint", 1), ("retained_prefix", 0)]
+        for i in range(2):
+            eng.submit(f"fill{i}", prompt(900, 40 + i), max_tokens=2)
+            eng.run()
+        assert store.demotions == 1 and len(store.lower) == 1
+        if device_slot == "held":
+            eng.submit("hold", prompt(150, 13), system_end=140, opener_start=147, max_tokens=2)
+            eng.run()
+            assert sorted(e.slot for e in store.entries()) == [0, 1]
+        eng.submit("again", p, system_end=200, opener_start=297)
+        eng.run()
+        ev = eng.finished["again"]
+        assert (ev.cached_tokens, ev.reuse_tier, ev.reuse_slot) == (297, "kv_ram", "host")
+        cold = Engine(model, reuse=False)
+        cold.submit("cold", p)
+        cold.run()
+        err = rel(eng.first_logits["again"], cold.first_logits["cold"])
+        print(f"device slots 1, kv_ram resume vs cold rel err {err:.2e}")
+        assert err < 1e-5
+        assert eng.tokens["again"] == cold.tokens["cold"]
+        store.release_all()
         assert eng.sched.pool.num_free == eng.sched.pool.num_pages
         eng.sched.pool.integrity_check()
     finally:

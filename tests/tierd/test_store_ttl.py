@@ -97,3 +97,14 @@ def test_an_idle_interactive_entry_ages_into_the_agent_class(s):
     assert not s.interactive(1)
     s.demote(3, refs(3, 3), "interactive", last_used=1500.0)
     assert sorted(s.store.entries) == sorted([key(2), key(3)])
+
+
+def test_the_ttl_counts_from_the_last_use_the_demote_carries_not_from_its_arrival(s):
+    """The engine demotes lazily: an interactive entry last used more than the TTL before its demote ranks
+    as an agent's from its arrival, and gives way before an agent entry used since."""
+    s.now = 2000.0
+    s.demote(1, refs(1, 0), "interactive", last_used=1000.0)  # last used 1000 s ago, demoted now
+    s.demote(2, refs(2, 1), "agent", last_used=1900.0)
+    assert not s.interactive(1)
+    s.demote(3, refs(3, 3), "interactive", last_used=2000.0)
+    assert sorted(s.store.entries) == sorted([key(2), key(3)])
