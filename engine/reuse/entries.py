@@ -81,8 +81,17 @@ class SlotPool:
             raise ValueError(f"slot {slot} out of range 0..{self.total - 1}")
         return "device" if slot < self.device_slots else "host"
 
-    def take(self) -> int | None:
-        return heapq.heappop(self._free) if self._free else None
+    def take(self, host_only: bool = False) -> int | None:
+        """The lowest free slot (``host_only``: the lowest free host slot), or None."""
+        if not host_only:
+            return heapq.heappop(self._free) if self._free else None
+        host = [s for s in self._free if s >= self.device_slots]
+        if not host:
+            return None
+        slot = min(host)
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        return slot
 
     def give_back(self, slot: int) -> None:
         self.tier_of(slot)

@@ -217,7 +217,7 @@ class RetainedStore:
             if self.pool.num_free + self.moves.pages_landing >= needed:
                 self._wait_below = (tokens, n)  # room on its way: ask again next round
             return
-        slot = self._slot_for(r.request_class)
+        slot = self._slot_for(r.request_class, host_only=True)  # tierd writes images into host slots only
         if slot is None:
             return
         owner = SequencePages(self.pool, f"restored-{self._next_id}-{r.key[:8]}")
@@ -293,11 +293,13 @@ class RetainedStore:
         self._by_hash.setdefault(full_hash, []).append(e)
         return e
 
-    def _slot_for(self, request_class: str) -> int | None:
-        slot = self.slots.take()
+    def _slot_for(self, request_class: str, host_only: bool = False) -> int | None:
+        """A free slot, or the slot of the lowest-ranked entry ranked no higher than ``request_class``
+        (``host_only``: a host slot, for an image tierd writes)."""
+        slot = self.slots.take(host_only)
         if slot is not None:
             return slot
-        victim = self._lowest(exclude=None)
+        victim = self._lowest(exclude=None, host_only=host_only)
         if victim is None or CLASS_KEEP[victim.request_class] > CLASS_KEEP[request_class]:
             return None
         slot = victim.slot
@@ -328,8 +330,9 @@ class RetainedStore:
 
     # ----- ranking and release --------------------------------------------------
 
-    def _lowest(self, exclude: Entry | None) -> Entry | None:
-        candidates = [e for e in self._entries.values() if not e.pinned and e is not exclude]
+    def _lowest(self, exclude: Entry | None, host_only: bool = False) -> Entry | None:
+        candidates = [e for e in self._entries.values() if not e.pinned and e is not exclude
+                      and (not host_only or self.slots.tier_of(e.slot) == "host")]
         if not candidates:
             return None
         return min(candidates, key=lambda e: (CLASS_KEEP[e.request_class], e.last_used))

@@ -80,12 +80,7 @@ def test_lower_tier_resume_matches_cold_prefill(tmp_path, model, tier):
         assert tierd.stop() == 0
 
 
-@pytest.mark.parametrize("device_slot", [
-    "held",
-    pytest.param("free", marks=pytest.mark.xfail(strict=True, reason=(
-        "a restore takes the lowest free slot, a device slot when one is free, and the port refuses to "
-        "restore into a device slot: the lookup misses and the record is forgotten"))),
-])
+@pytest.mark.parametrize("device_slot", ["held", "free"])
 def test_with_device_slots_a_host_slot_entry_demotes_and_resumes_from_kv_ram(tmp_path, model, device_slot):
     """``--reuse-device-slots 1`` with a tierd: the retained prefix takes the device slot, the checkpoint a
     host slot (host item 0). Under pressure the checkpoint moves to KV-RAM (a device-slot image is never
