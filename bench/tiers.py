@@ -77,22 +77,22 @@ def copy_bench(rt: Path, layout: tuple[int, int], pages: int, entries: int, roun
         base = pages * entries
         for r in range(rounds):
             t0 = time.perf_counter()
-            for e in range(entries):
-                src = [("kv", e * pages + i) for i in range(pages)]
-                assert client.demote(f"{r}{e:031x}", src, "retained", "interactive", time.time()) is not None
+            ops = [client.demote(f"{r}{e:031x}", [("kv", e * pages + i) for i in range(pages)], "retained",
+                                 "interactive", time.time()) for e in range(entries)]
+            assert all(client.wait(op).ok for op in ops), ops  # posted together, as the engine posts a round's
             demote = time.perf_counter() - t0
             if disk:
                 drop_cache(rt / "default-kv-disk")
             t0 = time.perf_counter()
-            for e in range(entries):
-                dst = [("kv", base + e * pages + i) for i in range(pages)]
-                assert client.restore(f"{r}{e:031x}", dst)
+            ops = [client.restore(f"{r}{e:031x}", [("kv", base + e * pages + i) for i in range(pages)])
+                   for e in range(entries)]
+            assert all(client.wait(op).ok for op in ops), ops
             restore = time.perf_counter() - t0
             arr = kv.array()
             assert np.array_equal(arr[:, :base], arr[:, base:2 * base])
             arr[:, base:] = 0
-            for e in range(entries):
-                client.drop(f"{r}{e:031x}")
+            for op in [client.drop(f"{r}{e:031x}") for e in range(entries)]:
+                client.wait(op)
             if disk:
                 plain = raw_disk(rt, nbytes, entries, direct)
             else:
