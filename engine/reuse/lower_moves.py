@@ -101,6 +101,16 @@ class LowerMoves:
         op.when_done(lambda o: self._demoted(d))
         return False
 
+    def wait_for_slot(self, slot: int, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for the demote in flight that reads ``slot`` to land, so the slot is
+        free again; False when there is none, the port cannot wait, or it did not land in time."""
+        d = next((d for d in self.demoting if d.slot == slot), None)
+        wait = getattr(self.tiers, "wait", None)
+        if d is None or wait is None:
+            return False
+        wait(d.op, timeout_s)
+        return not d.op.pending
+
     def _demoted(self, d: _Demoting) -> None:
         self.demoting.remove(d)
         d.hold.release()

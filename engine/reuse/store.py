@@ -63,6 +63,9 @@ from ignis.engine.reuse.shortfall import Fates
 from ignis.engine.tier_port import NO_TIERS, TierPort
 
 CLASS_KEEP = {"agent": 0, "interactive": 1}
+SLOT_WAIT_S = 0.5
+"""A capture (or restore) that needs the slot of the entry it just sent down waits at most this long for
+that copy to land; past it the capture is skipped ("slot_busy")."""
 
 
 @dataclass(frozen=True)
@@ -304,7 +307,10 @@ class RetainedStore:
             return None
         slot = victim.slot
         if not self._release(victim, keep_slot=True, demote=True):
-            return None  # its slot is read by the demote in flight: free once it lands
+            # its slot is read by the demote just posted: a capture is worth a short wait for that copy
+            if not self.moves.wait_for_slot(slot, SLOT_WAIT_S):
+                return None
+            return self.slots.take(host_only)
         return slot
 
     def _link_conversation(self, e: Entry) -> None:

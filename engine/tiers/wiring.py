@@ -163,6 +163,10 @@ class TierClientPort:
         op.when_done(lambda o: self._maybe_poison(slot) if o.ok else None)
         return op
 
+    def wait(self, op: TierOp, timeout_s: float) -> TierOp:
+        """Poll tierd's replies until ``op`` is done or ``timeout_s`` passed."""
+        return self.client.wait(op, timeout_s)
+
     def locate(self, keys) -> TierOp:
         return as_op("lookup", self.client.lookup(keys))
 
