@@ -25,8 +25,9 @@ import hashlib
 import hmac
 import logging
 import os
-import stat
 from pathlib import Path
+
+from ignis.shared.secret_file import load_secret
 
 log = logging.getLogger("ignis.gateway")
 
@@ -44,22 +45,7 @@ class SealError(ValueError):
 def load_key(path: Path) -> bytes:
     """The install key at ``path``, created (mode 0600, random) when absent; OSError / ValueError when the
     file cannot be used."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(KEY_BYTES))
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"reasoning key {path} is not a regular file")
-    if st.st_mode & 0o077:
-        raise ValueError(f"reasoning key {path} has mode {stat.S_IMODE(st.st_mode):o}; it must be 0600 or stricter")
-    key = path.read_bytes()
-    if len(key) != KEY_BYTES:
-        raise ValueError(f"reasoning key {path} holds {len(key)} bytes, not {KEY_BYTES}")
-    return key
+    return load_secret(path, KEY_BYTES, "reasoning key")
 
 
 class ReasoningSeal:

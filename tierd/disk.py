@@ -70,6 +70,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ignis.shared.secret_file import load_secret
 from ignis.tierd import disk_io
 
 MARKER = ".ignis-kv-disk"
@@ -182,24 +183,7 @@ class MacKeyError(RuntimeError):
 def load_mac_key(path: str | os.PathLike) -> bytes:
     """The install's KV-disk MAC key at ``path``, created (mode 0600, random) when absent; a file
     readable or writable by anyone but its owner, or of the wrong size, is refused."""
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(MAC_KEY_BYTES))
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise MacKeyError(f"KV-disk MAC key {path} is not a regular file")
-    if st.st_mode & 0o077:
-        raise MacKeyError(f"KV-disk MAC key {path} has mode {stat.S_IMODE(st.st_mode):o}; "
-                          f"it must be 0600 or stricter (chmod 600 {path})")
-    key = path.read_bytes()
-    if len(key) != MAC_KEY_BYTES:
-        raise MacKeyError(f"KV-disk MAC key {path} holds {len(key)} bytes, not {MAC_KEY_BYTES}")
-    return key
+    return load_secret(path, MAC_KEY_BYTES, "KV-disk MAC key", MacKeyError, hint=f" (chmod 600 {path})")
 
 
 def _digest(header: bytes, index: int, mac_key: bytes):
