@@ -61,8 +61,8 @@ FULL = Shapes(
 )
 DRY = Shapes(
     hq=6, hkv=2, d=32, hk=2, hv=4, dk=16, dv=16, taps=4,
-    decode=((3, 200),), prefill=((64, 200),), gdn_tokens=(130,), batches=(3,),
-    conv_tokens=(130,), write_tokens=(64,),
+    decode=((2, 80),), prefill=((16, 80),), gdn_tokens=(70,), batches=(2,),
+    conv_tokens=(70,), write_tokens=(16,),
     model=_model_cfg(32, 2, 4, 2, 16, 2, 4, 16, 48, 96), model_tokens=(37, 33, 3),
     e2e={"model": _model_cfg(32, 4, 4, 2, 16, 2, 4, 16, 48, 96),
          "prefill": (K1 // 8, K1 // 2), "chunk": K1 // 8, "decode_lanes": (1, 3), "decode_context": 100, "steps": 2,
