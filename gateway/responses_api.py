@@ -5,7 +5,8 @@ the chat path unchanged (``chat.answer_chat``: request model, developer
 policy, chat template, capture marks, tool-call and reasoning parsers,
 grammars, usage); only the answer's shape differs (gateway.responses_events)::
 
-    instructions                  a leading system message (not carried over by previous_response_id)
+    instructions                  leading messages: a string is a system message, an array is items
+                                  (not carried over by previous_response_id)
     input                         messages (gateway.responses_items)
     previous_response_id          the stored conversation first; unknown or expired: 404
     tools, tool_choice            gateway.responses_tools
@@ -41,7 +42,7 @@ from ignis.gateway.params import CommonParams
 from ignis.gateway.reasoning_seal import ReasoningSeal
 from ignis.gateway.responses import json_response
 from ignis.gateway.responses_events import ResponsesResponse
-from ignis.gateway.responses_items import Conversation, stored_call_ids, translate_input
+from ignis.gateway.responses_items import Conversation, stored_call_ids, translate_input, translate_instructions
 from ignis.gateway.responses_output import OutputItems, item_id
 from ignis.gateway.responses_store import ResponseStore
 from ignis.gateway.responses_tools import ToolNames, translate_tool_choice, translate_tools
@@ -149,12 +150,11 @@ class ResponsesTurn:
         choice = translate_tool_choice(f, self.names)
         earlier = self._earlier(f)
         self.conversation = translate_input(f, self.names, self.state.seal, earlier)
-        instructions = f.str("instructions")
-        lead = [{"role": "system", "content": instructions}] if instructions else []
-        self.origins = ["instructions"] * len(lead) + self.conversation.origins
+        lead = translate_instructions(f, self.names, self.state.seal)
+        self.origins = lead.origins + self.conversation.origins
         metadata = f.object("metadata")
         chat: dict = {k: body[k] for k in PASSED if body.get(k) is not None}
-        chat.update(messages=lead + self.conversation.messages, stream=f.bool("stream"))
+        chat.update(messages=lead.messages + self.conversation.messages, stream=f.bool("stream"))
         max_output = f.int("max_output_tokens", None, 1)
         if max_output is not None:
             chat["max_tokens"] = max_output
@@ -169,7 +169,7 @@ class ResponsesTurn:
         if choice is not None:
             chat["tool_choice"] = choice
         self.echo.update(
-            instructions=instructions, metadata=metadata.obj if metadata is not None else {},
+            instructions=f.raw("instructions"), metadata=metadata.obj if metadata is not None else {},
             parallel_tool_calls=self.parallel, tool_choice=f.raw("tool_choice") or "auto",
             tools=f.raw("tools") or [], temperature=body.get("temperature"), top_p=body.get("top_p"),
             max_output_tokens=max_output, previous_response_id=f.raw("previous_response_id"), store=self.store,

@@ -20,7 +20,8 @@ content text is used. Reasoning with no assistant item after it is dropped.
 Parts: ``input_text``, ``output_text``, ``text`` and ``refusal`` are text;
 ``input_image`` and ``input_file`` are a 400 (text-only models), as non-text
 parts are on the chat path. Any other item type is a 400 naming
-``input[i].type``. Each message remembers the field it came from
+``input[i].type``. ``instructions`` takes the same forms: a string is one
+system message, an array is items (not carried over by previous_response_id). Each message remembers the field it came from
 (``origins``), so a later 400 of the chat path names the Responses field.
 """
 
@@ -172,19 +173,34 @@ class _Builder:
 def translate_input(f: Fields, names: ToolNames, seal: ReasoningSeal, earlier: Conversation) -> Conversation:
     """``earlier`` (a stored conversation, or empty) followed by the body's ``input``."""
     conv = Conversation(list(earlier.messages), list(earlier.origins), set(earlier.call_ids))
-    value = f.raw("input")
-    if value is None:
+    if f.raw("input") is None:
         raise f.error("input", "is required")
+    _add_items(f, "input", "user", conv, names, seal)
+    return conv
+
+
+def translate_instructions(f: Fields, names: ToolNames, seal: ReasoningSeal) -> Conversation:
+    """The body's ``instructions``: a string is one system message; an array is message items, as in ``input``."""
+    conv = Conversation()
+    value = f.raw("instructions")
+    if value is not None and value != "":
+        _add_items(f, "instructions", "system", conv, names, seal)
+    return conv
+
+
+def _add_items(f: Fields, key: str, string_role: str, conv: Conversation, names: ToolNames,
+               seal: ReasoningSeal) -> None:
+    """The items of field ``key`` (a string: one ``string_role`` message) appended to ``conv``."""
+    value = f.raw(key)
     if isinstance(value, str):
-        conv.add({"role": "user", "content": value}, "input")
-        return conv
+        conv.add({"role": string_role, "content": value}, key)
+        return
     if not isinstance(value, list):
-        raise f.error("input", "must be a string or an array of items")
-    items = f.list("input", max_items=MAX_ITEMS)
+        raise f.error(key, "must be a string or an array of items")
+    items = f.list(key, max_items=MAX_ITEMS)
     builder = _Builder(conv, names, seal)
     for i, item in enumerate(items):
-        builder.item(Fields(item, f"input[{i}]"))
-    return conv
+        builder.item(Fields(item, f"{key}[{i}]"))
 
 
 def stored_call_ids(messages) -> set[str]:

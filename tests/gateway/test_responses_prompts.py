@@ -141,6 +141,18 @@ def test_two_developer_messages_follow_the_developer_policy(gw, client):
         "<|im_end|>\n<|im_start|>user\n<environment_context/>hi<|im_end|>\n")
 
 
+def test_instructions_as_an_item_array_lead_the_prompt_and_are_echoed(gw, client):
+    lead = [{"role": "system", "content": "Be brief."},
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Use metric units."}]}]
+    r = create(gw, client, "Sunny.", input="Weather in Paris?", instructions=lead)
+    assert gw.last_prompt().startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nDeveloper instructions:\nUse metric units."
+        "<|im_end|>\n<|im_start|>user\nWeather in Paris?"), gw.last_prompt()
+    assert r.output_text == "Sunny." and [getattr(m, "role", None) for m in r.instructions] == ["system", "developer"]
+    follow = create(gw, client, "Windy.", input="And Oslo?", previous_response_id=r.id)
+    assert follow.output_text == "Windy." and "Be brief." not in gw.last_prompt()  # not carried over
+
+
 def test_reasoning_round_trip_through_an_encrypted_blob(gw, client):
     text = "The secret plan.\n</think>\n\n" + xml_call("get_weather", city="Paris")
     r = create(gw, client, text, input=ASK, tools=[WEATHER], reasoning=THINK, store=False,
@@ -230,6 +242,9 @@ BAD = [
     ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "launch"}}, "tool_choice.name",
      "launch"),
     ({"input": [{"role": "system", "content": "s"}]}, "input", "No user query"),
+    ({"input": "x", "instructions": 3}, "instructions", "string or an array"),
+    ({"input": "x", "instructions": [{"type": "item_reference", "id": "x"}]}, "instructions[0].type",
+     "item_reference"),
 ]
 
 
