@@ -42,7 +42,7 @@ def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, 
         if kind == "retained_prefix" and waiting is not None and has_waiting_reader(waiting, tokens):
             claim = "interactive"
         order = store.capture(tokens, req.page_table, req.lane, kind, req.request_class, req.last_is_user,
-                              claim_as=claim)
+                              claim_as=claim, family=req.cache_family)
         if order is not None:
             plan.captures.append(order)
     return chunk.num_tokens

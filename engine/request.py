@@ -70,6 +70,7 @@ class Request:
     opener_start: int | None = None
     last_is_user: bool = False
     part_end: int | None = None
+    cache_family: str | None = None  # the client's prompt_cache_key family (a ranking hint, engine.reuse.store)
     must_cut_at: tuple[int, ...] = ()
     """Token indices a prefill chunk may end at but never cross (sorted, in 1 .. len(prompt))."""
 
@@ -113,7 +114,7 @@ class Request:
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
-            part_end=msg.part_end,
+            part_end=msg.part_end, cache_family=msg.cache_family,
             must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens,
                                      msg.part_end),
         )

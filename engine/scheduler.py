@@ -154,6 +154,7 @@ class Scheduler:
         self._arrivals += 1
         self._requests[req.req_id] = req
         self.waiting[req.request_class].append(req)
+        self.store.touch_family(req.cache_family)  # its family's entries count as used from its arrival
         return None
 
     def _learn(self, req: Request) -> None:

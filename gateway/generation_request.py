@@ -121,7 +121,8 @@ class GenerationRequest:
         marks, ``parser`` makes each choice's output parser (none: the text is all content)."""
         gw, p = self.gw, self.params
         gens = [Generate(id=f"{rid}-{i}", prompt_ids=tuple(prompt_ids), sampling=sampling_for(p, max_tokens, i),
-                         request_class=p.request_class, model=gw.model_name, grammar=p.grammar, **(marks or {}))
+                         request_class=p.request_class, model=gw.model_name, grammar=p.grammar,
+                         cache_family=p.cache_family, **(marks or {}))
                 for i in range(p.n)]
         choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                                parser=parser() if parser is not None else None)

@@ -8,6 +8,10 @@
 min_p, repetition_penalty, ignore_eos, stop_token_ids, return_token_ids).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
 or "agent", else the ``X-Ignis-Request-Class`` header, else interactive.
+``prompt_cache_key`` (OpenAI's, at most 1,024 characters) puts the request in
+a conversation family: the engine gets a digest of the caller's credentials
+and the key (``cache_family``), never the key, and ranks the retained entries
+of an active family above idle ones; reuse itself stays by content.
 ``response_format`` becomes the grammar of every choice
 (``gateway/response_format.py``); it cannot be combined with ``ignore_eos``
 (a complete output ends with the end-of-sequence token).
@@ -15,6 +19,7 @@ or "agent", else the ``X-Ignis-Request-Class`` header, else interactive.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from ignis.gateway.errors import invalid
@@ -27,6 +32,7 @@ MAX_N = 8
 MAX_STOPS = 4
 MAX_STOP_CHARS = 1000
 MAX_SEED = 2**63 - 1
+MAX_CACHE_KEY_CHARS = 1024
 CLASS_HEADER = "X-Ignis-Request-Class"
 
 
@@ -53,6 +59,7 @@ class CommonParams:
     return_token_ids: bool
     request_class: str
     grammar: str | None = None
+    cache_family: str | None = None
 
 
 def _stops(f: Fields) -> tuple[str, ...]:
@@ -70,6 +77,15 @@ def _stops(f: Fields) -> tuple[str, ...]:
         if len(s) > MAX_STOP_CHARS:
             raise f.error("stop", f"a stop string is {len(s)} characters, at most {MAX_STOP_CHARS} allowed")
     return tuple(items)
+
+
+def _cache_family(f: Fields, headers) -> str | None:
+    """The digest of the caller's credentials and ``prompt_cache_key``, or None without a key."""
+    key = f.str("prompt_cache_key", None, max_chars=MAX_CACHE_KEY_CHARS)
+    if not key:
+        return None
+    caller = headers.get("Authorization", "") if headers is not None else ""
+    return hashlib.sha256(f"{caller}\n{key}".encode()).hexdigest()[:32]
 
 
 def _request_class(f: Fields, headers) -> str:
@@ -152,6 +168,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         return_token_ids=f.bool("return_token_ids"),
         request_class=_request_class(f, headers),
         grammar=grammar,
+        cache_family=_cache_family(f, headers),
     )
 
 

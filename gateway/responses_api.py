@@ -15,11 +15,12 @@ grammars, usage); only the answer's shape differs (gateway.responses_events)::
     reasoning.effort              chat_template_kwargs.enable_thinking: false for none / minimal, else true
     max_output_tokens             max_tokens
     temperature, top_p            as given (also seed, top_k, min_p, penalties, request_class: ignis extensions)
+    prompt_cache_key              as given: a conversation family, a hint for ranking retained entries
     include reasoning.encrypted_content   reasoning items carry a blob (gateway.reasoning_seal)
     store (default true)          the turn is kept (gateway.responses_store) for previous_response_id
     metadata                      echoed
-    prompt_cache_key, client_metadata, user, safety_identifier, service_tier, truncation, ...
-                                  ignored (prompt reuse is by content; a key names nothing readable)
+    client_metadata, user, safety_identifier, service_tier, truncation, ...
+                                  ignored
 
 A 400 raised on the chat path names the Responses field it came from
 (``input[3]``, ``text.format.schema``, ``max_output_tokens``, ``tools[2].tools[0]``).
@@ -56,7 +57,7 @@ RESPONSES = web.AppKey("ignis_responses", object)
 BLOB_INCLUDE = "reasoning.encrypted_content"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PASSED = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "request_class")
+          "repetition_penalty", "request_class", "prompt_cache_key")
 """Fields handed to the chat path as they are (same names, same checks)."""
 KNOWN_HOSTED = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use",
                 "computer_use_preview", "mcp", "image_generation", "local_shell", "shell", "custom",

@@ -87,12 +87,15 @@ class Generate:
     names the model asked for (None: the loaded one). ``part_end`` is where
     the final text part of the newest multi-part user message starts
     (``gateway.part_marks``). ``grammar`` (llguidance's grammar text, JSON or
-    Lark) constrains every output token; None leaves the output free. The
-    last three are optional on the wire.
+    Lark) constrains every output token; None leaves the output free.
+    ``cache_family`` names the conversation family the client's
+    ``prompt_cache_key`` puts the request in (a digest, never the key): a
+    ranking hint for retained entries, never part of a lookup. The last four
+    are optional on the wire.
     """
 
     TYPE: ClassVar[str] = "generate"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end", "grammar")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end", "grammar", "cache_family")
 
     id: str
     prompt_ids: TokenFrame
@@ -105,6 +108,7 @@ class Generate:
     mark_missing: str | None = None
     part_end: int | None = None
     grammar: str | None = None
+    cache_family: str | None = None
 
     def __post_init__(self):
         _check_id(self.id)
@@ -129,6 +133,8 @@ class Generate:
             check_str("mark_missing", self.mark_missing, MAX_ID_CHARS, allow_empty=False)
         if self.grammar is not None:
             check_str("grammar", self.grammar, MAX_GRAMMAR_CHARS, allow_empty=False)
+        if self.cache_family is not None:
+            check_str("cache_family", self.cache_family, MAX_ID_CHARS, allow_empty=False)
 
 
 @GATEWAY_ENGINE.message

@@ -43,6 +43,7 @@ class Entry:
     stamp: str = ""  # artifact structural hash, KV format, drafter presence
     used_at: float = 0.0  # wall clock (unix s) of its capture or last hit: tierd's TTL counts from it
     restored_from: str | None = None  # "ram" / "disk": restored from there and not hit since
+    family: str | None = None  # the cache family of the request that made it (Request.cache_family)
 
     @property
     def num_tokens(self) -> int:

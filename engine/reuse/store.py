@@ -12,7 +12,9 @@ Invariants:
   releases entries, lowest-ranked first, until the pool has the room.
 - Rank (lowest goes first): made by an agent request below interactive, then
   least recently used; a retained prefix that queued requests wait to read
-  ranks as interactive whoever made it (``engine.prefill_chunks``). A capture
+  ranks as interactive whoever made it (``engine.prefill_chunks``); the
+  arrival of a request whose client named a cache family (``prompt_cache_key``)
+  counts as a use of every entry that family made (``touch_family``). A capture
   may only take the slot of an entry ranked no higher than itself; if none
   qualifies the capture is skipped.
 - A conversation (checkpoints whose tokens extend each other) keeps at most
@@ -114,6 +116,7 @@ class RetainedStore:
         self.restore_rejections = 0  # restores whose bytes were not finite (dropped, recomputed)
         self.captures = 0
         self.captures_skipped = 0
+        self.family_touches = 0  # entries ranked as used by the arrival of a request of their family
         self.hits = 0
         self.released = 0
         self.fates = Fates()
@@ -250,9 +253,10 @@ class RetainedStore:
     # ----- captures ------------------------------------------------------------
 
     def capture(self, tokens: tuple[int, ...], live: SequencePages, lane: int, kind: str, request_class: str,
-                after_user: bool, claim_as: str | None = None) -> CaptureOrder | None:
+                after_user: bool, claim_as: str | None = None, family: str | None = None) -> CaptureOrder | None:
         """Retain ``tokens`` (the first len(tokens) positions of ``live``), or skip. ``claim_as``: the class
-        the entry ranks as (default ``request_class``, the class of the request that made it)."""
+        the entry ranks as (default ``request_class``, the class of the request that made it); ``family``:
+        the cache family of that request (``touch_family``)."""
         if not self.enabled:
             return None
         if kind not in KINDS:
@@ -262,6 +266,7 @@ class RetainedStore:
         if same is not None and same.num_tokens == n:
             same.last_used = self._tick()
             same.used_at = self.clock()
+            same.family = same.family or family
             return None
         request_class = claim_as or request_class
         slot = self._slot_for(request_class)
@@ -281,6 +286,7 @@ class RetainedStore:
             self.fates.note(tuple(tokens), "slot_busy")
             return None
         e = self._register(tuple(tokens), owner, slot, kind, request_class, after_user, filled=False)
+        e.family = family
         self.captures += 1
         if kind == "prompt_checkpoint":
             self._link_conversation(e)
@@ -335,6 +341,21 @@ class RetainedStore:
                 self._release(p, fate="budget")
 
     # ----- ranking and release --------------------------------------------------
+
+    def touch_family(self, family: str | None) -> int:
+        """A request of cache family ``family`` arrived: the entries its family made count as used now
+        (ranked as recently used, their TTL restarted), so an active conversation family keeps its
+        entries over idle ones. A hint for ranking only: lookups stay by content. Returns how many."""
+        if family is None:
+            return 0
+        touched = 0
+        for e in self._entries.values():
+            if e.family == family:
+                e.last_used = self._tick()
+                e.used_at = self.clock()
+                touched += 1
+        self.family_touches += touched
+        return touched
 
     def _lowest(self, exclude: Entry | None, host_only: bool = False) -> Entry | None:
         candidates = [e for e in self._entries.values() if not e.pinned and e is not exclude
@@ -429,6 +450,7 @@ class RetainedStore:
             "retained_pages_held": len({p for e in self._entries.values() for p in e.pages.pages}),
             "reuse_captures_total": self.captures,
             "reuse_captures_skipped_total": self.captures_skipped,
+            "reuse_family_touches_total": self.family_touches,
             "reuse_hits_total": self.hits,
             "reuse_released_total": self.released,
             "reuse_stamp_refusals_total": self.stamp_refusals,

@@ -47,12 +47,12 @@ class Engine:
         self.finished = {}
 
     def submit(self, rid, prompt, system_end=None, opener_start=None, last_is_user=True, cls="interactive",
-               max_tokens=6, part_end=None):
+               max_tokens=6, part_end=None, family=None):
         from ignis.engine.request import capture_cuts
 
         req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
                       request_class=cls, system_end=system_end, opener_start=opener_start, part_end=part_end,
-                      last_is_user=last_is_user,
+                      last_is_user=last_is_user, cache_family=family,
                       must_cut_at=capture_cuts(len(prompt), system_end, opener_start, 64, part_end))
         assert self.sched.add(req) is None
 
@@ -158,6 +158,29 @@ def test_no_slot_skips_capture_and_agent_never_evicts_interactive(model):
     eng.submit("i2", prompt(100, 7), opener_start=97)
     eng.run()
     assert [e.tokens[:3] for e in eng.sched.store.entries()] == [tuple(prompt(100, 7)[:3])]
+    eng.check_drained()
+
+
+@pytest.mark.parametrize("with_family", [True, False])
+def test_a_cache_family_keeps_its_checkpoint_through_a_stranger_capture(model, with_family):
+    """Two host slots: A's checkpoint is the older. A's next turn arrives with a stranger's first turn
+    ahead of it; with its family named, A's checkpoint counts as used, the stranger takes B's slot and
+    A's turn resumes (output equal to cold); without, the stranger takes A's slot and A recomputes."""
+    fa, fb = ("fam-a", "fam-b") if with_family else (None, None)
+    eng = Engine(model, host_slots=2)
+    eng.submit("a1", prompt(100, 5), opener_start=97, family=fa)
+    eng.run()
+    eng.submit("b1", prompt(100, 6), opener_start=97, family=fb)
+    eng.run()
+    a2 = prompt(100, 5) + prompt(30, 9)
+    eng.submit("c1", prompt(100, 7), opener_start=97)
+    eng.submit("a2", a2, opener_start=len(a2) - 3, family=fa)
+    eng.run()
+    assert eng.finished["a2"].cached_tokens == (97 if with_family else 0)
+    cold = Engine(model, reuse=False)
+    cold.submit("a2", a2)
+    cold.run()
+    assert eng.tokens["a2"] == cold.tokens["a2"]
     eng.check_drained()
 
 

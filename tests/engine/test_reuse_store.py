@@ -177,6 +177,29 @@ def test_conversation_resuming_each_turn_keeps_at_most_two_checkpoints():
     pool.integrity_check()
 
 
+def test_a_request_of_a_cache_family_keeps_that_familys_entries_over_idle_ones():
+    pool, store = make(host=2)
+    seq = live_seq(pool, 400)
+    store.capture(toks(70), seq, 0, "prompt_checkpoint", "interactive", True, family="fam-a")
+    store.capture(toks(80, 1000), seq, 0, "prompt_checkpoint", "interactive", True, family="fam-b")
+    round_applied(store)
+    # fam-a's entry is the least recently used; a request of fam-a arriving ranks it as used now
+    assert store.touch_family("fam-a") == 1 and store.touch_family("fam-none") == 0
+    assert store.touch_family(None) == 0
+    store.capture(toks(90, 2000), seq, 0, "prompt_checkpoint", "interactive", True)
+    assert sorted(e.tokens[0] for e in store.entries()) == [0, 2000]  # fam-b's idle entry gave way
+    round_applied(store)
+    # without the touch the least recently used goes (fam-a's, now older than the family-less one)
+    store.capture(toks(95, 4000), seq, 0, "prompt_checkpoint", "interactive", True)
+    assert sorted(e.tokens[0] for e in store.entries()) == [2000, 4000]
+    assert store.stats()["reuse_family_touches_total"] == 1
+    # a family is a hint for ranking only: lookups stay by content, whatever the family
+    assert store.lookup(toks(91, 2000)).num_tokens == 90
+    seq.release()
+    store.release_all()
+    pool.integrity_check()
+
+
 def test_reclaim_releases_lowest_ranked_until_room_and_skips_pinned():
     pool, store = make(pages=8, host=4)
     a = live_seq(pool, 64, "a")  # page 0

@@ -55,6 +55,19 @@ def test_request_class_body_then_header():
     assert e.value.param == "priority"
 
 
+def test_prompt_cache_key_becomes_a_family_digest_scoped_to_the_caller():
+    a = common(prompt_cache_key="session-1").cache_family
+    assert a is not None and len(a) == 32 and "session-1" not in a
+    assert common(prompt_cache_key="session-1").cache_family == a
+    assert common(prompt_cache_key="session-2").cache_family != a
+    assert common(headers={"Authorization": "Bearer other"}, prompt_cache_key="session-1").cache_family != a
+    assert common().cache_family is None and common(prompt_cache_key="").cache_family is None
+    for bad in (7, "k" * 1025):
+        with pytest.raises(ApiError) as e:
+            common(prompt_cache_key=bad)
+        assert e.value.param == "prompt_cache_key"
+
+
 def test_messages_keep_only_what_templates_read():
     msgs = parse_messages(Fields({"messages": [
         {"role": "user", "content": "q", "name": "bob"},

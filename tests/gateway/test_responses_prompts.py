@@ -153,6 +153,16 @@ def test_instructions_as_an_item_array_lead_the_prompt_and_are_echoed(gw, client
     assert follow.output_text == "Windy." and "Be brief." not in gw.last_prompt()  # not carried over
 
 
+def test_prompt_cache_key_reaches_the_engine_as_a_family_digest(gw, client):
+    create(gw, client, "Sunny.", input="Weather in Paris?", prompt_cache_key="codex-session-7")
+    family = gw.engine.generates[-1].cache_family
+    assert family is not None and "codex-session-7" not in family
+    create(gw, client, "Windy.", input="And Oslo?", prompt_cache_key="codex-session-7")
+    assert gw.engine.generates[-1].cache_family == family
+    create(gw, client, "Calm.", input="And Rome?")
+    assert gw.engine.generates[-1].cache_family is None
+
+
 def test_reasoning_round_trip_through_an_encrypted_blob(gw, client):
     text = "The secret plan.\n</think>\n\n" + xml_call("get_weather", city="Paris")
     r = create(gw, client, text, input=ASK, tools=[WEATHER], reasoning=THINK, store=False,
