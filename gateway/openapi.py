@@ -2,8 +2,8 @@
 
 Built from the application's router when first asked for (so it cannot miss a
 route): one operation per method and path, summarized by the first line of its
-handler's docstring. Request and response schemas are OpenAI's (docs/api.md);
-the document names the routes and their JSON bodies, not every field.
+handler's docstring, with the JSON Schemas of its body and answers from
+``gateway.request_schemas`` (which states the parsers' own limits).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import re
 
 from aiohttp import web
 
+from ignis.gateway.request_schemas import ANSWERS, ERROR, REQUESTS, SSE_EVENT
 from ignis.gateway.responses import json_response
+from ignis.gateway.state import STATE
 
 OPENAPI_VERSION = "3.1.0"
 _DOC = web.AppKey("ignis_openapi", dict)
@@ -23,22 +25,51 @@ def _summary(handler) -> str:
     return doc.splitlines()[0] if doc else getattr(handler, "__name__", "")
 
 
-def openapi_document(app: web.Application, title: str, version: str) -> dict:
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _responses(method: str, path: str) -> dict:
+    answer = ANSWERS.get((method, path))
+    ok: dict = {"description": "OK"}
+    if answer is not None:
+        ok["content"] = _json(answer)
+    if path == "/metrics":
+        ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    if method == "POST":  # stream: true answers server-sent events; the schema is each event's
+        ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
+    out = {"200": ok}
+    if path == "/health":
+        out["503"] = {"description": "the engine is not answering",
+                      "content": _json({"type": "object", "properties": {"status": {"const": "unavailable"}},
+                                        "required": ["status"]})}
+    else:
+        out["default"] = {"description": "an OpenAI error object", "content": _json(ERROR)}
+    return out
+
+
+def _with_models(schema: dict | None, models: list[str] | None) -> dict:
+    if schema is None:
+        return {"type": "object"}
+    if not models or "model" not in schema.get("properties", {}):
+        return schema
+    return {**schema, "properties": {**schema["properties"], "model": {"enum": list(models)}}}
+
+
+def openapi_document(app: web.Application, title: str, version: str, models: list[str] | None = None) -> dict:
+    """``models``: the names a body's ``model`` may take (any string when None)."""
     paths: dict[str, dict] = {}
     for route in app.router.routes():
         if route.method in ("HEAD", "OPTIONS", "*"):
             continue
         path = route.resource.canonical if route.resource is not None else ""
-        op: dict = {"summary": _summary(route.handler),
-                    "responses": {"200": {"description": "OK"}, "default": {"description": "an OpenAI error object"}}}
+        op: dict = {"summary": _summary(route.handler), "responses": _responses(route.method, path)}
         params = re.findall(r"\{(\w+)\}", path)
         if params:
             op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
                                 for p in params]
         if route.method == "POST":
-            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
-            op["responses"]["200"]["content"] = {"application/json": {"schema": {"type": "object"}},
-                                                 "text/event-stream": {"schema": {"type": "string"}}}
+            op["requestBody"] = {"required": True, "content": _json(_with_models(REQUESTS.get(path), models))}
         if path.startswith("/v1"):
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[route.method.lower()] = op
@@ -56,6 +87,7 @@ async def openapi(request: web.Request) -> web.Response:
             ours = version("ignis")
         except PackageNotFoundError:
             ours = "0"
-        doc = openapi_document(request.app, "ignis", ours)
+        gw = request.app[STATE]
+        doc = openapi_document(request.app, "ignis", ours, list(gw.models) or [gw.model_name])
         request.app[_DOC] = doc
     return json_response(doc)

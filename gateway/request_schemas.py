@@ -1,0 +1,173 @@
+"""JSON Schemas of the routes' bodies and answers, for /openapi.json and the API fuzz tests.
+
+Request schemas state what the parsers check field by field (types, ranges,
+lengths, choices: ``gateway.params``, ``gateway.messages``,
+``gateway.completions``, ``gateway.responses_api``), using the parsers' own
+limits, so the document moves when a limit does. A body may carry any other
+field (unknown fields are ignored, as in OpenAI's API). Checks that need the
+model or the whole body (the prompt fits the context, a named tool exists, a
+template's own rules) are not in the schemas: they are 400s with a message.
+
+Answer schemas give the shape of every JSON answer: the objects of OpenAI's
+API that each route returns, and the error object of every 4xx/5xx.
+"""
+
+from __future__ import annotations
+
+from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
+from ignis.shared.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
+from ignis.shared.wire import REQUEST_CLASSES
+
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_BOOL = {"type": "boolean"}
+_NULLABLE_STR = {"type": ["string", "null"]}
+
+
+def _obj(properties: dict, required: tuple[str, ...] = ()) -> dict:
+    schema: dict = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+_STOP = {"oneOf": [{"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
+                   {"type": "array", "maxItems": MAX_STOPS,
+                    "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}}]}
+
+SAMPLING = {
+    "model": {"type": "string", "maxLength": 256},
+    "stream": _BOOL,
+    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
+    "stop": _STOP,
+    "stop_token_ids": {"type": "array", "maxItems": MAX_STOP_TOKEN_IDS, "items": {"type": "integer", "minimum": 0}},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": -1},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+    "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+    "ignore_eos": _BOOL,
+    "return_token_ids": _BOOL,
+    "request_class": {"enum": list(REQUEST_CLASSES)},
+    "prompt_cache_key": {"type": "string", "maxLength": MAX_CACHE_KEY_CHARS},
+}
+"""The fields /v1/chat/completions and /v1/completions share (``gateway.params``)."""
+
+_TEXT_PART = _obj({"type": {"const": "text"}, "text": _STR}, ("type", "text"))
+_CONTENT = {"oneOf": [_STR, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}
+_FUNCTION = _obj({"name": {"type": "string", "minLength": 1, "maxLength": 64}, "description": _STR,
+                  "parameters": {"type": "object"}, "strict": _BOOL}, ("name",))
+_TOOL_CALL = _obj({"id": {"type": "string", "maxLength": 256}, "type": {"const": "function"},
+                   "function": _obj({"name": _STR, "arguments": _STR}, ("name", "arguments"))}, ("function",))
+_MESSAGE = _obj({"role": {"enum": ["system", "developer", "user", "assistant", "tool"]}, "content": _CONTENT,
+                 "name": {"type": "string", "maxLength": 256}, "tool_calls": {"type": "array", "items": _TOOL_CALL},
+                 "tool_call_id": {"type": "string", "maxLength": 256}, "reasoning_content": _STR},
+                ("role",))
+
+CHAT_COMPLETIONS = _obj({
+    **SAMPLING,
+    "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+    "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "stream_options": _obj({"include_usage": _BOOL}),
+    "logprobs": _BOOL,
+    "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+    "tools": {"type": "array", "items": _obj({"type": {"const": "function"}, "function": _FUNCTION}, ("function",))},
+    "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]},
+                              _obj({"type": {"const": "function"}, "function": _obj({"name": _STR}, ("name",))},
+                                   ("function",))]},
+    "response_format": _obj({"type": {"enum": ["text", "json_object", "json_schema"]},
+                             "json_schema": _obj({"name": _STR, "schema": {"type": "object"}, "strict": _BOOL})},
+                            ("type",)),
+    "chat_template_kwargs": {"type": "object"},
+}, ("messages",))
+
+COMPLETIONS = _obj({
+    **SAMPLING,
+    "prompt": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "maxItems": 1,
+                                                             "items": {"type": "string", "minLength": 1}},
+                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+    "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+    "echo": _BOOL,
+}, ("prompt",))
+
+_INPUT_ITEM = _obj({"type": {"enum": ["message", "function_call", "function_call_output", "reasoning"]},
+                    "role": {"enum": ["system", "developer", "user", "assistant"]},
+                    "content": {"oneOf": [_STR, {"type": "array", "items": _obj(
+                        {"type": {"enum": ["input_text", "output_text"]}, "text": _STR}, ("type", "text"))}]},
+                    "call_id": _STR, "name": _STR, "arguments": _STR, "output": _STR})
+_ITEMS = {"oneOf": [_STR, {"type": "array", "items": _INPUT_ITEM}]}
+
+RESPONSES = _obj({
+    "model": {"type": "string", "maxLength": 256},
+    "input": _ITEMS,
+    "instructions": {"oneOf": [_STR, {"type": "array", "items": _INPUT_ITEM}, {"type": "null"}]},
+    "previous_response_id": {"type": "string", "maxLength": 256},
+    "max_output_tokens": {"type": "integer", "minimum": 1},
+    "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"], "seed": SAMPLING["seed"],
+    "stream": _BOOL, "store": _BOOL, "parallel_tool_calls": _BOOL,
+    "tools": {"type": "array", "items": _obj({"type": _STR}, ("type",))},
+    "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _obj({"type": _STR}, ("type",))]},
+    "reasoning": _obj({"effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]},
+                       "summary": _NULLABLE_STR}),
+    "text": _obj({"format": _obj({"type": {"enum": ["text", "json_object", "json_schema"]}}, ("type",))}),
+    "metadata": {"type": "object", "additionalProperties": _STR},
+    "include": {"type": "array", "items": _STR},
+    "prompt_cache_key": SAMPLING["prompt_cache_key"],
+}, ("input",))
+
+REQUESTS = {"/v1/chat/completions": CHAT_COMPLETIONS, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES}
+"""The JSON body of each POST route."""
+
+# ----- answers --------------------------------------------------------------------
+
+ERROR = _obj({"error": _obj({"message": _STR, "type": _STR, "param": _NULLABLE_STR,
+                             "code": {"type": ["string", "integer", "null"]}}, ("message", "type"))}, ("error",))
+
+_USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT},
+              ("prompt_tokens", "completion_tokens", "total_tokens"))
+_CHOICE_MESSAGE = _obj({"role": {"const": "assistant"}, "content": _NULLABLE_STR,
+                        "tool_calls": {"type": "array", "items": _TOOL_CALL}}, ("role",))
+_FINISH = {"type": ["string", "null"]}
+
+CHAT_COMPLETION = _obj({
+    "id": _STR, "object": {"const": "chat.completion"}, "created": _INT, "model": _STR,
+    "choices": {"type": "array", "items": _obj({"index": _INT, "message": _CHOICE_MESSAGE, "finish_reason": _FINISH},
+                                               ("index", "message", "finish_reason"))},
+    "usage": _USAGE,
+}, ("id", "object", "created", "model", "choices"))
+
+TEXT_COMPLETION = _obj({
+    "id": _STR, "object": {"const": "text_completion"}, "created": _INT, "model": _STR,
+    "choices": {"type": "array", "items": _obj({"index": _INT, "text": _STR, "finish_reason": _FINISH},
+                                               ("index", "text", "finish_reason"))},
+    "usage": _USAGE,
+}, ("id", "object", "created", "model", "choices"))
+
+RESPONSE = _obj({"id": _STR, "object": {"const": "response"}, "created_at": _NUM, "model": _STR,
+                 "status": {"enum": ["completed", "incomplete", "failed", "in_progress"]},
+                 "output": {"type": "array", "items": _obj({"type": _STR}, ("type",))}},
+                ("id", "object", "model", "status", "output"))
+
+SSE_EVENT = _obj({"event": _STR, "data": _STR, "id": _STR}, ("data",))
+"""One server-sent event of a streamed answer (its data: a JSON chunk, or ``[DONE]``)."""
+
+_MODEL = _obj({"id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR}, ("id", "object"))
+
+ANSWERS = {
+    ("POST", "/v1/chat/completions"): CHAT_COMPLETION,
+    ("POST", "/v1/completions"): TEXT_COMPLETION,
+    ("POST", "/v1/responses"): RESPONSE,
+    ("GET", "/v1/responses/{response_id}"): RESPONSE,
+    ("DELETE", "/v1/responses/{response_id}"): _obj({"id": _STR, "object": _STR, "deleted": _BOOL},
+                                                    ("id", "deleted")),
+    ("GET", "/v1/models"): _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
+                                ("object", "data")),
+    ("GET", "/v1/models/{model}"): _MODEL,
+    ("GET", "/health"): _obj({"status": _STR}, ("status",)),
+}
+"""The JSON answer (status 200) of each route that answers JSON."""
