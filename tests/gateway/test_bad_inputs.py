@@ -109,6 +109,24 @@ def test_health_and_metrics_need_no_key(server):
     assert http("GET", server.url + "/v1/models").status == 401
 
 
+V1_ROUTES = (("GET", "/v1/models"), ("GET", "/v1/models/ignis-demo"), ("POST", CHAT), ("POST", "/v1/completions"),
+             ("POST", "/v1/responses"), ("GET", "/v1/responses/resp_x"), ("DELETE", "/v1/responses/resp_x"))
+
+
+def test_every_v1_route_takes_the_whole_key_and_nothing_near_it(server):
+    key = server.api_key
+    near = [f"Bearer {key[:-1]}", f"Bearer {key[: len(key) // 2]}", f"Bearer {key}x", f"Bearer {key.swapcase()}",
+            f"Bearer x{key}", f"Basic {key}", f"Token {key}", "Bearer ", key]
+    for method, path in V1_ROUTES:
+        for header in near:
+            r = http(method, server.url + path, body() if method == "POST" else None,
+                     {"Content-Type": "application/json", "Authorization": header})
+            assert r.status == 401 and r.json()["error"]["code"] == "invalid_api_key", (method, path, header, r.body)
+        right = http(method, server.url + path, body(max_tokens=1) if method == "POST" else None,
+                     {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        assert right.status != 401, (method, path, right.body)
+
+
 def test_bodies_within_the_context_sized_limit_are_accepted(server):
     # 16 bytes per token of the 16384-token context plus 64 KiB: 320 KiB; 8 characters per token: 131072
     raw = b"{" + b" " * 150_000 + json.dumps({"messages": OK_MESSAGES, "max_tokens": 1, "user": "u" * 120_000}
