@@ -20,7 +20,8 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def test_metrics_move_with_requests(tmp_path):
-    eng = EngineProcess(tmp_path, "--kv-pool-tokens", "4096", "--decode-lanes", "4", "--metrics-port", "0")
+    eng = EngineProcess(tmp_path, "--kv-pool-tokens", "4096", "--decode-lanes", "4", "--metrics-port", "0",
+                        "--metrics-compat", "vllm")
     try:
         port = None
         for line in eng.log_text().splitlines():
@@ -51,5 +52,12 @@ def test_metrics_move_with_requests(tmp_path):
         assert after["ignis:reuse_captures_total"] == 1
         assert after["ignis:retained_entries"] == 1
         assert after["ignis:retained_device_bytes"] > 0
+        twins = {k: v for k, v in after.items() if k.startswith("vllm:") and not k.split("|")[0].endswith("_created")}
+        assert twins["vllm:prefix_cache_hits_total"] == 197
+        assert twins["vllm:request_success_total|finished_reason=length"] == 2
+        assert twins["vllm:time_to_first_token_seconds_count"] == 2
+        for key, value in twins.items():  # --metrics-compat vllm: the same samples under vllm:
+            assert after["ignis:" + key.split(":", 1)[1]] == value, key
+        assert "vllm:reuse_hits_total|kind=prompt_checkpoint|tier=device" not in after  # no vLLM equivalent
     finally:
         assert eng.stop() == 0
