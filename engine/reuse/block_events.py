@@ -5,7 +5,9 @@ Dynamo's KV router) keeps an index of which blocks each engine holds, fed by
 ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events. Here a block
 is one full page of a retained entry, named by its content hash (the chain
 hash ``h_k`` of ``engine.reuse.hashing``, the one the retained index files
-entries under), cut to its first 8 bytes as an unsigned big-endian integer.
+entries under), cut to its first 8 bytes read big-endian with the top bit
+cleared: a non-negative integer below 2**63, which decoders that take block
+hashes as signed (Dynamo) or unsigned (llm-d) 64-bit integers both accept.
 The partial last page of an entry is never a block.
 
 Several entries share their leading pages (a conversation's checkpoints, a
@@ -34,9 +36,12 @@ TIER_MEDIUM = {"device": "GPU", "ram": "CPU", "disk": "DISK"}
 """The medium of a tier, by the names the store and tierd use."""
 
 
+BLOCK_ID_MASK = (1 << 63) - 1
+
+
 def block_id(digest: bytes) -> int:
-    """A page's chain hash as the block hash routers see: its first 8 bytes, unsigned big-endian."""
-    return int.from_bytes(digest[:8], "big")
+    """A page's chain hash as the block hash routers see: its first 8 bytes, big-endian, top bit cleared."""
+    return int.from_bytes(digest[:8], "big") & BLOCK_ID_MASK
 
 
 @dataclass(frozen=True)

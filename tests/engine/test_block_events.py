@@ -82,5 +82,6 @@ def test_short_entries_have_no_blocks(ledger):
     assert events == []
 
 
-def test_block_id_is_the_first_eight_bytes_big_endian():
+def test_block_id_is_the_first_eight_bytes_big_endian_below_two_to_the_63():
     assert block_id(bytes(range(16))) == int.from_bytes(bytes(range(8)), "big")
+    assert block_id(b"\xff" * 16) == (1 << 63) - 1  # fits a signed 64-bit integer

@@ -59,8 +59,8 @@ class Subscriber:
 
 
 def blocks_of(tokens: list[int], pages: int) -> list[int]:
-    """The block hashes of the first ``pages`` full pages: chain hashes, first 8 bytes big-endian."""
-    return [int.from_bytes(h[:8], "big") for h in page_chain(tokens, 64)[1:pages + 1]]
+    """The block hashes of the first ``pages`` full pages: chain hashes, first 8 bytes big-endian, top bit clear."""
+    return [int.from_bytes(h[:8], "big") & ((1 << 63) - 1) for h in page_chain(tokens, 64)[1:pages + 1]]
 
 
 def replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
