@@ -135,8 +135,11 @@ class KvEventPublisher:
         seq = 0
         while True:
             if self._replay is not None:
-                while self._replay.poll(0):
-                    self._answer_replay()
+                try:
+                    while self._replay.poll(0):
+                        self._answer_replay()
+                except zmq.ZMQError:  # a replay peer's trouble never stops the publishing
+                    log.exception("KV events: replay request failed")
             try:
                 batch = self._queue.get(timeout=0.05)
             except queue.Empty:

@@ -127,11 +127,13 @@ def test_off_by_default_and_bind_rule():
     assert not binds("tcp://router.example:5557")
 
 
-def test_an_endpoint_in_use_is_a_clear_error():
-    pub_ep, _ = endpoints()
+def test_an_endpoint_in_use_or_malformed_is_a_clear_error():
+    pub_ep, replay_ep = endpoints()
     first = KvEventPublisher(pub_ep)
     try:
         with pytest.raises(ValueError, match="cannot open the KV events sockets"):
             KvEventPublisher(pub_ep)
+        with pytest.raises(ValueError, match="cannot open the KV events sockets"):
+            KvEventPublisher(replay_ep, "tcp://*:not-a-port")
     finally:
         first.close()
