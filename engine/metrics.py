@@ -20,8 +20,12 @@ VLLM_NAMES = (
     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries",
     "prefix_cache_hits", "prompt_tokens", "generation_tokens", "request_success", "num_preemptions",
     "time_to_first_token_seconds", "inter_token_latency_seconds", "request_queue_time_seconds",
-    "e2e_request_latency_seconds")
+    "e2e_request_latency_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+    "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens")
 """Engine metrics whose meaning, type and labels are vLLM's ``vllm:<name>``."""
+
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5)) + (1_000_000,)
+"""Tokens per request: 1, 2, 5, 10, 20, 50, ... 500000, 1000000 (vLLM's 1-2-5 steps)."""
 
 
 class VllmNames:
@@ -99,6 +103,13 @@ class EngineMetrics(ProcessMetrics):
         self.itl = self.histogram("inter_token_latency_seconds", "time between tokens of a stream")
         self.queue_time = self.histogram("request_queue_time_seconds", "arrival to admission")
         self.e2e = self.histogram("e2e_request_latency_seconds", "arrival to finish")
+        self.prefill_time = self.histogram("request_prefill_time_seconds", "admission to first token")
+        self.decode_time = self.histogram("request_decode_time_seconds", "first token to last token")
+        self.inference_time = self.histogram("request_inference_time_seconds", "admission to last token")
+        self.request_prompt = self.histogram("request_prompt_tokens", "prompt tokens per finished request",
+                                             buckets=TOKEN_BUCKETS)
+        self.request_generation = self.histogram("request_generation_tokens", "tokens generated per finished "
+                                                 "request", buckets=TOKEN_BUCKETS)
         if vllm_compat:  # the scrape serves every family, and the vLLM-named twins of those that have one
             inner, self.registry = self.registry, CollectorRegistry()
             self.registry.register(VllmNames(inner))

@@ -47,6 +47,11 @@ def test_metrics_move_with_requests(tmp_path):
         assert after["ignis:time_to_first_token_seconds_count"] == 2
         assert after["ignis:inter_token_latency_seconds_count"] == 8
         assert after["ignis:prefill_tokens_total"] == 200 + 3
+        assert after["ignis:request_prompt_tokens_count"] == 2 and after["ignis:request_prompt_tokens_sum"] == 400
+        assert after["ignis:request_generation_tokens_sum"] == 10
+        for phase in ("prefill", "decode", "inference"):
+            assert after[f"ignis:request_{phase}_time_seconds_count"] == 2
+        assert after["ignis:request_inference_time_seconds_sum"] >= after["ignis:request_decode_time_seconds_sum"]
         assert after["ignis:reuse_hits_total|kind=prompt_checkpoint|tier=device"] == 1
         assert after["ignis:reuse_hit_tokens_total|kind=prompt_checkpoint|tier=device"] == 197
         assert after["ignis:reuse_captures_total"] == 1
