@@ -18,6 +18,7 @@ def add_arguments(parser) -> None:
 
 def build_server(config: EngineConfig):
     """Load the default model and bind the engine's socket, ready to serve."""
+    from ignis.engine.kv_events import open_kv_events
     from ignis.engine.runtime import load_runtime
     from ignis.engine.server import EngineServer
     from ignis.shared.model_names import model_specs
@@ -26,13 +27,19 @@ def build_server(config: EngineConfig):
     specs = model_specs(config.model, config.served_model_name)
     dirs = dict(specs)
     default = specs[0][0]
-    runtime = load_runtime(config, default, dirs[default])
+    kv_events = open_kv_events(config)  # ValueError when its sockets cannot be opened
+    try:
+        runtime = load_runtime(config, default, dirs[default], kv_events)
+    except BaseException:
+        if kv_events is not None:
+            kv_events.close(0)
+        raise
     if config.endpoint:
         endpoint = config.endpoint
     else:
         endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
     return EngineServer(config, runtime, endpoint, model_dirs=dirs,
-                        loader=lambda name: load_runtime(config, name, dirs[name]))
+                        loader=lambda name: load_runtime(config, name, dirs[name], kv_events), kv_events=kv_events)
 
 
 def run(args) -> int:
@@ -59,6 +66,9 @@ def run(args) -> int:
         port = server.metrics.serve(config.metrics_port, config.metrics_host)
         log.info("engine metrics on http://%s:%d/metrics", config.metrics_host, port)
         print(f"METRICS {port}", flush=True)
+    if server.kv_events is not None:
+        log.info("engine KV events on %s (replay: %s)", config.kv_events_endpoint,
+                 config.kv_events_replay_endpoint or "off")
     log.info("engine serving %s on %s", server.model_name, server.endpoint)
     print(f"READY {server.endpoint}", flush=True)
     sdnotify.ready(f"serving {server.model_name}")

@@ -87,6 +87,18 @@ class EngineConfig:
     metrics_port: int | None = field(default=None, metadata=field_doc(
         "serve the engine's Prometheus metrics on this port (0 picks a free one; default: off)"))
     metrics_host: str = field(default="127.0.0.1", metadata=field_doc("address of the metrics endpoint"))
+    metrics_compat: str = field(default="off", metadata=field_doc(
+        "vllm: also export every metric that has a vLLM equivalent under the vllm: prefix (same name, type and "
+        "labels), for dashboards and routers that read vLLM's (docs/metrics.md)", choices=("off", "vllm")))
+    kv_events_endpoint: str = field(default="off", metadata=field_doc(
+        "publish KV block events of retained entries in vLLM's wire format (ZeroMQ PUB, msgpack KVEventBatch) "
+        "on this endpoint, e.g. tcp://*:5557 (binds; tcp://HOST:PORT without a wildcard connects) or ipc://PATH; "
+        "off: nothing is bound (docs/scale-out.md)"))
+    kv_events_replay_endpoint: str | None = field(default=None, metadata=field_doc(
+        "with --kv-events-endpoint: bind a ROUTER socket here that resends recent batches from a given "
+        "sequence number, e.g. tcp://*:5558 (default: no replay)"))
+    kv_events_topic: str = field(default="", metadata=field_doc(
+        "with --kv-events-endpoint: the topic frame of every KV events message (default: empty)"))
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight requests finish before aborting them"))
     seed: int = field(default=0, metadata=field_doc("seed of the engine's own generator (unseeded requests)"))
@@ -136,6 +148,10 @@ class EngineConfig:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if not self.gateway_silence_timeout >= 0:
             raise ValueError(f"--gateway-silence-timeout must be >= 0, got {self.gateway_silence_timeout}")
+        if self.metrics_compat not in ("off", "vllm"):
+            raise ValueError(f"--metrics-compat must be off or vllm, got {self.metrics_compat!r}")
+        if self.kv_events_replay_endpoint and self.kv_events_endpoint in ("", "off"):
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
 

@@ -1,20 +1,53 @@
 """The engine's Prometheus metrics (``--metrics-port``), under the ``ignis:`` prefix.
 
-Names follow vLLM's where the meaning matches (num_requests_running,
-num_requests_waiting, kv_cache_usage_perc, prompt/generation tokens,
-time_to_first_token_seconds, inter_token_latency_seconds) so dashboards and
-cache-aware routers that read vLLM read us too. Each engine has its own
-registry (``ProcessMetrics``): nothing here is global, so several engines can
-live in one process in tests. Every metric is labelled ``model_name`` first.
+Names follow vLLM's where the meaning matches (``VLLM_NAMES``: same suffix,
+type and label names) so dashboards and cache-aware routers that read vLLM
+read us too; with ``--metrics-compat vllm`` those are also exported under the
+``vllm:`` prefix (``VllmNames``: the same samples under a second name).
+Each engine has its own registry (``ProcessMetrics``): nothing here is
+global, so several engines can live in one process in tests. Every metric is
+labelled ``model_name`` first. docs/metrics.md lists them all.
 """
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+
 from ignis.shared.process_metrics import ProcessMetrics
+
+VLLM_NAMES = (
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries",
+    "prefix_cache_hits", "prompt_tokens", "generation_tokens", "request_success", "num_preemptions",
+    "time_to_first_token_seconds", "inter_token_latency_seconds", "request_queue_time_seconds",
+    "e2e_request_latency_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+    "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens")
+"""Engine metrics whose meaning, type and labels are vLLM's ``vllm:<name>``."""
+
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5)) + (1_000_000,)
+"""Tokens per request: 1, 2, 5, 10, 20, 50, ... 500000, 1000000 (vLLM's 1-2-5 steps)."""
+
+
+class VllmNames:
+    """A collector that yields every family of ``inner`` and, for those in ``VLLM_NAMES``, a copy under ``vllm:``."""
+
+    def __init__(self, inner: CollectorRegistry, prefix: str = "ignis:"):
+        self.inner = inner
+        self.prefix = prefix
+
+    def collect(self):
+        for family in self.inner.collect():
+            yield family
+            short = family.name[len(self.prefix):] if family.name.startswith(self.prefix) else None
+            if short not in VLLM_NAMES:
+                continue
+            twin = Metric("vllm:" + short, family.documentation, family.type, family.unit)
+            twin.samples = [s._replace(name="vllm:" + s.name[len(self.prefix):]) for s in family.samples]
+            yield twin
 
 
 class EngineMetrics(ProcessMetrics):
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, vllm_compat: bool = False):
         super().__init__("ignis:", "model_name", model_name)
         self.model_name = model_name
         self.running = self.gauge("num_requests_running", "requests holding a lane")
@@ -62,15 +95,30 @@ class EngineMetrics(ProcessMetrics):
         self.live_evicting = self.gauge("live_evicting", "running sequences moving down a tier now")
         self.live_evictions = self.counter("live_evictions", "running sequences moved down a tier")
         self.live_resumes = self.counter("live_resumes", "evicted sequences resumed from a lower tier")
+        self.live_abandoned = self.counter("live_evictions_abandoned",
+                                           "live evictions abandoned (a tier refused; the sequence decoded on)")
+        self.kv_events_dropped = self.counter("kv_events_dropped", "KV event batches dropped because the "
+                                              "publisher's queue was full (--kv-events-endpoint)")
         self.ttft = self.histogram("time_to_first_token_seconds", "arrival to first token")
         self.itl = self.histogram("inter_token_latency_seconds", "time between tokens of a stream")
         self.queue_time = self.histogram("request_queue_time_seconds", "arrival to admission")
         self.e2e = self.histogram("e2e_request_latency_seconds", "arrival to finish")
+        self.prefill_time = self.histogram("request_prefill_time_seconds", "admission to first token")
+        self.decode_time = self.histogram("request_decode_time_seconds", "first token to last token")
+        self.inference_time = self.histogram("request_inference_time_seconds", "admission to last token")
+        self.request_prompt = self.histogram("request_prompt_tokens", "prompt tokens per finished request",
+                                             buckets=TOKEN_BUCKETS)
+        self.request_generation = self.histogram("request_generation_tokens", "tokens generated per finished "
+                                                 "request", buckets=TOKEN_BUCKETS)
+        if vllm_compat:  # the scrape serves every family, and the vLLM-named twins of those that have one
+            inner, self.registry = self.registry, CollectorRegistry()
+            self.registry.register(VllmNames(inner))
 
     def sync_store(self, stats: dict) -> None:
         """Advance the store's counters to its totals (the store counts; we export)."""
         for name, counter in {**self.store_counters, "live_evictions": self.live_evictions,
                               "live_resumes": self.live_resumes,
+                              "live_evictions_abandoned": self.live_abandoned,
                               "reuse_restore_rejected": self.restore_rejected.labels(self.model_name,
                                                                                      "non_finite")}.items():
             total = stats.get(f"{name}_total", 0)

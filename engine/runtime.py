@@ -45,8 +45,9 @@ class Runtime:
             pass
 
 
-def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runtime:
-    """Load one model and allocate everything it serves with (pool, lanes, slots, scheduler)."""
+def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_events=None) -> Runtime:
+    """Load one model and allocate everything it serves with (pool, lanes, slots, scheduler).
+    ``kv_events``: the ``KvEventPublisher`` the retained store's block events go to (None: off)."""
     import torch
 
     from ignis.engine.memory_plan import plan_memory
@@ -113,6 +114,10 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None) -> Runt
         tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
         evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,
         learned_points=config.reuse_learned_points)
+    if kv_events is not None:
+        from ignis.engine.reuse.block_events import BlockLedger
+
+        sched.store.tell_blocks(BlockLedger(sched.pool.page_tokens, kv_events.add))
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
                          grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device))

@@ -14,7 +14,8 @@ its queues. Nothing a peer sends can stop the loop: garbage is answered by the
 channel, a bad request is refused with a reason. Its parts: ``engine.intake``
 (requests in), ``engine.served_models`` (which model is loaded),
 ``engine.token_streams`` (tokens and ends out), ``engine.engine_stats`` (the
-Stats reply and gauges).
+Stats reply and gauges), ``engine.kv_events`` (block events of the retained
+store, one batch per loop turn, when ``--kv-events-endpoint`` is set).
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ class EngineServer:
     """Serves one model at a time out of ``model_dirs``; ``loader(name)`` loads another."""
 
     def __init__(self, config: EngineConfig, runtime, endpoint: str, model_dirs: dict | None = None,
-                 loader=None):
+                 loader=None, kv_events=None):
         self.config = config
+        self.kv_events = kv_events
         self.models = ServedModels(runtime, model_dirs, loader)
         self.endpoint = endpoint
-        self.metrics = EngineMetrics(self.models.default)
+        self.metrics = EngineMetrics(self.models.default, vllm_compat=config.metrics_compat == "vllm")
+        self._kv_dropped_seen = 0
         self._ctx = zmq.Context.instance()
         self._wake = threading.Event()
         self._stats_snapshot: dict | None = None
@@ -160,10 +163,13 @@ class EngineServer:
                 if self.loaded:
                     self._round()
                 self._update_gauges()
+                self._publish_kv_events()
         finally:
             self._drain_inbox(block=False)
             time.sleep(0.05)
             self.channel.close()
+            if self.kv_events is not None:
+                self.kv_events.close()
         log.info("engine stopped")
         return 0
 
@@ -250,6 +256,16 @@ class EngineServer:
         self.streams.send_tokens(result, logprobs, self.scheduler)
         for ev in ended:
             self._finish(ev)
+
+    def _publish_kv_events(self) -> None:
+        """This loop turn's block events as one batch (queued for the publisher's thread, never waited on)."""
+        if self.kv_events is None:
+            return
+        self.kv_events.flush()
+        dropped = self.kv_events.dropped
+        if dropped != self._kv_dropped_seen:
+            self.metrics.kv_events_dropped.inc(dropped - self._kv_dropped_seen)
+            self._kv_dropped_seen = dropped
 
     def _finish(self, ev) -> None:
         self.runner.release(ev.req_id)

@@ -128,6 +128,13 @@ class TokenStreams:
         self.metrics.prompt_tokens.inc(t.prompt_tokens)
         self.metrics.prefix_queries.inc(t.prompt_tokens)
         self.metrics.e2e.observe(now - t.arrived)
+        self.metrics.request_prompt.observe(t.prompt_tokens)
+        self.metrics.request_generation.observe(ev.completion_tokens)
+        if t.admitted is not None and first is not None:  # a request refused or aborted in its queue has no phases
+            last = t.last_token if t.last_token is not None else first
+            self.metrics.prefill_time.observe(first - t.admitted)
+            self.metrics.decode_time.observe(last - first)
+            self.metrics.inference_time.observe(last - t.admitted)
         self.channel.send(Finished(ev.req_id, ev.reason, usage, reuse=reuse, timings=timings, message=ev.message),
                           t.peer)
         decode_s = (t.last_token - first) if first is not None and t.last_token is not None else 0.0

@@ -1,7 +1,8 @@
 """tierd's Prometheus metrics (``--metrics-port``), under the ``ignis:tierd_`` prefix, in its own registry.
 
 Gauges are set from the server's bookkeeping after every change; counters
-count events. ``arena_unlocked_bytes`` above zero means part of the arena
+count events; ``restore_seconds{tier}`` is the latency histogram of the
+copies of restores. ``arena_unlocked_bytes`` above zero means part of the arena
 can be swapped out: the log says so at start too. Every metric is labelled
 ``instance`` first (``ProcessMetrics``).
 """
@@ -9,6 +10,9 @@ can be swapped out: the log says so at start too. Every metric is labelled
 from __future__ import annotations
 
 from ignis.shared.process_metrics import ProcessMetrics
+
+RESTORE_TIERS = {"ram_to_engine": "ram", "disk_to_engine": "disk"}
+"""Copy directions that are restores, and the tier each reads."""
 
 
 class TierdMetrics(ProcessMetrics):
@@ -36,6 +40,8 @@ class TierdMetrics(ProcessMetrics):
         self._check_failures = self.counter("checksum_failures", "KV-disk files that failed a check on restore, "
                                             "by check (checksum, size, header, short_read, gone)", ("check",))
         self.wire_errors = self.counter("wire_errors", "malformed messages received")
+        self._restore_seconds = self.histogram("restore_seconds", "seconds a restore's copy to the engine took, "
+                                               "by the tier read", ("tier",))
 
     def set_entries(self, counts: dict[tuple[str, str], int]) -> None:
         for tier in ("ram", "disk"):
@@ -67,5 +73,8 @@ class TierdMetrics(ProcessMetrics):
         """``direction``: engine_to_ram, ram_to_engine, engine_to_disk, disk_to_engine, ram_to_disk."""
         self._copy_bytes.labels(self.instance, direction).inc(nbytes)
         self._copy_seconds.labels(self.instance, direction).inc(seconds)
+        tier = RESTORE_TIERS.get(direction)
+        if tier is not None:
+            self._restore_seconds.labels(self.instance, tier).observe(seconds)
         if seconds > 0:
             self._copy_gbps.labels(self.instance, direction).set(nbytes / seconds / 1e9)

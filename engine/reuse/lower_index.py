@@ -9,6 +9,11 @@ is the restore floors' call (``choose``): a match in a lower tier is worth a
 restore only if it reuses at least that tier's floor more tokens than the
 best match above it (for KV-disk: the better of the device's and KV-RAM's);
 ties go to the tier above.
+
+Every change to what the index holds is told to its ``blocks`` ledger
+(``engine.reuse.block_events``; a no-op unless KV events are on): a record
+added is stored in its tier's medium, forgotten or cleared is removed, moved
+is both.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import hashlib
 from array import array
 from dataclasses import dataclass
+
+from ignis.engine.reuse.block_events import NO_BLOCK_EVENTS, TIER_MEDIUM
 
 TIERS = ("ram", "disk")
 WIRE_TIER = {"ram": "kv_ram", "disk": "kv_disk"}
@@ -41,28 +48,39 @@ class LowerRecord:
 
 
 class LowerIndex:
-    def __init__(self, floors: dict[str, int]):
+    def __init__(self, floors: dict[str, int], blocks=NO_BLOCK_EVENTS):
         for tier in TIERS:
             if floors.get(tier, 0) < 0:
                 raise ValueError(f"restore floor of {tier} must be >= 0")
         self.floors = {t: int(floors.get(t, 0)) for t in TIERS}
         self._records: dict[str, LowerRecord] = {}
+        self.blocks = blocks
 
     def __len__(self) -> int:
         return len(self._records)
 
     def add(self, record: LowerRecord) -> None:
+        old = self._records.get(record.key)
+        if old is not None:
+            self.blocks.dropped(old.tokens, TIER_MEDIUM[old.tier])
         self._records[record.key] = record
+        self.blocks.held(record.tokens, TIER_MEDIUM[record.tier])
 
     def forget(self, key: str) -> None:
-        self._records.pop(key, None)
+        record = self._records.pop(key, None)
+        if record is not None:
+            self.blocks.dropped(record.tokens, TIER_MEDIUM[record.tier])
 
     def clear(self) -> None:
+        for record in self._records.values():
+            self.blocks.dropped(record.tokens, TIER_MEDIUM[record.tier])
         self._records.clear()
 
     def move(self, key: str, tier: str) -> None:
-        if key in self._records:
-            self._records[key].tier = tier
+        record = self._records.get(key)
+        if record is not None and record.tier != tier:
+            self.blocks.moved(record.tokens, TIER_MEDIUM[record.tier], TIER_MEDIUM[tier])
+            record.tier = tier
 
     def matches(self, tokens: tuple[int, ...], limit: int, longer_than: int = 0) -> list[LowerRecord]:
         """Records that are a prefix of ``tokens``, at most ``limit`` and more than ``longer_than`` long."""

@@ -44,6 +44,9 @@ Invariants:
 - A demote carries the wall-clock time of the entry's capture or last hit
   (``Entry.used_at``), not of the demotion: tierd's interactive TTL counts
   from the last use.
+- Every entry registered on the device, released from it, or known below
+  is told to the ``blocks`` ledger (``engine.reuse.block_events``: KV events
+  for cache-aware routers; a no-op unless they are on).
 - What happened to a capture that is gone or never was (skipped, released for
   room, dropped by its conversation) is noted in ``fates`` by content, so a
   request that falls short can say why (``engine.reuse.shortfall``).
@@ -56,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ignis.engine.page_pool import PagePool, PoolExhausted
+from ignis.engine.reuse.block_events import NO_BLOCK_EVENTS
 from ignis.engine.reuse.entries import KINDS, Entry, SlotPool
 from ignis.engine.reuse.hashing import page_chain
 from ignis.engine.sequence_pages import SequencePages
@@ -94,8 +98,9 @@ class ResumePoint:
 class RetainedStore:
     def __init__(self, pool: PagePool, slots: SlotPool, enabled: bool = True, stamp: str = "",
                  tiers: TierPort = NO_TIERS, restore_floors: dict[str, int] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, blocks=NO_BLOCK_EVENTS):
         self.pool = pool
+        self.blocks = blocks
         self.clock = clock  # wall clock for ``Entry.used_at``; ranking here uses ``_tick``
         self.stamp = stamp
         self.stamp_refusals = 0
@@ -107,7 +112,7 @@ class RetainedStore:
         self._clock = 0
         self._superseded: list[Entry] = []  # checkpoints a conversation dropped while pinned: released after the round
         self.tiers = tiers
-        self._lower = LowerIndex(restore_floors or {})
+        self._lower = LowerIndex(restore_floors or {}, blocks)
         self._lower_session = tiers.session
         self.moves = LowerMoves(pool, slots, tiers)
         self._wait_below: tuple[tuple[int, ...], int] = ((), 0)  # a lookup's lower match on its way
@@ -120,6 +125,13 @@ class RetainedStore:
         self.hits = 0
         self.released = 0
         self.fates = Fates()
+
+    def tell_blocks(self, blocks) -> None:
+        """Report block changes to ``blocks`` (a ``BlockLedger``) from now on; before any entry exists."""
+        if self._entries or len(self._lower):
+            raise RuntimeError("tell_blocks must come before the first entry")
+        self.blocks = blocks
+        self._lower.blocks = blocks
 
     # ----- queries -------------------------------------------------------------
 
@@ -300,6 +312,7 @@ class RetainedStore:
         self._next_id += 1
         self._entries[e.entry_id] = e
         self._by_hash.setdefault(full_hash, []).append(e)
+        self.blocks.held(e.tokens, "GPU")
         return e
 
     def _slot_for(self, request_class: str, host_only: bool = False) -> int | None:
@@ -399,6 +412,7 @@ class RetainedStore:
             if other.parent is e:
                 other.parent = e.parent
         e.pages.release()
+        self.blocks.dropped(e.tokens, "GPU")
         self.fates.note(e.tokens, fate)
         if slot_free and not keep_slot:
             self.slots.give_back(e.slot)
@@ -438,6 +452,7 @@ class RetainedStore:
 
     def release_all(self) -> None:
         """Free every retained entry here and forget those below (a switch, an unload, a stop)."""
+        self.blocks.cleared()
         for e in list(self._entries.values()):
             self._release(e)
         self.lower.clear()

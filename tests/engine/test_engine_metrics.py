@@ -20,7 +20,8 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def test_metrics_move_with_requests(tmp_path):
-    eng = EngineProcess(tmp_path, "--kv-pool-tokens", "4096", "--decode-lanes", "4", "--metrics-port", "0")
+    eng = EngineProcess(tmp_path, "--kv-pool-tokens", "4096", "--decode-lanes", "4", "--metrics-port", "0",
+                        "--metrics-compat", "vllm")
     try:
         port = None
         for line in eng.log_text().splitlines():
@@ -46,10 +47,22 @@ def test_metrics_move_with_requests(tmp_path):
         assert after["ignis:time_to_first_token_seconds_count"] == 2
         assert after["ignis:inter_token_latency_seconds_count"] == 8
         assert after["ignis:prefill_tokens_total"] == 200 + 3
+        assert after["ignis:request_prompt_tokens_count"] == 2 and after["ignis:request_prompt_tokens_sum"] == 400
+        assert after["ignis:request_generation_tokens_sum"] == 10
+        for phase in ("prefill", "decode", "inference"):
+            assert after[f"ignis:request_{phase}_time_seconds_count"] == 2
+        assert after["ignis:request_inference_time_seconds_sum"] >= after["ignis:request_decode_time_seconds_sum"]
         assert after["ignis:reuse_hits_total|kind=prompt_checkpoint|tier=device"] == 1
         assert after["ignis:reuse_hit_tokens_total|kind=prompt_checkpoint|tier=device"] == 197
         assert after["ignis:reuse_captures_total"] == 1
         assert after["ignis:retained_entries"] == 1
         assert after["ignis:retained_device_bytes"] > 0
+        twins = {k: v for k, v in after.items() if k.startswith("vllm:") and not k.split("|")[0].endswith("_created")}
+        assert twins["vllm:prefix_cache_hits_total"] == 197
+        assert twins["vllm:request_success_total|finished_reason=length"] == 2
+        assert twins["vllm:time_to_first_token_seconds_count"] == 2
+        for key, value in twins.items():  # --metrics-compat vllm: the same samples under vllm:
+            assert after["ignis:" + key.split(":", 1)[1]] == value, key
+        assert "vllm:reuse_hits_total|kind=prompt_checkpoint|tier=device" not in after  # no vLLM equivalent
     finally:
         assert eng.stop() == 0

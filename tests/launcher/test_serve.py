@@ -60,6 +60,15 @@ def test_allow_torch_fallback_reaches_the_engine():
     assert serve.child_argv(GatewayConfig, args, serve._SKIP[GatewayConfig]) == []
 
 
+def test_kv_events_and_metrics_compat_reach_the_engine_only():
+    args = parse(["--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint", "tcp://*:5558",
+                  "--kv-events-topic", "kv@pod@m", "--metrics-compat", "vllm"])
+    engine = serve.child_argv(EngineConfig, args, serve._SKIP[EngineConfig])
+    assert engine == ["--metrics-compat", "vllm", "--kv-events-endpoint", "tcp://*:5557",
+                      "--kv-events-replay-endpoint", "tcp://*:5558", "--kv-events-topic", "kv@pod@m"]
+    assert serve.child_argv(GatewayConfig, args, serve._SKIP[GatewayConfig]) == []
+
+
 def test_bool_flags_are_spelled_on_off():
     assert serve._flag_value(True) == "on" and serve._flag_value(False) == "off"
 
