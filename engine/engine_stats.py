@@ -74,6 +74,8 @@ def set_gauges(metrics: EngineMetrics, runtime, waiting_for_model: int) -> None:
     metrics.retained_entries.set(store["retained_entries"])
     metrics.retained_lower_entries.set(store["retained_lower_entries"])
     metrics.retained_slots_free.set(store["retained_slots_free"])
+    metrics.retained_slots_total.set(store["retained_slots_total"])
+    metrics.retained_pages.set(store["retained_pages_held"])
     page_bytes = runtime.info.get("kv_pool_bytes", 0) // max(1, pool.num_pages)
     used_slots = store["retained_slots_total"] - store["retained_slots_free"]
     metrics.retained_bytes.set(store["retained_pages_held"] * page_bytes

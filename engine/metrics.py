@@ -88,6 +88,9 @@ class EngineMetrics(ProcessMetrics):
         self.retained_bytes = self.gauge("retained_device_bytes",
                                          "bytes the device tier holds for retained entries (pages + slot images)")
         self.retained_slots_free = self.gauge("retained_slots_free", "free retained slots")
+        self.retained_slots_total = self.gauge("retained_slots_total", "retained slots reserved at load")
+        self.retained_pages = self.gauge("retained_pages", "KV pool pages held by retained entries (at idle, every "
+                                         "page in use is one of these)")
         self.tierd_connected = self.gauge("tierd_connected", "1 while a tierd answers (0: device tier only)")
         self.kernel_path = self.gauge(
             "kernel_path", "1 for the kernel path the loaded model runs (triton, reference or mixed: some ops on "

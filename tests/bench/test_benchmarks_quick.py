@@ -59,3 +59,13 @@ def test_abuse_quick_meets_its_goals():
                       "wrong_answers"}
     assert f["big_body_s"] <= 1 and f["health_max_ms"] <= 100 and f["rss_growth_mb"] <= 200, last
     assert f["halfsent_closed_s"] <= 30 and f["engine_alive"] == 1 and f["wrong_answers"] == 0, last
+
+
+def test_soak_quick_loses_nothing_and_leaks_nothing():
+    last = run_quick("soak.py").strip().splitlines()[-1]
+    assert last.startswith("BENCH soak "), last
+    f = dict(kv.split("=") for kv in last.split()[2:])
+    assert int(f["requests"]) > 20 and int(f["disconnects"]) > 0, last
+    assert f["errors_5xx"] == "0" and f["failed"] == "0" and f["alive"] == "1" and f["idle"] == "1", last
+    assert f["leaked_pages"] == "0" and f["leaked_slots"] == "0", last
+    assert int(f["hits_device"]) + int(f["hits_kv_ram"]) + int(f["hits_kv_disk"]) > 0, last
