@@ -45,6 +45,7 @@ class Engine:
         self.tokens: dict[str, list[int]] = {}
         self.logprobs: dict[str, list[float]] = {}
         self.finished = {}
+        self.prefilled = 0  # prompt tokens every round's forward prefilled, summed
 
     def submit(self, rid, prompt, system_end=None, opener_start=None, last_is_user=True, cls="interactive",
                max_tokens=6, part_end=None, family=None):
@@ -67,6 +68,7 @@ class Engine:
                 if not self.sched.has_work:
                     return
                 continue
+            self.prefilled += sum(c.num_tokens for c in plan.prefills)
             result, _ = self.runner.run(plan)
             for rid, row in self.runner.last_logits.items():
                 self.first_logits.setdefault(rid, row.clone())

@@ -33,15 +33,6 @@ def test_cold_burst_outputs_equal_cold_runs_and_block_prefilled_once(model, budg
     eng = Engine(model, lanes=8, host_slots=8, prefill_budget=budget)
     for rid, p in prompts.items():
         eng.submit(rid, p, system_end=SYSTEM, opener_start=len(p) - 3, cls="agent")
-    prefilled = 0
-    original = eng.runner.run
-
-    def counting_run(plan):
-        nonlocal prefilled
-        prefilled += sum(c.num_tokens for c in plan.prefills)
-        return original(plan)
-
-    eng.runner.run = counting_run
     eng.run()
     for rid, p in prompts.items():
         tokens, logits = cold_run(model, rid, p)
@@ -50,7 +41,7 @@ def test_cold_burst_outputs_equal_cold_runs_and_block_prefilled_once(model, budg
     hits = [eng.finished[rid].cached_tokens for rid in prompts]
     assert sorted(hits) == [0] + [128] * 6, hits
     tails = sum(len(p) - 128 for p in prompts.values())
-    assert prefilled == 128 + tails, (prefilled, tails)
+    assert eng.prefilled == 128 + tails, (eng.prefilled, tails)
     eng.check_drained()
 
 
@@ -90,18 +81,10 @@ def test_a_cold_agent_burst_takes_a_slot_from_idle_interactive_entries(model):
     prompts = {f"sub{i}": system + prompt(20 + 5 * i, 60 + i) for i in range(4)}
     for rid, p in prompts.items():
         eng.submit(rid, p, system_end=SYSTEM, opener_start=len(p) - 3, cls="agent")
-    prefilled = 0
-    original = eng.runner.run
-
-    def counting_run(plan):
-        nonlocal prefilled
-        prefilled += sum(c.num_tokens for c in plan.prefills)
-        return original(plan)
-
-    eng.runner.run = counting_run
+    eng.prefilled = 0  # count the burst's prefill only
     eng.run()
     assert sorted(eng.finished[rid].cached_tokens for rid in prompts) == [0, 128, 128, 128]
-    assert prefilled == 128 + sum(len(p) - 128 for p in prompts.values())
+    assert eng.prefilled == 128 + sum(len(p) - 128 for p in prompts.values())
     for rid, p in prompts.items():
         tokens, logits = cold_run(model, rid, p)
         assert eng.tokens[rid] == tokens, rid
@@ -117,18 +100,9 @@ def test_a_retry_arriving_with_its_original_waits_for_the_pending_checkpoint(mod
     eng = Engine(model, lanes=2, host_slots=4)
     eng.submit("first", p, opener_start=200)
     eng.submit("retry", p, opener_start=200)
-    prefilled = 0
-    original = eng.runner.run
-
-    def counting_run(plan):
-        nonlocal prefilled
-        prefilled += sum(c.num_tokens for c in plan.prefills)
-        return original(plan)
-
-    eng.runner.run = counting_run
     eng.run()
     assert (eng.finished["first"].cached_tokens, eng.finished["retry"].cached_tokens) == (0, 200)
-    assert prefilled == 203 + 3
+    assert eng.prefilled == 203 + 3
     tokens, logits = cold_run(model, "cold", p)
     for rid in ("first", "retry"):
         assert eng.tokens[rid] == tokens, rid
@@ -151,18 +125,10 @@ def test_siblings_wait_while_the_first_prefills_towards_the_block_with_nothing_p
     prompts = {f"sub{i}": system + prompt(20 + 5 * i, 95 + i) for i in range(3)}
     for rid, p in prompts.items():
         eng.submit(rid, p, system_end=SYSTEM, opener_start=len(p) - 3, cls="agent", part_end=64)
-    prefilled = 0
-    original = eng.runner.run
-
-    def counting_run(plan):
-        nonlocal prefilled
-        prefilled += sum(c.num_tokens for c in plan.prefills)
-        return original(plan)
-
-    eng.runner.run = counting_run
+    eng.prefilled = 0  # count the burst's prefill only
     eng.run()
     assert sorted(eng.finished[rid].cached_tokens for rid in prompts) == [0, 128, 128]
-    assert prefilled == 128 + sum(len(p) - 128 for p in prompts.values())
+    assert eng.prefilled == 128 + sum(len(p) - 128 for p in prompts.values())
     for rid, p in prompts.items():
         tokens, logits = cold_run(model, rid, p)
         assert eng.tokens[rid] == tokens, rid
