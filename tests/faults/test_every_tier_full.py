@@ -50,6 +50,7 @@ def test_a_burst_over_every_tier_queues_drains_in_arrival_order_and_equals_cold(
         assert order == sorted(order), order  # first tokens in arrival order (ties: the same batch)
         stats = eng.stats()
         assert stats["reuse_demotions_total"] == 0, stats  # the lower tiers took nothing
+        assert tierd.metric("ignis:tierd_refusals_total", reason="no_room") >= 1, tierd.log_text()  # and were asked
         assert eng.wait_pool_full()["num_requests_running"] == 0
     finally:
         assert eng.stop() == 0
