@@ -25,7 +25,7 @@ import pytest
 from tests.launcher.test_serve import gone, start
 
 STREAMS = 3
-MAX_TOKENS = 96
+MAX_TOKENS = 64
 
 
 @dataclass
