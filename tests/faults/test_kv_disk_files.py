@@ -36,11 +36,12 @@ import orjson
 import pytest
 
 from ignis.shared.tier_wire import Missing, Restore, Restored, Welcome
-from ignis.tierd.disk import MARKER, encode_header, write_entry
+from ignis.tierd.disk import MARKER, write_entry
 from tests.engine.engine_process import EngineProcess
 from tests.engine.test_tiers_e2e import fill_pool, prompt
 from tests.tierd.fake_engine import STAMP, FakeEngine, TierdProcess, key
 from tests.tierd.test_tierd_process import DST, demote, lookup
+
 
 def _prefix(data: bytes) -> tuple[int, int]:
     """(header_len, chunk) of a KV-disk file's bytes."""
