@@ -58,6 +58,7 @@ stale file is refused (``CorruptFile``), never served.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import os
 import stat
@@ -87,6 +88,15 @@ RETRY_AFTER_S = 30.0
 FAULT_DISK_WRITE_ENV = "IGNIS_TIERD_FAULT_DISK_WRITE_S"
 """Fault injection for tests: every KV-disk write waits this many seconds before its first byte (a slow
 disk). The wait is on the disk thread, before anything is read from engine memory or the arena."""
+
+
+FAULT_DISK_FULL_ENV = "IGNIS_TIERD_FAULT_DISK_FULL"
+"""Fault injection for tests: ``1`` makes every KV-disk write fail with ENOSPC (disk full) after its payload
+is written and before its digests, so a partial ``.part`` file is on disk when the error is raised."""
+
+
+def fault_disk_full() -> bool:
+    return os.environ.get(FAULT_DISK_FULL_ENV, "") == "1"
 
 
 def fault_disk_write_s() -> float:
@@ -260,6 +270,8 @@ def write_entry(path: Path, header: bytes, source: Callable[[int, np.ndarray], N
         if isinstance(fill, disk_io.Stream):
             fill.end()
         tail = carry + b"".join(j.result() for j in jobs)
+        if fault_disk_full():
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({FAULT_DISK_FULL_ENV})", str(part))
         last = disk_io.aligned_buffer(disk_io.round_up(len(tail)))
         last[:len(tail)] = np.frombuffer(tail, dtype=np.uint8)
         disk_io.pwrite_all(fd, last, at)

@@ -39,6 +39,9 @@ class TierdMetrics(ProcessMetrics):
         self._copy_gbps = self.gauge("copy_gbps", "rate of the last copy, GB/s, by direction", ("direction",))
         self._check_failures = self.counter("checksum_failures", "KV-disk files that failed a check on restore, "
                                             "by check (checksum, size, header, short_read, gone)", ("check",))
+        self._disk_write_failures = self.counter(
+            "disk_write_failures", "KV-disk writes that failed (the entry dropped, its partial file removed), by "
+            "reason (disk_full: ENOSPC or EDQUOT; io_error: any other OS error; other)", ("reason",))
         self.wire_errors = self.counter("wire_errors", "malformed messages received")
         self._restore_seconds = self.histogram("restore_seconds", "seconds a restore's copy to the engine took, "
                                                "by the tier read", ("tier",))
@@ -56,6 +59,9 @@ class TierdMetrics(ProcessMetrics):
 
     def check_failed(self, check: str) -> None:
         self._check_failures.labels(self.instance, check).inc()
+
+    def disk_write_failed(self, reason: str) -> None:
+        self._disk_write_failures.labels(self.instance, reason).inc()
 
     def discarded(self, tier: str, kind: str) -> None:
         self._discards.labels(self.instance, tier, kind).inc()

@@ -20,6 +20,7 @@ check: every arena block and disk byte is accounted to exactly one entry.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections import deque
@@ -276,6 +277,7 @@ class TierStore:
 
     def _disk_failed(self, e: Entry, err: BaseException) -> None:
         self.disk.failed()
+        self.metrics.disk_write_failed(_write_failure_reason(err))
         log.error("KV-disk write of %s failed (%s); KV-disk takes no writes for %.0f s, then tries again",
                   e.key, err, self.disk.retry_after_s)
         e.disk.move(S.FREE)
@@ -389,6 +391,13 @@ class TierStore:
             self.disk_files.close()
         self.backend.close()
         self.memory.close()
+
+
+def _write_failure_reason(err: BaseException) -> str:
+    """The ``disk_write_failures`` label of a failed KV-disk write."""
+    if isinstance(err, OSError):
+        return "disk_full" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error"
+    return "other"
 
 
 def _runs(view: np.ndarray, blocks: list[int], block_bytes: int, nbytes: int) -> list[np.ndarray]:
