@@ -65,6 +65,9 @@ def run(args) -> int:
     if kvdisk.fault_disk_write_s():
         log.warning("FAULT INJECTION: %s=%s delays every KV-disk write (for tests only)",
                     kvdisk.FAULT_DISK_WRITE_ENV, kvdisk.fault_disk_write_s())
+    if kvdisk.fault_disk_full():
+        log.warning("FAULT INJECTION: %s=1 fails every KV-disk write as a full disk (for tests only)",
+                    kvdisk.FAULT_DISK_FULL_ENV)
     disk_dir = config.disk_dir(runtime) if config.disk_may_be_on else None
     mac_key = b""
     try:
