@@ -340,6 +340,38 @@ def test_bye_gives_the_arena_back_and_the_next_hello_takes_it_again(tmp_path):
         assert tierd.stop() == 0
 
 
+def can_lock_past_the_limit() -> bool:
+    """CAP_IPC_LOCK (root): mlock ignores RLIMIT_MEMLOCK."""
+    for line in open("/proc/self/status"):
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 14 & 1)
+    return False
+
+
+@pytest.mark.skipif(can_lock_past_the_limit(), reason="CAP_IPC_LOCK: no memlock limit applies to mlock")
+def test_a_hello_whose_arena_cannot_be_locked_again_is_refused_and_a_later_one_welcomed(tmp_path):
+    import resource
+
+    tierd = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "1M", "--require-mlock", "on")
+    limit = resource.prlimit(tierd.proc.pid, resource.RLIMIT_MEMLOCK)
+    try:
+        first = FakeEngine(tierd.endpoint, seed=11)
+        assert isinstance(first.hello(), Welcome)
+        assert isinstance(first.ask(Bye(first.next_req())), Detached)
+        first.attached = False
+        resource.prlimit(tierd.proc.pid, resource.RLIMIT_MEMLOCK, (64 << 10, limit[1]))
+        refused = first.hello()
+        assert isinstance(refused, TierRefused) and refused.reason == "no_room"
+        assert "LimitMEMLOCK" in refused.message
+        assert stats(first)["arena_mapped_bytes"] == 0  # nothing half-taken
+        resource.prlimit(tierd.proc.pid, resource.RLIMIT_MEMLOCK, limit)
+        welcome = first.hello()  # the engine's next try
+        assert isinstance(welcome, Welcome) and welcome.locked_bytes == 1 << 20
+        first.close()
+    finally:
+        assert tierd.stop() == 0
+
+
 def test_a_disk_file_forged_with_nan_bytes_and_plain_checksums_is_refused(engine, tierd):
     """The probe: someone rewrites a KV-disk file's payload with NaNs and recomputes unkeyed blake2b
     digests; the install's MAC refuses it before any byte reaches engine memory."""
