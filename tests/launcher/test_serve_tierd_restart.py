@@ -79,6 +79,7 @@ def test_a_killed_tierd_is_started_again_and_the_service_keeps_serving(tmp_path)
             t.start()
         metrics = re.search(r"^ignis serve: engine metrics on (\S+)$", out.read_text(), re.M).group(1)
         wait_for("requests in flight", lambda: running(metrics) >= 1 or failures, 30, log)
+        connects = err.read_text().count("tierd connected")
         os.kill(kids["tierd"], signal.SIGKILL)
         for t in threads:
             t.join(60)
@@ -94,7 +95,7 @@ def test_a_killed_tierd_is_started_again_and_the_service_keeps_serving(tmp_path)
         assert now["tierd"] != kids["tierd"]
         # the engine says hello to the new tierd and conversations resume from KV-RAM again, exactly
         resume_from_kv_ram(url, model, err, cold)
-        assert "tierd connected" in err.read_text().split("the tierd is back after restart 1")[1]
+        assert err.read_text().count("tierd connected") > connects  # the hello to the new tierd
         assert shm_names(kids["engine"]) == shm  # nothing lost, nothing left by the dead tierd
     finally:
         proc.send_signal(signal.SIGTERM)
