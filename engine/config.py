@@ -69,6 +69,12 @@ class EngineConfig:
     tierd_endpoint: str = field(default="off", metadata=field_doc(
         "tierd that takes retained state and evicted live sequences (also with --reuse-prompt off): an "
         "endpoint, 'auto' (this instance's tierd socket in the runtime dir), or off"))
+    tierd_timeout: float = field(default=10.0, metadata=field_doc(
+        "seconds a tierd exchange may stay unanswered before tierd counts as lost: the exchanges in flight "
+        "fail (cache misses), the lower tiers are off and the engine serves on without them"))
+    tierd_retry_interval: float = field(default=5.0, metadata=field_doc(
+        "seconds between the engine's hellos to a lost tierd; the first one answered reconnects the lower "
+        "tiers (with every entry tierd held before dropped, the device's kept)"))
     restore_floor_kv_ram: int | None = field(default=None, metadata=field_doc(
         "a KV-RAM match is restored only if it reuses at least this many more prompt tokens than the best "
         "match above it (default: 1024, or 64 for models under 1B parameters)"))
@@ -138,6 +144,10 @@ class EngineConfig:
             raise ValueError(f"--kv-exact-window must be an integer >= 0, got {self.kv_exact_window!r}")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
+        for name, flag in (("tierd_timeout", "--tierd-timeout"), ("tierd_retry_interval", "--tierd-retry-interval")):
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not value > 0:
+                raise ValueError(f"{flag} must be seconds > 0, got {value!r}")
         if self.idle_unload_s is not None and not self.idle_unload_s > 0:
             raise ValueError(f"--idle-unload-s must be > 0, got {self.idle_unload_s}")
         if isinstance(self.model, str):

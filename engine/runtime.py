@@ -102,7 +102,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
         if tier_endpoint == "auto":
             tier_endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).tierd
         port = connect_tiers(state, tier_endpoint, stamp, cfg.family, device_slots,
-                             staging_slot=device_slots + host_slots, engine_id=config.instance)
+                             staging_slot=device_slots + host_slots, engine_id=config.instance,
+                             timeout_s=config.tierd_timeout, backoff_s=config.tierd_retry_interval)
         if port is not None:  # else the staging slot stays unused: no live eviction without a tierd
             tiers, tier_client, staging_slot = port, port.client, port.staging_slot
     params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]

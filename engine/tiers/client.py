@@ -30,7 +30,11 @@ Rules the engine's memory depends on:
   is assumed alive (tierd abandons a session's copies after 30 s).
 - A ``not_ready`` refusal (tierd restarted and does not know us) fails that
   exchange (a miss) and the next one posts a new hello. The hello at load is awaited
-  (``connect``); a hello after tierd went away is posted like the rest.
+  (``connect``); a hello after tierd went away is posted like the rest, by the
+  next exchange or by ``poll`` (every round, idle ones included) once the
+  back-off is over, so a restarted tierd is found again without traffic.
+  After its welcome every entry known below is gone (``session``): the
+  reuse store forgets them, its device entries stay.
 - ``bye`` (``Runtime.close``) is the one exchange that waits: the engine must
   know tierd let go of its memory before freeing it.
 """
@@ -195,6 +199,8 @@ class TierClient:
             taken += 1
             self._take(reply)
         self._expire()
+        if self.welcome is None:
+            self.ready  # noqa: B018 - past the back-off, posts the next hello: an idle engine reconnects too
         return taken
 
     def _take(self, reply) -> None:

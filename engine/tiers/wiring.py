@@ -92,7 +92,7 @@ def _device_sync(state):
 
 
 def connect_tiers(state, endpoint: str, stamp: str, family: str, device_slots: int, staging_slot: int | None,
-                  timeout_s: float = 10.0, engine_id: str = "default") -> TierClientPort | None:
+                  timeout_s: float = 10.0, engine_id: str = "default", backoff_s: float = 5.0) -> TierClientPort | None:
     """A port to the tierd at ``endpoint`` for ``state``'s blocks, hello said (or to be retried);
     None (lower tiers off) when the memory cannot be shared."""
     exported = exported_blocks(state)
@@ -102,7 +102,7 @@ def connect_tiers(state, endpoint: str, stamp: str, family: str, device_slots: i
     blocks, unit = exported
     page_bytes = blocks[0].item_bytes * blocks[0].runs
     client = TierClient(endpoint, stamp, family, max(4096, page_bytes), blocks, unit, timeout_s=timeout_s,
-                        sync=_device_sync(state), engine_id=engine_id)
+                        backoff_s=backoff_s, sync=_device_sync(state), engine_id=engine_id)
     if not client.connect():
         log.warning("tierd at %s is not answering yet; the engine will retry", endpoint)
     poison = fault_nan_restores()

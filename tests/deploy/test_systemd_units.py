@@ -70,3 +70,18 @@ def test_the_gateway_key_comes_from_a_credential_or_the_env_file_never_the_comma
     env = (ROOT / "deploy" / "ignis.env.example").read_text()
     settings = [line for line in env.splitlines() if not line.startswith("#")]
     assert not any("--api-key" in line for line in settings) and "0600" in env
+
+
+def test_the_engine_unit_connects_to_the_tierd_unit_of_its_instance():
+    from tests.deploy.unit_commands import ENV_EXAMPLE, expand, read_env_file
+
+    env = read_env_file(ENV_EXAMPLE)
+    tierd = expand(parse("ignis-tierd.service")["Service"]["ExecStart"], env)
+    engine = expand(parse("ignis-engine.service")["Service"]["ExecStart"], env)
+    assert engine[engine.index("--tierd-endpoint") + 1] == "auto"  # RUNTIME_DIR/INSTANCE-tierd.sock
+    for flag in ("--runtime-dir", "--instance"):  # the socket tierd binds is the one the engine looks for
+        assert tierd[tierd.index(flag) + 1] == engine[engine.index(flag) + 1]
+    assert "--endpoint" not in tierd and "--tierd-endpoint" not in env["IGNIS_ENGINE_ARGS"]
+    assert "ignis-engine.service" in parse("ignis-tierd.service")["Unit"]["Before"]
+    wants = parse("ignis.target")["Unit"]["Wants"].split()
+    assert sorted(wants) == sorted(SERVICES)

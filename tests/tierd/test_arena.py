@@ -69,3 +69,40 @@ def test_zero_arena_is_kv_ram_off_and_bad_sizes_raise():
 def test_the_lock_message_names_the_fixes():
     text = lock_fix_message(1 << 30, "Cannot allocate memory")
     assert "LimitMEMLOCK=infinity" in text and "ulimit -l" in text and "--require-mlock off" in text
+
+
+def test_release_gives_the_memory_back_and_acquire_takes_it_again():
+    a = Arena(4 * PAGE, lock="try")
+    a.view[:] = 7
+    a.release()
+    assert (a.mapped, a.mapped_bytes, a.locked_bytes, a.unlocked_bytes, a.nbytes) == (False, 0, 0, 0, 4 * PAGE)
+    a.release()  # twice is fine
+    a.acquire()
+    assert a.mapped and a.mapped_bytes == 4 * PAGE and len(a.view) == 4 * PAGE
+    assert int(a.view.max()) == 0  # fresh memory, nothing of the last session
+    a.close()
+
+
+def test_a_required_lock_that_fails_on_acquire_leaves_the_arena_released(monkeypatch):
+    import ignis.tierd.arena as arena_mod
+
+    a = Arena(4 * PAGE, lock="require")
+    a.release()
+
+    class NoLock:
+        def __init__(self, real):
+            self._real = real
+            self.mlock = lambda *_: -1
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+    real = arena_mod._libc()
+    monkeypatch.setattr(arena_mod, "_libc", lambda: NoLock(real))
+    with pytest.raises(arena_mod.MlockError, match="LimitMEMLOCK"):
+        a.acquire()
+    assert not a.mapped and a.locked_bytes == 0
+    monkeypatch.undo()
+    a.acquire()
+    assert a.mapped and a.locked_bytes == 4 * PAGE
+    a.close()

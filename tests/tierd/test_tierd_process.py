@@ -296,6 +296,82 @@ def test_bye_drops_everything_and_frees_tierd_for_another_engine(tierd):
         other.close()
 
 
+def locked_kib(pid: int) -> int:
+    """VmLck of a process: the memory it holds locked."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmLck:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmLck line")
+
+
+def test_bye_gives_the_arena_back_and_the_next_hello_takes_it_again(tmp_path):
+    """Idle unload and model switch end in a Bye: tierd unlocks and unmaps its arena until the next hello."""
+    tierd = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "1M", "--require-mlock", "on")
+    try:
+        first = FakeEngine(tierd.endpoint, seed=9)
+        assert isinstance(first.hello(), Welcome)
+        held = stats(first)
+        assert held["arena_mapped_bytes"] == held["arena_locked_bytes"] == 1 << 20
+        assert locked_kib(tierd.proc.pid) >= 1024
+        demote(first, 45)
+        assert isinstance(first.ask(Bye(first.next_req())), Detached)
+        first.attached = False
+        released = stats(first)
+        assert (released["arena_bytes"], released["arena_mapped_bytes"], released["arena_locked_bytes"],
+                released["arena_unlocked_bytes"]) == (1 << 20, 0, 0, 0)
+        assert tierd.metric("ignis:tierd_arena_mapped_bytes") == 0
+        assert tierd.metric("ignis:tierd_arena_locked_bytes") == 0
+        assert locked_kib(tierd.proc.pid) < 1024
+        first.close()
+
+        second = FakeEngine(tierd.endpoint, seed=10)
+        try:
+            welcome = second.hello()
+            assert isinstance(welcome, Welcome) and welcome.locked_bytes == 1 << 20
+            assert stats(second)["arena_mapped_bytes"] == 1 << 20
+            assert tierd.metric("ignis:tierd_arena_locked_bytes") == 1 << 20
+            assert locked_kib(tierd.proc.pid) >= 1024
+            reply, want = demote(second, 46)
+            assert isinstance(reply, Demoted) and reply.tier == "ram"  # the new mapping holds bytes again
+            assert isinstance(restore(second, 46), Restored) and second.read(DST) == want
+        finally:
+            second.close()
+    finally:
+        assert tierd.stop() == 0
+
+
+def can_lock_past_the_limit() -> bool:
+    """CAP_IPC_LOCK (root): mlock ignores RLIMIT_MEMLOCK."""
+    for line in open("/proc/self/status"):
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 14 & 1)
+    return False
+
+
+@pytest.mark.skipif(can_lock_past_the_limit(), reason="CAP_IPC_LOCK: no memlock limit applies to mlock")
+def test_a_hello_whose_arena_cannot_be_locked_again_is_refused_and_a_later_one_welcomed(tmp_path):
+    import resource
+
+    tierd = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "1M", "--require-mlock", "on")
+    limit = resource.prlimit(tierd.proc.pid, resource.RLIMIT_MEMLOCK)
+    try:
+        first = FakeEngine(tierd.endpoint, seed=11)
+        assert isinstance(first.hello(), Welcome)
+        assert isinstance(first.ask(Bye(first.next_req())), Detached)
+        first.attached = False
+        resource.prlimit(tierd.proc.pid, resource.RLIMIT_MEMLOCK, (64 << 10, limit[1]))
+        refused = first.hello()
+        assert isinstance(refused, TierRefused) and refused.reason == "no_room"
+        assert "LimitMEMLOCK" in refused.message
+        assert stats(first)["arena_mapped_bytes"] == 0  # nothing half-taken
+        resource.prlimit(tierd.proc.pid, resource.RLIMIT_MEMLOCK, limit)
+        welcome = first.hello()  # the engine's next try
+        assert isinstance(welcome, Welcome) and welcome.locked_bytes == 1 << 20
+        first.close()
+    finally:
+        assert tierd.stop() == 0
+
+
 def test_a_disk_file_forged_with_nan_bytes_and_plain_checksums_is_refused(engine, tierd):
     """The probe: someone rewrites a KV-disk file's payload with NaNs and recomputes unkeyed blake2b
     digests; the install's MAC refuses it before any byte reaches engine memory."""

@@ -162,8 +162,12 @@ def test_a_timed_out_demote_frees_its_memory_and_a_timed_out_restore_is_quaranti
     from ignis.engine.tiers.client import TierClient
     from ignis.shared.tier_layout import UnitLayout
 
+    from ignis.shared.tier_layout import BlockDesc
+
     clock = FakeClock()
-    client = TierClient(f"ipc://{tmp_path}/nobody.sock", "s", "qwen3_5", 4096, [], UnitLayout("kv", ("a",), None),
+    blocks = [BlockDesc("kv", "shm", "ignis-nobody-kv", 2, 4, 4096, 4 * 4096),
+              BlockDesc("a", "shm", "ignis-nobody-a", 1, 2, 4096, 2 * 4096)]
+    client = TierClient(f"ipc://{tmp_path}/nobody.sock", "s", "qwen3_5", 4096, blocks, UnitLayout("kv", ("a",), None),
                         timeout_s=2.0, backoff_s=5.0, quarantine_s=60.0, clock=clock)
     try:
         client.welcome = object()  # as if a hello had been answered; nobody answers from here on
@@ -182,6 +186,7 @@ def test_a_timed_out_demote_frees_its_memory_and_a_timed_out_restore_is_quaranti
         clock.now += 61
         client.poll()
         assert restore.memory_free and client.quarantined == 0
+        assert client.in_flight == 1  # past the back-off an idle poll says hello again (nobody answers here)
     finally:
         client.close()
 

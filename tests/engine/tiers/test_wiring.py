@@ -122,3 +122,14 @@ def test_a_port_without_a_staging_slot_moves_no_live_image():
     port = TierClientPort(client, SimpleNamespace(), device_slots=0, staging_slot=None)
     assert not port.demote_image("r", 0, "agent") and not port.restore_image("r")
     assert client.calls == []
+
+
+def test_the_tierd_timeout_flags_are_checked():
+    import pytest
+
+    from ignis.engine.config import EngineConfig
+
+    assert (EngineConfig().tierd_timeout, EngineConfig().tierd_retry_interval) == (10.0, 5.0)
+    for bad in ({"tierd_timeout": 0}, {"tierd_retry_interval": -1.0}, {"tierd_timeout": float("nan")}):
+        with pytest.raises(ValueError, match="--tierd-"):
+            EngineConfig(**bad)
