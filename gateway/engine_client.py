@@ -1,8 +1,9 @@
 """The gateway's asyncio side of the engine connection: one DEALER socket, many streams.
 
     engine ──ZeroMQ──> DEALER (zmq.asyncio, on the event loop) ──> one reader task ──> _dispatch
-        TokenBatch  -> each stream's share onto its request's inbox as (engine id, StreamTokens)
-        Finished / Refused -> onto the inbox, and the route is dropped
+        TokenBatch  -> read as columns (``TokenColumns``: no object per stream); each stream's
+                       share onto its request's inbox as (engine id, token ids, logprobs or None)
+        Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
 
 No I/O thread: the reader task takes every message already queued on the
@@ -41,7 +42,8 @@ from ignis.shared.wire import (
     Refused,
     Stats,
     StatsReply,
-    TokenBatch,
+    TOKEN_COLUMNS,
+    TokenColumns,
     Usage,
     WireError,
 )
@@ -174,7 +176,7 @@ class EngineClient:
 
     def _take(self, frames: list[bytes]) -> None:
         try:
-            msg = GATEWAY_ENGINE.decode(frames, ENGINE_TO_GATEWAY)
+            msg = GATEWAY_ENGINE.decode(frames, ENGINE_TO_GATEWAY, TOKEN_COLUMNS)
         except WireError as e:
             self.garbage_count += 1
             self._garbage_log.warning("gateway: dropped a malformed message from the engine: %s", e)
@@ -187,16 +189,24 @@ class EngineClient:
             log.exception("gateway: failed to dispatch a %s", type(msg).__name__)
 
     def _dispatch(self, msg) -> None:
-        if isinstance(msg, TokenBatch):
-            routes = self._routes
-            for stream in msg.streams:
-                q = routes.get(stream.id)
+        if type(msg) is TokenColumns:
+            routes, tokens, lps = self._routes, msg.tokens, msg.logprobs
+            if lps is None and len(tokens) == len(msg.ids):  # one token each: the steady state
+                for sid, token in zip(msg.ids, tokens):
+                    q = routes.get(sid)
+                    if q is not None:
+                        q.put_nowait((sid, (token,), None))
+                return
+            at = 0
+            for i, (sid, c) in enumerate(zip(msg.ids, msg.counts)):
+                q = routes.get(sid)
                 if q is not None:
-                    q.put_nowait((stream.id, stream))
+                    q.put_nowait((sid, tokens[at:at + c], None if lps is None else lps[i]))
+                at += c
         elif isinstance(msg, (Finished, Refused)):
             q = self._routes.pop(msg.id, None)
             if q is not None:
-                q.put_nowait((msg.id, msg))
+                q.put_nowait((msg.id, msg, None))
         elif isinstance(msg, StatsReply):
             self.stats_values = msg.values
             started = msg.values.get("engine_started_unix")
@@ -217,7 +227,7 @@ class EngineClient:
         log.warning("engine restarted: failing %d open streams", len(self._routes))
         routes, self._routes = self._routes, {}
         for engine_id, q in routes.items():
-            q.put_nowait((engine_id, Finished(engine_id, "error", Usage(0, 0), message=message)))
+            q.put_nowait((engine_id, Finished(engine_id, "error", Usage(0, 0), message=message), None))
 
     async def _beat(self) -> None:
         while True:
