@@ -6,8 +6,9 @@
         Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
 
-No I/O thread: the reader task takes every message already queued on the
-socket in one turn of the loop (no thread hop, no wake-up pipe per message),
+No I/O thread: the reader task takes the messages already queued on the
+socket in one turn of the loop (no thread hop, no wake-up pipe per message;
+at most ``MESSAGES_PER_TURN``, then it yields to the streams),
 and sends go straight to the socket. A message that does not decode is
 logged (rate limited), counted in ``garbage_count`` and dropped.
 
@@ -54,6 +55,9 @@ log = logging.getLogger("ignis.gateway")
 HEARTBEAT_S = 1.0
 HWM = 100_000
 """Messages queued each way before ZeroMQ pushes back (as ``shared.zmq_queues``)."""
+MESSAGES_PER_TURN = 256
+"""Engine messages the reader takes in one turn of the loop at most: an engine faster than the gateway
+cannot keep the loop from the streams' writes and the other requests."""
 
 
 class EngineUnavailable(RuntimeError):
@@ -167,12 +171,15 @@ class EngineClient:
         sock = self._sock
         while True:
             frames = await sock.recv_multipart()
-            while True:
-                self._take(frames)
+            self._take(frames)
+            for _ in range(MESSAGES_PER_TURN - 1):  # what is already queued, this turn
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK).result()  # what is already queued, this turn
+                    frames = sock.recv_multipart(zmq.NOBLOCK).result()
                 except zmq.Again:
                     break
+                self._take(frames)
+            else:  # more may be queued: let the streams write what they got first
+                await asyncio.sleep(0)
 
     def _take(self, frames: list[bytes]) -> None:
         try:

@@ -129,8 +129,7 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes]
         if usage_chunk is not None:
             await write(usage_chunk(gen.usage.to_json()))
     except StreamStalled as exc:
-        writer.stalled(exc, f"stream of {gen.messages[0].id.rsplit('-', 1)[0]}", on_stall)
-        raise
+        return writer.stalled(exc, f"stream of {gen.messages[0].id.rsplit('-', 1)[0]}", on_stall)
     except (ClientGone, ConnectionResetError):
         raise
     except Exception as exc:  # after the headers: report in-band, never a trace

@@ -123,8 +123,7 @@ class ResponsesResponse(EndpointResponse):
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
             await writer.write(self._event({"type": kind, "response": body}))
         except StreamStalled as exc:
-            writer.stalled(exc, f"response {self.body_head['id']}", on_stall)
-            raise
+            return writer.stalled(exc, f"response {self.body_head['id']}", on_stall)
         except (ClientGone, ConnectionResetError):
             raise
         except Exception as exc:  # after the headers: report in-band, never a trace

@@ -3,23 +3,27 @@
 The gateway never waits for a slow client: a write goes into the connection's
 write buffer (the transport's, in user space) and returns, so its stream keeps
 taking its engine output and no backlog builds anywhere else. What a client
-has not taken stays in that buffer, and ``write`` refuses to let it pass
-``limit`` bytes (``--stream-buffer-bytes``): it raises ``StreamStalled``
-instead. The transport's own high-water mark is set above the limit, so a
+has not taken stays in that buffer; once it holds more than ``limit`` bytes
+(``--stream-buffer-bytes``) the next ``write`` raises ``StreamStalled``
+instead (so the buffer holds at most the limit plus one event). The transport's own high-water mark is set above the limit, so a
 write never parks the handler in aiohttp's drain.
 
     writer = BoundedWriter(resp, request.transport, limit)
     await writer.write(chunk)   # StreamStalled: the buffer would pass the limit
 
-The caller ends the request on ``StreamStalled`` (``stalled``: the engine
-streams aborted by the Generation's close, the connection dropped, a log line,
-``ignis:gateway_stream_stalled_aborts_total``).
+The caller ends the request on ``StreamStalled`` and returns ``stalled()``'s
+response: the connection dropped, a log line,
+``ignis:gateway_stream_stalled_aborts_total``; the engine streams are aborted
+as the handler leaves its ``Generation`` (whose close aborts every unfinished
+choice), so their lanes are freed. The kernel's socket buffers (up to a few
+MiB) fill before this buffer does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -29,10 +33,12 @@ from ignis.gateway.generation import ClientGone
 log = logging.getLogger("ignis.gateway")
 
 DEFAULT_STREAM_BUFFER_BYTES = GatewayConfig.stream_buffer_bytes
+STALLED = web.ResponseKey("stalled", bool)
+"""Set on a response ended by a stall."""
 
 
 class StreamStalled(ClientGone):
-    """The client stopped reading: its unwritten output would pass the stream buffer limit."""
+    """The client stopped reading: its unwritten output passed the stream buffer limit."""
 
     def __init__(self, buffered: int, limit: int):
         super().__init__(f"{buffered} bytes of output unwritten, past the limit of {limit}")
@@ -53,15 +59,19 @@ class BoundedWriter:
     async def write(self, data: bytes) -> None:
         t = self.transport
         if t is not None:
-            buffered = t.get_write_buffer_size() + len(data)
+            buffered = t.get_write_buffer_size()
             if buffered > self.limit:
                 raise StreamStalled(buffered, self.limit)
         await self.resp.write(data)
 
-    def stalled(self, exc: StreamStalled, what: str, count) -> None:
-        """Log the stall of ``what`` (the request's id), count it, and drop the connection: its buffer would
-        never drain, so it is aborted, not closed."""
+    def stalled(self, exc: StreamStalled, what: str, count: Callable[[], None]) -> web.StreamResponse:
+        """Log the stall of ``what`` (the request), count it, and drop the connection (its buffer would never
+        drain, so it is aborted, not closed); returns the response, marked ``STALLED`` (HTTP 499 in the
+        request metrics), for the handler to return: aiohttp's end of it meets the dropped connection and
+        lets it be."""
         log.warning("%s: the client stopped reading (%s): request aborted, connection dropped", what, exc)
         count()
         if self.transport is not None:
             self.transport.abort()
+        self.resp[STALLED] = True
+        return self.resp
