@@ -169,12 +169,13 @@ class EngineClient:
     async def _read(self) -> None:
         """The one reader: every engine message, decoded and dispatched in arrival order."""
         sock = self._sock
+        queued = zmq.Socket.shadow(sock.underlying)  # the same socket, read without a future per message
         while True:
             frames = await sock.recv_multipart()
             self._take(frames)
             for _ in range(MESSAGES_PER_TURN - 1):  # what is already queued, this turn
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK).result()
+                    frames = queued.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 self._take(frames)
