@@ -5,11 +5,12 @@ write buffer (the transport's, in user space) and returns, so its stream keeps
 taking its engine output and no backlog builds anywhere else. What a client
 has not taken stays in that buffer; once it holds more than ``limit`` bytes
 (``--stream-buffer-bytes``) the next ``write`` raises ``StreamStalled``
-instead (so the buffer holds at most the limit plus one event). The transport's own high-water mark is set above the limit, so a
-write never parks the handler in aiohttp's drain.
+instead (so the buffer holds at most the limit plus one event). The
+transport's own high-water mark is set above that, so a write never parks
+the handler in aiohttp's drain.
 
     writer = BoundedWriter(resp, request.transport, limit)
-    await writer.write(chunk)   # StreamStalled: the buffer would pass the limit
+    await writer.write(chunk)   # StreamStalled: the buffer already holds more than the limit
 
 The caller ends the request on ``StreamStalled`` and returns ``stalled()``'s
 response: the connection dropped, a log line,
