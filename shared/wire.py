@@ -19,7 +19,9 @@ Directions:
     engine -> gateway   TokenBatch, Finished, Refused, ErrorReply, StatsReply
 
 ``n`` (several choices) is not a field: the gateway fans a request out into
-one Generate per choice.
+one Generate per choice. The gateway reads a TokenBatch as its columns
+(``decode(frames, readers=TOKEN_COLUMNS)`` gives a ``TokenColumns``, checked
+the same way), with no ``StreamTokens`` per stream.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from ignis.shared.wire_values import check_field_names
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "Finished", "Refused",
-    "ErrorReply", "StatsReply", "TokenColumns", "TOKEN_COLUMNS", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
+    "ErrorReply", "StatsReply", "TokenColumns", "TOKEN_COLUMNS", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY",
+    "GATEWAY_ENGINE", "encode", "decode",
 ]
 
 GATEWAY_ENGINE = WireProtocol("gateway-engine", version=1)
