@@ -2,8 +2,8 @@
 
 A real ``ignis gateway`` process (a small ``--stream-buffer-bytes``) talks to
 ``bench/null_engine.py`` (the real ZeroMQ protocol, 16 tokens to every stream
-every round, as fast as it can). One client opens a long stream and never
-reads; its unwritten output passes the limit, the gateway aborts the request
+every round, as fast as it can). One client opens a long stream
+(/v1/completions, then /v1/responses) and never reads; its unwritten output passes the limit, the gateway aborts the request
 at the engine (whose ``num_requests_running`` returns to 0), drops the
 connection, logs it and counts ``ignis:gateway_stream_stalled_aborts_total``,
 while another client's stream completes. Every wait polls against a deadline.
@@ -81,12 +81,18 @@ def wait_for(what: str, check) -> None:
         time.sleep(0.02)
 
 
-def test_a_stalled_client_is_aborted_and_its_lane_freed_while_others_stream(gateway, demo_tokenizer):
+STALLED_REQUESTS = {
+    "/v1/completions": {"prompt": [11, 12, 13], "max_tokens": 500_000, "stream": True, "ignore_eos": True},
+    "/v1/responses": {"input": "Write on.", "max_output_tokens": 500_000, "stream": True, "store": False},
+}
+
+
+@pytest.mark.parametrize("path", list(STALLED_REQUESTS))
+def test_a_stalled_client_is_aborted_and_its_lane_freed_while_others_stream(gateway, demo_tokenizer, path):
     url, endpoint, ids, log = gateway
-    assert stalled_aborts(url) == 0
+    before = stalled_aborts(url)
     parsed = urllib.parse.urlparse(url)
-    payload = json.dumps({"prompt": [11, 12, 13], "max_tokens": 500_000, "stream": True,
-                          "ignore_eos": True}).encode()
+    payload = json.dumps(STALLED_REQUESTS[path]).encode()
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)  # small: its output backs up in the gateway
     stalled.connect((parsed.hostname, parsed.port))
@@ -96,11 +102,11 @@ def test_a_stalled_client_is_aborted_and_its_lane_freed_while_others_stream(gate
         other["result"] = stream_text(url, OTHER_TOKENS)
 
     try:
-        stalled.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {parsed.netloc}\r\nContent-Type: application/json"
+        stalled.sendall(f"POST {path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nContent-Type: application/json"
                         f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
         reader = threading.Thread(target=read_another)
         reader.start()
-        wait_for("the stalled stream to be aborted", lambda: stalled_aborts(url) == 1)
+        wait_for("the stalled stream to be aborted", lambda: stalled_aborts(url) == before + 1)
         reader.join(DEADLINE_S)
         assert not reader.is_alive()
         text, lines = other["result"]
@@ -120,4 +126,4 @@ def test_a_stalled_client_is_aborted_and_its_lane_freed_while_others_stream(gate
     assert "the client stopped reading" in log.read_text()
     text, _ = stream_text(url, 7)  # the gateway serves on
     assert text == expected(demo_tokenizer, ids, 7)
-    assert stalled_aborts(url) == 1
+    assert stalled_aborts(url) == before + 1
