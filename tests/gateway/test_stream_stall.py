@@ -3,10 +3,11 @@
 A real ``ignis gateway`` process (a small ``--stream-buffer-bytes``) talks to
 ``bench/null_engine.py`` (the real ZeroMQ protocol, 16 tokens to every stream
 every round, as fast as it can). One client opens a long stream
-(/v1/completions, then /v1/responses) and never reads; its unwritten output passes the limit, the gateway aborts the request
-at the engine (whose ``num_requests_running`` returns to 0), drops the
-connection, logs it and counts ``ignis:gateway_stream_stalled_aborts_total``,
-while another client's stream completes. Every wait polls against a deadline.
+(/v1/completions, then /v1/responses) and never reads; its unwritten output
+passes the limit, the gateway aborts the request at the engine (whose
+``num_requests_running`` returns to 0), drops the connection, logs it and
+counts ``ignis:gateway_stream_stalled_aborts_total``, while another client's
+stream completes. Every wait polls against a deadline.
 """
 
 from __future__ import annotations
