@@ -5,11 +5,11 @@
 One thread and one ROUTER socket (frames decoded by ``shared.wire``; garbage
 answered with an ErrorReply) that answers like the engine:
 
-    Stats     -> StatsReply (max_model_len, vocab_size, engine_started_unix)
+    Stats     -> StatsReply (max_model_len, vocab_size, engine_started_unix, rounds, num_requests_running)
     Generate  -> a stream of ``max_tokens`` tokens, cycling through ``--tokens``, then Finished length
     Abort     -> the stream ends at once with Finished abort
 
-Rounds: each round gives one token to every stream that may take one and
+Rounds: each round gives one token (``--burst N``: N) to every stream that may take one and
 sends, per gateway, one TokenBatch holding all of that gateway's streams of
 the round (as the engine does), then the Finished of streams that ran out.
 
@@ -97,17 +97,20 @@ class Credits:
         return self.counts.tolist()
 
 
-def token_batch_frames(ids: list[str], tokens: list[int]) -> list[bytes]:
-    """The frames of a TokenBatch giving ``tokens[i]`` to stream ``ids[i]``, built directly (a round's hot path);
-    ``check_framing`` proves them equal to the codec's."""
-    header = orjson.dumps({"type": TokenBatch.TYPE, "v": GATEWAY_ENGINE.version, "ids": ids, "counts": [1] * len(ids)})
+def token_batch_frames(ids: list[str], tokens: list[int], counts: list[int] | None = None) -> list[bytes]:
+    """The frames of a TokenBatch giving stream ``ids[i]`` its ``counts[i]`` (default: one each) of ``tokens`` in
+    order, built directly (a round's hot path); ``check_framing`` proves them equal to the codec's."""
+    header = orjson.dumps({"type": TokenBatch.TYPE, "v": GATEWAY_ENGINE.version, "ids": ids,
+                           "counts": [1] * len(ids) if counts is None else counts})
     return [header, np.asarray(tokens, dtype="<i4").tobytes()]
 
 
 def check_framing() -> None:
     ids, tokens = ["a-0", "b-1"], [5, 248_000]
     batch = TokenBatch(tuple(StreamTokens(i, (t,)) for i, t in zip(ids, tokens)))
-    if token_batch_frames(ids, tokens) != GATEWAY_ENGINE.encode(batch):
+    pairs = TokenBatch((StreamTokens(ids[0], (5, 6, 7)), StreamTokens(ids[1], (8,))))
+    if (token_batch_frames(ids, tokens) != GATEWAY_ENGINE.encode(batch)
+            or token_batch_frames(ids, [5, 6, 7, 8], [3, 1]) != GATEWAY_ENGINE.encode(pairs)):
         raise SystemExit("null engine: its TokenBatch framing differs from shared.wire's")
 
 
@@ -115,8 +118,9 @@ class NullEngine:
     """One thread, one ROUTER socket: the inbox is read between rounds, as the engine does."""
 
     def __init__(self, endpoint: str, tokens: list[int], credits: Credits | None, window: int,
-                 garbage_every: int = 0):
+                 garbage_every: int = 0, burst: int = 1):
         self.garbage_every = garbage_every
+        self.burst = burst
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -165,7 +169,7 @@ class NullEngine:
         if isinstance(msg, Stats):
             self._send(peer, GATEWAY_ENGINE.encode(StatsReply({
                 "max_model_len": MAX_MODEL_LEN, "vocab_size": VOCAB_SIZE, "engine_started_unix": self.started,
-                "rounds": self.rounds})))
+                "rounds": self.rounds, "num_requests_running": len(self.streams)})))
         elif isinstance(msg, Generate):
             first = msg.prompt_ids[0] - SLOT_BASE
             slots = len(self.credits.counts) if self.credits is not None else 0
@@ -189,7 +193,7 @@ class NullEngine:
             return False
         now = time.monotonic()
         reads = self.credits.read_all() if self.credits is not None else None
-        batches: dict[bytes, tuple[list[str], list[int]]] = {}
+        batches: dict[bytes, tuple[list[str], list[int], list[int]]] = {}
         done: list[Stream] = []
         n, window = len(self.tokens), self.window
         for s in self.streams.values():
@@ -199,15 +203,17 @@ class NullEngine:
                     s.last_read, s.moved_at = read, now
                 if s.sent - (read - s.read_base) >= window and now - s.moved_at <= STALL_S:
                     continue
-            ids, toks = batches.setdefault(s.peer, ([], []))
+            ids, counts, toks = batches.setdefault(s.peer, ([], [], []))
+            k = min(self.burst, s.left)
             ids.append(s.id)
-            toks.append(self.tokens[s.sent % n])
-            s.sent += 1
-            s.left -= 1
+            counts.append(k)
+            toks.extend(self.tokens[(s.sent + j) % n] for j in range(k))
+            s.sent += k
+            s.left -= k
             if s.left <= 0:
                 done.append(s)
-        for peer, (ids, toks) in batches.items():
-            self._send(peer, token_batch_frames(ids, toks))
+        for peer, (ids, counts, toks) in batches.items():
+            self._send(peer, token_batch_frames(ids, toks, counts))
             if self.garbage_every and self.rounds % self.garbage_every == 0:
                 self._send(peer, MALFORMED)
         for s in done:
@@ -228,12 +234,14 @@ def main() -> int:
     ap.add_argument("--tokens", required=True, help="comma-separated token ids every stream cycles through")
     ap.add_argument("--credits", default=None, help="file of int64 per-slot read counters (see the docstring)")
     ap.add_argument("--window", type=int, default=2, help="unread tokens allowed per stream with --credits")
+    ap.add_argument("--burst", type=int, default=1, help="tokens each stream gets per round (tests that need "
+                    "output fast; pacing by --credits assumes 1)")
     ap.add_argument("--garbage-every", type=int, default=0, help="after every Nth round also send a malformed "
                     "TokenBatch to each gateway (tests)")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     engine = NullEngine(args.endpoint, tokens, Credits(args.credits) if args.credits else None, args.window,
-                        args.garbage_every)
+                        args.garbage_every, args.burst)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     check_framing()

@@ -44,6 +44,7 @@ from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
 from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.tokenizer import ModelFiles
 from ignis.shared.runtime import default_runtime_dir
 
@@ -103,7 +104,7 @@ async def _middleware(request: web.Request, handler):
         _auth(gw, request)
         _json_post(request)
         resp = await handler(request)
-        status = resp.status
+        status = 499 if resp.get(STALLED) else resp.status  # a stalled client's: dropped, not answered
         return resp
     except ApiError as e:
         status = e.status

@@ -19,6 +19,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+import orjson
 from aiohttp import web
 
 from ignis.gateway.chat_template import TemplateRenderError
@@ -177,6 +178,17 @@ class ChatResponse(EndpointResponse):
         if self.params.logprobs and d.logprobs:
             choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, d.logprobs)}
         return choice
+
+    def chunk_choice_bytes(self, d: ChoiceDelta) -> bytes:
+        if d.finish_reason is None and not d.tool_calls and not (self.params.logprobs and d.logprobs):
+            # the common chunk, text of one kind: the bytes chunk_choice's dict serialises to
+            if d.content and not d.reasoning:
+                return b'{"index":%d,"delta":{"content":%b},"logprobs":null,"finish_reason":null}' % (
+                    d.index, orjson.dumps(d.content))
+            if d.reasoning and not d.content:
+                return b'{"index":%d,"delta":{"reasoning_content":%b},"logprobs":null,"finish_reason":null}' % (
+                    d.index, orjson.dumps(d.reasoning))
+        return orjson.dumps(self.chunk_choice(d))
 
     def take(self, d: ChoiceDelta) -> None:
         a = self.acc[d.index]

@@ -18,7 +18,7 @@ from ignis.gateway.detokenize import IncrementalDetokenizer
 from ignis.gateway.output_parser import OutputParser, ToolCallDelta
 from ignis.gateway.stop_strings import StopMatcher
 from ignis.gateway.tokenizer import TextTokenizer
-from ignis.shared.wire import StreamTokens
+from ignis.shared.wire import StreamTokens, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -71,21 +71,24 @@ class ChoiceState:
 
     def feed(self, *streams: StreamTokens) -> ChoiceDelta:
         """The delta of one or more consecutive engine batches of this choice."""
+        return self.feed_tokens([(s.token_ids, s.logprobs) for s in streams])
+
+    def feed_tokens(self, batches: list[tuple[tuple[int, ...], TokenLogprobs | None]]) -> ChoiceDelta:
+        """``feed`` of the batches' ``(token ids, logprobs or None)``, as the engine client routes them."""
         delta = ChoiceDelta(self.index)
         if self.finished or self.stops.stopped:
             return delta
         text_parts = []
-        for stream in streams:
-            if self._feed(stream, delta, text_parts):
+        for ids, lp in batches:
+            if self._feed(ids, lp, delta, text_parts):
                 break
         self.token_ids.extend(delta.token_ids)
         self._parse("".join(text_parts), delta)
         return delta
 
-    def _feed(self, stream: StreamTokens, delta: ChoiceDelta, text_parts: list[str]) -> bool:
+    def _feed(self, ids: tuple[int, ...], lp: TokenLogprobs | None, delta: ChoiceDelta, text_parts: list[str]
+              ) -> bool:
         """Add one batch's tokens; True once a stop string matched."""
-        lp = stream.logprobs
-        ids = stream.token_ids
         stop_ids = self.stop_token_ids
         if lp is None and not self.stops.stops and not (stop_ids and not stop_ids.isdisjoint(ids)):
             delta.token_ids.extend(ids)  # the common case: no per-token work but detokenizing

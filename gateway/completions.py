@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import orjson
 from aiohttp import web
 
 from ignis.gateway.choice import ChoiceDelta
@@ -93,6 +94,12 @@ class CompletionResponse(EndpointResponse):
         if self.params.logprobs and d.logprobs:
             choice["logprobs"] = self.lps[d.index].add(self.tokenizer, d.logprobs)
         return choice
+
+    def chunk_choice_bytes(self, d: ChoiceDelta) -> bytes:
+        if not (self.params.logprobs and d.logprobs):  # the bytes chunk_choice's dict serialises to
+            return b'{"index":%d,"text":%b,"logprobs":null,"finish_reason":%b}' % (
+                d.index, orjson.dumps(d.content), b"null" if d.finish_reason is None else orjson.dumps(d.finish_reason))
+        return orjson.dumps(self.chunk_choice(d))
 
     def take(self, d: ChoiceDelta) -> None:
         a = self.acc[d.index]

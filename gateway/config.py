@@ -67,6 +67,10 @@ class GatewayConfig:
         "requests fail with HTTP 503"))
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight HTTP requests finish"))
+    stream_buffer_bytes: int = field(default=4 << 20, metadata=field_doc(
+        "output of one streamed response that may wait unwritten for a client that does not read, e.g. 4M; "
+        "past it the request is aborted in the engine, its connection dropped and "
+        "ignis:gateway_stream_stalled_aborts_total counted", parse=parse_bytes))
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -93,6 +97,8 @@ class GatewayConfig:
             raise ValueError(f"--default-max-tokens must be a positive integer, got {self.default_max_tokens!r}")
         if not self.engine_timeout > 0:
             raise ValueError(f"--engine-timeout must be > 0 seconds, got {self.engine_timeout}")
+        if type(self.stream_buffer_bytes) is not int or self.stream_buffer_bytes < 4096:
+            raise ValueError(f"--stream-buffer-bytes must be at least 4096, got {self.stream_buffer_bytes!r}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if self.api_key is not None and not self.api_key.strip():

@@ -1,12 +1,14 @@
 """The gateway's asyncio side of the engine connection: one DEALER socket, many streams.
 
     engine ──ZeroMQ──> DEALER (zmq.asyncio, on the event loop) ──> one reader task ──> _dispatch
-        TokenBatch  -> each stream's share onto its request's inbox as (engine id, StreamTokens)
-        Finished / Refused -> onto the inbox, and the route is dropped
+        TokenBatch  -> read as columns (``TokenColumns``: no object per stream); each stream's
+                       share onto its request's inbox as (engine id, token ids, logprobs or None)
+        Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
 
-No I/O thread: the reader task takes every message already queued on the
-socket in one turn of the loop (no thread hop, no wake-up pipe per message),
+No I/O thread: the reader task takes the messages already queued on the
+socket in one turn of the loop (no thread hop, no wake-up pipe per message;
+at most ``MESSAGES_PER_TURN``, then it yields to the streams),
 and sends go straight to the socket. A message that does not decode is
 logged (rate limited), counted in ``garbage_count`` and dropped.
 
@@ -41,7 +43,8 @@ from ignis.shared.wire import (
     Refused,
     Stats,
     StatsReply,
-    TokenBatch,
+    TOKEN_COLUMNS,
+    TokenColumns,
     Usage,
     WireError,
 )
@@ -52,6 +55,9 @@ log = logging.getLogger("ignis.gateway")
 HEARTBEAT_S = 1.0
 HWM = 100_000
 """Messages queued each way before ZeroMQ pushes back (as ``shared.zmq_queues``)."""
+MESSAGES_PER_TURN = 256
+"""Engine messages the reader takes in one turn of the loop at most: an engine faster than the gateway
+cannot keep the loop from the streams' writes and the other requests."""
 
 
 class EngineUnavailable(RuntimeError):
@@ -163,18 +169,22 @@ class EngineClient:
     async def _read(self) -> None:
         """The one reader: every engine message, decoded and dispatched in arrival order."""
         sock = self._sock
+        queued = zmq.Socket.shadow(sock.underlying)  # the same socket, read without a future per message
         while True:
             frames = await sock.recv_multipart()
-            while True:
-                self._take(frames)
+            self._take(frames)
+            for _ in range(MESSAGES_PER_TURN - 1):  # what is already queued, this turn
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK).result()  # what is already queued, this turn
+                    frames = queued.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                self._take(frames)
+            else:  # more may be queued: let the streams write what they got first
+                await asyncio.sleep(0)
 
     def _take(self, frames: list[bytes]) -> None:
         try:
-            msg = GATEWAY_ENGINE.decode(frames, ENGINE_TO_GATEWAY)
+            msg = GATEWAY_ENGINE.decode(frames, ENGINE_TO_GATEWAY, TOKEN_COLUMNS)
         except WireError as e:
             self.garbage_count += 1
             self._garbage_log.warning("gateway: dropped a malformed message from the engine: %s", e)
@@ -187,16 +197,24 @@ class EngineClient:
             log.exception("gateway: failed to dispatch a %s", type(msg).__name__)
 
     def _dispatch(self, msg) -> None:
-        if isinstance(msg, TokenBatch):
-            routes = self._routes
-            for stream in msg.streams:
-                q = routes.get(stream.id)
+        if type(msg) is TokenColumns:
+            routes, tokens, lps = self._routes, msg.tokens, msg.logprobs
+            if lps is None and len(tokens) == len(msg.ids):  # one token each: the steady state
+                for sid, token in zip(msg.ids, tokens):
+                    q = routes.get(sid)
+                    if q is not None:
+                        q.put_nowait((sid, (token,), None))
+                return
+            at = 0
+            for i, (sid, c) in enumerate(zip(msg.ids, msg.counts)):
+                q = routes.get(sid)
                 if q is not None:
-                    q.put_nowait((stream.id, stream))
+                    q.put_nowait((sid, tokens[at:at + c], None if lps is None else lps[i]))
+                at += c
         elif isinstance(msg, (Finished, Refused)):
             q = self._routes.pop(msg.id, None)
             if q is not None:
-                q.put_nowait((msg.id, msg))
+                q.put_nowait((msg.id, msg, None))
         elif isinstance(msg, StatsReply):
             self.stats_values = msg.values
             started = msg.values.get("engine_started_unix")
@@ -217,7 +235,7 @@ class EngineClient:
         log.warning("engine restarted: failing %d open streams", len(self._routes))
         routes, self._routes = self._routes, {}
         for engine_id, q in routes.items():
-            q.put_nowait((engine_id, Finished(engine_id, "error", Usage(0, 0), message=message)))
+            q.put_nowait((engine_id, Finished(engine_id, "error", Usage(0, 0), message=message), None))
 
     async def _beat(self) -> None:
         while True:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ignis.gateway.choice import ChoiceDelta, ChoiceState
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import RETRY_AFTER_S, ApiError, engine_unavailable, from_refusal
-from ignis.shared.wire import Finished, Generate, Refused, StreamTokens
+from ignis.shared.wire import Finished, Generate, Refused, TokenLogprobs
 
 POLL_S = 0.5
 
@@ -44,16 +44,18 @@ class EngineFailed(Exception):
         self.status = status
 
 
-@dataclass
 class StreamInbox:
-    """One request's engine answers, ``(engine id, item)`` in arrival order; the engine client puts, the
-    request awaits. A wait costs one future; ``fail`` wakes a waiter with an exception."""
+    """One request's engine answers in arrival order; the engine client puts, the request awaits.
+
+    An item is ``(engine id, token ids, TokenLogprobs or None)`` for a stream's tokens of one round, or
+    ``(engine id, Finished | Refused, None)``. A wait costs one future; ``fail`` wakes a waiter with an
+    exception."""
 
     def __init__(self):
-        self.items: collections.deque[tuple[str, object]] = collections.deque()
+        self.items: collections.deque[tuple[str, object, object]] = collections.deque()
         self._waiter: asyncio.Future | None = None
 
-    def put_nowait(self, item: tuple[str, object]) -> None:
+    def put_nowait(self, item: tuple[str, object, object]) -> None:
         self.items.append(item)
         w = self._waiter
         if w is not None and not w.done():
@@ -101,7 +103,7 @@ class Generation:
         self.finished: dict[str, Finished] = {}
         self.disconnected = disconnected
         self.inbox = StreamInbox()
-        self._early: list[tuple[str, object]] = []
+        self._early: collections.deque[tuple[str, object, object]] = collections.deque()
         self._tick: asyncio.TimerHandle | None = None
         self.usage = Usage(prompt_tokens=len(messages[0].prompt_ids))
 
@@ -118,12 +120,12 @@ class Generation:
         self.client.open(self.messages, self.inbox)
         waiting = set(self.by_id)
         while waiting:
-            engine_id, item = await self._get()
+            engine_id, item, lp = await self._get()
             if isinstance(item, Refused):
                 self.close()
                 raise from_refusal(item.reason, item.message)
             waiting.discard(engine_id)
-            self._early.append((engine_id, item))
+            self._early.append((engine_id, item, lp))
 
     def close(self) -> None:
         if self._tick is not None:
@@ -138,14 +140,17 @@ class Generation:
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         while len(self.finished) < len(self.messages):
             if self._early:
-                engine_id, item = self._early.pop(0)
+                engine_id, item, lp = self._early.popleft()
             else:
-                engine_id, item = await self._get()
+                items = self.inbox.items
+                while not items:
+                    await self.inbox.wait()
+                engine_id, item, lp = items.popleft()
             choice = self.by_id.get(engine_id)
             if choice is None or engine_id in self.finished:
                 continue
-            if isinstance(item, StreamTokens):
-                delta = choice.feed(*self._same_stream(engine_id, item))
+            if type(item) is tuple:  # token ids
+                delta = choice.feed_tokens(self._same_stream(engine_id, item, lp))
                 if choice.stopped_by_string:
                     self.client.abort(engine_id, keep_route=True)
                 if delta.has_output:
@@ -169,16 +174,18 @@ class Generation:
         u.completion_tokens += len(choice.token_ids) if choice.stopped_by_string else fin.usage.completion_tokens
         return delta
 
-    def _same_stream(self, engine_id: str, item: StreamTokens) -> list[StreamTokens]:
-        """``item`` and the tokens of the same stream queued right behind it."""
-        batch, items = [item], self.inbox.items
+    def _same_stream(self, engine_id: str, token_ids: tuple[int, ...], lp
+                     ) -> list[tuple[tuple[int, ...], TokenLogprobs | None]]:
+        """``(token_ids, lp)`` and the tokens of the same stream queued right behind them."""
+        batch, items = [(token_ids, lp)], self.inbox.items
         if self._early:
             return batch
-        while items and items[0][0] == engine_id and isinstance(items[0][1], StreamTokens):
-            batch.append(items.popleft()[1])
+        while items and items[0][0] == engine_id and type(items[0][1]) is tuple:
+            _, more, more_lp = items.popleft()
+            batch.append((more, more_lp))
         return batch
 
-    async def _get(self) -> tuple[str, object]:
+    async def _get(self) -> tuple[str, object, object]:
         items = self.inbox.items
         while not items:
             await self.inbox.wait()

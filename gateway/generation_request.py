@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import orjson
 from aiohttp import web
 
 from ignis.gateway.body import parse_object, read_body
@@ -31,7 +32,7 @@ from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams, parse_common, sampling_for
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.request_limits import RequestLimits, check_body
-from ignis.gateway.responses import json_response, stream_sse
+from ignis.gateway.responses import json_response, sse, sse_skeleton, stream_sse
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.wire import Generate
@@ -67,6 +68,10 @@ class EndpointResponse:
         """One streamed choice; called only for a delta with something to send."""
         raise NotImplementedError
 
+    def chunk_choice_bytes(self, d: ChoiceDelta) -> bytes:
+        """``chunk_choice`` as JSON (an endpoint may write its common case without the dict)."""
+        return orjson.dumps(self.chunk_choice(d))
+
     def take(self, d: ChoiceDelta) -> None:
         """One body: add a delta to its choice."""
         raise NotImplementedError
@@ -79,9 +84,10 @@ class EndpointResponse:
         """The one JSON body (``choices`` from ``body_choice``)."""
         return dict(self.body_head, choices=choices, usage=usage.to_json())
 
-    async def stream(self, http: web.Request, gen: Generation, on_tokens: Callable[[int], None]
-                     ) -> web.StreamResponse | None:
-        """A streamed answer in the endpoint's own event format; None: chat-style ``data:`` chunks."""
+    async def stream(self, http: web.Request, gen: Generation, on_tokens: Callable[[int], None],
+                     buffer_limit: int, on_stall: Callable[[], None]) -> web.StreamResponse | None:
+        """A streamed answer in the endpoint's own event format; None: chat-style ``data:`` chunks.
+        ``buffer_limit`` and ``on_stall``: as ``stream_sse``'s."""
         return None
 
 
@@ -133,7 +139,8 @@ class GenerationRequest:
                 await gen.open()
                 gw.metrics.first_token(endpoint, time.monotonic() - self.started)
                 if p.stream:
-                    own = await response.stream(self.http, gen, gw.metrics.tokens.inc)
+                    own = await response.stream(self.http, gen, gw.metrics.tokens.inc,
+                                                gw.config.stream_buffer_bytes, gw.metrics.stalled.inc)
                     if own is not None:
                         return own
                     return await self._stream(gen, response, prompt_ids)
@@ -155,20 +162,26 @@ class GenerationRequest:
         elif p.return_token_ids:
             prelude = [dict(head, choices=[], prompt_token_ids=list(prompt_ids), **extra)]
         wants_tokens = p.return_token_ids or p.logprobs
+        # Every chunk is the head's keys, one choice, and the usage key when asked: serialised once, then only
+        # the choice is spliced in per delta (the bytes orjson makes of the whole dict).
+        open_, close = sse_skeleton(head, "choices", extra)
+        open_, close = open_ + b"[", b"]" + close
 
-        def chunk_of(d: ChoiceDelta) -> dict | None:
+        def chunk_of(d: ChoiceDelta) -> bytes | None:
             if not (d.has_text or d.finish_reason or (wants_tokens and d.token_ids)):
                 return None
-            choice = response.chunk_choice(d)
+            choice = response.chunk_choice_bytes(d)
             if p.return_token_ids:
-                choice["token_ids"] = d.token_ids
-            return dict(head, choices=[choice], **extra)
+                choice = choice[:-1] + b',"token_ids":' + orjson.dumps(d.token_ids) + b"}"
+            return open_ + choice + close
 
-        def usage_chunk(usage: dict) -> dict:
-            return dict(head, choices=[], usage=usage)
+        def usage_chunk(usage: dict) -> bytes:
+            return sse(dict(head, choices=[], usage=usage))
 
-        return await stream_sse(self.http, gen, prelude, chunk_of, usage_chunk if p.include_usage else None,
-                                on_tokens=self.gw.metrics.tokens.inc)
+        gw = self.gw
+        return await stream_sse(self.http, gen, [sse(c) for c in prelude], chunk_of,
+                                usage_chunk if p.include_usage else None, on_tokens=gw.metrics.tokens.inc,
+                                buffer_limit=gw.config.stream_buffer_bytes, on_stall=gw.metrics.stalled.inc)
 
     async def _one_body(self, gen: Generation, response: EndpointResponse, prompt_ids) -> web.Response:
         p = self.params

@@ -2,7 +2,9 @@
 
 One registry per gateway (nothing global, so tests can run several):
 requests by endpoint and HTTP status, request latency, time to first token as
-the gateway sees it, tokens streamed to clients, and streams open right now;
+the gateway sees it, tokens streamed to clients, streams open right now, and
+streams aborted because their client stopped reading
+(``ignis:gateway_stream_stalled_aborts_total``, gateway.stream_writer);
 and ``ignis:capture_marks_missing_total{mark,reason}``, chat requests served
 without a capture mark the gateway could not find (gateway.capture_marks); and
 ``ignis:gateway_responses_tools_ignored_total{tool}``, hosted tools of
@@ -32,6 +34,8 @@ class GatewayMetrics(ProcessMetrics):
                                    ("endpoint",), buckets=LATENCY_BUCKETS)
         self.tokens = self.counter("streamed_tokens", "completion tokens sent to clients")
         self.active = self.gauge("active_streams", "completion requests in progress")
+        self.stalled = self.counter("stream_stalled_aborts", "streamed requests aborted because the client "
+                                    "stopped reading (--stream-buffer-bytes of output waited unwritten)")
         self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
                                      ("model_name", "mark", "reason"), registry=self.registry)
         self.tools_ignored = self.counter("responses_tools_ignored", "hosted tools of /v1/responses requests left "

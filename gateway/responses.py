@@ -21,6 +21,7 @@ from aiohttp import web
 
 from ignis.gateway.choice import ChoiceDelta, TokenRecord
 from ignis.gateway.generation import ClientGone, Generation, api_error_of
+from ignis.gateway.stream_writer import DEFAULT_STREAM_BUFFER_BYTES, BoundedWriter, StreamStalled
 from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
@@ -36,6 +37,17 @@ def new_id(prefix: str) -> str:
 
 def sse(obj: dict) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def sse_skeleton(head: dict, key: str, after: dict) -> tuple[bytes, bytes]:
+    """The bytes of ``sse(dict(head, **{key: VALUE}, **after))`` before and after VALUE's JSON: an event that
+    differs from chunk to chunk in that one value is ``open + value_json + close``, nothing else serialised
+    per chunk."""
+    value = "\x00value\x00"  # a string no head holds
+    marker = orjson.dumps(value)
+    whole = orjson.dumps(dict(head, **{key: value}, **after))
+    at = whole.index(marker)
+    return b"data: " + whole[:at], whole[at + len(marker):] + b"\n\n"
 
 
 def json_response(obj: dict, status: int = 200) -> web.Response:
@@ -86,30 +98,38 @@ def merge_completion_logprobs(parts: list[dict]) -> dict:
     return out
 
 
-async def stream_sse(request: web.Request, gen: Generation, prelude: list[dict],
-                     chunk_of: Callable[[ChoiceDelta], dict | None], usage_chunk: Callable[[dict], dict] | None,
-                     on_tokens: Callable[[int], None] = lambda n: None) -> web.StreamResponse:
-    """Send ``prelude``, a chunk per delta, the usage chunk (if asked) and [DONE].
+async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes],
+                     chunk_of: Callable[[ChoiceDelta], bytes | None], usage_chunk: Callable[[dict], bytes] | None,
+                     on_tokens: Callable[[int], None] = lambda n: None, *,
+                     buffer_limit: int = DEFAULT_STREAM_BUFFER_BYTES,
+                     on_stall: Callable[[], None] = lambda: None) -> web.StreamResponse:
+    """Send ``prelude``, an SSE event per delta (``chunk_of``: its bytes, or None), the usage event (if
+    asked) and [DONE].
 
     ``on_tokens`` (a metrics counter) is told in batches of ``TOKENS_PER_COUNT`` and once at the end, not per
-    delta: a counter takes a lock."""
+    delta: a counter takes a lock. A client that leaves more than ``buffer_limit`` bytes unread ends the
+    request (``gateway.stream_writer``; ``on_stall`` counts it)."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
+    writer = BoundedWriter(resp, request.transport, buffer_limit)
+    write = writer.write
     counted = 0
     try:
-        for obj in prelude:
-            await resp.write(sse(obj))
+        for event in prelude:
+            await write(event)
         async for delta in gen.deltas():
             counted += len(delta.token_ids)
             if counted >= TOKENS_PER_COUNT:
                 on_tokens(counted)
                 counted = 0
-            obj = chunk_of(delta)
-            if obj is not None:
-                await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+            event = chunk_of(delta)
+            if event is not None:
+                await write(event)
         if usage_chunk is not None:
-            await resp.write(sse(usage_chunk(gen.usage.to_json())))
+            await write(usage_chunk(gen.usage.to_json()))
+    except StreamStalled as exc:
+        return writer.stalled(exc, f"stream of {gen.messages[0].id.rsplit('-', 1)[0]}", on_stall)
     except (ClientGone, ConnectionResetError):
         raise
     except Exception as exc:  # after the headers: report in-band, never a trace

@@ -36,6 +36,7 @@ from ignis.gateway.generation import ClientGone, Generation, Usage, api_error_of
 from ignis.gateway.generation_request import EndpointResponse
 from ignis.gateway.params import CommonParams
 from ignis.gateway.responses_output import OutputItems
+from ignis.gateway.stream_writer import BoundedWriter, StreamStalled
 from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
@@ -99,15 +100,16 @@ class ResponsesResponse(EndpointResponse):
         self.seq += 1
         return event_bytes(event)
 
-    async def stream(self, http: web.Request, gen: Generation, on_tokens: Callable[[int], None]
-                     ) -> web.StreamResponse:
+    async def stream(self, http: web.Request, gen: Generation, on_tokens: Callable[[int], None],
+                     buffer_limit: int, on_stall: Callable[[], None]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(http)
+        writer = BoundedWriter(resp, http.transport, buffer_limit)
         counted = 0
         try:
             start = self.response("in_progress")
-            await resp.write(self._event({"type": "response.created", "response": start}) +
+            await writer.write(self._event({"type": "response.created", "response": start}) +
                              self._event({"type": "response.in_progress", "response": start}))
             async for d in gen.deltas():
                 counted += len(d.token_ids)
@@ -116,10 +118,12 @@ class ResponsesResponse(EndpointResponse):
                     counted = 0
                 events = self.items.feed(d)
                 if events:
-                    await resp.write(b"".join(self._event(e) for e in events))
+                    await writer.write(b"".join(self._event(e) for e in events))
             body = self.final(gen.usage)
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
-            await resp.write(self._event({"type": kind, "response": body}))
+            await writer.write(self._event({"type": kind, "response": body}))
+        except StreamStalled as exc:
+            return writer.stalled(exc, f"response {self.body_head['id']}", on_stall)
         except (ClientGone, ConnectionResetError):
             raise
         except Exception as exc:  # after the headers: report in-band, never a trace

@@ -19,7 +19,9 @@ Directions:
     engine -> gateway   TokenBatch, Finished, Refused, ErrorReply, StatsReply
 
 ``n`` (several choices) is not a field: the gateway fans a request out into
-one Generate per choice.
+one Generate per choice. The gateway reads a TokenBatch as its columns
+(``decode(frames, readers=TOKEN_COLUMNS)`` gives a ``TokenColumns``, checked
+the same way), with no ``StreamTokens`` per stream.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ from ignis.shared.wire_fields import (
     frame_to_tokens,
     tokens_to_frame,
 )
-from ignis.shared.wire_parts import ReuseInfo, StreamTokens, Timings, TokenLogprobs, Usage
+from ignis.shared.wire_parts import MAX_STREAM_ID_CHARS, ReuseInfo, StreamTokens, Timings, TokenLogprobs, Usage
 from ignis.shared.wire_values import check_field_names
 
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "Finished", "Refused",
-    "ErrorReply", "StatsReply", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
+    "ErrorReply", "StatsReply", "TokenColumns", "TOKEN_COLUMNS", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY",
+    "GATEWAY_ENGINE", "encode", "decode",
 ]
 
 GATEWAY_ENGINE = WireProtocol("gateway-engine", version=1)
@@ -196,23 +199,66 @@ class TokenBatch:
 
     @classmethod
     def from_wire(cls, fields: dict, frames: list) -> TokenBatch:
+        return cls(streams=TokenColumns.from_wire(fields, frames).streams())
+
+
+class TokenColumns:
+    """A TokenBatch as its decoded columns, with no ``StreamTokens`` per stream: what the gateway routes.
+
+    ``GATEWAY_ENGINE.decode(frames, readers=TOKEN_COLUMNS)`` returns one in
+    place of a TokenBatch, checked exactly as ``TokenBatch.from_wire`` checks
+    (it is built from one):
+
+        ids[i]        stream i's id (a non-empty string, unique in the batch)
+        counts[i]     how many tokens stream i got (at least one)
+        tokens        every stream's tokens, concatenated in the order of ``ids``
+        logprobs      None, or a list parallel to ``ids`` of None | TokenLogprobs
+    """
+
+    __slots__ = ("ids", "counts", "tokens", "logprobs")
+
+    def __init__(self, ids: list[str], counts: list[int], tokens: tuple[int, ...],
+                 logprobs: list[TokenLogprobs | None] | None):
+        self.ids, self.counts, self.tokens, self.logprobs = ids, counts, tokens, logprobs
+
+    @classmethod
+    def from_wire(cls, fields: dict, frames: list) -> TokenColumns:
         check_field_names(fields, ("ids", "counts"), optional=("logprobs",))
         ids, counts, lps = fields["ids"], fields["counts"], fields.get("logprobs")
         if type(ids) is not list or type(counts) is not list or len(ids) != len(counts):
             raise WireError("token_batch ids and counts must be lists of the same length")
         if lps is not None and (type(lps) is not list or len(lps) != len(ids)):
             raise WireError("token_batch logprobs must be a list parallel to ids")
-        for i, c in enumerate(counts):
-            check_int(f"counts[{i}]", c, 1, MAX_FRAME_TOKENS)
+        if not all(type(sid) is str and 0 < len(sid) <= MAX_STREAM_ID_CHARS for sid in ids):
+            for sid in ids:  # the first bad one, named
+                check_str("stream id", sid, MAX_STREAM_ID_CHARS, allow_empty=False)
+        if len(set(ids)) != len(ids):
+            raise WireError("a stream appears twice in one TokenBatch")
+        if not all(type(c) is int and 1 <= c <= MAX_FRAME_TOKENS for c in counts):
+            for i, c in enumerate(counts):
+                check_int(f"counts[{i}]", c, 1, MAX_FRAME_TOKENS)
         tokens = frame_to_tokens("tokens", frames[0])
-        if sum(counts) != len(tokens):
-            raise WireError(f"token_batch counts sum to {sum(counts)} but the frame holds {len(tokens)} tokens")
-        streams, at = [], 0
-        for i, (sid, c) in enumerate(zip(ids, counts)):
-            lp = None if lps is None or lps[i] is None else TokenLogprobs.from_json(lps[i])
-            streams.append(StreamTokens(id=sid, token_ids=tokens[at:at + c], logprobs=lp))
+        total = sum(counts)
+        if total != len(tokens):
+            raise WireError(f"token_batch counts sum to {total} but the frame holds {len(tokens)} tokens")
+        if lps is not None:
+            lps = [None if lp is None else TokenLogprobs.from_json(lp) for lp in lps]
+            for sid, c, lp in zip(ids, counts, lps):
+                if lp is not None and lp.num_tokens != c:
+                    raise ValueError(f"stream {sid!r} has {c} tokens but {lp.num_tokens} logprobs")
+        return cls(ids, counts, tokens, lps)
+
+    def streams(self) -> tuple[StreamTokens, ...]:
+        """The batch's streams as ``StreamTokens`` (what ``TokenBatch`` holds)."""
+        out, at, lps = [], 0, self.logprobs
+        for i, (sid, c) in enumerate(zip(self.ids, self.counts)):
+            out.append(StreamTokens(id=sid, token_ids=self.tokens[at:at + c], logprobs=None if lps is None else lps[i]))
             at += c
-        return cls(streams=tuple(streams))
+        return tuple(out)
+
+
+TOKEN_COLUMNS = {TokenBatch: TokenColumns.from_wire}
+"""``decode(..., readers=TOKEN_COLUMNS)``: a TokenBatch comes back as its ``TokenColumns``."""
 
 
 @GATEWAY_ENGINE.message

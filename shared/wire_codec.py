@@ -22,6 +22,7 @@ it is given. No pickle.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import ClassVar
@@ -101,8 +102,11 @@ class WireProtocol:
             frames = [tokens_to_frame(getattr(msg, n)) for n in layout.frames]
         return [orjson.dumps({"type": cls.TYPE, "v": self.version, **fields}), *frames]
 
-    def decode(self, frames: object, accept: tuple[type, ...] | None = None) -> object:
-        """Decode one multipart message; ``accept`` limits the types allowed here.
+    def decode(self, frames: object, accept: tuple[type, ...] | None = None,
+               readers: Mapping[type, Callable[[dict, list], object]] | None = None) -> object:
+        """Decode one multipart message; ``accept`` limits the types allowed here; ``readers`` builds the
+        types it names its own way, ``reader(fields, frames)``, with the same checks (``shared.wire``'s
+        ``TOKEN_COLUMNS`` reads a TokenBatch as columns).
 
         Raises ``WireError`` with a clear message for anything malformed.
         """
@@ -120,6 +124,9 @@ class WireProtocol:
             raise WireError(f"{type_name} message has {len(frames)} frames, expected {1 + cls.FRAMES}")
         fields = {k: v for k, v in header.items() if k != "type" and k != "v"}
         try:
+            reader = readers.get(cls) if readers is not None else None
+            if reader is not None:
+                return reader(fields, list(frames[1:]))
             return _build(cls, fields, list(frames[1:]))
         except WireError:
             raise

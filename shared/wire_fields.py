@@ -15,7 +15,9 @@ Pure Python plus numpy; no torch.
 
 from __future__ import annotations
 
+import functools
 import math
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Annotated
 
@@ -149,7 +151,22 @@ def frame_to_tokens(name: str, frame: bytes | bytearray | memoryview) -> TokenId
         raise WireError(f"{name} frame is {size} bytes, not a multiple of {TOKEN_DTYPE.itemsize} (int32 token ids)")
     if size // TOKEN_DTYPE.itemsize > MAX_FRAME_TOKENS:
         raise WireError(f"{name} frame holds {size // 4} tokens, at most {MAX_FRAME_TOKENS} allowed")
+    n = size // TOKEN_DTYPE.itemsize
+    if n <= _SMALL_FRAME:  # a round's few tokens: struct is cheaper than numpy's per-call overhead
+        ids = _small_frame(n).unpack(frame)
+        if ids and min(ids) < 0:
+            raise WireError(f"{name} frame holds a negative token id ({min(ids)})")
+        return TokenIds(ids)
     arr = np.frombuffer(frame, dtype=TOKEN_DTYPE)
     if arr.size and int(arr.min()) < 0:
         raise WireError(f"{name} frame holds a negative token id ({int(arr.min())})")
     return TokenIds(arr.tolist())
+
+
+_SMALL_FRAME = 512
+"""Frames of at most this many tokens are read with ``struct`` (one compiled format per length)."""
+
+
+@functools.cache
+def _small_frame(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}i")

@@ -13,6 +13,7 @@ from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
     GATEWAY_TO_ENGINE,
     PROTOCOL_VERSION,
+    TOKEN_COLUMNS,
     Abort,
     ErrorReply,
     Finished,
@@ -25,6 +26,7 @@ from ignis.shared.wire import (
     StreamTokens,
     Timings,
     TokenBatch,
+    TokenColumns,
     TokenLogprobs,
     Usage,
     WireError,
@@ -191,6 +193,20 @@ GEN = MESSAGES[1]
 def test_malformed_raises_wire_error(frames, match):
     with pytest.raises(WireError, match=match):
         decode(frames)
+    if type(frames) is list and frames and isinstance(frames[0], bytes) and b'"token_batch"' in frames[0]:
+        # the columns reader checks the same
+        with pytest.raises(WireError, match=match):
+            decode(frames, readers=TOKEN_COLUMNS)
+
+
+@pytest.mark.parametrize("batch", [m for m in MESSAGES if type(m) is TokenBatch], ids=lambda b: f"{len(b.streams)}")
+def test_token_columns_hold_the_batch(batch):
+    columns = decode(encode(batch), ENGINE_TO_GATEWAY, readers=TOKEN_COLUMNS)
+    assert type(columns) is TokenColumns
+    assert columns.streams() == batch.streams
+    assert columns.ids == [s.id for s in batch.streams] and columns.counts == [len(s.token_ids) for s in batch.streams]
+    assert list(columns.tokens) == [t for s in batch.streams for t in s.token_ids]
+    assert decode(encode(Abort("x")), readers=TOKEN_COLUMNS) == Abort("x")  # other types decode as ever
 
 
 def test_encode_refuses_non_messages():

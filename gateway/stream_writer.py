@@ -1,0 +1,78 @@
+"""A streamed response's writes, with a bound on what a client that stops reading can leave buffered.
+
+The gateway never waits for a slow client: a write goes into the connection's
+write buffer (the transport's, in user space) and returns, so its stream keeps
+taking its engine output and no backlog builds anywhere else. What a client
+has not taken stays in that buffer; once it holds more than ``limit`` bytes
+(``--stream-buffer-bytes``) the next ``write`` raises ``StreamStalled``
+instead (so the buffer holds at most the limit plus one event). The
+transport's own high-water mark is set above that, so a write never parks
+the handler in aiohttp's drain.
+
+    writer = BoundedWriter(resp, request.transport, limit)
+    await writer.write(chunk)   # StreamStalled: the buffer already holds more than the limit
+
+The caller ends the request on ``StreamStalled`` and returns ``stalled()``'s
+response: the connection dropped, a log line,
+``ignis:gateway_stream_stalled_aborts_total``; the engine streams are aborted
+as the handler leaves its ``Generation`` (whose close aborts every unfinished
+choice), so their lanes are freed. The kernel's socket buffers (up to a few
+MiB) fill before this buffer does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+
+from ignis.gateway.config import GatewayConfig
+from ignis.gateway.generation import ClientGone
+
+log = logging.getLogger("ignis.gateway")
+
+DEFAULT_STREAM_BUFFER_BYTES = GatewayConfig.stream_buffer_bytes
+STALLED = web.ResponseKey("stalled", bool)
+"""Set on a response ended by a stall."""
+
+
+class StreamStalled(ClientGone):
+    """The client stopped reading: its unwritten output passed the stream buffer limit."""
+
+    def __init__(self, buffered: int, limit: int):
+        super().__init__(f"{buffered} bytes of output unwritten, past the limit of {limit}")
+        self.buffered = buffered
+        self.limit = limit
+
+
+class BoundedWriter:
+    """Writes of one streamed response; ``limit`` bytes at most waiting in the connection's write buffer."""
+
+    def __init__(self, resp: web.StreamResponse, transport: asyncio.Transport | None, limit: int):
+        self.resp = resp
+        self.transport = transport
+        self.limit = limit
+        if transport is not None:
+            transport.set_write_buffer_limits(high=2 * limit + (1 << 16))  # the bound below pauses first
+
+    async def write(self, data: bytes) -> None:
+        t = self.transport
+        if t is not None:
+            buffered = t.get_write_buffer_size()
+            if buffered > self.limit:
+                raise StreamStalled(buffered, self.limit)
+        await self.resp.write(data)
+
+    def stalled(self, exc: StreamStalled, what: str, count: Callable[[], None]) -> web.StreamResponse:
+        """Log the stall of ``what`` (the request), count it, and drop the connection (its buffer would never
+        drain, so it is aborted, not closed); returns the response, marked ``STALLED`` (HTTP 499 in the
+        request metrics), for the handler to return: aiohttp's end of it meets the dropped connection and
+        lets it be."""
+        log.warning("%s: the client stopped reading (%s): request aborted, connection dropped", what, exc)
+        count()
+        if self.transport is not None:
+            self.transport.abort()
+        self.resp[STALLED] = True
+        return self.resp
