@@ -36,16 +36,6 @@ import torch
 from checkout import use_checkout
 
 FUSED = ("rms_norm", "add_rms_norm", "gated_rms_norm", "norm_rotary", "silu_mul", "sigmoid_mul", "gdn_gating")
-QWEN35_27B = {
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
-    "num_hidden_layers": 64, "full_attention_interval": 4,
-    "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
-    "partial_rotary_factor": 0.25,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 48,
-    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "dtype": "bfloat16",
-}
 
 
 TINY = {"vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
@@ -54,6 +44,7 @@ TINY = {"vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512, "num_a
 
 
 def build(layers: int, device: str, tiny: bool = False):
+    from ignis.engine.models.checkpoint_shapes import QWEN35_27B
     from ignis.engine.models.config import config_from_dict
     from ignis.engine.models.hybrid import HybridModel
 

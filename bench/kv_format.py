@@ -23,21 +23,12 @@ use_checkout()
 
 import torch  # noqa: E402
 
+from ignis.engine.models.checkpoint_shapes import QWEN35_27B, QWEN3_NEXT_80B  # noqa: E402
 from ignis.engine.models.config import config_from_dict  # noqa: E402
 from ignis.kernels.hq_e8 import reference as hq  # noqa: E402
 from ignis.kernels.paged_attention import reference as bf  # noqa: E402
 
-SHAPES = {
-    "27B": dict(architectures=["Qwen3_5ForCausalLM"], vocab_size=248320, hidden_size=5120, num_hidden_layers=64,
-                num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
-                linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
-                intermediate_size=17408),
-    "Qwen3-Next-80B": dict(architectures=["Qwen3NextForCausalLM"], vocab_size=151936, hidden_size=2048,
-                           num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
-                           linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-                           linear_value_head_dim=128, intermediate_size=5120, num_experts=512,
-                           num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512),
-}
+SHAPES = {"27B": QWEN35_27B, "Qwen3-Next-80B": QWEN3_NEXT_80B}
 BUDGET = 16 << 30
 
 

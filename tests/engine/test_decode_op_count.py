@@ -40,6 +40,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.checkpoint_shapes import QWEN35_27B
 from ignis.engine.models.config import config_from_dict
 from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
@@ -49,16 +50,6 @@ META = torch.device("meta")
 DTYPE = torch.bfloat16
 DECODES = 4
 
-QWEN35_27B = {
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
-    "num_hidden_layers": 64, "full_attention_interval": 4,
-    "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
-    "partial_rotary_factor": 0.25,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 48,
-    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "dtype": "bfloat16",
-}
 
 # launches per layer with DECODES sequences, one token each
 BUDGET = {"linear_attention": 17, "full_attention": 17}
