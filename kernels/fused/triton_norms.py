@@ -37,20 +37,30 @@ def _block(d: int) -> tuple[int, int]:
 
 
 @triton.jit
+def _row_place(H, D, BLOCK: tl.constexpr):
+    """This program's row of [tokens x H] rows, its token and head, the channel offsets and their mask."""
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK)
+    return row, row // H, row % H, d, d < D
+
+
+@triton.jit
+def _rstd(vf, D, eps):
+    """1 / RMS of a row held in fp32 (its masked tail zeros)."""
+    return tl.rsqrt(tl.sum(vf * vf, 0) / D + eps)
+
+
+@triton.jit
 def _rms_norm_kernel(x, res, w, out, res_out, H, s_xt, s_xh, s_rt, s_rh, D, eps,
                      ADD: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    t = row // H
-    h = row % H
-    d = tl.arange(0, BLOCK)
-    m = d < D
+    row, t, h, d, m = _row_place(H, D, BLOCK)
     v = tl.load(x + t * s_xt + h * s_xh + d, mask=m, other=0.0)
     if ADD:
         r = tl.load(res + t * s_rt + h * s_rh + d, mask=m, other=0.0)
         v = (v.to(tl.float32) + r.to(tl.float32)).to(res_out.dtype.element_ty)
         tl.store(res_out + row * D + d, v, mask=m)
     vf = v.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(vf * vf, 0) / D + eps)
+    rstd = _rstd(vf, D, eps)
     wf = tl.load(w + d, mask=m, other=0.0).to(tl.float32)
     tl.store(out + row * D + d, (vf * rstd * (1.0 + wf)).to(out.dtype.element_ty), mask=m)
 
@@ -84,14 +94,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 @triton.jit
 def _gated_norm_kernel(x, gate, w, out, H, s_xt, s_xh, s_gt, s_gh, D, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    t = row // H
-    h = row % H
-    d = tl.arange(0, BLOCK)
-    m = d < D
+    row, t, h, d, m = _row_place(H, D, BLOCK)
     v = tl.load(x + t * s_xt + h * s_xh + d, mask=m, other=0.0)
     vf = v.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(vf * vf, 0) / D + eps)
+    rstd = _rstd(vf, D, eps)
     n = (vf * rstd).to(v.dtype).to(tl.float32)
     wf = tl.load(w + d, mask=m, other=0.0).to(tl.float32)
     g = tl.load(gate + t * s_gt + h * s_gh + d, mask=m, other=0.0).to(tl.float32)
@@ -115,14 +121,10 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 @triton.jit
 def _norm_rotary_kernel(x, w, cos, sin, out, H, s_xt, s_xh, s_ct, s_st, D, eps,
                         R: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    t = row // H
-    h = row % H
-    d = tl.arange(0, BLOCK)
-    m = d < D
+    row, t, h, d, m = _row_place(H, D, BLOCK)
     base = x + t * s_xt + h * s_xh
     vf = tl.load(base + d, mask=m, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(vf * vf, 0) / D + eps)
+    rstd = _rstd(vf, D, eps)
     n = vf * rstd * (1.0 + tl.load(w + d, mask=m, other=0.0).to(tl.float32))
     # the partner channel of the rotation, normalised the same way
     rot = d < R
