@@ -24,6 +24,11 @@ def build_server(config: EngineConfig):
     from ignis.shared.model_names import model_specs
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
 
+    from ignis.shared.shm_blocks import unlink_orphans
+
+    orphans = unlink_orphans()
+    if orphans:  # an engine killed before it could unlink its host blocks (kill -9, OOM)
+        log.warning("unlinked %d shared-memory blocks a dead engine left: %s", len(orphans), ", ".join(orphans))
     specs = model_specs(config.model, config.served_model_name)
     dirs = dict(specs)
     default = specs[0][0]

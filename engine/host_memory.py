@@ -61,7 +61,7 @@ class HostBlock:
         if numel == 0:
             self.tensor = torch.zeros(shape, dtype=dtype)
             return
-        name = f"ignis-{os.getpid()}-{next(_SERIAL)}-{tag}"
+        name = f"ignis-{os.getpid()}-{next(_SERIAL)}-{tag}"  # shm_blocks.ENGINE_BLOCK: reclaimable by pid
         shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
         _BLOCKS.append(shm)
         self._shm = shm

