@@ -31,7 +31,8 @@ def _kernels() -> list:
     from ignis.kernels.paged_attention import triton_decode, triton_prefill, triton_write
 
     return [triton_write._write_kv_kernel, triton_prefill._prefill_kernel, triton_decode._decode_split_kernel,
-            triton_decode._decode_reduce_kernel, triton_chunk._chunk_wy_kernel, triton_chunk._chunk_fwd_kernel,
+            triton_decode._decode_reduce_kernel, triton_chunk._chunk_wy_kernel, triton_chunk._chunk_state_kernel,
+            triton_chunk._chunk_out_kernel,
             triton_recurrent._recurrent_kernel, triton_conv._conv_varlen_kernel, triton_conv._conv_update_kernel,
             hq_write._quantize_kernel, hq_write._window_write_kernel, hq_decode._decode_split_kernel,
             hq_prefill._prefill_kernel]

@@ -49,6 +49,8 @@ key blocks. Scratch is 4 * T * Hv * (Dk + Dv) bytes.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -146,6 +148,18 @@ def _store_rows(buf, tok, t_mask, h, x, s_t, s_h, offs, mask):
 
 
 @triton.jit
+def _chunk_sequence(chunk_end, n_seqs, ic, BS: tl.constexpr):
+    """The sequence that owns global chunk ``ic``: the first b with chunk_end[b] > ic (chunk_end:
+    inclusive cumsum of the sequences' chunk counts), or n_seqs for the grid's spare tail."""
+    offs_s = tl.arange(0, BS)
+    b = 0
+    for s0 in range(0, n_seqs, BS):
+        ends = tl.load(chunk_end + s0 + offs_s, mask=s0 + offs_s < n_seqs, other=ic + 1)
+        b += tl.sum((ends <= ic).to(tl.int32), 0)
+    return b
+
+
+@triton.jit
 def _chunk_wy_kernel(
     k, v, g, beta, cu_seqlens, chunk_end, n_seqs, u_buf, w_buf,
     s_k_t, s_k_h, s_k_d, s_v_t, s_v_h, s_v_d, s_g_t, s_g_h, s_bt_t, s_bt_h,
@@ -157,14 +171,8 @@ def _chunk_wy_kernel(
     tl.static_assert(BT == 4 * BC)
     ic = tl.program_id(0)
     h = tl.program_id(1)
-    # chunk ic belongs to sequence b, the first with chunk_end[b] > ic (chunk_end: inclusive
-    # cumsum of the sequences' chunk counts); the grid's tail past the last chunk has nothing to do
-    offs_s = tl.arange(0, BS)
-    b = 0
-    for s0 in range(0, n_seqs, BS):
-        ends = tl.load(chunk_end + s0 + offs_s, mask=s0 + offs_s < n_seqs, other=ic + 1)
-        b += tl.sum((ends <= ic).to(tl.int32), 0)
-    if b >= n_seqs:
+    b = _chunk_sequence(chunk_end, n_seqs, ic, BS)
+    if b >= n_seqs:  # the grid's tail past the last chunk has nothing to do
         return
     first = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)
     bos = tl.load(cu_seqlens + b).to(tl.int64) + (ic - first) * BT
@@ -240,12 +248,10 @@ def _chunk_wy_kernel(
 
 
 @triton.jit
-def _chunk_fwd_kernel(
-    q, k, g, u_buf, w_buf, state, slots, cu_seqlens, out, scale,
-    s_q_t, s_q_h, s_q_d, s_k_t, s_k_h, s_k_d, s_g_t, s_g_h,
-    s_u_t, s_u_h, s_w_t, s_w_h,
+def _chunk_state_kernel(
+    k, g, u_buf, w_buf, h_buf, state, slots, cu_seqlens, chunk_end,
+    s_k_t, s_k_h, s_k_d, s_g_t, s_g_h, s_u_t, s_u_h, s_w_t, s_w_h, s_h_c, s_h_h,
     s_s_n, s_s_h, s_s_k, s_s_v,
-    s_o_t, s_o_h, s_o_d,
     REP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -256,38 +262,106 @@ def _chunk_fwd_kernel(
     slot = tl.load(slots + b).to(tl.int64)
     bos = tl.load(cu_seqlens + b).to(tl.int64)
     eos = tl.load(cu_seqlens + b + 1).to(tl.int64)
+    ic = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)  # the sequence's first global chunk
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
     offs_v = iv * BV + tl.arange(0, BV)
     k_mask = offs_k < K
     v_mask = offs_v < V
-    causal = offs_t[:, None] >= offs_t[None, :]
 
     s_mask = k_mask[:, None] & v_mask[None, :]
     p_s = state + slot * s_s_n + h * s_s_h + offs_k[:, None] * s_s_k + offs_v[None, :] * s_s_v
+    p_h = h_buf + h * s_h_h + offs_k[:, None] * V + offs_v[None, :]
     b_s = tl.load(p_s, mask=s_mask, other=0.0).to(tl.float32)
     for c0 in range(bos, eos, BT):
         tok = c0 + offs_t
         t_mask = tok < eos
-        b_q = _load_qk_rows(q, tok, hk, s_q_t, s_q_h, s_q_d, offs_k, t_mask, k_mask) * scale
+        tl.store(p_h + ic * s_h_c, b_s.to(h_buf.dtype.element_ty), mask=s_mask)
+        b_w = tl.load(w_buf + tok[:, None] * s_w_t + h * s_w_h + offs_k[None, :],
+                      mask=t_mask[:, None] & k_mask[None, :], other=0.0)
+        u_mask = t_mask[:, None] & v_mask[None, :]
+        p_u = u_buf + tok[:, None] * s_u_t + h * s_u_h + offs_v[None, :]
+        v_new = tl.load(p_u, mask=u_mask, other=0.0) - tl.dot(b_w, b_s, input_precision=PREC)
+        tl.store(p_u, v_new, mask=u_mask)  # u becomes v_new in place: this program alone owns these rows
         b_k = _load_qk_rows(k, tok, hk, s_k_t, s_k_h, s_k_d, offs_k, t_mask, k_mask)
         b_g = tl.load(g + tok * s_g_t + h * s_g_h, mask=t_mask, other=0.0).to(tl.float32)
         gc = tl.cumsum(b_g, 0)
         g_last = tl.sum(b_g, 0)
-        b_w = tl.load(w_buf + tok[:, None] * s_w_t + h * s_w_h + offs_k[None, :],
-                      mask=t_mask[:, None] & k_mask[None, :], other=0.0)
-        b_u = tl.load(u_buf + tok[:, None] * s_u_t + h * s_u_h + offs_v[None, :],
-                      mask=t_mask[:, None] & v_mask[None, :], other=0.0)
-        v_new = b_u - tl.dot(b_w, b_s, input_precision=PREC)
-        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
-        intra = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay
-        b_o = tl.dot(b_q * tl.exp(gc)[:, None], b_s, input_precision=PREC)
-        b_o += tl.dot(intra, v_new, input_precision=PREC)
-        tl.store(out + tok[:, None] * s_o_t + h * s_o_h + offs_v[None, :] * s_o_d,
-                 b_o.to(out.dtype.element_ty), mask=t_mask[:, None] & v_mask[None, :])
-        k_dec = b_k * tl.exp(g_last - gc)[:, None]
-        b_s = b_s * tl.exp(g_last) + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+        # k^T (exp(g_last - gc) * v_new): the decay scales the shared token axis, so it goes on the narrow side
+        v_dec = v_new * tl.exp(g_last - gc)[:, None]
+        b_s = b_s * tl.exp(g_last) + tl.dot(tl.trans(b_k), v_dec, input_precision=PREC)
+        ic += 1
     tl.store(p_s, b_s.to(state.dtype.element_ty), mask=s_mask)
+
+
+@triton.jit
+def _chunk_out_kernel(
+    q, k, g, u_buf, h_buf, cu_seqlens, chunk_end, n_seqs, out, scale,
+    s_q_t, s_q_h, s_q_d, s_k_t, s_k_h, s_k_d, s_g_t, s_g_h, s_u_t, s_u_h, s_h_c, s_h_h,
+    s_o_t, s_o_h, s_o_d,
+    REP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+):
+    # the value blocks of one (chunk, head) are neighbours in the launch order: they read the same q, k
+    ic = tl.program_id(0) // NV
+    iv = tl.program_id(0) % NV
+    h = tl.program_id(1)
+    b = _chunk_sequence(chunk_end, n_seqs, ic, BS)
+    if b >= n_seqs:  # the grid's tail past the last chunk has nothing to do
+        return
+    first = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)
+    bos = tl.load(cu_seqlens + b).to(tl.int64) + (ic - first) * BT
+    eos = tl.minimum(bos + BT, tl.load(cu_seqlens + b + 1).to(tl.int64))
+    hk = h // REP
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    offs_v = iv * BV + tl.arange(0, BV)
+    k_mask = offs_k < K
+    v_mask = offs_v < V
+    tok = bos + offs_t
+    t_mask = tok < eos
+
+    b_q = _load_qk_rows(q, tok, hk, s_q_t, s_q_h, s_q_d, offs_k, t_mask, k_mask) * scale
+    b_k = _load_qk_rows(k, tok, hk, s_k_t, s_k_h, s_k_d, offs_k, t_mask, k_mask)
+    gc = tl.cumsum(tl.load(g + tok * s_g_t + h * s_g_h, mask=t_mask, other=0.0).to(tl.float32), 0)
+    b_h = tl.load(h_buf + ic.to(tl.int64) * s_h_c + h * s_h_h + offs_k[:, None] * V + offs_v[None, :],
+                  mask=k_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+    v_new = tl.load(u_buf + tok[:, None] * s_u_t + h * s_u_h + offs_v[None, :],
+                    mask=t_mask[:, None] & v_mask[None, :], other=0.0)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
+    intra = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay
+    # (exp(gc) * q) h as exp(gc) * (q h): both dots then read the same q operand
+    b_o = tl.dot(b_q, b_h, input_precision=PREC) * tl.exp(gc)[:, None]
+    b_o += tl.dot(intra, v_new, input_precision=PREC)
+    tl.store(out + tok[:, None] * s_o_t + h * s_o_h + offs_v[None, :] * s_o_d,
+             b_o.to(out.dtype.element_ty), mask=t_mask[:, None] & v_mask[None, :])
+
+
+class ChunkBlocks(NamedTuple):
+    """Tiles of the two passes after kernel 1: value columns per program, warps, pipeline stages."""
+    state_bv: int
+    state_warps: int
+    state_stages: int
+    out_bv: int
+    out_warps: int
+
+
+def default_blocks(dk: int, dv: int) -> ChunkBlocks:
+    """The tiles for key width ``dk`` and value width ``dv`` (see the module docstring for why)."""
+    bk = max(16, triton.next_power_of_2(dk))
+    bdv = max(16, triton.next_power_of_2(dv))
+    warps = 8 if bk > 128 else 4
+    return ChunkBlocks(state_bv=min(32, bdv), state_warps=warps, state_stages=1,
+                       out_bv=min(32, bdv), out_warps=warps)
+
+
+def chunk_scratch_bytes(tokens: int, seqs: int, hv: int, dk: int, dv: int, half_states: bool) -> int:
+    """Device scratch one call allocates for ``tokens`` tokens in ``seqs`` sequences: u (later
+    v_new) and w in fp32, and the chunk-start states in fp32, or bf16 when ``half_states``
+    (bf16/fp16 inputs). Mirrored by ``ignis.engine.memory_plan.gdn_scratch_bytes``."""
+    chunks = (tokens + (BT - 1) * seqs) // BT
+    return 4 * tokens * hv * (dk + dv) + (2 if half_states else 4) * chunks * hv * dk * dv
 
 
 def chunk_gated_delta_rule(
@@ -299,11 +373,13 @@ def chunk_gated_delta_rule(
     state: torch.Tensor,
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
+    blocks: ChunkBlocks | None = None,
 ) -> torch.Tensor:
     """Varlen chunked prefill from each sequence's state; final states written back.
 
     q, k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv], state [S, Hv, Dk, Dv] read
     and written at ``slots`` [B], cu_seqlens [B + 1]. Returns [T, Hv, Dv] in v's dtype.
+    ``blocks`` overrides the tiles of the state and output passes (``default_blocks``).
     """
     total, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -312,29 +388,39 @@ def chunk_gated_delta_rule(
     if total == 0 or bsz == 0:
         return out
     dev = v.device
-    # chunk_end[b]: chunks in sequences 0..b, made on the device; kernel 1's grid bounds the
-    # chunk count from the shapes alone (no sync)
+    # chunk_end[b]: chunks in sequences 0..b, made on the device; the chunk-parallel grids bound
+    # the chunk count from the shapes alone (no sync)
     chunk_end = torch.cumsum(torch.div(cu_seqlens[1:] - cu_seqlens[:-1] + (BT - 1), BT, rounding_mode="floor"), 0)
+    n_chunks = (total + (BT - 1) * bsz) // BT
     u_buf = torch.empty((total, hv, dv), dtype=torch.float32, device=dev)
     w_buf = torch.empty((total, hv, dk), dtype=torch.float32, device=dev)
+    h_dtype = torch.float32 if v.dtype == torch.float32 else torch.bfloat16
+    h_buf = torch.empty((n_chunks, hv, dk, dv), dtype=h_dtype, device=dev)
     bk = max(16, triton.next_power_of_2(dk))
     bdv = max(16, triton.next_power_of_2(dv))
-    bv = min(32, bdv)
+    tiles = blocks or default_blocks(dk, dv)
     prec = "ieee" if v.dtype == torch.float32 else "tf32"
     rep = hv // hk
-    _chunk_wy_kernel[((total + (BT - 1) * bsz) // BT, hv)](
+    _chunk_wy_kernel[(n_chunks, hv)](
         k, v, g, beta, cu_seqlens, chunk_end, bsz, u_buf, w_buf,
         *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
         REP=rep, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK,
         PREC=prec, num_warps=8 if bk + bdv > 128 else 4,
     )
-    _chunk_fwd_kernel[(bsz, hv, triton.cdiv(dv, bv))](
-        q, k, g, u_buf, w_buf, state, slots, cu_seqlens, out, dk ** -0.5,
-        *q.stride(), *k.stride(), *g.stride(),
-        u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
-        *state.stride(), *out.stride(),
-        REP=rep, K=dk, V=dv, BT=BT, BK=bk, BV=bv, PREC=prec,
-        num_warps=8 if bk >= 128 else 4, num_stages=1,  # pipelining the chunk loads overflows shared memory
+    _chunk_state_kernel[(bsz, hv, triton.cdiv(dv, tiles.state_bv))](
+        k, g, u_buf, w_buf, h_buf, state, slots, cu_seqlens, chunk_end,
+        *k.stride(), *g.stride(), u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
+        h_buf.stride(0), h_buf.stride(1), *state.stride(),
+        REP=rep, K=dk, V=dv, BT=BT, BK=bk, BV=tiles.state_bv, PREC=prec,
+        num_warps=tiles.state_warps, num_stages=tiles.state_stages,
+    )
+    nv = triton.cdiv(dv, tiles.out_bv)
+    _chunk_out_kernel[(n_chunks * nv, hv)](
+        q, k, g, u_buf, h_buf, cu_seqlens, chunk_end, bsz, out, dk ** -0.5,
+        *q.stride(), *k.stride(), *g.stride(), u_buf.stride(0), u_buf.stride(1),
+        h_buf.stride(0), h_buf.stride(1), *out.stride(),
+        REP=rep, K=dk, V=dv, NV=nv, BT=BT, BK=bk, BV=tiles.out_bv, BS=SEQ_BLOCK, PREC=prec,
+        num_warps=tiles.out_warps,
     )
     return out
