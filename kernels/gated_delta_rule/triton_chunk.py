@@ -1,6 +1,6 @@
 """Triton form of ``chunk_gated_delta_rule``: varlen chunked prefill from the state pool.
 
-The chunked (WY / UT-transform) form, in two kernels over chunks of
+The chunked (WY / UT-transform) form, in three kernels over chunks of
 ``BT = 64`` tokens (a sequence's last chunk may be short; it is padded with
 k = v = g = beta = 0, which leaves the result unchanged, exactly as the twin
 pads):
@@ -24,27 +24,63 @@ pads):
    on the device, and the spare programs past the last chunk return at once.
    The call makes no host-device sync.
 
-2. ``_chunk_fwd_kernel``, one program per (sequence, value head, block of
-   ``BV`` value columns), walks that sequence's chunks in order with its
-   ``[Dk, BV]`` slice of the fp32 state in registers::
+2. ``_chunk_state_kernel``, the state pass: one program per (sequence, value
+   head, block of ``BV`` value columns) walks that sequence's chunks in order
+   with its ``[Dk, BV]`` slice of the fp32 state in registers, doing only what
+   the recurrence needs, two dots per chunk::
 
-       v_new = u - w S
-       o     = (exp(gc) * q) S + (causal(q k^T * exp(gc_i - gc_j))) v_new
-       S     = exp(gc_last) S + (exp(gc_last - gc) * k)^T v_new
+       h[chunk] = S                             chunk-start state, to scratch
+       v_new    = u - w S                       written over u in place
+       S        = exp(gc_last) S + k^T (exp(gc_last - gc) * v_new)
 
    It reads the initial state at ``state[slots[b]]`` and writes the final one
-   back there; no other slot is touched.
+   back there; no other slot is touched. A sequence's chunks are numbered
+   from ``chunk_end[b - 1]``, so every chunk of the call has its own h row.
+
+3. ``_chunk_out_kernel``, one program per (chunk, value head, value block),
+   all in parallel like kernel 1 (same device-side chunk lookup)::
+
+       o = exp(gc) * (q h[chunk]) + (causal(q k^T * exp(gc_i - gc_j))) v_new
 
 q and k are L2-normalised in-kernel and q scaled by Dk**-0.5, as in the twin.
-fp32 inputs use IEEE fp32 dots; bf16/fp16 inputs use tf32 dots on the fp32
-intermediates (the inversion's dots stay IEEE fp32 either way). Expected
-speed: kernel 1 is fully parallel; its serial part is the 14 substitution
-steps on 16 x 16 blocks, the rest is small dots (10 [16, Dk] x [Dk, 16] for A,
-16 [16, 16] x [16, 16] for the merge, 20 [16, 16] x [16, D] for u and w);
-kernel 2 is sequential in T / BT per sequence with five small dots per
-chunk, so a single long sequence runs Hv * Dv / BV programs: about fla's
-``chunk_fwd_h`` + ``chunk_fwd_o`` fused, without fla's split of the state over
-key blocks. Scratch is 4 * T * Hv * (Dk + Dv) bytes.
+fp32 inputs use IEEE fp32 dots and keep h in fp32 (within ~1e-6 of the twin);
+bf16/fp16 inputs use tf32 dots on the fp32 intermediates and keep h in bf16,
+as fla does: h only feeds the output's inter-chunk term, so its rounding adds
+~1e-3 relative to the outputs (tests: 3.97e-3 -> 4.19e-3 against the twin,
+the bf16 rounding of the outputs dominating) and never touches the carried state,
+and it halves the largest scratch and its traffic. The inversion's dots stay
+IEEE fp32 either way.
+
+Scratch, for T tokens in B sequences, NC = (T + (BT - 1) * B) // BT chunks
+(the grid bound; each sequence leaves under one chunk unused)::
+
+    u / v_new, w : 4 * T * Hv * (Dk + Dv) bytes            fp32
+    h            : NC * Hv * Dk * Dv * (4 fp32 | 2 bf16) bytes
+
+(``chunk_scratch_bytes``; at the 27B's Hv = 48, Dk = Dv = 128 and one 8K
+sequence: 384 MiB + 192 MiB in bf16.) The engine's memory plan sets this
+aside at its prefill token budget.
+
+Parallelism and tiles (``default_blocks``; ``blocks=`` overrides them). On
+one long sequence kernel 1 and kernel 3 run T / BT * Hv programs (times
+Dv / BV for kernel 3), the state pass Hv * Dv / BV programs sequential over
+T / BT chunks. At the 27B shapes (Hv = 48, Dk = Dv = 128, bf16, sm_90):
+
+- state pass, BV = 32, 4 warps, 1 stage: 192 programs, 211 registers and
+  56 KiB of shared memory each, so two fit on an SM and all 192 are resident
+  on 132 SMs at once (8 warps needed ~200 registers at 256 threads: one per
+  SM, a second wave for 60 of them). 2 stages would prefetch the next chunk
+  but take 128 KiB of shared memory, one program per SM again. BV = 64 halves
+  the re-reads of w but leaves 36 SMs idle with 96 programs.
+- output pass, BV = 32, 4 warps: 164 registers and 88 KiB each, two per SM;
+  BV = 64 at 4 warps needs 112 KiB (one per SM), at 8 warps 245 registers
+  (one per SM). q k^T is recomputed per value block (Dv / BV times), a small
+  dot next to the loads.
+
+The serial part is now two [BT, Dk] x [Dk, BV]-sized dots and their loads per
+chunk, against five before (with the q and k loads of the output) in one
+kernel: about fla's ``chunk_fwd_h`` + ``chunk_fwd_o``, without fla's split of
+the state over key blocks.
 """
 
 from __future__ import annotations
