@@ -132,7 +132,8 @@ def bench_linear(b: Bench, head: dict) -> None:
         q, k, v, g, beta = gdn_inputs(t)
         slots = torch.tensor([0], device=dev)
         cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
-        for cfg in ((32, 4, 1, 32, 4), (32, 8, 1, 32, 4), (64, 8, 1, 64, 8), (32, 4, 2, 32, 4), (32, 4, 1, 64, 8)):
+        for cfg in ((32, 4, 1, 32, 4), (32, 8, 1, 32, 4), (64, 8, 1, 32, 4), (32, 4, 2, 32, 4), (32, 4, 1, 64, 4),
+                    (32, 4, 1, 64, 8)):
             try:
                 b.case("gdn_tiles", f"state BV,w,st/out BV,w={cfg}",
                        lambda cfg=cfg: triton_chunk.chunk_gated_delta_rule(
