@@ -24,11 +24,11 @@ import triton.language as tl
 from ignis.engine.memory_plan import gdn_scratch_bytes
 from ignis.engine.models.config import config_from_dict
 from ignis.kernels.gated_delta_rule import reference as ref
-from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
+from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent, triton_wy
 from tests.kernels.conftest import assert_close, assert_untouched, cu_seqlens, strided
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-BT, BC = triton_chunk.BT, triton_chunk.BC
+BT, BC = triton_chunk.BT, triton_wy.BC
 
 
 def make_inputs(total, hk, hv, dk, dv, dtype, device, gen, g_scale=0.5):
@@ -213,7 +213,7 @@ def test_chunk_then_recurrent_continues_the_state(device, gen):
     assert_untouched(got_pool, pool, [0], "chunk + recurrent")
 
 
-_unit_lower_inverse = triton_chunk._unit_lower_inverse
+_unit_lower_inverse = triton_wy._unit_lower_inverse
 
 
 @triton.jit
