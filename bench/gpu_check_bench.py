@@ -101,12 +101,19 @@ def bench_linear(b: Bench, head: dict) -> None:
         return (b.randn(t, s.hk, s.dk), b.randn(t, s.hk, s.dk), b.randn(t, s.hv, s.dv), g,
                 torch.sigmoid(b.randn(t, s.hv)))
 
+    per_tok = 2 * 64 * (3 * s.dk + 2 * s.dv) + 6 * s.dk * s.dv
+
+    def gdn_bytes(t):
+        """Inputs in bf16; u, w written and read, u rewritten as v_new and read (fp32); the bf16
+        chunk-start states written and read."""
+        return (t * (2 * s.hk * s.dk + 2 * s.hv * s.dv) * 2 + 2 * t * s.hv * (s.dk + s.dv) * 4
+                + 2 * t * s.hv * s.dv * 4 + 2 * -(-t // 64) * s.hv * s.dk * s.dv * 2)
+
     for t in s.gdn_tokens:
         q, k, v, g, beta = gdn_inputs(t)
         slots = torch.tensor([0], device=dev)
         cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
-        per_tok = 2 * 64 * (3 * s.dk + 2 * s.dv) + 6 * s.dk * s.dv
-        nbytes = t * (2 * s.hk * s.dk + 2 * s.hv * s.dv) * 2 + 2 * t * s.hv * (s.dk + s.dv) * 4
+        nbytes = gdn_bytes(t)
 
         def check(q=q, k=k, v=v, g=g, beta=beta, slots=slots, cu=cu):
             a, c = pool.clone(), pool.clone()
@@ -120,6 +127,20 @@ def bench_linear(b: Bench, head: dict) -> None:
                    nbytes=nbytes, flops=per_tok * t * s.hv, check=check)
         if r is not None:
             head["gdn_chunk_ms"] = f"{r[0]:.3g}"
+    if dev == "cuda":  # the state and output pass tiles against alternatives, on one 8K sequence
+        t = s.gdn_tokens[0]
+        q, k, v, g, beta = gdn_inputs(t)
+        slots = torch.tensor([0], device=dev)
+        cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
+        for cfg in ((32, 4, 1, 32, 4), (32, 8, 1, 32, 4), (64, 8, 1, 32, 4), (32, 4, 2, 32, 4), (32, 4, 1, 64, 4),
+                    (32, 4, 1, 64, 8)):
+            try:
+                b.case("gdn_tiles", f"state BV,w,st/out BV,w={cfg}",
+                       lambda cfg=cfg: triton_chunk.chunk_gated_delta_rule(
+                           q, k, v, g, beta, pool, slots, cu, blocks=triton_chunk.ChunkBlocks(*cfg)),
+                       nbytes=gdn_bytes(t), flops=per_tok * t * s.hv)
+            except Exception as exc:  # a tile that does not fit: say so, keep going
+                b.rep.say(f"gdn_tiles          {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
     for bsz in s.batches:
         q, k, v, g, beta = gdn_inputs(bsz)
         slots = torch.randperm(lanes, device=dev)[:bsz]

@@ -24,14 +24,15 @@ TL_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"
 
 def _kernels() -> list:
     from ignis.kernels.causal_conv import triton_conv
-    from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
+    from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent, triton_wy
     from ignis.kernels.hq_e8 import triton_decode as hq_decode
     from ignis.kernels.hq_e8 import triton_prefill as hq_prefill
     from ignis.kernels.hq_e8 import triton_write as hq_write
     from ignis.kernels.paged_attention import triton_decode, triton_prefill, triton_write
 
     return [triton_write._write_kv_kernel, triton_prefill._prefill_kernel, triton_decode._decode_split_kernel,
-            triton_decode._decode_reduce_kernel, triton_chunk._chunk_wy_kernel, triton_chunk._chunk_fwd_kernel,
+            triton_decode._decode_reduce_kernel, triton_wy._chunk_wy_kernel, triton_chunk._chunk_state_kernel,
+            triton_chunk._chunk_out_kernel,
             triton_recurrent._recurrent_kernel, triton_conv._conv_varlen_kernel, triton_conv._conv_update_kernel,
             hq_write._quantize_kernel, hq_write._window_write_kernel, hq_decode._decode_split_kernel,
             hq_prefill._prefill_kernel]

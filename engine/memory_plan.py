@@ -10,10 +10,13 @@ and printed before anything is allocated::
     embedding   = vocab * hidden * dtype bytes
     LM head     = vocab * hidden * dtype bytes, or 0 when tied to the embedding
     logits      = lanes * vocab * (dtype bytes [+ 4, the fp32 copy the sampler reads, when dtype is not fp32])
+    GDN scratch = 4 * P * Hv * (Dk + Dv) + C * Hv * Dk * Dv * (4 fp32 | 2 bf16/fp16)
+                  P prefill tokens per round, C = (P + 63 * min(lanes, P)) // 64 chunks
 
 The pool comes from ``--kv-pool-tokens`` if given, else from a byte budget:
 ``--kv-memory-bytes``, or on CUDA a fraction of the free device memory left
-after weights, live state, retained device slots and one round's logits.
+after weights, live state, retained device slots, one round's logits and
+the chunked GDN prefill's scratch.
 
 At 248,320 entries and hidden 5120 (the 27B) the embedding and the untied
 LM head are 2.4 GiB each in bf16. They are part of the weights, so CUDA's
@@ -22,6 +25,15 @@ the figures add up. The logits are not resident at load, so the plan sets
 them aside. A round's logits have one row per sampled sequence (a decode, or
 a prefill ending its prompt), each on its own lane: ``lanes`` rows bound
 every round, and no prefill position other than a prompt's last has a row.
+
+The GDN scratch is what one layer's chunked prefill allocates and frees
+(``kernels/gated_delta_rule/triton_chunk.chunk_scratch_bytes``, which a
+kernel test holds equal to this figure): u and w in fp32, and one
+chunk-start state per 64-token chunk, bf16 for a bf16/fp16 model. A round
+prefills at most ``--max-prefill-tokens-per-round`` tokens, each chunk from
+its own lane; its chunk count is bounded as the kernel's grid bounds it, each
+sequence leaving under one chunk unused. At the 27B's Hv = 48, Dk = Dv = 128:
+199 MB at 2,048 tokens over 32 lanes, 615 MB at 8,192 tokens over 8.
 """
 
 from __future__ import annotations
@@ -47,6 +59,8 @@ class MemoryPlan:
     embedding_bytes: int = 0  # resident with the weights
     lm_head_bytes: int = 0  # resident with the weights; 0 when tied to the embedding
     logits_bytes: int = 0  # one round's logits at ``lanes`` rows, set aside from a free-memory budget
+    gdn_scratch_bytes: int = 0  # one layer's chunked GDN prefill scratch at a full round, set aside likewise
+    prefill_tokens: int = 0  # the round's prefill token budget the scratch is sized for
 
     @property
     def tokens(self) -> int:
@@ -65,7 +79,8 @@ class MemoryPlan:
                 f"({self.device_slots * self.slot_bytes} bytes) + {self.host_slots} in host memory "
                 f"({self.host_slots * self.slot_bytes} bytes); with the weights: embedding {self.embedding_bytes} "
                 f"bytes, LM head {head}; logits {self.logits_bytes} bytes ({self.logits_bytes / 2**20:.1f} MiB) "
-                f"per round for {self.lanes} rows")
+                f"per round for {self.lanes} rows; GDN prefill scratch {self.gdn_scratch_bytes} bytes "
+                f"({self.gdn_scratch_bytes / 2**20:.1f} MiB) for {self.prefill_tokens} tokens per round")
 
 
 def kv_page_bytes(cfg: ModelConfig, dtype: str, kv_format: str = "bf16") -> int:
@@ -105,6 +120,22 @@ def logits_bytes(cfg: ModelConfig, dtype: str, rows: int) -> int:
     return rows * cfg.vocab_size * per_value
 
 
+GDN_CHUNK = 64  # the chunked prefill's chunk (kernels/gated_delta_rule/triton_chunk.BT)
+
+
+def gdn_scratch_bytes(cfg: ModelConfig, dtype: str, tokens: int, seqs: int) -> int:
+    """One chunked GDN prefill call's device scratch for ``tokens`` tokens in at most ``seqs``
+    sequences: u and w [tokens, Hv, Dk + Dv] fp32, chunk-start states [chunks, Hv, Dk, Dv] in fp32
+    for an fp32 model, else bf16; 0 without linear layers or tokens."""
+    if tokens <= 0 or not cfg.linear_layers:
+        return 0
+    seqs = max(1, min(seqs, tokens))
+    hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    chunks = (tokens + (GDN_CHUNK - 1) * seqs) // GDN_CHUNK
+    state_bytes = 4 if DTYPE_BYTES[dtype] == 4 else 2
+    return 4 * tokens * hv * (dk + dv) + state_bytes * chunks * hv * dk * dv
+
+
 # SamplerWorkspace (engine/sampling_steps.py), per vocabulary entry: four fp32 rows, an int64 sort
 # permutation, a bool mask and two fp64 rows; host memory, held for the runner's life.
 SAMPLER_WORKSPACE_BYTES_PER_ENTRY = 4 * 4 + 8 + 1 + 2 * 8
@@ -117,14 +148,16 @@ def sampler_workspace_bytes(vocab: int) -> int:
 def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | None = None,
                 kv_memory_bytes: int | None = None, free_device_bytes: int | None = None,
                 fraction: float = 0.85, device_slots: int = 0, host_slots: int = 0,
-                kv_format: str = "bf16", exact_window: int = 0) -> MemoryPlan:
-    """Pages and lanes for a model; ``free_device_bytes`` is CUDA's free memory after weights."""
+                kv_format: str = "bf16", exact_window: int = 0, prefill_tokens: int = 0) -> MemoryPlan:
+    """Pages and lanes for a model; ``free_device_bytes`` is CUDA's free memory after weights,
+    ``prefill_tokens`` the most prompt tokens one round prefills."""
     page = kv_page_bytes(cfg, dtype, kv_format)
     image = lane_bytes(cfg, dtype, kv_format, exact_window)
     live = lanes * image
     logits = logits_bytes(cfg, dtype, lanes)
+    scratch = gdn_scratch_bytes(cfg, dtype, prefill_tokens, lanes)
     if free_device_bytes is not None:
-        free_device_bytes -= device_slots * image + logits
+        free_device_bytes -= device_slots * image + logits + scratch
     if kv_pool_tokens is not None:
         pages = -(-kv_pool_tokens // PAGE_TOKENS)
     else:
@@ -142,4 +175,4 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
     return MemoryPlan(pages=pages, page_bytes=page, lanes=lanes, live_state_bytes=live, kv_dtype=dtype,
                       device_slots=device_slots, host_slots=host_slots, slot_bytes=image, kv_format=kv_format,
                       embedding_bytes=embedding_bytes(cfg, dtype), lm_head_bytes=lm_head_bytes(cfg, dtype),
-                      logits_bytes=logits)
+                      logits_bytes=logits, gdn_scratch_bytes=scratch, prefill_tokens=prefill_tokens)

@@ -85,7 +85,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
                        free_device_bytes=free, fraction=config.kv_memory_fraction,
                        device_slots=device_slots, host_slots=host_slots + staging, kv_format=kv_format,
-                       exact_window=window)
+                       exact_window=window, prefill_tokens=config.max_prefill_tokens_per_round)
     log.info(plan.describe())
     graph_bs = min(config.cuda_graph_max_bs, plan.lanes) if device == "cuda" else 0
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],

@@ -1,12 +1,13 @@
 """Triton form of ``chunk_gated_delta_rule``: varlen chunked prefill from the state pool.
 
-The chunked (WY / UT-transform) form, in two kernels over chunks of
+The chunked (WY / UT-transform) form, in three kernels over chunks of
 ``BT = 64`` tokens (a sequence's last chunk may be short; it is padded with
 k = v = g = beta = 0, which leaves the result unchanged, exactly as the twin
 pads):
 
-1. ``_chunk_wy_kernel``, one program per (chunk, value head), all chunks of
-   all sequences in parallel. With ``gc`` the in-chunk cumsum of g and
+1. ``_chunk_wy_kernel`` (``triton_wy.py``), one program per (chunk, value
+   head), all chunks of all sequences in parallel. With ``gc`` the in-chunk
+   cumsum of g and
    ``A = strictly_lower(beta_i k_i.k_j exp(gc_i - gc_j))``, it inverts the unit
    lower-triangular ``I + A`` blockwise in registers (the scheme of fla's
    ``solve_tril``): A is built as its 4 x 4 grid of ``BC = 16`` square blocks,
@@ -24,228 +25,89 @@ pads):
    on the device, and the spare programs past the last chunk return at once.
    The call makes no host-device sync.
 
-2. ``_chunk_fwd_kernel``, one program per (sequence, value head, block of
-   ``BV`` value columns), walks that sequence's chunks in order with its
-   ``[Dk, BV]`` slice of the fp32 state in registers::
+2. ``_chunk_state_kernel``, the state pass: one program per (sequence, value
+   head, block of ``BV`` value columns) walks that sequence's chunks in order
+   with its ``[Dk, BV]`` slice of the fp32 state in registers, doing only what
+   the recurrence needs, two dots per chunk::
 
-       v_new = u - w S
-       o     = (exp(gc) * q) S + (causal(q k^T * exp(gc_i - gc_j))) v_new
-       S     = exp(gc_last) S + (exp(gc_last - gc) * k)^T v_new
+       h[chunk] = S                             chunk-start state, to scratch
+       v_new    = u - w S                       written over u in place
+       S        = exp(gc_last) S + k^T (exp(gc_last - gc) * v_new)
 
    It reads the initial state at ``state[slots[b]]`` and writes the final one
-   back there; no other slot is touched.
+   back there; no other slot is touched. A sequence's chunks are numbered
+   from ``chunk_end[b - 1]``, so every chunk of the call has its own h row.
+
+3. ``_chunk_out_kernel``, one program per (chunk, value head, value block),
+   all in parallel like kernel 1 (same device-side chunk lookup)::
+
+       o = exp(gc) * (q h[chunk]) + (causal(q k^T * exp(gc_i - gc_j))) v_new
 
 q and k are L2-normalised in-kernel and q scaled by Dk**-0.5, as in the twin.
-fp32 inputs use IEEE fp32 dots; bf16/fp16 inputs use tf32 dots on the fp32
-intermediates (the inversion's dots stay IEEE fp32 either way). Expected
-speed: kernel 1 is fully parallel; its serial part is the 14 substitution
-steps on 16 x 16 blocks, the rest is small dots (10 [16, Dk] x [Dk, 16] for A,
-16 [16, 16] x [16, 16] for the merge, 20 [16, 16] x [16, D] for u and w);
-kernel 2 is sequential in T / BT per sequence with five small dots per
-chunk, so a single long sequence runs Hv * Dv / BV programs: about fla's
-``chunk_fwd_h`` + ``chunk_fwd_o`` fused, without fla's split of the state over
-key blocks. Scratch is 4 * T * Hv * (Dk + Dv) bytes.
+fp32 inputs use IEEE fp32 dots and keep h in fp32 (within ~1e-6 of the twin);
+bf16/fp16 inputs use tf32 dots on the fp32 intermediates and keep h in bf16,
+as fla does: h only feeds the output's inter-chunk term, so its rounding adds
+~1e-3 relative to the outputs (tests: 3.97e-3 -> 4.19e-3 against the twin,
+the bf16 rounding of the outputs dominating) and never touches the carried state,
+and it halves the largest scratch and its traffic. The inversion's dots stay
+IEEE fp32 either way.
+
+Scratch, for T tokens in B sequences, NC = (T + (BT - 1) * B) // BT chunks
+(the grid bound; each sequence leaves under one chunk unused)::
+
+    u / v_new, w : 4 * T * Hv * (Dk + Dv) bytes            fp32
+    h            : NC * Hv * Dk * Dv * (4 fp32 | 2 bf16) bytes
+
+(``chunk_scratch_bytes``; at the 27B's Hv = 48, Dk = Dv = 128 and one 8K
+sequence: 384 MiB + 192 MiB in bf16.) The engine's memory plan sets this
+aside at its prefill token budget.
+
+Parallelism and tiles (``default_blocks``; ``blocks=`` overrides them). On
+one long sequence kernel 1 and kernel 3 run T / BT * Hv programs (times
+Dv / BV for kernel 3), the state pass Hv * Dv / BV programs sequential over
+T / BT chunks. At the 27B shapes (Hv = 48, Dk = Dv = 128, bf16, sm_90):
+
+- state pass, BV = 32, 4 warps, 1 stage: 192 programs, 211 registers and
+  56 KiB of shared memory each, so two fit on an SM and all 192 are resident
+  on 132 SMs at once (8 warps needed ~200 registers at 256 threads: one per
+  SM, a second wave for 60 of them). 2 stages would prefetch the next chunk
+  but take 128 KiB of shared memory, one program per SM again. BV = 64 halves
+  the re-reads of w but leaves 36 SMs idle with 96 programs.
+- output pass, BV = 32, 4 warps: 164 registers and 88 KiB each, two per SM;
+  BV = 64 at 4 warps needs 112 KiB (two per SM only if all 228 KiB of the SM
+  go to shared memory), at 8 warps 245 registers (one per SM). q k^T is
+  recomputed per value block (Dv / BV times), a small dot next to the loads.
+  The launch is one axis, (chunk, value head, value block) with the value
+  block fastest, so a chunk's q and k rows are read by neighbouring programs.
+
+The serial part is now two [BT, Dk] x [Dk, BV]-sized dots and their loads per
+chunk, against five before (with the q and k loads of the output) in one
+kernel: about fla's ``chunk_fwd_h`` + ``chunk_fwd_o``, without fla's split of
+the state over key blocks. Estimated, not yet measured, for one 8K sequence
+at the 27B shapes: the state pass ~0.2-0.3 ms per layer (128 steps, each
+about one round trip to memory plus two small dots), the output pass ~0.2 ms
+(~0.6 GB of traffic), against 3.6 ms for the single sequential kernel before.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from ignis.kernels.gated_delta_rule.triton_wy import BC, _chunk_wy_kernel, chunk_sequence, load_qk_rows
+
 BT = 64
-BC = 16  # block size of the blocked (I + A)^-1
-SEQ_BLOCK = 128  # sequences read per step of kernel 1's chunk lookup
+SEQ_BLOCK = 128  # sequences read per step of the chunk-parallel kernels' chunk lookup
 
 
 @triton.jit
-def _load_qk_rows(ptr, tok, head, s_t, s_h, s_d, offs_k, t_mask, k_mask):
-    """[rows, BK] of q or k for one head, L2-normalised in fp32 (zeros where masked)."""
-    x = tl.load(ptr + tok[:, None] * s_t + head * s_h + offs_k[None, :] * s_d,
-                mask=t_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-    return x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
-
-
-@triton.jit
-def _diag_inverses(a0, a1, a2, a3, BC: tl.constexpr):
-    """(I + a)^-1 of four strictly lower [BC, BC] blocks, by forward substitution run on all four at once.
-
-    Row i of the inverse is e_i - sum_{j<i} a[i, j] * (row j of the inverse); starting
-    from I - a, rows 0 and 1 are already final.
-    """
-    offs = tl.arange(0, BC)
-    rows = offs[:, None]
-    cols = offs[None, :]
-    eye = tl.where(rows == cols, 1.0, 0.0)
-    t0, t1, t2, t3 = tl.trans(a0), tl.trans(a1), tl.trans(a2), tl.trans(a3)  # column i of t = row i of a
-    i0, i1, i2, i3 = eye - a0, eye - a1, eye - a2, eye - a3
-    for i in range(2, BC):
-        e_i = tl.where(offs == i, 1.0, 0.0)
-        r0 = e_i - tl.sum(tl.sum(tl.where(cols == i, t0, 0.0), 1)[:, None] * i0, 0)
-        r1 = e_i - tl.sum(tl.sum(tl.where(cols == i, t1, 0.0), 1)[:, None] * i1, 0)
-        r2 = e_i - tl.sum(tl.sum(tl.where(cols == i, t2, 0.0), 1)[:, None] * i2, 0)
-        r3 = e_i - tl.sum(tl.sum(tl.where(cols == i, t3, 0.0), 1)[:, None] * i3, 0)
-        i0 = tl.where(rows == i, r0[None, :], i0)
-        i1 = tl.where(rows == i, r1[None, :], i1)
-        i2 = tl.where(rows == i, r2[None, :], i2)
-        i3 = tl.where(rows == i, r3[None, :], i3)
-    return i0, i1, i2, i3
-
-
-@triton.jit
-def _unit_lower_inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, BC: tl.constexpr):
-    """Blocked (I + A)^-1 for a strictly lower A given as its 4 x 4 grid of [BC, BC] blocks
-    (a_rc: row block r, column block c, r >= c). Returns the inverse's blocks in the same order.
-
-    The diagonal blocks are inverted by ``_diag_inverses``; then, with
-    inv([[P, 0], [Q, R]]) = [[P^-1, 0], [-R^-1 Q P^-1, R^-1]], pairs of blocks
-    are merged into 2 x 2 ones and those into the whole: 16 [BC, BC] fp32 dots.
-    """
-    i00, i11, i22, i33 = _diag_inverses(a00, a11, a22, a33, BC)
-    i10 = -tl.dot(tl.dot(i11, a10, input_precision="ieee"), i00, input_precision="ieee")
-    i32 = -tl.dot(tl.dot(i33, a32, input_precision="ieee"), i22, input_precision="ieee")
-    # Q P^-1 with Q = [[a20, a21], [a30, a31]] and P^-1 = [[i00, 0], [i10, i11]]
-    x20 = tl.dot(a21, i10, tl.dot(a20, i00, input_precision="ieee"), input_precision="ieee")
-    x21 = tl.dot(a21, i11, input_precision="ieee")
-    x30 = tl.dot(a31, i10, tl.dot(a30, i00, input_precision="ieee"), input_precision="ieee")
-    x31 = tl.dot(a31, i11, input_precision="ieee")
-    # -R^-1 (Q P^-1) with R^-1 = [[i22, 0], [i32, i33]]
-    i20 = -tl.dot(i22, x20, input_precision="ieee")
-    i21 = -tl.dot(i22, x21, input_precision="ieee")
-    i30 = -tl.dot(i33, x30, tl.dot(i32, x20, input_precision="ieee"), input_precision="ieee")
-    i31 = -tl.dot(i33, x31, tl.dot(i32, x21, input_precision="ieee"), input_precision="ieee")
-    return i00, i10, i11, i20, i21, i22, i30, i31, i32, i33
-
-
-@triton.jit
-def _kkt_block(k_r, k_c, beta_r, gc_r, gc_c, DIAG: tl.constexpr, PREC: tl.constexpr):
-    """Block (r, c) of A = strictly_lower(beta_i k_i.k_j exp(gc_i - gc_j))."""
-    d = gc_r[:, None] - gc_c[None, :]
-    if DIAG:
-        offs = tl.arange(0, k_r.shape[0])
-        d = tl.where(offs[:, None] > offs[None, :], d, float("-inf"))
-    return tl.dot(k_r, tl.trans(k_c), input_precision=PREC) * beta_r[:, None] * tl.exp(d)
-
-
-@triton.jit
-def _vec(ptr, tok, h, s_t, s_h, t_mask):
-    return tl.load(ptr + tok * s_t + h * s_h, mask=t_mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _beta_v(v, beta, tok, t_mask, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask):
-    """beta * v for one block of rows, fp32, zeros where masked."""
-    b_v = tl.load(v + tok[:, None] * s_v_t + h * s_v_h + offs_v[None, :] * s_v_d,
-                  mask=t_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-    return b_v * _vec(beta, tok, h, s_bt_t, s_bt_h, t_mask)[:, None]
-
-
-@triton.jit
-def _store_rows(buf, tok, t_mask, h, x, s_t, s_h, offs, mask):
-    tl.store(buf + tok[:, None] * s_t + h * s_h + offs[None, :], x, mask=t_mask[:, None] & mask[None, :])
-
-
-@triton.jit
-def _chunk_wy_kernel(
-    k, v, g, beta, cu_seqlens, chunk_end, n_seqs, u_buf, w_buf,
-    s_k_t, s_k_h, s_k_d, s_v_t, s_v_h, s_v_d, s_g_t, s_g_h, s_bt_t, s_bt_h,
-    s_u_t, s_u_h, s_w_t, s_w_h,
-    REP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    tl.static_assert(BT == 4 * BC)
-    ic = tl.program_id(0)
-    h = tl.program_id(1)
-    # chunk ic belongs to sequence b, the first with chunk_end[b] > ic (chunk_end: inclusive
-    # cumsum of the sequences' chunk counts); the grid's tail past the last chunk has nothing to do
-    offs_s = tl.arange(0, BS)
-    b = 0
-    for s0 in range(0, n_seqs, BS):
-        ends = tl.load(chunk_end + s0 + offs_s, mask=s0 + offs_s < n_seqs, other=ic + 1)
-        b += tl.sum((ends <= ic).to(tl.int32), 0)
-    if b >= n_seqs:
-        return
-    first = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)
-    bos = tl.load(cu_seqlens + b).to(tl.int64) + (ic - first) * BT
-    eos = tl.minimum(bos + BT, tl.load(cu_seqlens + b + 1).to(tl.int64))
-
-    offs_c = tl.arange(0, BC)
-    offs_k = tl.arange(0, BK)
-    offs_v = tl.arange(0, BDV)
-    k_mask = offs_k < K
-    v_mask = offs_v < V
-    # the chunk as four blocks of BC rows; k, g, beta first, v only once (I + A)^-1 is known
-    tok0 = bos + offs_c
-    tok1 = tok0 + BC
-    tok2 = tok0 + 2 * BC
-    tok3 = tok0 + 3 * BC
-    m0, m1, m2, m3 = tok0 < eos, tok1 < eos, tok2 < eos, tok3 < eos
-    hk = h // REP
-    k0 = _load_qk_rows(k, tok0, hk, s_k_t, s_k_h, s_k_d, offs_k, m0, k_mask)
-    k1 = _load_qk_rows(k, tok1, hk, s_k_t, s_k_h, s_k_d, offs_k, m1, k_mask)
-    k2 = _load_qk_rows(k, tok2, hk, s_k_t, s_k_h, s_k_d, offs_k, m2, k_mask)
-    k3 = _load_qk_rows(k, tok3, hk, s_k_t, s_k_h, s_k_d, offs_k, m3, k_mask)
-    g0, g1 = _vec(g, tok0, h, s_g_t, s_g_h, m0), _vec(g, tok1, h, s_g_t, s_g_h, m1)
-    g2, g3 = _vec(g, tok2, h, s_g_t, s_g_h, m2), _vec(g, tok3, h, s_g_t, s_g_h, m3)
-    beta0, beta1 = _vec(beta, tok0, h, s_bt_t, s_bt_h, m0), _vec(beta, tok1, h, s_bt_t, s_bt_h, m1)
-    beta2, beta3 = _vec(beta, tok2, h, s_bt_t, s_bt_h, m2), _vec(beta, tok3, h, s_bt_t, s_bt_h, m3)
-    gc0 = tl.cumsum(g0, 0)
-    gc1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
-    gc2 = tl.cumsum(g2, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0))
-    gc3 = tl.cumsum(g3, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0))
-
-    a00 = _kkt_block(k0, k0, beta0, gc0, gc0, True, PREC)
-    a10 = _kkt_block(k1, k0, beta1, gc1, gc0, False, PREC)
-    a11 = _kkt_block(k1, k1, beta1, gc1, gc1, True, PREC)
-    a20 = _kkt_block(k2, k0, beta2, gc2, gc0, False, PREC)
-    a21 = _kkt_block(k2, k1, beta2, gc2, gc1, False, PREC)
-    a22 = _kkt_block(k2, k2, beta2, gc2, gc2, True, PREC)
-    a30 = _kkt_block(k3, k0, beta3, gc3, gc0, False, PREC)
-    a31 = _kkt_block(k3, k1, beta3, gc3, gc1, False, PREC)
-    a32 = _kkt_block(k3, k2, beta3, gc3, gc2, False, PREC)
-    a33 = _kkt_block(k3, k3, beta3, gc3, gc3, True, PREC)
-    y0 = k0 * (beta0 * tl.exp(gc0))[:, None]
-    y1 = k1 * (beta1 * tl.exp(gc1))[:, None]
-    y2 = k2 * (beta2 * tl.exp(gc2))[:, None]
-    y3 = k3 * (beta3 * tl.exp(gc3))[:, None]
-    i00, i10, i11, i20, i21, i22, i30, i31, i32, i33 = _unit_lower_inverse(
-        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, BC)
-
-    # w = (I + A)^-1 (beta * exp(gc) * k), then u = (I + A)^-1 (beta * v), block row by block row
-    w0 = tl.dot(i00, y0, input_precision=PREC)
-    w1 = tl.dot(i11, y1, tl.dot(i10, y0, input_precision=PREC), input_precision=PREC)
-    w2 = tl.dot(i22, y2, tl.dot(i21, y1, tl.dot(i20, y0, input_precision=PREC), input_precision=PREC),
-                input_precision=PREC)
-    w3 = tl.dot(i31, y1, tl.dot(i30, y0, input_precision=PREC), input_precision=PREC)
-    w3 = tl.dot(i33, y3, tl.dot(i32, y2, w3, input_precision=PREC), input_precision=PREC)
-    _store_rows(w_buf, tok0, m0, h, w0, s_w_t, s_w_h, offs_k, k_mask)
-    _store_rows(w_buf, tok1, m1, h, w1, s_w_t, s_w_h, offs_k, k_mask)
-    _store_rows(w_buf, tok2, m2, h, w2, s_w_t, s_w_h, offs_k, k_mask)
-    _store_rows(w_buf, tok3, m3, h, w3, s_w_t, s_w_h, offs_k, k_mask)
-    x0 = _beta_v(v, beta, tok0, m0, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    x1 = _beta_v(v, beta, tok1, m1, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    x2 = _beta_v(v, beta, tok2, m2, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    x3 = _beta_v(v, beta, tok3, m3, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    u0 = tl.dot(i00, x0, input_precision=PREC)
-    u1 = tl.dot(i11, x1, tl.dot(i10, x0, input_precision=PREC), input_precision=PREC)
-    u2 = tl.dot(i22, x2, tl.dot(i21, x1, tl.dot(i20, x0, input_precision=PREC), input_precision=PREC),
-                input_precision=PREC)
-    u3 = tl.dot(i31, x1, tl.dot(i30, x0, input_precision=PREC), input_precision=PREC)
-    u3 = tl.dot(i33, x3, tl.dot(i32, x2, u3, input_precision=PREC), input_precision=PREC)
-    _store_rows(u_buf, tok0, m0, h, u0, s_u_t, s_u_h, offs_v, v_mask)
-    _store_rows(u_buf, tok1, m1, h, u1, s_u_t, s_u_h, offs_v, v_mask)
-    _store_rows(u_buf, tok2, m2, h, u2, s_u_t, s_u_h, offs_v, v_mask)
-    _store_rows(u_buf, tok3, m3, h, u3, s_u_t, s_u_h, offs_v, v_mask)
-
-
-@triton.jit
-def _chunk_fwd_kernel(
-    q, k, g, u_buf, w_buf, state, slots, cu_seqlens, out, scale,
-    s_q_t, s_q_h, s_q_d, s_k_t, s_k_h, s_k_d, s_g_t, s_g_h,
-    s_u_t, s_u_h, s_w_t, s_w_h,
+def _chunk_state_kernel(
+    k, g, u_buf, w_buf, h_buf, state, slots, cu_seqlens, chunk_end,
+    s_k_t, s_k_h, s_k_d, s_g_t, s_g_h, s_u_t, s_u_h, s_w_t, s_w_h, s_h_c, s_h_h,
     s_s_n, s_s_h, s_s_k, s_s_v,
-    s_o_t, s_o_h, s_o_d,
     REP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -256,38 +118,108 @@ def _chunk_fwd_kernel(
     slot = tl.load(slots + b).to(tl.int64)
     bos = tl.load(cu_seqlens + b).to(tl.int64)
     eos = tl.load(cu_seqlens + b + 1).to(tl.int64)
+    ic = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)  # the sequence's first global chunk
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
     offs_v = iv * BV + tl.arange(0, BV)
     k_mask = offs_k < K
     v_mask = offs_v < V
-    causal = offs_t[:, None] >= offs_t[None, :]
 
     s_mask = k_mask[:, None] & v_mask[None, :]
     p_s = state + slot * s_s_n + h * s_s_h + offs_k[:, None] * s_s_k + offs_v[None, :] * s_s_v
+    p_h = h_buf + h * s_h_h + offs_k[:, None] * V + offs_v[None, :]
     b_s = tl.load(p_s, mask=s_mask, other=0.0).to(tl.float32)
     for c0 in range(bos, eos, BT):
         tok = c0 + offs_t
         t_mask = tok < eos
-        b_q = _load_qk_rows(q, tok, hk, s_q_t, s_q_h, s_q_d, offs_k, t_mask, k_mask) * scale
-        b_k = _load_qk_rows(k, tok, hk, s_k_t, s_k_h, s_k_d, offs_k, t_mask, k_mask)
+        tl.store(p_h + ic * s_h_c, b_s.to(h_buf.dtype.element_ty), mask=s_mask)
+        b_w = tl.load(w_buf + tok[:, None] * s_w_t + h * s_w_h + offs_k[None, :],
+                      mask=t_mask[:, None] & k_mask[None, :], other=0.0)
+        u_mask = t_mask[:, None] & v_mask[None, :]
+        p_u = u_buf + tok[:, None] * s_u_t + h * s_u_h + offs_v[None, :]
+        v_new = tl.load(p_u, mask=u_mask, other=0.0) - tl.dot(b_w, b_s, input_precision=PREC)
+        tl.store(p_u, v_new, mask=u_mask)  # u becomes v_new in place: this program alone owns these rows
+        b_k = load_qk_rows(k, tok, hk, s_k_t, s_k_h, s_k_d, offs_k, t_mask, k_mask)
         b_g = tl.load(g + tok * s_g_t + h * s_g_h, mask=t_mask, other=0.0).to(tl.float32)
         gc = tl.cumsum(b_g, 0)
         g_last = tl.sum(b_g, 0)
-        b_w = tl.load(w_buf + tok[:, None] * s_w_t + h * s_w_h + offs_k[None, :],
-                      mask=t_mask[:, None] & k_mask[None, :], other=0.0)
-        b_u = tl.load(u_buf + tok[:, None] * s_u_t + h * s_u_h + offs_v[None, :],
-                      mask=t_mask[:, None] & v_mask[None, :], other=0.0)
-        v_new = b_u - tl.dot(b_w, b_s, input_precision=PREC)
-        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
-        intra = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay
-        b_o = tl.dot(b_q * tl.exp(gc)[:, None], b_s, input_precision=PREC)
-        b_o += tl.dot(intra, v_new, input_precision=PREC)
-        tl.store(out + tok[:, None] * s_o_t + h * s_o_h + offs_v[None, :] * s_o_d,
-                 b_o.to(out.dtype.element_ty), mask=t_mask[:, None] & v_mask[None, :])
-        k_dec = b_k * tl.exp(g_last - gc)[:, None]
-        b_s = b_s * tl.exp(g_last) + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+        # k^T (exp(g_last - gc) * v_new): the decay scales the shared token axis, so it goes on the narrow side
+        v_dec = v_new * tl.exp(g_last - gc)[:, None]
+        b_s = b_s * tl.exp(g_last) + tl.dot(tl.trans(b_k), v_dec, input_precision=PREC)
+        ic += 1
     tl.store(p_s, b_s.to(state.dtype.element_ty), mask=s_mask)
+
+
+@triton.jit
+def _chunk_out_kernel(
+    q, k, g, u_buf, h_buf, cu_seqlens, chunk_end, n_seqs, out, scale,
+    s_q_t, s_q_h, s_q_d, s_k_t, s_k_h, s_k_d, s_g_t, s_g_h, s_u_t, s_u_h, s_h_c, s_h_h,
+    s_o_t, s_o_h, s_o_d,
+    REP: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+):
+    # launch order (chunk, value head, value block), the last fastest: the programs that read one
+    # chunk's q and k rows (its value blocks, and the REP value heads of a key head) run together
+    pid = tl.program_id(0)
+    iv = pid % NV
+    h = (pid // NV) % H
+    ic = pid // (NV * H)
+    b = chunk_sequence(chunk_end, n_seqs, ic, BS)
+    if b >= n_seqs:  # the grid's tail past the last chunk has nothing to do
+        return
+    first = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)
+    bos = tl.load(cu_seqlens + b).to(tl.int64) + (ic - first) * BT
+    eos = tl.minimum(bos + BT, tl.load(cu_seqlens + b + 1).to(tl.int64))
+    hk = h // REP
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    offs_v = iv * BV + tl.arange(0, BV)
+    k_mask = offs_k < K
+    v_mask = offs_v < V
+    tok = bos + offs_t
+    t_mask = tok < eos
+
+    b_q = load_qk_rows(q, tok, hk, s_q_t, s_q_h, s_q_d, offs_k, t_mask, k_mask) * scale
+    b_k = load_qk_rows(k, tok, hk, s_k_t, s_k_h, s_k_d, offs_k, t_mask, k_mask)
+    gc = tl.cumsum(tl.load(g + tok * s_g_t + h * s_g_h, mask=t_mask, other=0.0).to(tl.float32), 0)
+    b_h = tl.load(h_buf + ic.to(tl.int64) * s_h_c + h * s_h_h + offs_k[:, None] * V + offs_v[None, :],
+                  mask=k_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+    v_new = tl.load(u_buf + tok[:, None] * s_u_t + h * s_u_h + offs_v[None, :],
+                    mask=t_mask[:, None] & v_mask[None, :], other=0.0)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
+    intra = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay
+    # (exp(gc) * q) h as exp(gc) * (q h): both dots then read the same q operand
+    b_o = tl.dot(b_q, b_h, input_precision=PREC) * tl.exp(gc)[:, None]
+    b_o += tl.dot(intra, v_new, input_precision=PREC)
+    tl.store(out + tok[:, None] * s_o_t + h * s_o_h + offs_v[None, :] * s_o_d,
+             b_o.to(out.dtype.element_ty), mask=t_mask[:, None] & v_mask[None, :])
+
+
+class ChunkBlocks(NamedTuple):
+    """Tiles of the two passes after kernel 1: value columns per program, warps, pipeline stages."""
+    state_bv: int
+    state_warps: int
+    state_stages: int
+    out_bv: int
+    out_warps: int
+
+
+def default_blocks(dk: int, dv: int) -> ChunkBlocks:
+    """The tiles for key width ``dk`` and value width ``dv`` (see the module docstring for why)."""
+    bk = max(16, triton.next_power_of_2(dk))
+    bdv = max(16, triton.next_power_of_2(dv))
+    warps = 8 if bk > 128 else 4
+    return ChunkBlocks(state_bv=min(32, bdv), state_warps=warps, state_stages=1,
+                       out_bv=min(32, bdv), out_warps=warps)
+
+
+def chunk_scratch_bytes(tokens: int, seqs: int, hv: int, dk: int, dv: int, half_states: bool) -> int:
+    """Device scratch one call allocates for ``tokens`` tokens in ``seqs`` sequences: u (later
+    v_new) and w in fp32, and the chunk-start states in fp32, or bf16 when ``half_states``
+    (bf16/fp16 inputs). Mirrored by ``ignis.engine.memory_plan.gdn_scratch_bytes``."""
+    chunks = (tokens + (BT - 1) * seqs) // BT
+    return 4 * tokens * hv * (dk + dv) + (2 if half_states else 4) * chunks * hv * dk * dv
 
 
 def chunk_gated_delta_rule(
@@ -299,11 +231,13 @@ def chunk_gated_delta_rule(
     state: torch.Tensor,
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
+    blocks: ChunkBlocks | None = None,
 ) -> torch.Tensor:
     """Varlen chunked prefill from each sequence's state; final states written back.
 
     q, k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv], state [S, Hv, Dk, Dv] read
     and written at ``slots`` [B], cu_seqlens [B + 1]. Returns [T, Hv, Dv] in v's dtype.
+    ``blocks`` overrides the tiles of the state and output passes (``default_blocks``).
     """
     total, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -312,29 +246,39 @@ def chunk_gated_delta_rule(
     if total == 0 or bsz == 0:
         return out
     dev = v.device
-    # chunk_end[b]: chunks in sequences 0..b, made on the device; kernel 1's grid bounds the
-    # chunk count from the shapes alone (no sync)
+    # chunk_end[b]: chunks in sequences 0..b, made on the device; the chunk-parallel grids bound
+    # the chunk count from the shapes alone (no sync)
     chunk_end = torch.cumsum(torch.div(cu_seqlens[1:] - cu_seqlens[:-1] + (BT - 1), BT, rounding_mode="floor"), 0)
+    n_chunks = (total + (BT - 1) * bsz) // BT
     u_buf = torch.empty((total, hv, dv), dtype=torch.float32, device=dev)
     w_buf = torch.empty((total, hv, dk), dtype=torch.float32, device=dev)
+    h_dtype = torch.float32 if v.dtype == torch.float32 else torch.bfloat16
+    h_buf = torch.empty((n_chunks, hv, dk, dv), dtype=h_dtype, device=dev)
     bk = max(16, triton.next_power_of_2(dk))
     bdv = max(16, triton.next_power_of_2(dv))
-    bv = min(32, bdv)
+    tiles = blocks or default_blocks(dk, dv)
     prec = "ieee" if v.dtype == torch.float32 else "tf32"
     rep = hv // hk
-    _chunk_wy_kernel[((total + (BT - 1) * bsz) // BT, hv)](
+    _chunk_wy_kernel[(n_chunks, hv)](
         k, v, g, beta, cu_seqlens, chunk_end, bsz, u_buf, w_buf,
         *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
         REP=rep, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK,
         PREC=prec, num_warps=8 if bk + bdv > 128 else 4,
     )
-    _chunk_fwd_kernel[(bsz, hv, triton.cdiv(dv, bv))](
-        q, k, g, u_buf, w_buf, state, slots, cu_seqlens, out, dk ** -0.5,
-        *q.stride(), *k.stride(), *g.stride(),
-        u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
-        *state.stride(), *out.stride(),
-        REP=rep, K=dk, V=dv, BT=BT, BK=bk, BV=bv, PREC=prec,
-        num_warps=8 if bk >= 128 else 4, num_stages=1,  # pipelining the chunk loads overflows shared memory
+    _chunk_state_kernel[(bsz, hv, triton.cdiv(dv, tiles.state_bv))](
+        k, g, u_buf, w_buf, h_buf, state, slots, cu_seqlens, chunk_end,
+        *k.stride(), *g.stride(), u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
+        h_buf.stride(0), h_buf.stride(1), *state.stride(),
+        REP=rep, K=dk, V=dv, BT=BT, BK=bk, BV=tiles.state_bv, PREC=prec,
+        num_warps=tiles.state_warps, num_stages=tiles.state_stages,
+    )
+    nv = triton.cdiv(dv, tiles.out_bv)
+    _chunk_out_kernel[(n_chunks * hv * nv,)](
+        q, k, g, u_buf, h_buf, cu_seqlens, chunk_end, bsz, out, dk ** -0.5,
+        *q.stride(), *k.stride(), *g.stride(), u_buf.stride(0), u_buf.stride(1),
+        h_buf.stride(0), h_buf.stride(1), *out.stride(),
+        REP=rep, H=hv, K=dk, V=dv, NV=nv, BT=BT, BK=bk, BV=tiles.out_bv, BS=SEQ_BLOCK, PREC=prec,
+        num_warps=tiles.out_warps,
     )
     return out

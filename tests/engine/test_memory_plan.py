@@ -1,4 +1,5 @@
-"""The memory plan's vocabulary figures: embedding, LM head (tied or not), one round's logits, the sampler's scratch."""
+"""The memory plan's figures: embedding, LM head (tied or not), one round's logits, the sampler's scratch,
+the chunked GDN prefill's scratch."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from ignis.engine.memory_plan import (
     CPU_DEFAULT_KV_BYTES,
     embedding_bytes,
+    gdn_scratch_bytes,
     kv_page_bytes,
     lane_bytes,
     lm_head_bytes,
@@ -61,3 +63,28 @@ def test_explicit_budgets_are_the_pools_alone():
 def test_the_sampler_workspace_figure_is_the_workspace():
     assert sampler_workspace_bytes(248_320) == 248_320 * 41 == 10_181_120
     assert SamplerWorkspace(248_320).nbytes == sampler_workspace_bytes(248_320)
+
+
+def test_gdn_scratch_is_u_w_and_one_chunk_start_state_per_chunk():
+    # one 8K sequence, bf16: u and w 384 MiB, 128 bf16 states of 48 x 128 x 128 192 MiB
+    assert gdn_scratch_bytes(QWEN35_27B, "bfloat16", 8192, 1) == 4 * 8192 * 48 * 256 + 128 * 48 * 128 * 128 * 2
+    assert gdn_scratch_bytes(QWEN35_27B, "bfloat16", 8192, 1) == 603_979_776
+    assert gdn_scratch_bytes(QWEN35_27B, "float32", 8192, 1) == 805_306_368  # fp32 states
+    # each of 32 sequences may leave under one chunk unused: 63 chunks bound 2,048 tokens, not 32
+    assert gdn_scratch_bytes(QWEN35_27B, "bfloat16", 2048, 32) == 4 * 2048 * 48 * 256 + 63 * 48 * 128 * 128 * 2
+    # a round has at most one sequence per token; none without a prefill budget
+    assert gdn_scratch_bytes(QWEN35_27B, "bfloat16", 3, 32) == 4 * 3 * 48 * 256 + 3 * 48 * 128 * 128 * 2
+    assert gdn_scratch_bytes(QWEN35_27B, "bfloat16", 0, 32) == 0
+
+
+def test_the_free_memory_budget_sets_the_gdn_scratch_aside():
+    page, image = kv_page_bytes(QWEN35_27B, "bfloat16"), lane_bytes(QWEN35_27B, "bfloat16")
+    plan = plan_memory(QWEN35_27B, "bfloat16", 32, free_device_bytes=40 << 30, device_slots=2, prefill_tokens=2048)
+    assert plan.gdn_scratch_bytes == 199_753_728
+    # 7633 pages with the logits alone set aside (above)
+    assert int((42_949_672_960 - 2 * image - 47_677_440 - 199_753_728 - 32 * image) * 0.85) // page == 7593
+    assert plan.pages == 7593
+    assert "GDN prefill scratch 199753728 bytes (190.5 MiB) for 2048 tokens per round" in plan.describe()
+    # an explicit pool is the pool alone; the figure is still reported
+    explicit = plan_memory(QWEN35_27B, "bfloat16", 32, kv_pool_tokens=6400, prefill_tokens=2048)
+    assert (explicit.pages, explicit.gdn_scratch_bytes) == (100, 199_753_728)

@@ -3,7 +3,7 @@
 State pools carry non-zero initial states at shuffled slots; unused slots are
 NaN and must stay bitwise untouched. q, k, v are non-contiguous views (as the
 model's split of the conv output is). Tolerances (relative RMS): fp32 1e-5
-(measured ~2e-7 recurrent; chunked ~5e-7 outputs, up to ~2e-6 final states);
+(measured ~2e-7 recurrent; chunked ~5e-7 outputs, up to ~5e-6 final states);
 bf16 inputs 2e-2 (measured ~4e-3, mostly the bf16 rounding of the outputs;
 on the GPU the kernels use tf32 dots for bf16 inputs). The model's decays
 fade a chunk's early tokens from its late rows; a slow-decay case keeps every
@@ -13,18 +13,22 @@ checked on its own against an fp64 triangular solve (measured ~1e-7).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ignis.engine.memory_plan import gdn_scratch_bytes
+from ignis.engine.models.config import config_from_dict
 from ignis.kernels.gated_delta_rule import reference as ref
-from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent
+from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent, triton_wy
 from tests.kernels.conftest import assert_close, assert_untouched, cu_seqlens, strided
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-BT, BC = triton_chunk.BT, triton_chunk.BC
+BT, BC = triton_chunk.BT, triton_wy.BC
 
 
 def make_inputs(total, hk, hv, dk, dv, dtype, device, gen, g_scale=0.5):
@@ -78,6 +82,12 @@ CHUNK_CASES = [
     (1, 2, 64, 64, torch.float32, [3, 65]),
     (2, 2, 32, 16, torch.bfloat16, [129, 1]),
     (1, 1, 128, 128, torch.float32, [1, 80]),
+    # many chunks in one sequence: exactly 9 * 64 tokens, and a ragged 600
+    (1, 2, 16, 16, torch.float32, [9 * BT]),
+    (1, 2, 16, 32, torch.float32, [600]),
+    # a varlen mix in bf16 (bf16 chunk-start states), and short sequences only
+    (2, 4, 16, 16, torch.bfloat16, [BT, 1, 200, 2 * BT, 5, BT - 1]),
+    (1, 2, 32, 16, torch.float32, [1, 2, 3, 7, 1]),
 ]
 
 
@@ -99,6 +109,68 @@ def test_chunk_matches_twin(device, gen, hk, hv, dk, dv, dtype, lengths, g_scale
     assert_close(got, want, TOL[dtype], what + " output")
     assert_close(got_pool[slots], want_pool[slots], TOL[dtype], what + " state")
     assert_untouched(got_pool, pool, unused(num_slots, slots), what)
+
+
+# (state BV, warps, stages, output BV, warps): several value blocks in either pass
+BLOCK_CASES = [triton_chunk.ChunkBlocks(16, 4, 1, 64, 4), triton_chunk.ChunkBlocks(64, 4, 2, 16, 4)]
+
+
+@pytest.mark.parametrize("blocks", BLOCK_CASES, ids=lambda b: f"state{b.state_bv}-out{b.out_bv}")
+def test_chunk_tiles_override(device, gen, blocks):
+    """``blocks=`` tiles split the value columns differently in the state and output passes;
+    the result is the twin's either way."""
+    hk, hv, dk, dv, lengths = 1, 2, 32, 64, [130, BT, 3]
+    slots = [4, 0, 2]
+    q, k, v, g, beta = make_inputs(sum(lengths), hk, hv, dk, dv, torch.float32, device, gen)
+    pool = make_pool(5, slots, hv, dk, dv, device, gen)
+    want_pool, got_pool = pool.clone(), pool.clone()
+    idx = torch.tensor(slots, device=device)
+    cu = cu_seqlens(lengths, device)
+    want = ref.chunk_gated_delta_rule(q, k, v, g, beta, want_pool, idx, cu)
+    got = triton_chunk.chunk_gated_delta_rule(q, k, v, g, beta, got_pool, idx, cu, blocks=blocks)
+    assert_close(got, want, 1e-5, f"chunk {blocks} output")
+    assert_close(got_pool[slots], want_pool[slots], 1e-5, f"chunk {blocks} state")
+    assert_untouched(got_pool, pool, unused(5, slots), f"chunk {blocks}")
+
+
+@pytest.mark.parametrize("dtype,lengths", [(torch.float32, [130, 1]), (torch.bfloat16, [64, 0, 65])])
+def test_chunk_scratch_is_what_a_call_allocates(device, gen, monkeypatch, dtype, lengths):
+    """``chunk_scratch_bytes`` (which the memory plan mirrors) is every buffer a call makes
+    besides its output: u, w and the chunk-start states, bf16 ones for bf16 inputs."""
+    hk, hv, dk, dv = 1, 2, 16, 32
+    q, k, v, g, beta = make_inputs(sum(lengths), hk, hv, dk, dv, dtype, device, gen)
+    pool = make_pool(len(lengths), list(range(len(lengths))), hv, dk, dv, device, gen)
+    made = []
+    empty = torch.empty
+
+    def recording_empty(*a, **kw):
+        t = empty(*a, **kw)
+        made.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    out = triton_chunk.chunk_gated_delta_rule(q, k, v, g, beta, pool, torch.arange(len(lengths), device=device),
+                                              cu_seqlens(lengths, device))
+    scratch = [t for t in made if t.data_ptr() != out.data_ptr()]
+    got = sum(t.numel() * t.element_size() for t in scratch)
+    want = triton_chunk.chunk_scratch_bytes(sum(lengths), len(lengths), hv, dk, dv, dtype != torch.float32)
+    assert got == want, f"{[(tuple(t.shape), t.dtype) for t in scratch]}: {got} bytes, expected {want}"
+    states = [t for t in scratch if t.dim() == 4]
+    assert len(states) == 1 and states[0].dtype == (torch.float32 if dtype == torch.float32 else torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_memory_plan_scratch_is_the_kernels(dtype):
+    """The engine's memory plan (pure Python) sets aside what the kernel allocates."""
+    base = config_from_dict(dict(
+        architectures=["Qwen3_5ForCausalLM"], num_hidden_layers=4, full_attention_interval=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, hidden_size=64, intermediate_size=128, vocab_size=128, dtype=dtype))
+    for hv, dk, dv in ((48, 128, 128), (32, 128, 128), (4, 16, 32)):
+        cfg = dataclasses.replace(base, linear_num_key_heads=1, linear_num_value_heads=hv, linear_key_head_dim=dk,
+                                  linear_value_head_dim=dv)
+        for tokens, seqs in ((8192, 1), (2048, 32), (100, 3), (64, 1)):
+            assert gdn_scratch_bytes(cfg, dtype, tokens, seqs) == triton_chunk.chunk_scratch_bytes(
+                tokens, seqs, hv, dk, dv, half_states=dtype != "float32"), (tokens, seqs, hv, dk, dv)
 
 
 def test_chunk_with_empty_sequences_over_several_lookup_blocks(device, gen, monkeypatch):
@@ -141,7 +213,7 @@ def test_chunk_then_recurrent_continues_the_state(device, gen):
     assert_untouched(got_pool, pool, [0], "chunk + recurrent")
 
 
-_unit_lower_inverse = triton_chunk._unit_lower_inverse
+_unit_lower_inverse = triton_wy._unit_lower_inverse
 
 
 @triton.jit
