@@ -8,24 +8,31 @@
 # end (SIGTERM to its process group). Both tools send the same shape of
 # shared-prefix agent load, built by their own synthetic generators:
 #
-#   PREFIXES system prompts of PREFIX_TOKENS tokens each, shared by all the
-#   requests (each request draws one), then a per-request user turn of
-#   USER_TOKENS tokens; OUTPUT_TOKENS tokens back, streamed, at CONCURRENCY.
+#   PREFIXES long prompts of PREFIX_TOKENS tokens each, shared by all the
+#   requests (spread over them), then a per-request user turn of USER_TOKENS
+#   tokens; OUTPUT_TOKENS tokens back (ignore_eos), streamed, at CONCURRENCY.
+#   guidellm sends the prefix as the system message; aiperf puts it at the
+#   start of the user message.
 #
 # Every run is bounded in requests and in seconds. The tools' exported JSON
 # lands in --out (default bench/out/external_load/) and
 # bench/external_load_report.py turns it into one table; its last line is
 #
 #   BENCH external_load aiperf_ttft_p50_ms=.. aiperf_ttft_p99_ms=.. aiperf_itl_p50_ms=.. aiperf_out_tok_s=..
-#         aiperf_ok=.. aiperf_errors=.. guidellm_ttft_p50_ms=.. ... guidellm_errors=..
+#         aiperf_cached_pct=.. aiperf_ok=.. aiperf_errors=.. guidellm_ttft_p50_ms=.. ... guidellm_errors=..
 #
+# (cached_pct: the share of prompt tokens the server reported as cached). docs/benchmarks.md has the
+# dataset, the tables measured and how to read them.
+#
+# Default: 64 requests per tool at concurrency 8, 4 prefixes x 1024 tokens, 64-token
+# user turns, 64 tokens out, at most 600 s per tool. --quick: 6 requests at
+# concurrency 2, 2 prefixes x 256 tokens, 32-token user turns, 16 out, 180 s.
 # The script exits non-zero when a tool fails to run or any request errored.
 #
 #   bash bench/external_load.sh [--quick] [--url URL] [--model DIR] [--tokenizer DIR]
 #                               [--requests N] [--concurrency C] [--out DIR] [--only aiperf|guidellm]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT="$PWD"
 
 AIPERF_SPEC="aiperf==0.13.0"
 GUIDELLM_SPEC="guidellm==0.8.1"
@@ -47,11 +54,12 @@ while (($#)); do
         --concurrency) concurrency="$2"; shift ;;
         --out) out="$2"; shift ;;
         --only) only="$2"; shift ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "external_load.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
+[[ -z "$only" || "$only" == aiperf || "$only" == guidellm ]] || { echo "external_load.sh: --only aiperf|guidellm" >&2; exit 2; }
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 

@@ -7,12 +7,14 @@ bench/external_load.sh runs the tools and calls this with the files they wrote:
 For each tool it reads TTFT p50/p99 (ms), inter-token latency p50 (ms; aiperf's
 ``inter_token_latency``, guidellm's ``inter_token_latency_ms``), TPOT p50 where
 the tool reports it, output tokens/s over the run, and requests ok/errored
-(an aborted or incomplete request counts as errored). It prints a table, then
-the last line
+(an aborted or incomplete request counts as errored), and the share of prompt
+tokens the server reported as cached (``usage.prompt_tokens_details.cached_tokens``
+summed over the requests, over their prompt tokens: how much of the shared
+prefixes was reused). It prints a table, then the last line
 
     BENCH external_load aiperf_ttft_p50_ms=.. aiperf_ttft_p99_ms=.. aiperf_itl_p50_ms=.. aiperf_out_tok_s=..
-          aiperf_ok=.. aiperf_errors=.. guidellm_ttft_p50_ms=.. guidellm_ttft_p99_ms=.. guidellm_itl_p50_ms=..
-          guidellm_tpot_p50_ms=.. guidellm_out_tok_s=.. guidellm_ok=.. guidellm_errors=..
+          aiperf_cached_pct=.. aiperf_ok=.. aiperf_errors=.. guidellm_ttft_p50_ms=.. guidellm_ttft_p99_ms=.. guidellm_itl_p50_ms=..
+          guidellm_tpot_p50_ms=.. guidellm_out_tok_s=.. guidellm_cached_pct=.. guidellm_ok=.. guidellm_errors=..
 
 and exits 1 when a tool reported an errored request or no completed one. A
 file that is not the shape it expects is a clear error naming the file and
@@ -40,6 +42,7 @@ class ToolResult:
     itl_p50_ms: float
     tpot_p50_ms: float | None  # aiperf has no separate TPOT: its ITL is (latency - TTFT) / (tokens - 1)
     out_tok_s: float
+    cached_pct: float
     ok: int
     errors: int
 
@@ -71,6 +74,7 @@ def parse_aiperf(data: dict, source: str = "aiperf") -> ToolResult:
         itl_p50_ms=_num(data, "inter_token_latency.p50", source),
         tpot_p50_ms=None,
         out_tok_s=_num(data, "output_token_throughput.avg", source),
+        cached_pct=_num(data, "overall_usage_prompt_cache_read_pct.avg", source),
         ok=int(_num(data, "request_count.avg", source)),
         errors=max(errors, listed) + (1 if data.get("was_cancelled") else 0),
     )
@@ -84,6 +88,9 @@ def parse_guidellm(data: dict, source: str = "guidellm") -> ToolResult:
                           f"{len(benchmarks) if isinstance(benchmarks, list) else benchmarks!r}")
     m = _get(benchmarks[0], "metrics", source)
     totals = _get(m, "request_totals", source)
+    done = _get(benchmarks[0], "requests.successful", source)
+    prompt = sum(_num(r, "prompt_tokens", source) for r in done)
+    cached = sum(_num(r, "cached_tokens", source) for r in done)
     return ToolResult(
         tool="guidellm",
         ttft_p50_ms=_num(m, "time_to_first_token_ms.successful.percentiles.p50", source),
@@ -91,6 +98,7 @@ def parse_guidellm(data: dict, source: str = "guidellm") -> ToolResult:
         itl_p50_ms=_num(m, "inter_token_latency_ms.successful.percentiles.p50", source),
         tpot_p50_ms=_num(m, "time_per_output_token_ms.successful.percentiles.p50", source),
         out_tok_s=_num(m, "output_tokens_per_second.successful.mean", source),
+        cached_pct=100.0 * cached / prompt if prompt else 0.0,
         ok=int(_num(totals, "successful", source)),
         errors=int(_num(totals, "errored", source)) + int(_num(totals, "incomplete", source)),
     )
@@ -114,9 +122,9 @@ def _fmt(value: float | None) -> str:
 
 
 def table(results: list[ToolResult]) -> str:
-    head = ("tool", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "TPOT p50 ms", "out tok/s", "ok", "errored")
+    head = ("tool", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "TPOT p50 ms", "out tok/s", "cached %", "ok", "errored")
     rows = [head] + [(r.tool, _fmt(r.ttft_p50_ms), _fmt(r.ttft_p99_ms), _fmt(r.itl_p50_ms), _fmt(r.tpot_p50_ms),
-                      _fmt(r.out_tok_s), str(r.ok), str(r.errors)) for r in results]
+                      _fmt(r.out_tok_s), _fmt(r.cached_pct), str(r.ok), str(r.errors)) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
                      for row in rows)
@@ -130,7 +138,7 @@ def bench_line(results: list[ToolResult]) -> str:
                    f"{p}_itl_p50_ms={r.itl_p50_ms:.1f}"]
         if r.tpot_p50_ms is not None:
             fields.append(f"{p}_tpot_p50_ms={r.tpot_p50_ms:.1f}")
-        fields += [f"{p}_out_tok_s={r.out_tok_s:.1f}", f"{p}_ok={r.ok}", f"{p}_errors={r.errors}"]
+        fields += [f"{p}_out_tok_s={r.out_tok_s:.1f}", f"{p}_cached_pct={r.cached_pct:.1f}", f"{p}_ok={r.ok}", f"{p}_errors={r.errors}"]
     return "BENCH external_load " + " ".join(fields)
 
 

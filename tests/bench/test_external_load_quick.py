@@ -33,5 +33,6 @@ def test_both_tools_run_the_shared_prefix_load_without_errors(tmp_path):
         assert f[f"{tool}_ok"] == 6 and f[f"{tool}_errors"] == 0, last
         assert 0 < f[f"{tool}_ttft_p50_ms"] <= f[f"{tool}_ttft_p99_ms"], last
         assert f[f"{tool}_itl_p50_ms"] > 0 and f[f"{tool}_out_tok_s"] > 0, last
+        assert f[f"{tool}_cached_pct"] > 0, last  # the shared prefixes were reused
     assert f["guidellm_tpot_p50_ms"] > 0
     assert "Traceback" not in (tmp_path / "serve.log").read_text()

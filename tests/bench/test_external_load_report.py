@@ -30,6 +30,7 @@ def test_aiperf_export_gives_its_percentiles_throughput_and_counts():
     assert r.itl_p50_ms == pytest.approx(44.639, abs=1e-3)
     assert r.tpot_p50_ms is None
     assert r.out_tok_s == pytest.approx(28.510, abs=1e-3)
+    assert r.cached_pct == pytest.approx(512 / 1776 * 100)
     assert (r.ok, r.errors) == (6, 0)
 
 
@@ -38,6 +39,7 @@ def test_guidellm_export_gives_its_percentiles_throughput_and_counts():
     assert (r.ttft_p50_ms, r.ttft_p99_ms) == pytest.approx((134.934, 375.122), abs=1e-3)
     assert (r.itl_p50_ms, r.tpot_p50_ms) == pytest.approx((35.690, 41.892), abs=1e-3)
     assert r.out_tok_s == pytest.approx(40.567, abs=1e-3)
+    assert r.cached_pct == pytest.approx(4 * 256 / (6 * 301) * 100)  # the first use of each of the 2 prefixes missed
     assert (r.ok, r.errors) == (6, 0)
 
 
@@ -71,9 +73,9 @@ def test_main_prints_the_table_then_the_bench_line_and_fails_on_errors(tmp_path,
     assert lines[0].split()[:3] == ["tool", "TTFT", "p50"]
     assert [line.split()[0] for line in lines[1:3]] == ["aiperf", "guidellm"]
     assert lines[-1] == ("BENCH external_load aiperf_ttft_p50_ms=242.1 aiperf_ttft_p99_ms=514.7 aiperf_itl_p50_ms=44.6 "
-                         "aiperf_out_tok_s=28.5 aiperf_ok=6 aiperf_errors=0 guidellm_ttft_p50_ms=134.9 "
+                         "aiperf_out_tok_s=28.5 aiperf_cached_pct=28.8 aiperf_ok=6 aiperf_errors=0 guidellm_ttft_p50_ms=134.9 "
                          "guidellm_ttft_p99_ms=375.1 guidellm_itl_p50_ms=35.7 guidellm_tpot_p50_ms=41.9 "
-                         "guidellm_out_tok_s=40.6 guidellm_ok=6 guidellm_errors=0")
+                         "guidellm_out_tok_s=40.6 guidellm_cached_pct=56.7 guidellm_ok=6 guidellm_errors=0")
     g = sample("benchmarks.json")
     g["benchmarks"][0]["metrics"]["request_totals"]["errored"] = 1
     (tmp_path / "g.json").write_text(json.dumps(g))
