@@ -45,6 +45,10 @@ url="" model="" tokenizer="" out="bench/out/external_load" only=""
 requests=64 concurrency=8 prefixes=4 prefix_tokens=1024 user_tokens=64 output_tokens=64 max_seconds=600
 while (($#)); do
     case "$1" in
+        --url|--model|--tokenizer|--requests|--concurrency|--out|--only)
+            (($# >= 2)) || { echo "external_load.sh: $1 needs a value" >&2; exit 2; } ;;
+    esac
+    case "$1" in
         --quick) requests=6 concurrency=2 prefixes=2 prefix_tokens=256 user_tokens=32 output_tokens=16
                  max_seconds=180 ;;
         --url) url="$2"; shift ;;
@@ -78,12 +82,15 @@ ensure_venv() {  # name spec -> the venv's bin directory on stdout
 }
 
 # ----- the server -------------------------------------------------------------
-serve_pid=""
+serve_pid="" runtime=""
 stop_serve() {
-    [[ -n "$serve_pid" ]] || return 0
-    kill -TERM -- "-$serve_pid" 2>/dev/null
-    wait "$serve_pid" 2>/dev/null
-    serve_pid=""
+    if [[ -n "$serve_pid" ]]; then
+        kill -TERM -- "-$serve_pid" 2>/dev/null
+        wait "$serve_pid" 2>/dev/null
+        serve_pid=""
+    fi
+    [[ -z "$runtime" ]] || rm -rf "$runtime"
+    runtime=""
 }
 trap stop_serve EXIT
 trap 'exit 130' INT TERM
