@@ -73,10 +73,13 @@ T / BT chunks. At the 27B shapes (Hv = 48, Dk = Dv = 128, bf16, sm_90):
   SM, a second wave for 60 of them). 2 stages would prefetch the next chunk
   but take 128 KiB of shared memory, one program per SM again. BV = 64 halves
   the re-reads of w but leaves 36 SMs idle with 96 programs.
-- output pass, BV = 32, 4 warps: 164 registers and 88 KiB each, two per SM;
-  BV = 64 at 4 warps needs 112 KiB (two per SM only if all 228 KiB of the SM
-  go to shared memory), at 8 warps 245 registers (one per SM). q k^T is
-  recomputed per value block (Dv / BV times), a small dot next to the loads.
+- output pass, BV = 64, 4 warps: 112 KiB of shared memory each; q k^T is
+  recomputed per value block (Dv / BV times), so halving the value blocks
+  halves that work. On an H200 (bench/gpu_check.py's ``gdn_tiles`` sweep, 8K
+  tokens) the whole forward took 2.34 ms with it against 2.49 ms at BV = 32
+  (164 registers, 88 KiB, two per SM) and 2.62 ms at BV = 64 with 8 warps
+  (245 registers, one per SM). For Dk > 128 (8 warps) the output pass keeps
+  BV = 32.
   The launch is one axis, (chunk, value head, value block) with the value
   block fastest, so a chunk's q and k rows are read by neighbouring programs.
 
@@ -211,7 +214,7 @@ def default_blocks(dk: int, dv: int) -> ChunkBlocks:
     bdv = max(16, triton.next_power_of_2(dv))
     warps = 8 if bk > 128 else 4
     return ChunkBlocks(state_bv=min(32, bdv), state_warps=warps, state_stages=1,
-                       out_bv=min(32, bdv), out_warps=warps)
+                       out_bv=min(64 if warps == 4 else 32, bdv), out_warps=warps)
 
 
 def chunk_scratch_bytes(tokens: int, seqs: int, hv: int, dk: int, dv: int, half_states: bool) -> int:
