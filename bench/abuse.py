@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -40,6 +39,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from checkout import use_checkout  # noqa: E402
+from serve_process import children, start_serve  # noqa: E402
 
 ROOT = use_checkout()
 
@@ -49,32 +49,11 @@ PROMPTS = ("Count from one to five.", "Name a color.", "Say hello to the moon.",
            "Write one word about the sea.")
 
 
-def start_serve(model: str | None, runtime: str) -> tuple[subprocess.Popen, str, Path]:
-    log = Path(runtime) / "serve.log"
-    argv = [sys.executable, "-m", "ignis.launcher.cli", "serve", "--port", "0", "--runtime-dir", runtime,
-            "--instance", "abuse", "--reuse-kv-host-pool-bytes", "64M"]
-    if model:
-        argv += ["--model", model]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-    deadline = time.monotonic() + 300
-    for line in proc.stdout:
-        m = re.match(r"ignis serving \S+ on (http://\S+)", line)
-        if m:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its stdout pipe drained
-            return proc, m.group(1), log
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise SystemExit(f"ignis serve did not start:\n{log.read_text()[-3000:]}")
-
-
 def gateway_pid(serve_pid: int) -> int:
-    for task in Path(f"/proc/{serve_pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            if b"gateway" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                return int(pid)
-    raise SystemExit("no gateway child found")
+    pid = children(serve_pid).get("gateway")
+    if pid is None:
+        raise SystemExit("no gateway child found")
+    return pid
 
 
 def rss_kb(pid: int, field: str) -> int:
@@ -242,7 +221,7 @@ def main() -> int:
     args = ap.parse_args()
     prompts = PROMPTS[:3] if args.quick else PROMPTS
     runtime = tempfile.mkdtemp(prefix="ignis-abuse-")
-    proc, url, log = start_serve(args.model, runtime)
+    proc, url, log = start_serve(runtime, "abuse", ["--reuse-kv-host-pool-bytes", "64M"], args.model)
     failed = []
     try:
         parts = urlsplit(url)

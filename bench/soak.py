@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from checkout import use_checkout  # noqa: E402
+from serve_process import PROCESSES, children, start_serve  # noqa: E402
 
 ROOT = use_checkout()
 
@@ -51,48 +52,12 @@ import aiohttp  # noqa: E402
 CHAT = "/v1/chat/completions"
 WORDS = ("river stone lantern copper meadow signal harbor ember orchard quartz violet thunder canyon "
          "glacier compass ribbon falcon marble willow beacon").split()
-PROCESSES = ("gateway", "engine", "tierd")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def start_serve(model: str | None, runtime: str, ports: dict[str, int]) -> tuple[subprocess.Popen, str, Path]:
-    log = Path(runtime) / "serve.log"
-    argv = [sys.executable, "-m", "ignis.launcher.cli", "serve", "--port", "0", "--runtime-dir", runtime,
-            "--instance", "soak", "--kv-pool-tokens", "12288", "--decode-lanes", "16",
-            "--reuse-kv-host-pool-bytes", "24M", "--kv-disk-dir", str(Path(runtime) / "kv-disk"),
-            "--kv-disk-bytes", "512M", "--metrics-port", str(ports["engine"]),
-            "--tierd-metrics-port", str(ports["tierd"]), "--metrics-host", "127.0.0.1"]
-    if model:
-        argv += ["--model", model]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-    deadline = time.monotonic() + 300
-    for line in proc.stdout:
-        m = re.match(r"ignis serving \S+ on (http://\S+)", line)
-        if m:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its stdout pipe drained
-            return proc, m.group(1), log
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise SystemExit(f"ignis serve did not start:\n{log.read_text()[-3000:]}")
-
-
-def children(serve_pid: int) -> dict[str, int]:
-    """The pid of each process ``ignis serve`` started, by its subcommand."""
-    found = {}
-    for task in Path(f"/proc/{serve_pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            for name in PROCESSES:
-                if name.encode() in argv:
-                    found[name] = int(pid)
-    return found
 
 
 def rss_mb(pid: int) -> float:
@@ -236,7 +201,11 @@ def main() -> int:
         args.streams, args.minutes, args.sample_s = 8, 20 / 60, 5.0
     ports = {"engine": free_port(), "tierd": free_port()}
     with tempfile.TemporaryDirectory(prefix="ignis-soak-") as runtime:
-        proc, url, log = start_serve(args.model, runtime, ports)
+        flags = ["--kv-pool-tokens", "12288", "--decode-lanes", "16", "--reuse-kv-host-pool-bytes", "24M",
+                 "--kv-disk-dir", str(Path(runtime) / "kv-disk"), "--kv-disk-bytes", "512M",
+                 "--metrics-port", str(ports["engine"]), "--tierd-metrics-port", str(ports["tierd"]),
+                 "--metrics-host", "127.0.0.1"]
+        proc, url, _log = start_serve(runtime, "soak", flags, args.model)
         try:
             return soak(proc, url, ports, args)
         finally:

@@ -22,7 +22,6 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 
 log = logging.getLogger("ignis.gateway")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -78,3 +80,13 @@ def resume_from_kv_ram(url: str, model: str, log: Path, cold: dict[int, str], ti
 
     return wait_for("a request resumed from KV-RAM", one_round, timeout,
                     lambda: f"{rounds} rounds; tiers {[d['tier'] for d in done_lines(log)[start:]]}")
+
+
+def stop_serve(proc: subprocess.Popen) -> int:
+    """SIGTERM to ``ignis serve`` and its exit code (-9 when it had to be killed after 60 s)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return -9

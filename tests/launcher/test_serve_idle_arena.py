@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
 
 import pytest
 
-from tests.launcher.conversations import ask, content, wait_for
+from tests.launcher.conversations import ask, content, stop_serve, wait_for
 
 ARENA = 4 << 20
 
@@ -53,10 +52,5 @@ def test_idle_unload_releases_the_arena_and_the_next_load_locks_it_again(tmp_pat
         assert tierd_metric(tierd, "ignis:tierd_arena_locked_bytes") == ARENA
         assert "arena mapped again" in err.read_text()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = -9
+        code = stop_serve(proc)
     assert code == 0, log()

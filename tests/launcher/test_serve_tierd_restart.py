@@ -27,6 +27,7 @@ from tests.launcher.conversations import (
     content,
     resume_from_kv_ram,
     shm_names,
+    stop_serve,
     wait_for,
 )
 
@@ -98,11 +99,6 @@ def test_a_killed_tierd_is_started_again_and_the_service_keeps_serving(tmp_path)
         assert err.read_text().count("tierd connected") > connects  # the hello to the new tierd
         assert shm_names(kids["engine"]) == shm  # nothing lost, nothing left by the dead tierd
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = -9
+        code = stop_serve(proc)
     assert code == 0, log()
     assert not shm_names(kids["engine"])
