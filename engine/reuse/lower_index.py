@@ -10,6 +10,14 @@ restore only if it reuses at least that tier's floor more tokens than the
 best match above it (for KV-disk: the better of the device's and KV-RAM's);
 ties go to the tier above.
 
+The index is bounded: tierd discards entries on its own (its arena or disk
+full, a TTL) and the engine only hears of it when it asks about that key, so
+records of entries nobody asks for again would pile up. At most ``limit``
+records are kept (``MAX_RECORDS``), the least recently added or used going
+first; forgetting one loses nothing but the chance to restore that entry
+(tierd still holds it until its own policy drops it). A record keeps its
+tokens as int32 (4 bytes a token, where a tuple of ints takes ~36).
+
 Every change to what the index holds is told to its ``blocks`` ledger
 (``engine.reuse.block_events``; a no-op unless KV events are on): a record
 added is stored in its tier's medium, forgotten or cleared is removed, moved
@@ -20,11 +28,16 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ignis.engine.reuse.block_events import NO_BLOCK_EVENTS, TIER_MEDIUM
 
 TIERS = ("ram", "disk")
+MAX_RECORDS = 4096
+"""Records the engine keeps of entries in tierd. A 27B state image is ~147 MiB, so a 64 GiB arena holds
+~440 entries; small models' entries are tiny, and past this many the oldest are forgotten here."""
 WIRE_TIER = {"ram": "kv_ram", "disk": "kv_disk"}
 
 
@@ -36,11 +49,20 @@ def content_key(tokens: tuple[int, ...]) -> str:
 @dataclass
 class LowerRecord:
     key: str
-    tokens: tuple[int, ...]
+    tokens: Sequence[int]  # kept as array("i")
     kind: str
     request_class: str
     after_user: bool
     tier: str  # "ram" | "disk"
+
+    def __post_init__(self):
+        if not isinstance(self.tokens, array):
+            self.tokens = array("i", self.tokens)
+
+    def is_prefix_of(self, tokens: Sequence[int]) -> bool:
+        """Whether the record's tokens are the first ``num_tokens`` of ``tokens``."""
+        n = len(self.tokens)
+        return len(tokens) >= n and array("i", tokens[:n]) == self.tokens
 
     @property
     def num_tokens(self) -> int:
@@ -48,13 +70,17 @@ class LowerRecord:
 
 
 class LowerIndex:
-    def __init__(self, floors: dict[str, int], blocks=NO_BLOCK_EVENTS):
+    def __init__(self, floors: dict[str, int], blocks=NO_BLOCK_EVENTS, limit: int = MAX_RECORDS):
         for tier in TIERS:
             if floors.get(tier, 0) < 0:
                 raise ValueError(f"restore floor of {tier} must be >= 0")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
         self.floors = {t: int(floors.get(t, 0)) for t in TIERS}
-        self._records: dict[str, LowerRecord] = {}
+        self._records: OrderedDict[str, LowerRecord] = OrderedDict()  # oldest first
         self.blocks = blocks
+        self.limit = limit
+        self.forgotten = 0  # records dropped here for the bound (tierd may still hold them)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -64,7 +90,12 @@ class LowerIndex:
         if old is not None:
             self.blocks.dropped(old.tokens, TIER_MEDIUM[old.tier])
         self._records[record.key] = record
+        self._records.move_to_end(record.key)
         self.blocks.held(record.tokens, TIER_MEDIUM[record.tier])
+        while len(self._records) > self.limit:
+            _, oldest = self._records.popitem(last=False)
+            self.blocks.dropped(oldest.tokens, TIER_MEDIUM[oldest.tier])
+            self.forgotten += 1
 
     def forget(self, key: str) -> None:
         record = self._records.pop(key, None)
@@ -78,7 +109,10 @@ class LowerIndex:
 
     def move(self, key: str, tier: str) -> None:
         record = self._records.get(key)
-        if record is not None and record.tier != tier:
+        if record is None:
+            return
+        self._records.move_to_end(key)  # asked about or restored: recently used
+        if record.tier != tier:
             self.blocks.moved(record.tokens, TIER_MEDIUM[record.tier], TIER_MEDIUM[tier])
             record.tier = tier
 
@@ -87,7 +121,7 @@ class LowerIndex:
         out = []
         for r in self._records.values():
             n = r.num_tokens
-            if longer_than < n <= limit and tuple(tokens[:n]) == r.tokens:
+            if longer_than < n <= limit and r.is_prefix_of(tokens):
                 out.append(r)
         return out
 

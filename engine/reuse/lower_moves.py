@@ -139,7 +139,7 @@ class LowerMoves:
         best = 0
         for r in self.restoring.values():
             n = r.record.num_tokens
-            if n > best and n < len(tokens) and tuple(tokens[:n]) == r.record.tokens:
+            if n > best and n < len(tokens) and r.record.is_prefix_of(tokens):
                 best = n
         return best
 
@@ -159,7 +159,7 @@ class LowerMoves:
         if r.op.ok:
             if self.tiers.check_restored(r.owner.pages, r.record.num_tokens, r.slot):
                 return landed(r.record, r.owner, r.slot, r.op.value)
-            self._unclaimed.append(r.record.tokens)
+            self._unclaimed.append(tuple(r.record.tokens))
             self.tiers.drop_retained(r.record.key)  # non-finite bytes: never used, the copy below goes too
         missed(r.record, r.op.ok)
 

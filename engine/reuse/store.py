@@ -473,4 +473,5 @@ class RetainedStore:
             "reuse_restores_total": self.restores,
             "reuse_restore_rejected_total": self.restore_rejections,
             "retained_lower_entries": len(self.lower),
+            "retained_lower_forgotten_total": self.lower.forgotten,
         }

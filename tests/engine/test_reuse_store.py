@@ -415,6 +415,23 @@ def test_floors_are_applied_per_tier_and_a_disk_match_must_beat_kv_ram_too():
     assert flat.choose([rec(100, "ram")], device_match=100) is None
 
 
+def test_the_lower_index_is_bounded_and_keeps_what_was_used_last():
+    from ignis.engine.reuse.lower_index import LowerIndex
+
+    index = LowerIndex({"ram": 0, "disk": 0}, limit=3)
+    for i in range(3):
+        index.add(lower_record(f"k{i}", 70 + i, "ram"))
+    index.move("k0", "disk")  # tierd said where k0 is: it counts as used
+    index.add(lower_record("k3", 80, "ram"))
+    index.add(lower_record("k4", 81, "ram"))
+    assert len(index) == 3 and index.forgotten == 2
+    kept = [r.key for r in index.matches(toks(200), 200)]
+    assert sorted(kept) == ["k0", "k3", "k4"]  # k1 and k2 were the oldest
+    # tokens are kept as int32 and still match token by token
+    assert sorted(r.key for r in index.matches(toks(80) + (999,), 81)) == ["k0", "k3"]
+    assert [r.key for r in index.matches(toks(75) + (999,) + toks(20, 76), 96)] == ["k0"]  # differs at 75
+
+
 def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
     asked = []
     where = {"a" * 32: "disk", "b" * 32: None}

@@ -40,6 +40,7 @@ class TieredEngine(Engine):
                                host_slots=host_slots, tiers=port, restore_floors={"ram": 64, "disk": 64})
         self.runner = ModelRunner(model, state, vocab_limit=TOKENIZER_SIZE)
         self.first_logits, self.tokens, self.logprobs, self.finished = {}, {}, {}, {}
+        self.prefilled = 0
 
     def serve_then_demote(self, p, system_end, opener_start):
         """Serves ``p`` (request "a"), then unrelated work that needs the room: its retained entries move down."""
