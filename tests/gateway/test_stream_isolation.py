@@ -16,6 +16,7 @@ import sys
 import termios
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,9 @@ def test_garbage_from_the_engine_is_logged_dropped_and_streams_complete(gateway,
         assert text == expected(demo_tokenizer, ids, n)
         assert lines[-1] == "[DONE]"
     assert "dropped a malformed message" in log.read_text()
+    scrape = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    errors = [line for line in scrape.splitlines() if line.startswith("ignis:gateway_wire_errors_total{")]
+    assert errors and float(errors[0].rsplit(" ", 1)[1]) > 0, errors
 
 
 def unread_bytes(sock: socket.socket) -> int:
