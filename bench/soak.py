@@ -243,12 +243,13 @@ def soak(proc: subprocess.Popen, url: str, ports: dict[str, int], args) -> int:
         time.sleep(0.5)
     samples.append((time.monotonic() - t0, last))
     print(f"{'t_s':>6} " + " ".join(f"{p + '_mb':>11}" for p in PROCESSES) +
-          f" {'running':>8} {'pages':>6} {'retained':>8} {'arena_mb':>9} {'disk_mb':>8}")
+          f" {'running':>8} {'pages':>6} {'retained':>8} {'lower':>6} {'arena_mb':>9} {'disk_mb':>8}")
     for t, s in samples:
         e, td = s["engine"], s["tierd"]
         print(f"{t:6.0f} " + " ".join(f"{s['rss'].get(p, float('nan')):11.1f}" for p in PROCESSES) +
               f" {e.get('ignis:num_requests_running', 0):8.0f} {e.get('ignis:kv_pool_pages_used', 0):6.0f}"
-              f" {e.get('ignis:retained_pages', 0):8.0f} {td.get('ignis:tierd_arena_used_bytes', 0) / 2**20:9.1f}"
+              f" {e.get('ignis:retained_pages', 0):8.0f} {e.get('ignis:retained_lower_entries', 0):6.0f}"
+              f" {td.get('ignis:tierd_arena_used_bytes', 0) / 2**20:9.1f}"
               f" {td.get('ignis:tierd_disk_used_bytes', 0) / 2**20:8.1f}")
     hits = labelled(scrape(ports["engine"]), "ignis:reuse_hits_total", "tier")
     warm = [s for t, s in samples if t >= seconds / 4] or [samples[-1][1]]
