@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import json
 import threading
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,7 +80,7 @@ class _Span:
     or starts with one)."""
 
     text: str
-    ids: tuple[int, ...]
+    ids: array  # int32: a cached block of a long system prompt keeps 4 bytes a token, not a tuple's ~36
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class MarkFinder:
             self._remember(self._openers, key, opener)
         if isinstance(opener, _Span):
             m = len(opener.ids)
-            if len(ids) > m and text.endswith(opener.text) and tuple(ids[-m:]) == opener.ids:
+            if len(ids) > m and text.endswith(opener.text) and array("i", ids[-m:]) == opener.ids:
                 return len(ids) - m, opener.text
         return self._opener_from_history(text, ids, messages, tools, extra, missing)
 
@@ -200,7 +201,7 @@ class MarkFinder:
     def _span(self, text: str, ids: Sequence[int]) -> _Span | _Missing:
         if not ids or self.tok.encode(text) != list(ids):
             return _Missing("no_turn_boundary")
-        return _Span(text, tuple(ids))
+        return _Span(text, array("i", ids))
 
     def _names(self, role: str):
         def names_role(token_id: int) -> bool:
