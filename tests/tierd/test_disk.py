@@ -70,7 +70,7 @@ def test_a_flipped_byte_is_caught_in_its_chunk_and_later_chunks_are_not_handed_o
     data = bytearray(path.read_bytes())
     data[len(data) - 32 * 4 - CHUNK - 5] ^= 1  # inside chunk 2
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptFile, match="checksum \(MAC\) of chunk 2"):
+    with pytest.raises(CorruptFile, match=r"checksum \(MAC\) of chunk 2"):
         read(path, header, len(payload))
     assert read.handed_on == [0, CHUNK]
 
