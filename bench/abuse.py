@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +36,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from checkout import use_checkout  # noqa: E402
-from serve_process import children, start_serve  # noqa: E402
+from serve_process import children, start_serve, stop_serve  # noqa: E402
 
 ROOT = use_checkout()
 
@@ -260,11 +257,7 @@ def main() -> int:
         for p, a, b in zip(prompts, before, after):
             print(f"greedy          {p!r}: {'same' if a == b else f'{a!r} -> {b!r}'}")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_serve(proc)
     for f in failed:
         print(f"FAIL {f}")
     big_s = max(t for _, t in bodies)

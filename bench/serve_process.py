@@ -3,14 +3,15 @@
     proc, url, log = start_serve(runtime, "soak", ["--kv-pool-tokens", "12288"], model=None)
     children(proc.pid)   # {"tierd": pid, "engine": pid, "gateway": pid}
 
-The serve process leads its own session, so a bench stops the whole tree with
-``os.killpg(proc.pid, SIGTERM)``.
+The serve process leads its own session, so ``stop_serve`` stops the whole tree
+(SIGTERM to the process group, SIGKILL past a timeout).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -42,6 +43,15 @@ def start_serve(runtime: str, instance: str, flags: list[str], model: str | None
             break
     proc.kill()
     raise SystemExit(f"ignis serve did not start:\n{log.read_text()[-3000:]}")
+
+
+def stop_serve(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM to the whole serve tree; SIGKILL past ``timeout`` seconds."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def children(serve_pid: int) -> dict[str, int]:

@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -43,7 +41,7 @@ import time
 from pathlib import Path
 
 from checkout import use_checkout  # noqa: E402
-from serve_process import PROCESSES, children, start_serve  # noqa: E402
+from serve_process import PROCESSES, children, start_serve, stop_serve  # noqa: E402
 
 ROOT = use_checkout()
 
@@ -209,11 +207,7 @@ def main() -> int:
         try:
             return soak(proc, url, ports, args)
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_serve(proc)
 
 
 def soak(proc: subprocess.Popen, url: str, ports: dict[str, int], args) -> int:

@@ -100,7 +100,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ignis.kernels.gated_delta_rule.triton_wy import BC, _chunk_wy_kernel, chunk_sequence, load_qk_rows
+from ignis.kernels.gated_delta_rule.triton_wy import BC, _chunk_wy_kernel, chunk_sequence, chunk_span, load_qk_rows
 
 BT = 64
 SEQ_BLOCK = 128  # sequences read per step of the chunk-parallel kernels' chunk lookup
@@ -170,9 +170,7 @@ def _chunk_out_kernel(
     b = chunk_sequence(chunk_end, n_seqs, ic, BS)
     if b >= n_seqs:  # the grid's tail past the last chunk has nothing to do
         return
-    first = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)
-    bos = tl.load(cu_seqlens + b).to(tl.int64) + (ic - first) * BT
-    eos = tl.minimum(bos + BT, tl.load(cu_seqlens + b + 1).to(tl.int64))
+    bos, eos = chunk_span(chunk_end, cu_seqlens, b, ic, BT)
     hk = h // REP
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)

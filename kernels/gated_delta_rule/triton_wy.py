@@ -4,7 +4,7 @@ One program per (chunk, value head), all chunks of all sequences in parallel;
 it writes ``u = (I + A)^-1 (beta * v)`` and ``w = (I + A)^-1 (beta * exp(gc) * k)``
 to fp32 scratch through the blocked inverse of ``I + A``. The module docstring
 of ``triton_chunk`` describes the scheme, the grid and its chunk lookup
-(``chunk_sequence``, shared with the output pass), and the precisions.
+(``chunk_sequence`` and ``chunk_span``, shared with the output pass), and the precisions.
 """
 
 from __future__ import annotations
@@ -115,6 +115,14 @@ def chunk_sequence(chunk_end, n_seqs, ic, BS: tl.constexpr):
 
 
 @triton.jit
+def chunk_span(chunk_end, cu_seqlens, b, ic, BT: tl.constexpr):
+    """Token range [bos, eos) of global chunk ``ic`` of sequence ``b`` (a real one: b < n_seqs)."""
+    first = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)
+    bos = tl.load(cu_seqlens + b).to(tl.int64) + (ic - first) * BT
+    return bos, tl.minimum(bos + BT, tl.load(cu_seqlens + b + 1).to(tl.int64))
+
+
+@triton.jit
 def _chunk_wy_kernel(
     k, v, g, beta, cu_seqlens, chunk_end, n_seqs, u_buf, w_buf,
     s_k_t, s_k_h, s_k_d, s_v_t, s_v_h, s_v_d, s_g_t, s_g_h, s_bt_t, s_bt_h,
@@ -129,9 +137,7 @@ def _chunk_wy_kernel(
     b = chunk_sequence(chunk_end, n_seqs, ic, BS)
     if b >= n_seqs:  # the grid's tail past the last chunk has nothing to do
         return
-    first = tl.load(chunk_end + b - 1, mask=b > 0, other=0).to(tl.int64)
-    bos = tl.load(cu_seqlens + b).to(tl.int64) + (ic - first) * BT
-    eos = tl.minimum(bos + BT, tl.load(cu_seqlens + b + 1).to(tl.int64))
+    bos, eos = chunk_span(chunk_end, cu_seqlens, b, ic, BT)
 
     offs_c = tl.arange(0, BC)
     offs_k = tl.arange(0, BK)
