@@ -2,7 +2,7 @@
 
 import pytest
 
-from shared.image_input import ImageInput, image_digest
+from ignis.shared.image_input import ImageInput, image_digest
 
 
 def test_digest_depends_on_bytes_and_size():
