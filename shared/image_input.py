@@ -17,6 +17,14 @@ from dataclasses import dataclass
 DIGEST_BYTES = 16
 
 
+def check_rgb_size(pixels: bytes, height: int, width: int) -> None:
+    """Refuse a size that is not positive or does not match the byte count."""
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    if len(pixels) != height * width * 3:
+        raise ValueError(f"image of {height}x{width} needs {height * width * 3} bytes, got {len(pixels)}")
+
+
 def image_digest(pixels: bytes, height: int, width: int) -> bytes:
     """The content identity of a resized RGB picture: BLAKE2b over size and bytes."""
     h = hashlib.blake2b(digest_size=DIGEST_BYTES, person=b"ignis-image")
@@ -36,16 +44,12 @@ class ImageInput:
     digest: bytes
 
     def __post_init__(self):
-        if self.height <= 0 or self.width <= 0:
-            raise ValueError(f"image size must be positive, got {self.height}x{self.width}")
-        if len(self.pixels) != self.height * self.width * 3:
-            raise ValueError(
-                f"image of {self.height}x{self.width} needs {self.height * self.width * 3} bytes, "
-                f"got {len(self.pixels)}")
+        check_rgb_size(self.pixels, self.height, self.width)
         if len(self.digest) != DIGEST_BYTES:
             raise ValueError(f"image digest must be {DIGEST_BYTES} bytes, got {len(self.digest)}")
 
     @classmethod
     def from_rgb(cls, pixels: bytes, height: int, width: int) -> "ImageInput":
         """Wrap resized RGB bytes, computing their digest."""
+        check_rgb_size(pixels, height, width)
         return cls(bytes(pixels), height, width, image_digest(pixels, height, width))
