@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from ignis.engine.admission import admit
+from ignis.engine.burst_points import share_ahead
 from ignis.engine.decode_lanes import DecodeLanes
 from ignis.engine.eviction import Evictor
 from ignis.engine.page_pool import PagePool
@@ -164,6 +165,7 @@ class Scheduler:
         if seen.learned_at is not None:
             req.learned_at = seen.learned_at
             req.must_cut_at = tuple(sorted({*req.must_cut_at, seen.learned_at}))
+            share_ahead(seen.learned_at, req, self.waiting, self.lanes.holders())
 
     def abort(self, req_id: str, reason: str = "abort", message: str = "") -> FinishEvent | None:
         """End a request; see the module docstring for when. Unknown ids are ignored (None)."""
