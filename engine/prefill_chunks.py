@@ -39,7 +39,7 @@ def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, 
     if kind is not None:
         tokens = req.token_slice(0, chunk.end)
         claim = req.request_class
-        if kind != "prompt_checkpoint" and waiting is not None and has_waiting_reader(waiting, tokens):
+        if kind in ("retained_prefix", "learned_point") and waiting is not None and has_waiting_reader(waiting, tokens):
             claim = "interactive"
         order = store.capture(tokens, req.page_table, req.lane, kind, req.request_class, req.last_is_user,
                               claim_as=claim, family=req.cache_family)
