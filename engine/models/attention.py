@@ -61,6 +61,9 @@ class GatedAttention(nn.Module):
         nd = batch.num_decodes
         if nd == t:  # decode only: no scatter into a shared output
             return ops.decode_attention(q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale)
+        if nd == 0:  # prefill only: likewise (no copy of the whole chunk)
+            return ops.prefill_attention(q, k_cache, v_cache, batch.page_table, batch.prefill_cu_seqlens(),
+                                         batch.seq_lens, self.scale)
         out = torch.empty_like(q)
         if nd:
             out[:nd] = ops.decode_attention(
