@@ -85,7 +85,7 @@ def _launch_hq(s: Shapes, dtype: torch.dtype, e, n: int, ctx: int, bsz: int, cu,
 
 def _signature(fn, args: tuple, kwargs: dict):
     """(signature, constexprs, attrs, options) as the JIT specialises a launch with these arguments."""
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
     values = dict(zip(fn.arg_names, args), **kwargs)
     constexpr_index = {p.num for p in fn.params if p.is_constexpr}
     sig, consts, attrs = {}, {}, {}

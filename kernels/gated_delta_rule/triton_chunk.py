@@ -208,12 +208,15 @@ def _chunk_out_kernel(
 
 
 class ChunkBlocks(NamedTuple):
-    """Tiles of the two passes after kernel 1: value columns per program, warps, pipeline stages."""
+    """Tiles of the two passes after kernel 1 (value columns per program, warps, pipeline stages),
+    and kernel 1's warps and register cap (0: none; ``default_blocks`` leaves both to the widths)."""
     state_bv: int
     state_warps: int
     state_stages: int
     out_bv: int
     out_warps: int
+    wy_warps: int = 0
+    wy_maxnreg: int = 0
 
 
 def default_blocks(dk: int, dv: int) -> ChunkBlocks:
@@ -275,7 +278,8 @@ def chunk_gated_delta_rule(
         *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
         REP=rep, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK, BD=min(WY_COLS, bk, bdv),
-        PREC=prec, num_warps=8 if bk + bdv > 128 else 4, num_stages=1,
+        PREC=prec, num_warps=tiles.wy_warps or (8 if bk + bdv > 128 else 4), num_stages=1,
+        maxnreg=tiles.wy_maxnreg or None,
     )
     _chunk_state_kernel[(bsz, hv, triton.cdiv(dv, tiles.state_bv))](
         k, g, u_buf, w_buf, h_buf, state, slots, cu_seqlens, chunk_end,
