@@ -132,12 +132,14 @@ def bench_linear(b: Bench, head: dict) -> None:
         q, k, v, g, beta = gdn_inputs(t)
         slots = torch.tensor([0], device=dev)
         cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
-        # the last four: the WY kernel's warps and register cap (2 programs an SM at 8 warps and 128)
+        # the last four: the WY kernel's warps, register cap and w/u columns per dot (sm_90 offline:
+        # 8 warps at 64 columns 255 registers, at 32 180, both without spills; capped to 128, two
+        # programs an SM, 32 columns spill 72 bytes a thread, 16 columns 16 bytes)
         for cfg in ((32, 4, 1, 32, 4), (32, 8, 1, 32, 4), (64, 8, 1, 32, 4), (32, 4, 2, 32, 4), (32, 4, 1, 64, 4),
-                    (32, 4, 1, 64, 8), (32, 4, 1, 64, 4, 8, 168), (32, 4, 1, 64, 4, 8, 128),
-                    (32, 4, 1, 64, 4, 4, 0), (32, 4, 1, 64, 4, 4, 128)):
+                    (32, 4, 1, 64, 8), (32, 4, 1, 64, 4, 8, 0, 32), (32, 4, 1, 64, 4, 8, 128, 32),
+                    (32, 4, 1, 64, 4, 8, 128, 16), (32, 4, 1, 64, 4, 4, 0, 32)):
             try:
-                b.case("gdn_tiles", f"state BV,w,st/out BV,w[/wy w,maxnreg]={cfg}",
+                b.case("gdn_tiles", f"state BV,w,st/out BV,w[/wy w,maxnreg,cols]={cfg}",
                        lambda cfg=cfg: triton_chunk.chunk_gated_delta_rule(
                            q, k, v, g, beta, pool, slots, cu, blocks=triton_chunk.ChunkBlocks(*cfg)),
                        nbytes=gdn_bytes(t), flops=per_tok * t * s.hv)

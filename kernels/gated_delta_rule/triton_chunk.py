@@ -209,7 +209,8 @@ def _chunk_out_kernel(
 
 class ChunkBlocks(NamedTuple):
     """Tiles of the two passes after kernel 1 (value columns per program, warps, pipeline stages),
-    and kernel 1's warps and register cap (0: none; ``default_blocks`` leaves both to the widths)."""
+    and kernel 1's warps, register cap and columns of w and u per dot (0: the defaults, 8 warps for
+    Dk + Dv > 128 else 4, no cap, ``WY_COLS``)."""
     state_bv: int
     state_warps: int
     state_stages: int
@@ -217,6 +218,7 @@ class ChunkBlocks(NamedTuple):
     out_warps: int
     wy_warps: int = 0
     wy_maxnreg: int = 0
+    wy_cols: int = 0
 
 
 def default_blocks(dk: int, dv: int) -> ChunkBlocks:
@@ -277,7 +279,7 @@ def chunk_gated_delta_rule(
         k, v, g, beta, cu_seqlens, chunk_end, bsz, u_buf, w_buf,
         *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
-        REP=rep, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK, BD=min(WY_COLS, bk, bdv),
+        REP=rep, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK, BD=min(tiles.wy_cols or WY_COLS, bk, bdv),
         PREC=prec, num_warps=tiles.wy_warps or (8 if bk + bdv > 128 else 4), num_stages=1,
         maxnreg=tiles.wy_maxnreg or None,
     )
