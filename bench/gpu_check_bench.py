@@ -127,6 +127,12 @@ def bench_linear(b: Bench, head: dict) -> None:
                    nbytes=nbytes, flops=per_tok * t * s.hv, check=check)
         if r is not None:
             head["gdn_chunk_ms"] = f"{r[0]:.3g}"
+        # kernel 1 alone: k and v read, u and w written in fp32
+        r = b.case("gdn_wy", f"T={t}", lambda: triton_chunk.chunk_wy(k, v, g, beta, cu),
+                   nbytes=t * (s.hk * s.dk + s.hv * s.dv) * 2 + 4 * t * s.hv * (s.dk + s.dv),
+                   flops=2 * 64 * (2 * s.dk + s.dv) * t * s.hv)
+        if r is not None:
+            head["gdn_wy_ms"] = f"{r[0]:.3g}"
     if dev == "cuda":  # the state and output pass tiles against alternatives, on one 8K sequence
         t = s.gdn_tokens[0]
         q, k, v, g, beta = gdn_inputs(t)
@@ -135,7 +141,8 @@ def bench_linear(b: Bench, head: dict) -> None:
         # the last four: the WY kernel's warps, register cap and w/u columns per dot (sm_90 offline:
         # 8 warps at 64 columns 255 registers, at 32 180, both without spills; capped to 128, two
         # programs an SM, 32 columns spill 72 bytes a thread, 16 columns 16 bytes)
-        for cfg in ((32, 4, 1, 32, 4), (32, 8, 1, 32, 4), (64, 8, 1, 32, 4), (32, 4, 2, 32, 4), (32, 4, 1, 64, 4),
+        # (state 8 warps and 2 stages were measured and left: triton_chunk's docstring)
+        for cfg in ((32, 4, 1, 32, 4), (64, 8, 1, 32, 4), (32, 4, 1, 64, 4),
                     (32, 4, 1, 64, 8), (32, 4, 1, 64, 4, 8, 0, 32), (32, 4, 1, 64, 4, 8, 128, 32),
                     (32, 4, 1, 64, 4, 8, 128, 16), (32, 4, 1, 64, 4, 4, 0, 32)):
             try:
