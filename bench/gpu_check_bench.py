@@ -67,6 +67,15 @@ def bench_attention(b: Bench, head: dict) -> None:
                                   ref.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale)))
         if r is not None:
             head["prefill_attn_tflops"] = f"{r[2]:.3g}"
+        if (n, ctx) != s.prefill[0]:
+            continue
+        gate = b.randn(n, s.hq, s.d)  # the output gate in the epilogue: one more read of a query's size
+        b.case("prefill_attention", f"chunk={n} ctx={ctx} gated",
+               lambda: triton_prefill.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale, gate=gate),
+               nbytes=(2 * ctx * s.hkv * s.d + 3 * n * s.hq * s.d) * el,
+               flops=4 * s.hq * s.d * (n * (ctx - n) + n * (n + 1) / 2),
+               check=lambda: (triton_prefill.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale, gate=gate),
+                              ref.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale, gate=gate)))
     if dev == "cuda":  # the tile choice against alternatives, on the 8K chunk at 8K context
         n = ctx = max(c for c, _ in s.prefill)
         table = page_tables(b, num_pages, 1, ctx)
