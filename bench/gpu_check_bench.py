@@ -70,7 +70,7 @@ def bench_attention(b: Bench, head: dict) -> None:
         if (n, ctx) != s.prefill[0]:
             continue
         gate = b.randn(n, s.hq, s.d)  # the output gate in the epilogue: one more read of a query's size
-        b.case("prefill_attention", f"chunk={n} ctx={ctx} gated",
+        b.case("prefill_attn_gated", f"chunk={n} ctx={ctx}",
                lambda: triton_prefill.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale, gate=gate),
                nbytes=(2 * ctx * s.hkv * s.d + 3 * n * s.hq * s.d) * el,
                flops=4 * s.hq * s.d * (n * (ctx - n) + n * (n + 1) / 2),
