@@ -10,23 +10,19 @@ pads):
    cumsum of g and
    ``A = strictly_lower(beta_i k_i.k_j exp(gc_i - gc_j))``, it inverts the unit
    lower-triangular ``I + A`` blockwise in registers (the scheme of fla's
-   ``solve_tril``): A comes from one [BT, Dk] x [Dk, BT] dot of the raw key
-   rows (normalised on the result) and is cut into its 4 x 4 grid of
-   ``BC = 16`` square blocks, the four diagonal blocks are inverted by
-   forward substitution (14 steps, all four at once), and the inverses are
-   merged 16 -> 32 -> 64 with
+   ``solve_tril``): A is built as its 4 x 4 grid of ``BC = 16`` square blocks,
+   the four diagonal blocks are inverted by forward substitution (14 steps,
+   all four at once), and the inverses are merged 16 -> 32 -> 64 with
    ``inv([[P, 0], [Q, R]]) = [[P^-1, 0], [-R^-1 Q P^-1, R^-1]]`` in 16 small
    dots, always IEEE fp32. It then writes::
 
        u = (I + A)^-1 (beta * v)               [T, Hv, Dv] fp32 scratch
        w = (I + A)^-1 (beta * exp(gc) * k)     [T, Hv, Dk] fp32 scratch
 
-   both from the one inverse, put back together as a [BT, BT] tile with
-   the rows' scales on its columns, in [BT, BT] x [BT, 64] dots of the raw
-   k and v rows (``triton_wy``'s docstring). At the 27B shapes it compiles
-   for sm_90 to 255 registers at 8 warps with no spills (the former
-   block-by-block form kept k, beta*exp(gc)*k and beta*v in registers
-   across the inverse and spilled ~400 bytes a thread).
+   (A form computing A as one [BT, Dk] x [Dk, BT] dot and w, u as
+   [BT, BT] x [BT, 64] dots of re-read k and v rows compiled without spills
+   but ran slower on the H200: 63.8 against 52.4 ms over the 48 layers of an
+   8K chunk; docs/performance.md.)
 
    Its grid is sized from the shapes alone, ``(T + (BT - 1) * B) // BT``
    chunks (each sequence leaves under one chunk unused); a program finds its
@@ -113,7 +109,6 @@ from ignis.kernels.gated_delta_rule.triton_wy import BC, _chunk_wy_kernel, chunk
 
 BT = 64
 SEQ_BLOCK = 128  # sequences read per step of the chunk-parallel kernels' chunk lookup
-WY_COLS = 64  # columns of w and of u per dot of the WY kernel
 
 
 @triton.jit
@@ -209,8 +204,7 @@ def _chunk_out_kernel(
 
 class ChunkBlocks(NamedTuple):
     """Tiles of the two passes after kernel 1 (value columns per program, warps, pipeline stages),
-    and kernel 1's warps, register cap and columns of w and u per dot (0: the defaults, 8 warps for
-    Dk + Dv > 128 else 4, no cap, ``WY_COLS``)."""
+    and kernel 1's warps and register cap (0: the defaults, 8 warps for Dk + Dv > 128 else 4, no cap)."""
     state_bv: int
     state_warps: int
     state_stages: int
@@ -218,7 +212,6 @@ class ChunkBlocks(NamedTuple):
     out_warps: int
     wy_warps: int = 0
     wy_maxnreg: int = 0
-    wy_cols: int = 0
 
 
 def default_blocks(dk: int, dv: int) -> ChunkBlocks:
@@ -259,7 +252,7 @@ def _wy_pass(k, v, g, beta, cu_seqlens, chunk_end, n_chunks: int, bsz: int,
         *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
         REP=hv // hk, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK,
-        BD=min(tiles.wy_cols or WY_COLS, bk, bdv), PREC="ieee" if v.dtype == torch.float32 else "tf32",
+        PREC="ieee" if v.dtype == torch.float32 else "tf32",
         num_warps=tiles.wy_warps or (8 if bk + bdv > 128 else 4), num_stages=1,
         maxnreg=tiles.wy_maxnreg or None,
     )

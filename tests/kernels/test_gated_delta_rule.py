@@ -145,13 +145,13 @@ def test_chunk_wy_matches_dense_inverse(device, gen, dtype):
     assert_close(w.cpu().double(), want_w, tol, f"chunk_wy w {dtype}")
 
 
-# (state BV, warps, stages, output BV, warps[, WY warps, register cap, columns]): several value blocks
-# in either pass; the WY kernel at 8 warps under a register cap, w and u 16 columns a dot
-BLOCK_CASES = [triton_chunk.ChunkBlocks(16, 4, 1, 64, 4), triton_chunk.ChunkBlocks(64, 4, 2, 16, 4, 8, 128, 16)]
+# (state BV, warps, stages, output BV, warps[, WY warps, register cap]): several value blocks
+# in either pass; the WY kernel at 8 warps under a register cap
+BLOCK_CASES = [triton_chunk.ChunkBlocks(16, 4, 1, 64, 4), triton_chunk.ChunkBlocks(64, 4, 2, 16, 4, 8, 128)]
 
 
 @pytest.mark.parametrize("blocks", BLOCK_CASES,
-                         ids=lambda b: f"state{b.state_bv}-out{b.out_bv}-wy{b.wy_warps}.{b.wy_maxnreg}.{b.wy_cols}")
+                         ids=lambda b: f"state{b.state_bv}-out{b.out_bv}-wy{b.wy_warps}.{b.wy_maxnreg}")
 def test_chunk_tiles_override(device, gen, blocks):
     """``blocks=`` tiles split the value columns differently in the state and output passes;
     the result is the twin's either way."""
