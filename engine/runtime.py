@@ -69,8 +69,13 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     torch.manual_seed(config.seed)
     ops = select_ops(torch.device(device).type)  # the kernel backend is fixed when the model is built
     require_kernel_path(ops, torch.device(device).type, config.allow_torch_fallback)  # KernelPathError
-    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops)
+    # the drafter's tensors stay on disk until speculative decoding uses them
+    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=False)
     cfg = ckpt.config
+    if ckpt.has_drafter:
+        log.info("multi-token-prediction drafter available: %s", ckpt.drafter_note)
+    elif "mtp" in ckpt.set_aside:
+        log.warning("mtp.* weights set aside: %s", ckpt.drafter_note)
     free = None
     if device == "cuda":
         torch.cuda.synchronize()
