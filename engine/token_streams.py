@@ -73,6 +73,7 @@ class TokenStreams:
         now = time.monotonic()
         by_peer: dict[bytes, list[StreamTokens]] = {}
         for rid, token in result.tokens.items():
+            tokens = (token, *result.extra.get(rid, ()))
             t = self.tracked.get(rid)
             req = scheduler.get(rid)
             if t is None or (req is not None and req.pending_end is not None):
@@ -83,9 +84,9 @@ class TokenStreams:
             else:
                 self.metrics.itl.observe(now - t.last_token)
             t.last_token = now
-            t.tokens += 1
+            t.tokens += len(tokens)
             try:
-                stream = _stream_tokens(rid, token, logprobs.get(rid))
+                stream = _stream_tokens(rid, tokens, logprobs.get(rid))
             except Exception as exc:  # this request ends with an error; the others and the loop go on
                 log.exception("request %s: its token could not be sent; it ends with an error", rid)
                 scheduler.abort(rid, "error", f"engine error while sending its tokens: {exc}")
@@ -154,11 +155,13 @@ class TokenStreams:
         log.info(orjson.dumps(done).decode())
 
 
-def _stream_tokens(rid: str, token: int, lp) -> StreamTokens:
-    """One stream's token (and logprobs) for the wire. Raises ``NonFiniteLogprobs`` when the
-    distribution it was sampled from is not finite: the request's state is corrupt."""
+def _stream_tokens(rid: str, tokens: tuple[int, ...], lp) -> StreamTokens:
+    """One stream's tokens of a round (and the logprobs of a plain step's one) for the wire. Raises
+    ``NonFiniteLogprobs`` when the distribution it was sampled from is not finite: the request's state
+    is corrupt. Speculative rounds (several tokens) run only for requests without logprobs."""
     if lp is None:
-        return StreamTokens(rid, (token,), None)
+        return StreamTokens(rid, tokens, None)
+    token = tokens[0]
     values = (lp.token_logprob, *(v for _, v in lp.top))
     if not all(math.isfinite(v) for v in values):
         raise NonFiniteLogprobs(f"non-finite logprob for token {token}: its state is corrupt")

@@ -90,6 +90,13 @@ class HybridModel(nn.Module):
         return torch.nn.functional.linear(self.norm(x, self._ops(x.device)), self.head_weight())
 
     @torch.inference_mode()
+    def forward_hidden(self, batch: ForwardBatch, state: ModelState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the ``batch.logits_indices`` rows and the final-normed hidden states of every
+        token [T, hidden] (what the multi-token-prediction head takes in, ``engine.spec_decode``)."""
+        normed = self.norm(self.body(batch, state), self._ops(batch.input_ids.device))
+        return torch.nn.functional.linear(normed[batch.logits_indices], self.head_weight()), normed
+
+    @torch.inference_mode()
     def forward(self, batch: ForwardBatch, state: ModelState, all_logits: bool = False) -> torch.Tensor:
         """Logits [S, vocab] of the last token of each sampled sequence (``batch.logits_indices``).
 

@@ -1,0 +1,194 @@
+"""Speculative decoding with the multi-token-prediction head: drafts, their verification, and rollback.
+
+The runner (``engine.runner``) calls three things per round when speculation
+is on (``--speculative-tokens K``):
+
+1. ``draft``: before the target's forward. The head first takes in the rows
+   it has not seen (``Pending``: the target's final-normed hidden states of
+   the positions the last round computed, and the token after each), which
+   fills its KV at those positions with what a plain decode would have left
+   there; the last row's output gives the first draft. Each further draft
+   step feeds one row per lane (the previous draft, the head's own output as
+   the hidden state). A lane drafts at most its decode's ``room`` tokens.
+2. The target verifies every lane's ``[token, d1 .. dk]`` in one batched
+   forward (each lane a chunk of k+1 positions), logits at every position.
+   ``accept``: greedy acceptance takes drafts while they equal the target's
+   argmax; the output is the accepted drafts and the target's own token after
+   them, exactly what plain greedy decode yields.
+3. ``rollback``: the lane's recurrent state (delta-rule and conv) went over
+   all k+1 inputs. A lane that rejected a draft gets its pre-verify state back
+   (``snapshot``, taken just before the forward) and re-advances over its
+   accepted inputs only, so its state equals a plain decode's. The KV of the
+   rejected positions is overwritten when those positions are computed again;
+   the scheduler gives their whole pages back (``SequencePages.shrink_to``).
+
+Only requests that are greedy, unpenalised, unconstrained and ask no logprobs
+draft (``SpecDecoder.takes``); the others step as before in the same forward.
+
+The head's KV is a page tensor of its own, ``[layers, 2, pages, 64, Hkv, D]``,
+indexed by the target's page ids: a lane's head KV lives in the pages its
+request holds. It is not part of retained images or tier moves: a request
+that resumes from a retained entry starts its head rows at the resume point,
+and drafts attending to head KV of an earlier holder of a page may be worse
+(fewer accepted), never wrong: verification alone decides the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.state import ModelState
+from ignis.engine.page_pool import PAGE_TOKENS
+
+
+@dataclass
+class Pending:
+    """Rows a lane's head has not taken in: positions ``start .. start+m-1``.
+
+    ``hidden`` [m, h]: the target's final-normed hidden states of those positions;
+    ``tokens``: the token after each position, as far as known (m, or m - 1 while the next
+    token is not known yet: a prefill chunk that does not end its prompt)."""
+
+    start: int
+    hidden: torch.Tensor
+    tokens: list[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + int(self.hidden.shape[0])
+
+
+@dataclass(frozen=True)
+class DraftAsk:
+    """One lane that may draft this round: its decode's position, input token, pages and room."""
+
+    req_id: str
+    lane: int
+    position: int
+    token_id: int
+    pages: tuple[int, ...]
+    room: int
+
+
+@dataclass(frozen=True)
+class HeadCatchUp:
+    """A prefill lane's pending rows, now that the chunk starting at ``start`` gives their last token."""
+
+    lane: int
+    start: int
+    first_token: int
+    pages: tuple[int, ...]
+
+
+def accepted_count(drafts: list[int], targets: list[int]) -> int:
+    """Greedy acceptance: leading drafts equal to the target's token at the same row."""
+    n = 0
+    for d, t in zip(drafts, targets):
+        if d != t:
+            break
+        n += 1
+    return n
+
+
+class SpecDecoder:
+    def __init__(self, model, head, state: ModelState, k: int, vocab_limit: int | None = None):
+        if k < 1:
+            raise ValueError(f"--speculative-tokens must be >= 1 to speculate, got {k}")
+        if state.kv_format != "bf16":
+            raise ValueError("--speculative-tokens needs --kv-format bf16 (an hq-e8-2b exact window cannot be "
+                             "rolled back)")
+        self.model, self.head, self.state, self.k = model, head, state, k
+        self.vocab_limit = vocab_limit
+        pages = state.pages
+        cfg = model.cfg
+        self.kv = torch.zeros((head.num_layers, 2, pages.shape[2], PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim),
+                              dtype=pages.dtype, device=pages.device)
+        self.pending: dict[int, Pending] = {}
+
+    # ----- lanes -------------------------------------------------------------------
+    def forget(self, lane: int) -> None:
+        """The lane starts over (a new request, a resume, a preemption): its rows are dropped."""
+        self.pending.pop(lane, None)
+
+    def keep(self, lane: int, start: int, hidden: torch.Tensor, tokens: list[int]) -> None:
+        """Rows of positions ``start ..`` the last forward computed, for the head's next pass."""
+        self.pending[lane] = Pending(start, hidden, list(tokens))
+
+    # ----- drafting ------------------------------------------------------------------
+    def argmax(self, logits: torch.Tensor) -> list[int]:
+        """Greedy tokens of logits rows (ids past the tokenizer's vocabulary never win)."""
+        if self.vocab_limit is not None and self.vocab_limit < logits.shape[-1]:
+            logits = logits[:, : self.vocab_limit]
+        return logits.argmax(-1).tolist()
+
+    @torch.inference_mode()
+    def draft(self, asks: list[DraftAsk], catch_ups: list[HeadCatchUp]) -> dict[str, list[int]]:
+        """The head's pass over every lane's pending rows, then up to ``room`` drafts per ask.
+
+        An ask whose lane has no rows ending just before its position (a resumed request's
+        first step) drafts nothing this round; its rows start with this round's forward."""
+        chunks, hidden, drafting = [], [], []
+        for c in catch_ups:
+            p = self.pending.pop(c.lane, None)
+            if p is None or p.end != c.start or len(p.tokens) != p.end - p.start - 1:
+                continue
+            chunks.append(SeqChunk(p.tokens + [c.first_token], p.start, list(c.pages), c.lane, sampled=False))
+            hidden.append(p.hidden)
+        for a in asks:
+            p = self.pending.pop(a.lane, None)
+            if p is None or p.end != a.position or len(p.tokens) < p.end - p.start - 1:
+                continue
+            tokens = p.tokens[: p.end - p.start - 1] + [a.token_id]
+            chunks.append(SeqChunk(tokens, p.start, list(a.pages), a.lane))
+            hidden.append(p.hidden)
+            if a.room:
+                drafting.append(a)
+        if not chunks:
+            return {}
+        dev = self.state.pages.device
+        batch = ForwardBatch.build(chunks, dev)
+        out = self.head(self.model, batch, torch.cat(hidden), self.kv[0], step=0)
+        if not drafting:
+            return {}
+        # the sampled rows are the asks' last rows, in chunk order: the drafting asks among them
+        last = out[batch.logits_indices]
+        sampled_lanes = [c.slot for c in chunks if c.sampled]
+        rows = [sampled_lanes.index(a.lane) for a in drafting]
+        out_rows = last[rows]
+        drafts = {a.req_id: [t] for a, t in zip(drafting, self.argmax(self.head.logits(self.model, out_rows)))}
+        for step in range(1, max(a.room for a in drafting)):
+            going = [(i, a) for i, a in enumerate(drafting) if a.room > step]
+            if not going:
+                break
+            batch = ForwardBatch.build([SeqChunk([drafts[a.req_id][-1]], a.position + step - 1, list(a.pages),
+                                                 a.lane) for _, a in going], dev)
+            step_out = self.head(self.model, batch, out_rows[[i for i, _ in going]],
+                                 self.kv[step % self.head.num_layers], step=step)
+            for (i, a), t in zip(going, self.argmax(self.head.logits(self.model, step_out))):
+                drafts[a.req_id].append(t)
+            out_rows = out_rows.clone()
+            out_rows[[i for i, _ in going]] = step_out
+        return drafts
+
+    # ----- verification and rollback --------------------------------------------------
+    def snapshot(self, lanes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrent and conv state of ``lanes`` before the verify forward."""
+        idx = torch.tensor(lanes, device=self.state.ssm.device)
+        return self.state.ssm[:, idx].clone(), self.state.conv[:, idx].clone()
+
+    def rollback(self, lanes: list[int], saved: tuple[torch.Tensor, torch.Tensor],
+                 redo: list[SeqChunk]) -> None:
+        """Put ``lanes`` (a subset of the snapshot's, in its order) back to their pre-verify state, then
+        advance them over their accepted inputs (``redo``: one chunk per lane, in ``lanes`` order)."""
+        if not redo:
+            return
+        ssm, conv = saved
+        idx = torch.tensor([c.slot for c in redo], device=self.state.ssm.device)
+        pick = torch.tensor([lanes.index(c.slot) for c in redo], device=self.state.ssm.device)
+        with torch.inference_mode():
+            self.state.ssm[:, idx] = ssm[:, pick]
+            self.state.conv[:, idx] = conv[:, pick]
+            self.model.body(ForwardBatch.build(redo, self.state.ssm.device), self.state)
