@@ -21,6 +21,16 @@ from torch import nn
 MTP_CONFIG_KEY = {"qwen3_5": "mtp_num_hidden_layers", "qwen3_next": "num_nextn_predict_layers"}
 
 
+def text_config(family: str) -> dict:
+    """The text config of ``make_checkpoint(family)`` (interval4, 4 layers, untied)."""
+    from tests.engine.checkpoints import TINY_MOE, TINY_TEXT, layer_types
+
+    text = dict(TINY_TEXT, layer_types=layer_types("interval4", 4), tie_word_embeddings=False)
+    if family == "qwen3_next":
+        text.update(TINY_MOE)
+    return text
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
@@ -51,11 +61,15 @@ class ReferenceMtp(nn.Module):
         self.body.embed_tokens = None  # the target's table is the head's: passed in as embeddings
 
     def forward(self, embeddings: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """embeddings, hidden: [T, h] (hidden: the target's final-normed states); -> the head's output [T, h]."""
+        """embeddings, hidden: [T, h] or [B, T, h] (hidden: the target's final-normed states), positions
+        [T] or [B, T]; -> the head's output, same leading shape. Rows attend causally within a sequence."""
+        single = embeddings.dim() == 2
+        if single:
+            embeddings, hidden, positions = embeddings[None], hidden[None], positions[None]
         x = self.fc(torch.cat([rms_norm(embeddings, self.pre_fc_norm_embedding, self.eps),
                                rms_norm(hidden, self.pre_fc_norm_hidden, self.eps)], dim=-1))
-        out = self.body(inputs_embeds=x[None], position_ids=positions[None], use_cache=False)
-        return out.last_hidden_state[0]
+        out = self.body(inputs_embeds=x, position_ids=positions, use_cache=False).last_hidden_state
+        return out[0] if single else out
 
     def checkpoint_tensors(self, num_experts: int) -> dict[str, torch.Tensor]:
         """The head's parameters under the names released checkpoints give them."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -9,6 +11,15 @@ from tests.engine.spec_driver import generate, load
 
 VOCAB = 128
 GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are too small to split: on a shared CPU more threads only wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def prompts(seed: int, lengths=(5, 70, 23, 130, 9)) -> list[list[int]]:
@@ -27,3 +38,43 @@ def test_random_head_greedy_output_is_plain_decode(checkpoint_factory, family):
         got, accepted = generate(model, head, ps, k=k, max_tokens=limits, sampling=GREEDY)
         assert got == want, f"K={k}"
         assert accepted, "no speculative decode ran"
+
+
+@pytest.fixture(scope="module")
+def fitted(checkpoint_factory, tmp_path_factory):
+    """Per family: a checkpoint whose head is fitted to the model's own greedy outputs, and its prompts."""
+    from tests.engine.checkpoints import write_mtp
+    from tests.engine.mtp_fit import fit_head
+    from tests.engine.mtp_reference import text_config
+
+    made = {}
+
+    def get(family):
+        if family not in made:
+            src = checkpoint_factory(family, mtp="full").path
+            dst = tmp_path_factory.mktemp("fitted") / family
+            shutil.copytree(src, dst)
+            model, head = load(dst)
+            ps = prompts(7, lengths=(6, 11, 17, 30, 9, 40))
+            outs, _ = generate(model, head, ps, k=0, max_tokens=40, sampling=GREEDY)
+            seqs = [(p + outs[f"r{i}"], len(p)) for i, p in enumerate(ps)]
+            fitted_head = fit_head(model, family, text_config(family), seqs)
+            write_mtp(dst, fitted_head.checkpoint_tensors(text_config(family).get("num_experts", 0)), family,
+                      torch.float32)
+            made[family] = (dst, ps)
+        return made[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_fitted_head_accepts_long_runs_and_output_is_plain_decode(fitted, family):
+    path, ps = fitted(family)
+    model, head = load(path)
+    limits = [40, 13, 40, 29, 40, 33]
+    want, _ = generate(model, head, ps, k=0, max_tokens=limits, sampling=GREEDY)
+    for k in (1, 2, 3):
+        got, accepted = generate(model, head, ps, k=k, max_tokens=limits, sampling=GREEDY)
+        assert got == want, f"K={k}"
+        assert max(accepted) == k, f"K={k}: no decode accepted all its drafts"
+        assert sum(accepted) / len(accepted) > 0.5 * k, f"K={k}: mean accepted {sum(accepted) / len(accepted)}"

@@ -7,31 +7,16 @@ import torch
 
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.models.build import drafter_from_checkpoint, load_model
-from ignis.engine.models.state import ModelState
-from tests.engine.checkpoints import TINY_MOE, TINY_TEXT, layer_types
-from tests.engine.mtp_reference import reference_from_checkpoint
+from tests.engine.checkpoints import TINY_TEXT
+from tests.engine.mtp_fit import target_hidden
+from tests.engine.mtp_reference import reference_from_checkpoint, text_config
 
 TOL = 1e-5
-
-
-def text_config(family: str) -> dict:
-    text = dict(TINY_TEXT, layer_types=layer_types("interval4", 4), tie_word_embeddings=False)
-    if family == "qwen3_next":
-        text.update(TINY_MOE)
-    return text
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.detach().float(), want.detach().float()
     return float((got - want).abs().max() / want.abs().max())
-
-
-def target_hidden(model, ids: list[int]) -> torch.Tensor:
-    """The target's final-normed hidden states of ``ids`` [T, h], from the engine's own forward."""
-    state = ModelState.allocate(model.cfg, num_pages=4, lanes=1, dtype=torch.float32)
-    with torch.inference_mode():
-        x = model.body(ForwardBatch.build([SeqChunk(ids, 0, [0, 1, 2, 3], 0)]), state)
-        return model.norm(x, model._ops(x.device)).clone()
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
