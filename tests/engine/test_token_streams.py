@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 from ignis.engine.metrics import EngineMetrics
 from ignis.engine.sampling import TokenLogprobs
+from ignis.engine.schedule import RoundResult
 from ignis.engine.token_streams import TokenStreams, Tracked
 from ignis.shared.wire import TokenBatch
 
@@ -35,7 +35,7 @@ def test_a_non_finite_logprob_ends_only_its_request():
     streams = TokenStreams(chan, EngineMetrics("m"))
     for rid in ("good", "bad", "plain"):
         streams.tracked[rid] = Tracked(peer=b"gw", request_class="interactive", prompt_tokens=4, arrived=0.0)
-    result = SimpleNamespace(tokens={"good": 5, "bad": 6, "plain": 7})
+    result = RoundResult(tokens={"good": 5, "bad": 6, "plain": 7})
     logprobs = {"good": TokenLogprobs(-0.5, [(5, -0.5), (9, -1.5)]),
                 "bad": TokenLogprobs(math.nan, [(6, math.nan)])}
     streams.send_tokens(result, logprobs, sched)
