@@ -196,6 +196,7 @@ class ModelRunner:
         result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors)
         if spec is not None:
             result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors)
+            result.drafted = {rid: len(d) for rid, d in spec.drafts.items()}
             for rid, more in result.extra.items():
                 for token in more:
                     self.samplers[rid].record(token)

@@ -149,6 +149,8 @@ class RoundResult:
     """Speculative decodes: the tokens accepted after ``tokens[req_id]`` (at most the item's ``room``),
     in order. ``Scheduler.update`` cuts a list where its request ends (stop token, length), so after
     it the lists hold exactly the tokens the requests took."""
+    drafted: dict[str, int] = field(default_factory=dict)
+    """Speculative decodes: how many draft tokens each verified (``extra`` holds those accepted)."""
     errors: dict[str, str] = field(default_factory=dict)
     """Requests whose step failed this round (e.g. sampling): each ends with "error" and this message;
     its entry in ``tokens`` is a placeholder that is never used."""

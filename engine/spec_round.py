@@ -74,7 +74,8 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, device) -> 
 
 def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str, int],
            errors: dict[str, str]) -> dict[str, list[int]]:
-    """Acceptance, rollback and the head's next rows; -> the accepted tokens after each first token."""
+    """Acceptance, rollback and the head's next rows; -> the accepted tokens after each first token
+    (a list for every lane that drafted, empty when it took none)."""
     extra: dict[str, list[int]] = {}
     redo = []
     for d in plan.decodes:

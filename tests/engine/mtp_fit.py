@@ -26,10 +26,12 @@ def target_hidden(model, ids: list[int]) -> torch.Tensor:
 
 
 def fit_head(model, family: str, text: dict, sequences: list[tuple[list[int], int]], steps: int = 100,
-             lr: float = 1e-2, seed: int = 0):
+             lr: float = 1e-2, seed: int = 0, negatives: int = 0):
     """A ``ReferenceMtp`` fitted to ``sequences``: (token ids, where the greedy output starts) each.
 
-    Rows whose label is a greedy output token are the ones that count."""
+    Rows whose label is a greedy output token are the ones that count. ``negatives`` > 0: a sampled
+    softmax over the labels and that many random other ids per step, for vocabularies too large
+    to score whole on a CPU in seconds."""
     head = random_head(family, text, seed)
     head.train()
     weight = model.head_weight().detach().float()
@@ -46,9 +48,17 @@ def fit_head(model, family: str, text: dict, sequences: list[tuple[list[int], in
         labels[b, : max(0, out_start - 2)] = -100  # prompt tokens are not the model's to predict
     positions = torch.arange(width).expand(len(sequences), width)
     opt = torch.optim.Adam(head.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    kept = labels[labels >= 0].unique()
     for _ in range(steps):  # padding rows sit after each sequence's last: causal rows never see them
         opt.zero_grad()
-        logits = head(emb, hid, positions) @ weight.T
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).backward()
+        cols, target = weight, labels
+        if negatives:
+            others = torch.randint(0, weight.shape[0], (negatives,), generator=gen)
+            ids = torch.cat([kept, others[~torch.isin(others, kept)]])
+            cols = weight[ids]
+            target = torch.where(labels >= 0, torch.searchsorted(kept, labels.clamp(min=0)), labels)
+        logits = head(emb, hid, positions) @ cols.T
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100).backward()
         opt.step()
     return head.eval()
