@@ -78,3 +78,32 @@ def test_fitted_head_accepts_long_runs_and_output_is_plain_decode(fitted, family
         assert got == want, f"K={k}"
         assert max(accepted) == k, f"K={k}: no decode accepted all its drafts"
         assert sum(accepted) / len(accepted) > 0.5 * k, f"K={k}: mean accepted {sum(accepted) / len(accepted)}"
+
+
+def test_speculative_tokens_without_a_drafter_fails_at_start(checkpoint_factory, tmp_path):
+    from ignis.engine.config import EngineConfig
+    from ignis.engine.runtime import load_runtime
+
+    path = checkpoint_factory("qwen3_5", mtp=True).path  # two stray mtp.* tensors: no whole head
+    config = EngineConfig(model=(str(path),), device="cpu", tierd_endpoint="off", runtime_dir=str(tmp_path),
+                          kv_pool_tokens=256, decode_lanes=2, speculative_tokens=2)
+    with pytest.raises(ValueError, match="--speculative-tokens 2: .* has no drafter to speculate with "
+                                         r"\(the mtp.\* weights do not make a whole drafter"):
+        load_runtime(config, "m", str(path))
+
+
+def test_speculative_runtime_stamps_drafter_1(checkpoint_factory, tmp_path):
+    from ignis.engine.config import EngineConfig
+    from ignis.engine.runtime import load_runtime
+
+    path = checkpoint_factory("qwen3_5", mtp="full").path
+    stamps = {}
+    for k in (0, 2):
+        config = EngineConfig(model=(str(path),), device="cpu", tierd_endpoint="off", runtime_dir=str(tmp_path),
+                              kv_pool_tokens=256, decode_lanes=2, speculative_tokens=k)
+        runtime = load_runtime(config, "m", str(path))
+        stamps[k] = runtime.scheduler.store.stamp
+        assert (runtime.runner.spec is not None) == (k > 0)
+        runtime.close()
+    assert stamps[0].endswith(":drafter=0") and stamps[2].endswith(":drafter=1")
+    assert stamps[0].rsplit(":", 1)[0] == stamps[2].rsplit(":", 1)[0]
