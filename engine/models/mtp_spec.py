@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from ignis.engine.models.config import ModelConfig
-from ignis.engine.models.weights_spec import NameKind, _attention, _dense_mlp, _moe_mlp
+from ignis.engine.models.weights_spec import NameKind, attention_tensors, dense_mlp_tensors, moe_mlp_tensors
 
 MTP_PREFIX = "mtp."
 _LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.")
@@ -56,12 +56,12 @@ def expected_mtp_tensors(cfg: ModelConfig, layers: int) -> dict[str, tuple[int, 
     for n in range(layers):
         p = f"mtp.layers.{n}"
         out[f"{p}.input_layernorm.weight"] = (h,)
-        out.update(_attention(cfg, f"{p}.self_attn"))
+        out.update(attention_tensors(cfg, f"{p}.self_attn"))
         out[f"{p}.post_attention_layernorm.weight"] = (h,)
         if mtp_layer_is_moe(cfg, n):
-            out.update(_moe_mlp(cfg, f"{p}.mlp"))
+            out.update(moe_mlp_tensors(cfg, f"{p}.mlp"))
         else:
-            out.update(_dense_mlp(h, cfg.intermediate_size, f"{p}.mlp"))
+            out.update(dense_mlp_tensors(h, cfg.intermediate_size, f"{p}.mlp"))
     return out
 
 
