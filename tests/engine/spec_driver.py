@@ -24,12 +24,15 @@ def load(path):
 
 
 def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int] | int = 24, lanes: int = 4,
-             pages: int = 24, prefill_budget: int = 40, sampling: dict | None = None, rounds: int = 2000):
-    """-> ({req_id: output ids}, [accepted drafts per speculative decode])."""
+             pages: int = 24, prefill_budget: int = 40, sampling: dict | None = None, rounds: int = 2000,
+             reuse_slots: int = 0, events: dict | None = None):
+    """-> ({req_id: output ids}, [accepted drafts per speculative decode]). ``reuse_slots`` > 0: prompt reuse
+    on, with that many host slots; ``events`` collects the FinishEvents."""
     sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
                                       max_prefill_tokens_per_round=prefill_budget, speculative_tokens=k),
-                      reuse=False)
+                      host_slots=reuse_slots, reuse=reuse_slots > 0)
     state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32, fill=float("nan"))
+    state.allocate_slots(0, reuse_slots)
     runner = ModelRunner(model, state)
     if k:
         runner.use_drafter(SpecDecoder(model, head, state, k))
@@ -48,6 +51,8 @@ def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int
             continue
         for ev in sched.update(result):
             runner.release(ev.req_id)
+            if events is not None:
+                events[ev.req_id] = ev
         accepted += [len(v) for v in result.extra.values()]
     assert not sched.has_work, "requests left after the round limit"
     return {r.req_id: list(r.output_ids) for r in reqs}, accepted

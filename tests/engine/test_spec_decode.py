@@ -107,3 +107,20 @@ def test_speculative_runtime_stamps_drafter_1(checkpoint_factory, tmp_path):
         runtime.close()
     assert stamps[0].endswith(":drafter=0") and stamps[2].endswith(":drafter=1")
     assert stamps[0].rsplit(":", 1)[0] == stamps[2].rsplit(":", 1)[0]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_requests_resumed_from_retained_state_equal_cold_ones(fitted, family):
+    """Prompt reuse with a drafter: later requests resume from the first one's retained prefix (the head
+    starts its rows at the resume point) and answer as plain decode without reuse."""
+    path, ps = fitted(family)
+    model, head = load(path)
+    base = ps[5] + ps[3] + ps[2] + ps[4] + ps[1]  # 107 tokens: whole pages and a partial one
+    shared = [base + [5, 9], base + [5, 9, 11], base + [77]]
+    cold, _ = generate(model, head, shared, k=0, max_tokens=30, sampling=GREEDY, lanes=1)
+    events = {}
+    got, accepted = generate(model, head, shared, k=2, max_tokens=30, sampling=GREEDY, lanes=1, reuse_slots=4,
+                             events=events)
+    assert got == cold
+    assert any(ev.cached_tokens for ev in events.values()), "no request resumed from retained state"
+    assert sum(accepted) > 0
