@@ -23,7 +23,7 @@ On CUDA a round of decode steps only replays a captured graph
 (``engine.decode_graphs``) instead of launching the forward op by op.
 
 With a drafter (``use_drafter``, ``--speculative-tokens``), a round where a
-request that can speculate (greedy, unpenalised, no grammar, no logprobs)
+request that can speculate (unpenalised, no grammar, no logprobs)
 takes part runs through ``engine.spec_round``: drafts, one verify forward,
 then acceptance after the usual sampling; ``RoundResult.extra`` carries the
 accepted tokens.
@@ -71,9 +71,10 @@ class ModelRunner:
         self.spec = spec
 
     def speculates(self, req_id: str) -> bool:
-        """``req_id`` drafts when a drafter is in use: greedy, unpenalised, unconstrained, no logprobs."""
+        """``req_id`` drafts when a drafter is in use: unpenalised, unconstrained, no logprobs (a sampled
+        request's drafts are verified by rejection sampling, ``engine.spec_sampling``)."""
         st = self.samplers.get(req_id)
-        return (self.spec is not None and st is not None and st.greedy and not st.penalised
+        return (self.spec is not None and st is not None and not st.penalised
                 and self.want_logprobs.get(req_id) is None
                 and not (self.grammars is not None and req_id in self.grammars.matchers))
 
@@ -161,7 +162,8 @@ class ModelRunner:
         spec = None
         if self.spec is not None and any(self.speculates(r) for r in
                                          [d.req_id for d in plan.decodes] + [c.req_id for c in plan.prefills]):
-            spec = spec_round.forward(self.spec, self.model, self.state, plan, self.speculates, self.device)
+            spec = spec_round.forward(self.spec, self.model, self.state, plan, self.speculates, self.samplers,
+                                      self.device)
             logits = spec.logits
         elif not plan.prefills and self.graphs is not None and self.graphs.takes(chunks):
             logits = self.graphs.run(chunks)
@@ -170,7 +172,7 @@ class ModelRunner:
         self._capture(plan)
         if not ids:
             if spec is not None:
-                spec_round.finish(self.spec, plan, spec, {}, {})
+                spec_round.finish(self.spec, plan, spec, {}, {}, self.samplers)
             return RoundResult(), {}
         picked = logits.float()  # the forward's own tensor when the model is fp32
         if self.vocab_limit is not None and self.vocab_limit < picked.shape[-1]:
@@ -195,7 +197,7 @@ class ModelRunner:
             self.grammars.advance(masks, tokens)  # a failed row's placeholder too: that request ends now
         result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors)
         if spec is not None:
-            result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors)
+            result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers)
             result.drafted = {rid: len(d) for rid, d in spec.drafts.items()}
             for rid, more in result.extra.items():
                 for token in more:

@@ -22,8 +22,12 @@ is on (``--speculative-tokens K``):
    rejected positions is overwritten when those positions are computed again;
    the scheduler gives their whole pages back (``SequencePages.shrink_to``).
 
-Only requests that are greedy, unpenalised, unconstrained and ask no logprobs
-draft (``SpecDecoder.takes``); the others step as before in the same forward.
+Only requests that are unpenalised, unconstrained and ask no logprobs draft
+(``ModelRunner.speculates``); the others step as before in the same forward.
+A greedy request's drafts are the head's argmax; a sampled request's are
+drawn from the head's distribution under its own sampling settings, kept in
+``draft_probs`` for the rejection sampling that verifies them
+(``engine.spec_sampling``).
 
 The head's KV is a page tensor of its own, ``[layers, 2, pages, 64, Hkv, D]``,
 indexed by the target's page ids: a lane's head KV lives in the pages its
@@ -42,6 +46,8 @@ import torch
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.models.state import ModelState
 from ignis.engine.page_pool import PAGE_TOKENS
+from ignis.engine.sampling_steps import SamplerWorkspace
+from ignis.engine.spec_sampling import draw_from, processed_probs
 
 
 @dataclass
@@ -71,6 +77,7 @@ class DraftAsk:
     token_id: int
     pages: tuple[int, ...]
     room: int
+    sampler: object = None  # the request's SamplerState when it samples; None: greedy
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ class SpecDecoder:
         self.kv = torch.zeros((head.num_layers, 2, pages.shape[2], PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim),
                               dtype=pages.dtype, device=pages.device)
         self.pending: dict[int, Pending] = {}
+        self.workspace = SamplerWorkspace(cfg.vocab_size)
+        self.draft_probs: dict[str, list[torch.Tensor]] = {}  # this round's sampled drafts: q of each
 
     # ----- lanes -------------------------------------------------------------------
     def forget(self, lane: int) -> None:
@@ -124,6 +133,20 @@ class SpecDecoder:
             logits = logits[:, : self.vocab_limit]
         return logits.argmax(-1).tolist()
 
+    def _pick(self, logits: torch.Tensor, asks: list[DraftAsk]) -> list[int]:
+        """One draft per ask from the head's logits rows: argmax, or a draw under the request's settings."""
+        greedy = [a.sampler is None for a in asks]
+        best = self.argmax(logits) if any(greedy) else [0] * len(asks)
+        out = []
+        for i, a in enumerate(asks):
+            if greedy[i]:
+                out.append(best[i])
+                continue
+            q = processed_probs(logits[i].float(), a.sampler.params, self.workspace, self.vocab_limit)
+            self.draft_probs.setdefault(a.req_id, []).append(q)
+            out.append(draw_from(q, a.sampler.generator))
+        return out
+
     @torch.inference_mode()
     def draft(self, asks: list[DraftAsk], catch_ups: list[HeadCatchUp]) -> dict[str, list[int]]:
         """The head's pass over every lane's pending rows, then up to ``room`` drafts per ask.
@@ -131,6 +154,7 @@ class SpecDecoder:
         An ask whose lane has no rows ending just before its position (a resumed request's
         first step) drafts nothing this round; its rows start with this round's forward."""
         chunks, hidden, drafting = [], [], []
+        self.draft_probs = {}
         for c in catch_ups:
             p = self.pending.pop(c.lane, None)
             if p is None or p.end != c.start or len(p.tokens) != p.end - p.start - 1:
@@ -158,7 +182,8 @@ class SpecDecoder:
         sampled_lanes = [c.slot for c in chunks if c.sampled]
         rows = [sampled_lanes.index(a.lane) for a in drafting]
         out_rows = last[rows]
-        drafts = {a.req_id: [t] for a, t in zip(drafting, self.argmax(self.head.logits(self.model, out_rows)))}
+        drafts = {a.req_id: [t] for a, t in zip(drafting, self._pick(self.head.logits(self.model, out_rows),
+                                                                         drafting))}
         for step in range(1, max(a.room for a in drafting)):
             going = [(i, a) for i, a in enumerate(drafting) if a.room > step]
             if not going:
@@ -167,7 +192,7 @@ class SpecDecoder:
                                                  a.lane) for _, a in going], dev)
             step_out = self.head(self.model, batch, out_rows[[i for i, _ in going]],
                                  self.kv[step % self.head.num_layers], step=step)
-            for (i, a), t in zip(going, self.argmax(self.head.logits(self.model, step_out))):
+            for (i, a), t in zip(going, self._pick(self.head.logits(self.model, step_out), [a for _, a in going])):
                 drafts[a.req_id].append(t)
             out_rows = out_rows.clone()
             out_rows[[i for i, _ in going]] = step_out

@@ -6,8 +6,9 @@ and the prefill chunks are as before, and the one forward returns the
 logits of the round's sampled rows (in ``plan.sampled_ids()`` order, which
 the runner samples as always: a lane's first row gives its first token) and
 of every drafted position. ``finish`` runs after the runner sampled: greedy
-acceptance per lane, rollback of the lanes that rejected a draft, and the
-rows the head takes in next round.
+acceptance per lane (rejection sampling for sampled requests, whose first
+token it draws anew: ``engine.spec_sampling``), rollback of the lanes that
+rejected a draft, and the rows the head takes in next round.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.schedule import RoundPlan
 from ignis.engine.spec_decode import DraftAsk, HeadCatchUp, SpecDecoder, accepted_count
+from ignis.engine.spec_sampling import processed_probs, verify_sampled
 
 
 @dataclass
@@ -31,13 +33,15 @@ class SpecRound:
     saved: tuple | None = None  # pre-verify state of the drafting lanes (SpecDecoder.snapshot)
     saved_lanes: list[int] = field(default_factory=list)
     takes: set[str] = field(default_factory=set)  # requests whose rows the head keeps
+    sampled_row: dict[str, int] = field(default_factory=dict)  # req_id -> its row in ``logits``
 
 
-def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, device) -> SpecRound:
-    """Draft, then run the one verify forward of the round."""
+def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: dict, device) -> SpecRound:
+    """Draft, then run the one verify forward of the round. ``samplers``: req_id -> SamplerState."""
     taking = {d.req_id for d in plan.decodes if takes(d.req_id)} | {c.req_id for c in plan.prefills
                                                                     if takes(c.req_id)}
-    asks = [DraftAsk(d.req_id, d.lane, d.position, d.token_id, d.pages, d.room)
+    asks = [DraftAsk(d.req_id, d.lane, d.position, d.token_id, d.pages, d.room,
+                     None if samplers[d.req_id].greedy else samplers[d.req_id])
             for d in plan.decodes if d.req_id in taking]
     catch_ups = [HeadCatchUp(c.lane, c.start, c.token_ids[0], c.pages) for c in plan.prefills
                  if c.req_id in taking]
@@ -58,7 +62,8 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, device) -> 
     batch = ForwardBatch.build(chunks, device)
     batch.logits_indices = torch.tensor(sampled + verify_rows, dtype=torch.int64, device=batch.input_ids.device)
     rnd = SpecRound(logits=None, hidden=None, first_row=first_row, drafts={d.req_id: drafts[d.req_id]
-                                                                           for d in drafted}, takes=taking)
+                                                                           for d in drafted}, takes=taking,
+                    sampled_row={d.req_id: i for i, d in enumerate(plan.decodes)})
     if drafted:
         rnd.saved_lanes = [d.lane for d in drafted]
         rnd.saved = spec.snapshot(rnd.saved_lanes)
@@ -73,19 +78,27 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, device) -> 
 
 
 def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str, int],
-           errors: dict[str, str]) -> dict[str, list[int]]:
+           errors: dict[str, str], samplers: dict) -> dict[str, list[int]]:
     """Acceptance, rollback and the head's next rows; -> the accepted tokens after each first token
-    (a list for every lane that drafted, empty when it took none)."""
+    (a list for every lane that drafted, empty when it took none). A sampled lane that drafted gets its
+    first token (``tokens``) from the rejection sampling too."""
     extra: dict[str, list[int]] = {}
     redo = []
     for d in plan.decodes:
         rid = d.req_id
         if rid not in rnd.takes:
             continue
-        first = tokens[rid]
         drafts = rnd.drafts.get(rid, [])
-        targets = [first] + (spec.argmax(rnd.verify[rid]) if drafts else [])
-        n = 0 if rid in errors else accepted_count(drafts, targets)
+        st = samplers.get(rid)
+        if drafts and rid not in errors and st is not None and not st.greedy:
+            rows = [rnd.logits[rnd.sampled_row[rid]], *rnd.verify[rid]]
+            ps = [processed_probs(r.float(), st.params, spec.workspace, spec.vocab_limit) for r in rows]
+            targets = verify_sampled(ps, spec.draft_probs[rid], drafts, st.generator)
+            tokens[rid] = targets[0]
+            n = len(targets) - 1
+        else:
+            targets = [tokens[rid]] + (spec.argmax(rnd.verify[rid]) if drafts else [])
+            n = 0 if rid in errors else accepted_count(drafts, targets)
         if drafts:
             extra[rid] = targets[1: n + 1]
             if n < len(drafts):

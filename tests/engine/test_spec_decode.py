@@ -124,3 +124,17 @@ def test_requests_resumed_from_retained_state_equal_cold_ones(fitted, family):
     assert got == cold
     assert any(ev.cached_tokens for ev in events.values()), "no request resumed from retained state"
     assert sum(accepted) > 0
+
+
+def test_sampled_requests_draft_and_a_fixed_seed_repeats(fitted):
+    """Sampled requests verify their drafts by rejection sampling (engine.spec_sampling, whose distribution
+    test is tests/engine/test_spec_sampling.py): they accept drafts, and a seed gives the same tokens twice."""
+    path, ps = fitted("qwen3_5")
+    model, head = load(path)
+    sampling = {"temperature": 0.7, "top_p": 0.95, "seed": 1234}
+    first, accepted = generate(model, head, ps, k=2, max_tokens=30, sampling=sampling)
+    again, _ = generate(model, head, ps, k=2, max_tokens=30, sampling=sampling)
+    assert first == again
+    assert sum(accepted) > 0
+    other, _ = generate(model, head, ps, k=2, max_tokens=30, sampling=dict(sampling, seed=99))
+    assert other != first
