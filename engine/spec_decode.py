@@ -101,6 +101,11 @@ def accepted_count(drafts: list[int], targets: list[int]) -> int:
 
 
 class SpecDecoder:
+    """The drafter's device state (its KV, each lane's pending rows) and the round's drafting and rollback.
+
+    A head of several layers runs layer ``s % layers`` at draft step s (released heads have one); the
+    rows the head takes in go through layer 0 only, so a further layer attends to its own draft rows."""
+
     def __init__(self, model, head, state: ModelState, k: int, vocab_limit: int | None = None):
         if k < 1:
             raise ValueError(f"--speculative-tokens must be >= 1 to speculate, got {k}")
