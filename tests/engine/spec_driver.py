@@ -29,7 +29,8 @@ def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int
     """-> ({req_id: output ids}, [accepted drafts per speculative decode]). ``reuse_slots`` > 0: prompt reuse
     on, with that many host slots; ``events`` collects the FinishEvents."""
     sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
-                                      max_prefill_tokens_per_round=prefill_budget, speculative_tokens=k),
+                                      max_prefill_tokens_per_round=prefill_budget, speculative_tokens=k,
+                                      max_queue=max(256, len(prompts))),
                       host_slots=reuse_slots, reuse=reuse_slots > 0)
     state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32, fill=float("nan"))
     state.allocate_slots(0, reuse_slots)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -138,3 +139,48 @@ def test_sampled_requests_draft_and_a_fixed_seed_repeats(fitted):
     assert sum(accepted) > 0
     other, _ = generate(model, head, ps, k=2, max_tokens=30, sampling=dict(sampling, seed=99))
     assert other != first
+
+
+TEMPERATURE = 0.5
+
+
+def chi2_quantile_999(df: int) -> float:
+    """The chi-square distribution's 0.999 quantile (Wilson-Hilferty; within 1% from df 5 up)."""
+    z = 3.090
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+@pytest.mark.long
+@pytest.mark.skipif(os.environ.get("IGNIS_LONG_TESTS") != "1", reason="long mode: IGNIS_LONG_TESTS=1")
+def test_sampled_speculation_keeps_the_second_tokens_distribution(fitted):
+    """Through the engine (long mode: about 30 s): over 600 requests, the token sampled at the first decode
+    step (drafted and verified with K = 2) follows the model's exact marginal sum_t p0(t) p1(. | t), by
+    chi-square. The default suite checks the scheme itself: tests/engine/test_spec_sampling.py."""
+    from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+    from ignis.engine.models.state import ModelState
+
+    path, ps = fitted("qwen3_5")
+    model, head = load(path)
+    prompt = ps[2][:8]
+    state = ModelState.allocate(model.cfg, num_pages=VOCAB + 1, lanes=VOCAB + 1, dtype=torch.float32)
+    with torch.inference_mode():
+        logits0 = model(ForwardBatch.build([SeqChunk(prompt, 0, [VOCAB], VOCAB)]), state)[0]
+        rows = model(ForwardBatch.build([SeqChunk(prompt + [t], 0, [t], t) for t in range(VOCAB)]), state)
+    p0 = torch.softmax(logits0.double() / TEMPERATURE, -1)
+    expected = (p0[:, None] * torch.softmax(rows.double() / TEMPERATURE, -1)).sum(0)
+    n = 600
+    outs, accepted = generate(model, head, [prompt] * n, k=2, max_tokens=4, lanes=32, pages=40,
+                              prefill_budget=512, sampling={"temperature": TEMPERATURE})
+    assert sum(accepted) > 0
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    for out in outs.values():
+        counts[out[1]] += 1
+    order = torch.argsort(expected, descending=True)
+    big = [int(i) for i in order if expected[i] * n >= 5]
+    small = [int(i) for i in order if expected[i] * n < 5]
+    obs, exp = counts[big], expected[big] * n
+    if small:  # the rare ids together, as one cell
+        obs = torch.cat([obs, counts[small].sum().reshape(1)])
+        exp = torch.cat([exp, expected[small].sum().reshape(1) * n])
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    assert stat < chi2_quantile_999(len(obs) - 1), (stat, len(obs))
