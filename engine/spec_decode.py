@@ -18,7 +18,9 @@ is on (``--speculative-tokens K``):
 3. ``rollback``: the lane's recurrent state (delta-rule and conv) went over
    all k+1 inputs. A lane that rejected a draft gets its pre-verify state back
    (``snapshot``, taken just before the forward) and re-advances over its
-   accepted inputs only, so its state equals a plain decode's. The KV of the
+   accepted inputs only, so its state equals a plain decode's. Only the
+   linear-attention layers run again, on the inputs they had in the verify
+   forward (``HybridModel.advance_linear``): causal, so the same. The KV of the
    rejected positions is overwritten when those positions are computed again;
    the scheduler gives their whole pages back (``SequencePages.shrink_to``).
 
@@ -210,15 +212,21 @@ class SpecDecoder:
         return self.state.ssm[:, idx].clone(), self.state.conv[:, idx].clone()
 
     def rollback(self, lanes: list[int], saved: tuple[torch.Tensor, torch.Tensor],
-                 redo: list[SeqChunk]) -> None:
-        """Put ``lanes`` (a subset of the snapshot's, in its order) back to their pre-verify state, then
-        advance them over their accepted inputs (``redo``: one chunk per lane, in ``lanes`` order)."""
+                 redo: list[tuple[SeqChunk, int]], linear_inputs: dict) -> None:
+        """Put the lanes of ``redo`` back to their pre-verify state (``saved``: the snapshot of
+        ``lanes``), then advance them over their accepted inputs: ``redo`` holds one chunk per lane and
+        its first row in the verify forward, whose linear-attention layer inputs (``linear_inputs``)
+        are run again over those rows; attention, MLPs and the head are not."""
         if not redo:
             return
+        dev = self.state.ssm.device
+        chunks = [c for c, _ in redo]
         ssm, conv = saved
-        idx = torch.tensor([c.slot for c in redo], device=self.state.ssm.device)
-        pick = torch.tensor([lanes.index(c.slot) for c in redo], device=self.state.ssm.device)
+        idx = torch.tensor([c.slot for c in chunks], device=dev)
+        pick = torch.tensor([lanes.index(c.slot) for c in chunks], device=dev)
+        rows = torch.tensor([r + i for c, r in redo for i in range(len(c.tokens))], device=dev)
         with torch.inference_mode():
             self.state.ssm[:, idx] = ssm[:, pick]
             self.state.conv[:, idx] = conv[:, pick]
-            self.model.body(ForwardBatch.build(redo, self.state.ssm.device), self.state)
+            self.model.advance_linear(ForwardBatch.build(chunks, dev), self.state,
+                                      {i: h[rows] for i, h in linear_inputs.items()})

@@ -33,6 +33,7 @@ class SpecRound:
     saved: tuple | None = None  # pre-verify state of the drafting lanes (SpecDecoder.snapshot)
     saved_lanes: list[int] = field(default_factory=list)
     takes: set[str] = field(default_factory=set)  # requests whose rows the head keeps
+    linear_inputs: dict = field(default_factory=dict)  # layer -> its input [T, hidden] (for the rollback)
     sampled_row: dict[str, int] = field(default_factory=dict)  # req_id -> its row in ``logits``
 
 
@@ -67,7 +68,7 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: d
     if drafted:
         rnd.saved_lanes = [d.lane for d in drafted]
         rnd.saved = spec.snapshot(rnd.saved_lanes)
-    logits, rnd.hidden = model.forward_hidden(batch, state)
+    logits, rnd.hidden = model.forward_hidden(batch, state, rnd.linear_inputs if drafted else None)
     rnd.logits = logits[: len(sampled)]
     at = len(sampled)
     for d in drafted:
@@ -102,10 +103,11 @@ def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str,
         if drafts:
             extra[rid] = targets[1: n + 1]
             if n < len(drafts):
-                redo.append(SeqChunk([d.token_id, *drafts[:n]], d.position, list(d.pages), d.lane))
+                redo.append((SeqChunk([d.token_id, *drafts[:n]], d.position, list(d.pages), d.lane),
+                             rnd.first_row[rid]))
         row = rnd.first_row[rid]
         spec.keep(d.lane, d.position, rnd.hidden[row: row + n + 1].clone(), targets[: n + 1])
-    spec.rollback(rnd.saved_lanes, rnd.saved, redo)
+    spec.rollback(rnd.saved_lanes, rnd.saved, redo, rnd.linear_inputs)
     for c in plan.prefills:
         if c.req_id not in rnd.takes:
             continue
