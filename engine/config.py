@@ -57,6 +57,10 @@ class EngineConfig:
         "requests that may wait for a lane; past it new requests are refused (HTTP 429)"))
     max_model_len: int | None = field(default=None, metadata=field_doc(
         "most tokens per request, prompt + completion (default: the model's context, capped by the pool)"))
+    speculative_tokens: int = field(default=0, metadata=field_doc(
+        "speculative decoding: the checkpoint's multi-token-prediction head drafts up to K tokens per decode "
+        "step and the model verifies them in the same forward (requests without logprobs, penalties or grammar; "
+        "greedy output is unchanged, sampled output keeps its distribution). Needs mtp.* weights and --kv-format bf16 (0: off; docs/speculative.md)"))
     reuse_prompt: bool = field(default=True, metadata=field_doc(
         "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)"))
     reuse_learned_points: bool = field(default=True, metadata=field_doc(
@@ -119,6 +123,8 @@ class EngineConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        if type(self.speculative_tokens) is not int or not 0 <= self.speculative_tokens <= 16:
+            raise ValueError(f"--speculative-tokens must be an integer from 0 to 16, got {self.speculative_tokens!r}")
         for name, flag in (("kv_pool_tokens", "--kv-pool-tokens"), ("kv_memory_bytes", "--kv-memory-bytes"),
                            ("max_model_len", "--max-model-len")):
             value = getattr(self, name)

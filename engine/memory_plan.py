@@ -148,9 +148,11 @@ def sampler_workspace_bytes(vocab: int) -> int:
 def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | None = None,
                 kv_memory_bytes: int | None = None, free_device_bytes: int | None = None,
                 fraction: float = 0.85, device_slots: int = 0, host_slots: int = 0,
-                kv_format: str = "bf16", exact_window: int = 0, prefill_tokens: int = 0) -> MemoryPlan:
+                kv_format: str = "bf16", exact_window: int = 0, prefill_tokens: int = 0,
+                drafter_page_bytes: int = 0) -> MemoryPlan:
     """Pages and lanes for a model; ``free_device_bytes`` is CUDA's free memory after weights,
-    ``prefill_tokens`` the most prompt tokens one round prefills."""
+    ``prefill_tokens`` the most prompt tokens one round prefills, ``drafter_page_bytes`` what each
+    page costs again in the drafter's own KV (``engine.spec_decode``), taken from the same budget."""
     page = kv_page_bytes(cfg, dtype, kv_format)
     image = lane_bytes(cfg, dtype, kv_format, exact_window)
     live = lanes * image
@@ -166,7 +168,7 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
                 kv_memory_bytes = CPU_DEFAULT_KV_BYTES
             else:
                 kv_memory_bytes = int(max(0, free_device_bytes - live) * fraction)
-        pages = kv_memory_bytes // page if page else 0
+        pages = kv_memory_bytes // (page + drafter_page_bytes) if page else 0
         if pages < 1:
             raise ValueError(f"--kv-memory-bytes: {kv_memory_bytes} bytes hold no 64-token page "
                              f"({page} bytes per page)")

@@ -105,6 +105,12 @@ class EngineMetrics(ProcessMetrics):
                                            "live evictions abandoned (a tier refused; the sequence decoded on)")
         self.kv_events_dropped = self.counter("kv_events_dropped", "KV event batches dropped because the "
                                               "publisher's queue was full (--kv-events-endpoint)")
+        self.spec_drafts = self.counter("spec_decode_num_drafts", "decode steps that verified drafted tokens")
+        self.spec_draft_tokens = self.counter("spec_decode_num_draft_tokens", "tokens drafted by the drafter")
+        self.spec_accepted = self.counter("spec_decode_num_accepted_tokens", "drafted tokens accepted (and kept)")
+        self.spec_accepted_per_pos = self.counter(
+            "spec_decode_num_accepted_tokens_per_pos", "drafted tokens accepted, by draft position (0: the first "
+            "draft of a step)", ("position",))
         self.ttft = self.histogram("time_to_first_token_seconds", "arrival to first token")
         self.itl = self.histogram("inter_token_latency_seconds", "time between tokens of a stream")
         self.queue_time = self.histogram("request_queue_time_seconds", "arrival to admission")

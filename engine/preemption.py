@@ -56,9 +56,23 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
                 break
         if req.state is not RequestState.DECODING:
             continue
-        req.page_table.ensure_capacity(position + 1)
-        plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position), req.page_table.pages))
+        room = draft_room(sched, req)
+        while room and req.page_table.pages_needed(position + 1 + room) > sched.pool.num_free:
+            room -= 1  # drafts never take pages a plain step would need, nor preempt for them
+        req.page_table.ensure_capacity(position + 1 + room)
+        plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position),
+                                       req.page_table.pages, room))
         scheduled.add(req.req_id)
+
+
+def draft_room(sched: SchedulerState, req: Request) -> int:
+    """Draft tokens ``req`` may verify this round: --speculative-tokens, less what its max_tokens and
+    the model length leave (a step already yields one token)."""
+    k = sched.config.speculative_tokens
+    if not k:
+        return 0
+    left = min(req.sampling.max_tokens - len(req.output_ids), sched.config.max_model_len - req.num_tokens)
+    return max(0, min(k, left - 1))
 
 
 def _evict_for_pages(sched: SchedulerState, scheduled: set[str]) -> bool:

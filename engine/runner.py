@@ -21,6 +21,12 @@ A request whose sampling fails ends alone (``engine.row_sampling``).
 
 On CUDA a round of decode steps only replays a captured graph
 (``engine.decode_graphs``) instead of launching the forward op by op.
+
+With a drafter (``use_drafter``, ``--speculative-tokens``), a round where a
+request that can speculate (unpenalised, no grammar, no logprobs)
+takes part runs through ``engine.spec_round``: drafts, one verify forward,
+then acceptance after the usual sampling; ``RoundResult.extra`` carries the
+accepted tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from ignis.engine.models.state import ModelState
 from ignis.engine.row_sampling import sample_isolated
 from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs
 from ignis.engine.schedule import RoundPlan, RoundResult
+from ignis.engine import spec_round
 
 log = logging.getLogger("ignis.engine")
 
@@ -57,6 +64,19 @@ class ModelRunner:
         # rounds of plain greedy rows (no penalties, no logprobs) take their argmax where the logits are and
         # copy only the tokens to the host: on CUDA that spares a [rows, vocab] copy per round
         self.greedy_on_device = self.device.type != "cpu"
+        self.spec = None  # a SpecDecoder once a drafter is in use
+
+    def use_drafter(self, spec) -> None:
+        """Speculate with ``spec`` (an ``engine.spec_decode.SpecDecoder``) from the next round on."""
+        self.spec = spec
+
+    def speculates(self, req_id: str) -> bool:
+        """``req_id`` drafts when a drafter is in use: unpenalised, unconstrained, no logprobs (a sampled
+        request's drafts are verified by rejection sampling, ``engine.spec_sampling``)."""
+        st = self.samplers.get(req_id)
+        return (self.spec is not None and st is not None and not st.penalised
+                and self.want_logprobs.get(req_id) is None
+                and not (self.grammars is not None and req_id in self.grammars.matchers))
 
     def warm_up(self) -> None:
         """Compile every kernel variant a round can meet before the first request does.
@@ -105,6 +125,9 @@ class ModelRunner:
             self.release(ev.req_id)
         for src, dst in plan.copies_before:
             self.state.copy_page(src, dst)
+        if self.spec is not None:
+            for lane in [s.lane for s in plan.started] + [p.lane for p in plan.preempted]:
+                self.spec.forget(lane)
         for s in plan.started:
             if s.restore_slot is None:
                 self.state.reset_lane(s.lane)
@@ -136,12 +159,20 @@ class ModelRunner:
                    for c in plan.prefills]
         ids = plan.sampled_ids()
         masks = self.grammars.begin(ids) if self.grammars is not None else None  # filled during the forward
-        if not plan.prefills and self.graphs is not None and self.graphs.takes(chunks):
+        spec = None
+        if self.spec is not None and any(self.speculates(r) for r in
+                                         [d.req_id for d in plan.decodes] + [c.req_id for c in plan.prefills]):
+            spec = spec_round.forward(self.spec, self.model, self.state, plan, self.speculates, self.samplers,
+                                      self.device)
+            logits = spec.logits
+        elif not plan.prefills and self.graphs is not None and self.graphs.takes(chunks):
             logits = self.graphs.run(chunks)
         else:  # one row per sampled id, in sampled_ids() order
             logits = self.model(ForwardBatch.build(chunks, self.device), self.state)
         self._capture(plan)
         if not ids:
+            if spec is not None:
+                spec_round.finish(self.spec, plan, spec, {}, {}, self.samplers)
             return RoundResult(), {}
         picked = logits.float()  # the forward's own tensor when the model is fp32
         if self.vocab_limit is not None and self.vocab_limit < picked.shape[-1]:
@@ -165,5 +196,11 @@ class ModelRunner:
         if masks is not None:
             self.grammars.advance(masks, tokens)  # a failed row's placeholder too: that request ends now
         result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors)
+        if spec is not None:
+            result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers)
+            result.drafted = {rid: len(d) for rid, d in spec.drafts.items()}
+            for rid, more in result.extra.items():
+                for token in more:
+                    self.samplers[rid].record(token)
         logprobs = {i: lp for i, lp in zip(ids, lps) if lp is not None}
         return result, logprobs

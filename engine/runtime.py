@@ -69,8 +69,18 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     torch.manual_seed(config.seed)
     ops = select_ops(torch.device(device).type)  # the kernel backend is fixed when the model is built
     require_kernel_path(ops, torch.device(device).type, config.allow_torch_fallback)  # KernelPathError
-    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops)
+    # the drafter's tensors stay on disk unless speculative decoding uses them
+    spec_k = config.speculative_tokens
+    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=spec_k > 0)
     cfg = ckpt.config
+    if spec_k and not ckpt.has_drafter:
+        raise ValueError(f"--speculative-tokens {spec_k}: {model_dir} has no drafter to speculate with "
+                         f"({ckpt.drafter_note})")
+    if ckpt.has_drafter:
+        log.info("multi-token-prediction drafter available: %s; speculative decoding %s", ckpt.drafter_note,
+                 f"on, {spec_k} draft tokens per step" if spec_k else "off (--speculative-tokens K)")
+    elif "mtp" in ckpt.set_aside:
+        log.warning("mtp.* weights set aside: %s", ckpt.drafter_note)
     free = None
     if device == "cuda":
         torch.cuda.synchronize()
@@ -79,13 +89,23 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     device_slots = config.reuse_device_slots if config.reuse_prompt else 0
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
     kv_format = resolve_kv_format(config, device, cfg)
+    if spec_k and kv_format != "bf16":
+        raise ValueError(f"--speculative-tokens needs --kv-format bf16, not {kv_format} (an exact window "
+                         f"cannot be rolled back)")
+    drafter_page_bytes = 0
+    if spec_k:
+        from ignis.engine.memory_plan import kv_page_bytes
+
+        drafter_page_bytes = kv_page_bytes(cfg, ckpt.dtype, "bf16") // max(1, len(cfg.full_layers)) \
+            * ckpt.drafter_layers
     window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
     tiers_on = config.tierd_endpoint != "off"  # live eviction uses tierd with reuse off too
     staging = 1 if tiers_on else 0  # one host slot stages the images of evicted live sequences
     plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
                        free_device_bytes=free, fraction=config.kv_memory_fraction,
                        device_slots=device_slots, host_slots=host_slots + staging, kv_format=kv_format,
-                       exact_window=window, prefill_tokens=config.max_prefill_tokens_per_round)
+                       exact_window=window, prefill_tokens=config.max_prefill_tokens_per_round,
+                       drafter_page_bytes=drafter_page_bytes)
     log.info(plan.describe())
     graph_bs = min(config.cuda_graph_max_bs, plan.lanes) if device == "cuda" else 0
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
@@ -93,7 +113,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
                                 scratch=graph_bs > 0)
     state.allocate_slots(device_slots, host_slots + staging)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
-    stamp = f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter=0"
+    stamp = f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter={1 if spec_k else 0}"
     tiers, tier_client, staging_slot = NO_TIERS, None, None
     if tiers_on:
         from ignis.engine.tiers.wiring import connect_tiers
@@ -110,7 +130,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     sched = Scheduler(SchedulerConfig(
         decode_lanes=config.decode_lanes, num_pages=plan.pages,
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
-        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
+        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids), speculative_tokens=spec_k),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt, stamp=stamp,
         tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
         evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,
@@ -122,6 +142,11 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
                          grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device))
+    if spec_k:
+        from ignis.engine.models.build import drafter_from_checkpoint
+        from ignis.engine.spec_decode import SpecDecoder
+
+        runner.use_drafter(SpecDecoder(model, drafter_from_checkpoint(ckpt), state, spec_k, vocab_limit))
     runner.warm_up()
     captured = 0
     if graph_bs:

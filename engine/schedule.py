@@ -68,13 +68,18 @@ class PrefillChunk:
 @dataclass(frozen=True)
 class DecodeItem:
     """One decode step: feed ``token_id`` at ``position`` and sample the next token.
-    ``pages`` covers at least ``position + 1`` positions."""
+    ``pages`` covers at least ``position + 1 + room`` positions.
+
+    ``room``: draft tokens the runner may verify after ``token_id`` this round
+    (speculative decoding, ``engine.spec_decode``); each accepted one is a further
+    output token (``RoundResult.extra``). 0: a plain step."""
 
     req_id: str
     lane: int
     position: int
     token_id: int
     pages: tuple[int, ...]
+    room: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,12 @@ class RoundResult:
     """
 
     tokens: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, list[int]] = field(default_factory=dict)
+    """Speculative decodes: the tokens accepted after ``tokens[req_id]`` (at most the item's ``room``),
+    in order. ``Scheduler.update`` cuts a list where its request ends (stop token, length), so after
+    it the lists hold exactly the tokens the requests took."""
+    drafted: dict[str, int] = field(default_factory=dict)
+    """Speculative decodes: how many draft tokens each verified (``extra`` holds those accepted)."""
     errors: dict[str, str] = field(default_factory=dict)
     """Requests whose step failed this round (e.g. sampling): each ends with "error" and this message;
     its entry in ``tokens`` is a placeholder that is never used."""

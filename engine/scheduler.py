@@ -226,22 +226,31 @@ class Scheduler:
             if req is not None and req.pending_end is None:
                 req.pending_end = ("error", message)
         ended = []
-        # (request, tokens computed after this round), in plan order: decodes, then chunks.
-        advanced = [(d.req_id, d.position + 1) for d in plan.decodes]
+        # (request, tokens computed after this round), in plan order: decodes, then chunks. A speculative
+        # decode's lane state covers its accepted drafts too (engine.spec_decode rolls back the rest).
+        advanced = [(d.req_id, d.position + 1 + len(result.extra.get(d.req_id, ()))) for d in plan.decodes]
         advanced += [(c.req_id, c.end) for c in plan.prefills]
         sampled = set(plan.sampled_ids())
+        rooms = {d.req_id: d.room for d in plan.decodes if d.room}
         for req_id, computed in advanced:
             req = self._requests[req_id]
             req.num_computed_tokens = computed
+            extra = result.extra.get(req_id, [])
             if req_id not in sampled or req.pending_end is not None:
+                extra.clear()
                 continue  # a middle chunk samples nothing; an aborted request's token is dropped
             if req.state is not RequestState.EVICTING:  # eviction may start after the round was planned
                 req.state = RequestState.DECODING
-            token = result.tokens[req_id]
-            req.output_ids.append(token)
-            reason = self._stop_reason(req, token)
-            if reason is not None:
-                ended.append(self._finish(req, reason))
+            for taken, token in enumerate([result.tokens[req_id], *extra]):
+                req.output_ids.append(token)
+                reason = self._stop_reason(req, token)
+                if reason is not None:
+                    del extra[taken:]  # the tokens after the end are not the request's
+                    ended.append(self._finish(req, reason))
+                    break
+            else:
+                if req_id in rooms:  # the pages of rejected drafts go back
+                    req.page_table.shrink_to(computed + 1)
         return ended
 
     # ----- ends ----------------------------------------------------------------------
@@ -278,6 +287,13 @@ class Scheduler:
         for req_id, token in result.tokens.items():
             if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
                 raise ValueError(f"round result for {req_id}: {token!r} is not a token id")
+        rooms = {d.req_id: d.room for d in plan.decodes}
+        for req_id, extra in result.extra.items():
+            if len(extra) > rooms.get(req_id, 0):
+                raise ValueError(f"round result for {req_id}: {len(extra)} draft tokens, room for "
+                                 f"{rooms.get(req_id, 0)}")
+            if any(type(t) is not int or not 0 <= t <= MAX_TOKEN_ID for t in extra):
+                raise ValueError(f"round result for {req_id}: draft tokens {extra!r} are not token ids")
 
 
 _rank = attrgetter("rank")

@@ -21,6 +21,8 @@ class SchedulerConfig:
     max_model_len: int = field(default=32768, metadata=field_doc("most tokens (prompt + completion) per request"))
     page_tokens: int = field(default=PAGE_TOKENS, metadata=field_doc("tokens per KV page", cli=False))
     eos_token_ids: tuple[int, ...] = field(default=(), metadata=field_doc("the model's end tokens", cli=False))
+    speculative_tokens: int = field(default=0, metadata=field_doc(
+        "draft positions each decode may verify past its own (0: no speculation)", cli=False))
 
     def __post_init__(self):
         for name, flag in (("decode_lanes", "--decode-lanes"), ("num_pages", "num_pages"),
@@ -33,6 +35,8 @@ class SchedulerConfig:
         if self.max_model_len > self.num_pages * self.page_tokens:
             raise ValueError(f"--max-model-len {self.max_model_len} exceeds the KV pool "
                              f"({self.num_pages} pages x {self.page_tokens} = {self.num_pages * self.page_tokens} tokens)")
+        if type(self.speculative_tokens) is not int or self.speculative_tokens < 0:
+            raise ValueError(f"--speculative-tokens must be an integer >= 0, got {self.speculative_tokens!r}")
         eos = tuple(self.eos_token_ids)
         if any(type(t) is not int or not 0 <= t <= MAX_TOKEN_ID for t in eos):
             raise ValueError(f"eos_token_ids must be token ids, got {eos!r}")

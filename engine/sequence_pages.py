@@ -63,6 +63,18 @@ class SequencePages:
         self._num_tokens = max(self._num_tokens, num_tokens)
         return new
 
+    def shrink_to(self, num_tokens: int) -> list[int]:
+        """Give back the pages past those covering positions ``0 .. num_tokens-1`` (the KV of rejected
+        draft tokens); returns them. The table covers ``num_tokens`` positions after."""
+        self._check_live()
+        keep = self.pool.pages_for(num_tokens)
+        dropped = self._pages[keep:]
+        if dropped:
+            del self._pages[keep:]
+            self.pool.free(dropped)
+        self._num_tokens = min(self._num_tokens, num_tokens)
+        return dropped
+
     def fork_from(self, shared_pages: Sequence[int], num_tokens: int) -> list[tuple[int, int]]:
         """Start this (empty) table as a copy of another holder's first ``num_tokens`` tokens.
 

@@ -257,8 +257,8 @@ class EngineServer:
             return
         result, logprobs = self.runner.run(plan)
         self.metrics.prefill_tokens.inc(plan.num_prefill_tokens)
-        self.metrics.generation_tokens.inc(len(result.tokens))
-        ended = self.scheduler.update(result)
+        ended = self.scheduler.update(result)  # cuts each speculative list where its request ended
+        self.metrics.generation_tokens.inc(len(result.tokens) + sum(len(e) for e in result.extra.values()))
         self.streams.send_tokens(result, logprobs, self.scheduler)
         for ev in ended:
             self._finish(ev)

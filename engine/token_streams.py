@@ -44,6 +44,8 @@ class Tracked:
     first_token: float | None = None
     last_token: float | None = None
     tokens: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # speculative steps: drafts verified at position i
+    accepted_at: list[int] = field(default_factory=list)  # and accepted there
     extra: dict = field(default_factory=dict)
     mark_missing: str | None = None  # capture marks the gateway could not find, and why
 
@@ -73,6 +75,7 @@ class TokenStreams:
         now = time.monotonic()
         by_peer: dict[bytes, list[StreamTokens]] = {}
         for rid, token in result.tokens.items():
+            tokens = (token, *result.extra.get(rid, ()))
             t = self.tracked.get(rid)
             req = scheduler.get(rid)
             if t is None or (req is not None and req.pending_end is not None):
@@ -83,9 +86,11 @@ class TokenStreams:
             else:
                 self.metrics.itl.observe(now - t.last_token)
             t.last_token = now
-            t.tokens += 1
+            t.tokens += len(tokens)
+            if result.drafted.get(rid):
+                self._count_drafts(t, result.drafted[rid], len(tokens) - 1)
             try:
-                stream = _stream_tokens(rid, token, logprobs.get(rid))
+                stream = _stream_tokens(rid, tokens, logprobs.get(rid))
             except Exception as exc:  # this request ends with an error; the others and the loop go on
                 log.exception("request %s: its token could not be sent; it ends with an error", rid)
                 scheduler.abort(rid, "error", f"engine error while sending its tokens: {exc}")
@@ -93,6 +98,20 @@ class TokenStreams:
             by_peer.setdefault(t.peer, []).append(stream)
         for peer, streams in by_peer.items():
             self.channel.send(TokenBatch(tuple(streams)), peer)
+
+    def _count_drafts(self, t: Tracked, drafted: int, accepted: int) -> None:
+        m = self.metrics
+        m.spec_drafts.inc()
+        m.spec_draft_tokens.inc(drafted)
+        m.spec_accepted.inc(accepted)
+        for i in range(drafted):
+            if i == len(t.drafted_at):
+                t.drafted_at.append(0)
+                t.accepted_at.append(0)
+            t.drafted_at[i] += 1
+            if i < accepted:
+                t.accepted_at[i] += 1
+                m.spec_accepted_per_pos.labels(m.model_name, str(i)).inc()
 
     def finish(self, ev, model_name: str) -> None:
         try:
@@ -147,6 +166,9 @@ class TokenStreams:
             "finish_reason": ev.reason,
             "shortfall": ev.shortfall,  # why it reused less than it shares with an earlier prompt (or "none")
         }
+        if t.drafted_at:  # speculative decoding: drafted and accepted tokens, acceptance per draft position
+            done["spec"] = {"drafted": sum(t.drafted_at), "accepted": sum(t.accepted_at),
+                            "accept_rate_per_pos": [round(a / d, 3) for a, d in zip(t.accepted_at, t.drafted_at)]}
         if ev.restore_rejected:  # ignis:reuse_restore_rejected_total{reason="non_finite"} counts them too
             done["restore_rejected"] = {"non_finite": ev.restore_rejected}
         if t.mark_missing:
@@ -154,11 +176,13 @@ class TokenStreams:
         log.info(orjson.dumps(done).decode())
 
 
-def _stream_tokens(rid: str, token: int, lp) -> StreamTokens:
-    """One stream's token (and logprobs) for the wire. Raises ``NonFiniteLogprobs`` when the
-    distribution it was sampled from is not finite: the request's state is corrupt."""
+def _stream_tokens(rid: str, tokens: tuple[int, ...], lp) -> StreamTokens:
+    """One stream's tokens of a round (and the logprobs of a plain step's one) for the wire. Raises
+    ``NonFiniteLogprobs`` when the distribution it was sampled from is not finite: the request's state
+    is corrupt. Speculative rounds (several tokens) run only for requests without logprobs."""
     if lp is None:
-        return StreamTokens(rid, (token,), None)
+        return StreamTokens(rid, tokens, None)
+    token = tokens[0]
     values = (lp.token_logprob, *(v for _, v in lp.top))
     if not all(math.isfinite(v) for v in values):
         raise NonFiniteLogprobs(f"non-finite logprob for token {token}: its state is corrupt")

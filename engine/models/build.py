@@ -33,6 +33,19 @@ def model_from_checkpoint(ckpt: LoadedCheckpoint, device: str = "cpu", ops: Ops 
 
 
 def load_model(model_dir: str | Path, dtype: str | None = None, device: str = "cpu",
-               ops: Ops | None = None, progress: bool | None = None) -> tuple[HybridModel, LoadedCheckpoint]:
-    ckpt = load_checkpoint(model_dir, dtype=dtype, device=device, progress=progress)
+               ops: Ops | None = None, progress: bool | None = None,
+               drafter: bool = True) -> tuple[HybridModel, LoadedCheckpoint]:
+    """``drafter``: also read the multi-token-prediction head's tensors (``drafter_from_checkpoint``)."""
+    ckpt = load_checkpoint(model_dir, dtype=dtype, device=device, progress=progress, drafter=drafter)
     return model_from_checkpoint(ckpt, device=device, ops=ops), ckpt
+
+
+def drafter_from_checkpoint(ckpt: LoadedCheckpoint):
+    """The checkpoint's multi-token-prediction head (``engine.models.mtp``), or None when it has none."""
+    if not ckpt.has_drafter:
+        return None
+    if not ckpt.drafter_tensors:
+        raise ValueError("the drafter's tensors were not read (load the checkpoint with drafter=True)")
+    from ignis.engine.models.mtp import head_from_tensors
+
+    return head_from_tensors(ckpt.config, ckpt.drafter_tensors, ckpt.drafter_layers)

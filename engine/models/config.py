@@ -74,6 +74,11 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
     multimodal: bool = False
+    # decoder layers of the multi-token-prediction head (``mtp.*``): the config's
+    # ``mtp_num_hidden_layers`` (qwen3_5) or ``num_nextn_predict_layers`` (qwen3_next);
+    # None when the config does not say (the loader then counts ``mtp.layers.N`` in the files).
+    # Not structural: the target model is the same with or without its drafter.
+    mtp_layers: int | None = field(default=None, compare=False)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     # ----- layer bookkeeping -------------------------------------------------
@@ -171,6 +176,16 @@ def _eos_ids(raw: dict, text: dict) -> tuple[int, ...]:
     return tuple(int(e) for e in eos)
 
 
+def _mtp_layers(text: dict) -> int | None:
+    for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
+        if text.get(key) is not None:
+            n = int(text[key])
+            if n < 0:
+                raise CheckpointError(f"config.json: {key} must be >= 0, got {n}")
+            return n
+    return None
+
+
 def config_from_dict(raw: dict) -> ModelConfig:
     """Parse a Hugging Face config.json dict of either family."""
     archs = raw.get("architectures") or []
@@ -232,6 +247,7 @@ def config_from_dict(raw: dict) -> ModelConfig:
             mlp_only_layers=tuple(int(i) for i in (text.get("mlp_only_layers") or ())),
             eos_token_ids=_eos_ids(raw, text),
             multimodal=multimodal,
+            mtp_layers=_mtp_layers(text),
         )
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f"config.json: missing or malformed field {exc}") from None

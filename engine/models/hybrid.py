@@ -61,11 +61,12 @@ class HybridModel(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    def body(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
+    def body(self, batch: ForwardBatch, state: ModelState, linear_inputs: dict | None = None) -> torch.Tensor:
         """Hidden states of every token after the last layer, before the final norm [T, hidden].
 
         Each residual add runs fused with the norm after it (``ZeroCenteredRMSNorm.add``):
-        the residual stream ``x`` is updated by the op that normalises it.
+        the residual stream ``x`` is updated by the op that normalises it. ``linear_inputs``: filled
+        with each linear-attention layer's input [T, hidden] by its layer index (``advance_linear``).
         """
         ops = self._ops(batch.input_ids.device)
         x = self.embed_tokens(batch.input_ids)
@@ -80,14 +81,34 @@ class HybridModel(nn.Module):
                 h = layer.self_attn(h, batch, cos_sin, state.kv[self._full_slot[i]], ops)
             else:
                 j = self._linear_slot[i]
+                if linear_inputs is not None:
+                    linear_inputs[i] = h
                 h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
             x, h = layer.post_attention_layernorm.add(h, x, ops)
             out = layer.mlp(h, ops)
         return x if out is None else x + out
 
+    @torch.inference_mode()
+    def advance_linear(self, batch: ForwardBatch, state: ModelState, linear_inputs: dict) -> None:
+        """Advance the recurrent and conv states of ``batch``'s lanes over its tokens, given each
+        linear-attention layer's inputs for them (rows of an earlier ``body``'s ``linear_inputs``):
+        the state part of a forward without its attention, MLPs or head."""
+        ops = self._ops(batch.input_ids.device)
+        for i, h in sorted(linear_inputs.items()):
+            j = self._linear_slot[i]
+            self.layers[i].linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [R, vocab] of R rows of hidden states: the final norm and the LM head."""
         return torch.nn.functional.linear(self.norm(x, self._ops(x.device)), self.head_weight())
+
+    @torch.inference_mode()
+    def forward_hidden(self, batch: ForwardBatch, state: ModelState,
+                       linear_inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the ``batch.logits_indices`` rows and the final-normed hidden states of every
+        token [T, hidden] (what the multi-token-prediction head takes in, ``engine.spec_decode``)."""
+        normed = self.norm(self.body(batch, state, linear_inputs), self._ops(batch.input_ids.device))
+        return torch.nn.functional.linear(normed[batch.logits_indices], self.head_weight()), normed
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, state: ModelState, all_logits: bool = False) -> torch.Tensor:

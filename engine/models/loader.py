@@ -14,7 +14,10 @@ Checkpoint names map to canonical names (see ``engine.models.weights_spec``):
     lm_head.weight                    -> lm_head.weight  (ignored when embeddings are tied)
     ...mlp.experts.E.{gate,up}_proj.weight -> mlp.experts.gate_up_proj[E, :I | I:]
     ...mlp.experts.E.down_proj.weight      -> mlp.experts.down_proj[E]
-    model.visual.*, visual.*, mtp.*   -> set aside, not loaded
+    model.visual.*, visual.*          -> set aside, not loaded
+    mtp.*                             -> the drafter's tensors (``engine.models.mtp_spec``) when the
+                                         set is complete and well shaped; else set aside, with the
+                                         reason in ``LoadedCheckpoint.drafter_note``
 
 torch, safetensors and tqdm are imported only when tensors are read, so the
 header-level functions serve ``ignis inspect`` without them.
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ignis.engine.models.config import CheckpointError, ModelConfig, load_config
+from ignis.engine.models.mtp_spec import classify_mtp, expected_mtp_tensors, mtp_layer_count
 from ignis.engine.models.weights_spec import (
     FLOAT_DTYPES,
     HeaderEntry,
@@ -135,10 +139,20 @@ class LoadPlan:
     experts: dict[str, dict[tuple[int, str], tuple[Path, str]]] = field(default_factory=dict)
     set_aside: dict[str, list[str]] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
+    # the drafter (mtp.*): read like the target's tensors, kept apart from them
+    drafter_direct: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    drafter_experts: dict[str, dict[tuple[int, str], tuple[Path, str]]] = field(default_factory=dict)
+    drafter_expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    drafter_layers: int = 0
+    drafter_note: str = "the checkpoint has no mtp.* weights"
 
     @property
     def tensor_count(self) -> int:
         return len(self.direct) + sum(len(p) for p in self.experts.values())
+
+    @property
+    def drafter_count(self) -> int:
+        return len(self.drafter_direct) + sum(len(p) for p in self.drafter_experts.values())
 
 
 def plan_load(cfg: ModelConfig, inventory: dict[str, tuple[Path, HeaderEntry]],
@@ -148,9 +162,13 @@ def plan_load(cfg: ModelConfig, inventory: dict[str, tuple[Path, HeaderEntry]],
     plan = LoadPlan()
     seen: dict[str, str] = {}
     unknown, bad_shape, bad_dtype = [], [], []
+    mtp: dict[str, tuple[Path, HeaderEntry]] = {}
     for name, (path, entry) in sorted(inventory.items()):
         nk = classify(name)
-        if nk.kind in ("vision", "mtp"):
+        if nk.kind == "mtp":
+            mtp[name] = (path, entry)
+            continue
+        if nk.kind == "vision":
             plan.set_aside.setdefault(nk.kind, []).append(name)
             continue
         if nk.canonical == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -186,7 +204,51 @@ def plan_load(cfg: ModelConfig, inventory: dict[str, tuple[Path, HeaderEntry]],
         raise CheckpointError(f"unexpected shape: {_names(bad_shape)}")
     if bad_dtype:
         raise CheckpointError(f"tensors with a non-floating-point dtype: {_names(bad_dtype)}")
+    if mtp:
+        _plan_drafter(cfg, mtp, plan)
     return plan
+
+
+def _plan_drafter(cfg: ModelConfig, mtp: dict[str, tuple[Path, HeaderEntry]], plan: LoadPlan) -> None:
+    """Take the mtp.* tensors as the drafter when they make a whole head; else set them aside, saying why.
+
+    A checkpoint with a partial or misshapen head still serves its target model."""
+    layers = mtp_layer_count(cfg, mtp)
+    expected = expected_mtp_tensors(cfg, layers)
+    direct: dict[str, tuple[Path, str]] = {}
+    experts: dict[str, dict[tuple[int, str], tuple[Path, str]]] = {}
+    problems = []
+    for name, (path, entry) in sorted(mtp.items()):
+        nk = classify_mtp(name)
+        if nk.canonical not in expected or (nk.kind == "expert" and nk.expert >= cfg.num_experts):
+            problems.append(f"unexpected {name}")
+            continue
+        want = expert_part_shape(cfg, nk.part) if nk.kind == "expert" else expected[nk.canonical]
+        if entry.shape != tuple(want) or entry.dtype not in FLOAT_DTYPES:
+            problems.append(f"{name}: {entry.dtype} {list(entry.shape)}, expected {list(want)}")
+        elif nk.kind == "expert":
+            experts.setdefault(nk.canonical, {})[(nk.expert, nk.part)] = (path, name)
+        else:
+            direct[nk.canonical] = (path, name)
+    for canonical in expected:
+        if canonical in direct:
+            continue
+        pieces = experts.get(canonical)
+        if pieces is None:
+            problems.append(f"missing {canonical}")
+            continue
+        parts = ("down_proj",) if canonical.endswith("down_proj") else ("gate_proj", "up_proj")
+        if len(pieces) != cfg.num_experts * len(parts):
+            problems.append(f"missing experts of {canonical}")
+    if layers == 0:
+        problems.insert(0, "no mtp.layers.N decoder layer")
+    if problems:
+        plan.set_aside["mtp"] = sorted(mtp)
+        plan.drafter_note = f"the mtp.* weights do not make a whole drafter ({_names(problems)})"
+        return
+    plan.drafter_direct, plan.drafter_experts, plan.drafter_expected = direct, experts, expected
+    plan.drafter_layers = layers
+    plan.drafter_note = f"a drafter of {layers} multi-token-prediction layer(s)"
 
 
 def _missing(cfg: ModelConfig, expected: dict, plan: LoadPlan, files: WeightFiles) -> list[str]:
@@ -247,11 +309,24 @@ class LoadedCheckpoint:
     structural_hash: str
     model_dir: Path
     device: str
+    # the multi-token-prediction head: its layer count when the checkpoint holds a whole one (else 0),
+    # what was found, and its tensors (canonical ``mtp.*`` names) when they were asked for
+    drafter_layers: int = 0
+    drafter_note: str = "the checkpoint has no mtp.* weights"
+    drafter_tensors: dict[str, "torch.Tensor"] = field(default_factory=dict)
+
+    @property
+    def has_drafter(self) -> bool:
+        """The checkpoint holds a whole multi-token-prediction head (loaded or not)."""
+        return self.drafter_layers > 0
 
 
 def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str = "cpu",
-                    progress: bool | None = None) -> LoadedCheckpoint:
-    """Read, check and convert a checkpoint; see the module docstring for the layouts."""
+                    progress: bool | None = None, drafter: bool = True) -> LoadedCheckpoint:
+    """Read, check and convert a checkpoint; see the module docstring for the layouts.
+
+    ``drafter``: read the multi-token-prediction head's tensors too (when the checkpoint has a
+    whole one); without it the head is checked from the headers and left on disk."""
     import torch
 
     model_dir = Path(model_dir)
@@ -267,7 +342,12 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
     if files is None:
         raise CheckpointError(f"{model_dir}: no weights ({SINGLE_FILE} or {INDEX_FILE})")
     plan = plan_load(cfg, read_inventory(files), files)
-    tensors = _read_tensors(cfg, plan, getattr(torch, dtype_name), dev, progress)
+    tensors = _read_tensors(cfg, plan.direct, plan.experts, expected_tensors(cfg),
+                            getattr(torch, dtype_name), dev, progress, "weights")
+    head = {}
+    if drafter and plan.drafter_count:
+        head = _read_tensors(cfg, plan.drafter_direct, plan.drafter_experts, plan.drafter_expected,
+                                getattr(torch, dtype_name), dev, progress, "drafter weights")
     meta = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()}
     return LoadedCheckpoint(
         config=cfg,
@@ -278,27 +358,31 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
         structural_hash=structural_hash(cfg, meta),
         model_dir=model_dir,
         device=str(dev),
+        drafter_layers=plan.drafter_layers,
+        drafter_note=plan.drafter_note,
+        drafter_tensors=head,
     )
 
 
-def _read_tensors(cfg: ModelConfig, plan: LoadPlan, dtype: "torch.dtype", device: "torch.device",
-                  progress: bool | None) -> dict[str, "torch.Tensor"]:
+def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict, dtype: "torch.dtype",
+                  device: "torch.device", progress: bool | None, what: str) -> dict[str, "torch.Tensor"]:
+    """Read ``direct`` tensors and stack ``experts`` pieces; -> every name of ``expected``."""
     import torch
     from safetensors import SafetensorError, safe_open
     from tqdm import tqdm
 
-    expected = expected_tensors(cfg)
     by_file: dict[Path, list[tuple[str, str, int, str]]] = {}
-    for canonical, (path, name) in plan.direct.items():
+    for canonical, (path, name) in direct.items():
         by_file.setdefault(path, []).append((canonical, name, -1, ""))
-    for canonical, pieces in plan.experts.items():
+    for canonical, pieces in experts.items():
         for (e, part), (path, name) in pieces.items():
             by_file.setdefault(path, []).append((canonical, name, e, part))
 
     out: dict[str, torch.Tensor] = {}
     inter = cfg.moe_intermediate_size
     show = sys.stderr.isatty() if progress is None else progress
-    with tqdm(total=plan.tensor_count, desc="loading weights", unit="tensor",
+    total = len(direct) + sum(len(p) for p in experts.values())
+    with tqdm(total=total, desc=f"loading {what}", unit="tensor",
               disable=not show, file=sys.stderr) as bar:
         for path in sorted(by_file):
             try:

@@ -67,7 +67,7 @@ def keeps_float32(name: str) -> bool:
 
 
 # ----- expected inventory ----------------------------------------------------
-def _attention(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+def attention_tensors(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     h, d = cfg.hidden_size, cfg.head_dim
     q_out, kv_out = cfg.num_heads * d, cfg.num_kv_heads * d
     out = {
@@ -112,7 +112,7 @@ def _linear_attention(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _dense_mlp(h: int, inter: int, p: str) -> dict[str, tuple[int, ...]]:
+def dense_mlp_tensors(h: int, inter: int, p: str) -> dict[str, tuple[int, ...]]:
     return {
         f"{p}.gate_proj.weight": (inter, h),
         f"{p}.up_proj.weight": (inter, h),
@@ -120,14 +120,14 @@ def _dense_mlp(h: int, inter: int, p: str) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _moe_mlp(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+def moe_mlp_tensors(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     h, e, i = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     out = {
         f"{p}.gate.weight": (e, h),
         f"{p}.experts.gate_up_proj": (e, 2 * i, h),
         f"{p}.experts.down_proj": (e, h, i),
     }
-    out.update(_dense_mlp(h, cfg.shared_expert_intermediate_size, f"{p}.shared_expert"))
+    out.update(dense_mlp_tensors(h, cfg.shared_expert_intermediate_size, f"{p}.shared_expert"))
     out[f"{p}.shared_expert_gate.weight"] = (1, h)
     return out
 
@@ -140,14 +140,14 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"layers.{n}"
         out[f"{p}.input_layernorm.weight"] = (h,)
         if kind == "full_attention":
-            out.update(_attention(cfg, f"{p}.self_attn"))
+            out.update(attention_tensors(cfg, f"{p}.self_attn"))
         else:
             out.update(_linear_attention(cfg, f"{p}.linear_attn"))
         out[f"{p}.post_attention_layernorm.weight"] = (h,)
         if cfg.is_moe_layer(n):
-            out.update(_moe_mlp(cfg, f"{p}.mlp"))
+            out.update(moe_mlp_tensors(cfg, f"{p}.mlp"))
         else:
-            out.update(_dense_mlp(h, cfg.intermediate_size, f"{p}.mlp"))
+            out.update(dense_mlp_tensors(h, cfg.intermediate_size, f"{p}.mlp"))
     out["norm.weight"] = (h,)
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, h)

@@ -60,9 +60,13 @@ def layer_types(pattern: str, num_layers: int) -> list[str]:
 
 def make_checkpoint(tmpdir: str | Path, family: str, layer_pattern: str = "interval4", tie: bool = False,
                     multimodal: bool = False, dtype: str = "float32", *, num_layers: int = 4,
-                    max_shard_size: str | None = None, mtp: bool = False, seed: int = 0,
+                    max_shard_size: str | None = None, mtp: bool | str = False, seed: int = 0,
                     config_overrides: dict | None = None) -> Checkpoint:
-    """Build, save and return a tiny random checkpoint in a fresh subdirectory of ``tmpdir``."""
+    """Build, save and return a tiny random checkpoint in a fresh subdirectory of ``tmpdir``.
+
+    ``mtp``: False, True (two stray ``mtp.*`` tensors, not a whole head: set aside) or
+    ``"full"`` (a whole random multi-token-prediction head, ``tests.engine.mtp_reference``,
+    and its layer count in config.json)."""
     import torch
 
     if family not in FAMILIES:
@@ -81,14 +85,19 @@ def make_checkpoint(tmpdir: str | Path, family: str, layer_pattern: str = "inter
 
     slug = "-".join([family, layer_pattern, f"L{num_layers}", "tied" if tie else "untied",
                      "mm" if multimodal else "text", dtype, f"shard{max_shard_size}" if max_shard_size else "one",
-                     "mtp" if mtp else "nomtp", f"s{seed}"])
+                     {True: "mtp", "full": "mtpfull"}.get(mtp, "nomtp"), f"s{seed}"])
     if config_overrides:
         slug += "-" + hashlib.sha1(repr(sorted(config_overrides.items())).encode()).hexdigest()[:10]
     out = Path(tmpdir) / slug
     out.mkdir(parents=True, exist_ok=False)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **kwargs)
-    if mtp:
+    if mtp == "full":
+        from tests.engine.mtp_reference import random_head
+
+        head = random_head(family, text, seed + 7)
+        write_mtp(out, head.checkpoint_tensors(text.get("num_experts", 0)), family, getattr(torch, dtype))
+    elif mtp:
         _add_fake_mtp(out, getattr(torch, dtype))
     return Checkpoint(out, model)
 
@@ -127,6 +136,33 @@ def _add_fake_mtp(out: Path, dtype) -> None:
     index = json.loads(index_path.read_text())
     index["weight_map"].update({name: "model-mtp.safetensors" for name in fake})
     index_path.write_text(json.dumps(index, indent=2))
+
+
+def write_mtp(out: Path, tensors: dict, family: str, dtype) -> None:
+    """Write a whole head's ``mtp.*`` tensors next to the target's (replacing earlier ones) and its
+    layer count into config.json."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.engine.mtp_reference import MTP_CONFIG_KEY
+
+    tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
+    single = out / "model.safetensors"
+    if single.is_file():
+        kept = {k: v for k, v in load_file(single).items() if not k.startswith("mtp.")}
+        save_file({**kept, **tensors}, single, metadata={"format": "pt"})
+    else:
+        save_file(tensors, out / "model-mtp.safetensors", metadata={"format": "pt"})
+        index_path = out / "model.safetensors.index.json"
+        index = json.loads(index_path.read_text())
+        index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
+        index["weight_map"].update({name: "model-mtp.safetensors" for name in tensors})
+        index_path.write_text(json.dumps(index, indent=2))
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    (config.get("text_config") or config)[MTP_CONFIG_KEY[family]] = 1
+    config_path.write_text(json.dumps(config, indent=2))
 
 
 def canonical_state_dict(model) -> dict:

@@ -234,6 +234,21 @@ def test_stamp_mismatch_is_refused_before_anything_moves():
     store.release_all()
 
 
+def test_an_entry_made_without_the_drafter_is_refused_with_it():
+    """--speculative-tokens changes only the stamp's drafter bit: still refused before anything moves."""
+    pool, store = make(stamp="model-a:bf16:drafter=0")
+    seq = live_seq(pool, 100)
+    store.capture(toks(90), seq, 0, "prompt_checkpoint", "interactive", True)
+    round_applied(store)
+    refs = [pool.refcount(p) for p in range(4)]
+    store.stamp = "model-a:bf16:drafter=1"
+    assert store.lookup(toks(95)) is None
+    assert store.stamp_refusals == 1
+    assert [pool.refcount(p) for p in range(4)] == refs
+    seq.release()
+    store.release_all()
+
+
 def test_disabled_store_does_nothing():
     pool, store = make(enabled=False)
     seq = live_seq(pool, 100)

@@ -89,3 +89,15 @@ def test_use_after_release_raises():
     with pytest.raises(RuntimeError, match="after release"):
         seq.ensure_capacity(1)
     pool.integrity_check()
+
+
+def test_shrink_to_gives_back_the_pages_past_a_length():
+    pool = PagePool(8)
+    seq = SequencePages(pool, "s")
+    seq.ensure_capacity(130)  # three pages: rejected draft positions reached into the third
+    assert seq.shrink_to(129) == []  # position 128 still needs the third page
+    assert seq.shrink_to(100) == [2]
+    assert seq.pages == (0, 1) and seq.num_tokens == 100 and pool.num_free == 6
+    pool.integrity_check()
+    seq.release()
+    assert pool.num_free == 8

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
+import time
 
 from ignis.engine.metrics import EngineMetrics
 from ignis.engine.sampling import TokenLogprobs
+from ignis.engine.schedule import RoundResult
 from ignis.engine.token_streams import TokenStreams, Tracked
 from ignis.shared.wire import TokenBatch
 
@@ -35,7 +36,7 @@ def test_a_non_finite_logprob_ends_only_its_request():
     streams = TokenStreams(chan, EngineMetrics("m"))
     for rid in ("good", "bad", "plain"):
         streams.tracked[rid] = Tracked(peer=b"gw", request_class="interactive", prompt_tokens=4, arrived=0.0)
-    result = SimpleNamespace(tokens={"good": 5, "bad": 6, "plain": 7})
+    result = RoundResult(tokens={"good": 5, "bad": 6, "plain": 7})
     logprobs = {"good": TokenLogprobs(-0.5, [(5, -0.5), (9, -1.5)]),
                 "bad": TokenLogprobs(math.nan, [(6, math.nan)])}
     streams.send_tokens(result, logprobs, sched)
@@ -45,3 +46,25 @@ def test_a_non_finite_logprob_ends_only_its_request():
     assert peer == b"gw" and isinstance(batch, TokenBatch)
     assert [(s.id, s.token_ids) for s in batch.streams] == [("good", (5,)), ("plain", (7,))]
     assert batch.streams[0].logprobs.logprobs == (-0.5,)
+
+
+def test_speculative_steps_stream_their_tokens_and_count_drafts(caplog):
+    from ignis.engine.schedule import FinishEvent
+
+    chan, sched = Channel(), Scheduler()
+    metrics = EngineMetrics("m")
+    streams = TokenStreams(chan, metrics)
+    now = time.monotonic()
+    streams.tracked["a"] = Tracked(peer=b"gw", request_class="interactive", prompt_tokens=4, arrived=now,
+                                   admitted=now)
+    streams.send_tokens(RoundResult(tokens={"a": 5}, extra={"a": [6, 7]}, drafted={"a": 3}), {}, sched)
+    streams.send_tokens(RoundResult(tokens={"a": 8}, extra={"a": []}, drafted={"a": 2}), {}, sched)
+    assert [s.token_ids for _, b in chan.sent for s in b.streams] == [(5, 6, 7), (8,)]
+    value = metrics.registry.get_sample_value
+    assert value("ignis:spec_decode_num_drafts_total", {"model_name": "m"}) == 2
+    assert value("ignis:spec_decode_num_draft_tokens_total", {"model_name": "m"}) == 5
+    assert value("ignis:spec_decode_num_accepted_tokens_total", {"model_name": "m"}) == 2
+    assert value("ignis:spec_decode_num_accepted_tokens_per_pos_total", {"model_name": "m", "position": "1"}) == 1
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("a", "length", 4, 4), "m")
+    assert '"spec":{"drafted":5,"accepted":2,"accept_rate_per_pos":[0.5,0.5,0.0]}' in caplog.text

@@ -1,0 +1,117 @@
+"""A round with speculation on: the drafts, one verify forward for everything, then acceptance.
+
+``forward`` replaces the runner's plain forward: the lanes that draft
+(``engine.spec_decode``) become chunks of 1 + k positions, the other decodes
+and the prefill chunks are as before, and the one forward returns the
+logits of the round's sampled rows (in ``plan.sampled_ids()`` order, which
+the runner samples as always: a lane's first row gives its first token) and
+of every drafted position. ``finish`` runs after the runner sampled: greedy
+acceptance per lane (rejection sampling for sampled requests, whose first
+token it draws anew: ``engine.spec_sampling``), rollback of the lanes that
+rejected a draft, and the rows the head takes in next round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.schedule import RoundPlan
+from ignis.engine.spec_decode import DraftAsk, HeadCatchUp, SpecDecoder, accepted_count
+from ignis.engine.spec_sampling import processed_probs, verify_sampled
+
+
+@dataclass
+class SpecRound:
+    logits: torch.Tensor  # [S, vocab]: the sampled rows, in plan.sampled_ids() order
+    hidden: torch.Tensor  # [T, hidden]: final-normed hidden states of every token of the forward
+    first_row: dict[str, int]  # req_id -> its chunk's first row in the forward
+    drafts: dict[str, list[int]]  # lanes that drafted
+    verify: dict[str, torch.Tensor] = field(default_factory=dict)  # req_id -> logits of rows 1 .. k
+    saved: tuple | None = None  # pre-verify state of the drafting lanes (SpecDecoder.snapshot)
+    saved_lanes: list[int] = field(default_factory=list)
+    takes: set[str] = field(default_factory=set)  # requests whose rows the head keeps
+    linear_inputs: dict = field(default_factory=dict)  # layer -> its input [T, hidden] (for the rollback)
+    sampled_row: dict[str, int] = field(default_factory=dict)  # req_id -> its row in ``logits``
+
+
+def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: dict, device) -> SpecRound:
+    """Draft, then run the one verify forward of the round. ``samplers``: req_id -> SamplerState."""
+    taking = {d.req_id for d in plan.decodes if takes(d.req_id)} | {c.req_id for c in plan.prefills
+                                                                    if takes(c.req_id)}
+    asks = [DraftAsk(d.req_id, d.lane, d.position, d.token_id, d.pages, d.room,
+                     None if samplers[d.req_id].greedy else samplers[d.req_id])
+            for d in plan.decodes if d.req_id in taking]
+    catch_ups = [HeadCatchUp(c.lane, c.start, c.token_ids[0], c.pages) for c in plan.prefills
+                 if c.req_id in taking]
+    drafts = spec.draft(asks, catch_ups)
+    plain = [d for d in plan.decodes if not drafts.get(d.req_id)]
+    drafted = [d for d in plan.decodes if drafts.get(d.req_id)]
+    chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane) for d in plain]
+    chunks += [SeqChunk([d.token_id, *drafts[d.req_id]], d.position, list(d.pages), d.lane) for d in drafted]
+    chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last) for c in plan.prefills]
+    first_row, row = {}, 0
+    for rid, c in zip([d.req_id for d in plain] + [d.req_id for d in drafted] + [c.req_id for c in plan.prefills],
+                      chunks):
+        first_row[rid] = row
+        row += len(c.tokens)
+    sampled = [first_row[d.req_id] for d in plan.decodes]
+    sampled += [first_row[c.req_id] + c.num_tokens - 1 for c in plan.prefills if c.is_last]
+    verify_rows = [first_row[d.req_id] + i for d in drafted for i in range(1, 1 + len(drafts[d.req_id]))]
+    batch = ForwardBatch.build(chunks, device)
+    batch.logits_indices = torch.tensor(sampled + verify_rows, dtype=torch.int64, device=batch.input_ids.device)
+    rnd = SpecRound(logits=None, hidden=None, first_row=first_row, drafts={d.req_id: drafts[d.req_id]
+                                                                           for d in drafted}, takes=taking,
+                    sampled_row={d.req_id: i for i, d in enumerate(plan.decodes)})
+    if drafted:
+        rnd.saved_lanes = [d.lane for d in drafted]
+        rnd.saved = spec.snapshot(rnd.saved_lanes)
+    logits, rnd.hidden = model.forward_hidden(batch, state, rnd.linear_inputs if drafted else None)
+    rnd.logits = logits[: len(sampled)]
+    at = len(sampled)
+    for d in drafted:
+        k = len(drafts[d.req_id])
+        rnd.verify[d.req_id] = logits[at: at + k]
+        at += k
+    return rnd
+
+
+def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str, int],
+           errors: dict[str, str], samplers: dict) -> dict[str, list[int]]:
+    """Acceptance, rollback and the head's next rows; -> the accepted tokens after each first token
+    (a list for every lane that drafted, empty when it took none). A sampled lane that drafted gets its
+    first token (``tokens``) from the rejection sampling too."""
+    extra: dict[str, list[int]] = {}
+    redo = []
+    for d in plan.decodes:
+        rid = d.req_id
+        if rid not in rnd.takes:
+            continue
+        drafts = rnd.drafts.get(rid, [])
+        st = samplers.get(rid)
+        if drafts and rid not in errors and st is not None and not st.greedy:
+            rows = [rnd.logits[rnd.sampled_row[rid]], *rnd.verify[rid]]
+            ps = [processed_probs(r.float(), st.params, spec.workspace, spec.vocab_limit) for r in rows]
+            targets = verify_sampled(ps, spec.draft_probs[rid], drafts, st.generator)
+            tokens[rid] = targets[0]
+            n = len(targets) - 1
+        else:
+            targets = [tokens[rid]] + (spec.argmax(rnd.verify[rid]) if drafts else [])
+            n = 0 if rid in errors else accepted_count(drafts, targets)
+        if drafts:
+            extra[rid] = targets[1: n + 1]
+            if n < len(drafts):
+                redo.append((SeqChunk([d.token_id, *drafts[:n]], d.position, list(d.pages), d.lane),
+                             rnd.first_row[rid]))
+        row = rnd.first_row[rid]
+        spec.keep(d.lane, d.position, rnd.hidden[row: row + n + 1].clone(), targets[: n + 1])
+    spec.rollback(rnd.saved_lanes, rnd.saved, redo, rnd.linear_inputs)
+    for c in plan.prefills:
+        if c.req_id not in rnd.takes:
+            continue
+        row = rnd.first_row[c.req_id]
+        after = list(c.token_ids[1:]) + ([tokens[c.req_id]] if c.is_last else [])
+        spec.keep(c.lane, c.start, rnd.hidden[row: row + c.num_tokens].clone(), after)
+    return extra

@@ -1,0 +1,85 @@
+"""Rejection sampling (engine.spec_sampling): tokens generated with drafts keep the model's distribution."""
+
+from __future__ import annotations
+
+import torch
+
+from ignis.engine.spec_sampling import draw_from, processed_probs, verify_sampled
+from ignis.engine.sampling_steps import SamplerWorkspace
+from ignis.shared.sampling import SamplingParams
+
+V = 4
+CHI2_DF15_P001 = 37.70  # chi-square quantile: 15 degrees of freedom, p = 0.001
+
+
+def toy(seed: int):
+    """A two-token 'model' over V ids: p0, p1[t0]; a drafter unlike it: q0, q1[d0]."""
+    g = torch.Generator().manual_seed(seed)
+
+    def dist(*shape):
+        return torch.softmax(torch.randn(*shape, V, generator=g, dtype=torch.float64) * 1.5, -1)
+
+    return dist(), dist(V), dist(), dist(V)
+
+
+def two_tokens(p0, p1, q0, q1, k: int, gen: torch.Generator) -> tuple[int, int]:
+    """Generate two tokens the way the engine does: steps of k drafts (k = 0: plain draws)."""
+    if k == 0:
+        t0 = draw_from(p0, gen)
+        return t0, draw_from(p1[t0], gen)
+    d0 = draw_from(q0, gen)
+    drafts, qs = [d0], [q0]
+    if k > 1:
+        drafts.append(draw_from(q1[d0], gen))
+        qs.append(q1[d0])
+    ps = [p0, p1[d0], p1[d0]][: len(drafts) + 1]  # the bonus row past two tokens is never used here
+    out = verify_sampled(ps, qs, drafts, gen)
+    if len(out) >= 2:
+        return out[0], out[1]
+    t0 = out[0]  # the step ended at one token: the next step drafts from t0's context
+    d1 = draw_from(q1[t0], gen)
+    return t0, verify_sampled([p1[t0], p1[t0]], [q1[t0]], [d1], gen)[0]
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_two_token_joint_distribution_is_the_models_for_k_1_and_2():
+    p0, p1, q0, q1 = toy(3)
+    joint = (p0[:, None] * p1).flatten()
+    n = 4000
+    for k in (1, 2):
+        gen = torch.Generator().manual_seed(100 + k)
+        counts = torch.zeros(V * V, dtype=torch.float64)
+        for _ in range(n):
+            a, b = two_tokens(p0, p1, q0, q1, k, gen)
+            counts[a * V + b] += 1
+        assert chi_square(counts, joint) < CHI2_DF15_P001, (k, counts.tolist())
+
+
+def test_a_biased_verifier_fails_the_same_check():
+    """The check has teeth: always keeping the draft gives the drafter's distribution, which it rejects."""
+    p0, p1, q0, q1 = toy(3)
+    joint = (p0[:, None] * p1).flatten()
+    gen = torch.Generator().manual_seed(7)
+    counts = torch.zeros(V * V, dtype=torch.float64)
+    for _ in range(4000):
+        a = draw_from(q0, gen)
+        counts[a * V + draw_from(q1[a], gen)] += 1
+    assert chi_square(counts, joint) > CHI2_DF15_P001
+
+
+def test_same_seed_same_tokens():
+    p0, p1, q0, q1 = toy(5)
+    runs = [[two_tokens(p0, p1, q0, q1, 2, torch.Generator().manual_seed(11)) for _ in range(3)] for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_processed_probs_follow_the_requests_filters():
+    ws = SamplerWorkspace(6)
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, 5.0])
+    p = processed_probs(logits, SamplingParams(temperature=0.5, top_k=2), ws, vocab_limit=5)
+    assert p[5] == 0 and set(torch.nonzero(p).flatten().tolist()) == {0, 1}
+    assert abs(float(p[0] / p[1]) - float(torch.exp(torch.tensor(2.0)))) < 1e-6
