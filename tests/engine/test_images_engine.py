@@ -44,6 +44,7 @@ class ImageEngine:
         self.first_logits: dict[str, torch.Tensor] = {}
         self.chunk_ends: list[int] = []
         self.preempted: list[str] = []
+        self.mixed_rounds = 0  # rounds with decode steps and prefill chunks together
 
     def submit(self, rid: str, prompt: list[int], images: list[ImageInput], max_tokens: int = MAX_TOKENS):
         req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
@@ -58,6 +59,7 @@ class ImageEngine:
                     return
                 continue
             self.chunk_ends += [c.end for c in plan.prefills]
+            self.mixed_rounds += bool(plan.decodes and plan.prefills)
             result, _ = self.runner.run(plan)
             for rid, row in self.runner.last_logits.items():
                 self.first_logits.setdefault(rid, row.clone())
@@ -192,3 +194,21 @@ def test_images_that_do_not_match_the_prompt_are_refused(vlm):
     short = [t for i, t in enumerate(prompt) if not (t == PAD and i == prompt.index(PAD))]
     assert "placeholder" in eng.submit("short", short, [image]).message
     assert eng.submit("ok", prompt, [image]) is None
+
+
+def test_two_image_requests_batched_with_decodes(vlm):
+    """Both prompts in one engine: their chunks share rounds, and one decodes while the other prefills."""
+    ckpt, model = vlm
+    vcfg = _resize_config(model)
+    factor = vcfg.patch_size * vcfg.spatial_merge_size
+    eng = ImageEngine(model, budget=13)
+    want = {}
+    for name, seed in (("one", 1), ("three", 3)):
+        pictures = [picture(h, w, seed=i) for i, (h, w) in enumerate(SETS[name])]
+        images = [resized_input(vcfg, p) for p in pictures]
+        prompt = _prompt(images, factor, seed=seed)
+        want[name] = _reference(ckpt, vcfg, prompt, pictures)[0]
+        assert eng.submit(name, prompt, images) is None
+    eng.run()
+    assert eng.tokens == want
+    assert eng.mixed_rounds > 0
