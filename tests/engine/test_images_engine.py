@@ -32,23 +32,28 @@ TOL = 1e-5
 class ImageEngine:
     """Schedule, run, update until every request ends (no sockets), for a model with a vision tower."""
 
-    def __init__(self, model, budget: int = 4096, pages: int = 16, lanes: int = 2, cache_bytes: int = 1 << 20):
+    def __init__(self, model, budget: int = 4096, pages: int = 16, lanes: int = 2, cache_bytes: int = 1 << 20,
+                 reuse: bool = False):
         vcfg = _resize_config(model)
         self.sched = Scheduler(SchedulerConfig(
             decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64, max_prefill_tokens_per_round=budget,
             image_token_id=vcfg.image_token_id, image_factor=vcfg.patch_size * vcfg.spatial_merge_size),
-            host_slots=0, reuse=False)
+            host_slots=4 if reuse else 0, reuse=reuse)
         state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32, fill=float("nan"))
+        state.allocate_slots(0, 4 if reuse else 0)
         self.runner = ModelRunner(model, state, image_cache_bytes=cache_bytes)
         self.tokens: dict[str, list[int]] = {}
         self.first_logits: dict[str, torch.Tensor] = {}
         self.chunk_ends: list[int] = []
         self.preempted: list[str] = []
+        self.finished = {}
         self.mixed_rounds = 0  # rounds with decode steps and prefill chunks together
 
-    def submit(self, rid: str, prompt: list[int], images: list[ImageInput], max_tokens: int = MAX_TOKENS):
+    def submit(self, rid: str, prompt: list[int], images: list[ImageInput], max_tokens: int = MAX_TOKENS,
+               opener_start: int | None = None):
         req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-                      images=tuple(images))
+                      images=tuple(images), opener_start=opener_start,
+                      must_cut_at=(opener_start,) if opener_start else ())
         return self.sched.add(req)
 
     def run(self, preempt_after: int | None = None):
@@ -66,6 +71,7 @@ class ImageEngine:
             for rid, tok in result.tokens.items():
                 self.tokens.setdefault(rid, []).append(tok)
             for ev in self.sched.update(result):
+                self.finished[ev.req_id] = ev
                 self.runner.release(ev.req_id)
             if preempt_after is not None and step == preempt_after:
                 from ignis.engine.preemption import preempt
@@ -212,3 +218,27 @@ def test_two_image_requests_batched_with_decodes(vlm):
     eng.run()
     assert eng.tokens == want
     assert eng.mixed_rounds > 0
+
+
+@pytest.mark.parametrize("where", ["inside", "after"])
+def test_resume_from_a_checkpoint_inside_or_after_an_image(vlm, where):
+    """A retained checkpoint captured inside the image (or after it) resumes a second request: its
+    positions come from the layout, not from running state, and the image is not encoded again."""
+    ckpt, model = vlm
+    vcfg = _resize_config(model)
+    factor = vcfg.patch_size * vcfg.spatial_merge_size
+    pictures = [picture(17, 64, seed=1)]
+    images = [resized_input(vcfg, p) for p in pictures]
+    prompt = _prompt(images, factor, seed=4)
+    (start, n), = _spans(prompt)
+    mark = start + n // 2 if where == "inside" else start + n + 2
+    want_tokens, want_logits, _ = _reference(ckpt, vcfg, prompt, pictures)
+    eng = ImageEngine(model, reuse=True)
+    assert eng.submit("first", prompt, images, opener_start=mark) is None
+    eng.run()
+    assert eng.submit("again", prompt, images, opener_start=mark) is None
+    eng.run()
+    assert eng.finished["again"].cached_tokens == mark
+    assert eng.tokens["first"] == eng.tokens["again"] == want_tokens
+    assert _rel(eng.first_logits["again"], want_logits) < TOL
+    assert eng.runner.images.encoded == 1
