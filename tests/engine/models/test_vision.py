@@ -67,3 +67,17 @@ def test_tower_equals_transformers(checkpoint_factory):
     for a, b in zip(got, ref):
         assert a.shape == b.shape == (b.shape[0], 64)
         assert (a - b).norm() / b.norm() < 1e-5
+
+
+def test_mrope_tables_equal_the_plain_ones_on_text():
+    from ignis.engine.models.layers import PartialRotary
+
+    rot = PartialRotary(16, 10000.0)
+    pos = torch.arange(50) * 7
+    plain = rot.cos_sin(pos, torch.float32)
+    mixed = rot.mrope_cos_sin(pos.expand(3, -1), (3, 3, 2), torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(plain, mixed))
+    h_only = torch.stack([pos, pos + 1, pos])
+    cos, _ = rot.mrope_cos_sin(h_only, (3, 3, 2), torch.float32)
+    changed = (cos != plain[0]).any(0).nonzero().flatten().tolist()
+    assert changed == [1, 4, 7, 9, 12, 15]  # the h frequencies, in both halves
