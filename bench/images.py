@@ -84,7 +84,6 @@ def encode_ms(tower, side: int, repeats: int) -> float:
 
 def conversation_hit_ratio(vcfg, device: str, turns: int = 10) -> tuple[float, int]:
     """(encoder-cache hit ratio, images encoded) over a ``turns``-turn conversation re-sending its history."""
-    from ignis.engine.image_layout import image_layout  # noqa: F401 - the scheduler's matching, used below
     from ignis.engine.models.config import config_from_dict
     from ignis.engine.models.hybrid import HybridModel
     from ignis.engine.models.state import ModelState

@@ -70,17 +70,14 @@ def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str
 
 def vision_structure(cfg: VisionConfig, tensors: dict[str, "torch.Tensor"]) -> dict:
     """What the stamp covers of a loaded tower: config, tensor table, and a digest of the values."""
+    import torch
+
     h = hashlib.blake2b(digest_size=16, person=b"ignis-vision")
     table = []
     for name in sorted(tensors):
         t = tensors[name]
         table.append([name, list(t.shape), str(t.dtype).removeprefix("torch.")])
         h.update(name.encode())
-        h.update(t.detach().contiguous().view(-1).view(dtype=_byte_dtype()).cpu().numpy().tobytes())
+        h.update(t.detach().contiguous().view(-1).view(dtype=torch.uint8).cpu().numpy().tobytes())
     return {"config": dataclasses.asdict(cfg), "tensors": table, "values": h.hexdigest()}
 
-
-def _byte_dtype():
-    import torch
-
-    return torch.uint8

@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
