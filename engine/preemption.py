@@ -61,7 +61,7 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
             room -= 1  # drafts never take pages a plain step would need, nor preempt for them
         req.page_table.ensure_capacity(position + 1 + room)
         plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position),
-                                       req.page_table.pages, room))
+                                       req.page_table.pages, room, req.rope_delta))
         scheduled.add(req.req_id)
 
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ignis.engine.image_layout import ImageLayout
 from ignis.engine.sequence_pages import SequencePages
+from ignis.shared.image_input import ImageInput
 from ignis.shared.sampling import SamplingParams
 from ignis.shared.wire import REQUEST_CLASSES, Generate
 from ignis.shared.wire_fields import check_choice, check_str, check_token_ids
@@ -73,6 +75,8 @@ class Request:
     cache_family: str | None = None  # the client's prompt_cache_key family (a ranking hint, engine.reuse.store)
     must_cut_at: tuple[int, ...] = ()
     """Token indices a prefill chunk may end at but never cross (sorted, in 1 .. len(prompt))."""
+    images: tuple[ImageInput, ...] = ()
+    """Resized pictures, in prompt order, one per run of image placeholder tokens."""
 
     # ----- owned by the scheduler ------------------------------------------------
     arrival: int = field(default=-1, init=False)
@@ -97,6 +101,14 @@ class Request:
     shortfall: str = field(default="none", init=False)  # why it reused less than it shares (engine.reuse.shortfall)
     restore_rejected: int = field(default=0, init=False)  # its restores refused for non-finite bytes (recomputed)
     evicted: object = field(default=None, init=False, repr=False)  # eviction.Evicted while its state is below
+    image_layout: ImageLayout | None = field(default=None, init=False, repr=False)
+    """Where ``images`` sit in the prompt (set when the scheduler accepts the request); every position
+    of the request follows from it and the token index, so no resume path needs more."""
+
+    @property
+    def rope_delta(self) -> int:
+        """Rotary position minus token index of decode steps (0 for a text prompt)."""
+        return self.image_layout.delta if self.image_layout is not None else 0
 
     def __post_init__(self):
         check_str("req_id", self.req_id, 256, allow_empty=False)
@@ -110,6 +122,9 @@ class Request:
         if any(type(c) is not int or not 0 < c <= len(self.prompt_ids) for c in cuts):
             raise ValueError(f"request {self.req_id}: cut points must be in 1..{len(self.prompt_ids)}, got {cuts}")
         self.must_cut_at = tuple(sorted(set(cuts)))
+        self.images = tuple(self.images)
+        if any(not isinstance(im, ImageInput) for im in self.images):
+            raise TypeError(f"request {self.req_id}: images must be ImageInput")
 
     @classmethod
     def from_generate(cls, msg: Generate, page_tokens: int) -> Request:

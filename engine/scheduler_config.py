@@ -23,6 +23,10 @@ class SchedulerConfig:
     eos_token_ids: tuple[int, ...] = field(default=(), metadata=field_doc("the model's end tokens", cli=False))
     speculative_tokens: int = field(default=0, metadata=field_doc(
         "draft positions each decode may verify past its own (0: no speculation)", cli=False))
+    image_token_id: int | None = field(default=None, metadata=field_doc(
+        "the model's image placeholder token (None: the model takes no images)", cli=False))
+    image_factor: int = field(default=32, metadata=field_doc(
+        "pixels per image placeholder token along each side (patch size x merge size)", cli=False))
 
     def __post_init__(self):
         for name, flag in (("decode_lanes", "--decode-lanes"), ("num_pages", "num_pages"),

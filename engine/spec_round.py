@@ -37,8 +37,11 @@ class SpecRound:
     sampled_row: dict[str, int] = field(default_factory=dict)  # req_id -> its row in ``logits``
 
 
-def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: dict, device) -> SpecRound:
-    """Draft, then run the one verify forward of the round. ``samplers``: req_id -> SamplerState."""
+def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: dict, device,
+            prefill_chunks: list[SeqChunk]) -> SpecRound:
+    """Draft, then run the one verify forward of the round. ``samplers``: req_id -> SamplerState;
+    ``prefill_chunks``: the runner's chunks of ``plan.prefills`` (images and mRoPE positions in place).
+    A decode's positions carry its rotary offset (``rope_delta``: the shift a prompt's images leave)."""
     taking = {d.req_id for d in plan.decodes if takes(d.req_id)} | {c.req_id for c in plan.prefills
                                                                     if takes(c.req_id)}
     asks = [DraftAsk(d.req_id, d.lane, d.position, d.token_id, d.pages, d.room,
@@ -49,9 +52,10 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: d
     drafts = spec.draft(asks, catch_ups)
     plain = [d for d in plan.decodes if not drafts.get(d.req_id)]
     drafted = [d for d in plan.decodes if drafts.get(d.req_id)]
-    chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane) for d in plain]
-    chunks += [SeqChunk([d.token_id, *drafts[d.req_id]], d.position, list(d.pages), d.lane) for d in drafted]
-    chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last) for c in plan.prefills]
+    chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane, rope_offset=d.rope_delta) for d in plain]
+    chunks += [SeqChunk([d.token_id, *drafts[d.req_id]], d.position, list(d.pages), d.lane,
+                        rope_offset=d.rope_delta) for d in drafted]
+    chunks += prefill_chunks
     first_row, row = {}, 0
     for rid, c in zip([d.req_id for d in plain] + [d.req_id for d in drafted] + [c.req_id for c in plan.prefills],
                       chunks):
