@@ -26,6 +26,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ignis.engine.sequence_pages import SequencePages
+from ignis.shared.image_input import ImageInput
 from ignis.shared.sampling import SamplingParams
 from ignis.shared.wire import REQUEST_CLASSES, Generate
 from ignis.shared.wire_fields import check_choice, check_str, check_token_ids
@@ -73,6 +74,8 @@ class Request:
     cache_family: str | None = None  # the client's prompt_cache_key family (a ranking hint, engine.reuse.store)
     must_cut_at: tuple[int, ...] = ()
     """Token indices a prefill chunk may end at but never cross (sorted, in 1 .. len(prompt))."""
+    images: tuple[ImageInput, ...] = ()
+    """Resized pictures, in prompt order, one per run of image placeholder tokens."""
 
     # ----- owned by the scheduler ------------------------------------------------
     arrival: int = field(default=-1, init=False)
@@ -107,6 +110,9 @@ class Request:
         if any(type(c) is not int or not 0 < c <= len(self.prompt_ids) for c in cuts):
             raise ValueError(f"request {self.req_id}: cut points must be in 1..{len(self.prompt_ids)}, got {cuts}")
         self.must_cut_at = tuple(sorted(set(cuts)))
+        self.images = tuple(self.images)
+        if any(not isinstance(im, ImageInput) for im in self.images):
+            raise TypeError(f"request {self.req_id}: images must be ImageInput")
 
     @classmethod
     def from_generate(cls, msg: Generate, page_tokens: int) -> Request:
@@ -114,7 +120,7 @@ class Request:
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
-            part_end=msg.part_end, cache_family=msg.cache_family,
+            part_end=msg.part_end, cache_family=msg.cache_family, images=msg.images,
             must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens,
                                      msg.part_end),
         )
