@@ -103,8 +103,10 @@ COMPLETIONS = _obj({
 
 _INPUT_ITEM = _obj({"type": {"enum": ["message", "function_call", "function_call_output", "reasoning"]},
                     "role": {"enum": ["system", "developer", "user", "assistant"]},
-                    "content": {"oneOf": [_STR, {"type": "array", "items": _obj(
-                        {"type": {"enum": ["input_text", "output_text"]}, "text": _STR}, ("type", "text"))}]},
+                    "content": {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_obj(
+                        {"type": {"enum": ["input_text", "output_text"]}, "text": _STR}, ("type", "text")),
+                        _obj({"type": {"const": "input_image"}, "image_url": {"type": "string", "minLength": 1},
+                              "detail": {"enum": ["auto", "low", "high"]}}, ("type", "image_url"))]}}]},
                     "call_id": _STR, "name": _STR, "arguments": _STR, "output": _STR})
 _ITEMS = {"oneOf": [_STR, {"type": "array", "items": _INPUT_ITEM}]}
 

@@ -119,6 +119,16 @@ def test_the_image_url_may_be_a_plain_string(gw):
     assert len(gw.engine.generates[-1].images) == 1
 
 
+def test_responses_input_image_reaches_the_engine(gw):
+    reply = gw.post("/v1/responses", {"model": "vlm", "max_output_tokens": 2, "store": False, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                     {"type": "input_image", "image_url": data_url(PNG_64x96)}]}]})
+    assert reply.status == 200, reply.body
+    gen = gw.engine.generates[-1]
+    assert [(im.height, im.width) for im in gen.images] == [(64, 96)]
+    assert [n for _, n in _runs(gen.prompt_ids)] == [6]
+
+
 BAD = [
     ("corrupt_base64", [image_part("data:image/png;base64,@@@")], "base64 is corrupt"),
     ("not_an_image", [image_part(data_url(b"hello, world"))], "not a PNG, JPEG, WebP or GIF image"),
