@@ -53,6 +53,9 @@ class EngineConfig:
         "batch sizes 1, 2, 4, 8, 16, 24, ... N; larger and mixed rounds run eagerly (0: never; CPU: never)"))
     max_prefill_tokens_per_round: int = field(default=2048, metadata=field_doc(
         "prompt tokens prefilled per round, all requests together"))
+    image_cache_bytes: int = field(default=256 << 20, metadata=field_doc(
+        "models with a vision tower: bytes of recent image embeddings kept by image content, so a repeated "
+        "image is not encoded again (0: none kept)", parse=parse_bytes))
     max_queue: int = field(default=256, metadata=field_doc(
         "requests that may wait for a lane; past it new requests are refused (HTTP 429)"))
     max_model_len: int | None = field(default=None, metadata=field_doc(
@@ -132,7 +135,8 @@ class EngineConfig:
         if type(self.evict_window_pages) is not int or self.evict_window_pages < 1:
             raise ValueError(f"--evict-window-pages must be a positive integer, got {self.evict_window_pages!r}")
         for name, flag in (("reuse_device_slots", "--reuse-device-slots"),
-                           ("reuse_host_slots_per_lane", "--reuse-host-slots-per-lane")):
+                           ("reuse_host_slots_per_lane", "--reuse-host-slots-per-lane"),
+                           ("image_cache_bytes", "--image-cache-bytes")):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"{flag} must be an integer >= 0, got {value!r}")

@@ -110,7 +110,7 @@ class DecodeGraphs:
         for b, c in enumerate(chunks):
             pos = c.start
             host[0, b] = c.tokens[0]
-            host[1, b] = pos
+            host[1, b] = pos + c.rope_offset
             host[2, b] = pos + 1
             host[3, b] = c.slot
             host[4, b] = c.pages[pos // PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS

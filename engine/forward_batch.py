@@ -36,6 +36,13 @@ class SeqChunk:
     pages: list[int]
     slot: int
     sampled: bool = True
+    rope_offset: int = 0
+    """Rotary position minus token index of a text token here (mRoPE: the shift of earlier images)."""
+    mrope: tuple[list[int], list[int], list[int]] | None = None
+    """(t, h, w) rotary positions of each token, when image tokens are among them."""
+    embeds: tuple = ()
+    """(offset in the chunk, rows [n, hidden]): input embeddings that replace those of tokens
+    ``offset .. offset + n - 1`` (an image's embeddings over its placeholder tokens)."""
 
 
 @dataclass
@@ -51,6 +58,9 @@ class ForwardBatch:
     num_decodes: int
     num_tokens: int
     _prefill_cu: torch.Tensor | None = None  # prefill_cu_seqlens(), made once per batch
+    mrope_positions: torch.Tensor | None = None  # [3, T] int64 (t, h, w) when a chunk holds image tokens
+    embed_rows: torch.Tensor | None = None  # [E] int64, tokens whose input embedding is replaced
+    embed_values: torch.Tensor | None = None  # [E, hidden] their embeddings
 
     @property
     def num_seqs(self) -> int:
@@ -75,14 +85,23 @@ class ForwardBatch:
             if len(c.pages) * PAGE_TOKENS < end:
                 raise ValueError(f"page table of {len(c.pages)} pages cannot hold {end} tokens")
         ids, pos, slot_map, cu, lens, last = [], [], [], [0], [], []
+        mrope = [[], [], []] if any(c.mrope is not None for c in chunks) else None
+        embed_rows, embed_values = [], []
         max_pages = max(len(c.pages) for c in chunks)
         table = torch.zeros(len(chunks), max(max_pages, 1), dtype=torch.int32)
         for b, c in enumerate(chunks):
             n = len(c.tokens)
             ids.extend(c.tokens)
             positions = range(c.start, c.start + n)
-            pos.extend(positions)
+            pos.extend(range(c.start + c.rope_offset, c.start + c.rope_offset + n))
             slot_map.extend(c.pages[p // PAGE_TOKENS] * PAGE_TOKENS + p % PAGE_TOKENS for p in positions)
+            if mrope is not None:
+                rows = c.mrope if c.mrope is not None else (pos[-n:],) * 3
+                for dst, src in zip(mrope, rows):
+                    dst.extend(src)
+            for offset, values in c.embeds:
+                embed_rows.extend(range(cu[-1] + offset, cu[-1] + offset + values.shape[0]))
+                embed_values.append(values)
             cu.append(cu[-1] + n)
             lens.append(c.start + n)
             if c.sampled:
@@ -101,6 +120,9 @@ class ForwardBatch:
             logits_indices=torch.tensor(last, dtype=torch.int64, device=dev),
             num_decodes=num_decodes,
             num_tokens=len(ids),
+            mrope_positions=None if mrope is None else torch.tensor(mrope, dtype=torch.int64, device=dev),
+            embed_rows=torch.tensor(embed_rows, dtype=torch.int64, device=dev) if embed_rows else None,
+            embed_values=torch.cat(embed_values).to(dev) if embed_values else None,
         )
 
     @property

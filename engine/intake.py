@@ -3,9 +3,9 @@
 Checks, in this order: the engine is stopping; the named model is not served
 here; its model is not loaded, or requests already wait for a load (it waits
 too, in ``ServedModels.pending``, unless that queue is full); the prompt is
-empty; a token is outside the vocabulary; it carries images and the model takes
-none; the id is in use; its grammar does not compile; the scheduler's own limits
-(which match the images to their placeholder runs). An accepted request becomes a scheduler ``Request`` and is tracked for
+empty; a token is outside the vocabulary; the id is in use; its grammar does not
+compile; the scheduler's own limits (which refuse images for a model that takes
+none, and match them to their placeholder runs otherwise). An accepted request becomes a scheduler ``Request`` and is tracked for
 its output. Every refusal is counted by reason and model.
 """
 
@@ -56,8 +56,6 @@ class Intake:
         if bad is not None:
             return self.refuse(peer, msg.id, "bad_request",
                                f"token id {bad} is outside the vocabulary (size {runtime.vocab_size})")
-        if msg.images and getattr(runtime.scheduler.config, "image_token_id", None) is None:
-            return self.refuse(peer, msg.id, "bad_request", "this model takes no images")
         if msg.id in self.streams.tracked:
             return self.refuse(peer, msg.id, "bad_request", f"request id {msg.id!r} is already in use")
         if msg.grammar is not None:

@@ -57,7 +57,8 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         if req.state is not RequestState.DECODING:
             continue
         req.page_table.ensure_capacity(position + 1)
-        plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position), req.page_table.pages))
+        plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position), req.page_table.pages,
+                                       req.rope_delta))
         scheduled.add(req.req_id)
 
 

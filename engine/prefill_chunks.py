@@ -63,7 +63,7 @@ def next_chunk(req: Request, budget: int) -> PrefillChunk:
             end = min(end, cut)
             break
     return PrefillChunk(req.req_id, req.lane, start, end, end == target, req.token_slice(start, end),
-                        req.page_table.pages)
+                        req.page_table.pages, req.image_layout)
 
 
 def retained_prefix_point(req: Request, store: RetainedStore, page_tokens: int) -> int | None:

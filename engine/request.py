@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ignis.engine.image_layout import ImageLayout
 from ignis.engine.reuse.image_keys import ImageKey, key_tokens, walk_back, walk_back_all
 from ignis.engine.sequence_pages import SequencePages
 from ignis.shared.image_input import ImageInput
@@ -101,6 +102,14 @@ class Request:
     image_keys: tuple[ImageKey, ...] = field(default=(), init=False, repr=False)
     """Where ``images`` sit in the prompt and their digests, once placed: what reuse reads them as
     (``engine.reuse.image_keys``); empty for a text prompt."""
+    image_layout: ImageLayout | None = field(default=None, init=False, repr=False)
+    """Where ``images`` sit in the prompt (set when the scheduler accepts the request); every position
+    of the request follows from it and the token index, so no resume path needs more."""
+
+    @property
+    def rope_delta(self) -> int:
+        """Rotary position minus token index of decode steps (0 for a text prompt)."""
+        return self.image_layout.delta if self.image_layout is not None else 0
 
     def __post_init__(self):
         check_str("req_id", self.req_id, 256, allow_empty=False)

@@ -35,15 +35,20 @@ from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
 from ignis.engine.row_sampling import sample_isolated
 from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs
-from ignis.engine.schedule import RoundPlan, RoundResult
+from ignis.engine.image_encoder import ImageEncoder
+from ignis.engine.schedule import PrefillChunk, RoundPlan, RoundResult
 
 log = logging.getLogger("ignis.engine")
+
+DEFAULT_IMAGE_CACHE_BYTES = 256 << 20
 
 
 class ModelRunner:
     def __init__(self, model: HybridModel, state: ModelState, device: str = "cpu", vocab_limit: int | None = None,
-                 grammars: GrammarLanes | None = None):
+                 grammars: GrammarLanes | None = None, image_cache_bytes: int = DEFAULT_IMAGE_CACHE_BYTES):
         self.model = model
+        # None: the model takes no images
+        self.images = ImageEncoder(model.vision, image_cache_bytes) if model.vision is not None else None
         self.grammars = grammars  # None: this model takes no grammars
         self.state = state
         self.device = torch.device(device)
@@ -97,6 +102,8 @@ class ModelRunner:
         """Forget a finished request's sampler."""
         self.samplers.pop(req_id, None)
         self.want_logprobs.pop(req_id, None)
+        if self.images is not None:
+            self.images.release(req_id)
         if self.grammars is not None:
             self.grammars.release(req_id)
 
@@ -125,15 +132,41 @@ class ModelRunner:
                 self.state.copy_page(src, dst)
             self.state.save_image(order.lane, order.slot)
 
+    def _prefill_chunks(self, prefills: list[PrefillChunk]) -> list[SeqChunk]:
+        """The round's prefill chunks; those touching images get their embeddings and mRoPE positions
+        (the images are encoded first, all in one tower call)."""
+        wanted = [(c.req_id, c.layout, i) for c in prefills if c.layout is not None
+                  for i, _ in c.layout.overlapping(c.start, c.end)]
+        if wanted and self.images is None:
+            raise ValueError("a prefill chunk holds images, but this model has no vision tower")
+        if wanted:
+            self.images.prepare(wanted)
+        out = []
+        for c in prefills:
+            layout = c.layout
+            if layout is None:
+                out.append(SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last))
+                continue
+            embeds = []
+            for i, span in layout.overlapping(c.start, c.end):
+                a, b = max(c.start, span.start), min(c.end, span.end)
+                embeds.append((a - c.start, self.images.embedding(c.req_id, i)[a - span.start:b - span.start]))
+                if b == span.end:
+                    self.images.done(c.req_id, i)
+            out.append(SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last,
+                                rope_offset=layout.delta_at(c.start), mrope=layout.positions(c.start, c.end),
+                                embeds=tuple(embeds)))
+        return out
+
     def run(self, plan: RoundPlan) -> tuple[RoundResult, dict[str, TokenLogprobs]]:
         """Run one round; returns the sampled tokens and, where asked, their logprobs."""
         self._start(plan)
         self.last_logits = {}
         if plan.is_empty:
             return RoundResult(), {}
-        chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane) for d in plan.decodes]
-        chunks += [SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last)
-                   for c in plan.prefills]
+        chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane, rope_offset=d.rope_delta)
+                  for d in plan.decodes]
+        chunks += self._prefill_chunks(plan.prefills)
         ids = plan.sampled_ids()
         masks = self.grammars.begin(ids) if self.grammars is not None else None  # filled during the forward
         if not plan.prefills and self.graphs is not None and self.graphs.takes(chunks):

@@ -110,7 +110,9 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     sched = Scheduler(SchedulerConfig(
         decode_lanes=config.decode_lanes, num_pages=plan.pages,
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
-        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids)),
+        max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids),
+        image_token_id=ckpt.vision.image_token_id if ckpt.vision is not None else None,
+        image_factor=ckpt.vision.patch_size * ckpt.vision.spatial_merge_size if ckpt.vision is not None else 32),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt, stamp=stamp,
         tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
         evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,
@@ -121,7 +123,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
         sched.store.tell_blocks(BlockLedger(sched.pool.page_tokens, kv_events.add))
     vocab_limit = tokenizer_vocab_size(model_dir)  # ids past it are never sampled
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
-                         grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device))
+                         grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device),
+                         image_cache_bytes=config.image_cache_bytes)
     runner.warm_up()
     captured = 0
     if graph_bs:

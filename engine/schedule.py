@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ignis.engine.image_layout import ImageLayout
 from ignis.shared.sampling import SamplingParams
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -59,6 +60,9 @@ class PrefillChunk:
     is_last: bool
     token_ids: tuple[int, ...]
     pages: tuple[int, ...]
+    layout: ImageLayout | None = None
+    """The request's images and where they sit (None: a text prompt); the runner encodes the images
+    this chunk touches and gives its tokens their mRoPE positions."""
 
     @property
     def num_tokens(self) -> int:
@@ -75,6 +79,8 @@ class DecodeItem:
     position: int
     token_id: int
     pages: tuple[int, ...]
+    rope_delta: int = 0
+    """Rotary position minus ``position`` (mRoPE: the shift the prompt's images leave; 0 for text)."""
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,11 @@ from operator import attrgetter
 from ignis.engine.admission import admit
 from ignis.engine.decode_lanes import DecodeLanes
 from ignis.engine.eviction import Evictor
+from ignis.engine.image_layout import image_layout
 from ignis.engine.page_pool import PagePool
 from ignis.engine.preemption import evict_windows, maybe_evict, plan_decodes
 from ignis.engine.prefill_chunks import add_chunk
-from ignis.engine.reuse.image_keys import walk_back
+from ignis.engine.reuse.image_keys import ImageKey, walk_back
 from ignis.engine.scheduler_config import SchedulerConfig
 from ignis.engine.request import REQUEST_CLASSES, Request, RequestState
 from ignis.engine.reuse.entries import SlotPool
@@ -147,6 +148,9 @@ class Scheduler:
             # max_model_len fits the pool (checked in the config), so this also covers "larger than the pool".
             return Refusal("too_long", f"prompt of {n} tokens leaves no room for a completion: "
                                        f"prompt + completion must be at most max_model_len {limit} tokens")
+        refusal = self._place_images(req)
+        if refusal is not None:
+            return refusal
         if self.num_waiting >= self.config.max_queue:
             return Refusal("queue_full", f"{self.num_waiting} requests are waiting (max_queue {self.config.max_queue})")
         if self.learned is not None:
@@ -156,6 +160,23 @@ class Scheduler:
         self._requests[req.req_id] = req
         self.waiting[req.request_class].append(req)
         self.store.touch_family(req.cache_family)  # its family's entries count as used from its arrival
+        return None
+
+    def _place_images(self, req: Request) -> Refusal | None:
+        """Match the request's images to its placeholder runs (``engine.image_layout``), or refuse it."""
+        token = self.config.image_token_id
+        if token is None:
+            return Refusal("bad_request", "this model takes no images") if req.images else None
+        if not req.images and token not in req.prompt_ids:
+            return None
+        try:
+            layout = image_layout(req.prompt_ids, req.images, token, self.config.image_factor)
+        except ValueError as exc:
+            return Refusal("bad_request", f"images do not match the prompt: {exc}")
+        req.image_layout = layout
+        # reuse reads each image as its digest, and no capture ends inside one (engine.reuse.image_keys)
+        req.place_images(tuple(ImageKey(s.start, s.end, im.digest) for s, im in zip(layout.spans, layout.images)),
+                         self.config.page_tokens)
         return None
 
     def _learn(self, req: Request) -> None:

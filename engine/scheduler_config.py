@@ -21,6 +21,10 @@ class SchedulerConfig:
     max_model_len: int = field(default=32768, metadata=field_doc("most tokens (prompt + completion) per request"))
     page_tokens: int = field(default=PAGE_TOKENS, metadata=field_doc("tokens per KV page", cli=False))
     eos_token_ids: tuple[int, ...] = field(default=(), metadata=field_doc("the model's end tokens", cli=False))
+    image_token_id: int | None = field(default=None, metadata=field_doc(
+        "the model's image placeholder token (None: the model takes no images)", cli=False))
+    image_factor: int = field(default=32, metadata=field_doc(
+        "pixels per image placeholder token along each side (patch size x merge size)", cli=False))
 
     def __post_init__(self):
         for name, flag in (("decode_lanes", "--decode-lanes"), ("num_pages", "num_pages"),

@@ -8,6 +8,7 @@ import torch
 
 from ignis.engine.models.loader import LoadedCheckpoint, load_checkpoint
 from ignis.engine.models.hybrid import HybridModel
+from ignis.engine.models.vision import VisionTower
 from ignis.kernels.backend import Ops
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,6 +26,12 @@ def model_from_checkpoint(ckpt: LoadedCheckpoint, device: str = "cpu", ops: Ops 
     model.load_state_dict(ckpt.tensors, strict=True, assign=True)
     # buffers are not in the checkpoint: compute them on the real device
     model.rotary.inv_freq = model.rotary.frequencies(device)
+    if ckpt.vision is not None:
+        with torch.device("meta"):
+            tower = VisionTower(ckpt.vision)
+        tower.load_state_dict(ckpt.vision_tensors, strict=True, assign=True)
+        tower.inv_freq = tower.frequencies(device)
+        model.attach_vision(tower.eval())
     left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if left:
         raise ValueError(f"checkpoint left {len(left)} tensors unset: {', '.join(left[:5])}")

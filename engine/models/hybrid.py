@@ -19,6 +19,7 @@ from ignis.engine.models.deltanet import GatedDeltaNet
 from ignis.engine.models.layers import PartialRotary, SwiGLU, ZeroCenteredRMSNorm
 from ignis.engine.models.moe import SparseMoE
 from ignis.engine.models.state import ModelState
+from ignis.engine.models.vision import VisionTower
 from ignis.kernels.backend import Ops, select_ops
 
 
@@ -52,6 +53,11 @@ class HybridModel(nn.Module):
         self._full_slot = {layer: i for i, layer in enumerate(cfg.full_layers)}
         self._linear_slot = {layer: i for i, layer in enumerate(cfg.linear_layers)}
         self.ops = ops
+        self.vision: VisionTower | None = None  # attach_vision: a checkpoint whose vision tower was loaded
+
+    def attach_vision(self, tower: VisionTower) -> None:
+        """Serve images: ``tower`` encodes them, and prompts holding them get mRoPE positions."""
+        self.vision = tower
 
     def _ops(self, device: torch.device) -> Ops:
         if self.ops is None:
@@ -69,7 +75,12 @@ class HybridModel(nn.Module):
         """
         ops = self._ops(batch.input_ids.device)
         x = self.embed_tokens(batch.input_ids)
-        cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        if batch.embed_rows is not None:
+            x[batch.embed_rows] = batch.embed_values.to(x.dtype)
+        if batch.mrope_positions is not None:
+            cos_sin = self.rotary.mrope_cos_sin(batch.mrope_positions, self.vision.cfg.mrope_section, x.dtype)
+        else:
+            cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
         out = None  # the previous layer's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):
             if out is None:

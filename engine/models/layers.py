@@ -66,6 +66,20 @@ class PartialRotary(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def mrope_cos_sin(self, positions: torch.Tensor, section: tuple[int, int, int],
+                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for (t, h, w) positions [3, T], the sections interleaved over the frequencies:
+        frequency ``i`` turns with h where ``i % 3 == 1`` and ``i < 3 * section[1]``, with w where
+        ``i % 3 == 2`` and ``i < 3 * section[2]``, with t elsewhere (transformers' Qwen3.5 layout).
+        Where t = h = w this is ``cos_sin`` exactly."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)  # [3, T, F]
+        mixed = freqs[0].clone()
+        for axis in (1, 2):
+            picked = slice(axis, 3 * section[axis], 3)
+            mixed[..., picked] = freqs[axis][..., picked]
+        emb = torch.cat([mixed, mixed], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
 
 class SwiGLU(nn.Module):
     """Dense MLP: ``down(silu(gate(x)) * up(x))``."""

@@ -14,7 +14,10 @@ Checkpoint names map to canonical names (see ``engine.models.weights_spec``):
     lm_head.weight                    -> lm_head.weight  (ignored when embeddings are tied)
     ...mlp.experts.E.{gate,up}_proj.weight -> mlp.experts.gate_up_proj[E, :I | I:]
     ...mlp.experts.E.down_proj.weight      -> mlp.experts.down_proj[E]
-    model.visual.*, visual.*, mtp.*   -> set aside, not loaded
+    model.visual.*, visual.*          -> the vision tower's tensors (``vision_tensors``, names
+                                         without the prefix), read when config.json has a
+                                         vision_config and the files hold the tower
+    mtp.*                             -> set aside, not loaded
 
 torch, safetensors and tqdm are imported only when tensors are read, so the
 header-level functions serve ``ignis inspect`` without them.
@@ -31,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ignis.engine.models.config import CheckpointError, ModelConfig, load_config
+from ignis.engine.models.vision_config import VisionConfig, load_vision_config
+from ignis.engine.models.vision_load import read_vision_tensors, vision_structure
 from ignis.engine.models.weights_spec import (
     FLOAT_DTYPES,
     HeaderEntry,
@@ -223,14 +228,21 @@ def resolve_dtype(dtype: str | None, device: str, checkpoint_dtype: str) -> str:
 
 
 # ----- structural hash -------------------------------------------------------
-def structural_hash(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...], str]]) -> str:
+def structural_hash(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...], str]],
+                    vision: dict | None = None) -> str:
     """sha256 over the config's structural fields and sorted (name, shape, dtype) of the tensors.
 
     It identifies the model's structure and load dtype, not its weight values.
+    ``vision`` (a loaded vision tower: its config fields, tensor table and a
+    digest of its weight values) joins the payload only when given, so a
+    text-only load hashes as it always did.
     """
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.compare}
     table = [[name, list(shape), dtype] for name, (shape, dtype) in sorted(tensors.items())]
-    payload = json.dumps({"config": fields, "tensors": table}, sort_keys=True, separators=(",", ":"))
+    body = {"config": fields, "tensors": table}
+    if vision is not None:
+        body["vision"] = vision
+    payload = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -247,6 +259,9 @@ class LoadedCheckpoint:
     structural_hash: str
     model_dir: Path
     device: str
+    vision: VisionConfig | None = None
+    """The vision tower's config when its weights were loaded (None: text only)."""
+    vision_tensors: dict[str, "torch.Tensor"] = field(default_factory=dict)
 
 
 def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str = "cpu",
@@ -269,15 +284,23 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
     plan = plan_load(cfg, read_inventory(files), files)
     tensors = _read_tensors(cfg, plan, getattr(torch, dtype_name), dev, progress)
     meta = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()}
+    vcfg = load_vision_config(model_dir) if plan.set_aside.get("vision") else None
+    vision_tensors, vision_stamp = {}, None
+    if vcfg is not None:
+        vision_tensors = read_vision_tensors(vcfg, plan.set_aside["vision"], read_inventory(files),
+                                             getattr(torch, dtype_name), dev)
+        vision_stamp = vision_structure(vcfg, vision_tensors)
     return LoadedCheckpoint(
         config=cfg,
         tensors=tensors,
         set_aside={k: sorted(v) for k, v in plan.set_aside.items()},
         dtype=dtype_name,
         weight_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
-        structural_hash=structural_hash(cfg, meta),
+        structural_hash=structural_hash(cfg, meta, vision_stamp),
         model_dir=model_dir,
         device=str(dev),
+        vision=vcfg,
+        vision_tensors=vision_tensors,
     )
 
 

@@ -43,6 +43,12 @@ TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
 TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                    patch_size=4, num_position_embeddings=16)
 
+# A tiny VLM whose image tokens fit the tiny vocabulary and whose rotary spans every mRoPE section
+# (rotary_dim 16 -> 8 frequencies: t at 0, 3, 6; h at 1, 4, 7; w at 2, 5).
+TINY_VLM_TOKENS = dict(image_token_id=120, video_token_id=121, vision_start_token_id=122, vision_end_token_id=123)
+TINY_VLM_ROPE = dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=1.0,
+                                          mrope_section=[3, 3, 2], mrope_interleaved=True))
+
 FAKE_MTP = {"mtp.fc.weight": (64, 128), "mtp.norm.weight": (64,)}
 
 
@@ -61,7 +67,7 @@ def layer_types(pattern: str, num_layers: int) -> list[str]:
 def make_checkpoint(tmpdir: str | Path, family: str, layer_pattern: str = "interval4", tie: bool = False,
                     multimodal: bool = False, dtype: str = "float32", *, num_layers: int = 4,
                     max_shard_size: str | None = None, mtp: bool = False, seed: int = 0,
-                    config_overrides: dict | None = None) -> Checkpoint:
+                    config_overrides: dict | None = None, vlm_tokens: bool = False) -> Checkpoint:
     """Build, save and return a tiny random checkpoint in a fresh subdirectory of ``tmpdir``."""
     import torch
 
@@ -76,12 +82,14 @@ def make_checkpoint(tmpdir: str | Path, family: str, layer_pattern: str = "inter
     text.update(config_overrides or {})
 
     torch.manual_seed(seed)
-    model = _build(family, multimodal, text, tie)
+    if vlm_tokens and not multimodal:
+        raise ValueError("vlm_tokens: only a multimodal checkpoint has image tokens")
+    model = _build(family, multimodal, text, tie, TINY_VLM_TOKENS if vlm_tokens else {})
     model = model.to(getattr(torch, dtype)).eval()
 
     slug = "-".join([family, layer_pattern, f"L{num_layers}", "tied" if tie else "untied",
                      "mm" if multimodal else "text", dtype, f"shard{max_shard_size}" if max_shard_size else "one",
-                     "mtp" if mtp else "nomtp", f"s{seed}"])
+                     "mtp" if mtp else "nomtp", f"s{seed}"] + (["vlm"] if vlm_tokens else []))
     if config_overrides:
         slug += "-" + hashlib.sha1(repr(sorted(config_overrides.items())).encode()).hexdigest()[:10]
     out = Path(tmpdir) / slug
@@ -93,7 +101,7 @@ def make_checkpoint(tmpdir: str | Path, family: str, layer_pattern: str = "inter
     return Checkpoint(out, model)
 
 
-def _build(family: str, multimodal: bool, text: dict, tie: bool):
+def _build(family: str, multimodal: bool, text: dict, tie: bool, top: dict):
     if family == "qwen3_next":
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -101,7 +109,7 @@ def _build(family: str, multimodal: bool, text: dict, tie: bool):
     if multimodal:
         from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-        cfg = Qwen3_5Config(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=tie)
+        cfg = Qwen3_5Config(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=tie, **top)
         return Qwen3_5ForConditionalGeneration(cfg)
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 

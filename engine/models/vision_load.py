@@ -1,0 +1,86 @@
+"""Reading the vision tower's tensors from a checkpoint's files, and what of them the stamp covers.
+
+The text loader (``engine.models.loader``) sets ``model.visual.*`` /
+``visual.*`` names aside; here they are checked against
+``expected_vision_tensors`` (every tensor present once, shapes right) and read
+under their canonical names, converted to the load dtype. The reuse stamp
+covers a loaded tower through ``vision_structure``: its config, its tensor
+table and a digest of its weight values (the embeddings it produces are part
+of every retained state that holds an image).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ignis.engine.models.config import CheckpointError
+from ignis.engine.models.vision_config import VisionConfig
+from ignis.engine.models.vision_weights import expected_vision_tensors, vision_canonical
+from ignis.engine.models.weights_spec import FLOAT_DTYPES, HeaderEntry
+
+if TYPE_CHECKING:
+    import torch
+
+
+def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str, tuple[Path, HeaderEntry]],
+                        dtype: "torch.dtype", device: "torch.device") -> dict[str, "torch.Tensor"]:
+    """The tower's tensors under canonical names; raises naming every missing, unknown or misshapen one."""
+    from safetensors import SafetensorError, safe_open
+
+    expected = expected_vision_tensors(cfg)
+    where: dict[str, tuple[Path, str]] = {}
+    seen: set[str] = set()
+    problems = []
+    for name in names:
+        canonical = vision_canonical(name)
+        path, entry = inventory[name]
+        seen.add(canonical)
+        if canonical not in expected:
+            problems.append(f"unexpected vision tensor {name}")
+        elif canonical in where:
+            problems.append(f"vision tensor {canonical} is given twice ({where[canonical][1]} and {name})")
+        elif entry.shape != expected[canonical]:
+            problems.append(f"{name}: got {list(entry.shape)}, expected {list(expected[canonical])}")
+        elif entry.dtype not in FLOAT_DTYPES:
+            problems.append(f"{name}: non-floating-point dtype {entry.dtype}")
+        else:
+            where[canonical] = (path, name)
+    problems += [f"missing vision tensor {c}" for c in expected if c not in seen]
+    if problems:
+        shown = "; ".join(problems[:8]) + (f"; ... and {len(problems) - 8} more" if len(problems) > 8 else "")
+        raise CheckpointError(f"vision tower: {shown}")
+    out = {}
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for canonical, (path, name) in where.items():
+        by_file.setdefault(path, []).append((canonical, name))
+    for path in sorted(by_file):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for canonical, name in by_file[path]:
+                    out[canonical] = f.get_tensor(name).to(device=device, dtype=dtype).contiguous()
+        except SafetensorError as exc:
+            raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read ({exc})") from None
+    return {c: out[c] for c in expected}
+
+
+def vision_structure(cfg: VisionConfig, tensors: dict[str, "torch.Tensor"]) -> dict:
+    """What the stamp covers of a loaded tower: config, tensor table, and a digest of the values."""
+    h = hashlib.blake2b(digest_size=16, person=b"ignis-vision")
+    table = []
+    for name in sorted(tensors):
+        t = tensors[name]
+        table.append([name, list(t.shape), str(t.dtype).removeprefix("torch.")])
+        h.update(name.encode())
+        h.update(t.detach().contiguous().view(-1).view(dtype=_byte_dtype()).cpu().numpy().tobytes())
+    return {"config": dataclasses.asdict(cfg), "tensors": table, "values": h.hexdigest()}
+
+
+def _byte_dtype():
+    import torch
+
+    return torch.uint8

@@ -1,0 +1,69 @@
+"""engine.models.vision and image_patches against transformers' Qwen3.5 vision model and image processor."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from ignis.engine.models.image_patches import patchify
+from ignis.engine.models.vision import VisionTower
+from ignis.engine.models.vision_config import load_vision_config
+from ignis.shared.image_input import ImageInput
+from tests.engine.models.vision_reference import hf_processor, picture, resized_input, vlm_checkpoint
+
+SIZES = [(16, 16), (24, 40), (56, 32)]  # multiples of patch 4 x merge 2: grids 4x4, 6x10, 14x8
+
+
+def _tower(ckpt) -> VisionTower:
+    vcfg = load_vision_config(ckpt.path)
+    tower = VisionTower(vcfg)
+    weights = {n.removeprefix("model.visual."): t for n, t in ckpt.model.state_dict().items()
+               if n.startswith("model.visual.")}
+    tower.load_state_dict(weights, strict=True)
+    return tower.eval()
+
+
+def test_patches_equal_the_processor(checkpoint_factory):
+    ckpt = vlm_checkpoint(checkpoint_factory)
+    vcfg = dataclasses.replace(load_vision_config(ckpt.path), image_mean=(0.5, 0.4, 0.3), image_std=(0.2, 0.3, 0.25))
+    proc = hf_processor(vcfg)
+    for i, (h, w) in enumerate(SIZES):
+        px = picture(h, w, seed=i)
+        ref = proc(images=[px], do_resize=False, return_tensors="pt")
+        patches, grid = patchify(ImageInput.from_rgb(px.tobytes(), h, w), vcfg)
+        assert ref["image_grid_thw"].tolist() == [[1, grid.grid_h, grid.grid_w]]
+        assert torch.equal(patches, ref["pixel_values"].to(torch.float32))
+
+
+def test_resize_then_patches_equal_the_processor(checkpoint_factory):
+    ckpt = vlm_checkpoint(checkpoint_factory)
+    vcfg = dataclasses.replace(load_vision_config(ckpt.path), min_pixels=8 * 8, max_pixels=48 * 48)
+    proc = hf_processor(vcfg)
+    for i, (h, w) in enumerate([(37, 21), (100, 61), (9, 9)]):
+        px = picture(h, w, seed=10 + i)
+        ref = proc(images=[px], return_tensors="pt")
+        patches, grid = patchify(resized_input(vcfg, px), vcfg)
+        assert ref["image_grid_thw"].tolist() == [[1, grid.grid_h, grid.grid_w]]
+        assert torch.equal(patches, ref["pixel_values"].to(torch.float32))
+
+
+def test_off_grid_picture_is_refused(checkpoint_factory):
+    vcfg = load_vision_config(vlm_checkpoint(checkpoint_factory).path)
+    with pytest.raises(ValueError):
+        patchify(ImageInput.from_rgb(bytes(12 * 16 * 3), 12, 16), vcfg)
+
+
+def test_tower_equals_transformers(checkpoint_factory):
+    ckpt = vlm_checkpoint(checkpoint_factory)
+    tower = _tower(ckpt)
+    vcfg = tower.cfg
+    items = [patchify(ImageInput.from_rgb(picture(h, w, i).tobytes(), h, w), vcfg) for i, (h, w) in enumerate(SIZES)]
+    got = tower([p for p, _ in items], [g for _, g in items])
+    with torch.no_grad():
+        thw = torch.tensor([[1, g.grid_h, g.grid_w] for _, g in items])
+        ref = ckpt.model.model.get_image_features(torch.cat([p for p, _ in items]), thw).pooler_output
+    assert len(got) == len(ref) == 3
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape == (b.shape[0], 64)
+        assert (a - b).norm() / b.norm() < 1e-5

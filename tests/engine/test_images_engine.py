@@ -1,0 +1,194 @@
+"""Prompts with images through the engine loop: greedy tokens and logits equal transformers' generate.
+
+A tiny random Qwen3_5ForConditionalGeneration (vision tower, mRoPE over every
+section); pictures resized as transformers' processor resizes them; prompts
+of 1 and 3 images of different sizes, prefilled whole or in chunks whose
+boundaries fall inside images; decode steps after the images; a preempted
+request that recomputes; and the encoder cache across requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ignis.engine.models.build import load_model
+from ignis.engine.models.state import ModelState
+from ignis.engine.request import Request
+from ignis.engine.runner import ModelRunner
+from ignis.engine.scheduler import Scheduler
+from ignis.engine.scheduler_config import SchedulerConfig
+from ignis.shared.image_input import ImageInput
+from ignis.shared.sampling import SamplingParams
+from tests.engine.models.vision_reference import hf_processor, picture, resized_input, vlm_checkpoint
+
+START, PAD, END = 122, 120, 123
+MAX_TOKENS = 6
+TOL = 1e-5
+
+
+class ImageEngine:
+    """Schedule, run, update until every request ends (no sockets), for a model with a vision tower."""
+
+    def __init__(self, model, budget: int = 4096, pages: int = 16, lanes: int = 2, cache_bytes: int = 1 << 20):
+        vcfg = _resize_config(model)
+        self.sched = Scheduler(SchedulerConfig(
+            decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64, max_prefill_tokens_per_round=budget,
+            image_token_id=vcfg.image_token_id, image_factor=vcfg.patch_size * vcfg.spatial_merge_size),
+            host_slots=0, reuse=False)
+        state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32, fill=float("nan"))
+        self.runner = ModelRunner(model, state, image_cache_bytes=cache_bytes)
+        self.tokens: dict[str, list[int]] = {}
+        self.first_logits: dict[str, torch.Tensor] = {}
+        self.chunk_ends: list[int] = []
+        self.preempted: list[str] = []
+
+    def submit(self, rid: str, prompt: list[int], images: list[ImageInput], max_tokens: int = MAX_TOKENS):
+        req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                      images=tuple(images))
+        return self.sched.add(req)
+
+    def run(self, preempt_after: int | None = None):
+        for step in range(10_000):
+            plan = self.sched.schedule()
+            if plan.is_empty:
+                if not self.sched.has_work:
+                    return
+                continue
+            self.chunk_ends += [c.end for c in plan.prefills]
+            result, _ = self.runner.run(plan)
+            for rid, row in self.runner.last_logits.items():
+                self.first_logits.setdefault(rid, row.clone())
+            for rid, tok in result.tokens.items():
+                self.tokens.setdefault(rid, []).append(tok)
+            for ev in self.sched.update(result):
+                self.runner.release(ev.req_id)
+            if preempt_after is not None and step == preempt_after:
+                from ignis.engine.preemption import preempt
+
+                victim = self.sched.running()[0]
+                assert victim.output_ids, "preempted while decoding"
+                preempt(self.sched, victim)
+                self.preempted.append(victim.req_id)
+        raise AssertionError("engine did not drain")
+
+
+@pytest.fixture(scope="module")
+def vlm(checkpoint_factory):
+    ckpt = vlm_checkpoint(checkpoint_factory)
+    model, loaded = load_model(ckpt.path)
+    return ckpt, model
+
+
+def _prompt(images: list[ImageInput], factor: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    text = lambda n: torch.randint(0, 110, (n,), generator=g).tolist()  # noqa: E731
+    ids = text(5)
+    for im in images:
+        ids += [START] + [PAD] * ((im.height // factor) * (im.width // factor)) + [END] + text(4)
+    return ids
+
+
+def _resize_config(model):
+    """The model's vision config with small pixel bounds: prompts of tens of image tokens keep tests fast."""
+    return dataclasses.replace(model.vision.cfg, min_pixels=8 * 8, max_pixels=40 * 40)
+
+
+_REFERENCES: dict = {}
+
+
+def _reference(ckpt, vcfg, prompt, pictures):
+    key = (tuple(prompt), tuple(p.tobytes() for p in pictures))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _generate(ckpt, vcfg, prompt, pictures)
+    return _REFERENCES[key]
+
+
+def _generate(ckpt, vcfg, prompt, pictures):
+    proc = hf_processor(vcfg)
+    feats = proc(images=pictures, return_tensors="pt")
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = ckpt.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  pixel_values=feats["pixel_values"], image_grid_thw=feats["image_grid_thw"],
+                                  mm_token_type_ids=(ids == PAD).int(), max_new_tokens=MAX_TOKENS,
+                                  do_sample=False, output_logits=True, return_dict_in_generate=True)
+    return out.sequences[0, len(prompt):].tolist(), out.logits[0][0], feats
+
+
+def _rel(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+SETS = {"one": [(20, 30)], "three": [(50, 41), (17, 64), (30, 30)]}
+
+
+@pytest.mark.parametrize("name,budget", [("one", 4096), ("three", 4096), ("three", 13)])
+def test_greedy_equals_transformers(vlm, name, budget):
+    ckpt, model = vlm
+    vcfg = _resize_config(model)
+    factor = vcfg.patch_size * vcfg.spatial_merge_size
+    pictures = [picture(h, w, seed=i) for i, (h, w) in enumerate(SETS[name])]
+    images = [resized_input(vcfg, p) for p in pictures]
+    prompt = _prompt(images, factor, seed=len(images))
+    want_tokens, want_logits, feats = _reference(ckpt, vcfg, prompt, pictures)
+    from ignis.engine.models.image_patches import patchify
+
+    ours = torch.cat([patchify(im, vcfg)[0] for im in images])
+    assert torch.equal(ours, feats["pixel_values"].float())
+    eng = ImageEngine(model, budget=budget)
+    assert eng.submit("r", prompt, images) is None
+    eng.run()
+    assert eng.tokens["r"] == want_tokens
+    assert _rel(eng.first_logits["r"], want_logits) < TOL
+    if budget < 4096:  # chunk boundaries fell inside every image
+        spans = _spans(prompt)
+        assert all(any(s < e < s + n for e in eng.chunk_ends) for s, n in spans), (spans, eng.chunk_ends)
+    assert eng.runner.images.encoded == len(images)  # once each, however the prefill was split
+
+
+def _spans(prompt):
+    out, i = [], 0
+    while i < len(prompt):
+        if prompt[i] == PAD:
+            j = i
+            while j < len(prompt) and prompt[j] == PAD:
+                j += 1
+            out.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def test_repeated_image_hits_the_encoder_cache_and_preemption_keeps_positions(vlm):
+    ckpt, model = vlm
+    vcfg = _resize_config(model)
+    factor = vcfg.patch_size * vcfg.spatial_merge_size
+    pictures = [picture(40, 24, seed=7)]
+    images = [resized_input(vcfg, p) for p in pictures]
+    prompt = _prompt(images, factor, seed=9)
+    want_tokens, want_logits, _ = _reference(ckpt, vcfg, prompt, pictures)
+    eng = ImageEngine(model, budget=16)
+    eng.submit("a", prompt, images)
+    eng.run()
+    eng.submit("b", prompt, images)
+    eng.run(preempt_after=len(prompt) // 16 + 3)  # preempted while decoding: recomputes prompt + output
+    assert eng.sched.num_preemptions == 1 and eng.preempted == ["b"]
+    assert eng.tokens["a"] == want_tokens and eng.tokens["b"] == want_tokens
+    assert eng.runner.images.encoded == 1 and eng.runner.images.cache.hits >= 1
+
+
+def test_images_that_do_not_match_the_prompt_are_refused(vlm):
+    _, model = vlm
+    vcfg = _resize_config(model)
+    image = resized_input(vcfg, picture(20, 30, seed=1))
+    eng = ImageEngine(model)
+    prompt = _prompt([image], 8, seed=1)
+    assert eng.submit("none", prompt, []).reason == "bad_request"
+    assert eng.submit("two", prompt, [image, image]).reason == "bad_request"
+    short = [t for i, t in enumerate(prompt) if not (t == PAD and i == prompt.index(PAD))]
+    assert "placeholder" in eng.submit("short", short, [image]).message
+    assert eng.submit("ok", prompt, [image]) is None
