@@ -26,7 +26,9 @@ and a section past its deadline skips what is left and says so:
 (``gpu_check_tests``; minutes, so not in the default run).
 
 ``--dry-run`` (alias ``--quick``) runs every section on the CPU under
-``TRITON_INTERPRET=1`` at tiny shapes, so the script cannot rot.
+``TRITON_INTERPRET=1`` at tiny shapes, so the script cannot rot; there the
+sections share no device, so they run at once (one per CPU core, the slowest
+first) and their lines are printed and written in the usual order.
 ``--compile-only`` needs no GPU either: it compiles every kernel launch at 27B
 shapes for sm_90 and checks its shared memory (``gpu_check_compile``).
 
@@ -57,7 +59,9 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from checkout import use_checkout  # noqa: E402
@@ -69,9 +73,11 @@ SECTIONS = {"tests": 150.0, "e2e": 120.0, "state": 20.0, "engine": 70.0, "kernel
             "tiers": 25.0}
 HEAD_KEYS = ("prefill_8k_tok_s", "prefill_32k_tok_s", "tpot_1_ms", "tpot_32_ms", "clone_ms", "restore_gbs")
 MORE_KEYS = ("engine_graphs_identical", "tpot_1_eager_ms", "tpot_32_eager_ms", "model_max_rel_err", "decode_attn_64k_gbps",
-             "prefill_attn_tflops", "gdn_chunk_ms", "gdn_recurrent_gbps", "conv_varlen_gbps", "hq_decode_b64_gbps",
+             "prefill_attn_tflops", "gdn_chunk_ms", "gdn_wy_ms", "gdn_recurrent_gbps", "conv_varlen_gbps", "hq_decode_b64_gbps",
              "hq_prefill_tflops", "tiers_ok", "tiers_gather_gbps", "tiers_scatter_gbps")
 RESULT = "GPU_CHECK_RESULT "  # a section's last line: its figures and failures as JSON
+DRY_SLOWEST_FIRST = ("kernels", "model", "engine", "e2e", "tiers", "state", "tests")  # dry-run seconds, most first
+PRINTING = threading.Lock()  # one section's lines at a time when dry-run sections finish together
 
 
 def run_section(name: str, device: str, seconds: float) -> int:
@@ -144,19 +150,33 @@ def spawn(name: str, device: str, seconds: float, dry: bool, lines: list[str]) -
         proc.kill()
         out, _ = proc.communicate()
         result["failures"].append(f"{name}: still running after {seconds + 45:.0f} s, killed")
-    for line in out.splitlines():
-        if line.startswith(RESULT):
-            got = json.loads(line[len(RESULT):])
-            result = {"head": got["head"], "failures": got["failures"] + result["failures"]}
-            got_result = True
-        else:
-            print(line, flush=True)
-            lines.append(line)
-    if not got_result and proc.returncode not in (0, None):
-        result["failures"].append(f"{name}: exited {proc.returncode} without a result")
-    lines.append(f"section {name}: {time.monotonic() - t0:.0f} s, {len(result['failures'])} failures")
-    print(lines[-1], flush=True)
+    with PRINTING:
+        for line in out.splitlines():
+            if line.startswith(RESULT):
+                got = json.loads(line[len(RESULT):])
+                result = {"head": got["head"], "failures": got["failures"] + result["failures"]}
+                got_result = True
+            else:
+                print(line, flush=True)
+                lines.append(line)
+        if not got_result and proc.returncode not in (0, None):
+            result["failures"].append(f"{name}: exited {proc.returncode} without a result")
+        lines.append(f"section {name}: {time.monotonic() - t0:.0f} s, {len(result['failures'])} failures")
+        print(lines[-1], flush=True)
     return result["head"], result["failures"]
+
+
+def spawn_at_once(sections: list[str], device: str, lines: list[str]) -> list[tuple[dict, list[str]]]:
+    """Dry run: every section in its own child at once, one per CPU core, the slowest first; results in order."""
+    own: dict[str, list[str]] = {s: [] for s in sections}
+    # sharing the cores stretches each section, so each gets the whole run's budget: no case is skipped
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        started = {s: pool.submit(spawn, s, device, TOTAL_S - 45, True, own[s])
+                   for s in sorted(sections, key=DRY_SLOWEST_FIRST.index)}
+        got = [started[s].result() for s in sections]
+    for s in sections:
+        lines += own[s]
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,14 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     head: dict[str, str] = {}
     failures: list[str] = []
     checks_ran = checks_failed = 0  # kernels, model and tests: the correctness sections
+    at_once = spawn_at_once(sections, device, lines) if args.dry_run else None
     for i, section in enumerate(sections):
-        left = TOTAL_S - (time.monotonic() - t0) - 10 * (len(sections) - i - 1)
-        seconds = min(SECTIONS[section], left - 45)
-        if seconds < 5:
-            lines.append(f"section {section}: skipped, {left:.0f} s left of the {TOTAL_S:.0f} s run")
-            print(lines[-1], flush=True)
-            continue
-        got, failed = spawn(section, device, seconds, args.dry_run, lines)
+        if at_once is not None:
+            got, failed = at_once[i]
+        else:
+            left = TOTAL_S - (time.monotonic() - t0) - 10 * (len(sections) - i - 1)
+            seconds = min(SECTIONS[section], left - 45)
+            if seconds < 5:
+                lines.append(f"section {section}: skipped, {left:.0f} s left of the {TOTAL_S:.0f} s run")
+                print(lines[-1], flush=True)
+                continue
+            got, failed = spawn(section, device, seconds, args.dry_run, lines)
         head.update(got)
         failures += [f if f.startswith(section) else f"{section}: {f}" for f in failed]
         if section in ("kernels", "model", "tests", "engine"):

@@ -67,6 +67,15 @@ def bench_attention(b: Bench, head: dict) -> None:
                                   ref.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale)))
         if r is not None:
             head["prefill_attn_tflops"] = f"{r[2]:.3g}"
+        if (n, ctx) != s.prefill[0]:
+            continue
+        gate = b.randn(n, s.hq, s.d)  # the output gate in the epilogue: one more read of a query's size
+        b.case("prefill_attn_gated", f"chunk={n} ctx={ctx}",
+               lambda: triton_prefill.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale, gate=gate),
+               nbytes=(2 * ctx * s.hkv * s.d + 3 * n * s.hq * s.d) * el,
+               flops=4 * s.hq * s.d * (n * (ctx - n) + n * (n + 1) / 2),
+               check=lambda: (triton_prefill.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale, gate=gate),
+                              ref.prefill_attention(q, k_cache, v_cache, table, cu, lens, scale, gate=gate)))
     if dev == "cuda":  # the tile choice against alternatives, on the 8K chunk at 8K context
         n = ctx = max(c for c, _ in s.prefill)
         table = page_tables(b, num_pages, 1, ctx)
@@ -127,15 +136,26 @@ def bench_linear(b: Bench, head: dict) -> None:
                    nbytes=nbytes, flops=per_tok * t * s.hv, check=check)
         if r is not None:
             head["gdn_chunk_ms"] = f"{r[0]:.3g}"
+        # kernel 1 alone: k and v read, u and w written in fp32
+        r = b.case("gdn_wy", f"T={t}", lambda: triton_chunk.chunk_wy(k, v, g, beta, cu),
+                   nbytes=t * (s.hk * s.dk + s.hv * s.dv) * 2 + 4 * t * s.hv * (s.dk + s.dv),
+                   flops=2 * 64 * (2 * s.dk + s.dv) * t * s.hv)
+        if r is not None:
+            head["gdn_wy_ms"] = f"{r[0]:.3g}"
     if dev == "cuda":  # the state and output pass tiles against alternatives, on one 8K sequence
         t = s.gdn_tokens[0]
         q, k, v, g, beta = gdn_inputs(t)
         slots = torch.tensor([0], device=dev)
         cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
-        for cfg in ((32, 4, 1, 32, 4), (32, 8, 1, 32, 4), (64, 8, 1, 32, 4), (32, 4, 2, 32, 4), (32, 4, 1, 64, 4),
-                    (32, 4, 1, 64, 8)):
+        # the last four: the WY kernel's warps, register cap and w/u columns per dot (sm_90 offline:
+        # 8 warps at 64 columns 255 registers, at 32 180, both without spills; capped to 128, two
+        # programs an SM, 32 columns spill 72 bytes a thread, 16 columns 16 bytes)
+        # (state 8 warps and 2 stages were measured and left: triton_chunk's docstring)
+        for cfg in ((32, 4, 1, 32, 4), (64, 8, 1, 32, 4), (32, 4, 1, 64, 4),
+                    (32, 4, 1, 64, 8), (32, 4, 1, 64, 4, 8, 0, 32), (32, 4, 1, 64, 4, 8, 128, 32),
+                    (32, 4, 1, 64, 4, 8, 128, 16), (32, 4, 1, 64, 4, 4, 0, 32)):
             try:
-                b.case("gdn_tiles", f"state BV,w,st/out BV,w={cfg}",
+                b.case("gdn_tiles", f"state BV,w,st/out BV,w[/wy w,maxnreg,cols]={cfg}",
                        lambda cfg=cfg: triton_chunk.chunk_gated_delta_rule(
                            q, k, v, g, beta, pool, slots, cu, blocks=triton_chunk.ChunkBlocks(*cfg)),
                        nbytes=gdn_bytes(t), flops=per_tok * t * s.hv)

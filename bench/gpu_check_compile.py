@@ -55,6 +55,7 @@ def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
     table, lens = e(bsz, ctx // PAGE, dt=torch.int32), e(bsz, dt=torch.int32)
     triton_write.write_kv(kc, vc, e(n, s.hkv, s.d), e(n, s.hkv, s.d), e(n, dt=torch.int64))
     triton_prefill.prefill_attention(e(n, s.hq, s.d), kc, vc, table[:1], cu, lens[:1], 0.1)
+    triton_prefill.prefill_attention(e(n, s.hq, s.d), kc, vc, table[:1], cu, lens[:1], 0.1, gate=e(n, s.hq, s.d))
     triton_decode.decode_attention(e(bsz, s.hq, s.d), kc, vc, table, lens, 0.1)
     g, slots = e(n, s.hv, dt=torch.float32), e(bsz, dt=torch.int64)
     q, v, beta, pool = e(n, s.hk, s.dk), e(n, s.hv, s.dv), e(n, s.hv), e(bsz, s.hv, s.dk, s.dv, dt=torch.float32)
@@ -85,7 +86,7 @@ def _launch_hq(s: Shapes, dtype: torch.dtype, e, n: int, ctx: int, bsz: int, cu,
 
 def _signature(fn, args: tuple, kwargs: dict):
     """(signature, constexprs, attrs, options) as the JIT specialises a launch with these arguments."""
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
     values = dict(zip(fn.arg_names, args), **kwargs)
     constexpr_index = {p.num for p in fn.params if p.is_constexpr}
     sig, consts, attrs = {}, {}, {}

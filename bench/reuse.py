@@ -3,18 +3,23 @@
 - cold vs warm TTFT at 1K, 8K and 32K-token prompts (warm = the same prompt
   again, resuming from its prompt checkpoint);
 - the short-prompt tax: TTFT of cold 1K prompts with reuse on (prefill cut at
-  the marks: three traversals) vs an engine with ``--reuse-prompt off``;
+  the marks: three traversals) vs an engine with ``--reuse-prompt off``, the
+  two asked in turns (the median of the pairs' ratios);
 - an 8-subagent burst on an 8K system block already read once: prompt tokens
   actually prefilled and total time, with vs without reuse;
 - a COLD burst: 8 subagents on a fresh 8K block arriving at once, no lead
   request: prompt tokens prefilled with vs without reuse (the block should be
   read once: the optimum is (block + 8 tails) / 8 (block + tail)), and whether
   every greedy output equals the reuse-off engine's;
+- the same cold burst with no system mark (a preamble the prompts share that
+  no mark predicts: the second arrival learns the point, the first captures
+  it, the others wait for it): prefilled tokens with vs without reuse;
 - warm TTFT at 32K over the cold TTFT of a 16-token prompt.
 
 Last line: ``BENCH reuse vocab=N warm_cold_1k=A warm_cold_8k=B warm_cold_32k=C
 short_tax=D burst_prefill_ratio=E cold_burst_prefill_ratio=F
-cold_burst_identical=G warm32k_vs_short=H`` (the demo tokenizer's vocabulary size, warm/cold TTFT, on/off TTFT,
+cold_burst_identical=G warm32k_vs_short=H preamble_burst_prefill_ratio=I
+preamble_burst_identical=J`` (the demo tokenizer's vocabulary size, warm/cold TTFT, on/off TTFT,
 prefilled tokens with/without reuse, the fraction of cold-burst outputs equal
 to reuse off, warm 32K / cold 16-token TTFT).
 
@@ -66,15 +71,16 @@ def burst(engine: EngineProcess, tag: str, block: list[int], tasks: list[list[in
     return prefilled, wall
 
 
-def cold_burst(engine: EngineProcess, tag: str, block: list[int], tasks: list[list[int]]
+def cold_burst(engine: EngineProcess, tag: str, block: list[int], tasks: list[list[int]], marked: bool = True
                ) -> tuple[int, dict[str, list[int]]]:
-    """Every request of the burst sent before any is served: prefilled tokens and each output."""
+    """Every request of the burst sent before any is served: prefilled tokens and each output.
+    ``marked`` False: no system mark (the block is a preamble the requests share by chance)."""
     rids = []
     for i, task in enumerate(tasks):
         p = block + task
         rid = f"{tag}-{i}"
-        engine.generate(rid, p, max_tokens=8, ignore_eos=True, request_class="agent", system_end=len(block),
-                        opener_start=len(p) - 3)
+        engine.generate(rid, p, max_tokens=8, ignore_eos=True, request_class="agent",
+                        system_end=len(block) if marked else None, opener_start=len(p) - 3)
         rids.append(rid)
     outs = engine.wait(rids, timeout=900)
     prefilled = sum(o.finished.usage.prompt_tokens - o.finished.usage.cached_tokens for o in outs.values())
@@ -108,11 +114,11 @@ def main(argv=None) -> int:
                 results[f"warm_cold_{name}"] = warm / cold
                 warm_ms[name] = warm
                 rows.append((f"ttft {name} cold / warm ms", cold, warm, f"cached {cached}"))
-            taxed = [ttft(on, f"tax-on-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0]
-                     for i in range(repeats)]
-            plain = [ttft(off, f"tax-off-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0]
-                     for i in range(repeats)]
-            results["short_tax"] = statistics.median(taxed) / statistics.median(plain)
+            taxed, plain = [], []
+            for i in range(2 * repeats + 1):  # on and off in turns, so both see the same load
+                taxed.append(ttft(on, f"tax-on-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0])
+                plain.append(ttft(off, f"tax-off-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0])
+            results["short_tax"] = statistics.median(a / b for a, b in zip(taxed, plain))
             rows.append(("cold 1k ttft ms reuse on / off", statistics.median(taxed), statistics.median(plain), ""))
             block = tokens(block_len, rng)
             tasks = [tokens(task_len, rng) for _ in range(8)]
@@ -129,6 +135,13 @@ def main(argv=None) -> int:
             results["cold_burst_prefill_ratio"] = cold_on / cold_off
             results["cold_burst_identical"] = sum(outs_on[k] == outs_off[k] for k in outs_off) / len(outs_off)
             rows.append(("cold burst prefilled on / off", cold_on, cold_off, f"optimum ratio {optimum:.3f}"))
+            block = tokens(block_len, rng)
+            tasks = [tokens(task_len, rng) for _ in range(8)]
+            pre_on, outs_on = cold_burst(on, "pb-on", block, tasks, marked=False)
+            pre_off, outs_off = cold_burst(off, "pb-off", block, tasks, marked=False)
+            results["preamble_burst_prefill_ratio"] = pre_on / pre_off
+            results["preamble_burst_identical"] = sum(outs_on[k] == outs_off[k] for k in outs_off) / len(outs_off)
+            rows.append(("unmarked burst prefilled on / off", pre_on, pre_off, "the preamble has no mark"))
             short = statistics.median(ttft(on, f"short-{i}", tokens(16, rng))[0] for i in range(repeats))
             results["warm32k_vs_short"] = warm_ms["32k"] / short
             rows.append(("ttft warm 32k / cold 16-token ms", warm_ms["32k"], short, ""))
@@ -141,7 +154,8 @@ def main(argv=None) -> int:
     print(f"BENCH reuse vocab={TOKENIZER_SIZE} " + " ".join(f"{k}={results[k]:.3f}" for k in
                                     ("warm_cold_1k", "warm_cold_8k", "warm_cold_32k", "short_tax",
                                      "burst_prefill_ratio", "cold_burst_prefill_ratio", "cold_burst_identical",
-                                     "warm32k_vs_short")))
+                                     "warm32k_vs_short", "preamble_burst_prefill_ratio",
+                                     "preamble_burst_identical")))
     return 0
 
 

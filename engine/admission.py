@@ -19,11 +19,13 @@ the lane (``LaneStart.restore_slot``), and prefill starts after the match.
 Retained pages never delay an admission: the store releases entries,
 lowest-ranked first, before the head is left waiting.
 
-Subagent bursts. While a running request prefills towards a retained-prefix
-point, or a capture of a longer prefix of a waiting request's prompt is still
-pending (its round not yet applied: its slot holds nothing), the waiting
-request waits, then resumes from the captured prefix. It never reads a slot
-that is not filled; the scheduler's ``update`` marks a round's captures filled.
+Subagent bursts. While a running request prefills towards a capture point
+the waiting request shares (a retained prefix, a learned point given to it by
+a later arrival: ``engine.burst_points``), or a capture of a longer prefix of
+the waiting request's prompt is still pending (its round not yet applied: its
+slot holds nothing), the waiting request waits, then resumes from the
+captured prefix. It never reads a slot that is not filled; the scheduler's
+``update`` marks a round's captures filled.
 
 Shortfall. On its first admission a request records why it resumed less than
 it shares with a recent prompt (``engine.reuse.shortfall``), for the done line
@@ -44,7 +46,8 @@ the request counts it (``restore_rejected``, in its done line). Pure Python, no 
 from __future__ import annotations
 
 from ignis.engine.preemption import maybe_evict
-from ignis.engine.prefill_chunks import add_chunk, retained_prefix_point
+from ignis.engine.burst_points import capture_ahead
+from ignis.engine.prefill_chunks import add_chunk, capture_kind
 from ignis.engine.request import Request, RequestState
 from ignis.engine.reuse.shortfall import shortfall_reason
 from ignis.engine.schedule import LaneStart, RoundPlan
@@ -69,7 +72,9 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         hit = sched.store.lookup(tokens)
         req.restore_rejected += sched.store.claim_rejections(tokens)
         matched = hit.num_tokens if hit else 0
-        if sched.store.pending_prefix(tokens) > matched or _sibling_capturing(sched, req, tokens, matched):
+        if sched.store.pending_prefix(tokens) > matched or capture_ahead(
+                tokens, matched, sched.lanes.holders(),
+                lambda other, point: capture_kind(other, point, sched.store, page_tokens)):
             return  # a request ahead is about to retain this prefix: resume from it once it is filled
         shared = hit.num_tokens // page_tokens if hit else 0
         needed = sched.pool.pages_for(req.num_tokens + 1) - shared
@@ -137,19 +142,3 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
                                       tuple(req.output_ids)))
     return True
 
-
-def _sibling_capturing(sched: SchedulerState, req: Request, tokens: tuple[int, ...], matched: int) -> bool:
-    """A burst of subagents shares one system block: while a running request is
-    prefilling towards the same retained-prefix point, the next one waits for it
-    (at most until that request passes the point) instead of reading the block again."""
-    page_tokens = sched.config.page_tokens
-    p = retained_prefix_point(req, sched.store, page_tokens)
-    if p is None or matched >= p:
-        return False
-    prefix = tokens[:p]
-    for other in sched.lanes.holders():
-        if (other.state is RequestState.PREFILLING and other.num_computed_tokens < p
-                and retained_prefix_point(other, sched.store, page_tokens) == p
-                and other.key_prefix(p) == prefix):
-            return True
-    return False

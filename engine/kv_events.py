@@ -79,6 +79,7 @@ class KvEventPublisher:
         self.rank = data_parallel_rank
         self.dropped = 0  # batches dropped because the queue was full
         self.published = 0  # batches sent
+        self.malformed = 0  # replay requests refused as malformed
         self._pending: list[BlockEvent] = []
         self._queue: "queue.Queue[list[BlockEvent] | None]" = queue.Queue(maxsize=max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
@@ -158,6 +159,7 @@ class KvEventPublisher:
     def _answer_replay(self) -> None:
         frames = self._replay.recv_multipart()
         if len(frames) not in (2, 3) or len(frames[-1]) != 8 or (len(frames) == 3 and frames[1]):
+            self.malformed += 1
             log.warning("KV events: malformed replay request (%d frames) ignored", len(frames))
             return
         envelope = [frames[0], b""] if len(frames) == 3 else [frames[0]]

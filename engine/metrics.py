@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from ignis.shared.process_metrics import ProcessMetrics
+from ignis.shared.wire_error_counts import WireErrorCounts
 
 VLLM_NAMES = (
     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries",
@@ -63,7 +64,9 @@ class EngineMetrics(ProcessMetrics):
         self.finished = self.counter("request_success", "finished requests by finish reason", ("finished_reason",))
         self.refused = self.counter("request_refused", "requests refused by reason", ("reason",))
         self.preemptions = self.counter("num_preemptions", "running requests preempted for room")
-        self.garbage = self.counter("wire_errors", "malformed messages received")
+        self.wire_errors = WireErrorCounts(self.counter(
+            "wire_errors", "malformed messages received, by socket (gateway, tierd, kv_events_replay)", ("socket",)),
+            model_name)
         self.reuse_hits = self.counter("reuse_hits", "requests that resumed from retained state, by kind and tier",
                                        ("kind", "tier"))
         self.reuse_hit_tokens = self.counter("reuse_hit_tokens", "prompt tokens resumed, by kind and tier",

@@ -12,9 +12,9 @@ the newest multi-part user message's final text part a "part_boundary", and
 the request's learned point a "learned_point" (where marks coincide, that
 order decides). Nothing is captured while the store is disabled.
 
-A retained prefix that requests already waiting in the queue share (the
-siblings of a subagent burst, held back to resume from it) ranks as an
-interactive entry, whatever class made it: it is read as soon as it is
+A retained prefix or learned point that requests already waiting in the
+queue share (the siblings of a subagent burst, held back to resume from it)
+ranks as an interactive entry, whatever class made it: it is read as soon as it is
 filled, so it outranks any idle agent entry, and an agent's own checkpoint
 cannot push it out before its siblings read it. Pure Python, no torch.
 """
@@ -39,7 +39,7 @@ def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, 
     if kind is not None:
         tokens = req.key_prefix(chunk.end)
         claim = req.request_class
-        if kind == "retained_prefix" and waiting is not None and has_waiting_reader(waiting, tokens):
+        if kind in ("retained_prefix", "learned_point") and waiting is not None and has_waiting_reader(waiting, tokens):
             claim = "interactive"
         order = store.capture(tokens, req.page_table, req.lane, kind, req.request_class, req.last_is_user,
                               claim_as=claim, family=req.cache_family)
@@ -66,14 +66,6 @@ def next_chunk(req: Request, budget: int) -> PrefillChunk:
                         req.page_table.pages, req.image_layout)
 
 
-def retained_prefix_point(req: Request, store: RetainedStore, page_tokens: int) -> int | None:
-    """Where ``req``'s retained prefix is captured, or None when it has none."""
-    if not store.enabled or req.system_end is None:
-        return None
-    p = req.system_end // page_tokens * page_tokens
-    return p if 0 < p < len(req.prompt_ids) and p in req.must_cut_at else None
-
-
 def capture_kind(req: Request, end: int, store: RetainedStore, page_tokens: int) -> str | None:
     """What a chunk of ``req`` ending at ``end`` captures, if anything."""
     if not store.enabled or end >= len(req.prompt_ids) or end not in req.must_cut_at:
@@ -84,6 +76,6 @@ def capture_kind(req: Request, end: int, store: RetainedStore, page_tokens: int)
         return "retained_prefix"
     if req.part_end == end:
         return "part_boundary"
-    if req.learned_at == end:
+    if req.learned_at == end or end in req.shared_ahead:
         return "learned_point"
     return None

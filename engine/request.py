@@ -94,6 +94,9 @@ class Request:
     reuse_slot: str = field(default="none", init=False)
     reuse_tier: str = field(default="none", init=False)
     learned_at: int | None = field(default=None, init=False)  # a learned capture point (a cut too)
+    shared_ahead: tuple[int, ...] = field(default=(), init=False)
+    """Points where a later arrival shares this prompt while this one has not passed them (cuts too):
+    captured so the later one resumes there (``engine.burst_points``)."""
     shared_tokens: int = field(default=0, init=False)  # whole pages shared with an earlier prompt, at arrival
     earlier_cuts: tuple[int, ...] = field(default=(), init=False)  # that earlier prompt's capture points
     shortfall: str = field(default="none", init=False)  # why it reused less than it shares (engine.reuse.shortfall)

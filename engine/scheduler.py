@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from ignis.engine.admission import admit
+from ignis.engine.burst_points import share_ahead
 from ignis.engine.decode_lanes import DecodeLanes
 from ignis.engine.eviction import Evictor
 from ignis.engine.image_layout import image_layout
@@ -187,6 +188,7 @@ class Scheduler:
         if learned_at:  # a point inside an image moves before it (none is left at the prompt's start)
             req.learned_at = learned_at
             req.must_cut_at = tuple(sorted({*req.must_cut_at, learned_at}))
+            share_ahead(learned_at, req, self.waiting, self.lanes.holders())
 
     def abort(self, req_id: str, reason: str = "abort", message: str = "") -> FinishEvent | None:
         """End a request; see the module docstring for when. Unknown ids are ignored (None)."""

@@ -64,7 +64,6 @@ class EngineServer:
         self.intake = Intake(self.channel, self.metrics, self.models, self.streams, self._stopping,
                              config.max_queue)
         self._stop_deadline: float | None = None
-        self._garbage_seen = 0
         self._last_loop = time.monotonic()
         self._started_unix = round(time.time(), 3)
         self._update_gauges()  # before the metrics endpoint and READY: a first scrape sees the loaded pool
@@ -191,9 +190,16 @@ class EngineServer:
                 rid = getattr(env.message, "id", "")
                 if rid:
                     self.channel.send(Refused(rid, "bad_request", f"engine error: {exc}"), env.peer)
-        if self.channel.garbage_count != self._garbage_seen:
-            self.metrics.garbage.inc(self.channel.garbage_count - self._garbage_seen)
-            self._garbage_seen = self.channel.garbage_count
+        self._count_wire_errors()
+
+    def _count_wire_errors(self) -> None:
+        """Each receiving socket's malformed messages into ``wire_errors_total{socket}``."""
+        self.metrics.wire_errors.sync("gateway", self.channel.garbage_count)
+        tier_client = self.runtime.tier_client if self.runtime is not None else None
+        if tier_client is not None:
+            self.metrics.wire_errors.sync("tierd", tier_client.channel.garbage_count)
+        if self.kv_events is not None:
+            self.metrics.wire_errors.sync("kv_events_replay", self.kv_events.malformed)
 
     def _handle(self, peer: bytes, msg) -> None:
         if isinstance(msg, Generate):

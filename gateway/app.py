@@ -141,7 +141,7 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """The gateway's Prometheus metrics."""
     gw: GatewayState = request.app[STATE]
-    gw.metrics.sync_wire_errors(gw.client.garbage_count)
+    gw.metrics.wire_errors.sync("engine", gw.client.garbage_count)
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": gw.metrics.content_type})
 
 

@@ -9,8 +9,8 @@ and ``ignis:capture_marks_missing_total{mark,reason}``, chat requests served
 without a capture mark the gateway could not find (gateway.capture_marks); and
 ``ignis:gateway_responses_tools_ignored_total{tool}``, hosted tools of
 /v1/responses requests left out of the prompt; and
-``ignis:gateway_wire_errors_total``, malformed messages from the engine
-(logged and dropped; ``sync_wire_errors`` at each scrape).
+``ignis:gateway_wire_errors_total{socket}``, malformed messages from the engine
+(logged and dropped; synced at each scrape).
 Served by the app's GET /metrics (``render``); every metric is labelled
 ``model_name`` first (``ProcessMetrics``).
 """
@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from ignis.shared.process_metrics import LATENCY_BUCKETS as PROCESS_BUCKETS
 from ignis.shared.process_metrics import ProcessMetrics
+from ignis.shared.wire_error_counts import WireErrorCounts
 
 LATENCY_BUCKETS = PROCESS_BUCKETS + (120.0,)
 """Seconds: the shared buckets and one more at two minutes (a request's latency runs to its last byte)."""
@@ -42,15 +43,10 @@ class GatewayMetrics(ProcessMetrics):
                                      ("model_name", "mark", "reason"), registry=self.registry)
         self.tools_ignored = self.counter("responses_tools_ignored", "hosted tools of /v1/responses requests left "
                                           "out of the prompt (ignis cannot run them)", ("tool",))
-        self.wire_errors = self.counter("wire_errors", "malformed messages from the engine (logged and dropped)")
-        self._wire_errors_seen = 0
+        self.wire_errors = WireErrorCounts(self.counter(
+            "wire_errors", "malformed messages received (logged and dropped), by socket (engine)", ("socket",)),
+            model_name)
         self.model_name = model_name
-
-    def sync_wire_errors(self, total: int) -> None:
-        """Advance the counter to the engine client's running count."""
-        if total > self._wire_errors_seen:
-            self.wire_errors.inc(total - self._wire_errors_seen)
-            self._wire_errors_seen = total
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(self.model_name, endpoint, str(status)).inc()

@@ -78,7 +78,6 @@ class TierServer:
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
-        self._garbage_seen = 0
         self.channel = bind_router(zmq.Context.instance(), endpoint, ENGINE_TO_TIERD, name="tierd",
                                    notify=self._wake.set)
         self._gauges()
@@ -136,10 +135,7 @@ class TierServer:
         self._count_garbage()
 
     def _count_garbage(self) -> None:
-        seen = self.channel.garbage_count
-        if seen != self._garbage_seen:
-            self.metrics.wire_errors.inc(seen - self._garbage_seen)
-            self._garbage_seen = seen
+        self.metrics.wire_errors.sync("engine", self.channel.garbage_count)
 
     def _wait_in_flight(self, wait_s: float) -> None:
         """Let copies in flight finish (their replies go out), for at most ``wait_s``."""

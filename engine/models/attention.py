@@ -4,7 +4,8 @@ q_proj yields, per head, the query and an output gate side by side
 ([T, Hq, 2D] -> query | gate). Queries and keys get a per-head RMSNorm and a
 partial rotary embedding (one fused op each); new keys and values are written to their pages
 before attending, so a chunk reads itself from the pool like any earlier
-token. The attention output is gated by ``sigmoid(gate)`` before o_proj.
+token. The attention output is gated by ``sigmoid(gate)`` before o_proj (inside the
+prefill kernel's epilogue for a prefill-only chunk over a bf16 pool).
 
 The pool's format picks the ops: a page tensor is bf16 (``ops.write_kv``,
 ``ops.*_attention``); a ``CompressedLayer`` is hq-e8-2b (``ops.hq_*``), whose
@@ -49,18 +50,23 @@ class GatedAttention(nn.Module):
         k = self.k_norm.rotary(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin, ops)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if isinstance(kv, CompressedLayer):
-            out = self._attend_compressed(q, k, v, batch, kv, ops)
+            out = ops.sigmoid_mul(self._attend_compressed(q, k, v, batch, kv, ops), gate)
         else:
-            out = self._attend(q, k, v, batch, kv, ops)
-        return self.o_proj(ops.sigmoid_mul(out, gate).reshape(t, -1))
+            out = self._attend(q, k, v, gate, batch, kv, ops)
+        return self.o_proj(out.reshape(t, -1))
 
-    def _attend(self, q, k, v, batch: ForwardBatch, kv: torch.Tensor, ops) -> torch.Tensor:
+    def _attend(self, q, k, v, gate, batch: ForwardBatch, kv: torch.Tensor, ops) -> torch.Tensor:
+        """The gated attention output over a bf16 pool."""
         t = q.shape[0]
         k_cache, v_cache = kv[0], kv[1]
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         nd = batch.num_decodes
         if nd == t:  # decode only: no scatter into a shared output
-            return ops.decode_attention(q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale)
+            out = ops.decode_attention(q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale)
+            return ops.sigmoid_mul(out, gate)
+        if nd == 0:  # prefill only: likewise (no copy of the whole chunk), the gate in the kernel's epilogue
+            return ops.prefill_attention(q, k_cache, v_cache, batch.page_table, batch.prefill_cu_seqlens(),
+                                         batch.seq_lens, self.scale, gate=gate)
         out = torch.empty_like(q)
         if nd:
             out[:nd] = ops.decode_attention(
@@ -69,7 +75,7 @@ class GatedAttention(nn.Module):
             out[nd:] = ops.prefill_attention(
                 q[nd:], k_cache, v_cache, batch.page_table[nd:], batch.prefill_cu_seqlens(),
                 batch.seq_lens[nd:], self.scale)
-        return out
+        return ops.sigmoid_mul(out, gate)
 
     def _attend_compressed(self, q, k, v, batch: ForwardBatch, kv: CompressedLayer, ops) -> torch.Tensor:
         t = q.shape[0]

@@ -68,6 +68,8 @@ class GatedDeltaNet(nn.Module):
         nd = batch.num_decodes
         if nd == t:  # decode only: no scatter into a shared output
             conv_out = ops.causal_conv1d_update(mixed, weight, conv, batch.slots)
+        elif nd == 0:  # prefill only: likewise (no copy of the whole chunk)
+            conv_out = ops.causal_conv1d_varlen(mixed, weight, conv, batch.slots, batch.prefill_cu_seqlens())
         else:
             conv_out = torch.empty_like(mixed)
             if nd:
@@ -82,6 +84,8 @@ class GatedDeltaNet(nn.Module):
 
         if nd == t:
             core = ops.recurrent_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots)
+        elif nd == 0:
+            core = ops.chunk_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots, batch.prefill_cu_seqlens())
         else:
             core = torch.empty_like(v)
             if nd:

@@ -10,14 +10,23 @@ pads):
    cumsum of g and
    ``A = strictly_lower(beta_i k_i.k_j exp(gc_i - gc_j))``, it inverts the unit
    lower-triangular ``I + A`` blockwise in registers (the scheme of fla's
-   ``solve_tril``): A is built as its 4 x 4 grid of ``BC = 16`` square blocks,
-   the four diagonal blocks are inverted by forward substitution (14 steps,
-   all four at once), and the inverses are merged 16 -> 32 -> 64 with
+   ``solve_tril``): A comes from one [BT, Dk] x [Dk, BT] dot of the raw key
+   rows (normalised on the result) and is cut into its 4 x 4 grid of
+   ``BC = 16`` square blocks, the four diagonal blocks are inverted by
+   forward substitution (14 steps, all four at once), and the inverses are
+   merged 16 -> 32 -> 64 with
    ``inv([[P, 0], [Q, R]]) = [[P^-1, 0], [-R^-1 Q P^-1, R^-1]]`` in 16 small
    dots, always IEEE fp32. It then writes::
 
        u = (I + A)^-1 (beta * v)               [T, Hv, Dv] fp32 scratch
        w = (I + A)^-1 (beta * exp(gc) * k)     [T, Hv, Dk] fp32 scratch
+
+   both from the one inverse, put back together as a [BT, BT] tile with
+   the rows' scales on its columns, in [BT, BT] x [BT, 64] dots of the raw
+   k and v rows (``triton_wy``'s docstring). At the 27B shapes it compiles
+   for sm_90 to 255 registers at 8 warps with no spills (the former
+   block-by-block form kept k, beta*exp(gc)*k and beta*v in registers
+   across the inverse and spilled ~400 bytes a thread).
 
    Its grid is sized from the shapes alone, ``(T + (BT - 1) * B) // BT``
    chunks (each sequence leaves under one chunk unused); a program finds its
@@ -104,6 +113,7 @@ from ignis.kernels.gated_delta_rule.triton_wy import BC, _chunk_wy_kernel, chunk
 
 BT = 64
 SEQ_BLOCK = 128  # sequences read per step of the chunk-parallel kernels' chunk lookup
+WY_COLS = 64  # columns of w and of u per dot of the WY kernel
 
 
 @triton.jit
@@ -198,12 +208,17 @@ def _chunk_out_kernel(
 
 
 class ChunkBlocks(NamedTuple):
-    """Tiles of the two passes after kernel 1: value columns per program, warps, pipeline stages."""
+    """Tiles of the two passes after kernel 1 (value columns per program, warps, pipeline stages),
+    and kernel 1's warps, register cap and columns of w and u per dot (0: the defaults, 8 warps for
+    Dk + Dv > 128 else 4, no cap, ``WY_COLS``)."""
     state_bv: int
     state_warps: int
     state_stages: int
     out_bv: int
     out_warps: int
+    wy_warps: int = 0
+    wy_maxnreg: int = 0
+    wy_cols: int = 0
 
 
 def default_blocks(dk: int, dv: int) -> ChunkBlocks:
@@ -223,6 +238,47 @@ def chunk_scratch_bytes(tokens: int, seqs: int, hv: int, dk: int, dv: int, half_
     return 4 * tokens * hv * (dk + dv) + (2 if half_states else 4) * chunks * hv * dk * dv
 
 
+def _chunk_ends(cu_seqlens: torch.Tensor, total: int, bsz: int) -> tuple[torch.Tensor, int]:
+    """chunk_end[b]: chunks in sequences 0..b, made on the device, and the chunk-parallel grids'
+    chunk count, bounded from the shapes alone (no sync)."""
+    chunk_end = torch.cumsum(torch.div(cu_seqlens[1:] - cu_seqlens[:-1] + (BT - 1), BT, rounding_mode="floor"), 0)
+    return chunk_end, (total + (BT - 1) * bsz) // BT
+
+
+def _wy_pass(k, v, g, beta, cu_seqlens, chunk_end, n_chunks: int, bsz: int,
+             tiles: ChunkBlocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel 1: u [T, Hv, Dv] and w [T, Hv, Dk], fp32 scratch."""
+    total, hk, dk = k.shape
+    hv, dv = v.shape[1], v.shape[2]
+    u_buf = torch.empty((total, hv, dv), dtype=torch.float32, device=v.device)
+    w_buf = torch.empty((total, hv, dk), dtype=torch.float32, device=v.device)
+    bk = max(16, triton.next_power_of_2(dk))
+    bdv = max(16, triton.next_power_of_2(dv))
+    _chunk_wy_kernel[(n_chunks, hv)](
+        k, v, g, beta, cu_seqlens, chunk_end, bsz, u_buf, w_buf,
+        *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
+        u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
+        REP=hv // hk, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK,
+        BD=min(tiles.wy_cols or WY_COLS, bk, bdv), PREC="ieee" if v.dtype == torch.float32 else "tf32",
+        num_warps=tiles.wy_warps or (8 if bk + bdv > 128 else 4), num_stages=1,
+        maxnreg=tiles.wy_maxnreg or None,
+    )
+    return u_buf, w_buf
+
+
+def chunk_wy(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor,
+             blocks: ChunkBlocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel 1 alone (tests, and bench/gpu_check's timing of it): per chunk of the sequences of
+    ``cu_seqlens``, u = (I + A)^-1 (beta * v) [T, Hv, Dv] and w = (I + A)^-1 (beta * exp(gc) * k)
+    [T, Hv, Dk] in fp32, k L2-normalised, gc the in-chunk cumsum of g."""
+    total, bsz = k.shape[0], cu_seqlens.shape[0] - 1
+    if total == 0 or bsz == 0:
+        raise ValueError(f"chunk_wy: no tokens to transform ({total} tokens in {bsz} sequences)")
+    chunk_end, n_chunks = _chunk_ends(cu_seqlens, total, bsz)
+    return _wy_pass(k, v, g, beta, cu_seqlens, chunk_end, n_chunks, bsz,
+                    blocks or default_blocks(k.shape[2], v.shape[2]))
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -238,7 +294,7 @@ def chunk_gated_delta_rule(
 
     q, k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv], state [S, Hv, Dk, Dv] read
     and written at ``slots`` [B], cu_seqlens [B + 1]. Returns [T, Hv, Dv] in v's dtype.
-    ``blocks`` overrides the tiles of the state and output passes (``default_blocks``).
+    ``blocks`` overrides the tiles of the three kernels (``default_blocks``).
     """
     total, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -247,26 +303,14 @@ def chunk_gated_delta_rule(
     if total == 0 or bsz == 0:
         return out
     dev = v.device
-    # chunk_end[b]: chunks in sequences 0..b, made on the device; the chunk-parallel grids bound
-    # the chunk count from the shapes alone (no sync)
-    chunk_end = torch.cumsum(torch.div(cu_seqlens[1:] - cu_seqlens[:-1] + (BT - 1), BT, rounding_mode="floor"), 0)
-    n_chunks = (total + (BT - 1) * bsz) // BT
-    u_buf = torch.empty((total, hv, dv), dtype=torch.float32, device=dev)
-    w_buf = torch.empty((total, hv, dk), dtype=torch.float32, device=dev)
+    chunk_end, n_chunks = _chunk_ends(cu_seqlens, total, bsz)
+    tiles = blocks or default_blocks(dk, dv)
+    u_buf, w_buf = _wy_pass(k, v, g, beta, cu_seqlens, chunk_end, n_chunks, bsz, tiles)
     h_dtype = torch.float32 if v.dtype == torch.float32 else torch.bfloat16
     h_buf = torch.empty((n_chunks, hv, dk, dv), dtype=h_dtype, device=dev)
     bk = max(16, triton.next_power_of_2(dk))
-    bdv = max(16, triton.next_power_of_2(dv))
-    tiles = blocks or default_blocks(dk, dv)
     prec = "ieee" if v.dtype == torch.float32 else "tf32"
     rep = hv // hk
-    _chunk_wy_kernel[(n_chunks, hv)](
-        k, v, g, beta, cu_seqlens, chunk_end, bsz, u_buf, w_buf,
-        *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
-        u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),
-        REP=rep, K=dk, V=dv, BT=BT, BC=BC, BK=bk, BDV=bdv, BS=SEQ_BLOCK,
-        PREC=prec, num_warps=8 if bk + bdv > 128 else 4,
-    )
     _chunk_state_kernel[(bsz, hv, triton.cdiv(dv, tiles.state_bv))](
         k, g, u_buf, w_buf, h_buf, state, slots, cu_seqlens, chunk_end,
         *k.stride(), *g.stride(), u_buf.stride(0), u_buf.stride(1), w_buf.stride(0), w_buf.stride(1),

@@ -5,6 +5,15 @@ it writes ``u = (I + A)^-1 (beta * v)`` and ``w = (I + A)^-1 (beta * exp(gc) * k
 to fp32 scratch through the blocked inverse of ``I + A``. The module docstring
 of ``triton_chunk`` describes the scheme, the grid and its chunk lookup
 (``chunk_sequence`` and ``chunk_span``, shared with the output pass), and the precisions.
+
+The chunk is handled as whole [BT, *] tiles wherever a dot can take them:
+A is one [BT, Dk] x [Dk, BT] dot of the raw key rows (the L2 norms are the
+diagonal of that product and are applied to its fp32 result); only the
+inverse works on the 4 x 4 grid of [BC, BC] blocks (``_blocks`` cuts A into
+it, ``_tile`` puts the inverse back together); w and u share that one
+inverse, the rows' scales moved onto its columns, as [BT, BT] x [BT, BD] dots
+of the raw k and v rows, BD columns at a time. Nothing of k or v is held in
+registers across the inverse.
 """
 
 from __future__ import annotations
@@ -75,31 +84,57 @@ def _unit_lower_inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, BC: tl
 
 
 @triton.jit
-def _kkt_block(k_r, k_c, beta_r, gc_r, gc_c, DIAG: tl.constexpr, PREC: tl.constexpr):
-    """Block (r, c) of A = strictly_lower(beta_i k_i.k_j exp(gc_i - gc_j))."""
-    d = gc_r[:, None] - gc_c[None, :]
-    if DIAG:
-        offs = tl.arange(0, k_r.shape[0])
-        d = tl.where(offs[:, None] > offs[None, :], d, float("-inf"))
-    return tl.dot(k_r, tl.trans(k_c), input_precision=PREC) * beta_r[:, None] * tl.exp(d)
-
-
-@triton.jit
 def _vec(ptr, tok, h, s_t, s_h, t_mask):
     return tl.load(ptr + tok * s_t + h * s_h, mask=t_mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _beta_v(v, beta, tok, t_mask, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask):
-    """beta * v for one block of rows, fp32, zeros where masked."""
-    b_v = tl.load(v + tok[:, None] * s_v_t + h * s_v_h + offs_v[None, :] * s_v_d,
-                  mask=t_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-    return b_v * _vec(beta, tok, h, s_bt_t, s_bt_h, t_mask)[:, None]
+def _blocks(x, BC: tl.constexpr):
+    """The lower 4 x 4 grid of [BC, BC] blocks of a [4 BC, 4 BC] tile (x_rc: row block r, column block c, r >= c)."""
+    # (row block hi, lo, row, column block hi, lo, column) -> (row, column, row hi, lo, column hi, lo)
+    x = tl.permute(tl.reshape(x, (2, 2, BC, 2, 2, BC)), (2, 5, 0, 1, 3, 4))
+    c0, c1 = tl.split(x)           # column block lo
+    c00, c10 = tl.split(c0)        # column block hi: c00 = block column 0, c10 = block column 2
+    c01, c11 = tl.split(c1)        # block columns 1, 3
+    r0c0, r1c0 = tl.split(c00)     # row block lo
+    r0c1, r1c1 = tl.split(c01)
+    r0c2, r1c2 = tl.split(c10)
+    _r0c3, r1c3 = tl.split(c11)
+    x00, x20 = tl.split(r0c0)      # row block hi
+    x10, x30 = tl.split(r1c0)
+    _x01, x21 = tl.split(r0c1)
+    x11, x31 = tl.split(r1c1)
+    _x02, x22 = tl.split(r0c2)
+    _x12, x32 = tl.split(r1c2)
+    _x13, x33 = tl.split(r1c3)
+    return x00, x10, x11, x20, x21, x22, x30, x31, x32, x33
 
 
 @triton.jit
-def _store_rows(buf, tok, t_mask, h, x, s_t, s_h, offs, mask):
-    tl.store(buf + tok[:, None] * s_t + h * s_h + offs[None, :], x, mask=t_mask[:, None] & mask[None, :])
+def _tile(x00, x10, x11, x20, x21, x22, x30, x31, x32, x33, BC: tl.constexpr):
+    """The [4 BC, 4 BC] lower block-triangular tile of the blocks ``_blocks`` returns (zeros above)."""
+    z = tl.zeros_like(x00)
+    # inverse of _blocks: join row block hi, then lo, then column block hi, then lo
+    r0c0, r1c0 = tl.join(x00, x20), tl.join(x10, x30)
+    r0c1, r1c1 = tl.join(z, x21), tl.join(x11, x31)
+    r0c2, r1c2 = tl.join(z, x22), tl.join(z, x32)
+    r0c3, r1c3 = tl.join(z, z), tl.join(z, x33)
+    c00, c01 = tl.join(r0c0, r1c0), tl.join(r0c1, r1c1)
+    c10, c11 = tl.join(r0c2, r1c2), tl.join(r0c3, r1c3)
+    x = tl.join(tl.join(c00, c10), tl.join(c01, c11))
+    return tl.reshape(tl.permute(x, (2, 3, 0, 4, 5, 1)), (4 * BC, 4 * BC))
+
+
+@triton.jit
+def _solve_cols(src, s_t, s_d, rows, c0, N: tl.constexpr, inv, dst, s_dt,
+                BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    """dst[:, c0:c0 + BD] = inv @ src[:, c0:c0 + BD] over one chunk's ``rows`` valid rows (src and
+    dst at the chunk's first row and its head; src read raw, fp32 dot)."""
+    offs_t = tl.arange(0, BT)
+    offs = c0 + tl.arange(0, BD)
+    mask = (offs_t < rows)[:, None] & (offs < N)[None, :]
+    x = tl.load(src + offs_t[:, None] * s_t + offs[None, :] * s_d, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst + offs_t[:, None] * s_dt + offs[None, :], tl.dot(inv, x, input_precision=PREC), mask=mask)
 
 
 @triton.jit
@@ -129,7 +164,7 @@ def _chunk_wy_kernel(
     s_u_t, s_u_h, s_w_t, s_w_h,
     REP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr,
+    BD: tl.constexpr, PREC: tl.constexpr,
 ):
     tl.static_assert(BT == 4 * BC)
     ic = tl.program_id(0)
@@ -139,70 +174,39 @@ def _chunk_wy_kernel(
         return
     bos, eos = chunk_span(chunk_end, cu_seqlens, b, ic, BT)
 
-    offs_c = tl.arange(0, BC)
+    offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
-    offs_v = tl.arange(0, BDV)
     k_mask = offs_k < K
-    v_mask = offs_v < V
-    # the chunk as four blocks of BC rows; k, g, beta first, v only once (I + A)^-1 is known
-    tok0 = bos + offs_c
-    tok1 = tok0 + BC
-    tok2 = tok0 + 2 * BC
-    tok3 = tok0 + 3 * BC
-    m0, m1, m2, m3 = tok0 < eos, tok1 < eos, tok2 < eos, tok3 < eos
-    hk = h // REP
-    k0 = load_qk_rows(k, tok0, hk, s_k_t, s_k_h, s_k_d, offs_k, m0, k_mask)
-    k1 = load_qk_rows(k, tok1, hk, s_k_t, s_k_h, s_k_d, offs_k, m1, k_mask)
-    k2 = load_qk_rows(k, tok2, hk, s_k_t, s_k_h, s_k_d, offs_k, m2, k_mask)
-    k3 = load_qk_rows(k, tok3, hk, s_k_t, s_k_h, s_k_d, offs_k, m3, k_mask)
-    g0, g1 = _vec(g, tok0, h, s_g_t, s_g_h, m0), _vec(g, tok1, h, s_g_t, s_g_h, m1)
-    g2, g3 = _vec(g, tok2, h, s_g_t, s_g_h, m2), _vec(g, tok3, h, s_g_t, s_g_h, m3)
-    beta0, beta1 = _vec(beta, tok0, h, s_bt_t, s_bt_h, m0), _vec(beta, tok1, h, s_bt_t, s_bt_h, m1)
-    beta2, beta3 = _vec(beta, tok2, h, s_bt_t, s_bt_h, m2), _vec(beta, tok3, h, s_bt_t, s_bt_h, m3)
-    gc0 = tl.cumsum(g0, 0)
-    gc1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
-    gc2 = tl.cumsum(g2, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0))
-    gc3 = tl.cumsum(g3, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0))
+    tok = bos + offs_t
+    t_mask = tok < eos
+    # A is one dot of the raw key rows, normalised afterwards on the fp32 result (bf16 keys are exact
+    # in tf32: exact products, fp32 accumulation; fp32 keys use IEEE dots); |k_i|^2 is that product's diagonal, read off in
+    # the dot's own layout for the rows and for the columns
+    b_k = tl.load(k + tok[:, None] * s_k_t + (h // REP) * s_k_h + offs_k[None, :] * s_k_d,
+                  mask=t_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    diag = tl.where(offs_t[:, None] == offs_t[None, :], kk, 0.0)
+    rn = tl.rsqrt(tl.sum(diag, 1) + 1e-6)
+    rn_c = tl.rsqrt(tl.sum(diag, 0) + 1e-6)
+    gc = tl.cumsum(_vec(g, tok, h, s_g_t, s_g_h, t_mask), 0)
+    b_beta = _vec(beta, tok, h, s_bt_t, s_bt_h, t_mask)
+    lower = offs_t[:, None] > offs_t[None, :]
+    decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], float("-inf")))
+    a = kk * (b_beta * rn)[:, None] * (rn_c[None, :] * decay)
 
-    a00 = _kkt_block(k0, k0, beta0, gc0, gc0, True, PREC)
-    a10 = _kkt_block(k1, k0, beta1, gc1, gc0, False, PREC)
-    a11 = _kkt_block(k1, k1, beta1, gc1, gc1, True, PREC)
-    a20 = _kkt_block(k2, k0, beta2, gc2, gc0, False, PREC)
-    a21 = _kkt_block(k2, k1, beta2, gc2, gc1, False, PREC)
-    a22 = _kkt_block(k2, k2, beta2, gc2, gc2, True, PREC)
-    a30 = _kkt_block(k3, k0, beta3, gc3, gc0, False, PREC)
-    a31 = _kkt_block(k3, k1, beta3, gc3, gc1, False, PREC)
-    a32 = _kkt_block(k3, k2, beta3, gc3, gc2, False, PREC)
-    a33 = _kkt_block(k3, k3, beta3, gc3, gc3, True, PREC)
-    y0 = k0 * (beta0 * tl.exp(gc0))[:, None]
-    y1 = k1 * (beta1 * tl.exp(gc1))[:, None]
-    y2 = k2 * (beta2 * tl.exp(gc2))[:, None]
-    y3 = k3 * (beta3 * tl.exp(gc3))[:, None]
+    a00, a10, a11, a20, a21, a22, a30, a31, a32, a33 = _blocks(a, BC)
     i00, i10, i11, i20, i21, i22, i30, i31, i32, i33 = _unit_lower_inverse(
         a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, BC)
+    inv = _tile(i00, i10, i11, i20, i21, i22, i30, i31, i32, i33, BC)
 
-    # w = (I + A)^-1 (beta * exp(gc) * k), then u = (I + A)^-1 (beta * v), block row by block row
-    w0 = tl.dot(i00, y0, input_precision=PREC)
-    w1 = tl.dot(i11, y1, tl.dot(i10, y0, input_precision=PREC), input_precision=PREC)
-    w2 = tl.dot(i22, y2, tl.dot(i21, y1, tl.dot(i20, y0, input_precision=PREC), input_precision=PREC),
-                input_precision=PREC)
-    w3 = tl.dot(i31, y1, tl.dot(i30, y0, input_precision=PREC), input_precision=PREC)
-    w3 = tl.dot(i33, y3, tl.dot(i32, y2, w3, input_precision=PREC), input_precision=PREC)
-    _store_rows(w_buf, tok0, m0, h, w0, s_w_t, s_w_h, offs_k, k_mask)
-    _store_rows(w_buf, tok1, m1, h, w1, s_w_t, s_w_h, offs_k, k_mask)
-    _store_rows(w_buf, tok2, m2, h, w2, s_w_t, s_w_h, offs_k, k_mask)
-    _store_rows(w_buf, tok3, m3, h, w3, s_w_t, s_w_h, offs_k, k_mask)
-    x0 = _beta_v(v, beta, tok0, m0, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    x1 = _beta_v(v, beta, tok1, m1, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    x2 = _beta_v(v, beta, tok2, m2, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    x3 = _beta_v(v, beta, tok3, m3, h, s_v_t, s_v_h, s_v_d, s_bt_t, s_bt_h, offs_v, v_mask)
-    u0 = tl.dot(i00, x0, input_precision=PREC)
-    u1 = tl.dot(i11, x1, tl.dot(i10, x0, input_precision=PREC), input_precision=PREC)
-    u2 = tl.dot(i22, x2, tl.dot(i21, x1, tl.dot(i20, x0, input_precision=PREC), input_precision=PREC),
-                input_precision=PREC)
-    u3 = tl.dot(i31, x1, tl.dot(i30, x0, input_precision=PREC), input_precision=PREC)
-    u3 = tl.dot(i33, x3, tl.dot(i32, x2, u3, input_precision=PREC), input_precision=PREC)
-    _store_rows(u_buf, tok0, m0, h, u0, s_u_t, s_u_h, offs_v, v_mask)
-    _store_rows(u_buf, tok1, m1, h, u1, s_u_t, s_u_h, offs_v, v_mask)
-    _store_rows(u_buf, tok2, m2, h, u2, s_u_t, s_u_h, offs_v, v_mask)
-    _store_rows(u_buf, tok3, m3, h, u3, s_u_t, s_u_h, offs_v, v_mask)
+    # w = (I + A)^-1 diag(beta exp(gc) / |k|) k and u = (I + A)^-1 diag(beta) v: the rows' scales
+    # go on the inverse's columns, so each BD columns of w or u are one [BT, BT] x [BT, BD] dot of
+    # the raw rows, read again here (k: a cache hit) rather than held across the inverse
+    inv_w = inv * (b_beta * tl.exp(gc) * rn_c)[None, :]
+    for c0 in range(0, BK, BD):
+        _solve_cols(k + bos * s_k_t + (h // REP) * s_k_h, s_k_t, s_k_d, eos - bos, c0, K, inv_w,
+                    w_buf + bos * s_w_t + h * s_w_h, s_w_t, BT, BD, PREC)
+    inv_u = inv * b_beta[None, :]
+    for c0 in range(0, BDV, BD):
+        _solve_cols(v + bos * s_v_t + h * s_v_h, s_v_t, s_v_d, eos - bos, c0, V, inv_u,
+                    u_buf + bos * s_u_t + h * s_u_h, s_u_t, BT, BD, PREC)

@@ -104,11 +104,13 @@ def prefill_attention(
     cu_seqlens: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen chunk batch over each sequence's pages.
 
     Each query attends to every earlier token of its sequence (from the pool)
-    and to itself. Returns [T, Hq, D] in the query's dtype.
+    and to itself. Returns [T, Hq, D] in the query's dtype, times ``sigmoid(gate)``
+    ([T, Hq, D]) when a gate is given (the gated attention's output gate).
     """
     total, hq, d = query.shape
     hkv = k_cache.shape[2]
@@ -134,7 +136,7 @@ def prefill_attention(
             q, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
             attn_mask=kpos <= qpos, scale=scale, enable_gqa=group > 1)
         out[qs:qe] = o[0].transpose(0, 1)
-    return out
+    return out if gate is None else out * torch.sigmoid(gate)
 
 
 def decode_attention(

@@ -57,15 +57,16 @@ def _attend_tile(
 
 @triton.jit
 def _prefill_kernel(
-    q, k_cache, v_cache, out, page_table, cu_seqlens, seq_lens, scale_log2,
+    q, k_cache, v_cache, out, gate, page_table, cu_seqlens, seq_lens, scale_log2,
     s_q_t, s_q_h, s_q_d,
     s_kc_p, s_kc_r, s_kc_h, s_kc_d,
     s_vc_p, s_vc_r, s_vc_h, s_vc_d,
     s_o_t, s_o_h, s_o_d,
+    s_gt_t, s_gt_h, s_gt_d,
     s_pt_b, s_pt_p,
     GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, GATED: tl.constexpr,
 ):
     b = tl.program_id(0)
     m0 = tl.program_id(1) * BM
@@ -106,6 +107,10 @@ def _prefill_kernel(
                 scale_log2, PAGE, BN, True, PREC)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         acc = acc / l_safe[:, None]
+        if GATED:  # the output gate on the fp32 result, in the epilogue: no separate pass over out
+            b_gt = tl.load(gate + (q_start + offs_m)[:, None] * s_gt_t + h * s_gt_h + offs_d[None, :] * s_gt_d,
+                           mask=q_mask, other=0.0).to(tl.float32)
+            acc = acc * tl.sigmoid(b_gt)
         p_o = out + (q_start + offs_m)[:, None] * s_o_t + h * s_o_h + offs_d[None, :] * s_o_d
         tl.store(p_o, acc.to(out.dtype.element_ty), mask=q_mask)
 
@@ -134,16 +139,20 @@ def prefill_attention(
     seq_lens: torch.Tensor,
     scale: float,
     blocks: tuple[int, int, int, int] | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a varlen chunk batch over each sequence's pages.
 
     query [T, Hq, D], caches [num_pages, PAGE, Hkv, D], page_table [B, max_pages],
     cu_seqlens [B + 1], seq_lens [B] (context after this step). Returns [T, Hq, D]
-    in the query's dtype. ``blocks`` (BM, BN, num_warps, num_stages) overrides the
+    in the query's dtype, times ``sigmoid(gate)`` ([T, Hq, D], any strides) when a
+    gate is given, applied to the fp32 result before its rounding. ``blocks`` (BM, BN, num_warps, num_stages) overrides the
     tile choice (``bench/gpu_check_bench.py`` sweeps it on a GPU).
     """
     total, hq, d = query.shape
     hkv = k_cache.shape[2]
+    if gate is not None and gate.shape != query.shape:
+        raise ValueError(f"prefill_attention: gate {tuple(gate.shape)} is not the query's {tuple(query.shape)}")
     out = torch.empty_like(query)
     bsz = seq_lens.shape[0]
     if total == 0 or bsz == 0:
@@ -156,10 +165,11 @@ def prefill_attention(
     prec = "ieee" if query.dtype == torch.float32 else "tf32"
     grid = (bsz, triton.cdiv(total, bm), hq)
     _prefill_kernel[grid](
-        query, k_cache, v_cache, out, page_table, cu_seqlens, seq_lens, scale * LOG2E,
-        *query.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *page_table.stride(),
+        query, k_cache, v_cache, out, out if gate is None else gate, page_table, cu_seqlens, seq_lens, scale * LOG2E,
+        *query.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        *(out if gate is None else gate).stride(), *page_table.stride(),
         GROUP=hq // hkv, D=d, PAGE=k_cache.shape[1], BM=bm, BN=bn, BD=bd, PREC=prec,
-        UPCAST=query.device.type == "cpu",
+        UPCAST=query.device.type == "cpu", GATED=gate is not None,
         num_warps=warps, num_stages=stages,
     )
     return out

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
+
+import zmq
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,5 +67,19 @@ def test_metrics_move_with_requests(tmp_path):
         for key, value in twins.items():  # --metrics-compat vllm: the same samples under vllm:
             assert after["ignis:" + key.split(":", 1)[1]] == value, key
         assert "vllm:reuse_hits_total|kind=prompt_checkpoint|tier=device" not in after  # no vLLM equivalent
+        assert after["ignis:wire_errors_total|socket=gateway"] == 0
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(eng.endpoint)
+        try:
+            sock.send_multipart([b"not a message"])
+            assert sock.poll(5000), "garbage is answered"
+            sock.recv_multipart()
+        finally:
+            sock.close()
+        deadline = time.monotonic() + 10  # folded into the counter by the loop turn after the reply
+        while scrape(port)["ignis:wire_errors_total|socket=gateway"] < 1:
+            assert time.monotonic() < deadline, "the gateway socket's malformed message was not counted"
+            time.sleep(0.05)
     finally:
         assert eng.stop() == 0

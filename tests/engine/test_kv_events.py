@@ -95,6 +95,7 @@ def test_replay_resends_from_a_sequence_number_and_ends_with_minus_one():
         dealer.send_multipart([b"", b"bad"])  # malformed: ignored, the publisher keeps serving
         dealer.send_multipart([b"", (9).to_bytes(8, "big")])
         assert recv(dealer)[1] == END_SEQ
+        assert pub.malformed == 1  # counted (the engine's wire_errors_total{socket="kv_events_replay"})
         dealer.close(0)
     finally:
         req.close(0)

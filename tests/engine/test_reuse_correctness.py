@@ -134,3 +134,25 @@ def test_siblings_wait_while_the_first_prefills_towards_the_block_with_nothing_p
         assert eng.tokens[rid] == tokens, rid
         assert rel(eng.first_logits[rid], logits) < TOL, rid
     eng.check_drained()
+
+
+@pytest.mark.parametrize("budget", [4096, 300])
+def test_a_burst_sharing_a_user_preamble_reads_it_once(model, budget):
+    """Seven requests arrive together sharing 150 tokens no mark predicts (the same task preamble at the
+    start of each user message; no system block): the first captures where the second diverges from it
+    (two whole pages), the others wait for that capture and resume from it. The preamble is prefilled
+    once, and every output is the cold one."""
+    preamble = prompt(SYSTEM, 43)
+    prompts = {f"sub{i}": preamble + prompt(20 + 7 * i, 110 + i) for i in range(7)}
+    eng = Engine(model, lanes=8, host_slots=8, prefill_budget=budget)
+    for rid, p in prompts.items():
+        eng.submit(rid, p, opener_start=len(p) - 3, cls="agent")
+    eng.run()
+    hits = [eng.finished[rid].cached_tokens for rid in prompts]
+    assert sorted(hits) == [0] + [128] * 6, hits
+    assert eng.prefilled == 128 + sum(len(p) - 128 for p in prompts.values())
+    for rid, p in prompts.items():
+        tokens, logits = cold_run(model, rid, p)
+        assert eng.tokens[rid] == tokens, rid
+        assert rel(eng.first_logits[rid], logits) < TOL, rid
+    eng.check_drained()

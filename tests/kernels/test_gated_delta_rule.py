@@ -111,11 +111,47 @@ def test_chunk_matches_twin(device, gen, hk, hv, dk, dv, dtype, lengths, g_scale
     assert_untouched(got_pool, pool, unused(num_slots, slots), what)
 
 
-# (state BV, warps, stages, output BV, warps): several value blocks in either pass
-BLOCK_CASES = [triton_chunk.ChunkBlocks(16, 4, 1, 64, 4), triton_chunk.ChunkBlocks(64, 4, 2, 16, 4)]
+def wy_twin(k, v, g, beta, lengths):
+    """u and w of every chunk by a dense (I + A)^-1 in fp64: the WY kernel's definition."""
+    rep = v.shape[1] // k.shape[1]
+    kn = ref.l2norm(k.double()).repeat_interleave(rep, dim=1).transpose(0, 1)  # [Hv, T, Dk]
+    vb = (v.double() * beta.double()[..., None]).transpose(0, 1)
+    g64, b64 = g.double().transpose(0, 1), beta.double().transpose(0, 1)
+    u, w = torch.empty_like(vb), torch.empty_like(kn)
+    start = 0
+    for n in lengths:
+        for c0 in range(start, start + n, BT):
+            sl = slice(c0, min(c0 + BT, start + n))
+            gc = g64[:, sl].cumsum(-1)
+            kc = kn[:, sl]
+            a = (b64[:, sl, None] * (kc @ kc.transpose(-1, -2)) * (gc[:, :, None] - gc[:, None, :]).exp()).tril(-1)
+            inv = torch.linalg.inv(torch.eye(a.shape[-1], dtype=a.dtype) + a)
+            u[:, sl] = inv @ vb[:, sl]
+            w[:, sl] = inv @ (kc * (b64[:, sl] * gc.exp())[..., None])
+        start += n
+    return u.transpose(0, 1), w.transpose(0, 1)
 
 
-@pytest.mark.parametrize("blocks", BLOCK_CASES, ids=lambda b: f"state{b.state_bv}-out{b.out_bv}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_wy_matches_dense_inverse(device, gen, dtype):
+    """Kernel 1 alone (what bench/gpu_check times) against a dense fp64 inverse per chunk: a ragged
+    and a one-token sequence, 3 value heads on a key head."""
+    lengths = [100, 1]
+    _, k, v, g, beta = make_inputs(sum(lengths), 1, 3, 32, 16, dtype, device, gen)
+    u, w = triton_chunk.chunk_wy(k, v, g, beta, cu_seqlens(lengths, device))
+    want_u, want_w = wy_twin(k.cpu(), v.cpu(), g.cpu(), beta.cpu(), lengths)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3  # bf16 inputs: tf32 dots on the GPU
+    assert_close(u.cpu().double(), want_u, tol, f"chunk_wy u {dtype}")
+    assert_close(w.cpu().double(), want_w, tol, f"chunk_wy w {dtype}")
+
+
+# (state BV, warps, stages, output BV, warps[, WY warps, register cap, columns]): several value blocks
+# in either pass; the WY kernel at 8 warps under a register cap, w and u 16 columns a dot
+BLOCK_CASES = [triton_chunk.ChunkBlocks(16, 4, 1, 64, 4), triton_chunk.ChunkBlocks(64, 4, 2, 16, 4, 8, 128, 16)]
+
+
+@pytest.mark.parametrize("blocks", BLOCK_CASES,
+                         ids=lambda b: f"state{b.state_bv}-out{b.out_bv}-wy{b.wy_warps}.{b.wy_maxnreg}.{b.wy_cols}")
 def test_chunk_tiles_override(device, gen, blocks):
     """``blocks=`` tiles split the value columns differently in the state and output passes;
     the result is the twin's either way."""

@@ -15,7 +15,7 @@ import torch
 
 from ignis.kernels.paged_attention import reference as ref
 from ignis.kernels.paged_attention import triton_decode, triton_prefill, triton_write
-from tests.kernels.conftest import PAGE, assert_close, cu_seqlens, strided
+from tests.kernels.conftest import PAGE, assert_close, cu_seqlens, rel_rms, strided
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -99,6 +99,25 @@ def _prefill_case(hq, hkv, d, dtype, seqs, device, gen):
 @pytest.mark.parametrize("hq,hkv,d,dtype", PREFILL_CASES)
 def test_prefill_matches_twin(device, gen, hq, hkv, d, dtype):
     _prefill_case(hq, hkv, d, dtype, PREFILL_SEQS, device, gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_gated_matches_twin(device, gen, dtype):
+    """The output gate in the kernel's epilogue (a strided view, as q_proj's split makes it) against
+    the twin's attention times sigmoid(gate); the ungated result differs from it."""
+    seqs = [(70, 5), (130, 130), (1, 1)]
+    k_cache, v_cache, table = build_pool([c for c, _ in seqs], 2, 64, dtype, device, gen)
+    query = strided((136, 4, 64), dtype, device, gen)
+    gate = strided((136, 4, 64), dtype, device, gen, scale=2.0)
+    cu = cu_seqlens([n for _, n in seqs], device)
+    lens = torch.tensor([c for c, _ in seqs], dtype=torch.int32, device=device)
+    want = ref.prefill_attention(query, k_cache, v_cache, table, cu, lens, 0.125, gate=gate)
+    got = triton_prefill.prefill_attention(query, k_cache, v_cache, table, cu, lens, 0.125, gate=gate)
+    assert_close(got, want, TOL[dtype], f"gated prefill {dtype}")
+    ungated = ref.prefill_attention(query, k_cache, v_cache, table, cu, lens, 0.125)
+    assert rel_rms(ungated, want) > 0.1, "the gate changed nothing: the case cannot tell gated from not"
+    with pytest.raises(ValueError, match="gate"):
+        triton_prefill.prefill_attention(query, k_cache, v_cache, table, cu, lens, 0.125, gate=gate[:, :2])
 
 
 def _decode_case(hq, hkv, d, dtype, contexts, device, gen, split_tokens=None):

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels
-            or set(s.labels) <= {"instance"}}
+            or set(s.labels) <= {"instance", "socket"}}
 
 
 def test_arena_gauges_and_wire_error_counter(tmp_path):

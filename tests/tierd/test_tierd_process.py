@@ -189,7 +189,7 @@ def test_garbage_and_wrong_versions_get_clear_errors(engine, tierd):
     assert isinstance(refused, TierRefused) and refused.reason == "protocol" and f"this tierd speaks {TIER_PROTOCOL_VERSION}" in \
         refused.message
     assert isinstance(engine.hello(), Welcome)  # and it still serves
-    assert tierd.metric("ignis:tierd_wire_errors_total") >= 4
+    assert tierd.metric("ignis:tierd_wire_errors_total", socket="engine") >= 4
 
 
 def test_requests_before_hello_and_from_a_stale_engine_are_refused(tierd):

@@ -332,3 +332,39 @@ def test_tierd_killed_mid_demote_the_pages_come_back_and_the_engine_serves_on(tm
         if rig is not None:
             rig.close()
         tierd.stop()
+
+
+def test_garbage_from_tierd_is_counted_dropped_and_the_real_reply_still_lands(tmp_path):
+    import threading
+
+    import zmq
+
+    from ignis.engine.tiers.client import TierClient
+    from ignis.shared.tier_layout import BlockDesc, UnitLayout
+    from ignis.shared.tier_wire import ENGINE_TIERD, TIER_PROTOCOL_VERSION, Hello, Welcome
+
+    endpoint = f"ipc://{tmp_path}/fake-tierd.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+
+    def fake_tierd():  # answers the hello with three kinds of garbage first, then a welcome
+        frames = router.recv_multipart()
+        peer, hello = frames[0], ENGINE_TIERD.decode(frames[1:])
+        assert isinstance(hello, Hello)
+        for junk in ([b"not a message"], [b'{"type": "tier_welcome", "v": 1}'], [b'{"type": "nope", "v": 1}']):
+            router.send_multipart([peer] + junk)
+        router.send_multipart([peer] + ENGINE_TIERD.encode(
+            Welcome(hello.req, TIER_PROTOCOL_VERSION, 1 << 20, 4, 4096, 0, 0)))
+
+    blocks = [BlockDesc("kv", "shm", "ignis-nobody-kv", 2, 4, 4096, 4 * 4096)]
+    client = TierClient(endpoint, "s", "qwen3_5", 4096, blocks, UnitLayout("kv", (), None), timeout_s=10.0)
+    thread = threading.Thread(target=fake_tierd, daemon=True)
+    thread.start()
+    try:
+        assert client.connect() and client.ready
+        assert client.channel.garbage_count == 3  # the engine's wire_errors_total{socket="tierd"}
+    finally:
+        thread.join(10)
+        client.close()
+        router.close()
