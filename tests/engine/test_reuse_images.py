@@ -158,3 +158,32 @@ def test_cuts_from_marks_are_moved_when_images_are_placed(cut):
     assert req.must_cut_at == (128, IMAGE_AT, 295) and req.part_end == IMAGE_AT and req.system_end == 150
     assert req.key_prefix(IMAGE_AT + 2)[-2:] == tuple(key_ids(digest("cat"), 2))
     assert req.key_prefix(IMAGE_AT) == tuple(_turn1()[:IMAGE_AT])
+
+
+def _waiting(rid: str, tokens: list[int], image: str, arrival: int) -> Request:
+    req = Request(rid, tuple(tokens), SamplingParams(max_tokens=2))
+    req.place_images((ImageKey(IMAGE_AT, IMAGE_AT + IMAGE_LEN, digest(image)),), 64)
+    req.arrival = arrival
+    return req
+
+
+def test_a_burst_shares_a_point_only_where_its_images_are_the_same():
+    from collections import deque
+
+    from ignis.engine.burst_points import capture_ahead, share_ahead
+
+    tokens = _turn1() + prompt(40, 31)
+    point = len(_turn1())  # past the image
+    ahead_dog = _waiting("dog", tokens, "dog", 0)
+    ahead_cat = _waiting("cat", tokens, "cat", 1)
+    late = _waiting("late", tokens, "cat", 2)
+    waiting = {"interactive": deque([ahead_dog, ahead_cat])}
+    assert share_ahead(point, late, waiting, ()) is ahead_cat  # the earlier one has another picture
+    assert point in ahead_cat.must_cut_at and point not in ahead_dog.must_cut_at
+    assert share_ahead(IMAGE_AT + 10, late, {"interactive": deque([ahead_dog])}, ()) is None  # inside its image
+    from ignis.engine.request import RequestState
+
+    ahead_cat.state = RequestState.PREFILLING
+    kind = lambda other, p: "learned_point"  # noqa: E731
+    assert capture_ahead(late.key_prefix(len(tokens)), 0, [ahead_cat], kind)
+    assert not capture_ahead(_waiting("x", tokens, "dog", 3).key_prefix(len(tokens)), 0, [ahead_cat], kind)
