@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -19,10 +21,9 @@ set_source_limit(BIG)  # what the gateway sets at start (--max-image-source-pixe
 
 def _transformers_resized(image: Image.Image, settings: VisionSettings) -> np.ndarray:
     """The picture transformers' Qwen2-VL image processor (PIL backend) resizes to, before rescaling."""
-    from transformers.image_transforms import convert_to_rgb
+    from transformers.image_transforms import convert_to_rgb, resize
     from transformers.image_utils import ChannelDimension, PILImageResampling
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-    from transformers.image_transforms import resize
 
     rgb = convert_to_rgb(image, return_numpy=True)
     h, w = smart_resize(rgb.shape[0], rgb.shape[1], factor=settings.patch_size * settings.merge_size,
@@ -38,7 +39,7 @@ def test_resize_equals_transformers(size, mode):
     if mode in ("L", "P"):
         image = image.convert(mode)
     got = decode_image(encoded(image), SETTINGS, BIG)
-    want = _transformers_resized(Image.open(__import__("io").BytesIO(encoded(image))), SETTINGS)
+    want = _transformers_resized(Image.open(io.BytesIO(encoded(image))), SETTINGS)
     assert (got.height, got.width) == want.shape[:2]
     assert got.height % 32 == 0 and got.width % 32 == 0
     assert np.array_equal(np.frombuffer(got.pixels, np.uint8).reshape(want.shape), want.astype(np.uint8))
@@ -56,7 +57,7 @@ def test_the_four_formats_decode(fmt, save):
 
 def test_an_animated_gif_gives_its_first_frame():
     frames = [picture(32, 32, seed=s).convert("P") for s in (1, 2, 3)]
-    buf = __import__("io").BytesIO()
+    buf = io.BytesIO()
     frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:])
     first = decode_image(encoded(frames[0], "GIF"), SETTINGS, BIG)
     assert decode_image(buf.getvalue(), SETTINGS, BIG) == first
