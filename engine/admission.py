@@ -68,7 +68,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
             if req.state is RequestState.PREFILLING:
                 budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting)
             continue
-        tokens = req.token_slice(0, req.num_tokens)
+        tokens = req.key_prefix(req.num_tokens)  # images as their digests (engine.reuse.image_keys)
         hit = sched.store.lookup(tokens)
         req.restore_rejected += sched.store.claim_rejections(tokens)
         matched = hit.num_tokens if hit else 0

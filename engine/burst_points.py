@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from collections import deque
 
 from ignis.engine.request import Request, RequestState
+from ignis.engine.reuse.image_keys import walk_back
 
 
 def share_ahead(point: int, req: Request, waiting: Mapping[str, deque[Request]],
@@ -38,13 +39,15 @@ def share_ahead(point: int, req: Request, waiting: Mapping[str, deque[Request]],
     """Give ``point`` (``req``'s learned point) to the earliest request ahead of it that shares it."""
     candidates = [r for q in waiting.values() for r in q if r.evicted is None]
     candidates += [r for r in holders if r.state is RequestState.PREFILLING]
-    tokens = req.prompt_ids
+    raw = req.prompt_ids
+    tokens = req.key_prefix(point)  # images as their digests (engine.reuse.image_keys)
     best = None
     for other in candidates:
         if (other is req or other.num_computed_tokens >= point or len(other.prompt_ids) <= point
-                or point in other.must_cut_at or other.prompt_ids[point - 1] != tokens[point - 1]):
+                or point in other.must_cut_at or other.prompt_ids[point - 1] != raw[point - 1]
+                or walk_back(point, other.image_keys) != point):
             continue
-        if other.prompt_ids[:point] == tokens[:point] and (best is None or other.arrival < best.arrival):
+        if other.key_prefix(point) == tokens and (best is None or other.arrival < best.arrival):
             best = other
     if best is not None:
         best.shared_ahead = tuple(sorted({*best.shared_ahead, point}))
@@ -54,16 +57,17 @@ def share_ahead(point: int, req: Request, waiting: Mapping[str, deque[Request]],
 
 def capture_ahead(tokens: tuple[int, ...], matched: int, holders: Iterable[Request], capture_kind) -> bool:
     """Whether a running request is prefilling towards a capture point ``req`` shares past ``matched``
-    (``capture_kind(other, point)``: what ``other`` captures there, None if nothing)."""
+    (``tokens``: ``req``'s key tokens, ``Request.key_prefix``; ``capture_kind(other, point)``: what
+    ``other`` captures there, None if nothing)."""
     n = len(tokens)
     for other in holders:
         if other.state is not RequestState.PREFILLING:
             continue
         for point in other.must_cut_at:
             if (point <= matched or point >= n or other.num_computed_tokens >= point
-                    or other.prompt_ids[point - 1] != tokens[point - 1]
+                    or (not other.image_keys and other.prompt_ids[point - 1] != tokens[point - 1])
                     or capture_kind(other, point) is None):
                 continue
-            if other.token_slice(0, point) == tokens[:point]:
+            if other.key_prefix(point) == tokens[:point]:
                 return True
     return False

@@ -4,7 +4,8 @@ Checks, in this order: the engine is stopping; the named model is not served
 here; its model is not loaded, or requests already wait for a load (it waits
 too, in ``ServedModels.pending``, unless that queue is full); the prompt is
 empty; a token is outside the vocabulary; the id is in use; its grammar does not
-compile; the scheduler's own limits. An accepted request becomes a scheduler ``Request`` and is tracked for
+compile; the scheduler's own limits (which refuse images for a model that takes
+none, and match them to their placeholder runs otherwise). An accepted request becomes a scheduler ``Request`` and is tracked for
 its output. Every refusal is counted by reason and model.
 """
 

@@ -37,7 +37,7 @@ def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, 
     plan.prefills.append(chunk)
     kind = capture_kind(req, chunk.end, store, page_tokens)
     if kind is not None:
-        tokens = req.token_slice(0, chunk.end)
+        tokens = req.key_prefix(chunk.end)
         claim = req.request_class
         if kind in ("retained_prefix", "learned_point") and waiting is not None and has_waiting_reader(waiting, tokens):
             claim = "interactive"
@@ -51,7 +51,7 @@ def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, 
 def has_waiting_reader(waiting: Mapping[str, deque[Request]], prefix: tuple[int, ...]) -> bool:
     """Whether a request in the queue starts with ``prefix`` (and goes on past it)."""
     n = len(prefix)
-    return any(r.num_tokens > n and r.token_slice(0, n) == prefix for q in waiting.values() for r in q)
+    return any(r.num_tokens > n and r.key_prefix(n) == prefix for q in waiting.values() for r in q)
 
 
 def next_chunk(req: Request, budget: int) -> PrefillChunk:

@@ -26,6 +26,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ignis.engine.image_layout import ImageLayout
+from ignis.engine.reuse.image_keys import ImageKey, key_tokens, walk_back, walk_back_all
 from ignis.engine.sequence_pages import SequencePages
 from ignis.shared.image_input import ImageInput
 from ignis.shared.sampling import SamplingParams
@@ -101,6 +102,9 @@ class Request:
     shortfall: str = field(default="none", init=False)  # why it reused less than it shares (engine.reuse.shortfall)
     restore_rejected: int = field(default=0, init=False)  # its restores refused for non-finite bytes (recomputed)
     evicted: object = field(default=None, init=False, repr=False)  # eviction.Evicted while its state is below
+    image_keys: tuple[ImageKey, ...] = field(default=(), init=False, repr=False)
+    """Where ``images`` sit in the prompt and their digests, once placed: what reuse reads them as
+    (``engine.reuse.image_keys``); empty for a text prompt."""
     image_layout: ImageLayout | None = field(default=None, init=False, repr=False)
     """Where ``images`` sit in the prompt (set when the scheduler accepts the request); every position
     of the request follows from it and the token index, so no resume path needs more."""
@@ -132,7 +136,7 @@ class Request:
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
-            part_end=msg.part_end, cache_family=msg.cache_family,
+            part_end=msg.part_end, cache_family=msg.cache_family, images=msg.images,
             must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens,
                                      msg.part_end),
         )
@@ -156,6 +160,28 @@ class Request:
         if end <= n:
             return self.prompt_ids[start:end]
         return self.prompt_ids[start:] + tuple(self.output_ids[max(0, start - n):end - n])
+
+    def key_prefix(self, end: int) -> tuple[int, ...]:
+        """``tokens[:end]`` as reuse compares and hashes them: each image's tokens stand for its digest."""
+        tokens = self.token_slice(0, end)
+        return key_tokens(tokens, self.image_keys) if self.image_keys else tokens
+
+    def place_images(self, keys: tuple[ImageKey, ...], page_tokens: int) -> None:
+        """Record where the images sit. A capture never ends inside an image: a cut point (and the mark
+        it comes from) inside one moves to the image's start; a system block whose whole pages end inside
+        one loses its mark (it holds no image in any template)."""
+        self.image_keys = keys = tuple(keys)
+        if not keys:
+            return
+        if self.system_end is not None:
+            p = self.system_end // page_tokens * page_tokens
+            if walk_back(p, keys) != p:
+                self.system_end = None
+        if self.opener_start is not None:
+            self.opener_start = walk_back(self.opener_start, keys)
+        if self.part_end is not None:
+            self.part_end = walk_back(self.part_end, keys)
+        self.must_cut_at = walk_back_all(self.must_cut_at, keys)
 
     def token_at(self, position: int) -> int:
         n = len(self.prompt_ids)

@@ -47,6 +47,7 @@ from ignis.engine.image_layout import image_layout
 from ignis.engine.page_pool import PagePool
 from ignis.engine.preemption import evict_windows, maybe_evict, plan_decodes
 from ignis.engine.prefill_chunks import add_chunk
+from ignis.engine.reuse.image_keys import ImageKey, walk_back
 from ignis.engine.scheduler_config import SchedulerConfig
 from ignis.engine.request import REQUEST_CLASSES, Request, RequestState
 from ignis.engine.reuse.entries import SlotPool
@@ -170,19 +171,24 @@ class Scheduler:
         if not req.images and token not in req.prompt_ids:
             return None
         try:
-            req.image_layout = image_layout(req.prompt_ids, req.images, token, self.config.image_factor)
+            layout = image_layout(req.prompt_ids, req.images, token, self.config.image_factor)
         except ValueError as exc:
             return Refusal("bad_request", f"images do not match the prompt: {exc}")
+        req.image_layout = layout
+        # reuse reads each image as its digest, and no capture ends inside one (engine.reuse.image_keys)
+        req.place_images(tuple(ImageKey(s.start, s.end, im.digest) for s, im in zip(layout.spans, layout.images)),
+                         self.config.page_tokens)
         return None
 
     def _learn(self, req: Request) -> None:
         """What ``req`` shares with earlier prompts; past its own capture points, it captures where they diverge."""
-        seen = self.learned.observe(req.prompt_ids, req.must_cut_at)
+        seen = self.learned.observe(req.key_prefix(len(req.prompt_ids)), req.must_cut_at)
         req.shared_tokens, req.earlier_cuts = seen.shared_tokens, seen.earlier_cuts
-        if seen.learned_at is not None:
-            req.learned_at = seen.learned_at
-            req.must_cut_at = tuple(sorted({*req.must_cut_at, seen.learned_at}))
-            share_ahead(seen.learned_at, req, self.waiting, self.lanes.holders())
+        learned_at = walk_back(seen.learned_at, req.image_keys) if seen.learned_at is not None else None
+        if learned_at:  # a point inside an image moves before it (none is left at the prompt's start)
+            req.learned_at = learned_at
+            req.must_cut_at = tuple(sorted({*req.must_cut_at, learned_at}))
+            share_ahead(learned_at, req, self.waiting, self.lanes.holders())
 
     def abort(self, req_id: str, reason: str = "abort", message: str = "") -> FinishEvent | None:
         """End a request; see the module docstring for when. Unknown ids are ignored (None)."""

@@ -45,6 +45,7 @@ from ignis.gateway.responses_api import RESPONSES, create_response, delete_respo
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.stream_writer import STALLED
+from ignis.gateway.image_decode import set_source_limit
 from ignis.gateway.tokenizer import ModelFiles
 from ignis.shared.runtime import default_runtime_dir
 
@@ -169,17 +170,26 @@ def _template(files: ModelFiles):
     return ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map()) if files.chat_template else None
 
 
+def _vision(files: ModelFiles, config: GatewayConfig):
+    """The model's vision settings within the flags' pixel bounds (None: it takes no images)."""
+    if files.vision is None:
+        return None
+    return files.vision.bounded(config.min_image_pixels, config.max_image_pixels)
+
+
 def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoint: str,
               more_models: dict | None = None) -> web.Application:
     """The application, its state built; the engine connection opens on startup.
     ``more_models``: name -> ModelFiles of further configured models (the first is ``model_name``)."""
     template = _template(files)
-    models = {model_name: (files.tokenizer, template)}
+    vision = _vision(files, config)
+    models = {model_name: (files.tokenizer, template, vision)}
     for name, other in (more_models or {}).items():
-        models[name] = (other.tokenizer, _template(other))
+        models[name] = (other.tokenizer, _template(other), _vision(other, config))
+    set_source_limit(config.max_image_source_pixels)
     gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,
                       client=EngineClient(endpoint, timeout=config.engine_timeout),
-                      metrics=GatewayMetrics(model_name), created=int(time.time()), models=models)
+                      metrics=GatewayMetrics(model_name), created=int(time.time()), models=models, vision=vision)
     # Handlers read bodies through gateway.body, within RequestLimits; aiohttp's own limit is only a ceiling.
     app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes or BODY_CEILING)
     app[STATE] = gw

@@ -28,9 +28,12 @@ from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.grammars import after_reasoning, any_tool_call_grammar, tool_call_grammar
+from ignis.gateway.image_limits import parse_mm_limit
+from ignis.gateway.image_sources import MediaPolicy
 from ignis.gateway.messages import (
     apply_developer_policy,
     check_tool_results,
+    image_urls,
     parse_messages,
     parse_tool_choice,
     parse_tools,
@@ -39,6 +42,7 @@ from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
 from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
+from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
@@ -46,6 +50,10 @@ from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
 
 ENDPOINT = "chat"
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt")
+
+
+def _media_policy(config) -> MediaPolicy:
+    return MediaPolicy(config.allowed_media_domains, config.max_image_bytes, config.media_fetch_timeout)
 
 
 def _template_kwargs(f: Fields) -> dict:
@@ -104,6 +112,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     check_tool_results(messages)
     messages = apply_developer_policy(messages, gw.config.server_developer_message_policy,
                                       gw.template.takes_late_system)
+    urls = image_urls(messages)
+    check_image_count(len(urls), gw.vision, parse_mm_limit(gw.config.limit_mm_per_prompt))
     tools = parse_tools(f)
     choice = parse_tool_choice(f, tools)
     render_tools = None if choice.mode == "none" else tools
@@ -133,10 +143,15 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
         req.params = p = dataclasses.replace(p, grammar=_forced_call_grammar(p, forced, render_tools, tool_format))
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)
-    max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
-    head = {"id": rid, "model": gw.model_name}
     marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,
              "mark_missing": prompt.marks.missing_text, "part_end": part}
+    images = ()
+    if urls:
+        images = await load_images(urls, gw.vision, _media_policy(gw.config), gw.config.max_image_source_pixels,
+                                   work)
+        prompt_ids, marks = expand_placeholders(prompt_ids, images, gw.vision, marks)
+    max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
+    head = {"id": rid, "model": gw.model_name}
     gw.metrics.mark_missing(prompt.marks.missing)
 
     def parser() -> OutputParser:
@@ -144,7 +159,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
                             tool_format=tool_format, tools=render_tools, forced=forced)
 
     return await req.answer(endpoint, rid, prompt_ids, max_tokens, make_response(p, gw.tokenizer, head),
-                            marks=marks, parser=parser)
+                            marks=marks, parser=parser, images=images)
 
 
 class ChatResponse(EndpointResponse):

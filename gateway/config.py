@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ignis.gateway.image_limits import parse_mm_limit
 from ignis.shared.flags import field_doc, parse_bytes
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
@@ -71,6 +72,23 @@ class GatewayConfig:
         "output of one streamed response that may wait unwritten for a client that does not read, e.g. 4M; "
         "past it the request is aborted in the engine, its connection dropped and "
         "ignis:gateway_stream_stalled_aborts_total counted", parse=parse_bytes))
+    limit_mm_per_prompt: str | None = field(default=None, metadata=field_doc(
+        "images one prompt may carry, as vLLM takes it: JSON like '{\"image\": 4}' or a plain number "
+        "(default: 16; video is not supported yet)"))
+    min_image_pixels: int | None = field(default=None, metadata=field_doc(
+        "fewest pixels an image is resized to (default: the checkpoint's preprocessor config)"))
+    max_image_pixels: int | None = field(default=None, metadata=field_doc(
+        "most pixels an image is resized to (default: the checkpoint's preprocessor config)"))
+    max_image_source_pixels: int = field(default=1 << 25, metadata=field_doc(
+        "largest decoded picture accepted (width x height, before resizing); larger ones, and "
+        "decompression bombs, get HTTP 400"))
+    max_image_bytes: int = field(default=20 << 20, metadata=field_doc(
+        "largest encoded image (a data: URL's decoded bytes or a fetched file), e.g. 20M", parse=parse_bytes))
+    allowed_media_domains: tuple[str, ...] = field(default=(), metadata=field_doc(
+        "a host whose http(s) image URLs the gateway fetches; repeat for more; default: none, only data: URLs",
+        repeat=True))
+    media_fetch_timeout: float = field(default=10.0, metadata=field_doc(
+        "seconds fetching one remote image may take in all"))
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -108,6 +126,27 @@ class GatewayConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if type(self.max_connections) is not int or self.max_connections < 1:
             raise ValueError(f"--max-connections must be a positive integer, got {self.max_connections!r}")
+        parse_mm_limit(self.limit_mm_per_prompt)
+        for name in ("min_image_pixels", "max_image_pixels"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.min_image_pixels and self.max_image_pixels and self.min_image_pixels > self.max_image_pixels:
+            raise ValueError("--min-image-pixels must not exceed --max-image-pixels")
+        if type(self.max_image_source_pixels) is not int or self.max_image_source_pixels < 1:
+            raise ValueError(f"--max-image-source-pixels must be a positive integer, got {self.max_image_source_pixels!r}")
+        if type(self.max_image_bytes) is not int or self.max_image_bytes < 1024:
+            raise ValueError(f"--max-image-bytes must be at least 1024, got {self.max_image_bytes!r}")
+        if not self.media_fetch_timeout > 0:
+            raise ValueError(f"--media-fetch-timeout must be > 0 seconds, got {self.media_fetch_timeout}")
+        if isinstance(self.allowed_media_domains, str):
+            object.__setattr__(self, "allowed_media_domains", (self.allowed_media_domains,))
+        if self.allowed_media_domains is None:
+            object.__setattr__(self, "allowed_media_domains", ())
+        for host in self.allowed_media_domains:
+            if not re.fullmatch(r"[A-Za-z0-9.-]+", host or ""):
+                raise ValueError(f"--allowed-media-domains takes host names like images.example.com, got {host!r}")
+        object.__setattr__(self, "allowed_media_domains", tuple(h.lower() for h in self.allowed_media_domains))
         for origin in self.allowed_origins:
             if origin == "*" or not re.fullmatch(r"https?://[^/\s]+", origin):
                 raise ValueError(f"--allowed-origins takes origins like https://app.example.com (scheme and host, "

@@ -35,6 +35,7 @@ from ignis.gateway.request_limits import RequestLimits, check_body
 from ignis.gateway.responses import json_response, sse, sse_skeleton, stream_sse
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tokenizer import TextTokenizer
+from ignis.shared.image_input import ImageInput
 from ignis.shared.wire import Generate
 
 
@@ -122,13 +123,15 @@ class GenerationRequest:
 
     async def answer(self, endpoint: str, rid: str, prompt_ids: list[int], max_tokens: int,
                      response: EndpointResponse, *, marks: dict | None = None,
-                     parser: Callable[[], OutputParser] | None = None) -> web.StreamResponse:
+                     parser: Callable[[], OutputParser] | None = None,
+                     images: tuple[ImageInput, ...] = ()) -> web.StreamResponse:
         """Generate ``n`` choices of ``prompt_ids`` and answer; ``marks`` are the Generate's capture
-        marks, ``parser`` makes each choice's output parser (none: the text is all content)."""
+        marks, ``parser`` makes each choice's output parser (none: the text is all content), ``images``
+        the prompt's resized pictures (one per run of pad tokens, in order)."""
         gw, p = self.gw, self.params
         gens = [Generate(id=f"{rid}-{i}", prompt_ids=tuple(prompt_ids), sampling=sampling_for(p, max_tokens, i),
                          request_class=p.request_class, model=gw.model_name, grammar=p.grammar,
-                         cache_family=p.cache_family, **(marks or {}))
+                         cache_family=p.cache_family, images=images, **(marks or {}))
                 for i in range(p.n)]
         choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                                parser=parser() if parser is not None else None)

@@ -1,8 +1,9 @@
 """Chat messages, tools and tool_choice: checked, normalized for the template, developer policy applied.
 
 Each message becomes a plain dict the chat template reads: ``role``, ``content``
-(a string, a list of text parts as sent, or absent for an assistant turn that
-only calls tools) and, where given, ``name``, ``tool_calls`` (their string
+(a string, a list of text and image parts, or absent for an assistant turn that
+only calls tools; an image part is ``{"type": "image_url", "image_url": {"url": ...}}``
+whichever of OpenAI's forms it came in, and video parts are refused: not supported yet) and, where given, ``name``, ``tool_calls`` (their string
 ``arguments`` parsed into objects, as vLLM does, so templates may iterate them),
 ``tool_call_id`` and ``reasoning_content``.
 
@@ -34,6 +35,7 @@ from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+VIDEO_PARTS = ("video_url", "video", "input_video")
 DEVELOPER_TURN_PREFIX = "Developer instructions:\n"
 """Opens the user turn an ``in-place`` developer message becomes where the template refuses a late system turn."""
 MAX_MESSAGES = 100_000
@@ -61,11 +63,36 @@ def _content(f: Fields, role: str) -> object:
     for j, part in enumerate(value):
         pf = Fields(part, f.param(f"content[{j}]"))
         kind = pf.str("type")
+        if kind == "image_url":
+            value[j] = _image_part(pf)
+            continue
+        if kind in VIDEO_PARTS:
+            raise pf.error("type", "video inputs are not supported yet")
         if kind != "text":
-            raise pf.error("type", f"only text content parts are supported, got {kind!r}")
+            raise pf.error("type", f"only text and image_url content parts are supported, got {kind!r}")
         if type(pf.raw("text")) is not str:
             raise pf.error("text", "must be a string")
     return value
+
+
+def _image_part(pf: Fields) -> dict:
+    """An ``image_url`` part as the template reads it: ``image_url`` an object holding ``url``."""
+    ref = pf.raw("image_url")
+    if isinstance(ref, str):
+        url = ref
+    elif isinstance(ref, dict):
+        url = Fields(ref, pf.param("image_url")).str("url", max_chars=1 << 30)
+    else:
+        raise pf.error("image_url", "must be an object holding the image's url")
+    if not url:
+        raise pf.error("image_url", "needs a url (a data: URL or an http(s) URL)")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def image_urls(messages: list[dict]) -> list[str]:
+    """The URLs of the image parts of ``messages``, in the order the template renders them."""
+    return [part["image_url"]["url"] for m in messages if isinstance(m.get("content"), list)
+            for part in m["content"] if isinstance(part, dict) and part.get("type") == "image_url"]
 
 
 def _tool_calls(f: Fields) -> list[dict]:

@@ -4,7 +4,8 @@ Every bound follows from the context length C (tokens) the engine reports:
 
     body bytes      16 * C + 64 KiB   (--max-request-bytes overrides; checked while reading, gateway.body)
     characters      8 * C             every string of the body together, keys included: a prompt of
-                                      more characters cannot fit in C tokens
+                                      more characters cannot fit in C tokens (an image part's data: URL is
+                                      not text: it is bounded by the body bytes and --max-image-bytes)
     messages        C // 4            a chat turn renders to at least 4 tokens
     content parts   C // 4            of all messages together
     tools           min(C // 16, 1024)
@@ -72,6 +73,8 @@ def _walk(value: object) -> tuple[int, int]:
             depth = max(depth, d + 1)
             for k, item in v.items():
                 chars += len(k)
+                if k == "url" and isinstance(item, str) and item.startswith("data:"):
+                    continue  # an image's bytes, not text
                 stack.append((item, d + 1))
         elif isinstance(v, list):
             depth = max(depth, d + 1)

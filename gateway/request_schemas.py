@@ -59,7 +59,13 @@ SAMPLING = {
 """The fields /v1/chat/completions and /v1/completions share (``gateway.params``)."""
 
 _TEXT_PART = _obj({"type": {"const": "text"}, "text": _STR}, ("type", "text"))
-_CONTENT = {"oneOf": [_STR, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}
+_IMAGE_PART = _obj({"type": {"const": "image_url"}, "image_url": {"oneOf": [
+    {"type": "string", "minLength": 1},
+    _obj({"url": {"type": "string", "minLength": 1}, "detail": {"enum": ["auto", "low", "high"]}}, ("url",))]}},
+    ("type", "image_url"))
+"""An image: a data: URL (PNG, JPEG, WebP, GIF), or an http(s) URL of a host --allowed-media-domains lists;
+a model without a vision encoder answers it 400."""
+_CONTENT = {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_TEXT_PART, _IMAGE_PART]}}, {"type": "null"}]}
 _FUNCTION = _obj({"name": {"type": "string", "minLength": 1, "maxLength": 64}, "description": _STR,
                   "parameters": {"type": "object"}, "strict": _BOOL}, ("name",))
 _TOOL_CALL = _obj({"id": {"type": "string", "maxLength": 256}, "type": {"const": "function"},
@@ -97,8 +103,10 @@ COMPLETIONS = _obj({
 
 _INPUT_ITEM = _obj({"type": {"enum": ["message", "function_call", "function_call_output", "reasoning"]},
                     "role": {"enum": ["system", "developer", "user", "assistant"]},
-                    "content": {"oneOf": [_STR, {"type": "array", "items": _obj(
-                        {"type": {"enum": ["input_text", "output_text"]}, "text": _STR}, ("type", "text"))}]},
+                    "content": {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_obj(
+                        {"type": {"enum": ["input_text", "output_text"]}, "text": _STR}, ("type", "text")),
+                        _obj({"type": {"const": "input_image"}, "image_url": {"type": "string", "minLength": 1},
+                              "detail": {"enum": ["auto", "low", "high"]}}, ("type", "image_url"))]}}]},
                     "call_id": _STR, "name": _STR, "arguments": _STR, "output": _STR})
 _ITEMS = {"oneOf": [_STR, {"type": "array", "items": _INPUT_ITEM}]}
 

@@ -18,8 +18,9 @@ gateway.reasoning_seal) is opened to the reasoning text it carries (a blob
 this install did not seal is a 400 naming it); without one, the summary or
 content text is used. Reasoning with no assistant item after it is dropped.
 Parts: ``input_text``, ``output_text``, ``text`` and ``refusal`` are text;
-``input_image`` and ``input_file`` are a 400 (text-only models), as non-text
-parts are on the chat path. Any other item type is a 400 naming
+``input_image`` (its ``image_url``, in a user message) becomes a chat
+``image_url`` part, read as the chat path reads images; ``input_file`` and
+``input_audio`` are a 400. Any other item type is a 400 naming
 ``input[i].type``. ``instructions`` takes the same forms: a string is one
 system message, an array is items (not carried over by previous_response_id). Each message remembers the field it came from
 (``origins``), so a later 400 of the chat path names the Responses field.
@@ -50,31 +51,46 @@ class Conversation:
         self.origins.append(origin)
 
 
-def _parts_text(f: Fields, name: str, as_parts: bool) -> object:
-    """A content value as a string, or a list of chat text parts (``as_parts``)."""
+def _parts_text(f: Fields, name: str, as_parts: bool, images: bool = False) -> object:
+    """A content value as a string, or a list of chat text parts (``as_parts``); ``images``: an
+    ``input_image`` part becomes a chat ``image_url`` part (a user message's content)."""
     value = f.raw(name)
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise f.error(name, "must be a string or an array of content parts")
-    parts = []
+    parts: list = []
     for j, part in enumerate(value):
         pf = Fields(part, f.param(f"{name}[{j}]"))
         kind = pf.str("type")
+        if kind == "input_image" and images:
+            parts.append(_image_part(pf))
+            continue
         if kind in TEXT_PARTS:
             text = pf.str("text")
         elif kind == "refusal":
             text = pf.str("refusal")
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise pf.error("type", f"{kind} parts are not supported: this server serves text-only models")
+        elif kind == "input_image":
+            raise pf.error("type", "input_image parts are taken in user messages only")
+        elif kind in ("input_file", "input_audio"):
+            raise pf.error("type", f"{kind} parts are not supported")
         else:
             raise pf.error("type", f"unknown content part type {kind!r}")
         if text is None:
             raise pf.error("refusal" if kind == "refusal" else "text", "is required")
         parts.append(text)
     if as_parts:
-        return [{"type": "text", "text": t} for t in parts]
+        return [t if isinstance(t, dict) else {"type": "text", "text": t} for t in parts]
     return "".join(parts)
+
+
+def _image_part(pf: Fields) -> dict:
+    """An ``input_image`` part (its ``image_url``: a data: URL or an http(s) URL) as a chat ``image_url`` part."""
+    url = pf.str("image_url", max_chars=1 << 30)
+    if not url:
+        which = "file_id images are not supported; send" if pf.has("file_id") else "needs"
+        raise pf.error("image_url", f"{which} an image_url (a data: URL or an http(s) URL)")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _reasoning_text(f: Fields, seal: ReasoningSeal) -> str:
@@ -139,7 +155,8 @@ class _Builder:
             if role == "assistant":
                 self.assistant(f.where, _parts_text(f, "content", False))
             else:
-                self.other({"role": role, "content": _parts_text(f, "content", True)}, f.where)
+                self.other({"role": role, "content": _parts_text(f, "content", True, images=role == "user")},
+                           f.where)
         elif kind == "reasoning":
             text = _reasoning_text(f, self.seal)
             if text:

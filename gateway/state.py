@@ -18,6 +18,7 @@ from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import ApiError, context_length_exceeded, engine_unavailable
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.tokenizer import TextTokenizer
+from ignis.gateway.vision_settings import VisionSettings
 
 STATE = web.AppKey("ignis_gateway", object)
 
@@ -32,7 +33,9 @@ class GatewayState:
     metrics: GatewayMetrics
     created: int
     models: dict = field(default_factory=dict)
-    """name -> (tokenizer, template) of every configured model; the first is the default."""
+    """name -> (tokenizer, template, vision) of every configured model; the first is the default."""
+    vision: VisionSettings | None = None
+    """How the model's images become prompt tokens; None: it takes no images."""
 
     @property
     def reasoning_markers(self) -> bool:
@@ -49,8 +52,8 @@ class GatewayState:
         self.check_model(model)
         if model is None or model == self.model_name or model not in self.models:
             return self
-        tokenizer, template = self.models[model]
-        return replace(self, model_name=model, tokenizer=tokenizer, template=template)
+        tokenizer, template, vision = self.models[model]
+        return replace(self, model_name=model, tokenizer=tokenizer, template=template, vision=vision)
 
     async def max_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
         """The completion budget: requested, else ``default`` or the rest of the context."""

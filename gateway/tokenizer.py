@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from ignis.gateway.vision_settings import VisionSettings, read_vision_settings
 from ignis.shared.tokenizer_files import (
     TokenizerFilesError,
     bytes_to_unicode,
@@ -110,6 +111,7 @@ class ModelFiles:
     tokenizer: TextTokenizer
     chat_template: str | None
     generation_config: dict
+    vision: VisionSettings | None = None  # None: the checkpoint takes no images
 
 
 def load_model_files(model_dir: str | Path) -> ModelFiles:
@@ -122,4 +124,5 @@ def load_model_files(model_dir: str | Path) -> ModelFiles:
     gen_path = Path(model_dir) / "generation_config.json"
     gen = read_json_object(gen_path) if gen_path.is_file() else {}
     text = TextTokenizer(tok, files.tokenizer_config, byte_level=_uses_byte_level(_decoder_json(tok)))
-    return ModelFiles(tokenizer=text, chat_template=files.chat_template, generation_config=gen)
+    vision = read_vision_settings(model_dir, text.token_id("<|image_pad|>"))
+    return ModelFiles(tokenizer=text, chat_template=files.chat_template, generation_config=gen, vision=vision)

@@ -6,6 +6,7 @@ codec (``shared.wire_codec``). A message is a ZeroMQ multipart message:
     frame 0    orjson header {"type": <name>, "v": PROTOCOL_VERSION, <fields>...}
     frame 1    Generate: prompt_ids; TokenBatch: every stream's tokens
                (raw little-endian int32, see ``shared.wire_fields``)
+    frame 2..  Generate with images: one raw RGB frame per image (``shared.wire_images``)
 
 No pickle anywhere. ``encode(msg) -> list[bytes]`` and
 ``decode(frames) -> msg``; decode raises ``WireError`` (never anything else)
@@ -47,6 +48,7 @@ from ignis.shared.wire_fields import (
     frame_to_tokens,
     tokens_to_frame,
 )
+from ignis.shared.wire_images import ImageFrames, check_images
 from ignis.shared.wire_parts import MAX_STREAM_ID_CHARS, ReuseInfo, StreamTokens, Timings, TokenLogprobs, Usage
 from ignis.shared.wire_values import check_field_names
 
@@ -93,8 +95,10 @@ class Generate:
     Lark) constrains every output token; None leaves the output free.
     ``cache_family`` names the conversation family the client's
     ``prompt_cache_key`` puts the request in (a digest, never the key): a
-    ranking hint for retained entries, never part of a lookup. The last four
-    are optional on the wire.
+    ranking hint for retained entries, never part of a lookup. ``images``
+    are the prompt's pictures, resized by the gateway, in prompt order: one
+    per run of image placeholder tokens (raw frames, never pickled; left out
+    of the header when there are none). The last five are optional on the wire.
     """
 
     TYPE: ClassVar[str] = "generate"
@@ -112,6 +116,7 @@ class Generate:
     part_end: int | None = None
     grammar: str | None = None
     cache_family: str | None = None
+    images: ImageFrames = ()
 
     def __post_init__(self):
         _check_id(self.id)
@@ -138,6 +143,7 @@ class Generate:
             check_str("grammar", self.grammar, MAX_GRAMMAR_CHARS, allow_empty=False)
         if self.cache_family is not None:
             check_str("cache_family", self.cache_family, MAX_ID_CHARS, allow_empty=False)
+        object.__setattr__(self, "images", check_images("images", self.images))
 
 
 @GATEWAY_ENGINE.message

@@ -3,6 +3,8 @@
     frame 0    orjson header {"type": <TYPE>, "v": <protocol's version>, <field>: <JSON value>, ...}
     frame 1..  one raw little-endian int32 frame per ``TokenFrame`` field, in field order
                (``shared.wire_fields``)
+    then       one raw RGB frame per image of an ``ImageFrames`` field (at most one such field,
+               listed in the header only when it holds images; ``shared.wire_images``)
 
 A message is a frozen dataclass with a ``TYPE`` name. By default its fields
 travel in the header in declaration order, each as ``shared.wire_values``
@@ -37,6 +39,7 @@ from ignis.shared.wire_fields import (
     frame_to_tokens,
     tokens_to_frame,
 )
+from ignis.shared.wire_images import ImageFrames, images_from_wire, images_to_wire
 from ignis.shared.wire_values import check_field_names, field_types, from_json, to_json
 
 MAX_HEADER_BYTES = 16 << 20
@@ -100,6 +103,9 @@ class WireProtocol:
             fields = {n: to_json(getattr(msg, n)) for n, _ in layout.header
                       if n not in layout.optional or getattr(msg, n) is not None}
             frames = [tokens_to_frame(getattr(msg, n)) for n in layout.frames]
+            if layout.images is not None and getattr(msg, layout.images):
+                fields[layout.images], pictures = images_to_wire(getattr(msg, layout.images))
+                frames.extend(pictures)
         return [orjson.dumps({"type": cls.TYPE, "v": self.version, **fields}), *frames]
 
     def decode(self, frames: object, accept: tuple[type, ...] | None = None,
@@ -120,8 +126,9 @@ class WireProtocol:
             raise WireError(f"unknown message type {type_name!r}")
         if accept is not None and cls not in accept:
             raise WireError(f"message type {type_name!r} is not accepted on this socket")
-        if len(frames) != 1 + cls.FRAMES:
-            raise WireError(f"{type_name} message has {len(frames)} frames, expected {1 + cls.FRAMES}")
+        expected = 1 + cls.FRAMES + _image_frames(cls, header)
+        if len(frames) != expected:
+            raise WireError(f"{type_name} message has {len(frames)} frames, expected {expected}")
         fields = {k: v for k, v in header.items() if k != "type" and k != "v"}
         try:
             reader = readers.get(cls) if readers is not None else None
@@ -157,6 +164,7 @@ class _Layout:
     frames: tuple[str, ...]
     custom: bool  # the class packs itself (to_wire / from_wire); header and frames are empty
     optional: frozenset[str] = frozenset()  # header fields sent only when not None
+    images: str | None = None  # the ImageFrames field: its entries in the header, its frames last
 
 
 @cache
@@ -167,11 +175,22 @@ def _layout(cls: type) -> _Layout:
         return _Layout((), (), custom=True)
     fields = field_types(cls)
     optional = frozenset(getattr(cls, "OPTIONAL", ()))
-    header = tuple((n, kind) for n, kind in fields if kind != TokenFrame)
+    header = tuple((n, kind) for n, kind in fields if kind != TokenFrame and kind != ImageFrames)
     if not optional <= {n for n, _ in header}:
         raise TypeError(f"{cls.__name__}.OPTIONAL names fields that are not header fields")
+    images = [n for n, kind in fields if kind == ImageFrames]
+    if len(images) > 1:
+        raise TypeError(f"{cls.__name__} has more than one ImageFrames field")
     return _Layout(header=header, frames=tuple(n for n, kind in fields if kind == TokenFrame), custom=False,
-                   optional=optional)
+                   optional=optional, images=images[0] if images else None)
+
+
+def _image_frames(cls: type, header: dict) -> int:
+    """How many image frames a message of ``cls`` with ``header`` claims to carry (0 if its entries are bad:
+    the frame count is then checked against none, and the entries are refused when read)."""
+    layout = _layout(cls)
+    entries = header.get(layout.images) if layout.images is not None else None
+    return len(entries) if type(entries) is list else 0
 
 
 def _read_header(frames: object) -> dict:
@@ -198,8 +217,13 @@ def _build(cls: type, fields: dict, frames: list) -> object:
     layout = _layout(cls)
     if layout.custom:
         return cls.from_wire(fields, frames)
-    check_field_names(fields, (n for n, _ in layout.header if n not in layout.optional), layout.optional)
+    images = (layout.images,) if layout.images is not None else ()
+    check_field_names(fields, (n for n, _ in layout.header if n not in layout.optional), (*layout.optional, *images))
     values = {n: from_json(kind, fields[n], n) for n, kind in layout.header if n in fields}
     for n, frame in zip(layout.frames, frames):
         values[n] = frame_to_tokens(n, frame)
+    if layout.images is not None and layout.images in fields:
+        if not fields[layout.images]:
+            raise WireError(f"{layout.images} is sent only when it holds images")
+        values[layout.images] = images_from_wire(layout.images, fields[layout.images], frames[len(layout.frames):])
     return cls(**values)

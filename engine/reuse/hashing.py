@@ -6,8 +6,10 @@
 ``h_k`` names the first k full pages of a prefix and nothing else, so two
 prompts share ``h_k`` exactly when (up to a hash collision, ruled out by the
 token-by-token check every caller makes) their first ``k * 64`` tokens are
-equal. Image identities, once prompts carry images, go in ``extra`` of the
-page that holds them.
+equal. Callers hash a prompt's key tokens (``engine.reuse.image_keys``): the
+tokens of an image are ids drawn from its content digest, so the page that
+holds an image hashes its identity, and the same tokens with another picture
+hash differently from that page on.
 """
 
 from __future__ import annotations

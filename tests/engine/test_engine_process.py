@@ -11,7 +11,8 @@ import zmq
 
 from ignis.shared.demo import ensure_demo_model
 from ignis.shared.demo.tokenizer import TOKENIZER_SIZE, added_token_id
-from ignis.shared.wire import ENGINE_TO_GATEWAY, ErrorReply, decode
+from ignis.shared.image_input import ImageInput
+from ignis.shared.wire import ENGINE_TO_GATEWAY, ErrorReply, Generate, SamplingParams, decode, encode
 from tests.engine.engine_process import EngineProcess
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -116,13 +117,21 @@ def test_a_grammar_is_refused_when_it_does_not_compile_and_held_to_when_it_does(
     assert out.tokens[-1] in (added_token_id("<|im_end|>"), added_token_id("<|endoftext|>"))  # the demo's EOS ids
 
 
+def test_images_for_a_text_only_model_are_refused(engine):
+    picture = ImageInput.from_rgb(bytes(range(48)), 4, 4)
+    out = engine.run("pictured", prompt(10, 6), max_tokens=2, images=(picture,))
+    assert out.refused is not None and out.refused.reason == "bad_request"
+    assert "takes no images" in out.refused.message
+    assert engine.run("after-picture", prompt(10, 7), max_tokens=2).finished is not None
+
+
 def test_garbage_on_the_socket_gets_error_reply_and_next_request_served(engine):
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(engine.endpoint)
     try:
         for frames in ([b"garbage"], [b'{"type": "generate", "v": 1}'], [b"{}", b"\x01\x02\x03"],
-                       [b'{"type": "nope", "v": 1}'], [b'{"type": "stats", "v": 999}']):
+                       [b'{"type": "nope", "v": 1}'], [b'{"type": "stats", "v": 999}'], _bad_image_frames()):
             sock.send_multipart(frames)
             assert sock.poll(5000), f"no reply to {frames!r}"
             reply = decode(sock.recv_multipart(), accept=ENGINE_TO_GATEWAY)
@@ -131,7 +140,15 @@ def test_garbage_on_the_socket_gets_error_reply_and_next_request_served(engine):
         sock.close()
     out = engine.run("after-garbage", prompt(20, 3), max_tokens=3)
     assert out.finished.finish_reason == "length"
-    assert engine.stats()["wire_errors"] >= 5
+    assert engine.stats()["wire_errors"] >= 6
+
+
+def _bad_image_frames() -> list[bytes]:
+    """A Generate whose image frame holds other bytes than its digest names."""
+    frames = encode(Generate("garbage-image", (1, 2), SamplingParams(),
+                             images=(ImageInput.from_rgb(bytes(12), 2, 2),)))
+    frames[2] = bytes([1]) * 12
+    return frames
 
 
 def test_small_pool_queues_requests_and_all_complete(tmp_path):

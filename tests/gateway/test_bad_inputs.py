@@ -37,6 +37,11 @@ CASES = [
     ("missing_messages", CHAT, json.dumps({"max_tokens": 2}).encode(), None, 400, "messages", None),
     ("user_content_missing", CHAT, body(messages=[{"role": "user"}]), None, 400, "messages[0].content", None),
     ("image_part", CHAT, body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+     None, 400, "messages[0].content[0].image_url", None),
+    ("image_for_a_text_model", CHAT, body(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]),
+     None, 400, "messages", "images_not_supported"),
+    ("video_part", CHAT, body(messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]),
      None, 400, "messages[0].content[0].type", None),
     ("n_too_large", CHAT, body(n=9), None, 400, "n", None),
     ("top_logprobs_too_large", CHAT, body(logprobs=True, top_logprobs=21), None, 400, "top_logprobs", None),
