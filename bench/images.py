@@ -10,9 +10,12 @@ history: an image in turn 1, another in turn 5. The encoder cache's hit ratio
 is hits over lookups: what a repeated image saves even when its prefix is not
 resumed.
 
-The warm/cold TTFT of a turn repeating an image is measured where reuse keys
-hold images (the gateway's image intake); its key joins the last line there
-(``warm_cold_image_turn``, see ``BENCH_KEYS``).
+Then, with reuse on: the time to the first token of a conversation's second
+turn whose history holds a 512x512 picture (256x256 in ``--quick``), resumed from the first turn's
+checkpoint (warm: past the image, nothing encoded) against the same prompt on
+a fresh engine (cold: the image encoded, the whole prompt prefilled). Last
+line: ``BENCH images encode_ms_256=.. encode_ms_512=A encode_ms_768=..
+cache_hit_ratio=.. warm_cold_image_turn=B``.
 
     python bench/images.py [--device cpu] [--depth 8] [--width 512] [--quick]
 """
@@ -30,7 +33,7 @@ use_checkout()
 import torch  # noqa: E402
 
 SIZES = (256, 512, 768)
-BENCH_KEYS = ("encode_ms_256", "encode_ms_512", "encode_ms_768", "cache_hit_ratio")
+BENCH_KEYS = ("encode_ms_256", "encode_ms_512", "encode_ms_768", "cache_hit_ratio", "warm_cold_image_turn")
 
 
 def vision_config(depth: int, width: int, out_hidden: int):
@@ -82,15 +85,10 @@ def encode_ms(tower, side: int, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def conversation_hit_ratio(vcfg, device: str, turns: int = 10) -> tuple[float, int]:
-    """(encoder-cache hit ratio, images encoded) over a ``turns``-turn conversation re-sending its history."""
+def small_model(vcfg, device: str):
+    """A small random hybrid model (4 layers) with the random tower ``vcfg`` attached."""
     from ignis.engine.models.config import config_from_dict
     from ignis.engine.models.hybrid import HybridModel
-    from ignis.engine.models.state import ModelState
-    from ignis.engine.request import Request
-    from ignis.engine.runner import ModelRunner
-    from ignis.engine.scheduler import Scheduler, SchedulerConfig
-    from ignis.shared.sampling import SamplingParams
 
     cfg = config_from_dict({"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {
         "vocab_size": 256, "hidden_size": vcfg.out_hidden_size, "intermediate_size": 2 * vcfg.out_hidden_size,
@@ -104,6 +102,25 @@ def conversation_hit_ratio(vcfg, device: str, turns: int = 10) -> tuple[float, i
             torch.nn.init.normal_(p, std=0.02)
     model = model.to(device).eval()
     model.attach_vision(random_tower(vcfg, device))
+    return cfg, model
+
+
+def image_span(vcfg, image) -> list[int]:
+    """The placeholder tokens of one resized picture: start, one pad per merged patch, end."""
+    factor = vcfg.patch_size * vcfg.spatial_merge_size
+    n = (image.height // factor) * (image.width // factor)
+    return [vcfg.vision_start_token_id] + [vcfg.image_token_id] * n + [vcfg.vision_end_token_id]
+
+
+def conversation_hit_ratio(vcfg, device: str, turns: int = 10) -> tuple[float, int]:
+    """(encoder-cache hit ratio, images encoded) over a ``turns``-turn conversation re-sending its history."""
+    from ignis.engine.models.state import ModelState
+    from ignis.engine.request import Request
+    from ignis.engine.runner import ModelRunner
+    from ignis.engine.scheduler import Scheduler, SchedulerConfig
+    from ignis.shared.sampling import SamplingParams
+
+    cfg, model = small_model(vcfg, device)
     factor = vcfg.patch_size * vcfg.spatial_merge_size
     pages, lanes = 256, 2
     sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
@@ -118,8 +135,7 @@ def conversation_hit_ratio(vcfg, device: str, turns: int = 10) -> tuple[float, i
         if turn in (0, 4):
             image = picture(256 if turn == 0 else 192, 100 + turn)
             images.append(image)
-            n = (image.height // factor) * (image.width // factor)
-            history += [vcfg.vision_start_token_id] + [vcfg.image_token_id] * n + [vcfg.vision_end_token_id]
+            history += image_span(vcfg, image)
         assert sched.add(Request(f"t{turn}", tuple(history), SamplingParams(temperature=0.0, max_tokens=4,
                                                                              ignore_eos=True),
                                  images=tuple(images))) is None
@@ -136,6 +152,68 @@ def conversation_hit_ratio(vcfg, device: str, turns: int = 10) -> tuple[float, i
     cache = runner.images.cache
     state.close()
     return cache.hit_ratio, runner.images.encoded
+
+
+def image_turn_ttft(vcfg, device: str, side: int) -> tuple[float, float]:
+    """(warm, cold) seconds to the first token of a conversation's second turn, whose history holds a
+    ``side``-pixel picture: warm resumes from the first turn's checkpoint (past the image: nothing to
+    encode), cold is the same prompt on a fresh engine (the image encoded, everything prefilled)."""
+    from ignis.engine.models.state import ModelState
+    from ignis.engine.request import Request, capture_cuts
+    from ignis.engine.runner import ModelRunner
+    from ignis.engine.scheduler import Scheduler, SchedulerConfig
+    from ignis.shared.sampling import SamplingParams
+
+    cfg, model = small_model(vcfg, device)
+    factor = vcfg.patch_size * vcfg.spatial_merge_size
+    pages, lanes = 256, 2
+    g = torch.Generator().manual_seed(3)
+    image = picture(side, 7)
+    opener = [5, 6, 7]
+
+    def engine():
+        sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
+                                          image_token_id=vcfg.image_token_id, image_factor=factor),
+                          host_slots=4, reuse=True)
+        state = ModelState.allocate(cfg, num_pages=pages, lanes=lanes, dtype=torch.float32, device=device)
+        state.allocate_slots(0, 4)
+        return sched, state, ModelRunner(model, state, device=device, vocab_limit=240)
+
+    def turn(sched, runner, rid: str, prompt: list[int]) -> tuple[float, list[int]]:
+        req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                      opener_start=len(prompt) - len(opener), last_is_user=True,
+                      images=(image,) if vcfg.image_token_id in prompt else (),
+                      must_cut_at=capture_cuts(len(prompt), None, len(prompt) - len(opener), 64))
+        t0 = time.perf_counter()
+        assert sched.add(req) is None
+        first, out = None, []
+        while sched.has_work:
+            plan = sched.schedule()
+            if plan.is_empty:
+                continue
+            result, _ = runner.run(plan)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            if rid in result.tokens:
+                first = first or time.perf_counter() - t0
+                out.append(result.tokens[rid])
+            for ev in sched.update(result):
+                runner.release(ev.req_id)
+        return first, out
+
+    text = lambda n: torch.randint(0, 240, (n,), generator=g).tolist()  # noqa: E731
+    first = text(400) + image_span(vcfg, image) + text(60) + opener
+    sched, state, runner = engine()
+    turn(sched, runner, "warm-up", text(64) + opener)  # kernels and allocator warm on both sides
+    _, answer = turn(sched, runner, "turn1", first)
+    second = first + answer + text(40) + opener
+    warm, _ = turn(sched, runner, "turn2", second)
+    state.close()
+    sched, state, runner = engine()
+    turn(sched, runner, "warm-up", text(64) + opener)
+    cold, _ = turn(sched, runner, "turn2-cold", second)
+    state.close()
+    return warm, cold
 
 
 def main(argv=None) -> int:
@@ -158,9 +236,12 @@ def main(argv=None) -> int:
               f"{ms[side]:.1f} ms")
     ratio, encoded = conversation_hit_ratio(vcfg, args.device)
     print(f"10-turn conversation, 2 images re-sent every turn: cache hit ratio {ratio:.3f}, {encoded} encodes")
-    # the gateway's image intake adds warm_cold_image_turn=B here (TTFT of a turn repeating an image, warm/cold)
+    side = 256 if args.quick else 512
+    warm, cold = image_turn_ttft(vcfg, args.device, side)
+    print(f"second turn of a conversation holding a {side}x{side} picture: TTFT warm {warm * 1e3:.1f} ms, "
+          f"cold {cold * 1e3:.1f} ms")
     print(f"BENCH images encode_ms_256={ms[256]:.2f} encode_ms_512={ms[512]:.2f} encode_ms_768={ms[768]:.2f} "
-          f"cache_hit_ratio={ratio:.3f}")
+          f"cache_hit_ratio={ratio:.3f} warm_cold_image_turn={warm / cold:.3f}")
     return 0
 
 
