@@ -222,8 +222,10 @@ def test_two_image_requests_batched_with_decodes(vlm):
 
 @pytest.mark.parametrize("where", ["inside", "after"])
 def test_resume_from_a_checkpoint_inside_or_after_an_image(vlm, where):
-    """A retained checkpoint captured inside the image (or after it) resumes a second request: its
-    positions come from the layout, not from running state, and the image is not encoded again."""
+    """A checkpoint marked inside the image is captured where the image starts (a prefix never ends
+    inside an image), one marked after it where marked; either resumes a second request, whose
+    positions come from the layout, not from running state, and the image is not encoded again (the
+    resume past it needs no embedding; the one before it takes it from the encoder cache)."""
     ckpt, model = vlm
     vcfg = _resize_config(model)
     factor = vcfg.patch_size * vcfg.spatial_merge_size
@@ -238,7 +240,7 @@ def test_resume_from_a_checkpoint_inside_or_after_an_image(vlm, where):
     eng.run()
     assert eng.submit("again", prompt, images, opener_start=mark) is None
     eng.run()
-    assert eng.finished["again"].cached_tokens == mark
+    assert eng.finished["again"].cached_tokens == (start if where == "inside" else mark)
     assert eng.tokens["first"] == eng.tokens["again"] == want_tokens
     assert _rel(eng.first_logits["again"], want_logits) < TOL
     assert eng.runner.images.encoded == 1
