@@ -32,6 +32,7 @@ A mark that cannot be found is reported in ``Marks.missing`` as
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import threading
 from array import array
@@ -51,12 +52,15 @@ MAX_CACHED = 256
 
 
 def _key(value: object) -> bytes:
-    """A cache key: the JSON of ``value`` (orjson; the standard library for what orjson refuses, such as
-    integers past 64 bits)."""
+    """A cache key: a 16-byte BLAKE2b digest of the JSON of ``value`` (orjson; the standard library for
+    what orjson refuses, such as integers past 64 bits). Not the JSON itself: an agent's system and
+    tools block runs to tens of kilobytes, and the cache holds MAX_CACHED of them. A collision could
+    only offer a wrong block, which the text and token checks of its use refuse."""
     try:
-        return orjson.dumps(value)
+        raw = orjson.dumps(value)
     except orjson.JSONEncodeError:
-        return json.dumps(value, default=repr).encode()
+        raw = json.dumps(value, default=repr).encode()
+    return hashlib.blake2b(raw, digest_size=16).digest()
 
 
 @dataclass(frozen=True)

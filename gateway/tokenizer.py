@@ -58,7 +58,9 @@ class TextTokenizer:
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self.added_content = {i: t.content for i, t in added.items()}
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        self._bytes_cache: dict[int, bytes] = {}
+        # each token's bytes once looked up, by id: a list sized once (8 bytes a slot), so serving for
+        # hours adds only the bytes objects of tokens seen, never the growth of a hash table
+        self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
         self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()} if self.byte_level else {}
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -72,7 +74,8 @@ class TextTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes token ``token_id`` stands for (may be part of a UTF-8 character)."""
-        cached = self._bytes_cache.get(token_id)
+        cache = self._bytes_cache
+        cached = cache[token_id] if 0 <= token_id < len(cache) else None
         if cached is not None:
             return cached
         if token_id in self.added_content:
@@ -85,7 +88,8 @@ class TextTokenizer:
                 raw = bytes(self._byte_decoder[c] for c in piece)
             else:
                 raw = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
-        self._bytes_cache[token_id] = raw
+        if 0 <= token_id < len(cache):
+            cache[token_id] = raw
         return raw
 
     def token_text(self, token_id: int) -> str:
