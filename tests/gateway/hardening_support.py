@@ -1,7 +1,8 @@
 """Helpers of the hardening tests: a real ``ignis gateway`` before a scripted engine, raw sockets, RSS.
 
 ``Gateway`` runs the process with the given flags (output in a file, read by
-``log()``); ``fake_gateway`` is a context manager that also runs the
+``log()``; ``--shutdown-timeout 5``: a probe's leftover connection cannot hold
+the stop past the test's wait); ``fake_gateway`` is a context manager that also runs the
 ``FakeEngine`` (its context: 4096 tokens, so a body limit of 128 KiB and a
 character budget of 32,768).
 """
@@ -27,7 +28,7 @@ class Gateway:
         self.out = tmp / f"{name}.out"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", "--engine-endpoint", endpoint,
-             "--engine-timeout", "5", *extra],
+             "--engine-timeout", "5", "--shutdown-timeout", "5", *extra],
             stdout=self.out.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
         self.url = self._wait_ready()
@@ -56,9 +57,12 @@ class Gateway:
         raise AssertionError(f"no {field} in /proc/{self.proc.pid}/status")
 
     def stop(self) -> int:
+        """SIGTERM; the gateway gives what is in flight its --shutdown-timeout (5 s here), then exits."""
         self.proc.terminate()
         try:
-            return self.proc.wait(15)
+            return self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the gateway did not exit 20 s after SIGTERM:\n{self.log()[-3000:]}") from None
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
