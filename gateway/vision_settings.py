@@ -15,11 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ignis.shared.image_grid import ImageGrid, image_grid
+from ignis.shared.image_grid import ImageGrid, image_grid, preprocessor_pixel_bounds
 from ignis.shared.tokenizer_files import TokenizerFilesError, read_json_object
 
-DEFAULT_MIN_PIXELS = 56 * 56
-DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 
 
 @dataclass(frozen=True)
@@ -59,9 +57,7 @@ def vision_settings_from(config: dict, preprocessor: dict, pad_token_id: int | N
     image_token_id = config.get("image_token_id", pad_token_id)
     if type(image_token_id) is not int or image_token_id < 0:
         raise TokenizerFilesError("config.json: a vision checkpoint needs image_token_id (or an <|image_pad|> token)")
-    size = preprocessor.get("size") if isinstance(preprocessor.get("size"), dict) else {}
-    lo = size.get("shortest_edge", preprocessor.get("min_pixels", DEFAULT_MIN_PIXELS))
-    hi = size.get("longest_edge", preprocessor.get("max_pixels", DEFAULT_MAX_PIXELS))
+    lo, hi = preprocessor_pixel_bounds(preprocessor)
     settings = VisionSettings(
         patch_size=_positive(vision.get("patch_size", preprocessor.get("patch_size", 16)), "patch_size"),
         merge_size=_positive(vision.get("spatial_merge_size", preprocessor.get("merge_size", 2)), "spatial_merge_size"),

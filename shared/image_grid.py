@@ -83,3 +83,16 @@ def grid_of_resized(height: int, width: int, patch_size: int, merge_size: int) -
     if height <= 0 or width <= 0 or height % factor or width % factor:
         raise ValueError(f"a resized image must be a positive multiple of {factor} on each side, got {height}x{width}")
     return ImageGrid(height, width, height // patch_size, width // patch_size, merge_size)
+
+
+DEFAULT_MIN_PIXELS = 56 * 56
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+
+
+def preprocessor_pixel_bounds(preprocessor: dict) -> tuple[object, object]:
+    """(min, max) pixels of a parsed ``preprocessor_config.json``, as written (``size.shortest_edge`` /
+    ``longest_edge``, else ``min_pixels`` / ``max_pixels``, else the processor's defaults); the
+    caller checks them."""
+    size = preprocessor.get("size") if isinstance(preprocessor.get("size"), dict) else {}
+    return (size.get("shortest_edge", preprocessor.get("min_pixels", DEFAULT_MIN_PIXELS)),
+            size.get("longest_edge", preprocessor.get("max_pixels", DEFAULT_MAX_PIXELS)))

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ignis.engine.models.config import CheckpointError
+from ignis.shared.image_grid import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, preprocessor_pixel_bounds
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DEFAULT_MROPE_SECTION = (11, 11, 10)
-DEFAULT_MIN_PIXELS = 56 * 56
-DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def vision_config_from_dict(raw: dict, text: dict, preprocessor: dict | None = N
     pre = preprocessor or {}
     rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
     vrope = vis.get("rope_parameters") or {}
-    size = pre.get("size") or {}
+    min_pixels, max_pixels = preprocessor_pixel_bounds(pre)
     try:
         section = tuple(int(s) for s in rope.get("mrope_section", DEFAULT_MROPE_SECTION))
         cfg = VisionConfig(
@@ -104,8 +103,8 @@ def vision_config_from_dict(raw: dict, text: dict, preprocessor: dict | None = N
             mrope_section=section,  # type: ignore[arg-type]
             image_mean=tuple(float(v) for v in pre.get("image_mean", OPENAI_CLIP_MEAN)),  # type: ignore[arg-type]
             image_std=tuple(float(v) for v in pre.get("image_std", OPENAI_CLIP_STD)),  # type: ignore[arg-type]
-            min_pixels=int(size.get("shortest_edge", pre.get("min_pixels", DEFAULT_MIN_PIXELS))),
-            max_pixels=int(size.get("longest_edge", pre.get("max_pixels", DEFAULT_MAX_PIXELS))),
+            min_pixels=int(min_pixels),
+            max_pixels=int(max_pixels),
         )
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"config.json: malformed vision field ({exc})") from None
