@@ -14,13 +14,7 @@ VOCAB = 128
 GREEDY = {"temperature": 0.0}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to split: on a shared CPU more threads only wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prompts(seed: int, lengths=(5, 70, 23, 130, 9)) -> list[list[int]]:

@@ -33,12 +33,7 @@ DELAY_S = 3.0
 _stamps = itertools.count()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prompt(n: int, seed: int) -> list[int]:
