@@ -15,9 +15,9 @@ from torch import nn
 from ignis.engine.forward_batch import ForwardBatch
 from ignis.engine.models.attention import GatedAttention
 from ignis.engine.models.config import ModelConfig
+from ignis.engine.models.decoder_parts import add_mlp_and_norms
 from ignis.engine.models.deltanet import GatedDeltaNet
-from ignis.engine.models.layers import PartialRotary, SwiGLU, ZeroCenteredRMSNorm
-from ignis.engine.models.moe import SparseMoE
+from ignis.engine.models.layers import PartialRotary, ZeroCenteredRMSNorm
 from ignis.engine.models.state import ModelState
 from ignis.engine.models.vision import VisionTower
 from ignis.kernels.backend import Ops, select_ops
@@ -31,12 +31,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(cfg)
         else:
             self.linear_attn = GatedDeltaNet(cfg)
-        if cfg.is_moe_layer(index):
-            self.mlp = SparseMoE(cfg)
-        else:
-            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        add_mlp_and_norms(self, cfg, cfg.is_moe_layer(index))
 
 
 class HybridModel(nn.Module):

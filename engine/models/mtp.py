@@ -25,8 +25,8 @@ from torch import nn
 from ignis.engine.forward_batch import ForwardBatch
 from ignis.engine.models.attention import GatedAttention
 from ignis.engine.models.config import ModelConfig
-from ignis.engine.models.layers import SwiGLU, ZeroCenteredRMSNorm
-from ignis.engine.models.moe import SparseMoE
+from ignis.engine.models.decoder_parts import add_mlp_and_norms
+from ignis.engine.models.layers import ZeroCenteredRMSNorm
 from ignis.engine.models.mtp_spec import MTP_PREFIX, mtp_layer_is_moe
 
 
@@ -36,12 +36,7 @@ class MtpLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         self.self_attn = GatedAttention(cfg)
-        if mtp_layer_is_moe(cfg, index):
-            self.mlp = SparseMoE(cfg)
-        else:
-            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        add_mlp_and_norms(self, cfg, mtp_layer_is_moe(cfg, index))
 
 
 class MtpHead(nn.Module):
