@@ -22,7 +22,8 @@ from ignis.engine.scheduler import Scheduler
 from ignis.engine.scheduler_config import SchedulerConfig
 from ignis.shared.image_input import ImageInput
 from ignis.shared.sampling import SamplingParams
-from tests.engine.models.vision_reference import hf_processor, picture, resized_input, vlm_checkpoint
+from tests.engine.models.vision_reference import picture, resized_input, vlm_checkpoint
+from tests.support.image_prompts import hf_greedy, pad_runs
 
 START, PAD, END = 122, 120, 123
 MAX_TOKENS = 6
@@ -99,6 +100,14 @@ def _prompt(images: list[ImageInput], factor: int, seed: int) -> list[int]:
     return ids
 
 
+def _image_prompt(vcfg, sizes, seed: int, first_picture_seed: int = 0):
+    """Pictures of ``sizes`` (height, width), their resized inputs, and a prompt holding them:
+    -> (pictures, images, prompt)."""
+    pictures = [picture(h, w, seed=first_picture_seed + i) for i, (h, w) in enumerate(sizes)]
+    images = [resized_input(vcfg, p) for p in pictures]
+    return pictures, images, _prompt(images, vcfg.patch_size * vcfg.spatial_merge_size, seed=seed)
+
+
 def _resize_config(model):
     """The model's vision config with small pixel bounds: prompts of tens of image tokens keep tests fast."""
     return dataclasses.replace(model.vision.cfg, min_pixels=8 * 8, max_pixels=40 * 40)
@@ -115,14 +124,8 @@ def _reference(ckpt, vcfg, prompt, pictures):
 
 
 def _generate(ckpt, vcfg, prompt, pictures):
-    proc = hf_processor(vcfg)
-    feats = proc(images=pictures, return_tensors="pt")
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = ckpt.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                  pixel_values=feats["pixel_values"], image_grid_thw=feats["image_grid_thw"],
-                                  mm_token_type_ids=(ids == PAD).int(), max_new_tokens=MAX_TOKENS,
-                                  do_sample=False, output_logits=True, return_dict_in_generate=True)
+    out, feats = hf_greedy(ckpt.model, vcfg, prompt, pictures, PAD, MAX_TOKENS,
+                           output_logits=True, return_dict_in_generate=True)
     return out.sequences[0, len(prompt):].tolist(), out.logits[0][0], feats
 
 
@@ -137,10 +140,7 @@ SETS = {"one": [(20, 30)], "three": [(50, 41), (17, 64), (30, 30)]}
 def test_greedy_equals_transformers(vlm, name, budget):
     ckpt, model = vlm
     vcfg = _resize_config(model)
-    factor = vcfg.patch_size * vcfg.spatial_merge_size
-    pictures = [picture(h, w, seed=i) for i, (h, w) in enumerate(SETS[name])]
-    images = [resized_input(vcfg, p) for p in pictures]
-    prompt = _prompt(images, factor, seed=len(images))
+    pictures, images, prompt = _image_prompt(vcfg, SETS[name], seed=len(SETS[name]))
     want_tokens, want_logits, feats = _reference(ckpt, vcfg, prompt, pictures)
     from ignis.engine.models.image_patches import patchify
 
@@ -152,32 +152,15 @@ def test_greedy_equals_transformers(vlm, name, budget):
     assert eng.tokens["r"] == want_tokens
     assert _rel(eng.first_logits["r"], want_logits) < TOL
     if budget < 4096:  # chunk boundaries fell inside every image
-        spans = _spans(prompt)
+        spans = pad_runs(prompt, PAD)
         assert all(any(s < e < s + n for e in eng.chunk_ends) for s, n in spans), (spans, eng.chunk_ends)
     assert eng.runner.images.encoded == len(images)  # once each, however the prefill was split
-
-
-def _spans(prompt):
-    out, i = [], 0
-    while i < len(prompt):
-        if prompt[i] == PAD:
-            j = i
-            while j < len(prompt) and prompt[j] == PAD:
-                j += 1
-            out.append((i, j - i))
-            i = j
-        else:
-            i += 1
-    return out
 
 
 def test_repeated_image_hits_the_encoder_cache_and_preemption_keeps_positions(vlm):
     ckpt, model = vlm
     vcfg = _resize_config(model)
-    factor = vcfg.patch_size * vcfg.spatial_merge_size
-    pictures = [picture(40, 24, seed=7)]
-    images = [resized_input(vcfg, p) for p in pictures]
-    prompt = _prompt(images, factor, seed=9)
+    pictures, images, prompt = _image_prompt(vcfg, [(40, 24)], seed=9, first_picture_seed=7)
     want_tokens, want_logits, _ = _reference(ckpt, vcfg, prompt, pictures)
     eng = ImageEngine(model, budget=16)
     eng.submit("a", prompt, images)
@@ -206,13 +189,10 @@ def test_two_image_requests_batched_with_decodes(vlm):
     """Both prompts in one engine: their chunks share rounds, and one decodes while the other prefills."""
     ckpt, model = vlm
     vcfg = _resize_config(model)
-    factor = vcfg.patch_size * vcfg.spatial_merge_size
     eng = ImageEngine(model, budget=13)
     want = {}
     for name, seed in (("one", 1), ("three", 3)):
-        pictures = [picture(h, w, seed=i) for i, (h, w) in enumerate(SETS[name])]
-        images = [resized_input(vcfg, p) for p in pictures]
-        prompt = _prompt(images, factor, seed=seed)
+        pictures, images, prompt = _image_prompt(vcfg, SETS[name], seed=seed)
         want[name] = _reference(ckpt, vcfg, prompt, pictures)[0]
         assert eng.submit(name, prompt, images) is None
     eng.run()
@@ -228,11 +208,8 @@ def test_resume_from_a_checkpoint_inside_or_after_an_image(vlm, where):
     resume past it needs no embedding; the one before it takes it from the encoder cache)."""
     ckpt, model = vlm
     vcfg = _resize_config(model)
-    factor = vcfg.patch_size * vcfg.spatial_merge_size
-    pictures = [picture(17, 64, seed=1)]
-    images = [resized_input(vcfg, p) for p in pictures]
-    prompt = _prompt(images, factor, seed=4)
-    (start, n), = _spans(prompt)
+    pictures, images, prompt = _image_prompt(vcfg, [(17, 64)], seed=4, first_picture_seed=1)
+    (start, n), = pad_runs(prompt, PAD)
     mark = start + n // 2 if where == "inside" else start + n + 2
     want_tokens, want_logits, _ = _reference(ckpt, vcfg, prompt, pictures)
     eng = ImageEngine(model, reuse=True)

@@ -17,6 +17,7 @@ import pytest
 
 from tests.gateway.hardening_support import fake_gateway
 from tests.gateway.image_samples import data_url, encoded, image_part, picture
+from tests.support.image_prompts import pad_runs
 from tests.support.real_tokenizer import TemplateMissing, chat_template, token_ids, write_real_tokenizer
 
 CHAT = "/v1/chat/completions"
@@ -79,21 +80,6 @@ def _chat(gw, content, system: str | None = None, **extra):
     return gw.post(CHAT, {"model": "vlm", "messages": messages, "max_tokens": 2, **extra})
 
 
-def _runs(ids) -> list[tuple[int, int]]:
-    """(start, length) of each run of pad tokens."""
-    runs, i = [], 0
-    while i < len(ids):
-        if ids[i] == PAD:
-            j = i
-            while j < len(ids) and ids[j] == PAD:
-                j += 1
-            runs.append((i, j - i))
-            i = j
-        else:
-            i += 1
-    return runs
-
-
 def test_images_reach_the_engine_resized_and_expanded(gw, image_server):
     content = [{"type": "text", "text": "Compare"}, image_part(data_url(PNG_64x96)),
                {"type": "text", "text": "with"}, image_part(image_server + "/a.png"),
@@ -103,7 +89,7 @@ def test_images_reach_the_engine_resized_and_expanded(gw, image_server):
     gen = gw.engine.generates[-1]
     assert [(im.height, im.width) for im in gen.images] == [(64, 96), (64, 96), (32, 32)]
     assert gen.images[0] == gen.images[1]  # the same picture, inline or fetched, is the same image
-    runs = _runs(gen.prompt_ids)
+    runs = pad_runs(gen.prompt_ids, PAD)
     assert [n for _, n in runs] == [6, 6, 1]
     for start, n in runs:
         assert gen.prompt_ids[start - 1] == START and gen.prompt_ids[start + n] == END
@@ -126,7 +112,7 @@ def test_responses_input_image_reaches_the_engine(gw):
     assert reply.status == 200, reply.body
     gen = gw.engine.generates[-1]
     assert [(im.height, im.width) for im in gen.images] == [(64, 96)]
-    assert [n for _, n in _runs(gen.prompt_ids)] == [6]
+    assert [n for _, n in pad_runs(gen.prompt_ids, PAD)] == [6]
 
 
 BAD = [

@@ -10,19 +10,18 @@ with another picture of the same size misses from the picture on.
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
 import pytest
-import torch
 from openai import OpenAI
 from PIL import Image
 
 from tests.engine.checkpoints import TINY_VLM_ROPE
-from tests.engine.models.vision_reference import hf_processor, picture
+from tests.engine.models.vision_reference import picture
 from tests.gateway.conftest import start_serve, stop_serve
-from tests.gateway.image_samples import data_url, image_part
+from tests.gateway.image_samples import data_url, encoded, image_part
+from tests.support.image_prompts import hf_greedy, pad_runs
 from tests.support.real_tokenizer import token_ids
 
 N = 6
@@ -42,23 +41,12 @@ def served(real_checkpoint, tmp_path_factory):
     assert stop_serve(s) == 0, s.log()
 
 
-def _png(pixels: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _reference(ckpt, prompt_ids: list[int], pictures: list[np.ndarray]) -> list[int]:
     """transformers' greedy tokens for the served prompt, its processor preprocessing the pictures."""
     from ignis.engine.models.vision_config import load_vision_config
 
-    feats = hf_processor(load_vision_config(ckpt.path))(images=pictures, return_tensors="pt")
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        out = ckpt.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                  pixel_values=feats["pixel_values"], image_grid_thw=feats["image_grid_thw"],
-                                  mm_token_type_ids=(ids == PAD).int(), max_new_tokens=N, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)
+    out, _ = hf_greedy(ckpt.model, load_vision_config(ckpt.path), prompt_ids, pictures, PAD, N,
+                       eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
 
 
@@ -68,17 +56,12 @@ def _ask(s, client, messages):
     return r, r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]
 
 
-def _pad_span(ids: list[int]) -> tuple[int, int]:
-    first = ids.index(PAD)
-    last = len(ids) - 1 - ids[::-1].index(PAD)
-    return first, last + 1
-
-
 @pytest.mark.parametrize("sizes", [[(20, 30)], [(50, 41), (17, 64), (30, 30)]], ids=["one", "three"])
 def test_greedy_equals_transformers(served, sizes):
     s, client, ckpt = served
     pictures = [picture(h, w, seed=i + 10 * len(sizes)) for i, (h, w) in enumerate(sizes)]
-    content = [{"type": "text", "text": "Describe these."}] + [image_part(data_url(_png(p))) for p in pictures]
+    content = [{"type": "text", "text": "Describe these."}]
+    content += [image_part(data_url(encoded(Image.fromarray(p)))) for p in pictures]
     _, prompt_ids, served_ids = _ask(s, client, [{"role": "user", "content": content}])
     assert sum(1 for t in prompt_ids if t == PAD) > len(pictures)  # expanded
     assert served_ids == _reference(ckpt, prompt_ids, pictures)
@@ -86,7 +69,7 @@ def test_greedy_equals_transformers(served, sizes):
 
 def _conversation(s, client, pixels: np.ndarray, turns: int):
     messages = [{"role": "user", "content": [{"type": "text", "text": "Look at this picture."},
-                                             image_part(data_url(_png(pixels)))]}]
+                                             image_part(data_url(encoded(Image.fromarray(pixels))))]}]
     out = []
     for turn in range(turns):
         r, prompt_ids, ids = _ask(s, client, messages)
@@ -100,7 +83,8 @@ def test_a_conversation_resumes_past_its_picture_and_another_picture_misses(serv
     s, client, ckpt = served
     cat = picture(24, 40, seed=5)
     turns = _conversation(s, client, cat, 3)
-    start, end = _pad_span(turns[0][1])
+    (start, n), = pad_runs(turns[0][1], PAD)
+    end = start + n
     assert turns[0][0] == 0
     for cached, prompt_ids, ids in turns[1:]:
         assert cached > end, (cached, end)
