@@ -1,11 +1,10 @@
 """Prompts with images, for the engine's and the gateway's image tests: where their pad runs
-stand, and transformers' greedy tokens for them (``generate`` with its own image processor)."""
+stand, and transformers' greedy tokens for them (``generate`` with its own image processor).
+
+torch is imported where the reference runs: the gateway's HTTP tests use ``pad_runs`` alone.
+"""
 
 from __future__ import annotations
-
-import torch
-
-from tests.engine.models.vision_reference import hf_processor
 
 
 def pad_runs(ids: list[int], pad: int) -> list[tuple[int, int]]:
@@ -27,6 +26,10 @@ def hf_greedy(model, vcfg, prompt: list[int], pictures, pad: int, max_new_tokens
     """transformers' greedy ``generate`` of ``model`` (a ``Qwen3_5ForConditionalGeneration``) on
     ``prompt``, the pictures preprocessed by its processor set up like ``vcfg``:
     -> (generate's output, the processor's features). ``generate_kwargs`` go to ``generate``."""
+    import torch
+
+    from tests.engine.models.vision_reference import hf_processor
+
     feats = hf_processor(vcfg)(images=pictures, return_tensors="pt")
     ids = torch.tensor([prompt])
     with torch.no_grad():
