@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None, help="float32, bfloat16 (default: the checkpoint's on CPU, bf16 on CUDA)")
     ap.add_argument("--tokens", type=int, default=96, help="tokens generated per request")
     ap.add_argument("--fit-steps", type=int, default=150)
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="torch's math threads on the CPU (default: the engine's, usable CPUs minus one)")
     ap.add_argument("--quick", action="store_true", help="K = 0 and 2 only, 16 tokens (the test suite's run)")
     args = ap.parse_args(argv)
     from ignis.engine.models.build import drafter_from_checkpoint, load_model
@@ -92,13 +94,16 @@ def main(argv=None) -> int:
     if args.quick:
         args.tokens, args.fit_steps = 16, 60
     prompts = demo_prompts(8)
-    threads = torch.get_num_threads()
+    from ignis.engine.config import default_cpu_threads
+
+    threads = args.cpu_threads or default_cpu_threads()
     torch.set_num_threads(1)  # the fit's ops are tiny: more threads only wait on each other
     t0 = time.perf_counter()
     model_dir = demo_with_head(Path(tempfile.mkdtemp(prefix="ignis-drafter-")) / "demo-mtp", prompts,
-                               steps=args.fit_steps)
+                               max_tokens=args.tokens, steps=args.fit_steps)
     torch.set_num_threads(threads)
-    print(f"head fitted to the demo's greedy outputs in {time.perf_counter() - t0:.1f} s")
+    print(f"head fitted to the demo's greedy outputs in {time.perf_counter() - t0:.1f} s; "
+          f"{threads} math thread(s), {args.tokens} tokens per request")
     from ignis.shared.tokenizer_files import tokenizer_vocab_size
 
     model, ckpt = load_model(model_dir, dtype=args.dtype, device=device)

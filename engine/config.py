@@ -192,18 +192,23 @@ class EngineConfig:
         return {"ram": ram, "disk": disk}
 
     def resolved_cpu_threads(self) -> int:
-        """--cpu-threads, or the CPUs this process may run on minus one (at least 1)."""
+        """--cpu-threads, or the default (``default_cpu_threads``)."""
         if self.cpu_threads is not None:
             return self.cpu_threads
-        import os
-
-        try:
-            usable = len(os.sched_getaffinity(0))
-        except AttributeError:  # no affinity on this platform
-            usable = os.cpu_count() or 1
-        return max(1, usable - 1)
+        return default_cpu_threads()
 
     def resolved_kv_format(self, device: str) -> str:
         """The pool format on a resolved device ("cpu" or "cuda"): --kv-format, auto being bf16 (on an
         H200 the hq-e8-2b prefill kernels run an order of magnitude slower than bf16's: docs/gpu.md)."""
         return "bf16" if self.kv_format == "auto" else self.kv_format
+
+
+def default_cpu_threads() -> int:
+    """The CPUs this process may run on minus one (at least 1): the engine's math threads by default."""
+    import os
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        usable = os.cpu_count() or 1
+    return max(1, usable - 1)

@@ -31,14 +31,18 @@ def causal_conv1d_varlen(
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     w = weight.unsqueeze(1)
     cu = cu_seqlens.tolist()
-    for b, slot in enumerate(slots.tolist()):
-        s, e = cu[b], cu[b + 1]
-        if e == s:
-            continue
-        xx = torch.cat([conv_state[slot].to(weight.dtype), x[s:e].t().to(weight.dtype)], dim=-1)
-        y = F.conv1d(xx.unsqueeze(0), w, groups=channels)[0]  # [C, n]
-        out[s:e] = F.silu(y).t().to(x.dtype)
-        conv_state[slot] = xx[:, -(taps - 1):].to(conv_state.dtype)
+    slot_list = slots.tolist()
+    by_length: dict[int, list[int]] = {}  # sequences of one length run as one batched conv
+    for b in range(len(slot_list)):
+        if cu[b + 1] > cu[b]:
+            by_length.setdefault(cu[b + 1] - cu[b], []).append(b)
+    for n, group in by_length.items():
+        idx = torch.tensor([slot_list[b] for b in group], device=x.device)
+        rows = torch.tensor([cu[b] for b in group], device=x.device).unsqueeze(1) + torch.arange(n, device=x.device)
+        xx = torch.cat([conv_state[idx].to(weight.dtype), x[rows].transpose(1, 2).to(weight.dtype)], dim=-1)
+        y = F.conv1d(xx, w, groups=channels)  # [B, C, n]
+        out[rows.reshape(-1)] = F.silu(y).transpose(1, 2).reshape(-1, channels).to(x.dtype)
+        conv_state[idx] = xx[:, :, -(taps - 1):].to(conv_state.dtype)
     return out
 
 

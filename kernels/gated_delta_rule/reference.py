@@ -74,6 +74,29 @@ def _chunked_one(q, k, v, g, beta, state):
     return out.reshape(h, nc * CHUNK, -1)[:, :n].transpose(0, 1), s
 
 
+def _stepped(q, k, v, g, beta, state, slots, starts, n):
+    """Sequences of ``n`` tokens each, starting at rows ``starts``, a step at a time, all at once.
+
+    The recurrence itself, batched over the sequences: for a verify chunk of
+    1 + k positions this is a few small ops a step, where the chunked form
+    pads every sequence to a 64-row chunk and solves two triangular systems."""
+    rows = starts.unsqueeze(1) + torch.arange(n, device=starts.device)  # [B, n]
+    q, k, v, g, beta = (x[rows] for x in (q, k, v, g, beta))  # [B, n, H, ...]
+    decay = g.exp()
+    s = state[slots].float()  # [B, H, Dk, Dv]
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for i in range(n):
+        s = s * decay[:, i, :, None, None]
+        mem = torch.einsum("bhkv,bhk->bhv", s, k[:, i])
+        s = s + k[:, i].unsqueeze(-1) * ((v[:, i] - mem) * beta[:, i].unsqueeze(-1)).unsqueeze(-2)
+        out[:, i] = torch.einsum("bhkv,bhk->bhv", s, q[:, i])
+    state[slots] = s.to(state.dtype)
+    return rows.reshape(-1), out.reshape(-1, *out.shape[2:])
+
+
+STEPPED_MAX = 8  # sequences up to this long step through the recurrence (verify chunks, short tails)
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -84,20 +107,32 @@ def chunk_gated_delta_rule(
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
 ) -> torch.Tensor:
-    """Varlen chunked prefill from each sequence's state; final states written back."""
+    """Varlen chunked prefill from each sequence's state; final states written back.
+
+    Sequences of at most ``STEPPED_MAX`` tokens run the recurrence a step at a
+    time, those of one length together (the same arithmetic as decode steps)."""
     hv = v.shape[-2]
     qf, kf = _prepare(q, k, hv)
     vf, gf, bf = v.float(), g.float(), beta.float()
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     cu = cu_seqlens.tolist()
     slot_list = slots.tolist()
+    short: dict[int, list[int]] = {}
     for b, slot in enumerate(slot_list):
         s, e = cu[b], cu[b + 1]
         if e == s:
             continue
+        if e - s <= STEPPED_MAX:
+            short.setdefault(e - s, []).append(b)
+            continue
         o, final = _chunked_one(qf[s:e], kf[s:e], vf[s:e], gf[s:e], bf[s:e], state[slot].float())
         out[s:e] = o
         state[slot] = final.to(state.dtype)
+    for n, group in short.items():
+        starts = torch.tensor([cu[b] for b in group], device=q.device)
+        idx = torch.tensor([slot_list[b] for b in group], device=q.device)
+        rows, o = _stepped(qf, kf, vf, gf, bf, state, idx, starts, n)
+        out[rows] = o
     return out.to(v.dtype)
 
 

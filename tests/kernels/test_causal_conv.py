@@ -69,3 +69,23 @@ def test_rejects_mismatched_history(device):
         triton_conv.causal_conv1d_update(torch.zeros((1, 8), device=device), torch.zeros((8, 4), device=device),
                                          torch.zeros((1, 8, 2), device=device), torch.zeros(1, dtype=torch.long,
                                                                                          device=device))
+
+
+@pytest.mark.parametrize("lengths", [[3, 3, 3], [1, 4, 2, 70, 3, 1]])
+def test_twin_varlen_equals_one_step_per_token(gen, lengths):
+    """The twin runs sequences of one length as one batched conv: equal to an update step per token."""
+    channels, taps = 24, 4
+    slots = [5, 0, 3, 1, 6, 2][: len(lengths)]
+    x = strided((sum(lengths), channels), torch.float32, "cpu", gen)
+    weight = torch.randn((channels, taps), generator=gen) * 0.5
+    pool = make_pool(8, slots, channels, taps, torch.float32, "cpu", gen)
+    want_pool, got_pool = pool.clone(), pool.clone()
+    got = ref.causal_conv1d_varlen(x, weight, got_pool, torch.tensor(slots), cu_seqlens(lengths, "cpu"))
+    want, at = [], 0
+    for n, slot in zip(lengths, slots):
+        want += [ref.causal_conv1d_update(x[t:t + 1], weight, want_pool, torch.tensor([slot]))
+                 for t in range(at, at + n)]
+        at += n
+    assert_close(got, torch.cat(want), 1e-5, f"twin varlen {lengths}")
+    assert torch.equal(got_pool[slots], want_pool[slots]), "histories differ"
+    assert_untouched(got_pool, pool, [4, 7], "twin varlen")

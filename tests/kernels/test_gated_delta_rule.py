@@ -321,3 +321,25 @@ def test_blocked_inverse_matches_triangular_solve(device, gen, dk, spread, g_sca
     assert bool((got.triu(1) == 0).all()), "upper triangle of a diagonal block not exactly zero"
     assert bool((got.diagonal(dim1=-2, dim2=-1) == 1).all()), "diagonal not exactly one"
     assert bool((got[:, valid:] == eye[valid:].float()).all()), "padding rows not the identity's"
+
+
+@pytest.mark.parametrize("lengths", [[3, 3, 3], [1, 4, 2, 70, 8, 9, 4]])
+def test_twin_steps_short_sequences_as_token_by_token_decode(gen, lengths):
+    """The twin's chunk op steps sequences of at most STEPPED_MAX tokens through the recurrence (verify
+    chunks): short, long and mixed lengths equal a decode step per token, outputs and final states."""
+    hk, hv, dk, dv = 2, 4, 16, 8
+    total = sum(lengths)
+    q, k, v, g, beta = make_inputs(total, hk, hv, dk, dv, torch.float32, "cpu", gen)
+    slots = [5, 0, 3, 1, 6, 2, 4][: len(lengths)]
+    pool = make_pool(8, slots, hv, dk, dv, "cpu", gen)
+    want_pool, got_pool = pool.clone(), pool.clone()
+    got = ref.chunk_gated_delta_rule(q, k, v, g, beta, got_pool, torch.tensor(slots), cu_seqlens(lengths, "cpu"))
+    want, at = [], 0
+    for n, slot in zip(lengths, slots):
+        for t in range(at, at + n):
+            want.append(ref.recurrent_gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1],
+                                                       beta[t:t + 1], want_pool, torch.tensor([slot])))
+        at += n
+    assert_close(got, torch.cat(want), 1e-5, f"stepped twin {lengths}")
+    assert_close(got_pool[slots], want_pool[slots], 1e-5, "final states")
+    assert_untouched(got_pool, pool, unused(8, slots), "stepped twin")
