@@ -35,6 +35,7 @@ def _fail(code: int, message: str) -> int:
 def run(args) -> int:
     from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
     from ignis.tierd import disk as kvdisk
+    from ignis.tierd import disk_mac
     from ignis.tierd.arena import Arena, MlockError
     from ignis.tierd.config import TierdConfig
     from ignis.tierd.metrics import TierdMetrics
@@ -74,9 +75,14 @@ def run(args) -> int:
         if disk_dir is not None:
             kvdisk.prepare_dir(disk_dir)
             mac_key = kvdisk.load_mac_key(config.disk_key_file(runtime))
+            disk_mac.poly1305()
     except (kvdisk.ForeignFilesError, kvdisk.MacKeyError, OSError) as e:
         arena.close()
         return _fail(EXIT_CONFIG, str(e))
+    except ImportError as e:
+        arena.close()
+        return _fail(EXIT_CONFIG, f"KV-disk MACs its files with Poly1305 from the cryptography package, which "
+                                  f"does not import ({e}): pip install cryptography, or --kv-disk-bytes 0")
     metrics = TierdMetrics(config.instance)
     try:
         try:

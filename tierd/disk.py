@@ -14,20 +14,22 @@ refused (``ForeignFilesError``) and left as it is.
 
 File layout (little endian)::
 
-    | "IGNISKV2" (8) | header_len u32 (4) | chunk_bytes u32 (4) | header JSON | payload | digest 0 | ... | digest k-1 |
+    | "IGNISKV3" (8) | header_len u32 (4) | chunk_bytes u32 (4) | header JSON | payload |
+    | nonce (16) | tag 0 (16) | ... | tag k-1 (16) |
 
 The header JSON holds key, stamp, payload bytes and the block of every ref.
 The payload is checked in chunks of ``chunk_bytes`` (16 MiB by default):
-digest i is HMAC-SHA256 (a MAC) over (header JSON, i as u64, payload chunk
-i); OpenSSL runs SHA-256 on the CPU's SHA extensions (x86 SHA-NI, ARMv8),
-about twice the speed of blake2b, and the MAC is what bounds KV-disk's
-speed. Format 1 (``IGNISKV1``, the same layout with keyed blake2b) is
-refused with a message saying so. A chunk cannot be swapped between files
-or positions, and a
-file this install did not write fails the check even when whoever wrote it
-computed plain checksums. The MAC key is a per-install secret
-(``load_mac_key``: 32 random bytes in a mode-0600 file, created at first
-start).
+tag i (16 bytes) is Poly1305 of payload chunk i under a one-time key derived
+with HMAC-SHA256 from the install's key, the file's nonce (16 random bytes
+drawn for every file written), i and the header JSON (``disk_mac``). A chunk
+cannot be swapped between files or positions, and a file this install did not
+write fails the check even when whoever wrote it computed plain checksums.
+The MAC key is a per-install secret (``load_mac_key``: 32 random bytes in a
+mode-0600 file, created at first start). Poly1305 runs at several GB/s a
+core, so the MAC does not bound KV-disk's speed. Formats 1 (``IGNISKV1``,
+keyed blake2b per chunk) and 2 (``IGNISKV2``, HMAC-SHA256 per chunk: 1-2
+GB/s a core, the bound on KV-disk's speed) are refused with a message
+naming them.
 
 I/O (``disk_io``): a file is written and read in aligned windows of one
 chunk, several in flight, each MACed on an I/O thread; with O_DIRECT where
@@ -36,13 +38,13 @@ and ``base = at - s``, window i is file bytes [base + i*chunk, base +
 (i+1)*chunk): the last ``s`` bytes before chunk i (the header's tail, or
 chunk i-1's), then chunk i but its last ``s`` bytes::
 
-    file    | prefix | header ...|.. chunk 0 ....................|.. chunk 1 ......| ... | digests |
+    file    | prefix | header ...|.. chunk 0 ....................|.. chunk 1 ......| ... | nonce, tags |
     windows [ head (base bytes) ][ s | chunk 0 less s bytes      ][ s | chunk 1 ... ] ... [ tail ]
 
 A window's staging buffer holds s + chunk bytes, so chunk i is contiguous
 for its MAC; the aligned front goes out at once, the rest is carried over
-to the next window, and the last window's rest and the digests are written
-padded to 4096, then the file is cut to its size.
+to the next window, and the last window's rest, the nonce and the tags are
+written padded to 4096, then the file is cut to its size.
 
 ``read_entry`` checks the size and the header, then verifies each chunk
 before handing it on, in order; a bad file raises ``CorruptFile`` naming
@@ -59,7 +61,6 @@ stale file is refused (``CorruptFile``), never served.
 from __future__ import annotations
 
 import errno
-import hmac
 import os
 import stat
 import struct
@@ -72,15 +73,14 @@ from pathlib import Path
 import numpy as np
 
 from ignis.shared.secret_file import load_secret
-from ignis.tierd import disk_io
+from ignis.tierd import disk_io, disk_mac
 
 MARKER = ".ignis-kv-disk"
 SUFFIX = ".kv"
 PART = ".kv.part"
-MAGIC = b"IGNISKV2"
-_OLD_MAGIC = b"IGNISKV1"
+MAGIC = b"IGNISKV3"
+_OLD_FORMATS = {b"IGNISKV1": "format 1 (keyed blake2b)", b"IGNISKV2": "format 2 (HMAC-SHA256 per chunk)"}
 _PREFIX = struct.Struct("<8sII")
-DIGEST_BYTES = 32
 CHUNK_BYTES = 16 << 20
 RETRY_AFTER_S = 30.0
 """After a failed write (disk full, I/O error) KV-disk takes no writes for this long, then tries again."""
@@ -92,7 +92,7 @@ disk). The wait is on the disk thread, before anything is read from engine memor
 
 FAULT_DISK_FULL_ENV = "IGNIS_TIERD_FAULT_DISK_FULL"
 """Fault injection for tests: ``1`` makes every KV-disk write fail with ENOSPC (disk full) after its payload
-is written and before its digests, so a partial ``.part`` file is on disk when the error is raised."""
+is written and before its tags, so a partial ``.part`` file is on disk when the error is raised."""
 
 
 def fault_disk_full() -> bool:
@@ -178,12 +178,17 @@ def chunk_count(nbytes: int, chunk: int = CHUNK_BYTES) -> int:
     return max(1, -(-nbytes // chunk))
 
 
+def trailer_bytes(nbytes: int, chunk: int = CHUNK_BYTES) -> int:
+    """Bytes after the payload: the nonce and a tag per chunk."""
+    return disk_mac.NONCE_BYTES + disk_mac.TAG_BYTES * chunk_count(nbytes, chunk)
+
+
 def file_bytes(header: bytes, nbytes: int, chunk: int = CHUNK_BYTES) -> int:
     """Bytes a file of this header and payload takes."""
-    return _PREFIX.size + len(header) + nbytes + DIGEST_BYTES * chunk_count(nbytes, chunk)
+    return _PREFIX.size + len(header) + nbytes + trailer_bytes(nbytes, chunk)
 
 
-MAC_KEY_BYTES = 32
+MAC_KEY_BYTES = disk_mac.KEY_BYTES
 
 
 class MacKeyError(RuntimeError):
@@ -196,27 +201,19 @@ def load_mac_key(path: str | os.PathLike) -> bytes:
     return load_secret(path, MAC_KEY_BYTES, "KV-disk MAC key", MacKeyError, hint=f" (chmod 600 {path})")
 
 
-def _digest(header: bytes, index: int, mac_key: bytes):
-    if len(mac_key) != MAC_KEY_BYTES:
-        raise ValueError(f"a KV-disk MAC key is {MAC_KEY_BYTES} bytes")
-    d = hmac.new(mac_key, header, "sha256")
-    d.update(index.to_bytes(8, "little"))
-    return d
-
-
 def _window(header: bytes) -> tuple[int, int]:
     """(s, base): the payload starts ``s`` bytes into the aligned window at file offset ``base``."""
     at = _PREFIX.size + len(header)
     return at % disk_io.ALIGN, at - at % disk_io.ALIGN
 
 
-def _seal(fd: int, buf: np.ndarray, s: int, n: int, body: int, offset: int, mac, free) -> bytes:
-    """MAC one chunk (``buf[s:s+n]``) and write the aligned front ``buf[:body]`` of its window (an I/O thread)."""
+def _seal(fd: int, buf: np.ndarray, s: int, n: int, body: int, offset: int, key: bytes, free) -> bytes:
+    """Tag one chunk (``buf[s:s+n]``) and write the aligned front ``buf[:body]`` of its window (an I/O thread)."""
     try:
-        mac.update(buf[s:s + n])
+        tag = disk_mac.chunk_tag(key, buf[s:s + n])
         if body:
             disk_io.pwrite_all(fd, buf[:body], offset)
-        return mac.digest()
+        return tag
     finally:
         free.put(buf)
 
@@ -232,7 +229,7 @@ def write_entry(path: Path, header: bytes, source: Callable[[int, np.ndarray], N
     ``s`` bytes that precede it in its aligned window (the header's tail, or
     the last bytes of chunk ``i - 1``); an I/O thread MACs it and writes the
     window's aligned front while the next chunk is filled. The unaligned
-    rest and the digests go last, then the file is cut to its exact size.
+    rest, the nonce and the tags go last, then the file is cut to its exact size.
     """
     if len(mac_key) != MAC_KEY_BYTES:
         raise ValueError(f"a KV-disk MAC key is {MAC_KEY_BYTES} bytes")
@@ -243,6 +240,7 @@ def write_entry(path: Path, header: bytes, source: Callable[[int, np.ndarray], N
     own = io is None
     io = io or disk_io.DiskIO(chunk)
     part = path.with_name(path.name + ".part")
+    nonce = disk_mac.new_nonce()
     s, base = _window(header)
     front = _PREFIX.pack(MAGIC, len(header), chunk) + header
     jobs: list[Future] = []
@@ -265,11 +263,12 @@ def write_entry(path: Path, header: bytes, source: Callable[[int, np.ndarray], N
                 raise
             body = (s + n) // disk_io.ALIGN * disk_io.ALIGN
             carry = bytes(buf[body:s + n])  # the next window's first bytes (or the file's last payload bytes)
-            jobs.append(io.pool.submit(_seal, fd, buf, s, n, body, at, _digest(header, i, mac_key), io.buffers))
+            key = disk_mac.chunk_key(mac_key, nonce, header, i)
+            jobs.append(io.pool.submit(_seal, fd, buf, s, n, body, at, key, io.buffers))
             at += body
         if isinstance(fill, disk_io.Stream):
             fill.end()
-        tail = carry + b"".join(j.result() for j in jobs)
+        tail = carry + nonce + b"".join(j.result() for j in jobs)
         if fault_disk_full():
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({FAULT_DISK_FULL_ENV})", str(part))
         last = disk_io.aligned_buffer(disk_io.round_up(len(tail)))
@@ -291,15 +290,14 @@ def write_entry(path: Path, header: bytes, source: Callable[[int, np.ndarray], N
     return file_bytes(header, nbytes, chunk)
 
 
-def _load(fd: int, buf: np.ndarray, s: int, n: int, offset: int, direct: bool, mac, want: bytes, name: str,
+def _load(fd: int, buf: np.ndarray, s: int, n: int, offset: int, direct: bool, key: bytes, want: bytes, name: str,
           index: int) -> None:
     """Read chunk ``index``'s window into ``buf`` and check its MAC (an I/O thread)."""
     length = disk_io.round_up(s + n) if direct else s + n
     if disk_io.pread_all(fd, buf[:length], offset) < s + n:
         raise CorruptFile(f"KV-disk file {name}: short read in chunk {index}", "short_read")
-    mac.update(buf[s:s + n])
-    if mac.digest() != want:
-        raise CorruptFile(f"KV-disk file {name} fails the HMAC-SHA256 checksum (MAC) of chunk {index} (corrupt, "
+    if not disk_mac.tag_matches(key, buf[s:s + n], want):
+        raise CorruptFile(f"KV-disk file {name} fails the Poly1305 checksum (MAC) of chunk {index} (corrupt, "
                           f"or not written by this install)", "checksum")
 
 
@@ -325,15 +323,16 @@ def read_entry(path: Path, header: bytes, nbytes: int, consume: Callable[[int, n
         if size != expect:
             raise CorruptFile(f"KV-disk file {path.name} is {size} bytes, expected {expect} (truncated or extended)", "size")
         magic, hlen, file_chunk = _PREFIX.unpack(os.pread(fd, _PREFIX.size, 0))
-        if magic == _OLD_MAGIC:
-            raise CorruptFile(f"KV-disk file {path.name} is in format 1 ({_OLD_MAGIC!r}, keyed blake2b) of an older "
-                              f"tierd; this one reads {MAGIC!r} only", "header")
+        if magic in _OLD_FORMATS:
+            raise CorruptFile(f"KV-disk file {path.name} is in {_OLD_FORMATS[magic]} ({magic!r}) of an older tierd; "
+                              f"this one reads {MAGIC!r} only", "header")
         if magic != MAGIC or file_chunk != chunk:
             raise CorruptFile(f"KV-disk file {path.name} does not start with {MAGIC!r} and chunk size {chunk}", "header")
         if hlen != len(header) or os.pread(fd, hlen, _PREFIX.size) != header:
             raise CorruptFile(f"KV-disk file {path.name} has another header (key, stamp or layout differ)", "header")
         k = chunk_count(nbytes, chunk)
-        digests = os.pread(fd, DIGEST_BYTES * k, _PREFIX.size + hlen + nbytes)
+        trailer = os.pread(fd, trailer_bytes(nbytes, chunk), _PREFIX.size + hlen + nbytes)
+        nonce, tags = trailer[:disk_mac.NONCE_BYTES], trailer[disk_mac.NONCE_BYTES:]
         s, base = _window(header)
         direct = False
         if io.direct:
@@ -341,9 +340,10 @@ def read_entry(path: Path, header: bytes, nbytes: int, consume: Callable[[int, n
 
         def submit(i: int) -> None:
             buf, n = io.buffers.get(), min(chunk, nbytes - i * chunk)
-            want = digests[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]
+            want = tags[i * disk_mac.TAG_BYTES:(i + 1) * disk_mac.TAG_BYTES]
             pending.append((buf, n, io.pool.submit(_load, data_fd, buf, s, n, base + i * chunk, direct,
-                                                   _digest(header, i, mac_key), want, path.name, i)))
+                                                   disk_mac.chunk_key(mac_key, nonce, header, i), want, path.name,
+                                                   i)))
 
         for i in range(min(k, io.threads)):
             submit(i)
@@ -376,6 +376,7 @@ class DiskTier:
             raise ValueError("a DiskTier needs a positive byte ceiling (0 means KV-disk off)")
         if len(mac_key) != MAC_KEY_BYTES:
             raise ValueError(f"a KV-disk MAC key is {MAC_KEY_BYTES} bytes")
+        disk_mac.poly1305()  # an install without ``cryptography`` has no KV-disk: ImportError now, not at a write
         self.path = Path(path)
         self.mac_key = mac_key
         self.ceiling = ceiling

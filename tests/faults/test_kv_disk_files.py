@@ -4,9 +4,9 @@ wanted it is recomputed with the same greedy tokens as its cold run.
 
 The damage matrix (``DAMAGES``) and the check each one fails:
 
-    payload_flip     one byte of the payload flipped            checksum (the chunk's HMAC-SHA256)
+    payload_flip     one byte of the payload flipped            checksum (the chunk's Poly1305 tag)
     header_flip      one byte of the header JSON flipped        header
-    magic_flip       one byte of the "IGNISKV2" magic flipped   header
+    magic_flip       one byte of the "IGNISKV3" magic flipped   header
     truncated        the last 100 bytes cut                     size
     zero_length      an empty file                              size
     foreign_stamp    a whole, correctly MACed file of the same  header (another stamp: another model)
@@ -14,6 +14,8 @@ The damage matrix (``DAMAGES``) and the check each one fails:
     foreign_install  the same header and payload MACed with     checksum
                      another install's key
     format_1         a file of format 1 ("IGNISKV1")            header ("format 1" in the message)
+    format_2         a file of format 2 ("IGNISKV2", HMAC-      header ("format 2" in the message)
+                     SHA256 per chunk)
 
 Already covered elsewhere, not repeated here: the file-level checks of each
 kind (tests/tierd/test_disk.py), a flipped and a truncated file against a
@@ -88,8 +90,8 @@ def damage(path: Path, how: str, mac_key: bytes) -> str:
     if how == "foreign_install":
         _rewrite(path, header, payload, chunk, bytes(range(1, 33)))
         return "checksum"
-    if how == "format_1":
-        data[:8] = b"IGNISKV1"
+    if how in ("format_1", "format_2"):
+        data[:8] = b"IGNISKV1" if how == "format_1" else b"IGNISKV2"
         path.write_bytes(bytes(data))
         return "header"
     raise ValueError(how)
@@ -105,7 +107,7 @@ def _other_stamp(stamp: bytes) -> bytes:
 
 
 DAMAGES = ("payload_flip", "header_flip", "magic_flip", "truncated", "zero_length", "foreign_stamp",
-           "foreign_install", "format_1")
+           "foreign_install", "format_1", "format_2")
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +140,8 @@ def test_a_damaged_file_is_refused_before_use_deleted_and_counted(engine, tierd,
     corrupt = tierd.metric("ignis:tierd_missing_total", reason="corrupt")
     got = engine.ask(Restore(engine.next_req(), key(n), STAMP, DST))
     assert isinstance(got, Missing) and got.reason == "corrupt", got
-    if how == "format_1":
-        assert "format 1" in got.message
+    if how.startswith("format_"):
+        assert how.replace("_", " ") in got.message
     assert engine.snapshot() == before  # refused before any byte reached engine memory
     assert not path.exists() and lookup(engine, n) == [None]
     assert sorted(os.listdir(disk_dir)) == [MARKER]

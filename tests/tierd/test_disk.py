@@ -9,7 +9,7 @@ import stat
 import numpy as np
 import pytest
 
-from ignis.tierd import disk_io
+from ignis.tierd import disk_io, disk_mac
 from ignis.tierd.disk_io import DiskIO, direct_io_works
 from ignis.tierd.disk import (
     MARKER,
@@ -18,6 +18,7 @@ from ignis.tierd.disk import (
     ForeignFilesError,
     encode_header,
     file_bytes,
+    trailer_bytes,
     prepare_dir,
     read_entry,
     wipe_dir,
@@ -68,7 +69,7 @@ def test_a_flipped_byte_is_caught_in_its_chunk_and_later_chunks_are_not_handed_o
     payload = bytes(range(256)) * 64  # 4 chunks
     path, header = write(tmp_path, payload)
     data = bytearray(path.read_bytes())
-    data[len(data) - 32 * 4 - CHUNK - 5] ^= 1  # inside chunk 2
+    data[len(data) - trailer_bytes(len(payload), CHUNK) - CHUNK - 5] ^= 1  # inside chunk 2
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptFile, match=r"checksum \(MAC\) of chunk 2"):
         read(path, header, len(payload))
@@ -160,14 +161,16 @@ def test_a_file_forged_with_plain_checksums_is_refused(tmp_path):
     raw = bytearray(path.read_bytes())
     prefix = 16 + len(header)
     forged = bytes(len(payload))  # the attacker's payload (all zeros; NaN bytes are no different)
-    digests = []
+    nonce = bytes(raw[prefix + len(payload):prefix + len(payload) + disk_mac.NONCE_BYTES])  # the file's own
+    tags = []
     for i in range(0, len(payload), CHUNK):
-        d = hashlib.blake2b(header, digest_size=32)
+        d = hashlib.blake2b(nonce + header, digest_size=disk_mac.TAG_BYTES)
         d.update(struct.pack("<Q", i // CHUNK))
         d.update(forged[i:i + CHUNK])
-        digests.append(d.digest())
+        tags.append(d.digest())
     raw[prefix:prefix + len(payload)] = forged
-    raw[prefix + len(payload):] = b"".join(digests)
+    raw[prefix + len(payload) + disk_mac.NONCE_BYTES:] = b"".join(tags)
+    assert len(raw) == file_bytes(header, len(payload), CHUNK)  # the right size: only the MAC refuses it
     path.write_bytes(bytes(raw))
     with pytest.raises(CorruptFile, match="not written by this install") as e:
         read(path, header, len(payload))
@@ -244,12 +247,63 @@ def test_a_filesystem_refusing_o_direct_falls_back_to_the_page_cache(tmp_path, m
         io.close()
 
 
-def test_a_format_1_file_is_refused_by_name(tmp_path):
+@pytest.mark.parametrize("magic,name", [(b"IGNISKV1", "format 1"), (b"IGNISKV2", "format 2")])
+def test_an_older_format_file_is_refused_by_name(tmp_path, magic, name):
     payload = b"y" * 5000
     path, header = write(tmp_path, payload)
     data = bytearray(path.read_bytes())
-    data[:8] = b"IGNISKV1"
+    data[:8] = magic
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptFile, match="format 1") as e:
+    with pytest.raises(CorruptFile, match=name) as e:
         read(path, header, len(payload))
     assert e.value.check == "header" and read.handed_on == []
+
+
+def _payload_at(header: bytes) -> int:
+    return 16 + len(header)
+
+
+def test_chunks_swapped_within_a_file_or_taken_from_another_file_are_refused(tmp_path):
+    """A tag binds its chunk to the file (nonce, header) and the position: genuine chunks with their
+    genuine tags, moved, fail."""
+    payload = bytes(range(256)) * 48  # 3 chunks
+    path, header = write(tmp_path, payload)
+    genuine = path.read_bytes()
+    at, tags = _payload_at(header), len(genuine) - 3 * 16
+    swapped = bytearray(genuine)  # chunks 0 and 1 swapped, and their tags with them
+    swapped[at:at + CHUNK] = genuine[at + CHUNK:at + 2 * CHUNK]
+    swapped[at + CHUNK:at + 2 * CHUNK] = genuine[at:at + CHUNK]
+    swapped[tags:tags + 16], swapped[tags + 16:tags + 32] = genuine[tags + 16:tags + 32], genuine[tags:tags + 16]
+    path.write_bytes(bytes(swapped))
+    with pytest.raises(CorruptFile, match="chunk 0") as e:
+        read(path, header, len(payload))
+    assert e.value.check == "checksum" and read.handed_on == []
+    other = tmp_path / "other"
+    other.mkdir()
+    other_payload = bytes(reversed(payload))
+    path2, _ = write(other, other_payload)  # the same header: another file of the same entry, written apart
+    mixed = bytearray(path2.read_bytes())
+    mixed[at:at + CHUNK] = genuine[at:at + CHUNK]
+    mixed[len(mixed) - 3 * 16:len(mixed) - 2 * 16] = genuine[tags:tags + 16]  # with its genuine tag
+    path2.write_bytes(bytes(mixed))
+    with pytest.raises(CorruptFile, match="chunk 0"):
+        read(path2, header, len(payload))
+
+
+def test_every_write_draws_a_fresh_nonce_so_no_one_time_key_tags_two_payloads(tmp_path):
+    """Two files of the same entry (key, stamp, size) hold different nonces and so different tags,
+    even for the same payload; the nonce is part of what the MAC checks."""
+    payload = b"z" * (2 * CHUNK)
+    path, header = write(tmp_path, payload)
+    first = path.read_bytes()
+    path, _ = write(tmp_path, payload)
+    second = path.read_bytes()
+    trailer = trailer_bytes(len(payload), CHUNK)
+    assert first[:-trailer] == second[:-trailer]
+    assert first[-trailer:-trailer + 16] != second[-trailer:-trailer + 16]  # nonces
+    assert first[-32:] != second[-32:]  # tags
+    changed = bytearray(second)
+    changed[-trailer] ^= 1  # the nonce
+    path.write_bytes(bytes(changed))
+    with pytest.raises(CorruptFile, match="chunk 0"):
+        read(path, header, len(payload))

@@ -374,11 +374,13 @@ def test_a_hello_whose_arena_cannot_be_locked_again_is_refused_and_a_later_one_w
 
 def test_a_disk_file_forged_with_nan_bytes_and_plain_checksums_is_refused(engine, tierd):
     """The probe: someone rewrites a KV-disk file's payload with NaNs and recomputes unkeyed blake2b
-    digests; the install's MAC refuses it before any byte reaches engine memory."""
+    tags; the install's MAC refuses it before any byte reaches engine memory."""
     import hashlib
     import struct
 
     import numpy as np
+
+    from ignis.tierd.disk_mac import NONCE_BYTES, TAG_BYTES
 
     disk_dir = tierd.runtime_dir / "default-kv-disk"
     key_file = tierd.runtime_dir / "default-kv-disk.key"
@@ -390,14 +392,16 @@ def test_a_disk_file_forged_with_nan_bytes_and_plain_checksums_is_refused(engine
     header = bytes(data[16:16 + header_len])
     payload_at, nbytes = 16 + header_len, reply.nbytes
     forged = np.full(nbytes // 4, np.nan, dtype=np.float32).tobytes().ljust(nbytes, b"\0")
-    digests = []
+    tags_at = payload_at + nbytes + NONCE_BYTES  # the file's own nonce stays
+    tags = []
     for i in range(0, nbytes, chunk):
-        d = hashlib.blake2b(header, digest_size=32)
+        d = hashlib.blake2b(bytes(data[payload_at + nbytes:tags_at]) + header, digest_size=TAG_BYTES)
         d.update((i // chunk).to_bytes(8, "little"))
         d.update(forged[i:i + chunk])
-        digests.append(d.digest())
+        tags.append(d.digest())
     data[payload_at:payload_at + nbytes] = forged
-    data[payload_at + nbytes:] = b"".join(digests)
+    data[tags_at:] = b"".join(tags)
+    assert len(data) == path.stat().st_size  # the right size: only the MAC refuses it
     path.write_bytes(bytes(data))
     engine.scramble()
     before = engine.snapshot()

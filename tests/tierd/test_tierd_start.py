@@ -77,3 +77,19 @@ def test_bad_flags_exit_with_a_message(tmp_path):
         assert proc.wait() != 0
         proc.stop()
         assert words in proc.log_text()
+
+
+def test_kv_disk_without_the_cryptography_package_exits_naming_it(tmp_path):
+    """KV-disk's MAC needs ``cryptography``: without it tierd refuses to start (exit 2) and says what to do;
+    with KV-disk off it starts as before."""
+    shadow = tmp_path / "shadow" / "cryptography"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("cryptography left out for this test")\n')
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(shadow.parent), os.environ.get("PYTHONPATH")) if p)}
+    proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "1M",
+                        expect_ready=False, metrics=False, env=env)
+    assert proc.wait() == 2
+    proc.stop()
+    assert "pip install cryptography, or --kv-disk-bytes 0" in proc.log_text()
+    off = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "0", metrics=False, env=env)
+    assert off.stop() == 0
