@@ -223,7 +223,13 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=512, help="vision width (Qwen3.5: 1152)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="a 2-block, 128-wide tower, 1 timed run (the test suite's)")
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="torch's math threads on the CPU (default: the engine's, usable CPUs minus one)")
     args = ap.parse_args(argv)
+    from ignis.engine.config import default_cpu_threads
+
+    torch.set_num_threads(args.cpu_threads or default_cpu_threads())
+    print(f"{torch.get_num_threads()} math thread(s)")
     if args.quick:
         args.depth, args.width, args.repeats = 2, 128, 1
     vcfg = vision_config(args.depth, args.width, out_hidden=256)

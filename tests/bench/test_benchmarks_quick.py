@@ -30,7 +30,7 @@ def run_quick(script: str, timeout: float = 300) -> str:
     ("kv_format.py", "kv_format", ("bytes_ratio", "attn_time_ratio")),
     ("reuse.py", "reuse", ("warm_cold_1k", "warm_cold_8k", "warm_cold_32k", "short_tax", "burst_prefill_ratio",
                                 "cold_burst_prefill_ratio", "cold_burst_identical", "warm32k_vs_short",
-                                "preamble_burst_prefill_ratio", "preamble_burst_identical")),
+                                "preamble_burst_prefill_ratio", "preamble_burst_identical", "cold_burst_optimum")),
     ("lm_head.py", "lm_head", ("head_ms", "sample_default_ms", "sample_recommended_ms", "head_sampler_share")),
     ("agent_replay.py", "agent_replay", ("cached_vs_ideal", "warm_ttft_vs_cold", "outputs_equal", "short_tax")),
     ("grammar_tax.py", "grammar_tax", ("free_ms", "constrained_ms", "fill_ms", "apply_ms", "grammar_tax_4")),
