@@ -23,10 +23,12 @@ On CUDA a round of decode steps only replays a captured graph
 (``engine.decode_graphs``) instead of launching the forward op by op.
 
 With a drafter (``use_drafter``, ``--speculative-tokens``), a round where a
-request that can speculate (unpenalised, no grammar, no logprobs)
-takes part runs through ``engine.spec_round``: drafts, one verify forward,
-then acceptance after the usual sampling; ``RoundResult.extra`` carries the
-accepted tokens.
+request that can speculate (unpenalised, no grammar) takes part runs
+through ``engine.spec_round``: drafts, one verify forward, then acceptance
+after the usual sampling; ``RoundResult.extra`` carries the accepted tokens,
+and a request that asked for logprobs gets one per token of the round, each
+from the verify forward's row that decided it (what plain decode computes
+at that position).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from ignis.engine.grammar_lanes import GrammarLanes
 from ignis.engine.models.hybrid import HybridModel
 from ignis.engine.models.state import ModelState
 from ignis.engine.row_sampling import sample_isolated
-from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs
+from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs, token_logprobs
 from ignis.engine import spec_round
 from ignis.engine.image_encoder import ImageEncoder
 from ignis.engine.schedule import PrefillChunk, RoundPlan, RoundResult
@@ -76,11 +78,10 @@ class ModelRunner:
         self.spec = spec
 
     def speculates(self, req_id: str) -> bool:
-        """``req_id`` drafts when a drafter is in use: unpenalised, unconstrained, no logprobs (a sampled
-        request's drafts are verified by rejection sampling, ``engine.spec_sampling``)."""
+        """``req_id`` drafts when a drafter is in use: unpenalised and unconstrained (a sampled request's
+        drafts are verified by rejection sampling, ``engine.spec_sampling``)."""
         st = self.samplers.get(req_id)
         return (self.spec is not None and st is not None and not st.penalised
-                and self.want_logprobs.get(req_id) is None
                 and not (self.grammars is not None and req_id in self.grammars.matchers))
 
     def warm_up(self) -> None:
@@ -236,4 +237,22 @@ class ModelRunner:
                 for token in more:
                     self.samplers[rid].record(token)
         logprobs = {i: lp for i, lp in zip(ids, lps) if lp is not None}
+        if spec is not None:
+            logprobs.update(self._spec_logprobs(spec, result))
         return result, logprobs
+
+    def _spec_logprobs(self, spec, result: RoundResult) -> dict[str, list[TokenLogprobs]]:
+        """Per drafting request that asked for logprobs: one per token of its round (the first may have
+        been drawn again by the rejection sampling), from the rows of the verify forward."""
+        out = {}
+        for rid, more in result.extra.items():
+            top = self.want_logprobs.get(rid)
+            if top is None or rid in result.errors:
+                continue
+            tokens = (result.tokens[rid], *more)
+            with torch.inference_mode():
+                rows = spec_round.target_rows(spec, rid, len(more)).float().cpu()
+                if self.vocab_limit is not None and self.vocab_limit < rows.shape[-1]:
+                    rows[:, self.vocab_limit:] = float("-inf")
+                out[rid] = [token_logprobs(row, t, top, self.workspace) for row, t in zip(rows, tokens)]
+        return out

@@ -137,14 +137,16 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs
     for i, (tok, st) in enumerate(zip(tokens, states)):
         st.record(tok)
         k = want_logprobs[i]
-        if k is None:
-            lps.append(None)
-            continue
-        # the raw distribution: before penalties and temperature
-        logp = torch.log_softmax(logits[i], dim=-1, out=ws.probs)
-        top = []
-        if k > 0:
-            vals, idx = torch.topk(logp, min(k, vocab))
-            top = [(t, v) for t, v in zip(idx.tolist(), vals.tolist()) if v != float("-inf")]
-        lps.append(TokenLogprobs(token_logprob=float(logp[tok]), top=top))
+        lps.append(None if k is None else token_logprobs(logits[i], tok, k, ws))
     return tokens, lps
+
+
+def token_logprobs(row: torch.Tensor, token: int, top: int, ws: SamplerWorkspace) -> TokenLogprobs:
+    """``token``'s log probability under the raw distribution of fp32 logits ``row`` [V] (before penalties
+    and temperature), and the ``top`` most likely ids with theirs (ids at -inf left out)."""
+    logp = torch.log_softmax(row, dim=-1, out=ws.probs)
+    best = []
+    if top > 0:
+        vals, idx = torch.topk(logp, min(top, row.shape[-1]))
+        best = [(t, v) for t, v in zip(idx.tolist(), vals.tolist()) if v != float("-inf")]
+    return TokenLogprobs(token_logprob=float(logp[token]), top=best)

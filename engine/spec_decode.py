@@ -24,8 +24,9 @@ is on (``--speculative-tokens K``):
    rejected positions is overwritten when those positions are computed again;
    the scheduler gives their whole pages back (``SequencePages.shrink_to``).
 
-Only requests that are unpenalised, unconstrained and ask no logprobs draft
+Only requests that are unpenalised and unconstrained draft
 (``ModelRunner.speculates``); the others step as before in the same forward.
+A drafting request's logprobs come from the verify forward's rows.
 A greedy request's drafts are the head's argmax; a sampled request's are
 drawn from the head's distribution under its own sampling settings, kept in
 ``draft_probs`` for the rejection sampling that verifies them

@@ -82,6 +82,12 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: d
     return rnd
 
 
+def target_rows(rnd: SpecRound, req_id: str, accepted: int) -> torch.Tensor:
+    """The target's logits rows [1 + accepted, vocab] that decided a drafting request's tokens this round:
+    its first token's row, then the verify rows of its accepted drafts' successors (a new tensor)."""
+    return torch.cat([rnd.logits[rnd.sampled_row[req_id]].unsqueeze(0), rnd.verify[req_id][:accepted]])
+
+
 def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str, int],
            errors: dict[str, str], samplers: dict) -> dict[str, list[int]]:
     """Acceptance, rollback and the head's next rows; -> the accepted tokens after each first token

@@ -177,18 +177,22 @@ class TokenStreams:
 
 
 def _stream_tokens(rid: str, tokens: tuple[int, ...], lp) -> StreamTokens:
-    """One stream's tokens of a round (and the logprobs of a plain step's one) for the wire. Raises
-    ``NonFiniteLogprobs`` when the distribution it was sampled from is not finite: the request's state
-    is corrupt. Speculative rounds (several tokens) run only for requests without logprobs."""
+    """One stream's tokens of a round and, where asked, their logprobs for the wire: ``lp`` is the one
+    token's (a plain step) or a list with one per token (a speculative round). Raises
+    ``NonFiniteLogprobs`` when a distribution a token was sampled from is not finite: the request's
+    state is corrupt."""
     if lp is None:
         return StreamTokens(rid, tokens, None)
-    token = tokens[0]
-    values = (lp.token_logprob, *(v for _, v in lp.top))
-    if not all(math.isfinite(v) for v in values):
-        raise NonFiniteLogprobs(f"non-finite logprob for token {token}: its state is corrupt")
-    return StreamTokens(rid, (token,), TokenLogprobs(
-        logprobs=(lp.token_logprob,), top_ids=(tuple(i for i, _ in lp.top),),
-        top_logprobs=(tuple(v for _, v in lp.top),)))
+    lps = lp if isinstance(lp, list) else [lp]
+    if len(lps) != len(tokens):
+        raise ValueError(f"{len(lps)} logprobs for {len(tokens)} tokens")
+    for token, one in zip(tokens, lps):
+        if not all(math.isfinite(v) for v in (one.token_logprob, *(v for _, v in one.top))):
+            raise NonFiniteLogprobs(f"non-finite logprob for token {token}: its state is corrupt")
+    return StreamTokens(rid, tokens, TokenLogprobs(
+        logprobs=tuple(one.token_logprob for one in lps),
+        top_ids=tuple(tuple(i for i, _ in one.top) for one in lps),
+        top_logprobs=tuple(tuple(v for _, v in one.top) for one in lps)))
 
 
 class NonFiniteLogprobs(ValueError):

@@ -25,9 +25,10 @@ def load(path):
 
 def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int] | int = 24, lanes: int = 4,
              pages: int = 24, prefill_budget: int = 40, sampling: dict | None = None, rounds: int = 2000,
-             reuse_slots: int = 0, events: dict | None = None):
+             reuse_slots: int = 0, events: dict | None = None, logprobs: dict | None = None):
     """-> ({req_id: output ids}, [accepted drafts per speculative decode]). ``reuse_slots`` > 0: prompt reuse
-    on, with that many host slots; ``events`` collects the FinishEvents."""
+    on, with that many host slots; ``events`` collects the FinishEvents; ``logprobs`` collects each request's
+    TokenLogprobs, one per output token, in order."""
     sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
                                       max_prefill_tokens_per_round=prefill_budget, speculative_tokens=k,
                                       max_queue=max(256, len(prompts))),
@@ -47,9 +48,12 @@ def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int
         if not sched.has_work:
             break
         plan = sched.schedule()
-        result, _ = runner.run(plan)
+        result, lps = runner.run(plan)
         if plan.is_empty:
             continue
+        if logprobs is not None:
+            for rid, lp in lps.items():
+                logprobs.setdefault(rid, []).extend(lp if isinstance(lp, list) else [lp])
         for ev in sched.update(result):
             runner.release(ev.req_id)
             if events is not None:

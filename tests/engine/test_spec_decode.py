@@ -75,6 +75,43 @@ def test_fitted_head_accepts_long_runs_and_output_is_plain_decode(fitted, family
         assert sum(accepted) / len(accepted) > 0.5 * k, f"K={k}: mean accepted {sum(accepted) / len(accepted)}"
 
 
+@pytest.mark.parametrize("sampling", [dict(GREEDY), {"temperature": 0.7, "seed": 11}])
+def test_requests_with_logprobs_draft_and_report_plain_decodes_logprobs(fitted, sampling):
+    """Logprobs requests draft too: one logprob per token, from the verify row that decided it. Greedy:
+    tokens and logprobs (and the top 3) equal plain decode's (fp32, 1e-5); sampled: one per token, and
+    each equals the plain forward's distribution at that position (a greedy plain run over the same ids)."""
+    path, ps = fitted("qwen3_5")
+    model, head = load(path)
+    asks = dict(sampling, logprobs=True, top_logprobs=3)
+    want_lps, got_lps = {}, {}
+    want, _ = generate(model, head, ps, k=0, max_tokens=30, sampling=asks, logprobs=want_lps)
+    got, accepted = generate(model, head, ps, k=2, max_tokens=30, sampling=asks, logprobs=got_lps)
+    assert sum(accepted) > 0, "logprobs requests did not draft"
+    for rid, ids in got.items():
+        assert len(got_lps[rid]) == len(ids), rid
+    if sampling["temperature"] == 0.0:
+        assert got == want
+        for rid in want:
+            for a, b in zip(got_lps[rid], want_lps[rid]):
+                assert abs(a.token_logprob - b.token_logprob) < 1e-5, rid
+                assert [i for i, _ in a.top] == [i for i, _ in b.top], rid
+                assert all(abs(x - y) < 1e-5 for (_, x), (_, y) in zip(a.top, b.top)), rid
+        return
+    # sampled: each reported logprob is the plain forward's at that position (teacher-forced)
+    for rid in ("r0", "r3"):
+        p, out = ps[int(rid[1:])], got[rid]
+        for j, token in enumerate(out):
+            assert abs(got_lps[rid][j].token_logprob - row_logprob(model, p + out[:j], token)) < 1e-4, (rid, j)
+
+
+def row_logprob(model, ids: list[int], token: int) -> float:
+    """log p(token | ids) under the model's raw distribution (one plain forward over ``ids``)."""
+    from tests.engine.mtp_fit import target_hidden
+
+    logits = target_hidden(model, ids)[-1] @ model.head_weight().detach().float().T
+    return float(torch.log_softmax(logits, -1)[token])
+
+
 def test_speculative_tokens_without_a_drafter_fails_at_start(checkpoint_factory, tmp_path):
     from ignis.engine.config import EngineConfig
     from ignis.engine.runtime import load_runtime

@@ -5,6 +5,7 @@ logprobs), and its done lines count drafted and accepted tokens."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -80,9 +81,21 @@ def test_logprobs_requests_answer_as_plain_serve(server, spec_server, fitted_pro
     plain, spec = clients(server, spec_server)
     kw = dict(model="ignis-demo", prompt=fitted_prompts[6], temperature=0, max_tokens=12, logprobs=2,
               extra_body={"ignore_eos": True})
+    before = len(done_lines(spec_server))
     want, got = plain.completions.create(**kw).choices[0].logprobs, spec.completions.create(**kw).choices[0].logprobs
     assert got.tokens == want.tokens
     assert got.token_logprobs == pytest.approx(want.token_logprobs, abs=1e-4)
+    for a, b in zip(got.top_logprobs, want.top_logprobs):
+        assert a.keys() == b.keys() and [a[t] for t in b] == pytest.approx(list(b.values()), abs=1e-4)
+    deadline = time.monotonic() + 20
+    while len(done := done_lines(spec_server)) == before and time.monotonic() < deadline:
+        time.sleep(0.05)  # the done line is written just after the answer goes out
+    assert len(done) > before, spec_server.log()
+    assert re.search(r'"spec":\{"drafted":\d+,"accepted":[1-9]', done[-1]), done[-1]  # it drafted, and kept some
+
+
+def done_lines(server) -> list[str]:
+    return [line for line in server.err.read_text().splitlines() if '"event":"done"' in line]
 
 
 def test_done_lines_count_accepted_drafts(spec_server, fitted_prompts):
