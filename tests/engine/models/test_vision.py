@@ -53,16 +53,21 @@ def test_off_grid_picture_is_refused(checkpoint_factory):
         patchify(ImageInput.from_rgb(bytes(12 * 16 * 3), 12, 16), vcfg)
 
 
-def test_tower_equals_transformers(checkpoint_factory):
-    ckpt = vlm_checkpoint(checkpoint_factory)
-    tower = _tower(ckpt)
-    vcfg = tower.cfg
-    items = [patchify(ImageInput.from_rgb(picture(h, w, i).tobytes(), h, w), vcfg) for i, (h, w) in enumerate(SIZES)]
+def _ours_and_transformers(ckpt, tower) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The tower's embeddings of pictures of SIZES, and transformers' fp32 ones."""
+    items = [patchify(ImageInput.from_rgb(picture(h, w, i).tobytes(), h, w), tower.cfg)
+             for i, (h, w) in enumerate(SIZES)]
     got = tower([p for p, _ in items], [g for _, g in items])
     with torch.no_grad():
         thw = torch.tensor([[1, g.grid_h, g.grid_w] for _, g in items])
         ref = ckpt.model.model.get_image_features(torch.cat([p for p, _ in items]), thw).pooler_output
-    assert len(got) == len(ref) == 3
+    assert len(got) == len(ref) == len(SIZES)
+    return got, ref
+
+
+def test_tower_equals_transformers(checkpoint_factory):
+    ckpt = vlm_checkpoint(checkpoint_factory)
+    got, ref = _ours_and_transformers(ckpt, _tower(ckpt))
     for a, b in zip(got, ref):
         assert a.shape == b.shape == (b.shape[0], 64)
         assert (a - b).norm() / b.norm() < 1e-5
@@ -72,13 +77,7 @@ def test_tower_in_bf16_stays_near_transformers_fp32(checkpoint_factory):
     """The tower as the GPU runs it (bf16 weights and activations; fp32 rotation and positions): bf16
     outputs within 3e-2 of transformers' fp32 tower (measured 6e-3)."""
     ckpt = vlm_checkpoint(checkpoint_factory)
-    tower = _tower(ckpt).to(torch.bfloat16)
-    vcfg = tower.cfg
-    items = [patchify(ImageInput.from_rgb(picture(h, w, i).tobytes(), h, w), vcfg) for i, (h, w) in enumerate(SIZES)]
-    got = tower([p for p, _ in items], [g for _, g in items])
-    with torch.no_grad():
-        thw = torch.tensor([[1, g.grid_h, g.grid_w] for _, g in items])
-        ref = ckpt.model.model.get_image_features(torch.cat([p for p, _ in items]), thw).pooler_output
+    got, ref = _ours_and_transformers(ckpt, _tower(ckpt).to(torch.bfloat16))
     for a, b in zip(got, ref):
         assert a.dtype == torch.bfloat16 and bool(torch.isfinite(a).all())
         assert (a.float() - b).norm() / b.norm() < 3e-2
