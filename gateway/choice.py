@@ -77,11 +77,15 @@ class ChoiceState:
 
     def feed_tokens(self, batches: list[tuple[tuple[int, ...], TokenLogprobs | None]]) -> ChoiceDelta:
         """``feed`` of the batches' ``(token ids, logprobs or None)``, as the engine client routes them."""
-        if self._plain and not self.finished and all(lp is None for _, lp in batches):
+        if self._plain and not self.finished:
             # the common case (no stop strings, no parser, no logprobs): the text is the detokenized ids
-            ids = batches[0][0] if len(batches) == 1 else [t for b, _ in batches for t in b]
-            self.token_ids.extend(ids)
-            return ChoiceDelta(self.index, content=self.detok.push(ids), token_ids=list(ids))
+            if len(batches) == 1:
+                ids, lp = batches[0]
+            else:
+                ids, lp = [t for b, _ in batches for t in b], next((lp for _, lp in batches if lp is not None), None)
+            if lp is None:
+                self.token_ids.extend(ids)
+                return ChoiceDelta(self.index, content=self.detok.push(ids), token_ids=list(ids))
         delta = ChoiceDelta(self.index)
         if self.finished or self.stops.stopped:
             return delta

@@ -173,10 +173,13 @@ class Generation:
                 continue
             if type(item) is tuple:  # token ids
                 src.popleft()
-                delta = choice.feed_tokens(self._same_stream(engine_id, item, lp))
-                if choice.stopped_by_string:
+                if src is items and items and items[0][0] == engine_id:  # more of this stream queued behind
+                    delta = choice.feed_tokens(self._same_stream(engine_id, item, lp))
+                else:
+                    delta = choice.feed_tokens([(item, lp)])
+                if choice.stops.stopped:
                     self.client.abort(engine_id, keep_route=True)
-                if delta.has_output:
+                if delta.token_ids or delta.has_output:
                     out.append(delta)
             elif out and self._fails(choice, item):
                 break  # what came before goes out first; the next take raises
