@@ -30,7 +30,7 @@ class TokenRecord:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class ChoiceDelta:
     """What one choice produced since the last delta."""
 
@@ -64,6 +64,8 @@ class ChoiceState:
         self.parser = parser
         self.token_ids: list[int] = []
         self.finished = False
+        self._plain = not stops and not stop_token_ids and parser is None
+        """Text is all content, nothing to match: tokens without logprobs need only detokenizing."""
 
     @property
     def stopped_by_string(self) -> bool:
@@ -75,6 +77,15 @@ class ChoiceState:
 
     def feed_tokens(self, batches: list[tuple[tuple[int, ...], TokenLogprobs | None]]) -> ChoiceDelta:
         """``feed`` of the batches' ``(token ids, logprobs or None)``, as the engine client routes them."""
+        if self._plain and not self.finished:
+            # the common case (no stop strings, no parser, no logprobs): the text is the detokenized ids
+            if len(batches) == 1:
+                ids, lp = batches[0]
+            else:
+                ids, lp = [t for b, _ in batches for t in b], next((lp for _, lp in batches if lp is not None), None)
+            if lp is None:
+                self.token_ids.extend(ids)
+                return ChoiceDelta(self.index, content=self.detok.push(ids), token_ids=list(ids))
         delta = ChoiceDelta(self.index)
         if self.finished or self.stops.stopped:
             return delta

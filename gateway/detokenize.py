@@ -24,7 +24,7 @@ them.
 
 from __future__ import annotations
 
-import codecs
+from codecs import utf_8_decode as _utf8_decode
 
 from ignis.gateway.tokenizer import TextTokenizer, _decoder_json
 
@@ -58,25 +58,34 @@ class IncrementalDetokenizer:
         self.ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
-        self._utf8 = (codecs.getincrementaldecoder("utf-8")("replace") if byte_path and bytes_decodable(tokenizer)
-                      else None)
+        self._byte_path = byte_path and bytes_decodable(tokenizer)
+        self._held = b""  # the byte path's incomplete UTF-8 character at the end, waiting for its last bytes
         self._skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
 
     def push(self, token_ids) -> str:
         """Add tokens; return the newly stable text (may be empty)."""
         self.ids.extend(token_ids)
-        if self._utf8 is not None:
+        if self._byte_path:
             piece, skipped = self._tok.token_bytes, self._skipped
             if len(token_ids) == 1:
                 t = token_ids[0]
-                return "" if t in skipped else self._utf8.decode(piece(t))
-            return self._utf8.decode(b"".join(piece(t) for t in token_ids if t not in skipped))
+                if t in skipped:
+                    return ""
+                data = piece(t)
+            else:
+                data = b"".join(piece(t) for t in token_ids if t not in skipped)
+            if self._held:
+                data = self._held + data
+            text, used = _utf8_decode(data, "replace", False)  # what codecs' incremental decoder does
+            self._held = data[used:] if used < len(data) else b""
+            return text
         return self._step(final=False)
 
     def finish(self) -> str:
         """All tokens are in: return the text still held back."""
-        if self._utf8 is not None:
-            return self._utf8.decode(b"", final=True)
+        if self._byte_path:
+            held, self._held = self._held, b""
+            return _utf8_decode(held, "replace", True)[0]
         return self._step(final=True)
 
     def _step(self, final: bool) -> str:

@@ -1,7 +1,8 @@
 """The gateway's asyncio side of the engine connection: one DEALER socket, many streams.
 
     engine ──ZeroMQ──> DEALER (zmq.asyncio, on the event loop) ──> one reader task ──> _dispatch
-        TokenBatch  -> read as columns (``TokenColumns``: no object per stream); each stream's
+        TokenBatch  -> read as columns (``TokenColumns``: no object per stream; one without logprobs
+                       by ``plain_token_columns``, a few checks and no generic decode); each stream's
                        share onto its request's inbox as (engine id, token ids, logprobs or None)
         Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
@@ -51,6 +52,7 @@ from ignis.shared.wire import (
     TokenColumns,
     Usage,
     WireError,
+    plain_token_columns,
 )
 from ignis.shared.zmq_queues import MAX_MESSAGE_BYTES, heartbeat_routing_id
 
@@ -195,12 +197,14 @@ class EngineClient:
                 await asyncio.sleep(0)
 
     def _take(self, frames: list[bytes]) -> None:
-        try:
-            msg = GATEWAY_ENGINE.decode(frames, ENGINE_TO_GATEWAY, TOKEN_COLUMNS)
-        except WireError as e:
-            self.garbage_count += 1
-            self._garbage_log.warning("gateway: dropped a malformed message from the engine: %s", e)
-            return
+        msg = plain_token_columns(frames)  # the steady state's TokenBatch, without the generic decode
+        if msg is None:
+            try:
+                msg = GATEWAY_ENGINE.decode(frames, ENGINE_TO_GATEWAY, TOKEN_COLUMNS)
+            except WireError as e:
+                self.garbage_count += 1
+                self._garbage_log.warning("gateway: dropped a malformed message from the engine: %s", e)
+                return
         if not isinstance(msg, ErrorReply) and not self.lost:  # an engine that cannot read us is not serving us
             self.last_seen = time.monotonic()
         try:

@@ -14,7 +14,10 @@ then reported with the tokens up to the match.
 
 Tokens of one choice that arrived together (several engine rounds queued while
 the client was written to) are fed as one batch, so they leave as one delta:
-one SSE chunk, one write.
+one SSE chunk. ``take()`` makes every delta that what is queued allows at
+once (a choice's last tokens and its final delta, the choices of n > 1), so a
+streamed response writes them in one write; ``wait()`` is the one future a
+request awaits between wake-ups.
 """
 
 from __future__ import annotations
@@ -63,15 +66,17 @@ class StreamInbox:
 
     @property
     def waiting(self) -> bool:
-        return self._waiter is not None
+        w = self._waiter
+        return w is not None and not w.done()
+
+    def waiter(self) -> asyncio.Future:
+        """A future done when an item arrives (or failed by ``fail``): await it when ``items`` is empty."""
+        self._waiter = fut = asyncio.get_running_loop().create_future()
+        return fut
 
     async def wait(self) -> None:
         """Until an item arrives (or ``fail``)."""
-        self._waiter = fut = asyncio.get_running_loop().create_future()
-        try:
-            await fut
-        finally:
-            self._waiter = None
+        await self.waiter()
 
     def fail(self, exc: BaseException) -> None:
         w = self._waiter
@@ -137,30 +142,69 @@ class Generation:
 
     # ----- output ----------------------------------------------------------------------
 
-    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
-        while len(self.finished) < len(self.messages):
-            if self._early:
-                engine_id, item, lp = self._early.popleft()
-            else:
-                items = self.inbox.items
-                while not items:
-                    await self.inbox.wait()
-                engine_id, item, lp = items.popleft()
+    @property
+    def done(self) -> bool:
+        """Every choice has its Finished (or Refused)."""
+        return len(self.finished) == len(self.messages)
+
+    @property
+    def pending(self) -> bool:
+        """Something is queued that ``take()`` has not taken."""
+        return bool(self._early or self.inbox.items)
+
+    def wait(self) -> asyncio.Future:
+        """Await when nothing is ``pending`` and not ``done``: until something arrives, or the client or
+        the engine is gone (``ClientGone``, ``EngineUnavailable``)."""
+        return self.inbox.waiter()
+
+    def take(self) -> list[ChoiceDelta]:
+        """The deltas of everything queued so far, in arrival order (empty: wait). A failure (EngineFailed,
+        a refusal) raises once the deltas before it have been taken: it is left queued while there are some."""
+        out: list[ChoiceDelta] = []
+        early, items, finished, messages = self._early, self.inbox.items, self.finished, self.messages
+        while len(finished) < len(messages):
+            src = early if early else items
+            if not src:
+                break
+            engine_id, item, lp = src[0]
             choice = self.by_id.get(engine_id)
-            if choice is None or engine_id in self.finished:
+            if choice is None or engine_id in finished:
+                src.popleft()
                 continue
             if type(item) is tuple:  # token ids
-                delta = choice.feed_tokens(self._same_stream(engine_id, item, lp))
-                if choice.stopped_by_string:
+                src.popleft()
+                if src is items and items and items[0][0] == engine_id:  # more of this stream queued behind
+                    delta = choice.feed_tokens(self._same_stream(engine_id, item, lp))
+                else:
+                    delta = choice.feed_tokens([(item, lp)])
+                if choice.stops.stopped:
                     self.client.abort(engine_id, keep_route=True)
-                if delta.has_output:
-                    yield delta
-            elif isinstance(item, Finished):
-                self.finished[engine_id] = item
-                yield self._finish(choice, item)
-            elif isinstance(item, Refused):  # can only follow a first answer if the engine misbehaves
-                self.finished[engine_id] = item
-                raise EngineFailed(f"the engine refused the request: {item.message}")
+                if delta.token_ids or delta.has_output:
+                    out.append(delta)
+            elif out and self._fails(choice, item):
+                break  # what came before goes out first; the next take raises
+            else:
+                src.popleft()
+                finished[engine_id] = item
+                if isinstance(item, Refused):  # can only follow a first answer if the engine misbehaves
+                    raise EngineFailed(f"the engine refused the request: {item.message}")
+                out.append(self._finish(choice, item))
+        return out
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        """``take()``'s deltas one by one, waiting as needed, until every choice is finished."""
+        while not self.done:
+            for delta in self.take():
+                yield delta
+            if not self.done and not self.pending:
+                await self.wait()
+
+    @staticmethod
+    def _fails(choice: ChoiceState, item: object) -> bool:
+        """Whether taking ``item`` (a Finished or Refused) raises."""
+        if isinstance(item, Refused):
+            return True
+        return item.finish_reason == "error" or (item.finish_reason == "abort" and not choice.stopped_by_string)
 
     def _finish(self, choice: ChoiceState, fin: Finished) -> ChoiceDelta:
         if fin.finish_reason == "error":
@@ -188,7 +232,7 @@ class Generation:
     async def _get(self) -> tuple[str, object, object]:
         items = self.inbox.items
         while not items:
-            await self.inbox.wait()
+            await self.inbox.waiter()
         return items.popleft()
 
     def _check(self) -> None:

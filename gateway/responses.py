@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ignis.gateway.choice import ChoiceDelta, TokenRecord
 from ignis.gateway.generation import ClientGone, Generation, api_error_of
-from ignis.gateway.stream_writer import DEFAULT_STREAM_BUFFER_BYTES, BoundedWriter, StreamStalled
+from ignis.gateway.stream_writer import DEFAULT_STREAM_BUFFER_BYTES, BoundedWriter, SseResponse, StreamStalled
 from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
@@ -106,28 +106,41 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes]
     """Send ``prelude``, an SSE event per delta (``chunk_of``: its bytes, or None), the usage event (if
     asked) and [DONE].
 
-    ``on_tokens`` (a metrics counter) is told in batches of ``TOKENS_PER_COUNT`` and once at the end, not per
-    delta: a counter takes a lock. A client that leaves more than ``buffer_limit`` bytes unread ends the
-    request (``gateway.stream_writer``; ``on_stall`` counts it)."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Accel-Buffering": "no"})
+    Writes are coalesced: the events of every delta ready at a wake-up leave in one write (the headers
+    with the first, the usage event, [DONE] and the end of the body with the last). ``on_tokens`` (a
+    metrics counter) is told in batches of ``TOKENS_PER_COUNT`` and once at the end, not per delta: a
+    counter takes a lock. A client that leaves more than ``buffer_limit`` bytes unread ends the request
+    (``gateway.stream_writer``; ``on_stall`` counts it)."""
+    resp = SseResponse()
     await resp.prepare(request)
     writer = BoundedWriter(resp, request.transport, buffer_limit)
-    write = writer.write
     counted = 0
+    events = list(prelude)
+    headers_sent = False
     try:
-        for event in prelude:
-            await write(event)
-        async for delta in gen.deltas():
-            counted += len(delta.token_ids)
-            if counted >= TOKENS_PER_COUNT:
-                on_tokens(counted)
-                counted = 0
-            event = chunk_of(delta)
-            if event is not None:
-                await write(event)
+        while True:
+            deltas = gen.take()
+            for delta in deltas:
+                counted += len(delta.token_ids)
+                event = chunk_of(delta)
+                if event is not None:
+                    events.append(event)
+            if gen.done:
+                break
+            if events or not headers_sent:  # the first write carries the headers, event or not
+                headers_sent = True
+                if counted >= TOKENS_PER_COUNT:
+                    on_tokens(counted)
+                    counted = 0
+                await writer.write(events[0] if len(events) == 1 else b"".join(events))
+                events.clear()
+            if not gen.pending:
+                await gen.wait()
         if usage_chunk is not None:
-            await write(usage_chunk(gen.usage.to_json()))
+            events.append(usage_chunk(gen.usage.to_json()))
+        events.append(DONE)
+        await writer.write_eof(b"".join(events))
+        return resp
     except StreamStalled as exc:
         return writer.stalled(exc, f"stream of {gen.messages[0].id.rsplit('-', 1)[0]}", on_stall)
     except (ClientGone, ConnectionResetError):
@@ -138,13 +151,13 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes]
             log.exception("stream failed")
         else:
             log.warning("stream failed: %s", err.message)
+        events.append(sse(err.body()))
+        events.append(DONE)
         try:
-            await resp.write(sse(err.body()))
+            await resp.write_eof(b"".join(events))
         except ConnectionResetError:
             raise ClientGone() from None
+        return resp
     finally:
         if counted:
             on_tokens(counted)
-    await resp.write(DONE)
-    await resp.write_eof()
-    return resp

@@ -10,7 +10,12 @@ transport's own high-water mark is set above that, so a write never parks
 the handler in aiohttp's drain.
 
     writer = BoundedWriter(resp, request.transport, limit)
-    await writer.write(chunk)   # StreamStalled: the buffer already holds more than the limit
+    await writer.write(chunk)       # StreamStalled: the buffer already holds more than the limit
+    await writer.write_eof(chunk)   # the same check; the last bytes and the end of the body in one write
+
+``SseResponse`` is a streamed response whose headers leave with its first
+write (one send, not two; aiohttp sends a plain ``StreamResponse``'s headers
+on their own at ``prepare``).
 
 The caller ends the request on ``StreamStalled`` and returns ``stalled()``'s
 response: the connection dropped, a log line,
@@ -47,6 +52,17 @@ class StreamStalled(ClientGone):
         self.limit = limit
 
 
+class SseResponse(web.StreamResponse):
+    """A ``text/event-stream`` response whose headers are sent with its first write (``write(b"")`` sends
+    them alone)."""
+
+    _send_headers_immediately = False  # aiohttp's switch (its one-body Response has it off)
+
+    def __init__(self):
+        super().__init__(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                  "X-Accel-Buffering": "no"})
+
+
 class BoundedWriter:
     """Writes of one streamed response; ``limit`` bytes at most waiting in the connection's write buffer."""
 
@@ -64,6 +80,15 @@ class BoundedWriter:
             if buffered > self.limit:
                 raise StreamStalled(buffered, self.limit)
         await self.resp.write(data)
+
+    async def write_eof(self, data: bytes) -> None:
+        """``data`` and the end of the body (one write), after the check of ``write``."""
+        t = self.transport
+        if t is not None:
+            buffered = t.get_write_buffer_size()
+            if buffered > self.limit:
+                raise StreamStalled(buffered, self.limit)
+        await self.resp.write_eof(data)
 
     def stalled(self, exc: StreamStalled, what: str, count: Callable[[], None]) -> web.StreamResponse:
         """Log the stall of ``what`` (the request), count it, and drop the connection (its buffer would never

@@ -30,8 +30,8 @@ def chunks(rng: random.Random, n: int) -> list[int]:
 
 def test_the_demo_tokenizer_takes_the_byte_path(demo_tokenizer):
     assert bytes_decodable(demo_tokenizer)
-    assert IncrementalDetokenizer(demo_tokenizer)._utf8 is not None
-    assert IncrementalDetokenizer(demo_tokenizer, byte_path=False)._utf8 is None
+    assert IncrementalDetokenizer(demo_tokenizer)._byte_path
+    assert not IncrementalDetokenizer(demo_tokenizer, byte_path=False)._byte_path
 
 
 @pytest.mark.parametrize("byte_path", [True, False])

@@ -32,6 +32,7 @@ from ignis.shared.wire import (
     WireError,
     decode,
     encode,
+    plain_token_columns,
 )
 from ignis.shared.wire_values import to_json
 
@@ -193,6 +194,7 @@ GEN = MESSAGES[1]
 def test_malformed_raises_wire_error(frames, match):
     with pytest.raises(WireError, match=match):
         decode(frames)
+    assert plain_token_columns(frames) is None  # the gateway's fast read hands it to decode
     if type(frames) is list and frames and isinstance(frames[0], bytes) and b'"token_batch"' in frames[0]:
         # the columns reader checks the same
         with pytest.raises(WireError, match=match):
@@ -207,6 +209,58 @@ def test_token_columns_hold_the_batch(batch):
     assert columns.ids == [s.id for s in batch.streams] and columns.counts == [len(s.token_ids) for s in batch.streams]
     assert list(columns.tokens) == [t for s in batch.streams for t in s.token_ids]
     assert decode(encode(Abort("x")), readers=TOKEN_COLUMNS) == Abort("x")  # other types decode as ever
+
+
+@pytest.mark.parametrize("batch", [m for m in MESSAGES if type(m) is TokenBatch], ids=lambda b: f"{len(b.streams)}")
+def test_plain_token_columns_read_what_decode_reads(batch):
+    frames = encode(batch)
+    plain = plain_token_columns(frames)
+    if any(s.logprobs is not None for s in batch.streams):
+        assert plain is None  # left to decode
+        return
+    columns = decode(frames, ENGINE_TO_GATEWAY, readers=TOKEN_COLUMNS)
+    assert type(plain) is TokenColumns
+    assert (plain.ids, plain.counts, plain.tokens, plain.logprobs) == (
+        columns.ids, columns.counts, columns.tokens, columns.logprobs)
+
+
+_PLAIN = {"type": "token_batch", "v": PROTOCOL_VERSION, "ids": ["a", "b"], "counts": [1, 2]}
+_THREE = b"\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00"
+
+
+@pytest.mark.parametrize("frames", [
+    [orjson.dumps({**_PLAIN, "v": True}), _THREE],
+    [orjson.dumps({**_PLAIN, "v": float(PROTOCOL_VERSION)}), _THREE],
+    [orjson.dumps({**_PLAIN, "extra": 1}), _THREE],
+    [orjson.dumps({k: v for k, v in _PLAIN.items() if k != "counts"}), _THREE],
+    [orjson.dumps({**_PLAIN, "ids": ["a", 2]}), _THREE],
+    [orjson.dumps({**_PLAIN, "ids": ["a", ""]}), _THREE],
+    [orjson.dumps({**_PLAIN, "ids": ["a", "x" * 10_000]}), _THREE],
+    [orjson.dumps({**_PLAIN, "counts": [True, 2]}), _THREE],
+    [orjson.dumps({**_PLAIN, "counts": [1.0, 2]}), _THREE],
+    [orjson.dumps({**_PLAIN, "counts": [2, 2]}), _THREE],
+    [orjson.dumps({**_PLAIN, "counts": {"a": 1}}), _THREE],
+    [orjson.dumps(_PLAIN), _THREE + b"\x00"],
+    [orjson.dumps(_PLAIN), b"\xff" * 12],
+    [orjson.dumps(_PLAIN), _THREE, b""],
+    (orjson.dumps(_PLAIN), _THREE),
+    [orjson.dumps(_PLAIN), bytearray(_THREE)],
+    [orjson.dumps(_PLAIN)[:-1], _THREE],
+    [orjson.dumps(["token_batch"]), _THREE],
+], ids=range(18))
+def test_plain_token_columns_leave_the_rest_to_decode(frames):
+    assert plain_token_columns(frames) is None
+    try:
+        columns = decode(frames, ENGINE_TO_GATEWAY, readers=TOKEN_COLUMNS)
+    except WireError:
+        return
+    assert type(frames) is not list or type(frames[1]) is not bytes  # only another container is fine as well
+    assert columns.ids == ["a", "b"]
+
+
+def test_plain_token_columns_read_a_plain_batch():
+    columns = plain_token_columns([orjson.dumps(_PLAIN), _THREE])
+    assert (columns.ids, columns.counts, tuple(columns.tokens), columns.logprobs) == (["a", "b"], [1, 2], (1, 2, 3), None)
 
 
 def test_encode_refuses_non_messages():
