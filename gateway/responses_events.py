@@ -111,14 +111,18 @@ class ResponsesResponse(EndpointResponse):
             start = self.response("in_progress")
             await writer.write(self._event({"type": "response.created", "response": start}) +
                              self._event({"type": "response.in_progress", "response": start}))
-            async for d in gen.deltas():
-                counted += len(d.token_ids)
+            while not gen.done:  # the events of every delta ready at a wake-up leave in one write
+                out = []
+                for d in gen.take():
+                    counted += len(d.token_ids)
+                    out.extend(self._event(e) for e in self.items.feed(d))
                 if counted >= TOKENS_PER_COUNT:
                     on_tokens(counted)
                     counted = 0
-                events = self.items.feed(d)
-                if events:
-                    await writer.write(b"".join(self._event(e) for e in events))
+                if out:
+                    await writer.write(b"".join(out))
+                if not gen.done and not gen.pending:
+                    await gen.wait()
             body = self.final(gen.usage)
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
             await writer.write(self._event({"type": kind, "response": body}))
