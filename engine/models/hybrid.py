@@ -16,7 +16,7 @@ from ignis.engine.forward_batch import ForwardBatch
 from ignis.engine.models.attention import GatedAttention
 from ignis.engine.models.config import ModelConfig
 from ignis.engine.models.deltanet import GatedDeltaNet
-from ignis.engine.models.layers import PartialRotary, SwiGLU, ZeroCenteredRMSNorm
+from ignis.engine.models.layers import PartialRotary, SwiGLU, ZeroCenteredRMSNorm, embedding
 from ignis.engine.models.moe import SparseMoE
 from ignis.engine.models.state import ModelState
 from ignis.engine.models.vision import VisionTower
@@ -43,7 +43,7 @@ class HybridModel(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops | None = None):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
