@@ -164,7 +164,9 @@ def test_tierd_killed_mid_copy_requests_still_complete_correctly(tmp_path, durin
     rt = tmp_path / "rt"
     rt.mkdir()
     pause = "60" if during == "demote" else "1.5"  # a restore needs a demote that finishes first
-    timeout = "3" if during == "demote" else "6"  # ... well within --tierd-timeout
+    # --tierd-timeout: how long the engine waits on the killed tierd; the paused demote before a restore
+    # finishes well within it
+    timeout = "4" if during == "demote" else "6"
     tierd = TierdProcess(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0",
                          env={FAULT_PAUSE_ENV: pause})
     eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
