@@ -28,9 +28,9 @@ off (goal <= 1.05). ``--quick``: the first two runs with every long text cut
 to an eighth and two tools (the same shape, about a tenth of the tokens),
 fewer tax trials, measured on the reuse-on server that replayed (three
 servers, not four). Each pair of servers (the trio with ``--quick``) starts
-at once. ``--model DIR``: serve that checkpoint (the
-real Qwen3.5 tokenizer; its own template unless ``--template demo``)
-instead of building the tiny one.
+at once. ``--model DIR``: serve that checkpoint (the real Qwen3.5
+tokenizer; its own template unless ``--template demo``) instead of building
+the tiny one.
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ def start_servers(stack: ExitStack, model_dir: Path, *variants: tuple[str, ...])
 
 
 def build_checkpoint(stack: ExitStack, template: str, model: str | None = None) -> Path:
-    """The tiny random qwen3_5 checkpoint with the real tokenizer (``model``: a copy of that directory
-    instead of a new one, or the directory itself when its template stays), under ``template``."""
+    """The directory to serve: ``model`` itself under the official ``template`` (its own), else a temporary
+    one (a copy of ``model``, or a new tiny random qwen3_5 checkpoint with the real tokenizer and the official
+    template) that the demo ``template`` then rewrites."""
     if model is not None and template == "official":
         return Path(model)
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ignis-replay-ckpt-")))
