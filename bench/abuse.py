@@ -19,6 +19,10 @@ with goals A <= 1, B <= 100, C <= 200, D <= 30, E = 1, F = 0. A probe whose
 answer has the wrong status is printed as FAIL and the script exits 1.
 
     python bench/abuse.py [--model DIR] [--halfsent N] [--quick]
+
+``--quick`` (the test suite's run): three greedy prompts, and the gateway's
+body deadline at 3 s, so the half-sent probe does not wait out the default
+15 s (the other flags stay the defaults).
 """
 
 from __future__ import annotations
@@ -214,11 +218,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the demo model)")
     ap.add_argument("--halfsent", type=int, default=200, help="half-sent connections")
-    ap.add_argument("--quick", action="store_true", help="three greedy prompts instead of five")
+    ap.add_argument("--quick", action="store_true",
+                    help="three greedy prompts instead of five; --body-read-timeout 3 (the half-sent probe "
+                         "waits out the body deadline, 15 s by default)")
     args = ap.parse_args()
     prompts = PROMPTS[:3] if args.quick else PROMPTS
+    flags = ["--reuse-kv-host-pool-bytes", "64M"] + (["--body-read-timeout", "3"] if args.quick else [])
     runtime = tempfile.mkdtemp(prefix="ignis-abuse-")
-    proc, url, log = start_serve(runtime, "abuse", ["--reuse-kv-host-pool-bytes", "64M"], args.model)
+    proc, url, log = start_serve(runtime, "abuse", flags, args.model)
     failed = []
     try:
         parts = urlsplit(url)

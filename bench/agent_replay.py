@@ -1,6 +1,6 @@
 """Replay a recorded agent session against ignis and compare what it reused with what it could have.
 
-    python bench/agent_replay.py [--trace FILE] [--template official|demo] [--quick]
+    python bench/agent_replay.py [--trace FILE] [--template official|demo] [--model DIR] [--quick]
     python bench/agent_replay.py --url URL [--cold-url URL] [--learned-off-url URL] [--api-key KEY]
 
 By default it starts its own servers (``ignis serve``) on a tiny random
@@ -26,7 +26,11 @@ reuse on over reuse off, C the fraction of outputs equal to reuse off (goal
 1), D the median TTFT of cold 1K-token prompts with learned points on over
 off (goal <= 1.05). ``--quick``: the first two runs with every long text cut
 to an eighth and two tools (the same shape, about a tenth of the tokens),
-fewer tax trials.
+fewer tax trials, measured on the reuse-on server that replayed (three
+servers, not four). Each pair of servers (the trio with ``--quick``) starts
+at once. ``--model DIR``: serve that checkpoint (the real Qwen3.5
+tokenizer; its own template unless ``--template demo``) instead of building
+the tiny one.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import random
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -62,17 +67,34 @@ def start_server(stack: ExitStack, model_dir: Path, *extra: str) -> str:
     return server.url
 
 
-def build_checkpoint(stack: ExitStack, template: str) -> Path:
-    from tests.support.real_tokenizer import make_real_checkpoint
+def start_servers(stack: ExitStack, model_dir: Path, *variants: tuple[str, ...]) -> list[str]:
+    """``start_server`` with each variant's extra flags, all started at once; their URLs in that order."""
+    with ThreadPoolExecutor(len(variants)) as pool:
+        started = [pool.submit(start_server, stack, model_dir, *extra) for extra in variants]
+    return [f.result() for f in started]
 
+
+def build_checkpoint(stack: ExitStack, template: str, model: str | None = None) -> Path:
+    """The directory to serve: ``model`` itself under the official ``template`` (its own), else a temporary
+    one (a copy of ``model``, or a new tiny random qwen3_5 checkpoint with the real tokenizer and the official
+    template) that the demo ``template`` then rewrites."""
+    if model is not None and template == "official":
+        return Path(model)
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ignis-replay-ckpt-")))
-    ckpt = make_real_checkpoint(tmp, "qwen3_5")
-    if template == "demo":
-        from ignis.gateway.tokenizer import load_model_files
-        from ignis.shared.demo import ensure_demo_model
+    if model is not None:
+        import shutil
 
-        (ckpt.path / "chat_template.jinja").write_text(load_model_files(ensure_demo_model()).chat_template)
-    return ckpt.path
+        path = Path(shutil.copytree(model, tmp / Path(model).name))
+    else:
+        from tests.support.real_tokenizer import make_real_checkpoint
+
+        path = make_real_checkpoint(tmp, "qwen3_5").path
+    if template == "demo":
+        from ignis.shared.demo import ensure_demo_model
+        from ignis.shared.tokenizer_files import read_tokenizer_files
+
+        (path / "chat_template.jinja").write_text(read_tokenizer_files(ensure_demo_model()).chat_template)
+    return path
 
 
 def model_id(url: str, api_key: str) -> str:
@@ -113,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--learned-off-url", help="with --url: the same server with --reuse-learned-points off")
     ap.add_argument("--api-key", default=API_KEY)
     ap.add_argument("--template", choices=("official", "demo"), default="official")
+    ap.add_argument("--model", help="serve this checkpoint (real Qwen3.5 tokenizer; its own template unless "
+                                    "--template demo) instead of building the tiny one")
     ap.add_argument("--max-tokens", type=int, default=8, help="cap on each request's max_tokens")
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (in trace order)")
     ap.add_argument("--timed", action="store_true", help="send each request at its recorded time 't'")
@@ -134,15 +158,21 @@ def main(argv=None) -> int:
         tax = short_tax(args.url, args.learned_off_url, key, args.tax_trials) if args.learned_off_url \
             else float("nan")
         return report(Path(args.trace).stem, trace, got, ref, tax)
+    cold, learned_off = ("--reuse-prompt", "off"), ("--reuse-learned-points", "off")
     with ExitStack() as outer:
-        model_dir = build_checkpoint(outer, args.template)
+        model_dir = build_checkpoint(outer, args.template, args.model)
+        if args.quick:  # the tax on the reuse-on server that replayed: three servers, not four
+            with ExitStack() as servers:
+                on, off, tax_off = start_servers(servers, model_dir, (), cold, learned_off)
+                got, ref = run(on), run(off)
+                tax = short_tax(on, tax_off, key, args.tax_trials)
+            return report(Path(args.trace).stem, trace, got, ref, tax)
         with ExitStack() as servers:  # one pair of servers at a time on a small machine
-            got = run(start_server(servers, model_dir))
-            ref = run(start_server(servers, model_dir, "--reuse-prompt", "off"))
+            on, off = start_servers(servers, model_dir, (), cold)
+            got, ref = run(on), run(off)
         with ExitStack() as servers:
-            on = start_server(servers, model_dir)
-            tax = short_tax(on, start_server(servers, model_dir, "--reuse-learned-points", "off"), key,
-                            args.tax_trials)
+            on, tax_off = start_servers(servers, model_dir, (), learned_off)
+            tax = short_tax(on, tax_off, key, args.tax_trials)
     return report(Path(args.trace).stem, trace, got, ref, tax)
 
 

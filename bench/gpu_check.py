@@ -28,7 +28,8 @@ and a section past its deadline skips what is left and says so:
 ``--dry-run`` (alias ``--quick``) runs every section on the CPU under
 ``TRITON_INTERPRET=1`` at tiny shapes, so the script cannot rot; there the
 sections share no device, so they run at once (one per CPU core, the slowest
-first) and their lines are printed and written in the usual order.
+first, each on one torch thread) and their lines are printed and written in
+the usual order.
 ``--compile-only`` needs no GPU either: it compiles every kernel launch at 27B
 shapes for sm_90 and checks its shared memory (``gpu_check_compile``).
 
@@ -88,6 +89,8 @@ def run_section(name: str, device: str, seconds: float) -> int:
     from gpu_check_shapes import DRY, FULL
 
     shapes = DRY if device == "cpu" else FULL
+    if device == "cpu":  # the dry run's sections run at once, one per core: a thread each, none waiting
+        torch.set_num_threads(1)
     rep = Report()
     head: dict[str, str] = {}
     deadline = time.monotonic() + seconds

@@ -9,7 +9,7 @@ wherever it went), or a prompt of its own (a miss); 20% of requests close the
 connection after the first chunks (a mid-stream disconnect, which must abort
 the request in the engine).
 
-Every ``--sample-s`` (60 s; 5 s in quick mode) it records each process's RSS
+Every ``--sample-s`` (60 s; 2.5 s in quick mode) it records each process's RSS
 and the engine's and tierd's counters. At the end the clients stop, the
 service is left to go idle (bounded), and the idle values are checked:
 no request running or waiting, no live eviction, no tierd copy in flight, every
@@ -193,13 +193,15 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--sample-s", type=float, default=60.0)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--quick", action="store_true", help="8 streams for 20 s, a sample every 5 s")
+    ap.add_argument("--quick", action="store_true",
+                    help="8 streams for 10 s, a sample every 2.5 s, a KV-RAM arena of 8M (KV-disk in use sooner)")
     args = ap.parse_args()
+    arena = "24M"
     if args.quick:
-        args.streams, args.minutes, args.sample_s = 8, 20 / 60, 5.0
+        args.streams, args.minutes, args.sample_s, arena = 8, 10 / 60, 2.5, "8M"
     ports = {"engine": free_port(), "tierd": free_port()}
     with tempfile.TemporaryDirectory(prefix="ignis-soak-") as runtime:
-        flags = ["--kv-pool-tokens", "12288", "--decode-lanes", "16", "--reuse-kv-host-pool-bytes", "24M",
+        flags = ["--kv-pool-tokens", "12288", "--decode-lanes", "16", "--reuse-kv-host-pool-bytes", arena,
                  "--kv-disk-dir", str(Path(runtime) / "kv-disk"), "--kv-disk-bytes", "512M",
                  "--metrics-port", str(ports["engine"]), "--tierd-metrics-port", str(ports["tierd"]),
                  "--metrics-host", "127.0.0.1"]

@@ -8,7 +8,8 @@ packages. pytest runs in importlib mode (pyproject's addopts), which needs no
 root on the path, so the root is taken off before any test imports.
 
 Session fixtures that several test folders use (checkpoints with Qwen's real
-tokenizers) come from ``tests.support.fixtures``.
+tokenizers) come from ``tests.support.fixtures``; ``tests.support.torch_threads``
+keeps the test process's torch math on one thread.
 """
 
 from __future__ import annotations
@@ -21,4 +22,4 @@ ROOT = Path(__file__).resolve().parents[1]
 
 sys.path[:] = [p for p in sys.path if Path(os.path.abspath(p or os.curdir)) != ROOT]
 
-pytest_plugins = ("tests.support.fixtures",)
+pytest_plugins = ("tests.support.fixtures", "tests.support.torch_threads")

@@ -17,7 +17,7 @@ from ignis.engine.models.attention import GatedAttention
 from ignis.engine.models.config import ModelConfig
 from ignis.engine.models.decoder_parts import add_mlp_and_norms
 from ignis.engine.models.deltanet import GatedDeltaNet
-from ignis.engine.models.layers import PartialRotary, ZeroCenteredRMSNorm
+from ignis.engine.models.layers import PartialRotary, ZeroCenteredRMSNorm, embedding
 from ignis.engine.models.state import ModelState
 from ignis.engine.models.vision import VisionTower
 from ignis.kernels.backend import Ops, select_ops
@@ -38,7 +38,7 @@ class HybridModel(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops | None = None):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:

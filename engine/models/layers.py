@@ -1,4 +1,4 @@
-"""Small building blocks shared by both families: norms, rotary embedding, SwiGLU MLP.
+"""Small building blocks shared by both families: norms, rotary embedding, SwiGLU MLP, embeddings.
 
 The modules hold the weights; their math is an ``Ops`` call (kernels/backend.py),
 so each forward takes the model's ``ops`` record like the attention and
@@ -11,6 +11,16 @@ import torch
 from torch import nn
 
 from ignis.kernels.backend import REFERENCE, Ops
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """``nn.Embedding(num, dim)``, initialised the way torch does it (standard normal), except on the meta
+    device, where it is left uninitialised: there torch's ``normal_`` imports ``torch._dynamo``, seconds
+    of every engine start, for values that the checkpoint's tensors replace anyway (``models.build``)."""
+    weight = torch.empty(num, dim)
+    if not weight.is_meta:
+        nn.init.normal_(weight)
+    return nn.Embedding(num, dim, _weight=weight)
 
 
 class ZeroCenteredRMSNorm(nn.Module):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.engine.models.layers import embedding
 from ignis.engine.models.vision_config import VisionConfig
 from ignis.shared.image_grid import ImageGrid
 
@@ -114,7 +115,7 @@ class VisionTower(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg)
-        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.pos_embed = embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg)
         self.register_buffer("inv_freq", self.frequencies("cpu"), persistent=False)

@@ -12,9 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_quick(script: str, timeout: float = 300) -> str:
+def run_quick(script: str, *args: str, timeout: float = 300) -> str:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
@@ -38,8 +38,10 @@ def run_quick(script: str, timeout: float = 300) -> str:
     ("images.py", "images", ("encode_ms_256", "encode_ms_512", "encode_ms_768", "cache_hit_ratio",
                              "warm_cold_image_turn")),
 ])
-def test_quick_mode_prints_bench_line(script, name, keys):
-    last = run_quick(script).strip().splitlines()[-1]
+def test_quick_mode_prints_bench_line(script, name, keys, real_checkpoint):
+    # agent_replay serves the session's real-tokenizer checkpoint instead of building its own
+    args = ["--model", str(real_checkpoint("qwen3_5").path)] if script == "agent_replay.py" else []
+    last = run_quick(script, *args).strip().splitlines()[-1]
     assert last.startswith(f"BENCH {name} "), last
     fields = dict(kv.split("=") for kv in last.split()[2:])
     for key in keys:

@@ -15,6 +15,12 @@ from ignis.shared.demo.tokenizer import TOKENIZER_SIZE
 from tests.engine.engine_process import ROOT, EngineProcess
 
 
+LOSS_FLAGS = ("--tierd-timeout", "3", "--tierd-retry-interval", "0.5")
+"""For the tests where tierd is absent or killed: its loss is noticed after 3 s (the default 10 s is
+only waited out) and the engine says hello again every half second. 3 s stays well above one
+exchange with a live tierd here (a few hundred tokens), so none is lost while tierd runs."""
+
+
 def prompt(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(TOKENIZER_SIZE) for _ in range(n)]
@@ -84,7 +90,7 @@ def test_engine_without_a_tierd_still_serves(tmp_path):
     rt = tmp_path / "rt"
     rt.mkdir()
     eng = EngineProcess(rt, "--tierd-endpoint", f"ipc://{rt}/nobody.sock", "--kv-pool-tokens", "1024",
-                        "--decode-lanes", "2")
+                        "--decode-lanes", "2", *LOSS_FLAGS)
     try:
         p = prompt(300, 2)
         eng.run("b1", p, max_tokens=3, opener_start=297)
@@ -132,7 +138,8 @@ def test_tierd_killed_requests_still_complete_correctly(tmp_path):
     rt = tmp_path / "rt"
     rt.mkdir()
     tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
-    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2")
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
+                        *LOSS_FLAGS)
     try:
         p = prompt(300, 8)
         first = eng.run("k1", p, max_tokens=6, ignore_eos=True, opener_start=297)
@@ -157,10 +164,13 @@ def test_tierd_killed_mid_copy_requests_still_complete_correctly(tmp_path, durin
     rt = tmp_path / "rt"
     rt.mkdir()
     pause = "60" if during == "demote" else "1.5"  # a restore needs a demote that finishes first
+    # --tierd-timeout: how long the engine waits on the killed tierd; the paused demote before a restore
+    # finishes well within it
+    timeout = "4" if during == "demote" else "6"
     tierd = TierdProcess(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0",
                          env={FAULT_PAUSE_ENV: pause})
     eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
-                        "--metrics-port", "0")
+                        "--metrics-port", "0", "--tierd-timeout", timeout, "--tierd-retry-interval", "0.5")
     try:
         p = prompt(300, 8)
         first = eng.run("k1", p, max_tokens=6, ignore_eos=True, opener_start=297)
@@ -248,7 +258,7 @@ def test_tierd_lost_then_back_the_engine_recomputes_and_reconnects(tmp_path):
     tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
     endpoint = tierd.endpoint
     eng = EngineProcess(rt, "--tierd-endpoint", endpoint, "--kv-pool-tokens", "4096", "--decode-lanes", "1",
-                        "--evict-window-pages", "1", "--metrics-port", "0")
+                        "--evict-window-pages", "1", "--metrics-port", "0", *LOSS_FLAGS)
     try:
         alone = eng.run("alone", prompt(150, 70), max_tokens=30, ignore_eos=True).tokens
         eng.generate("agent", prompt(150, 70), max_tokens=30, ignore_eos=True, request_class="agent")

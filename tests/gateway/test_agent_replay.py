@@ -28,6 +28,7 @@ from ignis.gateway.prompt import build_chat_prompt
 from ignis.gateway.tokenizer import load_model_files
 from ignis.shared.demo import ensure_demo_model
 from ignis.shared.demo.builder import chat_template as demo_chat_template
+from ignis.shared.tokenizer_files import read_tokenizer_files
 from tests.gateway.conftest import API_KEY, start_serve, stop_serve
 from tests.support.replay import QWEN_CODE_TRACE, ideals, load_trace, replay
 
@@ -47,6 +48,12 @@ def checkpoint(real_checkpoint):
     return real_checkpoint("qwen3_5", num_layers=2, layer_pattern="interval2").path
 
 
+@pytest.fixture(scope="module")
+def files(checkpoint):
+    """The checkpoint's tokenizer and template, loaded once for the module (a load takes seconds)."""
+    return load_model_files(checkpoint)
+
+
 def part_mark_of(files, body) -> tuple[int, int]:
     template = ChatTemplate(files.chat_template)
     prompt = build_chat_prompt(template, files.tokenizer, body["messages"], body["tools"])
@@ -54,8 +61,7 @@ def part_mark_of(files, body) -> tuple[int, int]:
                     prompt.opener_start), len(prompt.ids)
 
 
-def test_part_mark_is_where_the_final_text_part_starts(trace, checkpoint):
-    files = load_model_files(checkpoint)
+def test_part_mark_is_where_the_final_text_part_starts(trace, files):
     main, sub = trace[0].body, trace[1].body
     assert newest_multipart_user(main["messages"]) == 1
     assert newest_multipart_user(sub["messages"]) == 1  # the newest user message has one part
@@ -70,12 +76,13 @@ def test_part_mark_is_where_the_final_text_part_starts(trace, checkpoint):
 
 
 @pytest.mark.parametrize("template", ["official", "demo"])
-def test_marks_of_earlier_requests_cover_what_runs_two_and_three_share(trace, checkpoint, template):
+def test_marks_of_earlier_requests_cover_what_runs_two_and_three_share(trace, files, template):
     """The gateway's side under either template: some capture point an earlier request plans (system
     block, part boundary, opener) is a prefix of the later prompt and covers >= 0.95 of the ideal."""
-    files = load_model_files(checkpoint if template == "official" else ensure_demo_model())
-    tpl = ChatTemplate(files.chat_template)
-    tok = load_model_files(checkpoint).tokenizer
+    # the demo model's template is read from its directory: no second tokenizer load
+    tpl = ChatTemplate(files.chat_template if template == "official"
+                       else read_tokenizer_files(ensure_demo_model()).chat_template)
+    tok = files.tokenizer
     prompts, points = [], []
     for r in trace:
         prompt = build_chat_prompt(tpl, tok, r.body["messages"], r.body["tools"])
@@ -91,17 +98,23 @@ def test_marks_of_earlier_requests_cover_what_runs_two_and_three_share(trace, ch
         assert covered >= 0.95 * best, (template, r.seq, covered, best)
 
 
-def serve(tmp_path_factory, checkpoint, *extra):
-    tmp = tmp_path_factory.mktemp("replay-serve")
+def serve(tmp, checkpoint, *extra):
     return start_serve(tmp, ["--model", str(checkpoint), "--api-key", API_KEY, "--kv-pool-tokens", "65536",
                              "--decode-lanes", "2", "--reuse-host-slots-per-lane", "4",
                              "--max-prefill-tokens-per-round", "8192", *extra])
 
 
 def replay_side_by_side(tmp_path_factory, checkpoint, trace):
-    """The trace on a reuse-on and a reuse-off server, side by side (each in order)."""
-    servers = [serve(tmp_path_factory, checkpoint), serve(tmp_path_factory, checkpoint, "--reuse-prompt", "off")]
+    """The trace on a reuse-on and a reuse-off server, side by side (each in order; the two start at once)."""
+    extras = [(), ("--reuse-prompt", "off")]
+    tmps = [tmp_path_factory.mktemp("replay-serve") for _ in extras]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        starts = [pool.submit(serve, tmp, checkpoint, *extra) for tmp, extra in zip(tmps, extras)]
+        concurrent.futures.wait(starts)
+    servers = [f.result() for f in starts if f.exception() is None]
     try:
+        if len(servers) < len(starts):
+            raise next(f.exception() for f in starts if f.exception() is not None)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             on, off = pool.map(lambda s: replay(trace, s.url, API_KEY, s.model, MAX_TOKENS), servers)
         return on, off, servers[0].log()
