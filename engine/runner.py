@@ -182,8 +182,9 @@ class ModelRunner:
                                 embeds=tuple(embeds)))
         return out
 
-    def run(self, plan: RoundPlan) -> tuple[RoundResult, dict[str, TokenLogprobs]]:
-        """Run one round; returns the sampled tokens and, where asked, their logprobs."""
+    def run(self, plan: RoundPlan) -> tuple[RoundResult, dict[str, TokenLogprobs | list[TokenLogprobs]]]:
+        """Run one round; returns the sampled tokens and, where asked, their logprobs (a list, one per
+        token, for a request that drafted)."""
         self._start(plan)
         self.last_logits = {}
         if plan.is_empty:

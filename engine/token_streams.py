@@ -183,7 +183,7 @@ def _stream_tokens(rid: str, tokens: tuple[int, ...], lp) -> StreamTokens:
     state is corrupt."""
     if lp is None:
         return StreamTokens(rid, tokens, None)
-    lps = lp if isinstance(lp, list) else [lp]
+    lps = lp[: len(tokens)] if isinstance(lp, list) else [lp]  # the scheduler cuts a round at a stop id
     if len(lps) != len(tokens):
         raise ValueError(f"{len(lps)} logprobs for {len(tokens)} tokens")
     for token, one in zip(tokens, lps):

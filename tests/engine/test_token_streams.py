@@ -68,3 +68,18 @@ def test_speculative_steps_stream_their_tokens_and_count_drafts(caplog):
     with caplog.at_level("INFO", logger="ignis.engine"):
         streams.finish(FinishEvent("a", "length", 4, 4), "m")
     assert '"spec":{"drafted":5,"accepted":2,"accept_rate_per_pos":[0.5,0.5,0.0]}' in caplog.text
+
+
+def test_a_speculative_round_cut_at_its_requests_end_sends_the_logprobs_of_the_tokens_kept():
+    """The runner gives one logprob per token it accepted; the scheduler then cuts the round where the
+    request ended (a stop id, max_tokens): the stream carries the kept tokens and their logprobs only."""
+    chan, sched = Channel(), Scheduler()
+    streams = TokenStreams(chan, EngineMetrics("m"))
+    streams.tracked["a"] = Tracked(peer=b"gw", request_class="interactive", prompt_tokens=4, arrived=0.0)
+    lps = [TokenLogprobs(-0.1 * (i + 1), [(t, -0.1 * (i + 1))]) for i, t in enumerate((5, 6, 7))]
+    streams.send_tokens(RoundResult(tokens={"a": 5}, extra={"a": [6]}, drafted={"a": 2}), {"a": lps}, sched)
+    assert sched.aborted == {}
+    [(_, batch)] = chan.sent
+    [stream] = batch.streams
+    assert stream.token_ids == (5, 6)
+    assert stream.logprobs.logprobs == (-0.1, -0.2) and stream.logprobs.top_ids == ((5,), (6,))

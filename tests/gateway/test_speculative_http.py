@@ -78,20 +78,28 @@ def test_stop_string_and_stream_cut_where_plain_serve_cuts(server, spec_server, 
 
 
 def test_logprobs_requests_answer_as_plain_serve(server, spec_server, fitted_prompts):
+    """Logprobs requests draft; their tokens, logprobs and top logprobs equal plain serve's, also when a
+    stop id ends a request inside a round's accepted drafts (the engine cuts the round there: stop ids at
+    three successive places of the output, so one falls inside a round of K = 2)."""
     plain, spec = clients(server, spec_server)
-    kw = dict(model="ignis-demo", prompt=fitted_prompts[6], temperature=0, max_tokens=12, logprobs=2,
-              extra_body={"ignore_eos": True})
-    before = len(done_lines(spec_server))
-    want, got = plain.completions.create(**kw).choices[0].logprobs, spec.completions.create(**kw).choices[0].logprobs
-    assert got.tokens == want.tokens
-    assert got.token_logprobs == pytest.approx(want.token_logprobs, abs=1e-4)
-    for a, b in zip(got.top_logprobs, want.top_logprobs):
-        assert a.keys() == b.keys() and [a[t] for t in b] == pytest.approx(list(b.values()), abs=1e-4)
-    deadline = time.monotonic() + 20
-    while len(done := done_lines(spec_server)) == before and time.monotonic() < deadline:
-        time.sleep(0.05)  # the done line is written just after the answer goes out
-    assert len(done) > before, spec_server.log()
-    assert re.search(r'"spec":\{"drafted":\d+,"accepted":[1-9]', done[-1]), done[-1]  # it drafted, and kept some
+    kw = dict(model="ignis-demo", prompt=fitted_prompts[6], temperature=0, max_tokens=14, logprobs=2)
+    ids = plain.completions.create(**kw, extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0] \
+        .model_extra["token_ids"]
+    for stop_ids in ([], *([t] for t in ids[6:9] if ids.index(t) >= 6)):
+        extra = {"ignore_eos": True, "stop_token_ids": stop_ids}
+        before = len(done_lines(spec_server))
+        want = plain.completions.create(**kw, extra_body=extra).choices[0]
+        got = spec.completions.create(**kw, extra_body=extra).choices[0]
+        assert (got.finish_reason, got.logprobs.tokens) == (want.finish_reason, want.logprobs.tokens), stop_ids
+        assert want.finish_reason == ("stop" if stop_ids else "length")
+        assert got.logprobs.token_logprobs == pytest.approx(want.logprobs.token_logprobs, abs=1e-4)
+        for a, b in zip(got.logprobs.top_logprobs, want.logprobs.top_logprobs):
+            assert a.keys() == b.keys() and [a[t] for t in b] == pytest.approx(list(b.values()), abs=1e-4)
+        deadline = time.monotonic() + 20
+        while len(done := done_lines(spec_server)) == before and time.monotonic() < deadline:
+            time.sleep(0.05)  # the done line is written just after the answer goes out
+        assert len(done) > before, spec_server.log()
+        assert re.search(r'"spec":\{"drafted":\d+,"accepted":[1-9]', done[-1]), done[-1]  # it drafted, kept some
 
 
 def done_lines(server) -> list[str]:
