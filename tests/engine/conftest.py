@@ -4,9 +4,6 @@
 set of arguments (see ``tests.engine.checkpoints.make_checkpoint``) and hands
 the same directory to every test that asks for it: tests that damage a
 checkpoint must copy it first (``copy_checkpoint``).
-
-``one_thread``: torch on one CPU thread for a module's tests
-(``pytestmark = pytest.mark.usefixtures("one_thread")``).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.engine.checkpoints import FAMILIES, Checkpoint, make_checkpoint
 
@@ -69,12 +65,3 @@ def copy_checkpoint(tmp_path):
         return dst
 
     return copy
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """The tiny model's ops are too small to split: on a shared CPU more threads only wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

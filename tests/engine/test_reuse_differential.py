@@ -52,9 +52,6 @@ ops = st.one_of(
 )
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @pytest.fixture(scope="module")
 def tierd(tmp_path_factory):
     rt = tmp_path_factory.mktemp("diff-rt")

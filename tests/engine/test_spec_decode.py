@@ -14,9 +14,6 @@ VOCAB = 128
 GREEDY = {"temperature": 0.0}
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def prompts(seed: int, lengths=(5, 70, 23, 130, 9)) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(2, VOCAB, (n,), generator=gen).tolist() for n in lengths]

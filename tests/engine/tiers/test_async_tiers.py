@@ -33,9 +33,6 @@ DELAY_S = 3.0
 _stamps = itertools.count()
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def prompt(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(8, VOCAB) for _ in range(n)]
