@@ -73,21 +73,21 @@ class BoundedWriter:
         if transport is not None:
             transport.set_write_buffer_limits(high=2 * limit + (1 << 16))  # the bound below pauses first
 
-    async def write(self, data: bytes) -> None:
+    def _check(self) -> None:
+        """StreamStalled when the connection's buffer already holds more than the limit."""
         t = self.transport
         if t is not None:
             buffered = t.get_write_buffer_size()
             if buffered > self.limit:
                 raise StreamStalled(buffered, self.limit)
+
+    async def write(self, data: bytes) -> None:
+        self._check()
         await self.resp.write(data)
 
     async def write_eof(self, data: bytes) -> None:
         """``data`` and the end of the body (one write), after the check of ``write``."""
-        t = self.transport
-        if t is not None:
-            buffered = t.get_write_buffer_size()
-            if buffered > self.limit:
-                raise StreamStalled(buffered, self.limit)
+        self._check()
         await self.resp.write_eof(data)
 
     def stalled(self, exc: StreamStalled, what: str, count: Callable[[], None]) -> web.StreamResponse:
