@@ -37,17 +37,16 @@ def causal_conv1d_varlen(
         if cu[b + 1] > cu[b]:
             by_length.setdefault(cu[b + 1] - cu[b], []).append(b)
     for n, group in by_length.items():
-        if len(group) == 1:  # one sequence: its rows are a slice (no gather, no scatter)
-            b, slot = group[0], slot_list[group[0]]
-            xx = torch.cat([conv_state[slot].to(weight.dtype), x[cu[b]:cu[b] + n].t().to(weight.dtype)], dim=-1)
-            out[cu[b]:cu[b] + n] = F.silu(F.conv1d(xx.unsqueeze(0), w, groups=channels)[0]).t().to(x.dtype)
-            conv_state[slot] = xx[:, -(taps - 1):].to(conv_state.dtype)
-            continue
         idx = torch.tensor([slot_list[b] for b in group], device=x.device)
-        rows = torch.tensor([cu[b] for b in group], device=x.device).unsqueeze(1) + torch.arange(n, device=x.device)
-        xx = torch.cat([conv_state[idx].to(weight.dtype), x[rows].transpose(1, 2).to(weight.dtype)], dim=-1)
+        if len(group) == 1:  # one sequence: its rows are a slice (no gather, no scatter)
+            rows = slice(cu[group[0]], cu[group[0]] + n)
+        else:
+            rows = (torch.tensor([cu[b] for b in group], device=x.device).unsqueeze(1)
+                    + torch.arange(n, device=x.device)).reshape(-1)
+        seqs = x[rows].view(len(group), n, channels).transpose(1, 2)  # [B, C, n]
+        xx = torch.cat([conv_state[idx].to(weight.dtype), seqs.to(weight.dtype)], dim=-1)
         y = F.conv1d(xx, w, groups=channels)  # [B, C, n]
-        out[rows.reshape(-1)] = F.silu(y).transpose(1, 2).reshape(-1, channels).to(x.dtype)
+        out[rows] = F.silu(y).transpose(1, 2).reshape(-1, channels).to(x.dtype)
         conv_state[idx] = xx[:, :, -(taps - 1):].to(conv_state.dtype)
     return out
 
