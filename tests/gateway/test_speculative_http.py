@@ -5,11 +5,11 @@ logprobs), and its done lines count drafted and accepted tokens."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 from tests.gateway.conftest import API_KEY, start_serve, stop_serve
+from tests.gateway.hardening_support import wait_until
 
 GREEDY = dict(temperature=0, max_tokens=40, extra_body={"ignore_eos": True, "return_token_ids": True})
 
@@ -95,10 +95,9 @@ def test_logprobs_requests_answer_as_plain_serve(server, spec_server, fitted_pro
         assert got.logprobs.token_logprobs == pytest.approx(want.logprobs.token_logprobs, abs=1e-4)
         for a, b in zip(got.logprobs.top_logprobs, want.logprobs.top_logprobs):
             assert a.keys() == b.keys() and [a[t] for t in b] == pytest.approx(list(b.values()), abs=1e-4)
-        deadline = time.monotonic() + 20
-        while len(done := done_lines(spec_server)) == before and time.monotonic() < deadline:
-            time.sleep(0.05)  # the done line is written just after the answer goes out
-        assert len(done) > before, spec_server.log()
+        # the done line is written just after the answer goes out
+        done = wait_until(lambda: (lines := done_lines(spec_server))[before:] and lines, 20,
+                          f"no done line for the request with stop ids {stop_ids} within 20 s")
         assert re.search(r'"spec":\{"drafted":\d+,"accepted":[1-9]', done[-1]), done[-1]  # it drafted, kept some
 
 
