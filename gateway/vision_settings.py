@@ -19,7 +19,6 @@ from ignis.shared.image_grid import ImageGrid, image_grid, preprocessor_pixel_bo
 from ignis.shared.tokenizer_files import TokenizerFilesError, read_json_object
 
 
-
 @dataclass(frozen=True)
 class VisionSettings:
     patch_size: int

@@ -59,8 +59,8 @@ from ignis.shared.wire_values import check_field_names
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "Finished", "Refused",
-    "ErrorReply", "StatsReply", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE", "ENGINE_TO_GATEWAY",
-    "GATEWAY_ENGINE", "encode", "decode",
+    "ErrorReply", "StatsReply", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
+    "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
 
 GATEWAY_ENGINE = WireProtocol("gateway-engine", version=1)
