@@ -2,9 +2,9 @@
 
 - cold vs warm TTFT at 1K, 8K and 32K-token prompts (warm = the same prompt
   again, resuming from its prompt checkpoint);
-- the short-prompt tax: TTFT of cold 1K prompts with reuse on (prefill cut at
-  the marks: three traversals) vs an engine with ``--reuse-prompt off``, the
-  two asked in turns (the median of the pairs' ratios);
+- the short-prompt tax: TTFT of cold 1K prompts with reuse on (a system mark
+  and the opener: one traversal keeping two images) vs an engine with
+  ``--reuse-prompt off``, the two asked in turns (the median of the pairs' ratios);
 - an 8-subagent burst on a 16K system block (the size of an agent client's
   system and tools block in the replayed traces) already read once: prompt tokens
   actually prefilled and total time, with vs without reuse;

@@ -66,7 +66,8 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
             if not _resume_evicted(sched, plan, req):
                 return  # its copies are on their way back (or wait for room): nothing overtakes it
             if req.state is RequestState.PREFILLING:
-                budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting)
+                budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
+                                    sched.config.capture_inside_chunks)
             continue
         tokens = req.key_prefix(req.num_tokens)  # images as their digests (engine.reuse.image_keys)
         hit = sched.store.lookup(tokens)
@@ -100,7 +101,8 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         req.state = RequestState.PREFILLING
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
                                       restore_slot=hit.slot if hit else None))
-        budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting)
+        budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
+                            sched.config.capture_inside_chunks)
 
 
 def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> bool:

@@ -65,7 +65,7 @@ class Intake:
         scheduler = runtime.scheduler
         req = Request.from_generate(msg, scheduler.config.page_tokens)
         if not scheduler.store.enabled:
-            req.must_cut_at = ()  # nothing is captured, so prefill runs in one traversal
+            req.must_cut_at = ()  # nothing is captured: no chunk ends or keeps an image at a mark
         refusal = scheduler.add(req)
         if refusal is not None:
             runtime.runner.release(msg.id)

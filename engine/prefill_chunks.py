@@ -1,12 +1,16 @@
 """Prefill chunks, and the captures of the retained store that end on them.
 
 At most one chunk per request per round; the caller keeps the round's chunks
-together within ``max_prefill_tokens_per_round``. A chunk never crosses one of
-the request's ``must_cut_at`` points (it may end on one, and the next round
-continues from there).
+together within ``max_prefill_tokens_per_round``.
 
 A chunk that ends on a capture mark is captured after the forward
-(``plan.captures``): the end of system + tools rounded down to whole pages is a
+(``plan.captures``). One that crosses capture marks (``inside``: the pool's
+format lets the forward keep a state image part way through a chunk,
+``ForwardBatch``) is captured at each in the same traversal: the forward
+keeps each layer's recurrent and conv state at the mark (``PrefillChunk.keeps``)
+and the capture's page copies follow it. Without ``inside`` a chunk never
+crosses one of the request's ``must_cut_at`` points (it ends on it, and the
+next round continues from there). The end of system + tools rounded down to whole pages is a
 "retained_prefix", the generation opener a "prompt_checkpoint", the start of
 the newest multi-part user message's final text part a "part_boundary", and
 the request's learned point a "learned_point" (where marks coincide, that
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ignis.engine.request import Request
 from ignis.engine.reuse.store import RetainedStore
@@ -30,22 +35,38 @@ from ignis.engine.schedule import PrefillChunk, RoundPlan
 
 
 def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, page_tokens: int,
-              waiting: Mapping[str, deque[Request]] | None = None) -> int:
-    """Plan ``req``'s next chunk (and its capture, if it ends on a mark); returns its size.
-    ``waiting``: the queue, whose requests may be waiting to read a retained prefix captured here."""
-    chunk = next_chunk(req, budget)
-    plan.prefills.append(chunk)
-    kind = capture_kind(req, chunk.end, store, page_tokens)
-    if kind is not None:
-        tokens = req.key_prefix(chunk.end)
-        claim = req.request_class
-        if kind in ("retained_prefix", "learned_point") and waiting is not None and has_waiting_reader(waiting, tokens):
-            claim = "interactive"
-        order = store.capture(tokens, req.page_table, req.lane, kind, req.request_class, req.last_is_user,
-                              claim_as=claim, family=req.cache_family)
-        if order is not None:
-            plan.captures.append(order)
+              waiting: Mapping[str, deque[Request]] | None = None, inside: bool = False) -> int:
+    """Plan ``req``'s next chunk (and its captures: the marks it crosses when ``inside``, the one it
+    ends on); returns its size. ``waiting``: the queue, whose requests may be waiting to read a retained
+    prefix captured here."""
+    chunk = next_chunk(req, budget, cut=not inside)
+    keeps = []
+    for point in req.must_cut_at:
+        if point <= chunk.start or point > chunk.end:
+            continue
+        order = _capture(req, point, store, page_tokens, waiting)
+        if order is None:
+            continue
+        if point < chunk.end:  # the forward keeps the image as it passes the mark
+            keeps.append((point, order.slot))
+            order = replace(order, kept_in_forward=True)
+        plan.captures.append(order)
+    plan.prefills.append(replace(chunk, keeps=tuple(keeps)) if keeps else chunk)
     return chunk.num_tokens
+
+
+def _capture(req: Request, point: int, store: RetainedStore, page_tokens: int,
+             waiting: Mapping[str, deque[Request]] | None):
+    """The capture order of ``req``'s first ``point`` tokens, if the point is a mark and the store takes it."""
+    kind = capture_kind(req, point, store, page_tokens)
+    if kind is None:
+        return None
+    tokens = req.key_prefix(point)
+    claim = req.request_class
+    if kind in ("retained_prefix", "learned_point") and waiting is not None and has_waiting_reader(waiting, tokens):
+        claim = "interactive"
+    return store.capture(tokens, req.page_table, req.lane, kind, req.request_class, req.last_is_user,
+                         claim_as=claim, family=req.cache_family)
 
 
 def has_waiting_reader(waiting: Mapping[str, deque[Request]], prefix: tuple[int, ...]) -> bool:
@@ -54,13 +75,14 @@ def has_waiting_reader(waiting: Mapping[str, deque[Request]], prefix: tuple[int,
     return any(r.num_tokens > n and r.key_prefix(n) == prefix for q in waiting.values() for r in q)
 
 
-def next_chunk(req: Request, budget: int) -> PrefillChunk:
-    """From the first uncomputed token: at most ``budget`` tokens, ending at the next cut point."""
+def next_chunk(req: Request, budget: int, cut: bool = True) -> PrefillChunk:
+    """From the first uncomputed token: at most ``budget`` tokens, ending at the next cut point when
+    ``cut`` (else crossing it)."""
     start, target = req.num_computed_tokens, req.num_tokens
     end = min(target, start + budget)
-    for cut in req.must_cut_at:  # sorted: the first cut past start is the one that binds
-        if cut > start:
-            end = min(end, cut)
+    for point in req.must_cut_at if cut else ():  # sorted: the first cut past start is the one that binds
+        if point > start:
+            end = min(end, point)
             break
     return PrefillChunk(req.req_id, req.lane, start, end, end == target, req.token_slice(start, end),
                         req.page_table.pages, req.image_layout)

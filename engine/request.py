@@ -75,7 +75,8 @@ class Request:
     part_end: int | None = None
     cache_family: str | None = None  # the client's prompt_cache_key family (a ranking hint, engine.reuse.store)
     must_cut_at: tuple[int, ...] = ()
-    """Token indices a prefill chunk may end at but never cross (sorted, in 1 .. len(prompt))."""
+    """Capture points (sorted, in 1 .. len(prompt)): a prefill chunk ends on one, or crosses it keeping the
+    state image there (``engine.prefill_chunks``)."""
     images: tuple[ImageInput, ...] = ()
     """Resized pictures, in prompt order, one per run of image placeholder tokens."""
 

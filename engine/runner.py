@@ -150,11 +150,13 @@ class ModelRunner:
                 self.want_logprobs[s.req_id] = s.sampling.top_logprobs if s.sampling.logprobs else None
 
     def _capture(self, plan: RoundPlan) -> None:
-        """After the forward: fill this round's new retained entries (pages, then images)."""
+        """After the forward: fill this round's new retained entries (pages, then images: those of marks
+        inside a chunk the forward kept as it passed them)."""
         for order in plan.captures:
             for src, dst in order.page_copies:
                 self.state.copy_page(src, dst)
-            self.state.save_image(order.lane, order.slot)
+            if not order.kept_in_forward:
+                self.state.save_image(order.lane, order.slot)
 
     def _prefill_chunks(self, prefills: list[PrefillChunk]) -> list[SeqChunk]:
         """The round's prefill chunks; those touching images get their embeddings and mRoPE positions
@@ -169,7 +171,8 @@ class ModelRunner:
         for c in prefills:
             layout = c.layout
             if layout is None:
-                out.append(SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last))
+                out.append(SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last,
+                                    keeps=c.keeps))
                 continue
             embeds = []
             for i, span in layout.overlapping(c.start, c.end):
@@ -179,7 +182,7 @@ class ModelRunner:
                     self.images.done(c.req_id, i)
             out.append(SeqChunk(list(c.token_ids), c.start, list(c.pages), c.lane, sampled=c.is_last,
                                 rope_offset=layout.delta_at(c.start), mrope=layout.positions(c.start, c.end),
-                                embeds=tuple(embeds)))
+                                embeds=tuple(embeds), keeps=c.keeps))
         return out
 
     def run(self, plan: RoundPlan) -> tuple[RoundResult, dict[str, TokenLogprobs | list[TokenLogprobs]]]:

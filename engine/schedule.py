@@ -63,6 +63,9 @@ class PrefillChunk:
     layout: ImageLayout | None = None
     """The request's images and where they sit (None: a text prompt); the runner encodes the images
     this chunk touches and gives its tokens their mRoPE positions."""
+    keeps: tuple[tuple[int, int], ...] = ()
+    """(point, slot): capture marks inside the chunk (start < point < end, increasing); the forward
+    keeps the lane's state image after ``point`` tokens in ``slot`` as it passes."""
 
     @property
     def num_tokens(self) -> int:

@@ -223,7 +223,8 @@ class Scheduler:
         for req in sorted((r for r in self.lanes.holders() if r.state is RequestState.PREFILLING), key=_rank):
             if budget == 0:
                 break
-            budget -= add_chunk(plan, req, budget, self.store, self.config.page_tokens, self.waiting)
+            budget -= add_chunk(plan, req, budget, self.store, self.config.page_tokens, self.waiting,
+                                self.config.capture_inside_chunks)
         if not plan.preempted:
             admit(self, plan, budget)
         if not self.lanes.any_free:

@@ -27,6 +27,9 @@ class SchedulerConfig:
         "the model's image placeholder token (None: the model takes no images)", cli=False))
     image_factor: int = field(default=32, metadata=field_doc(
         "pixels per image placeholder token along each side (patch size x merge size)", cli=False))
+    capture_inside_chunks: bool = field(default=True, metadata=field_doc(
+        "a prefill chunk crosses capture marks, the forward keeping the state image at each (False: chunks "
+        "end on the marks; the hq-e8-2b pool, whose exact window is lane state, needs it)", cli=False))
 
     def __post_init__(self):
         for name, flag in (("decode_lanes", "--decode-lanes"), ("num_pages", "num_pages"),

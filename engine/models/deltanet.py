@@ -60,8 +60,10 @@ class GatedDeltaNet(nn.Module):
         return mixed, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, ssm: torch.Tensor, conv: torch.Tensor,
-                ops) -> torch.Tensor:
-        """x: [T, hidden]; ssm [lanes, Hv, Dk, Dv] and conv [lanes, C, K-1] are this layer's state."""
+                ops, keep=None) -> torch.Tensor:
+        """x: [T, hidden]; ssm [lanes, Hv, Dk, Dv] and conv [lanes, C, K-1] are this layer's state.
+        ``keep(part, lane, slot)``: copies this layer's ``"conv"`` or ``"ssm"`` state of ``lane`` into a
+        retained slot (what ``batch.linear_waves`` keep part way through a chunk)."""
         t = x.shape[0]
         mixed, z, b, a = self._project(x)
         weight = self.conv1d.weight.squeeze(1)
@@ -69,13 +71,12 @@ class GatedDeltaNet(nn.Module):
         if nd == t:  # decode only: no scatter into a shared output
             conv_out = ops.causal_conv1d_update(mixed, weight, conv, batch.slots)
         elif nd == 0:  # prefill only: likewise (no copy of the whole chunk)
-            conv_out = ops.causal_conv1d_varlen(mixed, weight, conv, batch.slots, batch.prefill_cu_seqlens())
+            conv_out = self._conv_prefill(mixed, weight, conv, batch, ops, keep)
         else:
             conv_out = torch.empty_like(mixed)
             if nd:
                 conv_out[:nd] = ops.causal_conv1d_update(mixed[:nd], weight, conv, batch.slots[:nd])
-            conv_out[nd:] = ops.causal_conv1d_varlen(
-                mixed[nd:], weight, conv, batch.slots[nd:], batch.prefill_cu_seqlens())
+            conv_out[nd:] = self._conv_prefill(mixed[nd:], weight, conv, batch, ops, keep)
         q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.hk, self.dk)
         k = k.reshape(t, self.hk, self.dk)
@@ -85,13 +86,41 @@ class GatedDeltaNet(nn.Module):
         if nd == t:
             core = ops.recurrent_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots)
         elif nd == 0:
-            core = ops.chunk_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots, batch.prefill_cu_seqlens())
+            core = self._delta_prefill(q, k, v, g, beta, ssm, batch, ops, keep)
         else:
             core = torch.empty_like(v)
             if nd:
                 core[:nd] = ops.recurrent_gated_delta_rule(
                     q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], ssm, batch.slots[:nd])
-            core[nd:] = ops.chunk_gated_delta_rule(
-                q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], ssm, batch.slots[nd:], batch.prefill_cu_seqlens())
+            core[nd:] = self._delta_prefill(q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], ssm, batch, ops, keep)
         core = self.norm(core, z, ops)
         return self.out_proj(core.reshape(t, -1))
+
+    @staticmethod
+    def _conv_prefill(mixed, weight, conv, batch: ForwardBatch, ops, keep) -> torch.Tensor:
+        """The causal conv over the prefill rows ``mixed``: in one call, or wave by wave keeping images."""
+        waves = batch.linear_waves
+        if waves is None:
+            return ops.causal_conv1d_varlen(mixed, weight, conv, batch.slots[batch.num_decodes:],
+                                            batch.prefill_cu_seqlens())
+        out = torch.empty_like(mixed)
+        for wave in waves:
+            out[wave.rows] = ops.causal_conv1d_varlen(mixed[wave.rows], weight, conv, wave.slots, wave.cu_seqlens)
+            for lane, slot in wave.keeps:
+                keep("conv", lane, slot)
+        return out
+
+    @staticmethod
+    def _delta_prefill(q, k, v, g, beta, ssm, batch: ForwardBatch, ops, keep) -> torch.Tensor:
+        """The gated delta rule over the prefill rows: in one call, or wave by wave keeping images."""
+        waves = batch.linear_waves
+        if waves is None:
+            return ops.chunk_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots[batch.num_decodes:],
+                                              batch.prefill_cu_seqlens())
+        out = torch.empty_like(v)
+        for wave in waves:
+            r = wave.rows
+            out[r] = ops.chunk_gated_delta_rule(q[r], k[r], v[r], g[r], beta[r], ssm, wave.slots, wave.cu_seqlens)
+            for lane, slot in wave.keeps:
+                keep("ssm", lane, slot)
+        return out

@@ -9,6 +9,8 @@ Module names match the checkpoints' text-model names without the leading
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -89,7 +91,7 @@ class HybridModel(nn.Module):
                 j = self._linear_slot[i]
                 if linear_inputs is not None:
                     linear_inputs[i] = h
-                h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
+                h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops, _keeper(batch, state, j))
             x, h = layer.post_attention_layernorm.add(h, x, ops)
             out = layer.mlp(h, ops)
         return x if out is None else x + out
@@ -102,7 +104,7 @@ class HybridModel(nn.Module):
         ops = self._ops(batch.input_ids.device)
         for i, h in sorted(linear_inputs.items()):
             j = self._linear_slot[i]
-            self.layers[i].linear_attn(h, batch, state.ssm[j], state.conv[j], ops)
+            self.layers[i].linear_attn(h, batch, state.ssm[j], state.conv[j], ops, _keeper(batch, state, j))
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [R, vocab] of R rows of hidden states: the final norm and the LM head."""
@@ -129,3 +131,10 @@ class HybridModel(nn.Module):
         if not all_logits:
             x = x[batch.logits_indices]
         return self.head(x)
+
+
+def _keeper(batch: ForwardBatch, state: ModelState, layer: int):
+    """What linear-attention layer ``layer`` keeps images with, when ``batch`` keeps any part way."""
+    if batch.linear_waves is None:
+        return None
+    return functools.partial(state.keep_part, layer)

@@ -177,6 +177,16 @@ class ModelState:
         for live, kept in self._image_pairs(lane, slot):
             self._copy_image(kept, live)
 
+    def keep_part(self, layer: int, part: str, lane: int, slot: int) -> None:
+        """Copy one linear-attention layer's ``"ssm"`` or ``"conv"`` state of ``lane`` into a retained slot:
+        the image a forward keeps part way through a chunk, layer by layer (``ForwardBatch.linear_waves``).
+        An hq-e8-2b pool's exact window is lane state the forward does not keep so: it refuses."""
+        if self.slot_window:
+            raise ValueError("an hq-e8-2b pool keeps images only at the end of a chunk (its exact window)")
+        block, i = self._slot(slot)
+        live, kept = (self.ssm, self.slot_ssm[block]) if part == "ssm" else (self.conv, self.slot_conv[block])
+        kept[layer, i].copy_(live[layer, lane], non_blocking=True)
+
     def load_image(self, slot: int, lane: int) -> None:
         """Copy a retained slot's image into a lane (the slot is left as it was)."""
         for live, kept in self._image_pairs(lane, slot):

@@ -82,6 +82,9 @@ class CaptureOrder:
     lane: int
     slot: int
     page_copies: tuple[tuple[int, int], ...]  # (src, dst): the partial last page's private copy
+    kept_in_forward: bool = False
+    """The forward keeps the image as it passes the point (a mark inside the chunk): after it, only the
+    page copies are left to make."""
 
 
 @dataclass(frozen=True)

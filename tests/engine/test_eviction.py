@@ -88,7 +88,8 @@ class Harness:
         self.state.allocate_slots(0, host_slots + 1)
         staging = host_slots  # the last host slot stages images
         self.tier = FakeTier(self.state, staging, refuse_after) if evict else None
-        self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64),
+        self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
+                                               capture_inside_chunks=kv_format == "bf16"),
                                host_slots=host_slots, tiers=self.tier or NO_TIERS, evict_window_pages=window,
                                staging_slot=staging if evict else None)
         self.runner = ModelRunner(model, self.state, vocab_limit=TOKENIZER_SIZE)

@@ -200,7 +200,8 @@ def test_the_second_prompt_captures_where_it_diverged_and_the_third_resumes_ther
     s.add(req("b", prompt(200, 50, 2)))
     _, done, plans = run_all(s)
     assert done["b"].cached_tokens == 0 and done["b"].shortfall == "no_mark"
-    assert [c.end for p in plans for c in p.prefills if c.req_id == "b"][0] == 192
+    (chunk,) = [c for p in plans for c in p.prefills if c.req_id == "b"]  # one traversal, keeping at 192
+    assert (chunk.start, chunk.end, [point for point, _ in chunk.keeps]) == (0, 250, [192])
     (entry,) = [e for e in s.store.entries() if e.kind == "learned_point"]
     assert entry.num_tokens == 192
     s.add(req("c", prompt(200, 50, 3)))

@@ -35,7 +35,8 @@ class Engine:
     def __init__(self, model, pages=64, lanes=4, device_slots=0, host_slots=8, reuse=True, kv_format="bf16",
                  exact_window=0, stamp="", prefill_budget=4096):
         self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
-                                               max_prefill_tokens_per_round=prefill_budget),
+                                               max_prefill_tokens_per_round=prefill_budget,
+                                               capture_inside_chunks=kv_format == "bf16"),
                                device_slots=device_slots, host_slots=host_slots, reuse=reuse, stamp=stamp)
         state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32, fill=float("nan"),
                                     kv_format=kv_format, exact_window=exact_window)

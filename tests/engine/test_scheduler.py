@@ -246,13 +246,22 @@ def test_chunk_budget_is_shared_and_never_exceeded():
     (256, [(0, 64), (64, 130), (130, 200)]),
     (50, [(0, 50), (50, 64), (64, 114), (114, 130), (130, 180), (180, 200)]),
 ])
-def test_cut_points_are_never_crossed(budget, expected):
-    s = Scheduler(config(max_prefill_tokens_per_round=budget))
+def test_without_inside_captures_cut_points_are_never_crossed(budget, expected):
+    s = Scheduler(config(max_prefill_tokens_per_round=budget, capture_inside_chunks=False))
     s.add(request("a", 200, cuts=(64, 130), max_tokens=1))
     _, _, plans = run_all(s)
     spans = [(c.start, c.end) for p in plans for c in p.prefills]
     assert spans == expected
     assert [c.is_last for p in plans for c in p.prefills][-1]
+    assert_drained(s)
+
+
+@pytest.mark.parametrize("budget, expected", [(256, [(0, 200)]), (50, [(0, 50), (50, 100), (100, 150), (150, 200)])])
+def test_with_inside_captures_chunks_follow_the_budget_alone(budget, expected):
+    s = Scheduler(config(max_prefill_tokens_per_round=budget))
+    s.add(request("a", 200, cuts=(64, 130), max_tokens=1))
+    _, _, plans = run_all(s)
+    assert [(c.start, c.end) for p in plans for c in p.prefills] == expected
     assert_drained(s)
 
 
