@@ -117,7 +117,7 @@ def main(argv=None) -> int:
                 warm_ms[name] = warm
                 rows.append((f"ttft {name} cold / warm ms", cold, warm, f"cached {cached}"))
             taxed, plain = [], []
-            for i in range(5 * repeats):  # on and off in turns, so both see the same load
+            for i in range(8 * repeats + 1):  # on and off in turns, so both see the same load
                 taxed.append(ttft(on, f"tax-on-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0])
                 plain.append(ttft(off, f"tax-off-{i}", tokens(sizes["1k"], rng), system_end=sizes["1k"] // 2)[0])
             results["short_tax"] = statistics.median(a / b for a, b in zip(taxed, plain))
