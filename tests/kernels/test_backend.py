@@ -133,16 +133,22 @@ def tiny_model(device) -> HybridModel:
 
 
 def run_steps(model, ops, device) -> list[torch.Tensor]:
+    """Logits of three forwards (the last keeps state images part way through two chunks), then the
+    kept images."""
     model.ops = ops
     state = ModelState.allocate(model.cfg, num_pages=8, lanes=4, dtype=torch.float32, device=device,
                                 fill=float("nan"))
+    state.allocate_slots(0, 3)
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, TINY["vocab_size"], (80,), generator=gen).tolist()
     steps = [
         [SeqChunk(ids[:70], 0, [5, 2], 2), SeqChunk(ids[70:73], 0, [7], 0)],
         [SeqChunk(ids[73:74], 70, [5, 2], 2), SeqChunk(ids[74:78], 3, [7], 0), SeqChunk(ids[78:79], 0, [1], 3)],
+        [SeqChunk(ids[10:11], 71, [5, 2], 2), SeqChunk(ids[:50], 0, [3], 1, keeps=((17, 0), (47, 1))),
+         SeqChunk(ids[20:30], 7, [7], 0, keeps=((9, 2),))],
     ]
-    return [model(ForwardBatch.build(chunks, device), state, all_logits=True) for chunks in steps]
+    logits = [model(ForwardBatch.build(chunks, device), state, all_logits=True) for chunks in steps]
+    return logits + [state.slot_ssm[1].clone(), state.slot_conv[1].clone()]
 
 
 def test_model_on_triton_forms_matches_reference(device):
@@ -150,7 +156,8 @@ def test_model_on_triton_forms_matches_reference(device):
     want = run_steps(model, REFERENCE, device)
     got = run_steps(model, triton_ops(), device)
     for step, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, 1e-5, f"model logits, step {step}")
+        assert_close(g, w, 1e-5, f"model logits, step {step}" if step < 3 else f"kept images ({step - 3})")
+    assert float(want[3].abs().amax(dim=(0, 2, 3, 4)).min()) > 0  # every slot was kept
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="the kernel tests run in this process")
