@@ -52,17 +52,38 @@ class StreamInbox:
 
     An item is ``(engine id, token ids, TokenLogprobs or None)`` for a stream's tokens of one round, or
     ``(engine id, Finished | Refused, None)``. A wait costs one future; ``fail`` wakes a waiter with an
-    exception."""
+    exception. With a pump (``pump_with``), arrivals call it instead, once per turn of the loop that
+    brought any (after the engine reader's turn, so one turn's items go together), and the waiter is
+    left for the pump to ``wake`` or ``fail``."""
 
     def __init__(self):
         self.items: collections.deque[tuple[str, object, object]] = collections.deque()
         self._waiter: asyncio.Future | None = None
+        self._pump: Callable[[], None] | None = None
+        self._pump_due = False
 
     def put_nowait(self, item: tuple[str, object, object]) -> None:
         self.items.append(item)
+        if self._pump is not None:
+            if not self._pump_due:
+                self._pump_due = True
+                asyncio.get_running_loop().call_soon(self._run_pump)
+            return
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def pump_with(self, pump: Callable[[], None] | None) -> None:
+        """Call ``pump`` when items arrive (None: wake the waiter again); called at once if some are queued."""
+        self._pump = pump
+        if pump is not None and self.items and not self._pump_due:
+            self._pump_due = True
+            asyncio.get_running_loop().call_soon(self._run_pump)
+
+    def _run_pump(self) -> None:
+        self._pump_due = False
+        if self._pump is not None:
+            self._pump()
 
     @property
     def waiting(self) -> bool:
@@ -77,6 +98,11 @@ class StreamInbox:
     async def wait(self) -> None:
         """Until an item arrives (or ``fail``)."""
         await self.waiter()
+
+    def wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def fail(self, exc: BaseException) -> None:
         w = self._waiter

@@ -21,7 +21,13 @@ from aiohttp import web
 
 from ignis.gateway.choice import ChoiceDelta, TokenRecord
 from ignis.gateway.generation import ClientGone, Generation, api_error_of
-from ignis.gateway.stream_writer import DEFAULT_STREAM_BUFFER_BYTES, BoundedWriter, SseResponse, StreamStalled
+from ignis.gateway.stream_writer import (
+    DEFAULT_STREAM_BUFFER_BYTES,
+    BoundedWriter,
+    SseResponse,
+    StreamStalled,
+    pump_deltas,
+)
 from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
@@ -107,35 +113,33 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes]
     asked) and [DONE].
 
     Writes are coalesced: the events of every delta ready at a wake-up leave in one write (the headers
-    with the first, the usage event, [DONE] and the end of the body with the last). ``on_tokens`` (a
-    metrics counter) is told in batches of ``TOKENS_PER_COUNT`` and once at the end, not per delta: a
-    counter takes a lock. A client that leaves more than ``buffer_limit`` bytes unread ends the request
+    with the first, the usage event, [DONE] and the end of the body with the last). Once the headers are
+    out, the deltas are written by a pump the request's inbox calls in the turn of the loop after the
+    engine reader's (``gateway.stream_writer.pump_deltas``): no wake-up of this handler per token. ``on_tokens`` (a metrics
+    counter) is told in batches of ``TOKENS_PER_COUNT`` and once at the end, not per delta: a counter
+    takes a lock. A client that leaves more than ``buffer_limit`` bytes unread ends the request
     (``gateway.stream_writer``; ``on_stall`` counts it)."""
     resp = SseResponse()
     await resp.prepare(request)
     writer = BoundedWriter(resp, request.transport, buffer_limit)
-    counted = 0
+    count = _TokenCount(on_tokens)
     events = list(prelude)
     headers_sent = False
     try:
         while True:
-            deltas = gen.take()
-            for delta in deltas:
-                counted += len(delta.token_ids)
-                event = chunk_of(delta)
-                if event is not None:
-                    events.append(event)
+            _add_events(gen.take(), chunk_of, events, count)
             if gen.done:
                 break
             if events or not headers_sent:  # the first write carries the headers, event or not
                 headers_sent = True
-                if counted >= TOKENS_PER_COUNT:
-                    on_tokens(counted)
-                    counted = 0
                 await writer.write(events[0] if len(events) == 1 else b"".join(events))
                 events.clear()
-            if not gen.pending:
-                await gen.wait()
+            if gen.pending:
+                continue
+            if writer.writes_now:
+                await pump_deltas(gen, writer, events, lambda deltas: _add_events(deltas, chunk_of, events, count))
+                break
+            await gen.wait()
         if usage_chunk is not None:
             events.append(usage_chunk(gen.usage.to_json()))
         events.append(DONE)
@@ -159,5 +163,34 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes]
             raise ClientGone() from None
         return resp
     finally:
-        if counted:
-            on_tokens(counted)
+        count.flush()
+
+
+class _TokenCount:
+    """Tokens streamed and not yet told to ``on_tokens``."""
+
+    __slots__ = ("n", "tell")
+
+    def __init__(self, tell: Callable[[int], None]):
+        self.n = 0
+        self.tell = tell
+
+    def flush_some(self) -> None:
+        """Tell once a batch has gathered."""
+        if self.n >= TOKENS_PER_COUNT:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.n:
+            self.tell(self.n)
+            self.n = 0
+
+
+def _add_events(deltas: list[ChoiceDelta], chunk_of: Callable[[ChoiceDelta], bytes | None], events: list[bytes],
+                count: _TokenCount) -> None:
+    for delta in deltas:
+        count.n += len(delta.token_ids)
+        event = chunk_of(delta)
+        if event is not None:
+            events.append(event)
+    count.flush_some()

@@ -36,7 +36,7 @@ from ignis.gateway.generation import ClientGone, Generation, Usage, api_error_of
 from ignis.gateway.generation_request import EndpointResponse
 from ignis.gateway.params import CommonParams
 from ignis.gateway.responses_output import OutputItems
-from ignis.gateway.stream_writer import BoundedWriter, StreamStalled
+from ignis.gateway.stream_writer import BoundedWriter, StreamStalled, pump_deltas
 from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
@@ -111,18 +111,30 @@ class ResponsesResponse(EndpointResponse):
             start = self.response("in_progress")
             await writer.write(self._event({"type": "response.created", "response": start}) +
                              self._event({"type": "response.in_progress", "response": start}))
-            while not gen.done:  # the events of every delta ready at a wake-up leave in one write
-                out = []
-                for d in gen.take():
+            out: list[bytes] = []
+
+            def add(deltas) -> None:
+                nonlocal counted
+                for d in deltas:
                     counted += len(d.token_ids)
                     out.extend(self._event(e) for e in self.items.feed(d))
                 if counted >= TOKENS_PER_COUNT:
                     on_tokens(counted)
                     counted = 0
+
+            while not gen.done:  # the events of every delta ready at a wake-up leave in one write
+                add(gen.take())
                 if out:
                     await writer.write(b"".join(out))
-                if not gen.done and not gen.pending:
-                    await gen.wait()
+                    out.clear()
+                if gen.done or gen.pending:
+                    continue
+                if writer.writes_now:  # steady state: the inbox's pump takes and writes
+                    await pump_deltas(gen, writer, out, add)
+                    if out:
+                        await writer.write(b"".join(out))
+                    break
+                await gen.wait()
             body = self.final(gen.usage)
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
             await writer.write(self._event({"type": kind, "response": body}))

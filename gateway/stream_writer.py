@@ -12,6 +12,7 @@ the handler in aiohttp's drain.
     writer = BoundedWriter(resp, request.transport, limit)
     await writer.write(chunk)       # StreamStalled: the buffer already holds more than the limit
     await writer.write_eof(chunk)   # the same check; the last bytes and the end of the body in one write
+    await pump_deltas(gen, writer, events, add)   # steady state: the inbox's pump takes and writes
 
 ``SseResponse`` is a streamed response whose headers leave with its first
 write (one send, not two; aiohttp sends a plain ``StreamResponse``'s headers
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from ignis.gateway.config import GatewayConfig
-from ignis.gateway.generation import ClientGone
+from ignis.gateway.generation import ClientGone, Generation
 
 log = logging.getLogger("ignis.gateway")
 
@@ -85,6 +86,25 @@ class BoundedWriter:
         self._check()
         await self.resp.write(data)
 
+    @property
+    def writes_now(self) -> bool:
+        """Whether ``write_now`` can write: the headers are out and the response's writer has the plain
+        (uncompressed) write calls of this aiohttp."""
+        pw = getattr(self.resp, "_payload_writer", None)
+        return (pw is not None and not getattr(pw, "_headers_buf", None) and getattr(pw, "_compress", None) is None
+                and hasattr(pw, "_write_chunked_payload") and hasattr(pw, "_write"))
+
+    def write_now(self, data: bytes) -> None:
+        """``write`` without a coroutine, from a plain callback (``writes_now`` must hold): the same check,
+        the same framing (chunked or not) and accounting as aiohttp's own write, and no drain (the transport
+        buffers, and the limit bounds what it may hold)."""
+        self._check()
+        pw = self.resp._payload_writer
+        if pw.chunked:
+            pw._write_chunked_payload(data)
+        else:
+            pw._write(data)
+
     async def write_eof(self, data: bytes) -> None:
         """``data`` and the end of the body (one write), after the check of ``write``."""
         self._check()
@@ -101,3 +121,42 @@ class BoundedWriter:
             self.transport.abort()
         self.resp[STALLED] = True
         return self.resp
+
+
+async def pump_deltas(gen: Generation, writer: BoundedWriter, events: list[bytes],
+                      add: Callable[[list], None]) -> None:
+    """A streamed response's steady state, once its headers are out (``writer.writes_now``): until every
+    choice of ``gen`` is finished, what arrives is taken and written by a pump the inbox calls in the turn
+    after the engine reader's, while this coroutine waits for the end (no wake-up of the handler per token).
+
+    ``add(deltas)`` turns a ``gen.take()`` into events appended to ``events``; the pump writes them in one
+    ``write_now`` per turn. A failure in the pump (a stall, a reset connection, an engine failure from
+    ``take``) and the inbox's own (client gone, engine silent) are raised here; the pump stops at the
+    first. ``events`` is left holding the events of the last take, for the caller's final write."""
+    failed = False
+
+    def pump() -> None:
+        nonlocal failed
+        if failed:
+            return
+        try:
+            while True:
+                add(gen.take())
+                if gen.done:
+                    gen.inbox.wake()
+                    return
+                if events:
+                    writer.write_now(events[0] if len(events) == 1 else b"".join(events))
+                    events.clear()
+                if not gen.pending:  # a failure queued behind the deltas just written is taken next
+                    return
+        except Exception as exc:
+            failed = True
+            gen.inbox.fail(exc)
+
+    gen.inbox.pump_with(pump)
+    try:
+        while not gen.done:
+            await gen.wait()
+    finally:
+        gen.inbox.pump_with(None)
