@@ -133,7 +133,7 @@ class Request:
 
     @classmethod
     def from_generate(cls, msg: Generate, page_tokens: int) -> Request:
-        """The request a wire ``Generate`` asks for, cut at its capture marks."""
+        """The request a wire ``Generate`` asks for, with its capture marks as capture points."""
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,

@@ -1,4 +1,4 @@
-"""A chat request's prompt: rendered, tokenized, with the capture marks the engine cuts prefill at.
+"""A chat request's prompt: rendered, tokenized, with the capture marks the engine keeps state images at.
 
     full         = render(messages, tools, add_generation_prompt=True)   -> prompt_ids
     system_end   = where the system + tools block ends in prompt_ids       (gateway.capture_marks)
