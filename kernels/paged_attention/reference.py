@@ -149,26 +149,24 @@ def decode_attention(
 ) -> torch.Tensor:
     """One query per sequence ([B, Hq, D]) over contexts of different lengths.
 
-    Vectorised over the batch: contexts are gathered to the longest one and
-    masked. A sequence of length 0 gets zeros. Returns [B, Hq, D].
+    Vectorised over the batch: contexts are gathered to the longest one (one copy of the used pages),
+    the positions past each sequence's length zeroed in that copy (the pool may hold anything there,
+    NaN included) and masked in the one fused attention call. A sequence of length 0 gets zeros.
+    Returns [B, Hq, D].
     """
     bsz, hq, d = query.shape
     page = k_cache.shape[1]
     hkv = k_cache.shape[2]
-    group = hq // hkv
     max_len = int(seq_lens.max())
     used = (max_len + page - 1) // page
     pages = page_table[:, :used].long().clamp(min=0)
-    k = k_cache[pages].reshape(bsz, used * page, hkv, d)[:, :max_len]
+    k = k_cache[pages].reshape(bsz, used * page, hkv, d)[:, :max_len]  # a copy: masked in place below
     v = v_cache[pages].reshape(bsz, used * page, hkv, d)[:, :max_len]
     valid = torch.arange(max_len, device=query.device).view(1, max_len) < seq_lens.view(bsz, 1)
-    valid4 = valid.view(bsz, max_len, 1, 1)
-    k = torch.where(valid4, k, torch.zeros((), dtype=k.dtype, device=k.device)).to(query.dtype)
-    v = torch.where(valid4, v, torch.zeros((), dtype=v.dtype, device=v.device)).to(query.dtype)
-    q = query.view(bsz, hkv, group, 1, d)
-    scores = torch.matmul(q, k.permute(0, 2, 3, 1).unsqueeze(2)) * scale  # [B, Hkv, g, 1, L]
-    scores = scores.masked_fill(~valid.view(bsz, 1, 1, 1, max_len), float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    o = torch.matmul(probs, v.permute(0, 2, 1, 3).unsqueeze(2))  # [B, Hkv, g, 1, D]
-    o = torch.where(seq_lens.view(bsz, 1, 1, 1, 1) > 0, o, torch.zeros((), dtype=o.dtype, device=o.device))
+    invalid4 = ~valid.view(bsz, max_len, 1, 1)
+    k = k.masked_fill_(invalid4, 0).to(query.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+    v = v.masked_fill_(invalid4, 0).to(query.dtype).transpose(1, 2)
+    o = F.scaled_dot_product_attention(query.view(bsz, hq, 1, d), k, v, attn_mask=valid.view(bsz, 1, 1, max_len),
+                                       scale=scale, enable_gqa=hq != hkv)  # [B, Hq, 1, D]
+    o = torch.where(seq_lens.view(bsz, 1, 1, 1) > 0, o, torch.zeros((), dtype=o.dtype, device=o.device))
     return o.reshape(bsz, hq, d)

@@ -220,3 +220,27 @@ def test_twin_tail_over_page_runs_matches_the_gathered_form(gen, n, dtype):
     assert_close(got.float(), want, TOL[dtype], f"twin tail n={n} {dtype}")
     runs = ref.page_runs([4, 5, 6, 9, 2, 3], 6 * 64 - 10, 64)
     assert runs == [(4, 3, 192), (9, 1, 64), (2, 2, 118)]
+
+
+def test_decode_twin_equals_attention_over_each_context_alone(gen):
+    """The twin against a plain softmax over each sequence's own positions: what the pool holds past a
+    length (NaN keys, infinite values) and in the pages a table names past it is never read."""
+    contexts, hq, hkv, d = [0, 70, 5, 130, 64], 4, 2, 32
+    k_cache, v_cache, table = build_pool([max(n, 1) for n in contexts], hkv, d, torch.float32, "cpu", gen)
+    for b, n in enumerate(contexts):  # poison the rest of each context's last page
+        for pos in range(n, (max(n, 1) + PAGE - 1) // PAGE * PAGE):
+            page = int(table[b, pos // PAGE])
+            k_cache[page, pos % PAGE] = float("nan")
+            v_cache[page, pos % PAGE] = float("inf")
+    query = torch.randn((len(contexts), hq, d), generator=gen)
+    lens = torch.tensor(contexts, dtype=torch.int32)
+    got = ref.decode_attention(query, k_cache, v_cache, table, lens, d ** -0.5)
+    for b, n in enumerate(contexts):
+        if n == 0:
+            assert bool((got[b] == 0).all())
+            continue
+        rows = [int(table[b, p // PAGE]) for p in range(n)]
+        k = torch.stack([k_cache[r, p % PAGE] for p, r in enumerate(rows)]).repeat_interleave(hq // hkv, 1)
+        v = torch.stack([v_cache[r, p % PAGE] for p, r in enumerate(rows)]).repeat_interleave(hq // hkv, 1)
+        probs = torch.softmax(torch.einsum("hd,nhd->hn", query[b], k) * d ** -0.5, dim=-1)
+        assert_close(got[b], torch.einsum("hn,nhd->hd", probs, v), 1e-5, f"sequence {b}")
