@@ -65,18 +65,19 @@ class StreamInbox:
     def put_nowait(self, item: tuple[str, object, object]) -> None:
         self.items.append(item)
         if self._pump is not None:
-            if not self._pump_due:
-                self._pump_due = True
-                asyncio.get_running_loop().call_soon(self._run_pump)
-            return
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+            self._schedule_pump()
+        else:
+            self.wake()
 
     def pump_with(self, pump: Callable[[], None] | None) -> None:
         """Call ``pump`` when items arrive (None: wake the waiter again); called at once if some are queued."""
         self._pump = pump
-        if pump is not None and self.items and not self._pump_due:
+        if pump is not None and self.items:
+            self._schedule_pump()
+
+    def _schedule_pump(self) -> None:
+        """Once per turn of the loop, however many items arrive in it."""
+        if not self._pump_due:
             self._pump_due = True
             asyncio.get_running_loop().call_soon(self._run_pump)
 

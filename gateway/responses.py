@@ -26,6 +26,7 @@ from ignis.gateway.stream_writer import (
     BoundedWriter,
     SseResponse,
     StreamStalled,
+    TokenCount,
     pump_deltas,
 )
 from ignis.gateway.tokenizer import TextTokenizer
@@ -33,8 +34,6 @@ from ignis.gateway.tokenizer import TextTokenizer
 log = logging.getLogger("ignis.gateway")
 
 DONE = b"data: [DONE]\n\n"
-TOKENS_PER_COUNT = 256
-"""Streamed tokens counted into the metrics at once."""
 
 
 def new_id(prefix: str) -> str:
@@ -115,14 +114,14 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes]
     Writes are coalesced: the events of every delta ready at a wake-up leave in one write (the headers
     with the first, the usage event, [DONE] and the end of the body with the last). Once the headers are
     out, the deltas are written by a pump the request's inbox calls in the turn of the loop after the
-    engine reader's (``gateway.stream_writer.pump_deltas``): no wake-up of this handler per token. ``on_tokens`` (a metrics
-    counter) is told in batches of ``TOKENS_PER_COUNT`` and once at the end, not per delta: a counter
+    engine reader's (``gateway.stream_writer.pump_deltas``): no wake-up of this handler per token.
+    ``on_tokens`` (a metrics counter) is told in batches (``TokenCount``), not per delta: a counter
     takes a lock. A client that leaves more than ``buffer_limit`` bytes unread ends the request
     (``gateway.stream_writer``; ``on_stall`` counts it)."""
     resp = SseResponse()
     await resp.prepare(request)
     writer = BoundedWriter(resp, request.transport, buffer_limit)
-    count = _TokenCount(on_tokens)
+    count = TokenCount(on_tokens)
     events = list(prelude)
     headers_sent = False
     try:
@@ -166,28 +165,8 @@ async def stream_sse(request: web.Request, gen: Generation, prelude: list[bytes]
         count.flush()
 
 
-class _TokenCount:
-    """Tokens streamed and not yet told to ``on_tokens``."""
-
-    __slots__ = ("n", "tell")
-
-    def __init__(self, tell: Callable[[int], None]):
-        self.n = 0
-        self.tell = tell
-
-    def flush_some(self) -> None:
-        """Tell once a batch has gathered."""
-        if self.n >= TOKENS_PER_COUNT:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.n:
-            self.tell(self.n)
-            self.n = 0
-
-
 def _add_events(deltas: list[ChoiceDelta], chunk_of: Callable[[ChoiceDelta], bytes | None], events: list[bytes],
-                count: _TokenCount) -> None:
+                count: TokenCount) -> None:
     for delta in deltas:
         count.n += len(delta.token_ids)
         event = chunk_of(delta)

@@ -36,12 +36,10 @@ from ignis.gateway.generation import ClientGone, Generation, Usage, api_error_of
 from ignis.gateway.generation_request import EndpointResponse
 from ignis.gateway.params import CommonParams
 from ignis.gateway.responses_output import OutputItems
-from ignis.gateway.stream_writer import BoundedWriter, StreamStalled, pump_deltas
+from ignis.gateway.stream_writer import BoundedWriter, StreamStalled, TokenCount, pump_deltas
 from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
-
-TOKENS_PER_COUNT = 256
 
 
 def event_bytes(event: dict) -> bytes:
@@ -106,7 +104,7 @@ class ResponsesResponse(EndpointResponse):
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(http)
         writer = BoundedWriter(resp, http.transport, buffer_limit)
-        counted = 0
+        count = TokenCount(on_tokens)
         try:
             start = self.response("in_progress")
             await writer.write(self._event({"type": "response.created", "response": start}) +
@@ -114,13 +112,10 @@ class ResponsesResponse(EndpointResponse):
             out: list[bytes] = []
 
             def add(deltas) -> None:
-                nonlocal counted
                 for d in deltas:
-                    counted += len(d.token_ids)
+                    count.n += len(d.token_ids)
                     out.extend(self._event(e) for e in self.items.feed(d))
-                if counted >= TOKENS_PER_COUNT:
-                    on_tokens(counted)
-                    counted = 0
+                count.flush_some()
 
             while not gen.done:  # the events of every delta ready at a wake-up leave in one write
                 add(gen.take())
@@ -155,7 +150,6 @@ class ResponsesResponse(EndpointResponse):
             except ConnectionResetError:
                 raise ClientGone() from None
         finally:
-            if counted:
-                on_tokens(counted)
+            count.flush()
         await resp.write_eof()
         return resp

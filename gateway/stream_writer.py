@@ -40,6 +40,8 @@ from ignis.gateway.generation import ClientGone, Generation
 log = logging.getLogger("ignis.gateway")
 
 DEFAULT_STREAM_BUFFER_BYTES = GatewayConfig.stream_buffer_bytes
+TOKENS_PER_COUNT = 256
+"""Streamed tokens a response gathers before it tells its metrics counter (``TokenCount``)."""
 STALLED = web.ResponseKey("stalled", bool)
 """Set on a response ended by a stall."""
 
@@ -121,6 +123,27 @@ class BoundedWriter:
             self.transport.abort()
         self.resp[STALLED] = True
         return self.resp
+
+
+class TokenCount:
+    """Tokens a response streamed and has not yet told ``tell`` (a metrics counter, which takes a lock):
+    told in batches of ``TOKENS_PER_COUNT`` and once at the end."""
+
+    __slots__ = ("n", "tell")
+
+    def __init__(self, tell: Callable[[int], None]):
+        self.n = 0
+        self.tell = tell
+
+    def flush_some(self) -> None:
+        """Tell once a batch has gathered."""
+        if self.n >= TOKENS_PER_COUNT:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.n:
+            self.tell(self.n)
+            self.n = 0
 
 
 async def pump_deltas(gen: Generation, writer: BoundedWriter, events: list[bytes],

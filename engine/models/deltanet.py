@@ -67,16 +67,20 @@ class GatedDeltaNet(nn.Module):
         t = x.shape[0]
         mixed, z, b, a = self._project(x)
         weight = self.conv1d.weight.squeeze(1)
+
+        def conv_op(inputs, state, slots, cu_seqlens):
+            return ops.causal_conv1d_varlen(inputs, weight, state, slots, cu_seqlens)
+
         nd = batch.num_decodes
         if nd == t:  # decode only: no scatter into a shared output
             conv_out = ops.causal_conv1d_update(mixed, weight, conv, batch.slots)
         elif nd == 0:  # prefill only: likewise (no copy of the whole chunk)
-            conv_out = self._conv_prefill(mixed, weight, conv, batch, ops, keep)
+            conv_out = self._over_prefill(conv_op, (mixed,), conv, mixed, batch, keep, "conv")
         else:
             conv_out = torch.empty_like(mixed)
             if nd:
                 conv_out[:nd] = ops.causal_conv1d_update(mixed[:nd], weight, conv, batch.slots[:nd])
-            conv_out[nd:] = self._conv_prefill(mixed[nd:], weight, conv, batch, ops, keep)
+            conv_out[nd:] = self._over_prefill(conv_op, (mixed[nd:],), conv, mixed[nd:], batch, keep, "conv")
         q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.hk, self.dk)
         k = k.reshape(t, self.hk, self.dk)
@@ -86,41 +90,30 @@ class GatedDeltaNet(nn.Module):
         if nd == t:
             core = ops.recurrent_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots)
         elif nd == 0:
-            core = self._delta_prefill(q, k, v, g, beta, ssm, batch, ops, keep)
+            core = self._over_prefill(ops.chunk_gated_delta_rule, (q, k, v, g, beta), ssm, v, batch, keep, "ssm")
         else:
             core = torch.empty_like(v)
             if nd:
                 core[:nd] = ops.recurrent_gated_delta_rule(
                     q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], ssm, batch.slots[:nd])
-            core[nd:] = self._delta_prefill(q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:], ssm, batch, ops, keep)
+            core[nd:] = self._over_prefill(ops.chunk_gated_delta_rule, (q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:]),
+                                           ssm, v[nd:], batch, keep, "ssm")
         core = self.norm(core, z, ops)
         return self.out_proj(core.reshape(t, -1))
 
     @staticmethod
-    def _conv_prefill(mixed, weight, conv, batch: ForwardBatch, ops, keep) -> torch.Tensor:
-        """The causal conv over the prefill rows ``mixed``: in one call, or wave by wave keeping images."""
+    def _over_prefill(op, rows: tuple, state: torch.Tensor, like: torch.Tensor, batch: ForwardBatch, keep,
+                      part: str) -> torch.Tensor:
+        """``op(*rows, state, slots, cu_seqlens)`` over the prefill rows (``rows``: its per-token inputs; the
+        output shaped as ``like``): in one call, or wave by wave, keeping this layer's ``part`` state of each
+        marked lane after its wave."""
         waves = batch.linear_waves
         if waves is None:
-            return ops.causal_conv1d_varlen(mixed, weight, conv, batch.slots[batch.num_decodes:],
-                                            batch.prefill_cu_seqlens())
-        out = torch.empty_like(mixed)
-        for wave in waves:
-            out[wave.rows] = ops.causal_conv1d_varlen(mixed[wave.rows], weight, conv, wave.slots, wave.cu_seqlens)
-            for lane, slot in wave.keeps:
-                keep("conv", lane, slot)
-        return out
-
-    @staticmethod
-    def _delta_prefill(q, k, v, g, beta, ssm, batch: ForwardBatch, ops, keep) -> torch.Tensor:
-        """The gated delta rule over the prefill rows: in one call, or wave by wave keeping images."""
-        waves = batch.linear_waves
-        if waves is None:
-            return ops.chunk_gated_delta_rule(q, k, v, g, beta, ssm, batch.slots[batch.num_decodes:],
-                                              batch.prefill_cu_seqlens())
-        out = torch.empty_like(v)
+            return op(*rows, state, batch.slots[batch.num_decodes:], batch.prefill_cu_seqlens())
+        out = torch.empty_like(like)
         for wave in waves:
             r = wave.rows
-            out[r] = ops.chunk_gated_delta_rule(q[r], k[r], v[r], g[r], beta[r], ssm, wave.slots, wave.cu_seqlens)
+            out[r] = op(*(x[r] for x in rows), state, wave.slots, wave.cu_seqlens)
             for lane, slot in wave.keeps:
-                keep("ssm", lane, slot)
+                keep(part, lane, slot)
         return out
