@@ -34,7 +34,7 @@ def perturbed(tmp_path_factory):
 
     def get(family: str, **kwargs):
         kwargs = {"layer_pattern": "interval4", "tie": False, **kwargs}
-        key = (family, tuple(sorted(kwargs.items())))
+        key = (family, repr(sorted(kwargs.items())))
         if key not in cache:
             ckpt = make_checkpoint(root, family, **kwargs)
             gen = torch.Generator().manual_seed(1)
@@ -156,6 +156,46 @@ def test_four_sequences_in_one_batch(perturbed, family):
         err = rel_err(logits[b], want[b][-1])
         print(f"{family} seq {b} rel err {err:.2e}")
         assert err < FP32_TOL
+
+
+# Miniatures of the released shapes, where they differ from the tiny default: key/value head ratios
+# of 3 and 6 (Qwen3.5-27B: 16 key and 48 value heads, 24 query and 4 KV heads), a quarter of each
+# head rotated, value and key head dims that differ, more experts per token with and without
+# renormalised routing weights, dense layers between MoE ones, a 2-tap conv, 64-wide heads.
+SHAPES = {
+    "ratios_of_27b": ("qwen3_5", dict(
+        num_attention_heads=6, num_key_value_heads=1, head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=24,
+        rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))),
+    "ratios_of_next": ("qwen3_next", dict(
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, linear_num_key_heads=1,
+        linear_num_value_heads=4, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+        moe_intermediate_size=24, shared_expert_intermediate_size=40)),
+    "sparse_step_unnormed": ("qwen3_next", dict(
+        norm_topk_prob=False, num_experts=6, num_experts_per_tok=1, decoder_sparse_step=2, mlp_only_layers=[3])),
+    "wide_heads_conv2": ("qwen3_5", dict(
+        head_dim=64, num_attention_heads=2, num_key_value_heads=2, linear_key_head_dim=64,
+        linear_value_head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2, linear_conv_kernel_dim=2,
+        rope_parameters=dict(rope_type="default", rope_theta=5e5, partial_rotary_factor=1.0))),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_released_shape_ratios_match_in_chunks_and_decode(perturbed, shape):
+    """Chunked prefill and decode steps on checkpoints shaped like the released ones."""
+    family, overrides = SHAPES[shape]
+    ckpt = perturbed(family, config_overrides=overrides)
+    model, _ = load_model(ckpt.path)
+    ids = prompt(150, 2)
+    want = reference_logits(ckpt.model, ids)
+    chunked = rel_err(run_chunked(model, new_state(model), ids, [3, 61, 1, 64], shuffled_pages(4, 1)), want)
+    state, pages, n_prompt = new_state(model), shuffled_pages(3, 2), 118
+    got = [run_chunked(model, state, ids[:n_prompt], [n_prompt], pages)[-1:]]
+    for pos in range(n_prompt, len(ids)):
+        got.append(model(ForwardBatch.build([SeqChunk([ids[pos]], pos, pages, 0)]), state))
+    decode = rel_err(torch.cat(got), want[n_prompt - 1:])
+    print(f"{shape}: chunked rel err {chunked:.2e}, decode {decode:.2e}")
+    assert chunked < FP32_TOL and decode < FP32_TOL
 
 
 @pytest.mark.parametrize("tie", [True, False])
