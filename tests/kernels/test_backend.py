@@ -120,11 +120,16 @@ TINY = {
     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
     "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
 }
+# The released models' head ratios in miniature: 3 value heads per key head, 6 query heads per KV head,
+# a quarter of each attention head rotated, key and value head dims that differ.
+RATIOS_OF_27B = dict(TINY, num_attention_heads=6, num_key_value_heads=1, head_dim=32, linear_num_key_heads=2,
+                     linear_num_value_heads=6, linear_key_head_dim=32, linear_value_head_dim=16,
+                     rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
 
 
-def tiny_model(device) -> HybridModel:
+def tiny_model(device, config: dict = TINY) -> HybridModel:
     torch.manual_seed(0)
-    model = HybridModel(config_from_dict(TINY)).to(device).eval()
+    model = HybridModel(config_from_dict(config)).to(device).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:  # norms start at identity; make every weight matter
@@ -151,8 +156,9 @@ def run_steps(model, ops, device) -> list[torch.Tensor]:
     return logits + [state.slot_ssm[1].clone(), state.slot_conv[1].clone()]
 
 
-def test_model_on_triton_forms_matches_reference(device):
-    model = tiny_model(device)
+@pytest.mark.parametrize("config", [TINY, RATIOS_OF_27B], ids=["tiny", "ratios_of_27b"])
+def test_model_on_triton_forms_matches_reference(device, config):
+    model = tiny_model(device, config)
     want = run_steps(model, REFERENCE, device)
     got = run_steps(model, triton_ops(), device)
     for step, (g, w) in enumerate(zip(got, want)):
