@@ -18,9 +18,10 @@ is on (``--speculative-tokens K``):
 3. ``rollback``: the lane's recurrent state (delta-rule and conv) went over
    all k+1 inputs. A lane that rejected a draft gets its pre-verify state back
    (``snapshot``, taken just before the forward) and re-advances over its
-   accepted inputs only, so its state equals a plain decode's. Only the
-   linear-attention layers run again, on the inputs they had in the verify
-   forward (``HybridModel.advance_linear``): causal, so the same. The KV of the
+   accepted inputs only, so its state equals a plain decode's. Only the conv
+   and delta rule of the linear-attention layers run again, on the recurrence
+   inputs they had in the verify forward (``RecurrenceInputs``, kept for the
+   drafting rows; ``HybridModel.advance_linear``): causal, so the same. The KV of the
    rejected positions is overwritten when those positions are computed again;
    the scheduler gives their whole pages back (``SequencePages.shrink_to``).
 
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.deltanet import RecurrenceInputs
 from ignis.engine.models.state import ModelState
 from ignis.engine.page_pool import PAGE_TOKENS
 from ignis.engine.sampling_steps import SamplerWorkspace
@@ -213,11 +215,11 @@ class SpecDecoder:
         return self.state.ssm[:, idx].clone(), self.state.conv[:, idx].clone()
 
     def rollback(self, lanes: list[int], saved: tuple[torch.Tensor, torch.Tensor],
-                 redo: list[tuple[SeqChunk, int]], linear_inputs: dict) -> None:
+                 redo: list[tuple[SeqChunk, int]], record: RecurrenceInputs) -> None:
         """Put the lanes of ``redo`` back to their pre-verify state (``saved``: the snapshot of
         ``lanes``), then advance them over their accepted inputs: ``redo`` holds one chunk per lane and
-        its first row in the verify forward, whose linear-attention layer inputs (``linear_inputs``)
-        are run again over those rows; attention, MLPs and the head are not."""
+        its first row in the verify forward, whose recurrence inputs (``record``) go through the conv
+        and the delta rule again; projections, attention, MLPs and the head do not run."""
         if not redo:
             return
         dev = self.state.ssm.device
@@ -229,5 +231,4 @@ class SpecDecoder:
         with torch.inference_mode():
             self.state.ssm[:, idx] = ssm[:, pick]
             self.state.conv[:, idx] = conv[:, pick]
-            self.model.advance_linear(ForwardBatch.build(chunks, dev), self.state,
-                                      {i: h[rows] for i, h in linear_inputs.items()})
+            self.model.advance_linear(ForwardBatch.build(chunks, dev), self.state, record.pick(rows))

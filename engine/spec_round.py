@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ignis.engine.forward_batch import ForwardBatch, SeqChunk
+from ignis.engine.models.deltanet import RecurrenceInputs
 from ignis.engine.schedule import RoundPlan
 from ignis.engine.spec_decode import DraftAsk, HeadCatchUp, SpecDecoder, accepted_count
 from ignis.engine.spec_sampling import processed_probs, verify_sampled
@@ -33,7 +34,7 @@ class SpecRound:
     saved: tuple | None = None  # pre-verify state of the drafting lanes (SpecDecoder.snapshot)
     saved_lanes: list[int] = field(default_factory=list)
     takes: set[str] = field(default_factory=set)  # requests whose rows the head keeps
-    linear_inputs: dict = field(default_factory=dict)  # layer -> its input [T, hidden] (for the rollback)
+    record: RecurrenceInputs | None = None  # the drafting rows' recurrence inputs (for the rollback)
     sampled_row: dict[str, int] = field(default_factory=dict)  # req_id -> its row in ``logits``
 
 
@@ -72,7 +73,10 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: d
     if drafted:
         rnd.saved_lanes = [d.lane for d in drafted]
         rnd.saved = spec.snapshot(rnd.saved_lanes)
-    logits, rnd.hidden = model.forward_hidden(batch, state, rnd.linear_inputs if drafted else None)
+        # the drafting chunks follow the plain decodes, one run of rows; only those are kept
+        rows = sum(1 + len(drafts[d.req_id]) for d in drafted)
+        rnd.record = RecurrenceInputs(slice(len(plain), len(plain) + rows))
+    logits, rnd.hidden = model.forward_hidden(batch, state, rnd.record)
     rnd.logits = logits[: len(sampled)]
     at = len(sampled)
     for d in drafted:
@@ -117,7 +121,7 @@ def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str,
                              rnd.first_row[rid]))
         row = rnd.first_row[rid]
         spec.keep(d.lane, d.position, rnd.hidden[row: row + n + 1].clone(), targets[: n + 1])
-    spec.rollback(rnd.saved_lanes, rnd.saved, redo, rnd.linear_inputs)
+    spec.rollback(rnd.saved_lanes, rnd.saved, redo, rnd.record)
     for c in plan.prefills:
         if c.req_id not in rnd.takes:
             continue

@@ -11,9 +11,17 @@ Then: depthwise causal conv + SiLU over q|k|v, L2-normalised q and k, decay
 ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, the
 gated delta rule against the lane's fp32 state, a gated RMSNorm with z, and
 out_proj.
+
+The state depends on the projections' conv input and ``a``, ``b`` alone:
+``RecurrenceInputs`` keeps those of some rows of a forward, and ``advance``
+runs the conv and the delta rule over them again (no projection, gate, norm
+or out_proj), which is how speculative decoding rolls a lane back
+(``engine.spec_decode``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -21,6 +29,23 @@ from torch import nn
 from ignis.engine.forward_batch import ForwardBatch
 from ignis.engine.models.config import ModelConfig
 from ignis.engine.models.layers import GatedRMSNorm
+
+
+@dataclass
+class RecurrenceInputs:
+    """Rows ``rows`` of one forward's recurrence inputs, per linear-attention layer index:
+    ``(mixed [R, conv_dim], b [R, Hv], a [R, Hv])``, copies (they do not hold the forward's tensors)."""
+
+    rows: slice
+    layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def add(self, layer: int, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> None:
+        self.layers[layer] = tuple(x[self.rows].clone() for x in (mixed, b, a))
+
+    def pick(self, rows: torch.Tensor) -> dict[int, tuple[torch.Tensor, ...]]:
+        """Each layer's inputs at forward rows ``rows`` (absolute, inside ``self.rows``)."""
+        at = rows - self.rows.start
+        return {i: tuple(x[at] for x in inputs) for i, inputs in self.layers.items()}
 
 
 class GatedDeltaNet(nn.Module):
@@ -60,12 +85,27 @@ class GatedDeltaNet(nn.Module):
         return mixed, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, ssm: torch.Tensor, conv: torch.Tensor,
-                ops, keep=None) -> torch.Tensor:
+                ops, keep=None, record=None) -> torch.Tensor:
         """x: [T, hidden]; ssm [lanes, Hv, Dk, Dv] and conv [lanes, C, K-1] are this layer's state.
         ``keep(part, lane, slot)``: copies this layer's ``"conv"`` or ``"ssm"`` state of ``lane`` into a
-        retained slot (what ``batch.linear_waves`` keep part way through a chunk)."""
+        retained slot (what ``batch.linear_waves`` keep part way through a chunk). ``record(mixed, b, a)``:
+        given the recurrence inputs (``RecurrenceInputs.add``)."""
         t = x.shape[0]
         mixed, z, b, a = self._project(x)
+        if record is not None:
+            record(mixed, b, a)
+        core = self._recur(mixed, b, a, batch, ssm, conv, ops, keep)
+        core = self.norm(core, z, ops)
+        return self.out_proj(core.reshape(t, -1))
+
+    def advance(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, batch: ForwardBatch,
+                ssm: torch.Tensor, conv: torch.Tensor, ops) -> None:
+        """Advance the states of ``batch``'s lanes over recorded recurrence inputs (``RecurrenceInputs``)."""
+        self._recur(mixed, b, a, batch, ssm, conv, ops, None)
+
+    def _recur(self, mixed, b, a, batch: ForwardBatch, ssm, conv, ops, keep) -> torch.Tensor:
+        """The conv, gating and delta rule over the rows: advances the states; -> the core output [T, Hv, Dv]."""
+        t = mixed.shape[0]
         weight = self.conv1d.weight.squeeze(1)
 
         def conv_op(inputs, state, slots, cu_seqlens):
@@ -98,8 +138,7 @@ class GatedDeltaNet(nn.Module):
                     q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], ssm, batch.slots[:nd])
             core[nd:] = self._over_prefill(ops.chunk_gated_delta_rule, (q[nd:], k[nd:], v[nd:], g[nd:], beta[nd:]),
                                            ssm, v[nd:], batch, keep, "ssm")
-        core = self.norm(core, z, ops)
-        return self.out_proj(core.reshape(t, -1))
+        return core
 
     @staticmethod
     def _over_prefill(op, rows: tuple, state: torch.Tensor, like: torch.Tensor, batch: ForwardBatch, keep,

@@ -18,7 +18,7 @@ from ignis.engine.forward_batch import ForwardBatch
 from ignis.engine.models.attention import GatedAttention
 from ignis.engine.models.config import ModelConfig
 from ignis.engine.models.decoder_parts import add_mlp_and_norms
-from ignis.engine.models.deltanet import GatedDeltaNet
+from ignis.engine.models.deltanet import GatedDeltaNet, RecurrenceInputs
 from ignis.engine.models.layers import PartialRotary, ZeroCenteredRMSNorm, embedding
 from ignis.engine.models.state import ModelState
 from ignis.engine.models.vision import VisionTower
@@ -64,12 +64,12 @@ class HybridModel(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    def body(self, batch: ForwardBatch, state: ModelState, linear_inputs: dict | None = None) -> torch.Tensor:
+    def body(self, batch: ForwardBatch, state: ModelState, record: RecurrenceInputs | None = None) -> torch.Tensor:
         """Hidden states of every token after the last layer, before the final norm [T, hidden].
 
         Each residual add runs fused with the norm after it (``ZeroCenteredRMSNorm.add``):
-        the residual stream ``x`` is updated by the op that normalises it. ``linear_inputs``: filled
-        with each linear-attention layer's input [T, hidden] by its layer index (``advance_linear``).
+        the residual stream ``x`` is updated by the op that normalises it. ``record``: given each
+        linear-attention layer's recurrence inputs of its rows (``advance_linear``).
         """
         ops = self._ops(batch.input_ids.device)
         x = self.embed_tokens(batch.input_ids)
@@ -89,22 +89,21 @@ class HybridModel(nn.Module):
                 h = layer.self_attn(h, batch, cos_sin, state.kv[self._full_slot[i]], ops)
             else:
                 j = self._linear_slot[i]
-                if linear_inputs is not None:
-                    linear_inputs[i] = h
-                h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops, _keeper(batch, state, j))
+                h = layer.linear_attn(h, batch, state.ssm[j], state.conv[j], ops, _keeper(batch, state, j),
+                                      None if record is None else functools.partial(record.add, i))
             x, h = layer.post_attention_layernorm.add(h, x, ops)
             out = layer.mlp(h, ops)
         return x if out is None else x + out
 
     @torch.inference_mode()
-    def advance_linear(self, batch: ForwardBatch, state: ModelState, linear_inputs: dict) -> None:
+    def advance_linear(self, batch: ForwardBatch, state: ModelState, inputs: dict) -> None:
         """Advance the recurrent and conv states of ``batch``'s lanes over its tokens, given each
-        linear-attention layer's inputs for them (rows of an earlier ``body``'s ``linear_inputs``):
-        the state part of a forward without its attention, MLPs or head."""
+        linear-attention layer's recurrence inputs for them (``RecurrenceInputs.pick`` of an earlier
+        ``body``'s record): the conv and delta rule alone, no projection, attention, MLP or head."""
         ops = self._ops(batch.input_ids.device)
-        for i, h in sorted(linear_inputs.items()):
+        for i, (mixed, b, a) in sorted(inputs.items()):
             j = self._linear_slot[i]
-            self.layers[i].linear_attn(h, batch, state.ssm[j], state.conv[j], ops, _keeper(batch, state, j))
+            self.layers[i].linear_attn.advance(mixed, b, a, batch, state.ssm[j], state.conv[j], ops)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [R, vocab] of R rows of hidden states: the final norm and the LM head."""
@@ -112,10 +111,10 @@ class HybridModel(nn.Module):
 
     @torch.inference_mode()
     def forward_hidden(self, batch: ForwardBatch, state: ModelState,
-                       linear_inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       record: RecurrenceInputs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the ``batch.logits_indices`` rows and the final-normed hidden states of every
         token [T, hidden] (what the multi-token-prediction head takes in, ``engine.spec_decode``)."""
-        normed = self.norm(self.body(batch, state, linear_inputs), self._ops(batch.input_ids.device))
+        normed = self.norm(self.body(batch, state, record), self._ops(batch.input_ids.device))
         return torch.nn.functional.linear(normed[batch.logits_indices], self.head_weight()), normed
 
     @torch.inference_mode()
