@@ -23,7 +23,7 @@ On CUDA a round of decode steps only replays a captured graph
 (``engine.decode_graphs``) instead of launching the forward op by op.
 
 With a drafter (``use_drafter``, ``--speculative-tokens``), a round where a
-request that can speculate (unpenalised, no grammar) takes part runs
+request that can speculate (no penalties, logit bias, min_tokens or grammar) takes part runs
 through ``engine.spec_round``: drafts, one verify forward, then acceptance
 after the usual sampling; ``RoundResult.extra`` carries the accepted tokens,
 and a request that asked for logprobs gets one per token of the round, each
@@ -59,6 +59,7 @@ class ModelRunner:
         # None: the model takes no images
         self.images = ImageEncoder(model.vision, image_cache_bytes) if model.vision is not None else None
         self.grammars = grammars  # None: this model takes no grammars
+        self.eos_token_ids = tuple(model.cfg.eos_token_ids)  # what min_tokens holds back (the scheduler's ends)
         self.state = state
         self.device = torch.device(device)
         self.samplers: dict[str, SamplerState] = {}
@@ -78,10 +79,10 @@ class ModelRunner:
         self.spec = spec
 
     def speculates(self, req_id: str) -> bool:
-        """``req_id`` drafts when a drafter is in use: unpenalised and unconstrained (a sampled request's
+        """``req_id`` drafts when a drafter is in use: its logits unadjusted and unconstrained (a sampled request's
         drafts are verified by rejection sampling, ``engine.spec_sampling``)."""
         st = self.samplers.get(req_id)
-        return (self.spec is not None and st is not None and not st.penalised
+        return (self.spec is not None and st is not None and not st.adjusted
                 and not (self.grammars is not None and req_id in self.grammars.matchers))
 
     def warm_up(self) -> None:
@@ -143,7 +144,8 @@ class ModelRunner:
                 self.state.load_image(s.restore_slot, s.lane)
             if s.req_id not in self.samplers or not s.generated:
                 try:
-                    self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids))
+                    self.samplers[s.req_id] = SamplerState.from_params(s.sampling, list(s.prompt_ids),
+                                                                       self.eos_token_ids)
                 except Exception:  # its rows fail alone when sampled (engine.row_sampling)
                     log.exception("request %s: its sampler could not be set up", s.req_id)
                     self.samplers.pop(s.req_id, None)
@@ -221,7 +223,7 @@ class ModelRunner:
         states = [self.samplers.get(i) for i in ids]
         wants = [self.want_logprobs.get(i) for i in ids]
         if self.greedy_on_device and all(w is None for w in wants) and all(
-                st is not None and st.greedy and not st.penalised for st in states):
+                st is not None and st.greedy and not st.adjusts_now for st in states):
             tokens = picked.argmax(-1).tolist()  # the first largest entry, as the host sampler picks it
             for st, token in zip(states, tokens):
                 st.record(token)

@@ -7,10 +7,14 @@ the batch around it, so a seeded request is reproducible across runs and
 batch mixes, and its generator state can be saved and restored with the rest
 of the sequence state (``snapshot`` / ``restore``).
 
-Penalties follow the usual server conventions: repetition (divide positive
-logits, multiply negative ones) over prompt and output tokens; presence and
-frequency (subtract) over output tokens only. Logprobs are those of the raw
-model distribution, before penalties and temperature; where the logits come
+Before the filters a row may be adjusted, in this order: the request's
+``logit_bias`` is added; penalties follow the usual server conventions:
+repetition (divide positive logits, multiply negative ones) over prompt and
+output tokens, presence and frequency (subtract) over output tokens only;
+while fewer than ``min_tokens`` tokens are out, the stop ids (``stop_token_ids``,
+and the model's end-of-sequence ids unless ``ignore_eos``) are set to -inf.
+Logprobs are those of the raw model distribution, before any of that and
+temperature; where the logits come
 masked (a grammar's disallowed tokens at -inf, ``grammar_lanes.py``) that is
 the masked distribution, and tokens at -inf are never listed as alternatives.
 
@@ -41,6 +45,8 @@ class SamplerState:
     generator: torch.Generator = field(default=None, repr=False)
     prompt_tokens: set = field(default_factory=set, repr=False)
     output_counts: dict = field(default_factory=dict, repr=False)
+    produced: int = 0  # output tokens so far
+    held_ids: tuple = ()  # ids held back until min_tokens are out (stop ids and, unless ignore_eos, EOS ids)
 
     def __post_init__(self):
         if self.generator is None:
@@ -49,10 +55,13 @@ class SamplerState:
             self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
 
     @classmethod
-    def from_params(cls, params: SamplingParams, prompt: list[int]) -> "SamplerState":
+    def from_params(cls, params: SamplingParams, prompt: list[int], eos_ids: tuple[int, ...] = ()) -> "SamplerState":
+        """``eos_ids``: the model's end-of-sequence ids (what ``min_tokens`` holds back with the stop ids)."""
         state = cls(params)
         if params.repetition_penalty != 1.0:
             state.prompt_tokens = set(prompt)
+        if params.min_tokens:
+            state.held_ids = tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))))
         return state
 
     @property
@@ -64,19 +73,45 @@ class SamplerState:
         return (self.params.presence_penalty != 0.0 or self.params.frequency_penalty != 0.0
                 or self.params.repetition_penalty != 1.0)
 
+    @property
+    def adjusted(self) -> bool:
+        """The request's settings change logits at some step: penalties, a logit bias or ``min_tokens``."""
+        return self.penalised or bool(self.params.logit_bias) or self.params.min_tokens > 0
+
+    @property
+    def adjusts_now(self) -> bool:
+        """The next row is adjusted before it is sampled (``min_tokens`` counts only until they are out)."""
+        return (self.penalised or bool(self.params.logit_bias)
+                or (bool(self.held_ids) and self.produced < self.params.min_tokens))
+
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
+        self.produced += 1
 
     def snapshot(self) -> dict:
         """Everything needed to resume sampling bit-exact."""
         return {
             "rng": self.generator.get_state().clone(),
             "output_counts": dict(self.output_counts),
+            "produced": self.produced,
         }
 
     def restore(self, snap: dict) -> None:
         self.generator.set_state(snap["rng"])
         self.output_counts = dict(snap["output_counts"])
+        self.produced = snap["produced"]
+
+
+def _adjust(row: torch.Tensor, st: SamplerState) -> None:
+    """The request's logit bias, penalties and ``min_tokens`` hold, in place."""
+    bias = st.params.logit_bias
+    if bias:
+        idx = torch.tensor([t for t, _ in bias], dtype=torch.long, device=row.device)
+        row.index_add_(0, idx, torch.tensor([b for _, b in bias], dtype=row.dtype, device=row.device))
+    if st.penalised:
+        _apply_penalties(row, st)
+    if st.held_ids and st.produced < st.params.min_tokens:
+        row.index_fill_(0, torch.tensor(st.held_ids, dtype=torch.long, device=row.device), float("-inf"))
 
 
 def _apply_penalties(row: torch.Tensor, st: SamplerState) -> None:
@@ -95,14 +130,15 @@ def _apply_penalties(row: torch.Tensor, st: SamplerState) -> None:
 
 def sample_row(logits: torch.Tensor, st: SamplerState, ws: SamplerWorkspace | None = None) -> int:
     """Sample one token from one row of fp32 logits [V] on the CPU; ``logits`` is left as it was."""
-    if st.greedy and not st.penalised:
+    adjust = st.adjusts_now
+    if st.greedy and not adjust:
         return first_max(logits)
     if ws is None or ws.vocab != logits.shape[-1]:
         ws = SamplerWorkspace(logits.shape[-1])
     row = ws.row
     row.copy_(logits)
-    if st.penalised:
-        _apply_penalties(row, st)
+    if adjust:
+        _adjust(row, st)
     if st.greedy:
         return first_max(row)
     kept = filter_row(row, st.params, ws)
@@ -125,7 +161,7 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs
     """
     logits = logits.float()  # no copy when already fp32
     vocab = logits.shape[-1]
-    plain_greedy = all(st.greedy and not st.penalised for st in states)
+    plain_greedy = all(st.greedy and not st.adjusts_now for st in states)
     ws = workspace
     if (not plain_greedy or any(w is not None for w in want_logprobs)) and (ws is None or ws.vocab != vocab):
         ws = SamplerWorkspace(vocab)

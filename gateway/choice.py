@@ -6,8 +6,10 @@ Pipeline per token, in stream order::
        └── token_ids / logprobs recorded up to the token that completed a stop string
 
 The stop token of a user's ``stop_token_ids`` is kept in ``token_ids`` but its
-text is not rendered (like vLLM). Synchronous and pure: the HTTP layer feeds
-it ``StreamTokens`` and sends what comes out.
+text is not rendered (like vLLM). With ``min_tokens``, stop strings are looked
+for only in the text of the tokens after the first ``min_tokens`` (the engine
+holds back stop ids and end-of-sequence until then). Synchronous and pure:
+the HTTP layer feeds it ``StreamTokens`` and sends what comes out.
 """
 
 from __future__ import annotations
@@ -56,12 +58,13 @@ class ChoiceState:
     """Tracks one choice; ``feed`` per engine batch, ``finish`` once at the end."""
 
     def __init__(self, index: int, tokenizer: TextTokenizer, *, stops: tuple[str, ...] = (),
-                 stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None):
+                 stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None, min_tokens: int = 0):
         self.index = index
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(stops)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.parser = parser
+        self.unmatched = min_tokens if stops else 0  # tokens whose text no stop string is looked for in
         self.token_ids: list[int] = []
         self.finished = False
         self._plain = not stops and not stop_token_ids and parser is None
@@ -115,7 +118,10 @@ class ChoiceState:
             if token in stop_ids:
                 continue
             text = self.detok.push((token,))
-            if text:
+            if self.unmatched:
+                self.unmatched -= 1
+                text_parts.append(text)
+            elif text:
                 text_parts.append(self.stops.push(text))
                 if self.stops.stopped:
                     return True

@@ -119,7 +119,8 @@ class GenerationRequest:
             body = translate(body)
         f = Fields(body)
         p = parse_common(f, http.headers, kind)
-        return cls(http, gw.select(p.model), f, p, started)
+        served = gw.select(p.model)
+        return cls(http, served, f, p.for_vocabulary(f, served.tokenizer.vocab_size), started)
 
     async def answer(self, endpoint: str, rid: str, prompt_ids: list[int], max_tokens: int,
                      response: EndpointResponse, *, marks: dict | None = None,
@@ -134,7 +135,7 @@ class GenerationRequest:
                          cache_family=p.cache_family, images=images, **(marks or {}))
                 for i in range(p.n)]
         choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
-                               parser=parser() if parser is not None else None)
+                               parser=parser() if parser is not None else None, min_tokens=p.min_tokens)
                    for i in range(p.n)]
         gw.metrics.active.inc()
         try:

@@ -4,8 +4,10 @@
 ``sampling_for(params, max_tokens, i)`` builds the ``SamplingParams`` of choice
 ``i`` (its seed is ``seed + i``). Ranges follow OpenAI's API (temperature in
 [0, 2], presence/frequency penalties in [-2, 2], at most 4 stop strings, n up to
-8, top_logprobs up to 20) plus vLLM's extensions (top_k with -1 or 0 for off,
-min_p, repetition_penalty, ignore_eos, stop_token_ids, return_token_ids).
+8, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
+extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
+ignore_eos, stop_token_ids, return_token_ids). Token ids are checked against
+the served model's vocabulary once the model is known (``for_vocabulary``).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
 or "agent", else the ``X-Ignis-Request-Class`` header, else interactive.
 ``prompt_cache_key`` (OpenAI's, at most 1,024 characters) puts the request in
@@ -19,14 +21,22 @@ of an active family above idle ones; reuse itself stays by content.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.response_format import parse_response_format
-from ignis.shared.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, SamplingParams
+from ignis.shared.sampling import (
+    LOGIT_BIAS_LIMIT,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+)
 from ignis.shared.wire import REQUEST_CLASSES
+from ignis.shared.wire_fields import MAX_TOKEN_ID
 
 MAX_N = 8
 MAX_STOPS = 4
@@ -60,6 +70,19 @@ class CommonParams:
     request_class: str
     grammar: str | None = None
     cache_family: str | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+
+    def for_vocabulary(self, f: Fields, vocab_size: int) -> CommonParams:
+        """These params for a model of ``vocab_size`` token ids: ``logit_bias`` and ``stop_token_ids`` ids
+        it does not have are refused; a ``top_k`` of the vocabulary or more keeps every token (off)."""
+        if self.logit_bias and self.logit_bias[-1][0] >= vocab_size:
+            raise f.error("logit_bias", f"token id {self.logit_bias[-1][0]} is outside the vocabulary "
+                                        f"(size {vocab_size})")
+        bad = next((t for t in self.stop_token_ids if t >= vocab_size), None)
+        if bad is not None:
+            raise f.error("stop_token_ids", f"token id {bad} is outside the vocabulary (size {vocab_size})")
+        return dataclasses.replace(self, top_k=0) if self.top_k >= vocab_size else self
 
 
 def _stops(f: Fields) -> tuple[str, ...]:
@@ -117,10 +140,30 @@ def _logprobs(f: Fields, kind: str) -> tuple[bool, int]:
     return want, top
 
 
+def _logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` object as ascending ``(id, bias)`` pairs."""
+    value = f.raw("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise f.error("logit_bias", "must be an object mapping token ids to biases")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise f.error("logit_bias", f"has {len(value)} entries, at most {MAX_LOGIT_BIAS} allowed")
+    pairs = {}
+    for key, bias in value.items():
+        key_text = key.strip()
+        if not key_text.isascii() or not key_text.isdigit() or len(key_text) > 10:
+            raise f.error("logit_bias", f"keys must be token ids, got {key[:40]!r}")
+        if type(bias) not in (int, float) or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            raise f.error("logit_bias", f"the bias of {key_text} must be a number in [-100, 100], got {bias!r}")
+        token = int(key_text)
+        if token in pairs:
+            raise f.error("logit_bias", f"token id {token} is given twice")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
 def _unsupported(f: Fields) -> None:
-    bias = f.raw("logit_bias")
-    if bias not in (None, {}):
-        raise f.error("logit_bias", "is not supported")
     best_of = f.int("best_of", None, 1)
     if best_of is not None and best_of != f.int("n", 1):
         raise f.error("best_of", "is not supported (other than equal to n)")
@@ -138,7 +181,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         max_tokens = f.int("max_completion_tokens", None, 1)
     else:
         max_tokens = f.int("max_tokens", None, 1)
-    top_k = f.int("top_k", 0, -1)
+    top_k = min(f.int("top_k", 0, -1), MAX_TOKEN_ID)  # past the vocabulary: off (``for_vocabulary``)
     stop_ids = f.list("stop_token_ids", max_items=MAX_STOP_TOKEN_IDS) or []
     if any(type(t) is not int or t < 0 for t in stop_ids):
         raise f.error("stop_token_ids", "must be an array of token ids")
@@ -146,6 +189,11 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
     grammar = parse_response_format(f)
     if grammar is not None and f.bool("ignore_eos"):
         raise f.error("ignore_eos", "cannot be combined with a JSON response_format")
+    min_tokens = f.int("min_tokens", 0, 0)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise f.error("min_tokens", f"must be at most max_tokens ({max_tokens}), got {min_tokens}")
+    if grammar is not None and min_tokens:
+        raise f.error("min_tokens", "cannot be combined with a JSON response_format (the grammar decides the end)")
     return CommonParams(
         model=f.str("model", None, max_chars=256),
         stream=stream,
@@ -169,16 +217,25 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         request_class=_request_class(f, headers),
         grammar=grammar,
         cache_family=_cache_family(f, headers),
+        logit_bias=_logit_bias(f),
+        min_tokens=min_tokens,
     )
 
 
 def sampling_for(p: CommonParams, max_tokens: int, index: int) -> SamplingParams:
     """Choice ``index``'s sampling parameters."""
     seed = None if p.seed is None else (p.seed + index) % (MAX_SEED + 1)
+    try:
+        return _sampling(p, max_tokens, seed)
+    except (TypeError, ValueError) as e:  # every field was checked above: this is a gap in those checks
+        raise invalid(f"sampling parameters: {e}", None) from None
+
+
+def _sampling(p: CommonParams, max_tokens: int, seed: int | None) -> SamplingParams:
     return SamplingParams(
         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
         presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
         repetition_penalty=p.repetition_penalty, seed=seed, max_tokens=max_tokens,
         stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
-        top_logprobs=p.top_logprobs,
+        top_logprobs=p.top_logprobs, logit_bias=p.logit_bias, min_tokens=min(p.min_tokens, max_tokens),
     )

@@ -3,7 +3,8 @@
 One frozen dataclass; every field is checked when it is built, with the same
 limits whether it comes from the gateway's own code or off the wire. Disabled
 filters have neutral values: ``top_p = 1``, ``top_k = 0``, ``min_p = 0``,
-penalties 0 (presence, frequency) and 1 (repetition). ``n`` is not here: the
+penalties 0 (presence, frequency) and 1 (repetition), no logit bias,
+``min_tokens = 0``. ``n`` is not here: the
 gateway fans a request with several choices out into one stream per choice.
 
 No torch.
@@ -24,6 +25,8 @@ from ignis.shared.wire_fields import (
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # entries
+LOGIT_BIAS_LIMIT = 100.0  # |bias|, as OpenAI's API bounds it
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,12 @@ class SamplingParams:
     """Return the chosen tokens' log probabilities."""
     top_logprobs: int = 0
     """Also return this many most likely alternatives per token, in [0, 20]; needs logprobs."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """``(token id, bias)`` pairs, ids ascending and distinct, each bias in [-100, 100]: added to those
+    logits before penalties, temperature and the filters (logprobs stay the raw model's)."""
+    min_tokens: int = 0
+    """No end-of-sequence token (unless ``ignore_eos``) and no ``stop_token_ids`` before this many output
+    tokens, in [0, max_tokens]."""
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -78,7 +87,27 @@ class SamplingParams:
         check_int("top_logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        set_(self, "logit_bias", check_logit_bias(self.logit_bias))
+        check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def check_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """``(token id, bias)`` pairs with ascending distinct ids and biases in [-100, 100]; floats widened."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"logit_bias must be a list of [token id, bias] pairs, got {type(value).__name__}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias has {len(value)} entries, at most {MAX_LOGIT_BIAS} allowed")
+    out, last = [], -1
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"logit_bias[{i}] must be a [token id, bias] pair")
+        token = check_token_ids(f"logit_bias[{i}]", (pair[0],))[0]
+        if token <= last:
+            raise ValueError(f"logit_bias ids must be ascending and distinct, got {token} after {last}")
+        out.append((token, check_float(f"logit_bias[{i}]", pair[1], -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)))
+        last = token
+    return tuple(out)

@@ -73,10 +73,10 @@ def test_a_failing_sampler_ends_only_its_request(model):
 def test_a_sampler_that_cannot_be_set_up_ends_only_its_request(model, monkeypatch):
     real = SamplerState.from_params.__func__
 
-    def from_params(cls, params, prompt_ids):
+    def from_params(cls, params, prompt_ids, eos_ids=()):
         if len(prompt_ids) == 90:
             raise ValueError("bad sampling parameters")
-        return real(cls, params, prompt_ids)
+        return real(cls, params, prompt_ids, eos_ids)
 
     monkeypatch.setattr(SamplerState, "from_params", classmethod(from_params))
     eng = Engine(model, reuse=False)

@@ -53,3 +53,30 @@ def test_a_seed_reproduces_and_a_snapshot_resumes_the_same_draws():
     a.restore(snap)
     assert later == [sample_batch(logits.clone(), [a], [None])[0][0] for _ in range(5)]
     assert len(set(first + later)) > 1  # it does draw
+
+
+def test_logit_bias_is_added_before_the_pick_and_logprobs_stay_raw():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0]])
+    st = state(temperature=0, logit_bias=((1, 1.5), (3, 100.0)))
+    tokens, lps = sample_batch(logits.clone(), [st], [2])
+    assert tokens == [3]  # 0.0 + 100 beats 2.0, and 1.0 + 1.5 too
+    assert abs(lps[0].token_logprob - float(torch.log_softmax(logits[0], -1)[3])) < 1e-6
+    assert [t for t, _ in lps[0].top] == [0, 1]  # the raw distribution's order
+    banned = state(temperature=1.0, seed=3, logit_bias=((0, -100.0), (1, -100.0)))
+    assert all(sample_batch(logits.clone(), [banned], [None])[0][0] in (2, 3) for _ in range(50))
+    assert state(temperature=0, logit_bias=((0, -1.5),)).adjusted
+
+
+def test_min_tokens_holds_back_stop_and_eos_ids_until_they_are_out():
+    logits = torch.tensor([[0.0, 1.0, 5.0, 4.0]])  # 2 is EOS, 3 a stop id, 1 the best of the rest
+    st = SamplerState.from_params(SamplingParams(temperature=0, min_tokens=2, max_tokens=8, stop_token_ids=(3,)),
+                                  [], eos_ids=(2,))
+    picks = [sample_batch(logits.clone(), [st], [None])[0][0] for _ in range(3)]
+    assert picks == [1, 1, 2] and st.produced == 3 and not st.adjusts_now
+    free = SamplerState.from_params(SamplingParams(temperature=0, min_tokens=2, max_tokens=8, ignore_eos=True,
+                                                   stop_token_ids=(3,)), [], eos_ids=(2,))
+    assert free.held_ids == (3,) and sample_batch(logits.clone(), [free], [None])[0] == [2]
+    snap = st.snapshot()
+    st.record(0)
+    st.restore(snap)
+    assert st.produced == 3

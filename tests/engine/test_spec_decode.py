@@ -72,6 +72,21 @@ def test_fitted_head_accepts_long_runs_and_output_is_plain_decode(fitted, family
         assert sum(accepted) / len(accepted) > 0.5 * k, f"K={k}: mean accepted {sum(accepted) / len(accepted)}"
 
 
+@pytest.mark.parametrize("adjusted", [{"logit_bias": ((5, 2.5), (9, -100.0))}, {"min_tokens": 20},
+                                      {"presence_penalty": 0.5}])
+def test_requests_whose_logits_are_adjusted_step_plainly_with_plain_output(fitted, adjusted):
+    """A logit bias, min_tokens or a penalty changes the logits the head's drafts would be checked against:
+    such requests decode a token per step beside drafting ones, and their output is plain decode's."""
+    path, ps = fitted("qwen3_5")
+    model, head = load(path)
+    sampling = {**GREEDY, **adjusted}
+    want, _ = generate(model, head, ps[:3], k=0, max_tokens=30, sampling=sampling)
+    got, accepted = generate(model, head, ps[:3], k=2, max_tokens=30, sampling=sampling)
+    assert got == want and accepted == []
+    _, accepted = generate(model, head, ps[:3], k=2, max_tokens=30, sampling=GREEDY)
+    assert accepted  # the same prompts draft without the adjustment
+
+
 @pytest.mark.parametrize("sampling", [dict(GREEDY), {"temperature": 0.7, "seed": 11}])
 def test_requests_with_logprobs_draft_and_report_plain_decodes_logprobs(fitted, sampling):
     """Logprobs requests draft too: one logprob per token, from the verify row that decided it. Greedy:

@@ -3,7 +3,10 @@
 The demo checkpoint is loaded with ``AutoModelForCausalLM`` in fp32 and
 ``generate(do_sample=False)`` runs on the prompt ids the server reports
 (``return_token_ids``); the server runs with ``ignore_eos`` and the reference is
-compared up to its first end-of-sequence token (the demo's eos ids are 2 and 0).
+compared up to its first end-of-sequence token (the demo's generation config
+names two). ``logit_bias`` and ``min_tokens`` are checked against transformers'
+``sequence_bias`` and ``min_new_tokens`` on the same prompt, with the server
+stopping at end-of-sequence as it does by default.
 The demo's embedding table is wider than its tokenizer (ids past the
 vocabulary are padding); the engine never samples those, so the reference
 suppresses them too.
@@ -11,10 +14,14 @@ suppresses them too.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from ignis.shared.demo import ensure_demo_model
+
 N = 20
-EOS = (2, 0)
+EOS = tuple(json.loads((ensure_demo_model() / "generation_config.json").read_text())["eos_token_id"])
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +32,14 @@ def hf_model(demo_dir):
     return model.eval()
 
 
-def reference(model, prompt_ids, vocab_size, n=N):
+def reference(model, prompt_ids, vocab_size, n=N, **generate):
     import torch
 
     padding = list(range(vocab_size, model.config.vocab_size))
+    generate = {"eos_token_id": None, **generate}
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, eos_token_id=None,
-                             pad_token_id=0, suppress_tokens=padding or None)
+        out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=n, pad_token_id=0,
+                             suppress_tokens=padding or None, **generate)
     tokens = out[0, len(prompt_ids):].tolist()
     for i, t in enumerate(tokens):
         if t in EOS:
@@ -65,3 +73,21 @@ def test_completion_greedy_matches_transformers(client, server, hf_model, demo_t
     r = client.completions.create(model=server.model, prompt=ids, temperature=0, max_tokens=N,
                                   extra_body={"ignore_eos": True, "return_token_ids": True})
     assert upto_eos(r.choices[0].model_extra["token_ids"]) == reference(hf_model, ids, demo_tokenizer.vocab_size)
+
+
+def test_logit_bias_and_min_tokens_match_transformers(client, server, hf_model, demo_tokenizer):
+    """A bias pushes EOS to the top: it ends the output at once, unless min_tokens holds it back
+    that many tokens; other biases reorder the greedy picks."""
+    ids = demo_tokenizer.encode("Once upon a time")
+    vocab = demo_tokenizer.vocab_size
+    plain = reference(hf_model, ids, vocab)
+    bias = {EOS[0]: 100.0, plain[0]: -100.0, plain[1]: 3.0, 1000: 2.5}
+    for min_tokens in (0, 6):
+        r = client.completions.create(model=server.model, prompt=ids, temperature=0, max_tokens=N,
+                                      extra_body={"logit_bias": {str(t): b for t, b in bias.items()},
+                                                  "min_tokens": min_tokens, "return_token_ids": True})
+        served = r.choices[0].model_extra["token_ids"]
+        want = reference(hf_model, ids, vocab, sequence_bias={(t,): b for t, b in bias.items()},
+                         min_new_tokens=min_tokens, eos_token_id=list(EOS))
+        assert served == want and len(served) == min_tokens + 1 and served[-1] == EOS[0]
+        assert r.choices[0].finish_reason == "stop"

@@ -102,6 +102,19 @@ def test_choice_stop_string_cuts_tokens_and_text(demo_tokenizer):
     assert "mma d" in demo_tokenizer.decode(kept) and "mma d" not in demo_tokenizer.decode(kept[:-1])
 
 
+def test_choice_with_min_tokens_looks_for_stop_strings_only_after_them(demo_tokenizer):
+    ids = demo_tokenizer.encode("ab ab ab ab")
+    assert len(ids) >= 4
+    at = [demo_tokenizer.decode(ids[:i + 1]).count("ab") for i in range(len(ids))]
+    first_after = next(i for i in range(3, len(ids)) if at[i] > at[2])  # the first "ab" past 3 tokens
+    state, deltas = feed_tokens(demo_tokenizer, ids, stops=("ab",), min_tokens=3)
+    assert deltas[-1].finish_reason == "stop"
+    assert state.token_ids == ids[:first_after + 1]
+    assert join(deltas, "content") == demo_tokenizer.decode(ids[:first_after + 1]).rsplit("ab", 1)[0]
+    _, plain = feed_tokens(demo_tokenizer, ids, stops=("ab",))
+    assert join(plain, "content") == ""
+
+
 def test_choice_user_stop_token_is_kept_but_not_rendered(demo_tokenizer):
     stop_id = demo_tokenizer.token_id("</tool_call>")
     ids = demo_tokenizer.encode("abc") + [stop_id]

@@ -82,3 +82,37 @@ def test_messages_keep_only_what_templates_read():
     assert not last_is_user(msgs)
     wrapped = [{"role": "user", "content": "<tool_response>\nx\n</tool_response>"}]
     assert not last_is_user(wrapped) and last_is_user([{"role": "user", "content": "hi"}])
+
+
+def test_logit_bias_becomes_ascending_pairs_and_min_tokens_passes_on():
+    p = common(logit_bias={"17": 5, "3": -100, " 9": 0.5}, min_tokens=2, max_tokens=4)
+    assert p.logit_bias == ((3, -100.0), (9, 0.5), (17, 5.0)) and p.min_tokens == 2
+    s = sampling_for(p, 4, 0)
+    assert s.logit_bias == p.logit_bias and s.min_tokens == 2
+    assert sampling_for(common(min_tokens=50), 10, 0).min_tokens == 10  # the default max_tokens caps it
+    assert common(logit_bias={}).logit_bias == ()
+    assert p.for_vocabulary(Fields({}), 18) is p
+    with pytest.raises(ApiError, match="token id 17 is outside the vocabulary"):
+        p.for_vocabulary(Fields({}), 17)
+    with pytest.raises(ApiError, match="token id 40 is outside the vocabulary"):
+        common(stop_token_ids=[3, 40]).for_vocabulary(Fields({}), 40)
+    assert common(top_k=2**40).for_vocabulary(Fields({}), 40).top_k == 0
+    assert common(top_k=39).for_vocabulary(Fields({}), 40).top_k == 39
+
+
+@pytest.mark.parametrize("body, match", [
+    (dict(logit_bias=[[1, 2]]), "must be an object"),
+    (dict(logit_bias={"a": 1}), "keys must be token ids"),
+    (dict(logit_bias={"-1": 1}), "keys must be token ids"),
+    (dict(logit_bias={"1": 101}), r"must be a number in \[-100, 100\]"),
+    (dict(logit_bias={"1": "5"}), r"must be a number in \[-100, 100\]"),
+    (dict(logit_bias={"1": True}), r"must be a number in \[-100, 100\]"),
+    (dict(logit_bias={"01": 1, "1": 2}), "given twice"),
+    (dict(logit_bias={str(i): 1 for i in range(1025)}), "at most 1024"),
+    (dict(min_tokens=-1), "at least 0"),
+    (dict(min_tokens=5, max_tokens=4), "at most max_tokens"),
+    (dict(min_tokens=1, response_format={"type": "json_object"}), "cannot be combined"),
+])
+def test_bad_logit_bias_and_min_tokens_are_refused(body, match):
+    with pytest.raises(ApiError, match=match):
+        common(**body)
