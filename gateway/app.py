@@ -8,13 +8,14 @@ Routes:
     GET  /health                200 when the engine answers a Stats within 1 s, else 503 (no auth)
     GET  /metrics               the gateway's Prometheus metrics (no auth)
     GET  /openapi.json          the routes as an OpenAPI document (no auth; gateway.openapi)
+    POST /tokenize, /detokenize vLLM's token utilities (gateway.tokenize_api)
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
 as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
 anything else a 500 whose body says only "internal error" and a request id
 (also in ``X-Request-Id``; the log line with the trace names it). Before any
-handler runs: CORS preflights are answered (gateway.cors), every /v1 path
-needs ``Authorization: Bearer <key>`` when a key is set (compared in constant
+handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
+/tokenize, /detokenize need ``Authorization: Bearer <key>`` when a key is set (compared in constant
 time), and a POST must be ``Content-Type: application/json`` (else 415, so a
 web page cannot send one without a preflight).
 """
@@ -46,6 +47,7 @@ from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
+from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize
 from ignis.gateway.tokenizer import ModelFiles
 from ignis.shared.runtime import default_runtime_dir
 
@@ -53,7 +55,8 @@ log = logging.getLogger("ignis.gateway")
 
 BODY_CEILING = 64 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
-              "/v1/models": "models", "/health": "health", "/metrics": "metrics", "/openapi.json": "openapi"}
+              "/v1/models": "models", "/health": "health", "/metrics": "metrics", "/openapi.json": "openapi",
+              "/tokenize": "tokenize", "/detokenize": "detokenize"}
 
 
 def _endpoint(request: web.Request) -> str:
@@ -67,7 +70,7 @@ def _endpoint(request: web.Request) -> str:
 
 def _auth(gw: GatewayState, request: web.Request) -> None:
     key = gw.config.api_key
-    if key is None or not request.path.startswith("/v1"):
+    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS):
         return
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
@@ -206,6 +209,8 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
 
     async def start(app: web.Application) -> None:
         await gw.client.start()

@@ -15,6 +15,7 @@ answering is ``GenerationRequest.answer``'s; ``answer_chat`` is the part
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -56,7 +57,8 @@ def _media_policy(config) -> MediaPolicy:
     return MediaPolicy(config.allowed_media_domains, config.max_image_bytes, config.media_fetch_timeout)
 
 
-def _template_kwargs(f: Fields) -> dict:
+def template_kwargs(f: Fields) -> dict:
+    """``chat_template_kwargs`` as extra template variables (the server's own names refused)."""
     extra = f.object("chat_template_kwargs")
     if extra is None:
         return {}
@@ -64,6 +66,18 @@ def _template_kwargs(f: Fields) -> dict:
         if key in extra.obj:
             raise extra.error(key, "is set by the server and cannot be passed")
     return dict(extra.obj)
+
+
+@contextlib.contextmanager
+def rendering_errors():
+    """A template's refusal of a conversation, or input it recursed or computed on past its limits: a 400."""
+    try:
+        yield
+    except TemplateRenderError as e:
+        raise invalid(str(e), "messages") from None
+    except (RecursionError, ArithmeticError):
+        raise invalid("the chat template cannot render this conversation (nested too deeply, or a number out "
+                      "of range)", "messages", code="template_failed") from None
 
 
 def _forced_call_grammar(p: CommonParams, forced: ForcedCall, tools: list[dict], tool_format: str) -> str:
@@ -119,18 +133,13 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     render_tools = None if choice.mode == "none" else tools
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
     forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
-    kwargs = _template_kwargs(f)
+    kwargs = template_kwargs(f)
     work = prompt_work(req.http)
-    try:
+    with rendering_errors():
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
         prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
         part = await work.run(part_end, gw.template, gw.tokenizer, messages, render_tools, kwargs,
                               prompt.ids, prompt.opener_start)
-    except TemplateRenderError as e:
-        raise invalid(str(e), "messages") from None
-    except (RecursionError, ArithmeticError):  # input the template recursed or computed on past its limits
-        raise invalid("the chat template cannot render this conversation (nested too deeply, or a number out "
-                      "of range)", "messages", code="template_failed") from None
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
     if p.grammar is not None and prompt.starts_in_reasoning and forced is None:

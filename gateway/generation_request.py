@@ -48,6 +48,16 @@ def _checked_body(raw: bytes, limits: RequestLimits) -> dict:
     return body
 
 
+async def read_request_body(http: web.Request) -> dict:
+    """The JSON object of a request body, within the context-sized limits (``gateway.request_limits``)."""
+    gw: GatewayState = http.app[STATE]
+    limits = RequestLimits.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes)
+    raw = await read_body(http, limits.body_bytes, gw.config.body_read_timeout)
+    if len(raw) > _INLINE_BODY_BYTES:  # parsing and walking a big body: off the event loop
+        return await prompt_work(http).run(_checked_body, raw, limits)
+    return _checked_body(raw, limits)
+
+
 class EndpointResponse:
     """What one endpoint's choices look like, streamed and in one body; each endpoint subclasses it.
 
@@ -109,12 +119,7 @@ class GenerationRequest:
         another endpoint's body (checked within the same limits) into a chat-shaped one first."""
         gw: GatewayState = http.app[STATE]
         started = time.monotonic()
-        limits = RequestLimits.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes)
-        raw = await read_body(http, limits.body_bytes, gw.config.body_read_timeout)
-        if len(raw) > _INLINE_BODY_BYTES:  # parsing and walking a big body: off the event loop
-            body = await prompt_work(http).run(_checked_body, raw, limits)
-        else:
-            body = _checked_body(raw, limits)
+        body = await read_request_body(http)
         if translate is not None:
             body = translate(body)
         f = Fields(body)

@@ -12,9 +12,10 @@ import re
 
 from aiohttp import web
 
-from ignis.gateway.request_schemas import ANSWERS, ERROR, REQUESTS, SSE_EVENT
+from ignis.gateway.request_schemas import ANSWERS, ERROR, REQUESTS, SSE_EVENT, STREAMING
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE
+from ignis.gateway.tokenize_api import KEYED_PATHS
 
 OPENAPI_VERSION = "3.1.0"
 _DOC = web.AppKey("ignis_openapi", dict)
@@ -36,7 +37,7 @@ def _responses(method: str, path: str) -> dict:
         ok["content"] = _json(answer)
     if path == "/metrics":
         ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
-    if method == "POST":  # stream: true answers server-sent events; the schema is each event's
+    if method == "POST" and path in STREAMING:  # stream: true answers server-sent events; the schema is each event's
         ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
     out = {"200": ok}
     if path == "/health":
@@ -70,7 +71,7 @@ def openapi_document(app: web.Application, title: str, version: str, models: lis
                                 for p in params]
         if route.method == "POST":
             op["requestBody"] = {"required": True, "content": _json(_with_models(REQUESTS.get(path), models))}
-        if path.startswith("/v1"):
+        if path.startswith("/v1") or path in KEYED_PATHS:
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[route.method.lower()] = op
     return {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths,

@@ -15,7 +15,7 @@ API that each route returns, and the error object of every 4xx/5xx.
 from __future__ import annotations
 
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
-from ignis.shared.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
+from ignis.shared.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 from ignis.shared.wire import REQUEST_CLASSES
 
 _STR = {"type": "string"}
@@ -55,6 +55,10 @@ SAMPLING = {
     "return_token_ids": _BOOL,
     "request_class": {"enum": list(REQUEST_CLASSES)},
     "prompt_cache_key": {"type": "string", "maxLength": MAX_CACHE_KEY_CHARS},
+    "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+                   "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT,
+                                            "maximum": LOGIT_BIAS_LIMIT}},
+    "min_tokens": {"type": "integer", "minimum": 0},
 }
 """The fields /v1/chat/completions and /v1/completions share (``gateway.params``)."""
 
@@ -128,8 +132,25 @@ RESPONSES = _obj({
     "prompt_cache_key": SAMPLING["prompt_cache_key"],
 }, ("input",))
 
-REQUESTS = {"/v1/chat/completions": CHAT_COMPLETIONS, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES}
+TOKENIZE = {**_obj({
+    "model": SAMPLING["model"],
+    "prompt": _STR,
+    "messages": CHAT_COMPLETIONS["properties"]["messages"],
+    "tools": CHAT_COMPLETIONS["properties"]["tools"],
+    "chat_template_kwargs": {"type": "object"},
+    "add_generation_prompt": _BOOL, "add_special_tokens": _BOOL, "return_token_strs": _BOOL,
+}), "oneOf": [{"required": ["prompt"], "not": {"required": ["messages"]}},
+              {"required": ["messages"], "not": {"required": ["prompt"]}}]}
+
+DETOKENIZE = _obj({"model": SAMPLING["model"], "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+                  ("tokens",))
+
+REQUESTS = {"/v1/chat/completions": CHAT_COMPLETIONS, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES,
+            "/tokenize": TOKENIZE, "/detokenize": DETOKENIZE}
 """The JSON body of each POST route."""
+
+STREAMING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+"""The POST routes that answer server-sent events with ``stream: true``."""
 
 # ----- answers --------------------------------------------------------------------
 
@@ -176,6 +197,10 @@ ANSWERS = {
     ("GET", "/v1/models"): _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
                                 ("object", "data")),
     ("GET", "/v1/models/{model}"): _MODEL,
+    ("POST", "/tokenize"): _obj({"count": _INT, "max_model_len": {"type": ["integer", "null"]},
+                                 "tokens": {"type": "array", "items": _INT},
+                                 "token_strs": {"type": "array", "items": _STR}}, ("count", "max_model_len", "tokens")),
+    ("POST", "/detokenize"): _obj({"prompt": _STR}, ("prompt",)),
     ("GET", "/health"): _obj({"status": _STR}, ("status",)),
 }
 """The JSON answer (status 200) of each route that answers JSON."""

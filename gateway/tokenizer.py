@@ -69,6 +69,10 @@ class TextTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_strings(self, ids) -> list[str]:
+        """Each id's string in the vocabulary (byte-level BPE spells bytes as GPT-2's characters, ``Ġ``...)."""
+        return [self.tokenizer.id_to_token(i) or "" for i in ids]
+
     def token_id(self, text: str) -> int | None:
         return self.tokenizer.token_to_id(text)
 

@@ -1,0 +1,85 @@
+"""POST /tokenize and POST /detokenize: vLLM's token utilities, on the served model's tokenizer and template.
+
+/tokenize takes one of
+
+- ``prompt`` (text) with ``add_special_tokens`` (default true), tokenized as
+  /v1/completions tokenizes a text prompt;
+- ``messages`` (with ``tools``, ``chat_template_kwargs``,
+  ``add_generation_prompt`` default true, ``add_special_tokens`` default
+  false), rendered by the model's chat template as /v1/chat/completions
+  renders them (developer turns placed by the same policy), so ``count`` is
+  the prompt a chat request of those fields would send. Image parts are a
+  400: their token count depends on the picture, which is not fetched here.
+
+and answers ``{"count", "max_model_len", "tokens"}``, plus ``token_strs``
+(each token's vocabulary string) with ``return_token_strs``. /detokenize
+takes ``tokens`` (ids inside the vocabulary) and answers ``{"prompt"}``, the
+text with special tokens kept. ``model`` picks the served model as
+elsewhere. Both sit under the API key like /v1 routes.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ignis.gateway.chat import rendering_errors, template_kwargs
+from ignis.gateway.errors import invalid
+from ignis.gateway.fields import Fields
+from ignis.gateway.generation_request import read_request_body
+from ignis.gateway.messages import apply_developer_policy, image_urls, parse_messages, parse_tools
+from ignis.gateway.prompt_work import prompt_work
+from ignis.gateway.responses import json_response
+from ignis.gateway.state import STATE, GatewayState
+
+KEYED_PATHS = ("/tokenize", "/detokenize")
+"""Paths outside /v1 that take the API key like /v1 routes."""
+
+def _render_chat(gw: GatewayState, f: Fields) -> list[int]:
+    if gw.template is None:
+        raise invalid("this model has no chat template; tokenize a prompt instead", "messages",
+                      code="no_chat_template")
+    if f.bool("continue_final_message"):
+        raise f.error("continue_final_message", "is not supported")
+    messages = parse_messages(f)
+    if image_urls(messages):
+        raise f.error("messages", "image parts cannot be tokenized here (their token count depends on the "
+                                  "picture); send the text parts alone")
+    messages = apply_developer_policy(messages, gw.config.server_developer_message_policy,
+                                      gw.template.takes_late_system)
+    with rendering_errors():
+        text = gw.template.render(messages, parse_tools(f), add_generation_prompt=f.bool("add_generation_prompt", True),
+                                  extra=template_kwargs(f))
+    return gw.tokenizer.encode(text, add_special_tokens=f.bool("add_special_tokens", False))
+
+
+def _tokenize(gw: GatewayState, f: Fields) -> list[int]:
+    if f.has("messages") == f.has("prompt"):
+        raise invalid("give either 'prompt' or 'messages'", "prompt" if f.has("prompt") else "messages")
+    if f.has("messages"):
+        return _render_chat(gw, f)
+    return gw.tokenizer.encode(f.str("prompt"), add_special_tokens=f.bool("add_special_tokens", True))
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """The token ids of a prompt or a rendered conversation."""
+    f = Fields(await read_request_body(request))
+    gw: GatewayState = request.app[STATE].select(f.str("model", None, max_chars=256))
+    want_strs = f.bool("return_token_strs")
+    ids = await prompt_work(request).run(_tokenize, gw, f)
+    body = {"count": len(ids), "max_model_len": gw.client.stats_values.get("max_model_len"), "tokens": ids}
+    if want_strs:
+        body["token_strs"] = gw.tokenizer.token_strings(ids)
+    return json_response(body)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """The text of token ids."""
+    f = Fields(await read_request_body(request))
+    gw: GatewayState = request.app[STATE].select(f.str("model", None, max_chars=256))
+    ids = f.list("tokens", required=True)
+    vocab = gw.tokenizer.vocab_size
+    for t in ids:
+        if type(t) is not int or not 0 <= t < vocab:
+            raise f.error("tokens", f"must be token ids in [0, {vocab}), got {t!r}")
+    text = await prompt_work(request).run(gw.tokenizer.decode, ids, False)
+    return json_response({"prompt": text})
