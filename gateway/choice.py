@@ -58,8 +58,10 @@ class ChoiceState:
     """Tracks one choice; ``feed`` per engine batch, ``finish`` once at the end."""
 
     def __init__(self, index: int, tokenizer: TextTokenizer, *, stops: tuple[str, ...] = (),
-                 stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None, min_tokens: int = 0):
+                 stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None, min_tokens: int = 0,
+                 prompt_index: int = 0):
         self.index = index
+        self.prompt_index = prompt_index  # which prompt of a request with several (/v1/completions)
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(stops)
         self.stop_token_ids = frozenset(stop_token_ids)

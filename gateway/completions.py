@@ -1,10 +1,12 @@
-"""POST /v1/completions: a raw prompt (text or token ids), no template, no marks, no parsing.
+"""POST /v1/completions: raw prompts (text or token ids), no template, no marks, no parsing.
 
-``prompt`` is a string, an array of token ids, or an array holding one of
-those. ``max_tokens`` defaults to 16, as in OpenAI's API. ``echo`` puts the
-prompt text in front of the completion (not combined with logprobs: prompt
-logprobs are not computed). Responses are ``text_completion`` objects, with
-the legacy logprobs format. Generating and answering is ``GenerationRequest.answer``'s.
+``prompt`` is a string, an array of token ids, or an array of those (up to
+``MAX_PROMPTS``; prompt k's j-th choice has index ``k * n + j``, as OpenAI
+numbers them). ``max_tokens`` defaults to 16, as in OpenAI's API, and is
+checked against each prompt. ``echo`` puts each prompt's text in front of its
+choices (not combined with logprobs: prompt logprobs are not computed).
+Responses are ``text_completion`` objects, with the legacy logprobs format.
+Generating and answering is ``GenerationRequest.answer_prompts``'s.
 """
 
 from __future__ import annotations
@@ -26,34 +28,49 @@ from ignis.gateway.tokenizer import TextTokenizer
 ENDPOINT = "completions"
 DEFAULT_MAX_TOKENS = 16
 LONG_TEXT = 20_000
-"""Prompts longer than this (characters) are tokenized on a worker thread."""
+"""Prompts longer than this (characters, all prompts together) are tokenized on a worker thread."""
+MAX_PROMPTS = 32
+MAX_CHOICES = 64
+"""Prompts times ``n`` in one request."""
 
 
-async def _prompt(gw: GatewayState, f: Fields) -> tuple[list[int], str | None]:
-    """The prompt's token ids, and its text when it came as text."""
+def _prompt_values(f: Fields) -> list[str | list[int]]:
+    """The request's prompts as given: strings and lists of token ids."""
     value = f.raw("prompt")
     if value is None:
         raise f.error("prompt", "is required")
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
-    if isinstance(value, str):
-        if len(value) > LONG_TEXT:  # off the event loop, so streams keep flowing
-            ids = await asyncio.to_thread(gw.tokenizer.encode, value, True)
-        else:
-            ids = gw.tokenizer.encode(value, add_special_tokens=True)
-        text = value
-    elif isinstance(value, list) and all(type(t) is int for t in value):
-        ids, text = value, None
+    if isinstance(value, str) or (isinstance(value, list) and value and all(type(t) is int for t in value)):
+        return [value]
+    if not isinstance(value, list) or not value or not all(
+            isinstance(v, str) or (isinstance(v, list) and all(type(t) is int for t in v)) for v in value):
+        raise f.error("prompt", "must be a string, an array of token ids, or an array of those")
+    if len(value) > MAX_PROMPTS:
+        raise f.error("prompt", f"holds {len(value)} prompts, at most {MAX_PROMPTS} allowed")
+    return value
+
+
+def _token_ids(gw: GatewayState, f: Fields, values: list[str | list[int]]) -> list[list[int]]:
+    out = []
+    for k, value in enumerate(values):
+        where = "prompt" if len(values) == 1 else f"prompt[{k}]"
+        ids = gw.tokenizer.encode(value, add_special_tokens=True) if isinstance(value, str) else value
         bad = next((t for t in ids if not 0 <= t < gw.tokenizer.vocab_size), None)
         if bad is not None:
-            raise f.error("prompt", f"token id {bad} is outside the vocabulary (size {gw.tokenizer.vocab_size})")
-    elif isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
-        raise f.error("prompt", "only one prompt per request is supported")
+            raise f.error(where, f"token id {bad} is outside the vocabulary (size {gw.tokenizer.vocab_size})")
+        if not ids:
+            raise f.error(where, "is empty")
+        out.append(ids)
+    return out
+
+
+async def _prompts(gw: GatewayState, f: Fields) -> tuple[list[list[int]], list[str | None]]:
+    """Each prompt's token ids, and its text when it came as text."""
+    values = _prompt_values(f)
+    if sum(len(v) for v in values if isinstance(v, str)) > LONG_TEXT:  # off the event loop: streams flow on
+        ids = await asyncio.to_thread(_token_ids, gw, f, values)
     else:
-        raise f.error("prompt", "must be a string, an array of token ids, or an array holding one of those")
-    if not ids:
-        raise f.error("prompt", "is empty")
-    return ids, text
+        ids = _token_ids(gw, f, values)
+    return ids, [v if isinstance(v, str) else None for v in values]
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -65,29 +82,36 @@ async def completions(request: web.Request) -> web.StreamResponse:
     echo = f.bool("echo")
     if echo and p.logprobs:
         raise f.error("echo", "cannot be combined with logprobs (prompt logprobs are not computed)")
-    ids, text = await _prompt(gw, f)
-    max_tokens = await gw.max_tokens(len(ids), p.max_tokens, DEFAULT_MAX_TOKENS)
-    echo_text = (text if text is not None else gw.tokenizer.decode(ids, skip_special_tokens=False)) if echo else ""
+    prompts, texts = await _prompts(gw, f)
+    if len(prompts) * p.n > MAX_CHOICES:
+        raise f.error("n", f"{len(prompts)} prompts times n = {p.n} is more than {MAX_CHOICES} choices")
+    limits = [await gw.max_tokens(len(ids), p.max_tokens, DEFAULT_MAX_TOKENS) for ids in prompts]
+    echo_texts = [""] * len(prompts)
+    if echo:
+        echo_texts = [text if text is not None else gw.tokenizer.decode(ids, skip_special_tokens=False)
+                      for ids, text in zip(prompts, texts)]
     rid = new_id("cmpl")
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}
-    return await req.answer(ENDPOINT, rid, ids, max_tokens, CompletionResponse(p, gw.tokenizer, head, echo_text))
+    response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)])
+    return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response)
 
 
 class CompletionResponse(EndpointResponse):
-    """``text_completion`` objects, streamed or whole, with legacy logprobs; ``echo_text`` opens every choice."""
+    """``text_completion`` objects, streamed or whole, with legacy logprobs; ``echo_texts[i]`` opens choice i
+    (one per choice, empty: no echo)."""
 
-    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_text: str):
+    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_texts: list[str]):
         super().__init__(params, tokenizer, head, head)
-        self.echo_text = echo_text
+        self.echo_texts = echo_texts
         # One per choice: text offsets run on across every delta of the choice.
-        self.lps = [CompletionLogprobs() for _ in range(params.n)]
-        self.acc = [{"text": echo_text, "lps": []} for _ in range(params.n)]
+        self.lps = [CompletionLogprobs() for _ in echo_texts]
+        self.acc = [{"text": text, "lps": []} for text in echo_texts]
 
     def first_choices(self) -> list[dict]:
-        if not self.echo_text:
+        if not any(self.echo_texts):
             return []
-        return [{"index": i, "text": self.echo_text, "logprobs": None, "finish_reason": None}
-                for i in range(self.params.n)]
+        return [{"index": i, "text": text, "logprobs": None, "finish_reason": None}
+                for i, text in enumerate(self.echo_texts)]
 
     def chunk_choice(self, d: ChoiceDelta) -> dict:
         choice = {"index": d.index, "text": d.content, "logprobs": None, "finish_reason": d.finish_reason}

@@ -137,7 +137,15 @@ class Generation:
         self.inbox = StreamInbox()
         self._early: collections.deque[tuple[str, object, object]] = collections.deque()
         self._tick: asyncio.TimerHandle | None = None
-        self.usage = Usage(prompt_tokens=len(messages[0].prompt_ids))
+        # per prompt (a completions request may hold several): its length, then what its first choice's
+        # Finished says (prompt tokens, cached tokens); usage sums them
+        self._prompt_usage: dict[int, tuple[int, int]] = {}
+        self._counts_prompt: set[int] = set()  # the choice indexes that report their prompt's usage
+        for m, c in zip(messages, choices):
+            if c.prompt_index not in self._prompt_usage:
+                self._prompt_usage[c.prompt_index] = (len(m.prompt_ids), 0)
+                self._counts_prompt.add(c.index)
+        self.usage = Usage(prompt_tokens=sum(n for n, _ in self._prompt_usage.values()))
 
     async def __aenter__(self) -> Generation:
         return self
@@ -240,8 +248,10 @@ class Generation:
             raise EngineFailed(fin.message or "the engine ended the request", status=503)
         delta = choice.finish(fin.finish_reason)
         u = self.usage
-        if choice.index == 0:
-            u.prompt_tokens, u.cached_tokens = fin.usage.prompt_tokens, fin.usage.cached_tokens
+        if choice.index in self._counts_prompt:
+            self._prompt_usage[choice.prompt_index] = (fin.usage.prompt_tokens, fin.usage.cached_tokens)
+            u.prompt_tokens = sum(n for n, _ in self._prompt_usage.values())
+            u.cached_tokens = sum(c for _, c in self._prompt_usage.values())
         u.completion_tokens += len(choice.token_ids) if choice.stopped_by_string else fin.usage.completion_tokens
         return delta
 

@@ -134,14 +134,28 @@ class GenerationRequest:
         """Generate ``n`` choices of ``prompt_ids`` and answer; ``marks`` are the Generate's capture
         marks, ``parser`` makes each choice's output parser (none: the text is all content), ``images``
         the prompt's resized pictures (one per run of pad tokens, in order)."""
+        return await self.answer_prompts(endpoint, rid, [(prompt_ids, max_tokens)], response, marks=marks,
+                                         parser=parser, images=images)
+
+    async def answer_prompts(self, endpoint: str, rid: str, prompts: list[tuple[list[int], int]],
+                             response: EndpointResponse, *, marks: dict | None = None,
+                             parser: Callable[[], OutputParser] | None = None,
+                             images: tuple[ImageInput, ...] = ()) -> web.StreamResponse:
+        """``answer`` for several ``(prompt ids, max_tokens)``: ``n`` choices each, prompt k's j-th choice
+        at index ``k * n + j`` with choice j's seed; usage sums the prompts; ``prompt_token_ids`` is one
+        list per prompt when there are several."""
         gw, p = self.gw, self.params
-        gens = [Generate(id=f"{rid}-{i}", prompt_ids=tuple(prompt_ids), sampling=sampling_for(p, max_tokens, i),
-                         request_class=p.request_class, model=gw.model_name, grammar=p.grammar,
-                         cache_family=p.cache_family, images=images, **(marks or {}))
-                for i in range(p.n)]
-        choices = [ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
-                               parser=parser() if parser is not None else None, min_tokens=p.min_tokens)
-                   for i in range(p.n)]
+        gens, choices = [], []
+        for k, (ids, max_tokens) in enumerate(prompts):
+            for j in range(p.n):
+                i = k * p.n + j
+                gens.append(Generate(id=f"{rid}-{i}", prompt_ids=tuple(ids), sampling=sampling_for(p, max_tokens, j),
+                                     request_class=p.request_class, model=gw.model_name, grammar=p.grammar,
+                                     cache_family=p.cache_family, images=images, **(marks or {})))
+                choices.append(ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
+                                           parser=parser() if parser is not None else None,
+                                           min_tokens=p.min_tokens, prompt_index=k))
+        prompt_ids = list(prompts[0][0]) if len(prompts) == 1 else [list(ids) for ids, _ in prompts]
         gw.metrics.active.inc()
         try:
             async with Generation(gw.client, gens, choices, self._client_gone) as gen:
@@ -167,9 +181,9 @@ class GenerationRequest:
         first = response.first_choices()
         prelude = [dict(head, choices=first, **extra)] if first else []
         if p.return_token_ids and prelude:
-            prelude[0]["prompt_token_ids"] = list(prompt_ids)
+            prelude[0]["prompt_token_ids"] = prompt_ids
         elif p.return_token_ids:
-            prelude = [dict(head, choices=[], prompt_token_ids=list(prompt_ids), **extra)]
+            prelude = [dict(head, choices=[], prompt_token_ids=prompt_ids, **extra)]
         wants_tokens = p.return_token_ids or p.logprobs
         # Every chunk is the head's keys, one choice, and the usage key when asked: serialised once, then only
         # the choice is spliced in per delta (the bytes orjson makes of the whole dict).
@@ -194,8 +208,9 @@ class GenerationRequest:
 
     async def _one_body(self, gen: Generation, response: EndpointResponse, prompt_ids) -> web.Response:
         p = self.params
-        ids: list[list[int]] = [[] for _ in range(p.n)]
-        finish: list[str | None] = [None] * p.n
+        count = len(gen.choices)
+        ids: list[list[int]] = [[] for _ in range(count)]
+        finish: list[str | None] = [None] * count
         async for d in gen.deltas():
             ids[d.index].extend(d.token_ids)
             if d.finish_reason:
@@ -203,12 +218,12 @@ class GenerationRequest:
             response.take(d)
         self.gw.metrics.tokens.inc(sum(len(i) for i in ids))
         choices = []
-        for i in range(p.n):
+        for i in range(count):
             choice = response.body_choice(i, finish[i])
             if p.return_token_ids:
                 choice["token_ids"] = ids[i]
             choices.append(choice)
         body = response.body(choices, gen.usage)
         if p.return_token_ids:
-            body["prompt_token_ids"] = list(prompt_ids)
+            body["prompt_token_ids"] = prompt_ids
         return json_response(body)

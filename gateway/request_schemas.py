@@ -14,6 +14,7 @@ API that each route returns, and the error object of every 4xx/5xx.
 
 from __future__ import annotations
 
+from ignis.gateway.completions import MAX_PROMPTS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.shared.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 from ignis.shared.wire import REQUEST_CLASSES
@@ -98,9 +99,12 @@ CHAT_COMPLETIONS = _obj({
 
 COMPLETIONS = _obj({
     **SAMPLING,
-    "prompt": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "maxItems": 1,
-                                                             "items": {"type": "string", "minLength": 1}},
-                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+    "prompt": {"oneOf": [{"type": "string", "minLength": 1},
+                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                         {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
+                          "items": {"oneOf": [{"type": "string", "minLength": 1},
+                                              {"type": "array", "minItems": 1,
+                                               "items": {"type": "integer", "minimum": 0}}]}}]},
     "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     "echo": _BOOL,
 }, ("prompt",))

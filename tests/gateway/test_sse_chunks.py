@@ -39,8 +39,8 @@ def deltas() -> list[ChoiceDelta]:
 @pytest.mark.parametrize("logprobs", [False, True])
 def test_completion_choice_bytes_equal_the_dict(demo_tokenizer, logprobs):
     extra = {"logprobs": 2} if logprobs else {}
-    fast = CompletionResponse(params("completion", **extra), demo_tokenizer, HEAD, "")
-    slow = CompletionResponse(params("completion", **extra), demo_tokenizer, HEAD, "")
+    fast = CompletionResponse(params("completion", **extra), demo_tokenizer, HEAD, [""] * 4)
+    slow = CompletionResponse(params("completion", **extra), demo_tokenizer, HEAD, [""] * 4)
     for d in deltas():
         if d.reasoning or d.tool_calls:
             continue  # a completion has no parser: its text is all content
