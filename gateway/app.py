@@ -8,6 +8,7 @@ Routes:
     GET  /health                200 when the engine answers a Stats within 1 s, else 503 (no auth)
     GET  /metrics               the gateway's Prometheus metrics (no auth)
     GET  /openapi.json          the routes as an OpenAPI document (no auth; gateway.openapi)
+    POST /v1/messages           Anthropic's Messages API (gateway.messages_api; also /v1/messages/count_tokens)
     POST /tokenize, /detokenize vLLM's token utilities (gateway.tokenize_api)
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
@@ -39,6 +40,8 @@ from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import ApiError, from_http_exception
 from ignis.gateway.generation import ClientGone, EngineFailed, api_error_of
 from ignis.gateway.listener import CONNECTIONS, Connections
+from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
+from ignis.gateway.messages_api import count_tokens, create_message
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.openapi import openapi
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
@@ -56,7 +59,8 @@ log = logging.getLogger("ignis.gateway")
 BODY_CEILING = 64 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
               "/v1/models": "models", "/health": "health", "/metrics": "metrics", "/openapi.json": "openapi",
-              "/tokenize": "tokenize", "/detokenize": "detokenize"}
+              "/tokenize": "tokenize", "/detokenize": "detokenize", "/v1/messages": "messages",
+              "/v1/messages/count_tokens": "messages"}
 
 
 def _endpoint(request: web.Request) -> str:
@@ -68,12 +72,19 @@ def _endpoint(request: web.Request) -> str:
     return _ENDPOINTS.get(path, "other")
 
 
+def _anthropic(request: web.Request) -> bool:
+    """Whether the request is on Anthropic's Messages API, whose errors have Anthropic's shape."""
+    return request.path == MESSAGES_PREFIX or request.path.startswith(MESSAGES_PREFIX + "/")
+
+
 def _auth(gw: GatewayState, request: web.Request) -> None:
     key = gw.config.api_key
     if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS):
         return
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
+    if not header and "x-api-key" in request.headers:  # Anthropic's clients send their key so
+        scheme, given = "bearer", request.headers["x-api-key"]
     if scheme.lower() != "bearer" or not given:
         raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
     if not hmac.compare_digest(given.strip().encode(), key.encode()):
@@ -112,15 +123,15 @@ async def _middleware(request: web.Request, handler):
         return resp
     except ApiError as e:
         status = e.status
-        return e.response()
+        return e.response(_anthropic(request))
     except web.HTTPException as e:
         err = from_http_exception(e)
         status = err.status
-        return err.response()
+        return err.response(_anthropic(request))
     except (EngineFailed, EngineUnavailable) as e:
         err = api_error_of(e)
         status = err.status
-        return err.response()
+        return err.response(_anthropic(request))
     except (ClientGone, ConnectionResetError, asyncio.CancelledError):
         status = 499  # the client went away; nothing can be sent
         raise
@@ -209,6 +220,8 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_post(MESSAGES_PREFIX, create_message)
+    app.router.add_post(MESSAGES_PREFIX + "/count_tokens", count_tokens)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
 

@@ -44,6 +44,8 @@ class ChoiceDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenRecord] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_sequence: str | None = None
+    """The stop string that ended the choice (with ``finish_reason`` "stop")."""
 
     @property
     def has_text(self) -> bool:
@@ -145,6 +147,7 @@ class ChoiceState:
             self._apply(self.parser.finish(), delta)
         # abort / error pass through: the caller decides what the client sees.
         reason = "stop" if self.stops.stopped else engine_reason
+        delta.stop_sequence = self.stops.matched
         if reason == "stop" and self.parser is not None and self.parser.num_tool_calls:
             reason = "tool_calls"
         delta.finish_reason = reason

@@ -19,7 +19,7 @@ from aiohttp import web
 from ignis.gateway.errors import ApiError
 
 ALLOW_METHODS = "GET, POST, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type, X-Ignis-Request-Class"
+ALLOW_HEADERS = "Authorization, Content-Type, X-Ignis-Request-Class, X-Api-Key, Anthropic-Version, Anthropic-Beta"
 MAX_AGE_S = 600
 
 

@@ -48,11 +48,26 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> web.Response:
+    def renamed(self, param: str) -> ApiError:
+        """This error naming ``param`` instead (in its message too): a field as the client's API spells it."""
+        if self.param is None or param == self.param:
+            return self
+        return ApiError(self.status, self.message.replace(self.param, param), param=param, code=self.code,
+                        type=self.type, retry_after=self.retry_after, close=self.close, headers=self.headers)
+
+    def anthropic_body(self) -> dict:
+        """The error in Anthropic's shape (its Messages API routes)."""
+        kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+        kind = kinds.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> web.Response:
         headers = dict(self.headers)
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
-        resp = web.Response(status=self.status, body=orjson.dumps(self.body()), content_type="application/json",
+        body = self.anthropic_body() if anthropic else self.body()
+        resp = web.Response(status=self.status, body=orjson.dumps(body), content_type="application/json",
                             headers=headers)
         if self.close:
             resp.force_close()

@@ -146,14 +146,37 @@ TOKENIZE = {**_obj({
 }), "oneOf": [{"required": ["prompt"], "not": {"required": ["messages"]}},
               {"required": ["messages"], "not": {"required": ["prompt"]}}]}
 
+_BLOCK = {"type": "object", "properties": {"type": _STR}, "required": ["type"]}
+_BLOCKS = {"oneOf": [_STR, {"type": "array", "items": _BLOCK}]}
+MESSAGES = _obj({
+    "model": SAMPLING["model"],
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "messages": {"type": "array", "minItems": 1, "items": _obj({"role": {"enum": ["user", "assistant"]},
+                                                               "content": _BLOCKS}, ("role", "content"))},
+    "system": _BLOCKS,
+    "stop_sequences": {"type": "array", "maxItems": MAX_STOPS,
+                       "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}},
+    "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"], "top_k": SAMPLING["top_k"],
+    "stream": _BOOL,
+    "tools": {"type": "array", "items": _obj({"name": _STR, "description": _STR, "input_schema": {"type": "object"}},
+                                             ("name",))},
+    "tool_choice": _obj({"type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STR,
+                         "disable_parallel_tool_use": _BOOL}, ("type",)),
+    "thinking": _obj({"type": {"enum": ["enabled", "disabled", "adaptive"]}, "budget_tokens": _INT}, ("type",)),
+}, ("max_tokens", "messages"))
+"""Anthropic's Messages API body (``gateway.messages_api``)."""
+
+COUNT_TOKENS = {**MESSAGES, "required": ["messages"]}
+
 DETOKENIZE = _obj({"model": SAMPLING["model"], "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
                   ("tokens",))
 
 REQUESTS = {"/v1/chat/completions": CHAT_COMPLETIONS, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES,
-            "/tokenize": TOKENIZE, "/detokenize": DETOKENIZE}
+            "/tokenize": TOKENIZE, "/detokenize": DETOKENIZE, "/v1/messages": MESSAGES,
+            "/v1/messages/count_tokens": COUNT_TOKENS}
 """The JSON body of each POST route."""
 
-STREAMING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+STREAMING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 """The POST routes that answer server-sent events with ``stream: true``."""
 
 # ----- answers --------------------------------------------------------------------
@@ -186,6 +209,9 @@ RESPONSE = _obj({"id": _STR, "object": {"const": "response"}, "created_at": _NUM
                  "output": {"type": "array", "items": _obj({"type": _STR}, ("type",))}},
                 ("id", "object", "model", "status", "output"))
 
+ANTHROPIC_ERROR = _obj({"type": {"const": "error"},
+                        "error": _obj({"type": _STR, "message": _STR}, ("type", "message"))}, ("type", "error"))
+"""The error object of the Messages API routes."""
 SSE_EVENT = _obj({"event": _STR, "data": _STR, "id": _STR}, ("data",))
 """One server-sent event of a streamed answer (its data: a JSON chunk, or ``[DONE]``)."""
 
@@ -205,6 +231,17 @@ ANSWERS = {
                                  "tokens": {"type": "array", "items": _INT},
                                  "token_strs": {"type": "array", "items": _STR}}, ("count", "max_model_len", "tokens")),
     ("POST", "/detokenize"): _obj({"prompt": _STR}, ("prompt",)),
+    ("POST", "/v1/messages"): _obj({"id": _STR, "type": {"const": "message"}, "role": {"const": "assistant"},
+                                    "model": _STR, "content": {"type": "array", "items": _BLOCK},
+                                    "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use",
+                                                             None]},
+                                    "stop_sequence": _NULLABLE_STR,
+                                    "usage": _obj({"input_tokens": _INT, "output_tokens": _INT,
+                                                   "cache_read_input_tokens": _INT,
+                                                   "cache_creation_input_tokens": _INT},
+                                                  ("input_tokens", "output_tokens"))},
+                                   ("id", "type", "role", "content", "stop_reason", "usage")),
+    ("POST", "/v1/messages/count_tokens"): _obj({"input_tokens": _INT}, ("input_tokens",)),
     ("GET", "/health"): _obj({"status": _STR}, ("status",)),
 }
 """The JSON answer (status 200) of each route that answers JSON."""

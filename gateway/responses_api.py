@@ -209,10 +209,7 @@ class ResponsesTurn:
             new = "max_output_tokens"
         elif param == "tool_choice.function.name":
             new = "tool_choice.name"
-        if new == param:
-            return e
-        return ApiError(e.status, e.message.replace(param, new), param=new, code=e.code, type=e.type,
-                        retry_after=e.retry_after, close=e.close, headers=e.headers)
+        return e.renamed(new)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:

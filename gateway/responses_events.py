@@ -24,7 +24,6 @@ assistant_turn)`` runs once a turn ends (not when it failed): the store keeps it
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
@@ -32,14 +31,13 @@ import orjson
 from aiohttp import web
 
 from ignis.gateway.choice import ChoiceDelta
-from ignis.gateway.generation import ClientGone, Generation, Usage, api_error_of
+from ignis.gateway.errors import ApiError
+from ignis.gateway.event_stream import stream_events
+from ignis.gateway.generation import Generation, Usage
 from ignis.gateway.generation_request import EndpointResponse
 from ignis.gateway.params import CommonParams
 from ignis.gateway.responses_output import OutputItems
-from ignis.gateway.stream_writer import BoundedWriter, StreamStalled, TokenCount, pump_deltas
 from ignis.gateway.tokenizer import TextTokenizer
-
-log = logging.getLogger("ignis.gateway")
 
 
 def event_bytes(event: dict) -> bytes:
@@ -100,56 +98,22 @@ class ResponsesResponse(EndpointResponse):
 
     async def stream(self, http: web.Request, gen: Generation, on_tokens: Callable[[int], None],
                      buffer_limit: int, on_stall: Callable[[], None]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
-        await resp.prepare(http)
-        writer = BoundedWriter(resp, http.transport, buffer_limit)
-        count = TokenCount(on_tokens)
-        try:
+        def opening() -> bytes:
             start = self.response("in_progress")
-            await writer.write(self._event({"type": "response.created", "response": start}) +
-                             self._event({"type": "response.in_progress", "response": start}))
-            out: list[bytes] = []
+            return (self._event({"type": "response.created", "response": start})
+                    + self._event({"type": "response.in_progress", "response": start}))
 
-            def add(deltas) -> None:
-                for d in deltas:
-                    count.n += len(d.token_ids)
-                    out.extend(self._event(e) for e in self.items.feed(d))
-                count.flush_some()
-
-            while not gen.done:  # the events of every delta ready at a wake-up leave in one write
-                add(gen.take())
-                if out:
-                    await writer.write(b"".join(out))
-                    out.clear()
-                if gen.done or gen.pending:
-                    continue
-                if writer.writes_now:  # steady state: the inbox's pump takes and writes
-                    await pump_deltas(gen, writer, out, add)
-                    if out:
-                        await writer.write(b"".join(out))
-                    break
-                await gen.wait()
+        def closing() -> bytes:
             body = self.final(gen.usage)
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
-            await writer.write(self._event({"type": kind, "response": body}))
-        except StreamStalled as exc:
-            return writer.stalled(exc, f"response {self.body_head['id']}", on_stall)
-        except (ClientGone, ConnectionResetError):
-            raise
-        except Exception as exc:  # after the headers: report in-band, never a trace
-            err = api_error_of(exc)
-            if err.type == "internal_error":
-                log.exception("responses stream failed")
-            else:
-                log.warning("responses stream failed: %s", err.message)
+            return self._event({"type": kind, "response": body})
+
+        def failure(err: ApiError) -> bytes:
             code = "rate_limit_exceeded" if err.status == 429 else "server_error"
             failed = self.response("failed", error={"code": code, "message": err.message})
-            try:
-                await resp.write(self._event({"type": "response.failed", "response": failed}))
-            except ConnectionResetError:
-                raise ClientGone() from None
-        finally:
-            count.flush()
-        await resp.write_eof()
-        return resp
+            return self._event({"type": "response.failed", "response": failed})
+
+        return await stream_events(http, gen, buffer_limit=buffer_limit, on_tokens=on_tokens, on_stall=on_stall,
+                                   name=f"response {self.body_head['id']}", opening=opening,
+                                   events_of=lambda d: [self._event(e) for e in self.items.feed(d)],
+                                   closing=closing, failure=failure)

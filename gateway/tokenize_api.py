@@ -34,7 +34,8 @@ from ignis.gateway.state import STATE, GatewayState
 KEYED_PATHS = ("/tokenize", "/detokenize")
 """Paths outside /v1 that take the API key like /v1 routes."""
 
-def _render_chat(gw: GatewayState, f: Fields) -> list[int]:
+def render_chat_ids(gw: GatewayState, f: Fields) -> list[int]:
+    """The prompt ids of a chat-shaped body's ``messages``, ``tools`` and template kwargs."""
     if gw.template is None:
         raise invalid("this model has no chat template; tokenize a prompt instead", "messages",
                       code="no_chat_template")
@@ -56,7 +57,7 @@ def _tokenize(gw: GatewayState, f: Fields) -> list[int]:
     if f.has("messages") == f.has("prompt"):
         raise invalid("give either 'prompt' or 'messages'", "prompt" if f.has("prompt") else "messages")
     if f.has("messages"):
-        return _render_chat(gw, f)
+        return render_chat_ids(gw, f)
     return gw.tokenizer.encode(f.str("prompt"), add_special_tokens=f.bool("add_special_tokens", True))
 
 

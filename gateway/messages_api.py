@@ -1,0 +1,252 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API on the chat path.
+
+A request body is translated into a chat completions body, which then takes
+the chat path unchanged (``chat.answer_chat``: developer policy, chat
+template, capture marks and prompt reuse, tool-call and reasoning parsers,
+grammars of forced calls, usage); only the answer's shape differs
+(``gateway.messages_output``)::
+
+    system (a string or text blocks)    one system message (blocks joined by newlines)
+    messages, role user                 text and image blocks (base64 or url sources) -> content parts;
+                                        tool_result blocks -> tool messages (tool_call_id = tool_use_id),
+                                        before the rest of that turn
+    messages, role assistant            text -> content, thinking -> reasoning_content,
+                                        tool_use -> tool_calls (input as JSON arguments)
+    tools [{name, description, input_schema}]        functions; Anthropic's server tools are a 400
+    tool_choice auto | any | tool | none              auto | required | named function | none;
+                                        disable_parallel_tool_use: only the first call is answered
+    thinking {type: enabled | disabled}  chat_template_kwargs.enable_thinking (the template's default when absent)
+    stop_sequences                      stop (at most 4)
+    max_tokens (required), temperature, top_p, top_k, stream     as given
+    metadata, service_tier, container, cache_control on blocks   ignored
+
+Both routes take the key as ``x-api-key`` or ``Authorization: Bearer``, and
+answer errors in Anthropic's shape (``{"type": "error", "error": {"type",
+"message"}}``, ``gateway.app``). count_tokens answers ``{"input_tokens"}``:
+the prompt the same body would send, as /tokenize counts it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from aiohttp import web
+
+from ignis.gateway.chat import answer_chat
+from ignis.gateway.errors import ApiError
+from ignis.gateway.fields import Fields
+from ignis.gateway.generation_request import GenerationRequest, read_request_body
+from ignis.gateway.messages_output import MessagesResponse, message_id
+from ignis.gateway.params import CommonParams
+from ignis.gateway.prompt_work import prompt_work
+from ignis.gateway.responses import json_response
+from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.tokenize_api import render_chat_ids
+from ignis.gateway.tokenizer import TextTokenizer
+
+ENDPOINT = "messages"
+PATH_PREFIX = "/v1/messages"
+PASSED = ("model", "temperature", "top_p", "top_k", "stream", "max_tokens", "request_class", "seed")
+"""Fields handed to the chat path as they are (same names, same checks)."""
+ROLES = ("user", "assistant")
+
+
+def _text_of(f: Fields, name: str, blocks: object) -> str:
+    """A string, or text blocks joined by newlines (other block types: a 400)."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise f.error(name, "must be a string or an array of text blocks")
+    parts = []
+    for j, block in enumerate(blocks):
+        bf = Fields(block, f"{f.param(name)}[{j}]")
+        if bf.str("type") != "text":
+            raise bf.error("type", "only text blocks are taken here")
+        parts.append(bf.str("text") or "")
+    return "\n".join(parts)
+
+
+def _image_part(bf: Fields) -> dict:
+    source = bf.object("source")
+    if source is None:
+        raise bf.error("source", "is required")
+    kind = source.str("type", choices=("base64", "url"))
+    if kind == "base64":
+        media = source.str("media_type", max_chars=64) or "image/png"
+        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{source.str('data') or ''}"}}
+    if kind == "url":
+        return {"type": "image_url", "image_url": {"url": source.str("url") or ""}}
+    raise source.error("type", "must be 'base64' or 'url'")
+
+
+class MessagesTurn:
+    """One /v1/messages request: its body as a chat body, and the answer's shape."""
+
+    def __init__(self):
+        self.rid = message_id()
+        self.origins: list[str] = []  # the Anthropic field each chat message came from
+        self.parallel = True
+
+    def _user(self, mf: Fields, content: object, out: list[dict]) -> None:
+        if isinstance(content, str):
+            out.append({"role": "user", "content": content})
+            self.origins.append(mf.where)
+            return
+        parts: list[dict] = []
+        for j, block in enumerate(content):
+            bf = Fields(block, f"{mf.param('content')}[{j}]")
+            kind = bf.str("type")
+            if kind == "text":
+                parts.append({"type": "text", "text": bf.str("text") or ""})
+            elif kind == "image":
+                parts.append(_image_part(bf))
+            elif kind == "tool_result":
+                result = bf.raw("content")
+                text = "" if result is None else _text_of(bf, "content", result)
+                out.append({"role": "tool", "tool_call_id": bf.str("tool_use_id", max_chars=256) or "",
+                            "content": text})
+                self.origins.append(bf.where)
+            elif kind in ("document", "search_result", "server_tool_use", "web_search_tool_result"):
+                raise bf.error("type", f"{kind!r} blocks are not supported")
+            else:
+                raise bf.error("type", f"unknown block type {kind!r} in a user turn")
+        if parts:
+            out.append({"role": "user", "content": parts})
+            self.origins.append(mf.where)
+
+    def _assistant(self, mf: Fields, content: object, out: list[dict]) -> None:
+        if isinstance(content, str):
+            out.append({"role": "assistant", "content": content})
+            self.origins.append(mf.where)
+            return
+        text, reasoning, calls = [], [], []
+        for j, block in enumerate(content):
+            bf = Fields(block, f"{mf.param('content')}[{j}]")
+            kind = bf.str("type")
+            if kind == "text":
+                text.append(bf.str("text") or "")
+            elif kind == "thinking":
+                reasoning.append(bf.str("thinking") or "")
+            elif kind == "redacted_thinking":
+                continue
+            elif kind == "tool_use":
+                arguments = bf.raw("input")
+                if not isinstance(arguments, dict):
+                    raise bf.error("input", "must be an object")
+                calls.append({"id": bf.str("id", max_chars=256) or "", "type": "function",
+                              "function": {"name": bf.str("name") or "", "arguments": json.dumps(arguments)}})
+            else:
+                raise bf.error("type", f"unknown block type {kind!r} in an assistant turn")
+        m: dict = {"role": "assistant", "content": "".join(text)}
+        if reasoning:
+            m["reasoning_content"] = "".join(reasoning)
+        if calls:
+            m["tool_calls"] = calls
+        out.append(m)
+        self.origins.append(mf.where)
+
+    def _messages(self, f: Fields) -> list[dict]:
+        out: list[dict] = []
+        system = f.raw("system")
+        if system is not None:
+            out.append({"role": "system", "content": _text_of(f, "system", system)})
+            self.origins.append("system")
+        turns = f.list("messages", required=True)
+        if not turns:
+            raise f.error("messages", "must hold at least one message")
+        for i, turn in enumerate(turns):
+            mf = Fields(turn, f"messages[{i}]")
+            role = mf.str("role", choices=ROLES)
+            if role is None:
+                raise mf.error("role", "is required")
+            content = mf.raw("content")
+            if not isinstance(content, (str, list)):
+                raise mf.error("content", "must be a string or an array of content blocks")
+            (self._user if role == "user" else self._assistant)(mf, content, out)
+        return out
+
+    def _tools(self, f: Fields) -> list[dict] | None:
+        tools = f.list("tools")
+        if not tools:
+            return None
+        out = []
+        for i, tool in enumerate(tools):
+            tf = Fields(tool, f"tools[{i}]")
+            kind = tf.str("type")
+            if kind not in (None, "custom"):
+                raise tf.error("type", f"server tool {kind!r} is not supported: give custom tools with an "
+                                       "input_schema")
+            schema = tf.object("input_schema")
+            fn = {"name": tf.str("name"), "parameters": schema.obj if schema is not None else {"type": "object"}}
+            if tf.has("description"):
+                fn["description"] = tf.str("description")
+            out.append({"type": "function", "function": fn})
+        return out
+
+    def _tool_choice(self, f: Fields) -> object:
+        choice = f.object("tool_choice")
+        if choice is None:
+            return None
+        self.parallel = not choice.bool("disable_parallel_tool_use")
+        kind = choice.str("type", choices=("auto", "any", "tool", "none"))
+        if kind == "tool":
+            return {"type": "function", "function": {"name": choice.str("name") or ""}}
+        return {"auto": "auto", "any": "required", "none": "none", None: None}[kind]
+
+    def translate(self, body: dict, *, counting: bool = False) -> dict:
+        """The chat completions body of a Messages body (``counting``: for count_tokens, no max_tokens)."""
+        f = Fields(body)
+        if not counting and f.int("max_tokens", None, 1) is None:
+            raise f.error("max_tokens", "is required")
+        if f.has("mcp_servers"):
+            raise f.error("mcp_servers", "is not supported")
+        chat: dict = {k: body[k] for k in PASSED if body.get(k) is not None}
+        chat["messages"] = self._messages(f)
+        stops = f.list("stop_sequences")
+        if stops:
+            chat["stop"] = stops
+        tools = self._tools(f)
+        if tools:
+            chat["tools"] = tools
+        choice = self._tool_choice(f)
+        if choice is not None:
+            chat["tool_choice"] = choice
+        thinking = f.object("thinking")
+        if thinking is not None:
+            kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))
+            chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+        return chat
+
+    def make_response(self, p: CommonParams, tokenizer: TextTokenizer, head: dict) -> MessagesResponse:
+        return MessagesResponse(p, tokenizer, head, self.parallel)
+
+    def remap(self, e: ApiError) -> ApiError:
+        """``e`` naming the Anthropic field a chat message or field came from."""
+        param = e.param or ""
+        m = re.fullmatch(r"messages\[(\d+)\](.*)", param)
+        if m and int(m.group(1)) < len(self.origins):
+            return e.renamed(self.origins[int(m.group(1))] + m.group(2))
+        return e.renamed({"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name"}.get(param, param))
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    """Create a message (Anthropic's Messages API)."""
+    turn = MessagesTurn()
+    try:
+        req = await GenerationRequest.read(request, "chat", translate=turn.translate)
+        return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
+    except ApiError as e:
+        raise turn.remap(e) from None
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """Count the input tokens of a message request."""
+    turn = MessagesTurn()
+    try:
+        chat = turn.translate(await read_request_body(request), counting=True)
+        gw: GatewayState = request.app[STATE].select(chat.get("model"))
+        ids = await prompt_work(request).run(render_chat_ids, gw, Fields(chat))
+    except ApiError as e:
+        raise turn.remap(e) from None
+    return json_response({"input_tokens": len(ids)})

@@ -1,0 +1,133 @@
+"""/v1/messages (Anthropic's Messages API) through the anthropic SDK: the chat path's tokens in Anthropic's shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.gateway.conftest import http
+
+anthropic = pytest.importorskip("anthropic")
+
+TOOL = {"name": "get_weather", "description": "Weather of a city",
+        "input_schema": {"type": "object", "properties": {"city": {"enum": ["Köln", "Berlin"]}},
+                         "required": ["city"], "additionalProperties": False}}
+GREEDY = {"temperature": 0}  # the SDK takes sampling settings as extra fields
+OPENAI_TOOL = {"type": "function", "function": {"name": TOOL["name"], "description": TOOL["description"],
+                                                "parameters": TOOL["input_schema"]}}
+
+
+@pytest.fixture
+def claude(server):
+    with anthropic.Anthropic(base_url=server.url, api_key=server.api_key, max_retries=0, timeout=60) as c:
+        yield c
+
+
+def chat_twin(client, server, messages, chat_template_kwargs=None, **kw):
+    extra = {"return_token_ids": True}
+    if chat_template_kwargs:
+        extra["chat_template_kwargs"] = chat_template_kwargs
+    return client.chat.completions.create(model=server.model, messages=messages, temperature=0, extra_body=extra, **kw)
+
+
+def post(server, path, body, headers=None):
+    h = {"Content-Type": "application/json", "x-api-key": server.api_key, **(headers or {})}
+    return http("POST", server.url + path, json.dumps(body).encode(), h)
+
+
+def test_a_turn_is_the_chat_paths_answer_in_anthropics_shape(claude, client, server):
+    m = claude.messages.create(model=server.model, max_tokens=12, extra_body=GREEDY,
+                               system=[{"type": "text", "text": "You are terse."}],
+                               messages=[{"role": "user", "content": "Hi there"}],
+                               thinking={"type": "disabled"})
+    twin = chat_twin(client, server, [{"role": "system", "content": "You are terse."},
+                                      {"role": "user", "content": "Hi there"}], max_tokens=12,
+                     chat_template_kwargs={"enable_thinking": False})
+    text = "".join(b.text for b in m.content if b.type == "text")
+    assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
+    assert text == twin.choices[0].message.content
+    assert m.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[twin.choices[0].finish_reason]
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == twin.usage.prompt_tokens
+    assert m.usage.output_tokens == twin.usage.completion_tokens
+
+
+def test_the_stream_carries_the_same_turn(claude, server):
+    kw = dict(model=server.model, max_tokens=16, extra_body=GREEDY, messages=[{"role": "user", "content": "Count on"}])
+    whole = claude.messages.create(**kw)
+    with claude.messages.stream(**kw) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
+    assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_a_forced_tool_call_is_a_tool_use_block_and_its_result_goes_back(claude, client, server):
+    ask = [{"role": "user", "content": "Weather in Köln?"}]
+    m = claude.messages.create(model=server.model, max_tokens=64, extra_body=GREEDY, messages=ask, tools=[TOOL],
+                               tool_choice={"type": "tool", "name": "get_weather"})
+    calls = [b for b in m.content if b.type == "tool_use"]
+    twin = chat_twin(client, server, ask, max_tokens=64, tools=[OPENAI_TOOL],
+                     tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    want = twin.choices[0].message.tool_calls[0]
+    assert m.stop_reason == "tool_use" and len(calls) == 1
+    assert calls[0].name == "get_weather" and calls[0].input == json.loads(want.function.arguments)
+    follow = ask + [{"role": "assistant", "content": [{"type": "tool_use", "id": calls[0].id, "name": "get_weather",
+                                                       "input": calls[0].input}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id,
+                                                  "content": [{"type": "text", "text": "Sunny, 21 C"}]},
+                                                 {"type": "text", "text": "Thanks!"}]}]
+    counted = claude.messages.count_tokens(model=server.model, messages=follow, tools=[TOOL])
+    chat = ask + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": calls[0].id, "type": "function",
+         "function": {"name": "get_weather", "arguments": json.dumps(calls[0].input)}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "Sunny, 21 C"},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks!"}]}]
+    tokenized = post(server, "/tokenize", {"messages": chat, "tools": [OPENAI_TOOL]}).json()
+    assert counted.input_tokens == tokenized["count"]
+    answered = claude.messages.create(model=server.model, max_tokens=4, messages=follow, tools=[TOOL])
+    assert answered.usage.input_tokens + answered.usage.cache_read_input_tokens == tokenized["count"]
+
+
+def test_a_stop_sequence_ends_the_turn_and_is_named(claude, server):
+    kw = dict(model=server.model, max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": "Go"}],
+              thinking={"type": "disabled"})
+    text = "".join(b.text for b in claude.messages.create(**kw).content if b.type == "text")
+    stop = text.strip()[3:6]
+    assert len(stop) == 3
+    m = claude.messages.create(stop_sequences=[stop], **kw)
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert "".join(b.text for b in m.content if b.type == "text") == text[:text.index(stop)]
+
+
+@pytest.mark.parametrize("body, status, kind, where", [
+    ({"messages": [{"role": "user", "content": "x"}]}, 400, "invalid_request_error", "max_tokens"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "video", "source": {}}]}]}, 400,
+     "invalid_request_error", "messages[0].content[0].type"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error", "tools[0].type"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "stop_sequences": ["a"] * 5}, 400,
+     "invalid_request_error", "stop_sequences"),
+    ({"max_tokens": 4, "system": "s", "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}]}]}, 400,
+     "invalid_request_error", "messages[2].content[0]"),
+    ({"max_tokens": 4, "model": "claude-nope", "messages": [{"role": "user", "content": "x"}]}, 404,
+     "not_found_error", "model"),
+])
+def test_bad_requests_answer_anthropic_errors(server, body, status, kind, where):
+    r = post(server, "/v1/messages", body)
+    assert r.status == status, r.body
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == kind and where in err["error"]["message"]
+    assert post(server, "/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}).status == 200
+
+
+def test_the_key_comes_as_x_api_key_or_bearer(server):
+    body = {"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    wrong = post(server, "/v1/messages", body, {"x-api-key": "nope"})
+    assert wrong.status == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    bearer = http("POST", server.url + "/v1/messages", json.dumps(body).encode(),
+                  {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"})
+    assert bearer.status == 200
