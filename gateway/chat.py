@@ -25,7 +25,7 @@ from aiohttp import web
 
 from ignis.gateway.chat_template import TemplateRenderError
 from ignis.gateway.choice import ChoiceDelta
-from ignis.gateway.errors import invalid
+from ignis.gateway.errors import ApiError, invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.grammars import after_reasoning, any_tool_call_grammar, tool_call_grammar
@@ -169,6 +169,16 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
 
     return await req.answer(endpoint, rid, prompt_ids, max_tokens, make_response(p, gw.tokenizer, head),
                             marks=marks, parser=parser, images=images)
+
+
+async def answer_translated(request: web.Request, turn, endpoint: str) -> web.StreamResponse:
+    """A body of another API (/v1/responses, /v1/messages) on the chat path: ``turn.translate`` makes the chat
+    body, ``turn.make_response`` the answer's shape, ``turn.remap`` names that API's fields in errors."""
+    try:
+        req = await GenerationRequest.read(request, "chat", translate=turn.translate)
+        return await answer_chat(req, endpoint, turn.rid, turn.make_response)
+    except ApiError as e:
+        raise turn.remap(e) from None
 
 
 class ChatResponse(EndpointResponse):

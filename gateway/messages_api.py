@@ -33,10 +33,10 @@ import re
 
 from aiohttp import web
 
-from ignis.gateway.chat import answer_chat
+from ignis.gateway.chat import answer_translated
 from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
-from ignis.gateway.generation_request import GenerationRequest, read_request_body
+from ignis.gateway.generation_request import read_request_body
 from ignis.gateway.messages_output import MessagesResponse, message_id
 from ignis.gateway.params import CommonParams
 from ignis.gateway.prompt_work import prompt_work
@@ -232,12 +232,7 @@ class MessagesTurn:
 
 async def create_message(request: web.Request) -> web.StreamResponse:
     """Create a message (Anthropic's Messages API)."""
-    turn = MessagesTurn()
-    try:
-        req = await GenerationRequest.read(request, "chat", translate=turn.translate)
-        return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
-    except ApiError as e:
-        raise turn.remap(e) from None
+    return await answer_translated(request, MessagesTurn(), ENDPOINT)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

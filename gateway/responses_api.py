@@ -35,10 +35,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ignis.gateway.chat import answer_chat
+from ignis.gateway.chat import answer_translated
 from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
-from ignis.gateway.generation_request import GenerationRequest
 from ignis.gateway.params import CommonParams
 from ignis.gateway.reasoning_seal import ReasoningSeal
 from ignis.gateway.responses import json_response
@@ -214,12 +213,7 @@ class ResponsesTurn:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     """Create a model response (OpenAI's Responses API)."""
-    turn = ResponsesTurn(request)
-    try:
-        req = await GenerationRequest.read(request, "chat", translate=turn.translate)
-        return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
-    except ApiError as e:
-        raise turn.remap(e) from None
+    return await answer_translated(request, ResponsesTurn(request), ENDPOINT)
 
 
 async def get_response(request: web.Request) -> web.Response:
