@@ -131,3 +131,18 @@ def test_the_key_comes_as_x_api_key_or_bearer(server):
     bearer = http("POST", server.url + "/v1/messages", json.dumps(body).encode(),
                   {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"})
     assert bearer.status == 200
+
+
+def test_a_second_turn_reads_the_shared_system_and_tools_from_reuse_and_answers_as_cold(claude, server):
+    """Claude Code's shape: a long system block list and tools, new user text each turn."""
+    system = [{"type": "text", "text": " ".join(f"rule {i}: keep the build green." for i in range(150))}]
+    tools = [dict(TOOL, name=f"tool_{i}", description=f"tool number {i} " * 20) for i in range(4)]
+    kw = dict(model=server.model, max_tokens=8, system=system, tools=tools, extra_body=GREEDY)
+    cold = claude.messages.create(messages=[{"role": "user", "content": "first question"}], **kw)
+    warm = claude.messages.create(messages=[{"role": "user", "content": "second question"}], **kw)
+    assert cold.usage.input_tokens > 1000
+    assert warm.usage.cache_read_input_tokens >= 1000  # the system block and the tools
+    again = claude.messages.create(messages=[{"role": "user", "content": "first question"}], **kw)
+    assert [b.model_dump() for b in again.content] == [b.model_dump() for b in cold.content]
+    assert again.usage.input_tokens + again.usage.cache_read_input_tokens == \
+        cold.usage.input_tokens + cold.usage.cache_read_input_tokens
