@@ -221,7 +221,9 @@ class ModelRunner:
         if masks is not None:
             self.grammars.apply(picked, masks)
         states = [self.samplers.get(i) for i in ids]
-        wants = [self.want_logprobs.get(i) for i in ids]
+        # a request that drafted gets every logprob of its round from the verify rows (``_spec_logprobs``)
+        drafted = spec.drafts if spec is not None else {}
+        wants = [None if i in drafted else self.want_logprobs.get(i) for i in ids]
         if self.greedy_on_device and all(w is None for w in wants) and all(
                 st is not None and st.greedy and not st.adjusts_now for st in states):
             tokens = picked.argmax(-1).tolist()  # the first largest entry, as the host sampler picks it
