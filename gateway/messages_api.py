@@ -8,8 +8,8 @@ grammars of forced calls, usage); only the answer's shape differs
 
     system (a string or text blocks)    one system message (blocks joined by newlines)
     messages, role user                 text and image blocks (base64 or url sources) -> content parts;
-                                        tool_result blocks -> tool messages (tool_call_id = tool_use_id),
-                                        before the rest of that turn
+                                        tool_result blocks -> tool messages (tool_call_id = tool_use_id;
+                                        their text, or parts when they hold images), before the rest of that turn
     messages, role assistant            text -> content, thinking -> reasoning_content,
                                         tool_use -> tool_calls (input as JSON arguments)
     tools [{name, description, input_schema}]        functions; Anthropic's server tools are a 400
@@ -80,6 +80,26 @@ def _image_part(bf: Fields) -> dict:
     raise source.error("type", "must be 'base64' or 'url'")
 
 
+def _tool_result(bf: Fields) -> str | list[dict]:
+    """A tool_result block's content: its text (text blocks joined by newlines), or parts when it holds images."""
+    result = bf.raw("content")
+    if result is None or isinstance(result, str) or not isinstance(result, list):
+        return "" if result is None else _text_of(bf, "content", result)
+    if not any(isinstance(b, dict) and b.get("type") == "image" for b in result):
+        return _text_of(bf, "content", result)
+    parts = []
+    for j, block in enumerate(result):
+        cf = Fields(block, f"{bf.param('content')}[{j}]")
+        kind = cf.str("type")
+        if kind == "image":
+            parts.append(_image_part(cf))
+        elif kind == "text":
+            parts.append({"type": "text", "text": cf.str("text") or ""})
+        else:
+            raise cf.error("type", "only text and image blocks are taken in a tool_result")
+    return parts
+
+
 class MessagesTurn:
     """One /v1/messages request: its body as a chat body, and the answer's shape."""
 
@@ -102,10 +122,8 @@ class MessagesTurn:
             elif kind == "image":
                 parts.append(_image_part(bf))
             elif kind == "tool_result":
-                result = bf.raw("content")
-                text = "" if result is None else _text_of(bf, "content", result)
                 out.append({"role": "tool", "tool_call_id": bf.str("tool_use_id", max_chars=256) or "",
-                            "content": text})
+                            "content": _tool_result(bf)})
                 self.origins.append(bf.where)
             elif kind in ("document", "search_result", "server_tool_use", "web_search_tool_result"):
                 raise bf.error("type", f"{kind!r} blocks are not supported")

@@ -27,6 +27,9 @@ BODY = {
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "one"},
                                      {"type": "tool_result", "tool_use_id": "toolu_2",
                                       "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "!"}]},
+                                     {"type": "tool_result", "tool_use_id": "toolu_2", "content": [
+                                         {"type": "text", "text": "shot:"},
+                                         {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]},
                                      {"type": "text", "text": "And now?"}]},
         {"role": "assistant", "content": "Plain."},
         {"role": "user", "content": "Bye"},
@@ -57,10 +60,13 @@ def test_a_full_body_becomes_its_chat_body():
         {"id": "toolu_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}
     assert m[3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "one"}
     assert m[4] == {"role": "tool", "tool_call_id": "toolu_2", "content": "two\n!"}
-    assert m[5] == {"role": "user", "content": [{"type": "text", "text": "And now?"}]}
-    assert m[6:] == [{"role": "assistant", "content": "Plain."}, {"role": "user", "content": "Bye"}]
+    assert m[5] == {"role": "tool", "tool_call_id": "toolu_2", "content": [
+        {"type": "text", "text": "shot:"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}
+    assert m[6] == {"role": "user", "content": [{"type": "text", "text": "And now?"}]}
+    assert m[7:] == [{"role": "assistant", "content": "Plain."}, {"role": "user", "content": "Bye"}]
     assert turn.origins == ["system", "messages[0]", "messages[1]", "messages[2].content[0]",
-                            "messages[2].content[1]", "messages[2]", "messages[3]", "messages[4]"]
+                            "messages[2].content[1]", "messages[2].content[2]", "messages[2]", "messages[3]",
+                            "messages[4]"]
     err = turn.remap(ApiError(400, "messages[4].tool_call_id: unknown", param="messages[4].tool_call_id"))
     assert err.param == "messages[2].content[1].tool_call_id" and err.message.startswith("messages[2].content[1]")
 
