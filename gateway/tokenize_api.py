@@ -34,6 +34,7 @@ from ignis.gateway.state import STATE, GatewayState
 KEYED_PATHS = ("/tokenize", "/detokenize")
 """Paths outside /v1 that take the API key like /v1 routes."""
 
+
 def render_chat_ids(gw: GatewayState, f: Fields) -> list[int]:
     """The prompt ids of a chat-shaped body's ``messages``, ``tools`` and template kwargs."""
     if gw.template is None:
