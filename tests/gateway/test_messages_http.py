@@ -146,3 +146,19 @@ def test_a_second_turn_reads_the_shared_system_and_tools_from_reuse_and_answers_
     assert [b.model_dump() for b in again.content] == [b.model_dump() for b in cold.content]
     assert again.usage.input_tokens + again.usage.cache_read_input_tokens == \
         cold.usage.input_tokens + cold.usage.cache_read_input_tokens
+
+
+def test_a_streamed_tool_call_arrives_as_input_json_deltas(claude, server):
+    kw = dict(model=server.model, max_tokens=64, extra_body=GREEDY, tools=[TOOL],
+              messages=[{"role": "user", "content": "Weather in Köln?"}],
+              tool_choice={"type": "tool", "name": "get_weather"})
+    whole = claude.messages.create(**kw)
+    with claude.messages.stream(**kw) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    assert deltas and all(d.type == "input_json_delta" for d in deltas)
+    assert json.loads("".join(d.partial_json for d in deltas)) == whole.content[0].input
+    same = [b.model_dump(exclude={"id"}) for b in whole.content]
+    assert [b.model_dump(exclude={"id"}) for b in final.content] == same
+    assert final.content[0].id.startswith("call_") and final.stop_reason == "tool_use"
