@@ -79,10 +79,14 @@ class SamplerState:
         return self.penalised or bool(self.params.logit_bias) or self.params.min_tokens > 0
 
     @property
+    def holding(self) -> bool:
+        """``held_ids`` are held back from the next row: fewer than ``min_tokens`` tokens are out."""
+        return bool(self.held_ids) and self.produced < self.params.min_tokens
+
+    @property
     def adjusts_now(self) -> bool:
-        """The next row is adjusted before it is sampled (``min_tokens`` counts only until they are out)."""
-        return (self.penalised or bool(self.params.logit_bias)
-                or (bool(self.held_ids) and self.produced < self.params.min_tokens))
+        """The next row is adjusted before it is sampled (``min_tokens`` counts only while ``holding``)."""
+        return self.penalised or bool(self.params.logit_bias) or self.holding
 
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
@@ -110,7 +114,7 @@ def _adjust(row: torch.Tensor, st: SamplerState) -> None:
         row.index_add_(0, idx, torch.tensor([b for _, b in bias], dtype=row.dtype, device=row.device))
     if st.penalised:
         _apply_penalties(row, st)
-    if st.held_ids and st.produced < st.params.min_tokens:
+    if st.holding:
         row.index_fill_(0, torch.tensor(st.held_ids, dtype=torch.long, device=row.device), float("-inf"))
 
 

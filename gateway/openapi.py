@@ -12,6 +12,7 @@ import re
 
 from aiohttp import web
 
+from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.request_schemas import ANSWERS, ANTHROPIC_ERROR, ERROR, REQUESTS, SSE_EVENT, STREAMING
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE
@@ -44,7 +45,7 @@ def _responses(method: str, path: str) -> dict:
         out["503"] = {"description": "the engine is not answering",
                       "content": _json({"type": "object", "properties": {"status": {"const": "unavailable"}},
                                         "required": ["status"]})}
-    elif path.startswith("/v1/messages"):
+    elif path.startswith(MESSAGES_PREFIX):
         out["default"] = {"description": "an Anthropic error object", "content": _json(ANTHROPIC_ERROR)}
     else:
         out["default"] = {"description": "an OpenAI error object", "content": _json(ERROR)}
