@@ -70,12 +70,15 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
                                     sched.config.capture_inside_chunks)
             continue
         tokens = req.key_prefix(req.num_tokens)  # images as their digests (engine.reuse.image_keys)
-        hit = sched.store.lookup(tokens)
-        req.restore_rejected += sched.store.claim_rejections(tokens)
+        # a request scoring its prompt computes every prompt row: it resumes from nothing and waits for no one
+        scores = req.sampling.prompt_logprobs is not None
+        hit = None if scores else sched.store.lookup(tokens)
+        if not scores:
+            req.restore_rejected += sched.store.claim_rejections(tokens)
         matched = hit.num_tokens if hit else 0
-        if sched.store.pending_prefix(tokens) > matched or capture_ahead(
+        if not scores and (sched.store.pending_prefix(tokens) > matched or capture_ahead(
                 tokens, matched, sched.lanes.holders(),
-                lambda other, point: capture_kind(other, point, sched.store, page_tokens)):
+                lambda other, point: capture_kind(other, point, sched.store, page_tokens))):
             return  # a request ahead is about to retain this prefix: resume from it once it is filled
         shared = hit.num_tokens // page_tokens if hit else 0
         needed = sched.pool.pages_for(req.num_tokens + 1) - shared
@@ -94,7 +97,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
             if req.num_preemptions == 0:
                 req.cached_tokens = hit.num_tokens
                 req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
-        if req.num_preemptions == 0 and sched.learned is not None:
+        if req.num_preemptions == 0 and sched.learned is not None and not scores:
             req.shortfall = shortfall_reason(tokens, matched, req.shared_tokens, req.earlier_cuts,
                                              sched.store.fates, page_tokens)
         req.page_table.ensure_capacity(req.num_tokens + 1)

@@ -19,6 +19,11 @@ see only the tokens the grammar allows. A round without one pays nothing.
 
 A request whose sampling fails ends alone (``engine.row_sampling``).
 
+A request that scores its prompt (``prompt_logprobs``) has the rows of its
+prefill chunks put through the head too, a slice at a time, and reduced to
+its prompt tokens' logprobs (``engine.prompt_scores``); ``RoundResult.prompt_logprobs``
+carries them.
+
 On CUDA a round of decode steps only replays a captured graph
 (``engine.decode_graphs``) instead of launching the forward op by op.
 
@@ -45,6 +50,7 @@ from ignis.engine.row_sampling import sample_isolated
 from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs, token_logprobs
 from ignis.engine import spec_round
 from ignis.engine.image_encoder import ImageEncoder
+from ignis.engine.prompt_scores import PromptScoring
 from ignis.engine.schedule import PrefillChunk, RoundPlan, RoundResult
 
 log = logging.getLogger("ignis.engine")
@@ -67,6 +73,7 @@ class ModelRunner:
         # ids at or past vocab_limit (embedding rows padding the tokenizer) are never sampled
         self.vocab_limit = vocab_limit
         self.workspace = SamplerWorkspace(model.cfg.vocab_size)
+        self.scoring = PromptScoring(model.cfg.vocab_size, vocab_limit)
         self.last_logits: dict = {}  # req_id -> the row it was sampled from this round (views, no copy)
         self.graphs = None  # DecodeGraphs once captured (CUDA)
         # rounds of plain greedy rows (no penalties, no logprobs) take their argmax where the logits are and
@@ -124,6 +131,7 @@ class ModelRunner:
         """Forget a finished request's sampler."""
         self.samplers.pop(req_id, None)
         self.want_logprobs.pop(req_id, None)
+        self.scoring.release(req_id)
         if self.images is not None:
             self.images.release(req_id)
         if self.grammars is not None:
@@ -150,6 +158,7 @@ class ModelRunner:
                     log.exception("request %s: its sampler could not be set up", s.req_id)
                     self.samplers.pop(s.req_id, None)
                 self.want_logprobs[s.req_id] = s.sampling.top_logprobs if s.sampling.logprobs else None
+            self.scoring.start(s.req_id, s.prompt_ids, s.sampling.prompt_logprobs)
 
     def _capture(self, plan: RoundPlan) -> None:
         """After the forward: fill this round's new retained entries (pages, then images: those of marks
@@ -199,21 +208,25 @@ class ModelRunner:
         chunks += self._prefill_chunks(plan.prefills)
         ids = plan.sampled_ids()
         masks = self.grammars.begin(ids) if self.grammars is not None else None  # filled during the forward
-        spec = None
+        spec = hidden = None
+        scored = [c for c in plan.prefills if self.scoring.wants(c.req_id)]
         if self.spec is not None and any(self.speculates(r) for r in
                                          [d.req_id for d in plan.decodes] + [c.req_id for c in plan.prefills]):
             spec = spec_round.forward(self.spec, self.model, self.state, plan, self.speculates, self.samplers,
                                       self.device, chunks[len(plan.decodes):])
-            logits = spec.logits
+            logits, hidden = spec.logits, spec.hidden
         elif not plan.prefills and self.graphs is not None and self.graphs.takes(chunks):
             logits = self.graphs.run(chunks)
+        elif scored:  # the final-normed rows of every token too, for the prompt scores
+            logits, hidden = self.model.forward_hidden(ForwardBatch.build(chunks, self.device), self.state)
         else:  # one row per sampled id, in sampled_ids() order
             logits = self.model(ForwardBatch.build(chunks, self.device), self.state)
         self._capture(plan)
+        prompt_logprobs = self._score(plan, scored, chunks, hidden, spec) if scored else {}
         if not ids:
             if spec is not None:
                 spec_round.finish(self.spec, plan, spec, {}, {}, self.samplers)
-            return RoundResult(), {}
+            return RoundResult(prompt_logprobs=prompt_logprobs), {}
         picked = logits.float()  # the forward's own tensor when the model is fp32
         if self.vocab_limit is not None and self.vocab_limit < picked.shape[-1]:
             with torch.inference_mode():  # the forward's output is an inference tensor: written in the mode only
@@ -237,7 +250,7 @@ class ModelRunner:
             tokens, lps, errors = sample_isolated(picked, ids, states, wants, self.workspace)
         if masks is not None:
             self.grammars.advance(masks, tokens)  # a failed row's placeholder too: that request ends now
-        result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors)
+        result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors, prompt_logprobs=prompt_logprobs)
         if spec is not None:
             result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers)
             result.drafted = {rid: len(d) for rid, d in spec.drafts.items()}
@@ -248,6 +261,31 @@ class ModelRunner:
         if spec is not None:
             logprobs.update(self._spec_logprobs(spec, result))
         return result, logprobs
+
+    def _score(self, plan: RoundPlan, scored: list[PrefillChunk], chunks: list[SeqChunk], hidden: torch.Tensor,
+               spec) -> dict[str, list]:
+        """The prompt scores of this round's ``scored`` prefill chunks, from the forward's final-normed rows
+        ``hidden`` (batch order: the decodes' rows, then each prefill chunk's; a speculative round says
+        where each request's rows start)."""
+        if spec is not None:
+            first_row = spec.first_row
+        else:
+            first_row, row = {}, sum(len(c.tokens) for c in chunks[:len(plan.decodes)])
+            for c in plan.prefills:
+                first_row[c.req_id] = row
+                row += c.num_tokens
+        weight = self.model.head_weight()
+
+        def head(rows: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(rows, weight)
+
+        out = {}
+        for c in scored:
+            at = first_row[c.req_id]
+            found = self.scoring.score(c.req_id, c.start, c.end, hidden[at:at + c.num_tokens], head)
+            if found:
+                out[c.req_id] = found
+        return out
 
     def _spec_logprobs(self, spec, result: RoundResult) -> dict[str, list[TokenLogprobs]]:
         """Per drafting request that asked for logprobs: one per token of its round (the first may have

@@ -160,6 +160,9 @@ class RoundResult:
     it the lists hold exactly the tokens the requests took."""
     drafted: dict[str, int] = field(default_factory=dict)
     """Speculative decodes: how many draft tokens each verified (``extra`` holds those accepted)."""
+    prompt_logprobs: dict[str, list] = field(default_factory=dict)
+    """Requests that score their prompt: this round's scores (``shared.wire.PromptLogprobs`` messages, in
+    prompt order), sent before any of their tokens."""
     errors: dict[str, str] = field(default_factory=dict)
     """Requests whose step failed this round (e.g. sampling): each ends with "error" and this message;
     its entry in ``tokens`` is a placeholder that is never used."""

@@ -1,7 +1,8 @@
 """Output fan-out: the requests the scheduler accepted, as the gateways that sent them see them.
 
 Per request: who asked and when, and when it was admitted and streamed.
-Each round's tokens go back as one ``TokenBatch`` per gateway; a request's end
+Each round's tokens go back as one ``TokenBatch`` per gateway, after the
+``PromptLogprobs`` of requests that score their prompt; a request's end
 goes back as ``Finished`` (usage, reuse, timings) followed by one ``done`` line
 in the log. The latency histograms and finish counters are updated before the
 message a client could act on is sent.
@@ -71,8 +72,16 @@ class TokenStreams:
                 self.metrics.queue_time.observe(now - t.arrived)
 
     def send_tokens(self, result, logprobs: dict, scheduler) -> None:
-        """One round's sampled tokens, batched per gateway; a request already ending sends none."""
+        """One round's sampled tokens, batched per gateway; a request already ending sends none. Prompt
+        scores go first: a stream's come before its first tokens."""
         now = time.monotonic()
+        for rid, scores in result.prompt_logprobs.items():
+            t = self.tracked.get(rid)
+            req = scheduler.get(rid)
+            if t is None or (req is not None and req.pending_end is not None):
+                continue
+            for msg in scores:
+                self.channel.send(msg, t.peer)
         by_peer: dict[bytes, list[StreamTokens]] = {}
         for rid, token in result.tokens.items():
             tokens = (token, *result.extra.get(rid, ()))

@@ -27,6 +27,7 @@ from ignis.gateway.chat_template import TemplateRenderError
 from ignis.gateway.choice import ChoiceDelta
 from ignis.gateway.errors import ApiError, invalid
 from ignis.gateway.fields import Fields
+from ignis.gateway.generation import Usage
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.grammars import after_reasoning, any_tool_call_grammar, tool_call_grammar
 from ignis.gateway.image_limits import parse_mm_limit
@@ -44,6 +45,7 @@ from ignis.gateway.params import CommonParams
 from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
+from ignis.gateway.prompt_logprobs import prompt_logprobs_json
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
@@ -193,6 +195,19 @@ class ChatResponse(EndpointResponse):
     def first_choices(self) -> list[dict]:
         return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for i in range(self.params.n)]
+
+    def _prompt_logprobs(self) -> dict:
+        """vLLM's top-level ``prompt_logprobs`` (every choice shares the prompt), when asked."""
+        if self.params.prompt_logprobs is None:
+            return {}
+        ids, scores = self.prompts[0]
+        return {"prompt_logprobs": prompt_logprobs_json(ids, scores, self.tokenizer)}
+
+    def first_extra(self) -> dict:
+        return self._prompt_logprobs()
+
+    def body(self, choices: list[dict], usage: Usage) -> dict:
+        return dict(super().body(choices, usage), **self._prompt_logprobs())
 
     def chunk_choice(self, d: ChoiceDelta) -> dict:
         delta: dict = {}

@@ -20,7 +20,7 @@ from ignis.gateway.detokenize import IncrementalDetokenizer
 from ignis.gateway.output_parser import OutputParser, ToolCallDelta
 from ignis.gateway.stop_strings import StopMatcher
 from ignis.gateway.tokenizer import TextTokenizer
-from ignis.shared.wire import StreamTokens, TokenLogprobs
+from ignis.shared.wire import PromptLogprobs, StreamTokens, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class ChoiceState:
         self.parser = parser
         self.unmatched = min_tokens if stops else 0  # tokens whose text no stop string is looked for in
         self.token_ids: list[int] = []
+        self.prompt_scores: list[PromptLogprobs] = []  # the engine's scores of the prompt, when asked
         self.finished = False
         self._plain = not stops and not stop_token_ids and parser is None
         """Text is all content, nothing to match: tokens without logprobs need only detokenizing."""

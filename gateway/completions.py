@@ -4,7 +4,10 @@
 ``MAX_PROMPTS``; prompt k's j-th choice has index ``k * n + j``, as OpenAI
 numbers them). ``max_tokens`` defaults to 16, as in OpenAI's API, and is
 checked against each prompt. ``echo`` puts each prompt's text in front of its
-choices (not combined with logprobs: prompt logprobs are not computed).
+choices; with ``logprobs`` the engine scores the prompt too, and the choice's
+logprobs start with the prompt's tokens (the first with a null logprob), as
+OpenAI's legacy API gives them (what ``lm-eval``'s loglikelihood requests read).
+vLLM's ``prompt_logprobs`` adds each choice's ``prompt_logprobs`` list.
 Responses are ``text_completion`` objects, with the legacy logprobs format.
 Generating and answering is ``GenerationRequest.answer_prompts``'s.
 """
@@ -12,6 +15,7 @@ Generating and answering is ``GenerationRequest.answer_prompts``'s.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import orjson
@@ -20,7 +24,9 @@ from aiohttp import web
 from ignis.gateway.choice import ChoiceDelta
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
+from ignis.gateway.generation import Generation
 from ignis.gateway.params import CommonParams
+from ignis.gateway.prompt_logprobs import echo_logprobs, prompt_logprobs_json
 from ignis.gateway.responses import CompletionLogprobs, merge_completion_logprobs, new_id
 from ignis.gateway.state import GatewayState
 from ignis.gateway.tokenizer import TextTokenizer
@@ -80,8 +86,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if f.has("suffix"):
         raise f.error("suffix", "is not supported")
     echo = f.bool("echo")
-    if echo and p.logprobs:
-        raise f.error("echo", "cannot be combined with logprobs (prompt logprobs are not computed)")
+    asked = p.prompt_logprobs
+    if echo and p.logprobs:  # the engine scores the prompt for the echoed tokens' logprobs
+        req.params = dataclasses.replace(p, prompt_logprobs=max(p.top_logprobs, p.prompt_logprobs or 0))
     prompts, texts = await _prompts(gw, f)
     if len(prompts) * p.n > MAX_CHOICES:
         raise f.error("n", f"{len(prompts)} prompts times n = {p.n} is more than {MAX_CHOICES} choices")
@@ -92,25 +99,43 @@ async def completions(request: web.Request) -> web.StreamResponse:
                       for ids, text in zip(prompts, texts)]
     rid = new_id("cmpl")
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}
-    response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)])
+    response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)], asked)
     return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response)
 
 
 class CompletionResponse(EndpointResponse):
     """``text_completion`` objects, streamed or whole, with legacy logprobs; ``echo_texts[i]`` opens choice i
-    (one per choice, empty: no echo)."""
+    (one per choice, empty: no echo); ``prompt_logprobs``: the alternatives vLLM's field asked for (None:
+    no such field)."""
 
-    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_texts: list[str]):
+    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_texts: list[str],
+                 prompt_logprobs: int | None = None):
         super().__init__(params, tokenizer, head, head)
         self.echo_texts = echo_texts
+        self.prompt_logprobs = prompt_logprobs
         # One per choice: text offsets run on across every delta of the choice.
         self.lps = [CompletionLogprobs() for _ in echo_texts]
         self.acc = [{"text": text, "lps": []} for text in echo_texts]
+        self.echo_lps: list[dict | None] = [None] * len(echo_texts)  # an echoed prompt's legacy logprobs
+
+    def opened(self, gen: Generation) -> None:
+        super().opened(gen)
+        if self.params.logprobs and any(self.echo_texts):
+            for i, (ids, scores) in enumerate(self.prompts):
+                self.echo_lps[i] = echo_logprobs(ids, scores, self.tokenizer, self.lps[i])
+                self.acc[i]["lps"].append(self.echo_lps[i])
+
+    def _with_prompt_logprobs(self, choice: dict, i: int) -> dict:
+        if self.prompt_logprobs is not None:
+            ids, scores = self.prompts[i]
+            choice["prompt_logprobs"] = prompt_logprobs_json(ids, scores, self.tokenizer)
+        return choice
 
     def first_choices(self) -> list[dict]:
-        if not any(self.echo_texts):
+        if not any(self.echo_texts) and self.prompt_logprobs is None:
             return []
-        return [{"index": i, "text": text, "logprobs": None, "finish_reason": None}
+        return [self._with_prompt_logprobs({"index": i, "text": text, "logprobs": self.echo_lps[i],
+                                            "finish_reason": None}, i)
                 for i, text in enumerate(self.echo_texts)]
 
     def chunk_choice(self, d: ChoiceDelta) -> dict:
@@ -134,4 +159,5 @@ class CompletionResponse(EndpointResponse):
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
         a = self.acc[index]
         logprobs = merge_completion_logprobs(a["lps"]) if self.params.logprobs else None
-        return {"index": index, "text": a["text"], "logprobs": logprobs, "finish_reason": finish_reason}
+        return self._with_prompt_logprobs(
+            {"index": index, "text": a["text"], "logprobs": logprobs, "finish_reason": finish_reason}, index)

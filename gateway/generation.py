@@ -1,7 +1,9 @@
 """One HTTP request's engine streams: n Generates out, merged ChoiceDeltas in, aborts on the way out.
 
     open()    send one Generate per choice; wait until every choice has its first answer
-              (a Refused anywhere aborts the rest and raises the matching ApiError)
+              (a Refused anywhere aborts the rest and raises the matching ApiError); a
+              choice's prompt scores (``PromptLogprobs``, before its first tokens) go to
+              its ``ChoiceState.prompt_scores`` as they arrive, so they are all there then
     deltas()  yields ChoiceDelta as tokens arrive, then each choice's final delta
     close()   aborts every choice the engine has not finished (client gone, error, stop string)
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from ignis.gateway.choice import ChoiceDelta, ChoiceState
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import RETRY_AFTER_S, ApiError, engine_unavailable, from_refusal
-from ignis.shared.wire import Finished, Generate, Refused, TokenLogprobs
+from ignis.shared.wire import Finished, Generate, PromptLogprobs, Refused, TokenLogprobs
 
 POLL_S = 0.5
 
@@ -51,7 +53,7 @@ class StreamInbox:
     """One request's engine answers in arrival order; the engine client puts, the request awaits.
 
     An item is ``(engine id, token ids, TokenLogprobs or None)`` for a stream's tokens of one round, or
-    ``(engine id, Finished | Refused, None)``. A wait costs one future; ``fail`` wakes a waiter with an
+    ``(engine id, PromptLogprobs | Finished | Refused, None)``. A wait costs one future; ``fail`` wakes a waiter with an
     exception. With a pump (``pump_with``), arrivals call it instead, once per turn of the loop that
     brought any (after the engine reader's turn, so one turn's items go together), and the waiter is
     left for the pump to ``wake`` or ``fail``."""
@@ -164,6 +166,9 @@ class Generation:
             if isinstance(item, Refused):
                 self.close()
                 raise from_refusal(item.reason, item.message)
+            if type(item) is PromptLogprobs:
+                self._scored(engine_id, item)
+                continue
             waiting.discard(engine_id)
             self._early.append((engine_id, item, lp))
 
@@ -206,6 +211,10 @@ class Generation:
             if choice is None or engine_id in finished:
                 src.popleft()
                 continue
+            if type(item) is PromptLogprobs:  # only before a stream's first tokens: open() took them
+                src.popleft()
+                self._scored(engine_id, item)
+                continue
             if type(item) is tuple:  # token ids
                 src.popleft()
                 if src is items and items and items[0][0] == engine_id:  # more of this stream queued behind
@@ -233,6 +242,11 @@ class Generation:
                 yield delta
             if not self.done and not self.pending:
                 await self.wait()
+
+    def _scored(self, engine_id: str, scores: PromptLogprobs) -> None:
+        choice = self.by_id.get(engine_id)
+        if choice is not None:
+            choice.prompt_scores.append(scores)
 
     @staticmethod
     def _fails(choice: ChoiceState, item: object) -> bool:

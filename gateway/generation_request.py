@@ -71,9 +71,18 @@ class EndpointResponse:
         self.body_head = body_head
         self.chunk_head = chunk_head
 
+    def opened(self, gen: Generation) -> None:
+        """Every choice has its first answer, and with it its prompt scores, if asked
+        (``ChoiceState.prompt_scores``); called before any delta is taken."""
+        self.prompts = [(m.prompt_ids, c.prompt_scores) for m, c in zip(gen.messages, gen.choices)]
+
     def first_choices(self) -> list[dict]:
         """The choices of the SSE chunk sent before any token; none: no such chunk."""
         return []
+
+    def first_extra(self) -> dict:
+        """Top-level keys of that first chunk (it is sent for them even without choices)."""
+        return {}
 
     def chunk_choice(self, d: ChoiceDelta) -> dict:
         """One streamed choice; called only for a delta with something to send."""
@@ -161,6 +170,7 @@ class GenerationRequest:
             async with Generation(gw.client, gens, choices, self._client_gone) as gen:
                 await gen.open()
                 gw.metrics.first_token(endpoint, time.monotonic() - self.started)
+                response.opened(gen)
                 if p.stream:
                     own = await response.stream(self.http, gen, gw.metrics.tokens.inc,
                                                 gw.config.stream_buffer_bytes, gw.metrics.stalled.inc)
@@ -178,8 +188,8 @@ class GenerationRequest:
     async def _stream(self, gen: Generation, response: EndpointResponse, prompt_ids) -> web.StreamResponse:
         p, head = self.params, response.chunk_head
         extra = {"usage": None} if p.include_usage else {}
-        first = response.first_choices()
-        prelude = [dict(head, choices=first, **extra)] if first else []
+        first, first_extra = response.first_choices(), response.first_extra()
+        prelude = [dict(head, choices=first, **extra, **first_extra)] if first or first_extra else []
         if p.return_token_ids and prelude:
             prelude[0]["prompt_token_ids"] = prompt_ids
         elif p.return_token_ids:

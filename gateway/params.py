@@ -6,7 +6,8 @@
 [0, 2], presence/frequency penalties in [-2, 2], at most 4 stop strings, n up to
 8, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
 extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, return_token_ids). Token ids are checked against
+ignore_eos, stop_token_ids, return_token_ids, prompt_logprobs: 0 to 20
+alternatives per scored prompt token). Token ids are checked against
 the served model's vocabulary once the model is known (``for_vocabulary``).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
 or "agent", else the ``X-Ignis-Request-Class`` header, else interactive.
@@ -72,6 +73,8 @@ class CommonParams:
     cache_family: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    prompt_logprobs: int | None = None
+    """vLLM's: score the prompt with this many alternatives per token (None: not asked)."""
 
     def for_vocabulary(self, f: Fields, vocab_size: int) -> CommonParams:
         """These params for a model of ``vocab_size`` token ids: ``logit_bias`` and ``stop_token_ids`` ids
@@ -219,6 +222,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         cache_family=_cache_family(f, headers),
         logit_bias=_logit_bias(f),
         min_tokens=min_tokens,
+        prompt_logprobs=f.int("prompt_logprobs", None, 0, MAX_TOP_LOGPROBS),
     )
 
 
@@ -238,4 +242,5 @@ def _sampling(p: CommonParams, max_tokens: int, seed: int | None) -> SamplingPar
         repetition_penalty=p.repetition_penalty, seed=seed, max_tokens=max_tokens,
         stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
         top_logprobs=p.top_logprobs, logit_bias=p.logit_bias, min_tokens=min(p.min_tokens, max_tokens),
+        prompt_logprobs=p.prompt_logprobs,
     )

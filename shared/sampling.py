@@ -4,7 +4,7 @@ One frozen dataclass; every field is checked when it is built, with the same
 limits whether it comes from the gateway's own code or off the wire. Disabled
 filters have neutral values: ``top_p = 1``, ``top_k = 0``, ``min_p = 0``,
 penalties 0 (presence, frequency) and 1 (repetition), no logit bias,
-``min_tokens = 0``. ``n`` is not here: the
+``min_tokens = 0``, no prompt scoring. ``n`` is not here: the
 gateway fans a request with several choices out into one stream per choice.
 
 No torch.
@@ -65,6 +65,10 @@ class SamplingParams:
     min_tokens: int = 0
     """No end-of-sequence token (unless ``ignore_eos``) and no ``stop_token_ids`` before this many output
     tokens, in [0, max_tokens]."""
+    prompt_logprobs: int | None = None
+    """Also score the prompt: each prompt token's log probability given the tokens before it, its rank,
+    and this many most likely alternatives, in [0, 20]; None: not scored. A scored prompt is computed
+    whole (nothing is resumed from retained state)."""
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -89,6 +93,7 @@ class SamplingParams:
             raise ValueError("top_logprobs needs logprobs=true")
         set_(self, "logit_bias", check_logit_bias(self.logit_bias))
         check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        check_opt_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_TOP_LOGPROBS)
 
     @property
     def greedy(self) -> bool:

@@ -17,7 +17,7 @@ malformed message cannot be sent either.
 
 Directions:
     gateway -> engine   Generate, Abort, Stats
-    engine -> gateway   TokenBatch, Finished, Refused, ErrorReply, StatsReply
+    engine -> gateway   TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply
 
 ``n`` (several choices) is not a field: the gateway fans a request out into
 one Generate per choice. The gateway reads a TokenBatch as its columns
@@ -58,7 +58,7 @@ from ignis.shared.wire_values import check_field_names
 
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
-    "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "Finished", "Refused",
+    "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Finished", "Refused",
     "ErrorReply", "StatsReply", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
@@ -69,6 +69,8 @@ PROTOCOL_VERSION = GATEWAY_ENGINE.version
 
 MAX_ID_CHARS = 256
 MAX_STATS = 1024
+MAX_PROMPT_SCORES = 4096
+"""Prompt tokens one PromptLogprobs message scores (a longer prompt's scores take several)."""
 
 REQUEST_CLASSES = ("interactive", "agent")
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -309,6 +311,52 @@ def plain_token_columns(frames: object) -> TokenColumns | None:
 
 @GATEWAY_ENGINE.message
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Scores of a run of one stream's prompt tokens (``SamplingParams.prompt_logprobs``).
+
+    Entry i is prompt token ``start + i`` (``start`` >= 1: the first token has
+    no score): its log probability given the tokens before it in
+    ``logprobs.logprobs[i]``, the most likely alternatives in
+    ``logprobs.top_ids[i]`` / ``logprobs.top_logprobs[i]``, and ``ranks[i]``,
+    1 + how many tokens were more likely. A stream's messages come in prompt
+    order, each starting where the last ended, all before its first tokens.
+    """
+
+    TYPE: ClassVar[str] = "prompt_logprobs"
+    FRAMES: ClassVar[int] = 0
+
+    id: str
+    start: int
+    ranks: tuple[int, ...]
+    logprobs: TokenLogprobs
+
+    def __post_init__(self):
+        _check_id(self.id)
+        check_int("start", self.start, 1, 2**31 - 1)
+        if not isinstance(self.logprobs, TokenLogprobs):
+            raise TypeError("logprobs must be TokenLogprobs")
+        ranks = tuple(self.ranks) if isinstance(self.ranks, (list, tuple)) else None
+        if ranks is None or not all(type(r) is int and 1 <= r <= 2**31 - 1 for r in ranks):
+            raise ValueError("ranks must be a list of integers >= 1")
+        if not ranks or len(ranks) != self.logprobs.num_tokens or len(ranks) > MAX_PROMPT_SCORES:
+            raise ValueError(f"ranks and logprobs must have one entry per token (1 to {MAX_PROMPT_SCORES})")
+        object.__setattr__(self, "ranks", ranks)
+
+    def to_wire(self) -> tuple[dict, list[bytes]]:
+        return {"id": self.id, "start": self.start, "ranks": list(self.ranks),
+                "logprobs": self.logprobs.to_json()}, []
+
+    @classmethod
+    def from_wire(cls, fields: dict, frames: list) -> PromptLogprobs:
+        check_field_names(fields, ("id", "start", "ranks", "logprobs"))
+        if type(fields["ranks"]) is not list:
+            raise WireError("prompt_logprobs ranks must be a list")
+        return cls(id=fields["id"], start=fields["start"], ranks=tuple(fields["ranks"]),
+                   logprobs=TokenLogprobs.from_json(fields["logprobs"]))
+
+
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
 class Finished:
     """The last message of a stream: why it ended, what it cost, what it reused."""
 
@@ -372,7 +420,7 @@ class StatsReply:
 
 
 GATEWAY_TO_ENGINE = (Generate, Abort, Stats)
-ENGINE_TO_GATEWAY = (TokenBatch, Finished, Refused, ErrorReply, StatsReply)
+ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply)
 
 encode = GATEWAY_ENGINE.encode
 decode = GATEWAY_ENGINE.decode

@@ -25,10 +25,11 @@ def load(path):
 
 def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int] | int = 24, lanes: int = 4,
              pages: int = 24, prefill_budget: int = 40, sampling: dict | None = None, rounds: int = 2000,
-             reuse_slots: int = 0, events: dict | None = None, logprobs: dict | None = None):
+             reuse_slots: int = 0, events: dict | None = None, logprobs: dict | None = None,
+             prompt_scores: dict | None = None):
     """-> ({req_id: output ids}, [accepted drafts per speculative decode]). ``reuse_slots`` > 0: prompt reuse
     on, with that many host slots; ``events`` collects the FinishEvents; ``logprobs`` collects each request's
-    TokenLogprobs, one per output token, in order."""
+    TokenLogprobs, one per output token, in order; ``prompt_scores`` each request's PromptLogprobs."""
     sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
                                       max_prefill_tokens_per_round=prefill_budget, speculative_tokens=k,
                                       max_queue=max(256, len(prompts))),
@@ -51,6 +52,9 @@ def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int
         result, lps = runner.run(plan)
         if plan.is_empty:
             continue
+        if prompt_scores is not None:
+            for rid, msgs in result.prompt_logprobs.items():
+                prompt_scores.setdefault(rid, []).extend(msgs)
         if logprobs is not None:
             for rid, lp in lps.items():
                 logprobs.setdefault(rid, []).extend(lp if isinstance(lp, list) else [lp])

@@ -116,6 +116,25 @@ def test_requests_with_logprobs_draft_and_report_plain_decodes_logprobs(fitted, 
             assert abs(got_lps[rid][j].token_logprob - row_logprob(model, p + out[:j], token)) < 1e-4, (rid, j)
 
 
+def test_prompts_scored_beside_drafting_lanes_score_as_without_a_drafter(fitted):
+    """A request scoring its prompt prefills while others draft: its scores come from the verify forward's
+    rows and equal a plain engine's (fp32, 1e-5); the output is plain decode's, and drafts were accepted."""
+    path, ps = fitted("qwen3_5")
+    model, head = load(path)
+    asks = dict(GREEDY, prompt_logprobs=2)
+    want_scores, got_scores = {}, {}
+    want, _ = generate(model, head, ps, k=0, max_tokens=30, sampling=asks, prompt_scores=want_scores, lanes=2)
+    got, accepted = generate(model, head, ps, k=2, max_tokens=30, sampling=asks, prompt_scores=got_scores, lanes=2)
+    assert sum(accepted) > 0 and got == want
+    assert set(got_scores) == set(want_scores) == {f"r{i}" for i in range(len(ps))}
+    for rid in want_scores:
+        a = [x for m in got_scores[rid] for x in m.logprobs.logprobs]
+        b = [x for m in want_scores[rid] for x in m.logprobs.logprobs]
+        assert len(a) == len(b) == len(ps[int(rid[1:])]) - 1
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, rid
+        assert [m.ranks for m in got_scores[rid]] == [m.ranks for m in want_scores[rid]]
+
+
 def row_logprob(model, ids: list[int], token: int) -> float:
     """log p(token | ids) under the model's raw distribution (one plain forward over ``ids``)."""
     from tests.engine.mtp_fit import target_hidden

@@ -27,6 +27,7 @@ from ignis.shared.wire import (
     Timings,
     TokenBatch,
     TokenColumns,
+    PromptLogprobs,
     TokenLogprobs,
     Usage,
     WireError,
@@ -39,7 +40,7 @@ from ignis.shared.wire_values import to_json
 FULL_SAMPLING = SamplingParams(
     temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.5,
     repetition_penalty=1.1, seed=2**62, max_tokens=512, stop_token_ids=(7, 9), ignore_eos=True,
-    logprobs=True, top_logprobs=3,
+    logprobs=True, top_logprobs=3, prompt_logprobs=2,
 )
 
 MESSAGES = [
@@ -65,6 +66,8 @@ MESSAGES = [
     ErrorReply(message="header frame is not JSON"),
     StatsReply(values={"num_requests_waiting": 3, "kv_cache_usage_perc": 0.25}),
     Generate(id="r4", prompt_ids=tuple(range(50)), sampling=SamplingParams(), opener_start=45, part_end=30),
+    PromptLogprobs(id="r5", start=1, ranks=(1, 7), logprobs=TokenLogprobs(
+        (-0.25, -math.inf), ((3, 4), ()), ((-0.25, -1.5), ()))),
 ]
 
 
@@ -190,6 +193,18 @@ GEN = MESSAGES[1]
     (_header(MESSAGES[11], values={"x": "1"}), "finite number"),
     (_header(MESSAGES[11], values={"x": True}), "finite number"),
     (_header(MESSAGES[11], values=[1]), "dict"),
+    (_header(MESSAGES[13], start=0), "start must be in"),
+    (_header(MESSAGES[13], start=True), "start must be an integer"),
+    (_header(MESSAGES[13], ranks=[1]), "one entry per token"),
+    (_header(MESSAGES[13], ranks=[0, 1]), "integers >= 1"),
+    (_header(MESSAGES[13], ranks="12"), "ranks must be a list"),
+    (_header(MESSAGES[13], ranks=[]), "one entry per token"),
+    (_header(MESSAGES[13], ranks=[1] * 5000, logprobs={"logprobs": [-1.0] * 5000, "top_ids": [[]] * 5000,
+                                                          "top_logprobs": [[]] * 5000}), "one entry per token"),
+    (_header(MESSAGES[13], logprobs={"logprobs": [-1.0, 0.5], "top_ids": [[], []], "top_logprobs": [[], []]}),
+     "log probability"),
+    (_header(MESSAGES[13], extra=1), "unknown field"),
+    (_header(MESSAGES[13], id=_DROP), "missing field 'id'"),
 ])
 def test_malformed_raises_wire_error(frames, match):
     with pytest.raises(WireError, match=match):
@@ -276,6 +291,9 @@ def test_encode_refuses_non_messages():
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"prompt_logprobs": True}, "prompt_logprobs must be an integer"),
 ])
 def test_sampling_params_refuse_bad_values(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -1,0 +1,77 @@
+"""A scored prompt (``PromptLogprobs`` messages from the engine) in the two shapes clients read.
+
+- ``prompt_logprobs_json``: vLLM's ``prompt_logprobs`` field, one entry per
+  prompt token: ``None`` for the first (nothing precedes it), then an object of
+  token id (as a string) to ``{"logprob", "rank", "decoded_token"}`` holding
+  the prompt token itself (its rank among every token, 1 = the most likely)
+  and the top alternatives asked for (ranks 1, 2, ...).
+- ``echo_logprobs``: the legacy completions ``logprobs`` object of an echoed
+  prompt, as OpenAI's ``echo`` with ``logprobs`` gives it: ``tokens``,
+  ``token_logprobs`` (``None`` for the first token), ``top_logprobs`` (``None``
+  for the first; token text to logprob), ``text_offset``; the generated
+  tokens' offsets go on from its end.
+
+A probability of zero is -9999.0, as for generated tokens. No torch.
+"""
+
+from __future__ import annotations
+
+from ignis.gateway.responses import CompletionLogprobs
+from ignis.gateway.tokenizer import TextTokenizer
+from ignis.shared.wire import PromptLogprobs
+
+ZERO_LOGPROB = -9999.0
+
+
+def _lp(value: float) -> float:
+    return ZERO_LOGPROB if value == float("-inf") else value
+
+
+def scored_positions(prompt_len: int, scores: list[PromptLogprobs]) -> list[tuple[float, int, tuple, tuple]]:
+    """Per prompt token after the first: (logprob, rank, top ids, top logprobs), from ``scores`` in order.
+    Raises ValueError when they do not cover the prompt exactly once."""
+    out, at = [], 1
+    for m in scores:
+        if m.start != at:
+            raise ValueError(f"prompt scores start at {m.start}, expected {at}")
+        lp = m.logprobs
+        out.extend(zip(lp.logprobs, m.ranks, lp.top_ids, lp.top_logprobs))
+        at += len(m.ranks)
+    if at != max(prompt_len, 1):
+        raise ValueError(f"prompt scores cover {at - 1} of {prompt_len - 1} tokens")
+    return out
+
+
+def prompt_logprobs_json(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLogprobs],
+                         tokenizer: TextTokenizer) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs``: ``[None, {id: {logprob, rank, decoded_token}}, ...]``."""
+    out: list[dict | None] = [None]
+    for token, (lp, rank, top_ids, top_lps) in zip(prompt_ids[1:], scored_positions(len(prompt_ids), scores)):
+        entry = {str(token): {"logprob": _lp(lp), "rank": rank, "decoded_token": tokenizer.token_text(token)}}
+        for i, (t, v) in enumerate(zip(top_ids, top_lps), start=1):
+            entry.setdefault(str(t), {"logprob": _lp(v), "rank": i, "decoded_token": tokenizer.token_text(t)})
+        out.append(entry)
+    return out
+
+
+def echo_logprobs(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLogprobs],
+                  tokenizer: TextTokenizer, offsets: CompletionLogprobs) -> dict:
+    """The legacy logprobs of an echoed prompt; ``offsets`` (at 0) moves past it, for the generated tokens."""
+    tokens, lps, tops, text_offset = [], [], [], []
+    scored = scored_positions(len(prompt_ids), scores)
+    for i, token in enumerate(prompt_ids):
+        text = tokenizer.token_text(token)
+        tokens.append(text)
+        text_offset.append(offsets.offset)
+        offsets.offset += len(text)
+        if i == 0:
+            lps.append(None)
+            tops.append(None)
+            continue
+        lp, _, top_ids, top_lps = scored[i - 1]
+        lps.append(_lp(lp))
+        top = {}
+        for t, v in zip(top_ids, top_lps):
+            top.setdefault(tokenizer.token_text(t), _lp(v))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": text_offset}

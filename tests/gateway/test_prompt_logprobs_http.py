@@ -1,0 +1,146 @@
+"""Scored prompts over HTTP: ``echo`` with ``logprobs`` (OpenAI's legacy form, what lm-eval's loglikelihood
+requests send) and vLLM's ``prompt_logprobs``, against transformers' forward over the same prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.gateway.conftest import http
+
+TOL = 2e-3  # fp32 model; the engine's chunked forward against transformers' whole one
+
+
+@pytest.fixture(scope="module")
+def hf_logprobs(demo_dir):
+    """``ids -> [len - 1, vocab]`` log-softmax rows of transformers' forward (row q scores token q + 1)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(demo_dir), dtype=torch.float32).eval()
+
+    def score(ids, vocab_size):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].float()
+        logits[:, vocab_size:] = float("-inf")  # ids past the tokenizer are never served
+        return torch.log_softmax(logits, -1)
+
+    return score
+
+
+def post(server, path, body):
+    r = http("POST", server.url + path, json.dumps(body).encode(),
+             {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"})
+    return r.status, r.json()
+
+
+def check_scores(ref, ids, token_logprobs, ranks=None):
+    import torch
+
+    chosen = ref.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+    assert len(token_logprobs) == len(ids) - 1
+    assert max(abs(a - b) for a, b in zip(token_logprobs, chosen.tolist())) < TOL
+    if ranks is not None:
+        lo = ((ref > chosen.unsqueeze(1) + TOL).sum(1) + 1).tolist()
+        hi = ((ref > chosen.unsqueeze(1) - TOL).sum(1) + 1).tolist()
+        assert all(a <= r <= b for a, r, b in zip(lo, ranks, hi))
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(server, demo_tokenizer, hf_logprobs):
+    ids = demo_tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it rests.")
+    status, body = post(server, "/v1/completions", {"model": server.model, "prompt": ids, "max_tokens": 1,
+                                                     "temperature": 0, "echo": True, "logprobs": 2})
+    assert status == 200, body
+    lp = body["choices"][0]["logprobs"]
+    n = len(ids)
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["tokens"][:n] == [demo_tokenizer.token_text(t) for t in ids]
+    ref = hf_logprobs(ids, demo_tokenizer.vocab_size)
+    check_scores(ref, ids, lp["token_logprobs"][1:n])
+    assert all(len(top) <= 2 for top in lp["top_logprobs"][1:])
+    offsets = lp["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    assert offsets[n] == sum(len(t) for t in lp["tokens"][:n])  # the generated token goes on after the prompt
+    assert body["choices"][0]["text"].startswith(demo_tokenizer.decode(ids, skip_special_tokens=False))
+    # lm-eval's greedy check: a prompt token is the argmax exactly when its logprob is its top one's
+    best = ref.argmax(-1).tolist()
+    for q, (tok, top) in enumerate(zip(lp["token_logprobs"][1:n], lp["top_logprobs"][1:n])):
+        if best[q] == ids[q + 1] and ref[q].topk(2).values.diff().abs().item() > TOL:
+            assert tok == max(top.values())
+
+
+def test_prompt_logprobs_name_the_token_its_rank_and_alternatives(server, demo_tokenizer, hf_logprobs):
+    text = "Numbers: one, two, three, four"
+    status, body = post(server, "/v1/completions", {"model": server.model, "prompt": text, "max_tokens": 3,
+                                                     "temperature": 0, "prompt_logprobs": 3,
+                                                     "return_token_ids": True})
+    assert status == 200, body
+    ids = body["prompt_token_ids"]
+    scored = body["choices"][0]["prompt_logprobs"]
+    assert len(scored) == len(ids) and scored[0] is None
+    ref = hf_logprobs(ids, demo_tokenizer.vocab_size)
+    lps, ranks = [], []
+    for q, (tok, entry) in enumerate(zip(ids[1:], scored[1:])):
+        mine = entry[str(tok)]
+        lps.append(mine["logprob"])
+        ranks.append(mine["rank"])
+        assert mine["decoded_token"] == demo_tokenizer.token_text(tok)
+        alternatives = sorted((v["rank"], v["logprob"]) for k, v in entry.items() if k != str(tok) or v["rank"] <= 3)
+        assert [r for r, _ in alternatives][:3] == [1, 2, 3] or mine["rank"] <= 3
+        top = ref[q].topk(3).values.tolist()
+        best = sorted(v["logprob"] for v in entry.values() if v["rank"] <= 3)[::-1]
+        assert max(abs(a - b) for a, b in zip(best, top)) < TOL
+    check_scores(ref, ids, lps, ranks)
+    plain = post(server, "/v1/completions", {"model": server.model, "prompt": text, "max_tokens": 3,
+                                             "temperature": 0})[1]
+    assert body["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert "prompt_logprobs" not in plain["choices"][0]
+
+
+def test_chat_prompt_logprobs_compute_the_whole_prompt_every_time(server, demo_tokenizer):
+    messages = [{"role": "system", "content": "You are terse. " * 40},
+                {"role": "user", "content": "Name a colour."}]
+    base = {"model": server.model, "messages": messages, "max_tokens": 4, "temperature": 0}
+    first = post(server, "/v1/chat/completions", base)[1]
+    warm = post(server, "/v1/chat/completions", base)[1]
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the prompt is retained
+    status, scored = post(server, "/v1/chat/completions", dict(base, prompt_logprobs=0, n=2))
+    assert status == 200, scored
+    assert scored["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert len(scored["prompt_logprobs"]) == scored["usage"]["prompt_tokens"] // 1 and scored["prompt_logprobs"][0] is None
+    assert all(len(e) == 1 for e in scored["prompt_logprobs"][1:])  # the prompt token alone at 0 alternatives
+    assert all(c["message"]["content"] == first["choices"][0]["message"]["content"] for c in scored["choices"])
+    again = post(server, "/v1/chat/completions", dict(base, prompt_logprobs=0))[1]
+    assert again["prompt_logprobs"] == scored["prompt_logprobs"]
+
+
+def test_streamed_echo_carries_the_prompt_logprobs_first(client, server, demo_tokenizer):
+    prompt = "Once upon a time there was"
+    whole = client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                      logprobs=1)
+    chunks = list(client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0,
+                                            echo=True, logprobs=1, stream=True))
+    first = chunks[0].choices[0]
+    assert first.text == prompt and first.logprobs.token_logprobs[0] is None
+    merged = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for c in chunks:
+        for ch in c.choices:
+            if ch.logprobs is not None:
+                for k in merged:
+                    merged[k] += getattr(ch.logprobs, k)
+    assert "".join(ch.text for c in chunks for ch in c.choices) == whole.choices[0].text
+    assert merged["tokens"] == whole.choices[0].logprobs.tokens
+    assert merged["text_offset"] == whole.choices[0].logprobs.text_offset
+    assert merged["token_logprobs"][1:] == pytest.approx(whole.choices[0].logprobs.token_logprobs[1:], abs=1e-6)
+
+
+@pytest.mark.parametrize("value, fragment", [(21, "at most 20"), (-1, "at least 0"), ("3", "integer"),
+                                             (1.5, "integer")])
+def test_bad_prompt_logprobs_are_a_400(server, value, fragment):
+    for path, body in (("/v1/completions", {"prompt": "Hi"}), ("/v1/chat/completions",
+                                                                 {"messages": [{"role": "user", "content": "Hi"}]})):
+        status, reply = post(server, path, dict(body, model=server.model, max_tokens=1, prompt_logprobs=value))
+        assert status == 400 and fragment in reply["error"]["message"] and reply["error"]["param"] == "prompt_logprobs"
+    status, _ = post(server, "/v1/completions", {"model": server.model, "prompt": "Hi", "max_tokens": 1})
+    assert status == 200
