@@ -7,7 +7,9 @@ then a chunk with finish_reason). A streamed call's pieces that arrive
 together are one ``tool_calls`` entry. ``tool_choice`` "required" or a named
 function appends the call's opener to the rendered prompt
 (``tool_call_format.forced_call_suffix``) and the choices' parsers start
-inside that call. vLLM's ``return_token_ids`` adds
+inside that call. ``parallel_tool_calls: false`` keeps the first call: a choice
+ends (its engine stream aborted, "tool_calls") as a second one begins. vLLM's
+``prompt_logprobs`` adds a top-level list; ``return_token_ids`` adds
 ``choices[i].token_ids`` and a top-level ``prompt_token_ids``. Generating and
 answering is ``GenerationRequest.answer``'s; ``answer_chat`` is the part
 /v1/responses shares (it hands its own ``EndpointResponse``).
@@ -135,6 +137,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     render_tools = None if choice.mode == "none" else tools
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
     forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
+    # false: the first call is the answer; the choice ends when a second one begins
+    max_calls = None if f.bool("parallel_tool_calls", True) else 1
     kwargs = template_kwargs(f)
     work = prompt_work(req.http)
     with rendering_errors():
@@ -167,7 +171,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
 
     def parser() -> OutputParser:
         return OutputParser(reasoning=gw.reasoning_markers, starts_in_reasoning=prompt.starts_in_reasoning,
-                            tool_format=tool_format, tools=render_tools, forced=forced)
+                            tool_format=tool_format, tools=render_tools, forced=forced, max_calls=max_calls)
 
     return await req.answer(endpoint, rid, prompt_ids, max_tokens, make_response(p, gw.tokenizer, head),
                             marks=marks, parser=parser, images=images)

@@ -76,8 +76,11 @@ class ChoiceState:
         """Text is all content, nothing to match: tokens without logprobs need only detokenizing."""
 
     @property
-    def stopped_by_string(self) -> bool:
-        return self.stops.stopped
+    def stopped_early(self) -> bool:
+        """The choice's output is complete before the engine ended it: a stop string matched, or a tool
+        call past the parser's ``max_calls`` began (``parallel_tool_calls: false``). Its engine stream is
+        aborted; it finishes with "stop" (or "tool_calls") and the tokens it kept."""
+        return self.stops.stopped or (self.parser is not None and self.parser.past_max_calls)
 
     def feed(self, *streams: StreamTokens) -> ChoiceDelta:
         """The delta of one or more consecutive engine batches of this choice."""
@@ -95,12 +98,18 @@ class ChoiceState:
                 self.token_ids.extend(ids)
                 return ChoiceDelta(self.index, content=self.detok.push(ids), token_ids=list(ids))
         delta = ChoiceDelta(self.index)
-        if self.finished or self.stops.stopped:
+        if self.finished or self.stopped_early:
             return delta
         text_parts = []
+        capped = self.parser is not None and self.parser.max_calls is not None
         for ids, lp in batches:
             if self._feed(ids, lp, delta, text_parts):
                 break
+            if capped:  # parsed batch by batch: the tokens after the call that ends the choice are not its
+                self._parse("".join(text_parts), delta)
+                text_parts.clear()
+                if self.parser.past_max_calls:
+                    break
         self.token_ids.extend(delta.token_ids)
         self._parse("".join(text_parts), delta)
         return delta
@@ -138,16 +147,17 @@ class ChoiceState:
         if self.finished:
             return delta
         self.finished = True
-        text = ""
-        if not self.stops.stopped:
-            text = self.stops.push(self.detok.finish())
+        if self.parser is None or not self.parser.past_max_calls:  # else what is held opens a call left out
+            text = ""
             if not self.stops.stopped:
-                text += self.stops.finish()
-        self._parse(text, delta)
-        if self.parser is not None:
-            self._apply(self.parser.finish(), delta)
+                text = self.stops.push(self.detok.finish())
+                if not self.stops.stopped:
+                    text += self.stops.finish()
+            self._parse(text, delta)
+            if self.parser is not None:
+                self._apply(self.parser.finish(), delta)
         # abort / error pass through: the caller decides what the client sees.
-        reason = "stop" if self.stops.stopped else engine_reason
+        reason = "stop" if self.stopped_early else engine_reason
         delta.stop_sequence = self.stops.matched
         if reason == "stop" and self.parser is not None and self.parser.num_tool_calls:
             reason = "tool_calls"

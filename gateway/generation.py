@@ -221,7 +221,7 @@ class Generation:
                     delta = choice.feed_tokens(self._same_stream(engine_id, item, lp))
                 else:
                     delta = choice.feed_tokens([(item, lp)])
-                if choice.stops.stopped:
+                if choice.stopped_early:
                     self.client.abort(engine_id, keep_route=True)
                 if delta.token_ids or delta.has_output:
                     out.append(delta)
@@ -253,12 +253,12 @@ class Generation:
         """Whether taking ``item`` (a Finished or Refused) raises."""
         if isinstance(item, Refused):
             return True
-        return item.finish_reason == "error" or (item.finish_reason == "abort" and not choice.stopped_by_string)
+        return item.finish_reason == "error" or (item.finish_reason == "abort" and not choice.stopped_early)
 
     def _finish(self, choice: ChoiceState, fin: Finished) -> ChoiceDelta:
         if fin.finish_reason == "error":
             raise EngineFailed(fin.message or "the engine failed on this request")
-        if fin.finish_reason == "abort" and not choice.stopped_by_string:
+        if fin.finish_reason == "abort" and not choice.stopped_early:
             raise EngineFailed(fin.message or "the engine ended the request", status=503)
         delta = choice.finish(fin.finish_reason)
         u = self.usage
@@ -266,7 +266,7 @@ class Generation:
             self._prompt_usage[choice.prompt_index] = (fin.usage.prompt_tokens, fin.usage.cached_tokens)
             u.prompt_tokens = sum(n for n, _ in self._prompt_usage.values())
             u.cached_tokens = sum(c for _, c in self._prompt_usage.values())
-        u.completion_tokens += len(choice.token_ids) if choice.stopped_by_string else fin.usage.completion_tokens
+        u.completion_tokens += len(choice.token_ids) if choice.stopped_early else fin.usage.completion_tokens
         return delta
 
     def _same_stream(self, engine_id: str, token_ids: tuple[int, ...], lp

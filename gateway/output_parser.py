@@ -22,9 +22,10 @@ class OutputParser:
     tool calls of ``tools`` (None: no tool parsing); ``forced``: the prompt opened a call."""
 
     def __init__(self, *, reasoning: bool = True, starts_in_reasoning: bool = False, tool_format: str | None = None,
-                 tools: list[dict] | None = None, forced: ForcedCall | None = None):
+                 tools: list[dict] | None = None, forced: ForcedCall | None = None, max_calls: int | None = None):
         if forced is not None and tool_format is None:
             raise ValueError("a forced call needs a tool format")
+        self.max_calls = max_calls  # later calls are left out (``parallel_tool_calls: false``: 1)
         self._reasoning = ReasoningSplitter(starts_in_reasoning) if reasoning and forced is None else None
         self._tools = ToolCallSplitter(tool_format, tools, forced) if tool_format is not None else None
 
@@ -32,16 +33,27 @@ class OutputParser:
     def num_tool_calls(self) -> int:
         return self._tools.num_calls if self._tools is not None else 0
 
+    @property
+    def past_max_calls(self) -> bool:
+        """A call past ``max_calls`` has started: the output the client gets is complete."""
+        return self.max_calls is not None and self.num_tool_calls > self.max_calls
+
     def push(self, text: str) -> list[tuple[str, object]]:
         if self._reasoning is None:
-            return self._text(text)
-        return self._route(self._reasoning.push(text))
+            return self._kept(self._text(text))
+        return self._kept(self._route(self._reasoning.push(text)))
 
     def finish(self) -> list[tuple[str, object]]:
         events = self._route(self._reasoning.finish()) if self._reasoning is not None else []
         if self._tools is not None:
             events += self._tools.finish()
-        return events
+        return self._kept(events)
+
+    def _kept(self, events: list[tuple[str, object]]) -> list[tuple[str, object]]:
+        """``events`` without the pieces of calls past ``max_calls``."""
+        if self.max_calls is None or self.num_tool_calls <= self.max_calls:
+            return events
+        return [e for e in events if e[0] != "tool_call" or e[1].index < self.max_calls]
 
     def _route(self, split: list[tuple[str, str]]) -> list[tuple[str, object]]:
         events: list[tuple[str, object]] = []

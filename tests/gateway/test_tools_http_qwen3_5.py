@@ -71,6 +71,29 @@ def test_two_typed_calls_with_reasoning_streamed(gw, client):
     assert fragments[0] <= 4
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_answers_the_first_call_and_ends_there(gw, client, stream):
+    text = TWO_CALLS + "\nTrailing words the client never sees."
+    kw = dict(parallel_tool_calls=False, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    if stream:
+        deltas, reasons = streamed(gw, client, text, **kw)
+        calls, _ = assemble(deltas)
+        content = "".join(d.content or "" for d in deltas)
+    else:
+        r = create(gw, client, text, **kw)
+        reasons = [r.choices[0].finish_reason]
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in r.choices[0].message.tool_calls]
+        content = r.choices[0].message.content
+        # usage counts what was generated up to the second call's opening, not the whole scripted answer
+        assert r.usage.completion_tokens < len(gw.tokenizer.encode(text))
+    assert reasons == ["tool_calls"]
+    assert content == "Checking.\n"
+    assert [c["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 2, "metric": True}
+    both = create(gw, client, text, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert [c.function.name for c in both.choices[0].message.tool_calls] == ["get_weather", "get_time"]
+
+
 def test_thinking_off_renders_a_closed_block_and_content_stays_clean(gw, client):
     r = create(gw, client, "Sunny.", tools=None, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert gw.last_prompt().endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
