@@ -19,6 +19,10 @@
 - ``any_tool_call_grammar(tools, parser)``: the rest of a required call
   (any of ``tools``) after ``<tool_call>\\n``: the function's name, then its
   arguments as above.
+- ``regex_grammar(pattern)``, ``choice_grammar(choices)``, ``lark_grammar(text)``:
+  output the whole of which ``pattern`` matches, output that is exactly one of
+  ``choices`` (each a Lark string literal, JSON-escaped), output that llguidance's
+  Lark ``text`` derives (vLLM's structured outputs, ``gateway/structured_outputs.py``).
 
 ``after_reasoning(grammar)`` lets a reasoning block the prompt opened run
 free first: any text up to and including ``</think>``, up to two newlines,
@@ -182,6 +186,21 @@ def any_tool_call_grammar(tools: list[dict], parser: str) -> str:
         calls.append(f"call{t}")
     terminals = [_XML_TERMINALS] if parser == "xml" else []
     return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: {' | '.join(calls)}", *rules, *terminals]))
+
+
+def regex_grammar(pattern: str) -> str:
+    """The grammar of text the whole of which ``pattern`` (Rust ``regex`` syntax) matches."""
+    return llguidance.LLMatcher.grammar_from_regex(pattern)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """The grammar of exactly one of ``choices`` (any strings, the empty one included)."""
+    return "start: " + " | ".join(_lark_string(c) for c in choices) + "\n"
+
+
+def lark_grammar(text: str) -> str:
+    """The grammar ``text`` (llguidance's Lark syntax) states, read as Lark whatever it starts with."""
+    return json.dumps({"grammars": [{"lark_grammar": text}]})
 
 
 def after_reasoning(grammar: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ignis.gateway.completions import MAX_PROMPTS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
+from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
 from ignis.shared.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 from ignis.shared.wire import REQUEST_CLASSES
 
@@ -36,6 +37,21 @@ def _obj(properties: dict, required: tuple[str, ...] = ()) -> dict:
 _STOP = {"oneOf": [{"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
                    {"type": "array", "maxItems": MAX_STOPS,
                     "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}}]}
+
+_SCHEMA_OR_TEXT = {"oneOf": [{"type": "object"}, {"type": "string", "maxLength": MAX_SOURCE_CHARS}]}
+_SOURCE = {"type": "string", "maxLength": MAX_SOURCE_CHARS}
+_CHOICES = {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES,
+            "items": {"type": "string", "maxLength": MAX_CHOICE_CHARS}}
+STRUCTURED_OUTPUTS = {
+    "structured_outputs": _obj({"json": _SCHEMA_OR_TEXT, "regex": _SOURCE, "choice": _CHOICES, "grammar": _SOURCE,
+                                "json_object": _BOOL}),
+    "guided_json": _SCHEMA_OR_TEXT,
+    "guided_regex": _SOURCE,
+    "guided_choice": _CHOICES,
+    "guided_grammar": _SOURCE,
+}
+"""vLLM's structured-output fields (``gateway.structured_outputs``): one of them, and not beside a JSON
+``response_format``; a regex or grammar the library refuses is a 400."""
 
 SAMPLING = {
     "model": {"type": "string", "maxLength": 256},
@@ -60,6 +76,7 @@ SAMPLING = {
                    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT,
                                             "maximum": LOGIT_BIAS_LIMIT}},
     "min_tokens": {"type": "integer", "minimum": 0},
+    **STRUCTURED_OUTPUTS,
 }
 """The fields /v1/chat/completions and /v1/completions share (``gateway.params``)."""
 

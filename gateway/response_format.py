@@ -11,6 +11,13 @@ bad ``pattern``, a keyword it does not implement) is a 400 naming
 ``response_format.json_schema.schema`` and the library's reason. Each
 grammar's check is remembered (bounded), so a schema sent again is not
 compiled again here.
+
+vLLM's structured-output fields (``structured_outputs``, ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar``: see
+``gateway/structured_outputs.py``) are the other way to ask for a grammar;
+``parse_response_format`` returns whichever the body gives, checked the same
+way (a 400 naming the field, with the library's reason). Both at once, beside
+a JSON response_format, is a 400.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from functools import lru_cache
 
 from ignis.gateway.fields import Fields
 from ignis.gateway.grammars import grammar_error, json_schema_grammar
+from ignis.gateway.structured_outputs import parse_structured_outputs
 from ignis.shared.wire_fields import MAX_GRAMMAR_CHARS
 
 FORMATS = ("text", "json_object", "json_schema")
@@ -37,6 +45,22 @@ def _checked(grammar: str) -> str:
 
 
 def parse_response_format(f: Fields) -> str | None:
+    """The grammar ``response_format`` or vLLM's structured-output fields ask for; None when neither does."""
+    grammar = _response_format_grammar(f)
+    asked = parse_structured_outputs(f)
+    if asked is None:
+        return grammar
+    if grammar is not None:
+        raise asked.error("cannot be combined with a JSON response_format: give one of them")
+    if len(asked.grammar) > MAX_GRAMMAR_CHARS:
+        raise asked.error(f"is too large ({len(asked.grammar)} characters compiled, at most {MAX_GRAMMAR_CHARS})")
+    error = _checked(asked.grammar)
+    if error:
+        raise asked.error(f"is not a usable {asked.what}: {error.rstrip()} {asked.hint}".rstrip())
+    return asked.grammar
+
+
+def _response_format_grammar(f: Fields) -> str | None:
     """The grammar ``response_format`` asks for; None for text or no response_format."""
     fmt = f.object("response_format")
     if fmt is None:

@@ -68,6 +68,9 @@ def test_openapi_document_has_the_bodies_and_answers_of_every_route(gateway):
     assert "error" in chat["responses"]["default"]["content"]["application/json"]["schema"]["properties"]
     for path in ("/v1/completions", "/v1/responses"):
         assert doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["required"]
+    completions = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    for props in (body["properties"], completions["properties"]):  # vLLM's structured-output fields
+        assert props["structured_outputs"]["properties"]["choice"]["minItems"] == 1 and "guided_regex" in props
 
 
 def test_schemathesis_finds_no_server_error_and_every_answer_conforms(gateway):

@@ -48,6 +48,13 @@ plausible = {name: scalars for name in SAMPLING} | {
     "response_format": near({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"]),
                              "json_schema": near({"name": st.text(max_size=8), "schema": json_values})}),
 }
+schema = st.one_of(st.just({"type": "integer"}), st.sampled_from(['{"type": "object"}', "{", "[1]"]), json_values)
+regex = st.one_of(st.sampled_from(["[0-9]{3}", "[0-9", "(?=a)", ""]), st.text(max_size=8))
+choices = st.lists(st.text(max_size=6), max_size=3)
+lark = st.one_of(st.sampled_from(['start: "a" | "b"', "start: foo", 'root ::= "a"', ""]), st.text(max_size=8))
+plausible |= {"guided_json": schema, "guided_regex": regex, "guided_choice": choices, "guided_grammar": lark,
+              "structured_outputs": near({"json": schema, "regex": regex, "choice": choices, "grammar": lark,
+                                          "json_object": st.booleans(), "structural_tag": st.text(max_size=4)})}
 bodies = near(plausible)
 
 

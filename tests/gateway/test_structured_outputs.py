@@ -1,4 +1,5 @@
-"""Structured outputs over HTTP: response_format json_schema / json_object on a model with Qwen's real vocabulary.
+"""Structured outputs over HTTP: response_format json_schema / json_object, and vLLM's structured_outputs /
+guided_* (choice, regex, json), on a model with Qwen's real vocabulary.
 
 A tiny random checkpoint (weights random, tokenizer and template real) is
 served by ``ignis serve``; the openai client asks for JSON. At temperature 1
@@ -10,11 +11,13 @@ numbers so a random model finishes well inside max_tokens.
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.gateway.conftest import API_KEY, start_serve, stop_serve
+from tests.support.real_tokenizer import token_ids
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -109,3 +112,70 @@ def test_with_thinking_the_reasoning_runs_free_before_the_json(client, served):
     assert choice.finish_reason == "length" and not choice.message.content
     assert choice.message.model_extra["reasoning_content"]
     assert not choice.message.model_extra["reasoning_content"].lstrip().startswith("{")
+
+
+# vLLM's structured-output fields (gateway/structured_outputs.py): the same grammar path, other shapes.
+
+CHOICES = ["positive", "negative", 'neutral, "mostly"\n']
+CODE = r"[0-9]{3}-[a-z]{2}"
+
+
+def test_a_choice_request_answers_exactly_one_of_the_choices(client, served):
+    extra = NO_THINKING | {"structured_outputs": {"choice": CHOICES}}
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=1.0, n=8, seed=3,
+                                       max_tokens=40, extra_body=extra)
+    rc = client.completions.create(model=served.model, prompt="Sentiment:", temperature=1.0, n=4, seed=4,
+                                   max_tokens=40, extra_body={"guided_choice": CHOICES})
+    outputs = [(c.message.content, c.finish_reason) for c in r.choices]
+    outputs += [(c.text, c.finish_reason) for c in rc.choices]
+    for text, finish in outputs:
+        assert finish == "stop" and text in CHOICES, (text, finish)
+
+
+def test_a_regex_request_answers_text_the_whole_regex_matches(client, served):
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=1.0, n=8, seed=9,
+                                       max_tokens=30, extra_body=NO_THINKING | {"guided_regex": CODE})
+    stream = client.completions.create(model=served.model, prompt="Code:", temperature=1.0, seed=10, max_tokens=30,
+                                       stream=True, extra_body={"structured_outputs": {"regex": CODE}})
+    streamed = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    for text in [c.message.content for c in r.choices] + [streamed]:
+        assert re.fullmatch(CODE, text), text
+    assert all(c.finish_reason == "stop" for c in r.choices)
+
+
+def test_a_guided_json_output_parses_and_validates(client, served):
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=1.0, n=4, seed=12,
+                                       max_tokens=400, extra_body=NO_THINKING | {"guided_json": json.dumps(SCHEMA)})
+    for c in r.choices:
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content), SCHEMA)
+
+
+def test_a_bad_regex_is_a_400_naming_the_field_and_the_next_request_is_served(client, served):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=served.model, messages=MESSAGES, max_tokens=10,
+                                       extra_body=NO_THINKING | {"structured_outputs": {"regex": "[0-9]{3"}})
+    err = e.value.body
+    assert err["param"] == "structured_outputs.regex" and "regex" in err["message"], err
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=served.model, messages=MESSAGES, max_tokens=10,
+                                       extra_body=NO_THINKING | {"guided_regex": "a", "guided_choice": ["a"]})
+    assert e.value.body["param"] == "guided_choice" and "guided_regex and guided_choice" in e.value.body["message"]
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=0, max_tokens=20,
+                                       extra_body=NO_THINKING | {"guided_regex": CODE})
+    assert r.choices[0].finish_reason == "stop" and re.fullmatch(CODE, r.choices[0].message.content)
+
+
+def test_with_thinking_the_choice_is_the_answer_after_the_reasoning_block(client, served):
+    # A bias on </think> makes the random model close its reasoning at once; the grammar then holds the
+    # answer, which arrives as content. Were the grammar to hold the reasoning too, </think> could never
+    # be drawn and everything would stay reasoning_content.
+    think_end = token_ids("qwen3_5")["</think>"]
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=1.0, n=4, seed=5,
+                                       max_tokens=40, logit_bias={str(think_end): 100},
+                                       extra_body={"guided_choice": CHOICES,
+                                                   "chat_template_kwargs": {"enable_thinking": True}})
+    for c in r.choices:
+        assert c.finish_reason == "stop" and c.message.content.strip() in [x.strip() for x in CHOICES], c.message
