@@ -76,6 +76,7 @@ SAMPLING = {
                    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT,
                                             "maximum": LOGIT_BIAS_LIMIT}},
     "min_tokens": {"type": "integer", "minimum": 0},
+    "prompt_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     **STRUCTURED_OUTPUTS,
 }
 """The fields /v1/chat/completions and /v1/completions share (``gateway.params``)."""
@@ -112,6 +113,7 @@ CHAT_COMPLETIONS = _obj({
                              "json_schema": _obj({"name": _STR, "schema": {"type": "object"}, "strict": _BOOL})},
                             ("type",)),
     "chat_template_kwargs": {"type": "object"},
+    "parallel_tool_calls": _BOOL,
 }, ("messages",))
 
 COMPLETIONS = _obj({
