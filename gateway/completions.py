@@ -23,8 +23,8 @@ from aiohttp import web
 
 from ignis.gateway.choice import ChoiceDelta
 from ignis.gateway.fields import Fields
-from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.generation import Generation
+from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.params import CommonParams
 from ignis.gateway.prompt_logprobs import echo_logprobs, prompt_logprobs_json
 from ignis.gateway.responses import CompletionLogprobs, merge_completion_logprobs, new_id
@@ -123,7 +123,8 @@ class CompletionResponse(EndpointResponse):
         if self.params.logprobs and any(self.echo_texts):
             for i, (ids, scores) in enumerate(self.prompts):
                 self.echo_lps[i] = echo_logprobs(ids, scores, self.tokenizer, self.lps[i])
-                self.acc[i]["lps"].append(self.echo_lps[i])
+                if self.echo_lps[i] is not None:
+                    self.acc[i]["lps"].append(self.echo_lps[i])
 
     def _with_prompt_logprobs(self, choice: dict, i: int) -> dict:
         if self.prompt_logprobs is not None:

@@ -11,7 +11,9 @@
   for the first; token text to logprob), ``text_offset``; the generated
   tokens' offsets go on from its end.
 
-A probability of zero is -9999.0, as for generated tokens. No torch.
+A probability of zero is -9999.0, as for generated tokens. Scores that do not
+cover the prompt (the engine ended the request before its prompt was done:
+the request then fails with the engine's reason) give None. No torch.
 """
 
 from __future__ import annotations
@@ -27,26 +29,27 @@ def _lp(value: float) -> float:
     return ZERO_LOGPROB if value == float("-inf") else value
 
 
-def scored_positions(prompt_len: int, scores: list[PromptLogprobs]) -> list[tuple[float, int, tuple, tuple]]:
-    """Per prompt token after the first: (logprob, rank, top ids, top logprobs), from ``scores`` in order.
-    Raises ValueError when they do not cover the prompt exactly once."""
+def scored_positions(prompt_len: int, scores: list[PromptLogprobs]) -> list[tuple[float, int, tuple, tuple]] | None:
+    """Per prompt token after the first: (logprob, rank, top ids, top logprobs), from ``scores`` in order;
+    None unless they cover the prompt exactly once."""
     out, at = [], 1
     for m in scores:
         if m.start != at:
-            raise ValueError(f"prompt scores start at {m.start}, expected {at}")
+            return None
         lp = m.logprobs
         out.extend(zip(lp.logprobs, m.ranks, lp.top_ids, lp.top_logprobs))
         at += len(m.ranks)
-    if at != max(prompt_len, 1):
-        raise ValueError(f"prompt scores cover {at - 1} of {prompt_len - 1} tokens")
-    return out
+    return out if at == max(prompt_len, 1) else None
 
 
 def prompt_logprobs_json(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLogprobs],
-                         tokenizer: TextTokenizer) -> list[dict | None]:
+                         tokenizer: TextTokenizer) -> list[dict | None] | None:
     """vLLM's ``prompt_logprobs``: ``[None, {id: {logprob, rank, decoded_token}}, ...]``."""
+    scored = scored_positions(len(prompt_ids), scores)
+    if scored is None:
+        return None
     out: list[dict | None] = [None]
-    for token, (lp, rank, top_ids, top_lps) in zip(prompt_ids[1:], scored_positions(len(prompt_ids), scores)):
+    for token, (lp, rank, top_ids, top_lps) in zip(prompt_ids[1:], scored):
         entry = {str(token): {"logprob": _lp(lp), "rank": rank, "decoded_token": tokenizer.token_text(token)}}
         for i, (t, v) in enumerate(zip(top_ids, top_lps), start=1):
             entry.setdefault(str(t), {"logprob": _lp(v), "rank": i, "decoded_token": tokenizer.token_text(t)})
@@ -55,10 +58,12 @@ def prompt_logprobs_json(prompt_ids: list[int] | tuple[int, ...], scores: list[P
 
 
 def echo_logprobs(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLogprobs],
-                  tokenizer: TextTokenizer, offsets: CompletionLogprobs) -> dict:
+                  tokenizer: TextTokenizer, offsets: CompletionLogprobs) -> dict | None:
     """The legacy logprobs of an echoed prompt; ``offsets`` (at 0) moves past it, for the generated tokens."""
     tokens, lps, tops, text_offset = [], [], [], []
     scored = scored_positions(len(prompt_ids), scores)
+    if scored is None:
+        return None
     for i, token in enumerate(prompt_ids):
         text = tokenizer.token_text(token)
         tokens.append(text)

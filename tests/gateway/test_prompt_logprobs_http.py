@@ -144,3 +144,28 @@ def test_bad_prompt_logprobs_are_a_400(server, value, fragment):
         assert status == 400 and fragment in reply["error"]["message"] and reply["error"]["param"] == "prompt_logprobs"
     status, _ = post(server, "/v1/completions", {"model": server.model, "prompt": "Hi", "max_tokens": 1})
     assert status == 200
+
+
+def test_scores_that_miss_part_of_the_prompt_give_none():
+    from ignis.gateway.prompt_logprobs import echo_logprobs, prompt_logprobs_json
+    from ignis.gateway.responses import CompletionLogprobs
+    from ignis.shared.wire import PromptLogprobs, TokenLogprobs
+
+    class Tok:
+        @staticmethod
+        def token_text(t):
+            return f"<{t}>"
+
+    def part(start, n):
+        return PromptLogprobs("r", start, (1,) * n, TokenLogprobs((-0.5,) * n, ((),) * n, ((),) * n))
+
+    ids = [5, 6, 7, 8]
+    whole = prompt_logprobs_json(ids, [part(1, 2), part(3, 1)], Tok)
+    assert whole[0] is None and whole[3] == {"8": {"logprob": -0.5, "rank": 1, "decoded_token": "<8>"}}
+    offsets = CompletionLogprobs()
+    echo = echo_logprobs(ids, [part(1, 3)], Tok, offsets)
+    assert echo["text_offset"] == [0, 3, 6, 9] and offsets.offset == 12 and echo["token_logprobs"][0] is None
+    for scores in ([part(1, 2)], [part(2, 3)], [part(1, 2), part(2, 2)], []):  # short, late, overlapping, none
+        assert prompt_logprobs_json(ids, scores, Tok) is None
+        assert echo_logprobs(ids, scores, Tok, CompletionLogprobs()) is None
+    assert prompt_logprobs_json([5], [], Tok) == [None]
