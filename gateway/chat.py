@@ -137,15 +137,19 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     render_tools = None if choice.mode == "none" else tools
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
     forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
+    continuing = _continues(f)
+    if continuing and forced is not None:
+        raise f.error("continue_final_message", "cannot be combined with a required or named tool_choice")
     # false: the first call is the answer; the choice ends when a second one begins
     max_calls = None if f.bool("parallel_tool_calls", True) else 1
     kwargs = template_kwargs(f)
     work = prompt_work(req.http)
     with rendering_errors():
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
-        prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs)
-        part = await work.run(part_end, gw.template, gw.tokenizer, messages, render_tools, kwargs,
-                              prompt.ids, prompt.opener_start)
+        prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs,
+                                continuing)
+        part = await work.run(part_end, gw.template, gw.tokenizer, messages[:-1] if continuing else messages,
+                              render_tools, kwargs, prompt.ids, prompt.opener_start)
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
     if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
@@ -175,6 +179,18 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
 
     return await req.answer(endpoint, rid, prompt_ids, max_tokens, make_response(p, gw.tokenizer, head),
                             marks=marks, parser=parser, images=images)
+
+
+def _continues(f: Fields) -> bool:
+    """vLLM's ``continue_final_message`` (the model writes on from the last assistant message) and
+    ``add_generation_prompt`` (default: not when continuing; false alone renders nothing to answer in)."""
+    continuing = f.bool("continue_final_message")
+    opener = f.bool("add_generation_prompt", not continuing)
+    if continuing and opener:
+        raise f.error("add_generation_prompt", "cannot be true with continue_final_message")
+    if not continuing and not opener:
+        raise f.error("add_generation_prompt", "false is only supported with continue_final_message: true")
+    return continuing
 
 
 async def answer_translated(request: web.Request, turn, endpoint: str) -> web.StreamResponse:

@@ -11,7 +11,9 @@ grammars of forced calls, usage); only the answer's shape differs
                                         tool_result blocks -> tool messages (tool_call_id = tool_use_id;
                                         their text, or parts when they hold images), before the rest of that turn
     messages, role assistant            text -> content, thinking -> reasoning_content,
-                                        tool_use -> tool_calls (input as JSON arguments)
+                                        tool_use -> tool_calls (input as JSON arguments);
+                                        a last assistant turn is a prefill: the answer continues
+                                        its text (continue_final_message)
     tools [{name, description, input_schema}]        functions; Anthropic's server tools are a 400
     tool_choice auto | any | tool | none              auto | required | named function | none;
                                         disable_parallel_tool_use: only the first call is answered
@@ -221,6 +223,8 @@ class MessagesTurn:
             raise f.error("mcp_servers", "is not supported")
         chat: dict = {k: body[k] for k in PASSED if body.get(k) is not None}
         chat["messages"] = self._messages(f)
+        if chat["messages"] and chat["messages"][-1]["role"] == "assistant":
+            chat["continue_final_message"] = True  # Anthropic's prefill: the answer writes on from it
         stops = f.list("stop_sequences")
         if stops:
             chat["stop"] = stops

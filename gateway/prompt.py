@@ -10,6 +10,11 @@ engine's done line; the request is served all the same. One ``MarkFinder``
 (and its cache) is kept per template and tokenizer. ``starts_in_reasoning``
 says the rendered generation prompt opened a ``<think>`` block the model
 continues.
+
+``continue_final``: the model continues the final assistant message
+(``gateway.continuation``); the marks are those of the conversation before
+it with its generation prompt, kept where this prompt starts with the same
+tokens (else named missing, ``not_a_prefix``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 from ignis.gateway.capture_marks import MarkFinder, Marks
 from ignis.gateway.chat_template import ChatTemplate
+from ignis.gateway.continuation import continued_text
 from ignis.gateway.messages import last_is_user
 from ignis.gateway.output_parser import THINK_CLOSE, THINK_OPEN
 from ignis.gateway.tokenizer import TextTokenizer
@@ -61,10 +67,34 @@ def _opens_think(opener: str) -> bool:
 
 
 def build_chat_prompt(template: ChatTemplate, tok: TextTokenizer, messages: list[dict], tools: list[dict] | None,
-                      extra: dict | None = None) -> ChatPrompt:
+                      extra: dict | None = None, continue_final: bool = False) -> ChatPrompt:
     """Raises ``TemplateRenderError`` when the template refuses the conversation."""
+    if continue_final:
+        return _continued(template, tok, messages, tools, extra)
     text = template.render(messages, tools, add_generation_prompt=True, extra=extra)
     ids = tok.encode(text)
     marks = mark_finder(template, tok).find(text, ids, messages, tools, extra)
     return ChatPrompt(text=text, ids=ids, marks=marks, last_is_user=last_is_user(messages),
                       starts_in_reasoning=_opens_think(marks.opener_text))
+
+
+def _kept(mark: int | None, name: str, ids: list[int], head_ids: list[int], missing: list) -> int | None:
+    """``mark`` (an index into ``head_ids``) where ``ids`` starts with the same tokens up to it."""
+    if mark is None:
+        return None
+    if mark < len(ids) and ids[:mark] == head_ids[:mark]:
+        return mark
+    missing.append((name, "not_a_prefix"))
+    return None
+
+
+def _continued(template: ChatTemplate, tok: TextTokenizer, messages: list[dict], tools: list[dict] | None,
+               extra: dict | None) -> ChatPrompt:
+    text = continued_text(template, messages, tools, extra)
+    ids = tok.encode(text)
+    head = build_chat_prompt(template, tok, messages[:-1], tools, extra)
+    missing = list(head.marks.missing)
+    marks = Marks(_kept(head.system_end, "system_end", ids, head.ids, missing),
+                  _kept(head.opener_start, "opener_start", ids, head.ids, missing), "", tuple(missing))
+    return ChatPrompt(text=text, ids=ids, marks=marks, last_is_user=head.last_is_user,
+                      starts_in_reasoning=_opens_think(text))

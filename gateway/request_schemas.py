@@ -114,6 +114,8 @@ CHAT_COMPLETIONS = _obj({
                             ("type",)),
     "chat_template_kwargs": {"type": "object"},
     "parallel_tool_calls": _BOOL,
+    "continue_final_message": _BOOL,
+    "add_generation_prompt": _BOOL,
 }, ("messages",))
 
 COMPLETIONS = _obj({

@@ -5,8 +5,8 @@
 - ``prompt`` (text) with ``add_special_tokens`` (default true), tokenized as
   /v1/completions tokenizes a text prompt;
 - ``messages`` (with ``tools``, ``chat_template_kwargs``,
-  ``add_generation_prompt`` default true, ``add_special_tokens`` default
-  false), rendered by the model's chat template as /v1/chat/completions
+  ``add_generation_prompt`` default true, ``continue_final_message``,
+  ``add_special_tokens`` default false), rendered by the model's chat template as /v1/chat/completions
   renders them (developer turns placed by the same policy), so ``count`` is
   the prompt a chat request of those fields would send. Image parts are a
   400: their token count depends on the picture, which is not fetched here.
@@ -23,6 +23,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ignis.gateway.chat import rendering_errors, template_kwargs
+from ignis.gateway.continuation import continued_text
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import read_request_body
@@ -40,8 +41,9 @@ def render_chat_ids(gw: GatewayState, f: Fields) -> list[int]:
     if gw.template is None:
         raise invalid("this model has no chat template; tokenize a prompt instead", "messages",
                       code="no_chat_template")
-    if f.bool("continue_final_message"):
-        raise f.error("continue_final_message", "is not supported")
+    continuing = f.bool("continue_final_message")
+    if continuing and f.bool("add_generation_prompt", False):
+        raise f.error("add_generation_prompt", "cannot be true with continue_final_message")
     messages = parse_messages(f)
     if image_urls(messages):
         raise f.error("messages", "image parts cannot be tokenized here (their token count depends on the "
@@ -49,8 +51,12 @@ def render_chat_ids(gw: GatewayState, f: Fields) -> list[int]:
     messages = apply_developer_policy(messages, gw.config.server_developer_message_policy,
                                       gw.template.takes_late_system)
     with rendering_errors():
-        text = gw.template.render(messages, parse_tools(f), add_generation_prompt=f.bool("add_generation_prompt", True),
-                                  extra=template_kwargs(f))
+        if continuing:
+            text = continued_text(gw.template, messages, parse_tools(f), template_kwargs(f))
+        else:
+            text = gw.template.render(messages, parse_tools(f),
+                                      add_generation_prompt=f.bool("add_generation_prompt", True),
+                                      extra=template_kwargs(f))
     return gw.tokenizer.encode(text, add_special_tokens=f.bool("add_special_tokens", False))
 
 
