@@ -24,6 +24,7 @@ web page cannot send one without a preflight).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hmac
 import logging
 import secrets
@@ -160,7 +161,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def _model_card(gw: GatewayState) -> dict:
-    card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ignis"}
+    """OpenAI's model object, with the keys of Anthropic's (``type``, ``display_name``, ``created_at``) so either
+    API's clients read it."""
+    created_at = datetime.datetime.fromtimestamp(gw.created, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ignis",
+            "type": "model", "display_name": gw.model_name, "created_at": created_at}
     loaded = int(gw.client.stats_values.get("model_index", 0))
     if "max_model_len" in gw.client.stats_values and list(gw.models or [gw.model_name])[loaded] == gw.model_name:
         card["max_model_len"] = int(gw.client.stats_values["max_model_len"])
@@ -171,7 +176,10 @@ async def list_models(request: web.Request) -> web.Response:
     """The served models."""
     gw: GatewayState = request.app[STATE]
     names = list(gw.models) or [gw.model_name]
-    return json_response({"object": "list", "data": [_model_card(gw.select(n)) for n in names]})
+    cards = [_model_card(gw.select(n)) for n in names]
+    # Anthropic's page keys beside OpenAI's list: every model fits one page
+    return json_response({"object": "list", "data": cards, "has_more": False, "first_id": cards[0]["id"],
+                          "last_id": cards[-1]["id"]})
 
 
 async def get_model(request: web.Request) -> web.Response:

@@ -236,7 +236,8 @@ ANTHROPIC_ERROR = _obj({"type": {"const": "error"},
 SSE_EVENT = _obj({"event": _STR, "data": _STR, "id": _STR}, ("data",))
 """One server-sent event of a streamed answer (its data: a JSON chunk, or ``[DONE]``)."""
 
-_MODEL = _obj({"id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR}, ("id", "object"))
+_MODEL = _obj({"id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR, "type": {"const": "model"},
+               "display_name": _STR, "created_at": _STR, "max_model_len": _INT}, ("id", "object"))
 
 ANSWERS = {
     ("POST", "/v1/chat/completions"): CHAT_COMPLETION,
@@ -245,8 +246,8 @@ ANSWERS = {
     ("GET", "/v1/responses/{response_id}"): RESPONSE,
     ("DELETE", "/v1/responses/{response_id}"): _obj({"id": _STR, "object": _STR, "deleted": _BOOL},
                                                     ("id", "deleted")),
-    ("GET", "/v1/models"): _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
-                                ("object", "data")),
+    ("GET", "/v1/models"): _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL},
+                                 "has_more": _BOOL, "first_id": _STR, "last_id": _STR}, ("object", "data")),
     ("GET", "/v1/models/{model}"): _MODEL,
     ("POST", "/tokenize"): _obj({"count": _INT, "max_model_len": {"type": ["integer", "null"]},
                                  "tokens": {"type": "array", "items": _INT},

@@ -162,3 +162,12 @@ def test_a_streamed_tool_call_arrives_as_input_json_deltas(claude, server):
     same = [b.model_dump(exclude={"id"}) for b in whole.content]
     assert [b.model_dump(exclude={"id"}) for b in final.content] == same
     assert final.content[0].id.startswith("call_") and final.stop_reason == "tool_use"
+
+
+def test_anthropic_clients_list_and_retrieve_the_served_model(claude, client, server):
+    page = claude.models.list()
+    assert [m.id for m in page.data] == [server.model] and page.has_more is False
+    assert page.first_id == page.last_id == server.model
+    one = claude.models.retrieve(server.model)
+    assert one.type == "model" and one.display_name == server.model and one.created_at.year >= 2024
+    assert [m.id for m in client.models.list().data] == [server.model]  # OpenAI's clients read the same answer
