@@ -194,18 +194,29 @@ class GenerationRequest:
             prelude[0]["prompt_token_ids"] = prompt_ids
         elif p.return_token_ids:
             prelude = [dict(head, choices=[], prompt_token_ids=prompt_ids, **extra)]
+        if p.continuous_usage and prelude:
+            n = gen.usage.prompt_tokens
+            prelude[0]["usage"] = {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
         wants_tokens = p.return_token_ids or p.logprobs
         # Every chunk is the head's keys, one choice, and the usage key when asked: serialised once, then only
         # the choice is spliced in per delta (the bytes orjson makes of the whole dict).
         open_, close = sse_skeleton(head, "choices", extra)
         open_, close = open_ + b"[", b"]" + close
 
+        prompt_lens = [len(m.prompt_ids) for m in gen.messages]
+        generated = [0] * len(prompt_lens)  # per choice, for continuous usage
+
         def chunk_of(d: ChoiceDelta) -> bytes | None:
+            generated[d.index] += len(d.token_ids)
             if not (d.has_text or d.finish_reason or (wants_tokens and d.token_ids)):
                 return None
             choice = response.chunk_choice_bytes(d)
             if p.return_token_ids:
                 choice = choice[:-1] + b',"token_ids":' + orjson.dumps(d.token_ids) + b"}"
+            if p.continuous_usage:  # this choice's prompt and its tokens so far
+                n, m = prompt_lens[d.index], generated[d.index]
+                usage = {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+                return sse(dict(head, choices=[orjson.Fragment(choice)], usage=usage))
             return open_ + choice + close
 
         def usage_chunk(usage: dict) -> bytes:

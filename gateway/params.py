@@ -73,6 +73,8 @@ class CommonParams:
     cache_family: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    continuous_usage: bool = False
+    """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): usage in every chunk."""
     prompt_logprobs: int | None = None
     """vLLM's: score the prompt with this many alternatives per token (None: not asked)."""
 
@@ -180,6 +182,8 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
     if opts is not None and not stream:
         raise f.error("stream_options", "is only allowed with stream=true")
     include_usage = opts.bool("include_usage") if opts is not None else False
+    # vLLM's: with include_usage, every chunk carries its choice's usage so far
+    continuous_usage = include_usage and opts.bool("continuous_usage_stats")
     if kind == "chat" and f.has("max_completion_tokens"):
         max_tokens = f.int("max_completion_tokens", None, 1)
     else:
@@ -201,6 +205,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         model=f.str("model", None, max_chars=256),
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         n=f.int("n", 1, 1, MAX_N),
         stops=_stops(f),
         stop_token_ids=tuple(stop_ids),

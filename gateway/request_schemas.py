@@ -102,7 +102,7 @@ CHAT_COMPLETIONS = _obj({
     **SAMPLING,
     "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
     "max_completion_tokens": {"type": "integer", "minimum": 1},
-    "stream_options": _obj({"include_usage": _BOOL}),
+    "stream_options": _obj({"include_usage": _BOOL, "continuous_usage_stats": _BOOL}),
     "logprobs": _BOOL,
     "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     "tools": {"type": "array", "items": _obj({"type": {"const": "function"}, "function": _FUNCTION}, ("function",))},
@@ -128,6 +128,7 @@ COMPLETIONS = _obj({
                                                "items": {"type": "integer", "minimum": 0}}]}}]},
     "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     "echo": _BOOL,
+    "stream_options": _obj({"include_usage": _BOOL, "continuous_usage_stats": _BOOL}),
 }, ("prompt",))
 
 _INPUT_ITEM = _obj({"type": {"enum": ["message", "function_call", "function_call_output", "reasoning"]},

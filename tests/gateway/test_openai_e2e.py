@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.gateway.conftest import http
@@ -172,3 +174,26 @@ def test_metrics_are_open_and_counted(server):
     assert 'ignis:gateway_requests_total{endpoint="chat",model_name="ignis-demo",status="200"}' in text
     assert "ignis:gateway_time_to_first_token_seconds_bucket" in text
     assert "ignis:gateway_streamed_tokens_total" in text and "ignis:gateway_active_streams" in text
+
+
+def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk(server):
+    body = {"model": server.model, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 8,
+            "temperature": 0, "ignore_eos": True, "n": 2, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    r = http("POST", server.url + "/v1/chat/completions", json.dumps(body).encode(),
+             {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"})
+    assert r.status == 200
+    events = [json.loads(line[6:]) for line in r.body.decode().splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert all(e["usage"] is not None for e in events)
+    prompt = events[-1]["usage"]["prompt_tokens"]  # the prompt counts once, whatever n
+    assert events[0]["usage"] == {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
+    seen = {0: 0, 1: 0}
+    for e in events[1:-1]:
+        (choice,) = e["choices"]
+        u = e["usage"]
+        assert u["prompt_tokens"] == prompt and u["total_tokens"] == prompt + u["completion_tokens"]
+        assert u["completion_tokens"] >= seen[choice["index"]]
+        seen[choice["index"]] = u["completion_tokens"]
+    assert seen == {0: 8, 1: 8}
+    assert events[-1]["usage"]["completion_tokens"] == 16
