@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 
@@ -42,6 +43,7 @@ from ignis.gateway.messages import (
     parse_tool_choice,
     parse_tools,
 )
+from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
 from ignis.gateway.part_marks import part_end
@@ -49,9 +51,12 @@ from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
 from ignis.gateway.prompt_logprobs import prompt_logprobs_json
 from ignis.gateway.prompt_work import prompt_work
+from ignis.gateway.response_format import checked_grammar
 from ignis.gateway.responses import chat_logprobs, new_id
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
+
+log = logging.getLogger("ignis.gateway")
 
 ENDPOINT = "chat"
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt")
@@ -84,18 +89,37 @@ def rendering_errors():
                       "of range)", "messages", code="template_failed") from None
 
 
-def _forced_call_grammar(p: CommonParams, forced: ForcedCall, tools: list[dict], tool_format: str) -> str:
-    """The grammar of the rest of a forced call: the named tool's, or any tool's for ``required``."""
+def _forced_call_grammar(p: CommonParams, forced: ForcedCall, tools: list[dict], tool_format: str,
+                         metrics: GatewayMetrics) -> str:
+    """The grammar of the rest of a forced call: the named tool's, or any tool's for ``required``. A tool
+    schema the library cannot hold exactly (``not``, an unknown ``format``, ...) is held leniently, those
+    keywords unenforced: logged and counted (``ignis:gateway_grammar_lenient_total``), never refused; one
+    that does not compile even so is a 400 naming the library's reason."""
     if p.grammar is not None:
         raise invalid("response_format cannot be combined with a required or named tool_choice: the call's "
                       "arguments follow the tool's parameters schema", "response_format")
-    try:
+
+    def build(lenient: bool) -> str:
         if forced.name is None:
-            return any_tool_call_grammar(tools, tool_format)
+            return any_tool_call_grammar(tools, tool_format, lenient)
         tool = next(t for t in tools if t["function"]["name"] == forced.name)
-        return tool_call_grammar(tool, tool_format)
+        return tool_call_grammar(tool, tool_format, lenient)
+
+    try:
+        grammar = build(False)
+        error = checked_grammar(grammar)
+        if not error:
+            return grammar
+        grammar = build(True)
     except ValueError as e:
         raise invalid(f"the forced tool call cannot be constrained: {e}", "tool_choice") from None
+    still = checked_grammar(grammar)
+    if still:
+        raise invalid(f"the forced tool call cannot be constrained: {still}", "tool_choice")
+    log.warning("tool_choice %s: the tool schema is held leniently (unsupported keywords unenforced): %s",
+                forced.name or "required", error.splitlines()[0])
+    metrics.grammar_lenient.inc()
+    return grammar
 
 
 def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[int]:
@@ -159,7 +183,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if forced is not None:
         # The call opener goes after the generation prompt: the model continues inside the call, and a
         # grammar holds the rest of it to the tool's parameters.
-        req.params = p = dataclasses.replace(p, grammar=_forced_call_grammar(p, forced, render_tools, tool_format))
+        grammar = await work.run(_forced_call_grammar, p, forced, render_tools, tool_format, gw.metrics)
+        req.params = p = dataclasses.replace(p, grammar=grammar)
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)
     marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,

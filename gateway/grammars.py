@@ -44,7 +44,12 @@ import llguidance
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
 """Whitespace allowed at each place JSON allows it: up to 8 spaces, newlines or tabs."""
 
-JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
+JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE, "coerce_one_of": True}
+"""llguidance's JSON options: bounded whitespace; ``oneOf`` held as ``anyOf`` (a value valid under one
+branch is always allowed; the library has no exact ``oneOf``)."""
+LENIENT_JSON = JSON_OPTIONS | {"lenient": True}
+"""For a forced tool call whose schema uses what the library cannot hold (``not``, an unknown
+``format``, ...): those keywords are left unenforced rather than the call refused."""
 
 TOOL_PARSERS = ("xml", "hermes")
 TOOL_PARSER_ALIASES = {"qwen3_xml": "xml"}  # --tool-call-parser's name of the XML format
@@ -63,9 +68,9 @@ AFTER_THOUGHT: /\n{0,2}/
 """
 
 
-def _with_options(schema: dict) -> dict:
-    """``schema`` with our JSON options as llguidance's ``x-guidance`` (the schema's own win)."""
-    return dict(schema, **{"x-guidance": JSON_OPTIONS | dict(schema.get("x-guidance") or {})})
+def _with_options(schema: dict, options: dict = JSON_OPTIONS) -> dict:
+    """``schema`` with ``options`` as llguidance's ``x-guidance`` (the schema's own win)."""
+    return dict(schema, **{"x-guidance": options | dict(schema.get("x-guidance") or {})})
 
 
 def json_schema_grammar(schema: dict | bool) -> str:
@@ -87,11 +92,11 @@ def _lark_string(text: str) -> str:
     return json.dumps(text)  # a Lark string literal: JSON escapes are Lark escapes
 
 
-def _json_rule(schema: object) -> str:
-    return "%json " + json.dumps(_with_options(schema if isinstance(schema, dict) else {}))
+def _json_rule(schema: object, options: dict = JSON_OPTIONS) -> str:
+    return "%json " + json.dumps(_with_options(schema if isinstance(schema, dict) else {}, options))
 
 
-def _xml_value(schema: object) -> str:
+def _xml_value(schema: object, options: dict) -> str:
     """The rule body of one parameter's value followed by its closing line."""
     schema = schema if isinstance(schema, dict) else {}
     enum = schema.get("enum")
@@ -101,7 +106,7 @@ def _xml_value(schema: object) -> str:
     kind = schema.get("type")
     if kind in (None, "string") and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "const")):
         return "RAW_VALUE"
-    return f'{_json_rule(schema)} "\\n</parameter>\\n"'
+    return f'{_json_rule(schema, options)} "\\n</parameter>\\n"'
 
 
 def _params(tool: object) -> tuple[str, dict]:
@@ -118,7 +123,7 @@ def _params(tool: object) -> tuple[str, dict]:
     return (name if isinstance(name, str) else ""), params
 
 
-def _xml_call(params: dict, prefix: str) -> tuple[str, list[str]]:
+def _xml_call(params: dict, prefix: str, options: dict) -> tuple[str, list[str]]:
     """(the rule body of a call's parameters and its closing, the rules it names) for ``<function=...>``."""
     props = params.get("properties") or {}
     if not isinstance(props, dict):
@@ -128,14 +133,14 @@ def _xml_call(params: dict, prefix: str) -> tuple[str, list[str]]:
     for k, (name, schema) in enumerate(props.items()):
         if "\n" in name or ">" in name:
             raise ValueError(f"parameter name {name!r} cannot appear in a <parameter=...> tag")
-        rules.append(f"{prefix}{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {_xml_value(schema)}")
+        rules.append(f"{prefix}{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {_xml_value(schema, options)}")
         parts.append(f"{prefix}{k}" if name in required else f"{prefix}{k}?")
     return " ".join(parts + ['"</function>\\n</tool_call>"']), rules
 
 
-def _hermes_call(params: dict) -> str:
+def _hermes_call(params: dict, options: dict) -> str:
     """The rule body of a call's arguments and its closing, after ``"arguments":``."""
-    return f'" "? {_json_rule(params)} "}}\\n</tool_call>"'
+    return f'" "? {_json_rule(params, options)} "}}\\n</tool_call>"'
 
 
 def _parser(parser: str) -> str:
@@ -145,31 +150,34 @@ def _parser(parser: str) -> str:
     return parser
 
 
-def tool_call_grammar(tool: dict, parser: str) -> str:
+def tool_call_grammar(tool: dict, parser: str, lenient: bool = False) -> str:
     """The grammar of what follows the opener of a forced call of ``tool`` (an OpenAI tool object).
 
     ``parser``: "xml" (also "qwen3_xml"; Qwen3.5) or "hermes" (Qwen3-Next).
     The hermes opener may end with or without the space after
     ``"arguments":``. Raises ValueError for a tool whose parameters cannot be
-    written in that format.
+    written in that format. ``lenient``: schema keywords the library cannot
+    hold are left unenforced (``LENIENT_JSON``).
     """
     parser = _parser(parser)
+    options = LENIENT_JSON if lenient else JSON_OPTIONS
     _, params = _params(tool)
     if parser == "xml":
-        body, rules = _xml_call(params, "p")
+        body, rules = _xml_call(params, "p", options)
         lark = "\n".join([f"start: {body}", *rules, _XML_TERMINALS])
     else:
-        lark = f"start: {_hermes_call(params)}\n"
+        lark = f"start: {_hermes_call(params, options)}\n"
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
-def any_tool_call_grammar(tools: list[dict], parser: str) -> str:
+def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False) -> str:
     """The grammar of what follows ``<tool_call>\\n`` when a call of one of ``tools`` is required.
 
     xml: ``<function=NAME>\\n`` and that tool's parameters; hermes:
     ``{"name": "NAME", "arguments": {...}}`` and the closing.
     """
     parser = _parser(parser)
+    options = LENIENT_JSON if lenient else JSON_OPTIONS
     if not tools:
         raise ValueError("a required call needs at least one tool")
     calls, rules = [], []
@@ -178,11 +186,11 @@ def any_tool_call_grammar(tools: list[dict], parser: str) -> str:
         if not name or (parser == "xml" and ("\n" in name or ">" in name)):
             raise ValueError(f"tool {t} has no name that can be written in a call")
         if parser == "xml":
-            body, params_rules = _xml_call(params, f"t{t}p")
+            body, params_rules = _xml_call(params, f"t{t}p", options)
             rules += [f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} {body}", *params_rules]
         else:
             head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
-            rules.append(f"call{t}: {_lark_string(head)} {_hermes_call(params)}")
+            rules.append(f"call{t}: {_lark_string(head)} {_hermes_call(params, options)}")
         calls.append(f"call{t}")
     terminals = [_XML_TERMINALS] if parser == "xml" else []
     return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: {' | '.join(calls)}", *rules, *terminals]))

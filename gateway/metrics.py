@@ -9,6 +9,8 @@ and ``ignis:capture_marks_missing_total{mark,reason}``, chat requests served
 without a capture mark the gateway could not find (gateway.capture_marks); and
 ``ignis:gateway_responses_tools_ignored_total{tool}``, hosted tools of
 /v1/responses requests left out of the prompt; and
+``ignis:gateway_grammar_lenient_total``, forced tool calls whose schema is held
+leniently (gateway.chat); and
 ``ignis:gateway_wire_errors_total{socket}``, malformed messages from the engine
 (logged and dropped; synced at each scrape).
 Served by the app's GET /metrics (``render``); every metric is labelled
@@ -41,6 +43,8 @@ class GatewayMetrics(ProcessMetrics):
                                     "stopped reading (--stream-buffer-bytes of output waited unwritten)")
         self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
                                      ("model_name", "mark", "reason"), registry=self.registry)
+        self.grammar_lenient = self.counter("grammar_lenient", "forced tool calls whose tool schema the grammar "
+                                            "library holds leniently (keywords it cannot enforce left out)")
         self.tools_ignored = self.counter("responses_tools_ignored", "hosted tools of /v1/responses requests left "
                                           "out of the prompt (ignis cannot run them)", ("tool",))
         self.wire_errors = WireErrorCounts(self.counter(

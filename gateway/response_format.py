@@ -40,7 +40,8 @@ def _remembered(grammar: str) -> str:
     return grammar_error(grammar)
 
 
-def _checked(grammar: str) -> str:
+def checked_grammar(grammar: str) -> str:
+    """``grammar_error(grammar)``, remembered for grammars up to ``CACHED_GRAMMAR_CHARS``."""
     return _remembered(grammar) if len(grammar) <= CACHED_GRAMMAR_CHARS else grammar_error(grammar)
 
 
@@ -54,7 +55,7 @@ def parse_response_format(f: Fields) -> str | None:
         raise asked.error("cannot be combined with a JSON response_format: give one of them")
     if len(asked.grammar) > MAX_GRAMMAR_CHARS:
         raise asked.error(f"is too large ({len(asked.grammar)} characters compiled, at most {MAX_GRAMMAR_CHARS})")
-    error = _checked(asked.grammar)
+    error = checked_grammar(asked.grammar)
     if error:
         raise asked.error(f"is not a usable {asked.what}: {error.rstrip()} {asked.hint}".rstrip())
     return asked.grammar
@@ -88,7 +89,7 @@ def _response_format_grammar(f: Fields) -> str | None:
         raise spec.error("schema", f"is not a usable JSON schema: {e}") from None
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise spec.error("schema", f"is too large ({len(grammar)} characters compiled, at most {MAX_GRAMMAR_CHARS})")
-    error = _checked(grammar)
+    error = checked_grammar(grammar)
     if error:
         raise spec.error("schema", f"is not a usable JSON schema: {error}")
     return grammar

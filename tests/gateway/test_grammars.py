@@ -152,3 +152,39 @@ def test_a_required_call_is_one_of_the_tools_with_its_arguments(vocab, parser, t
     assert grammar_error(grammar) == ""
     n, total, matcher = consumed(vocab, grammar, text)
     assert (n == total and only_eos_left(vocab, matcher)) is ok
+
+
+def test_a_real_agent_clients_tools_can_be_required(vocab):
+    """Qwen Code's tool set holds a oneOf: the library holds it as anyOf, so a required call compiles, and a
+    value valid under one branch goes through."""
+    from tests.support.replay import QWEN_CODE_TRACE, load_trace
+
+    if not QWEN_CODE_TRACE.is_file():
+        pytest.skip(f"{QWEN_CODE_TRACE} is absent")
+    tools = load_trace(QWEN_CODE_TRACE, limit=1)[0].body["tools"]
+    assert any('"oneOf"' in str(t).replace("'", '"') for t in tools)
+    for parser in ("xml", "hermes"):
+        assert grammar_error(any_tool_call_grammar(tools, parser)) == "", parser
+    one_of = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"n": {"oneOf": [{"type": "integer"}, {"type": "string", "enum": ["all"]}]}},
+        "required": ["n"]}}}
+    for text, ok in (('{"n": 3}}\n</tool_call>', True), ('{"n": "all"}}\n</tool_call>', True),
+                     ('{"n": "some"}}\n</tool_call>', False)):
+        n, total, matcher = consumed(vocab, tool_call_grammar(one_of, "hermes"), text)
+        assert (n == total and only_eos_left(vocab, matcher)) is ok, text
+
+
+def test_lenient_grammars_leave_unsupported_keywords_unenforced_and_keep_the_rest(vocab):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"not": {"type": "string"}}, "b": {"type": "string", "format": "zzz"},
+                                         "c": {"type": "integer"}}, "required": ["c"]}}}
+    assert "not" in grammar_error(tool_call_grammar(tool, "hermes"))
+    lenient = tool_call_grammar(tool, "hermes", lenient=True)
+    assert grammar_error(lenient) == ""
+    n, total, matcher = consumed(vocab, lenient, '{"a": 1, "b": "x", "c": 2}}\n</tool_call>')
+    assert n == total and only_eos_left(vocab, matcher)
+    n, total, _ = consumed(vocab, lenient, '{"a": 1, "c": "two"}}\n</tool_call>')
+    assert n < total  # c is still an integer
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}
+    assert grammar_error(tool_call_grammar(broken, "hermes", lenient=True))  # what cannot be built still fails

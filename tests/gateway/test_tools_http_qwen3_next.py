@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 
 from tests.gateway.tools_http_support import assemble, create, streamed, tools_gateway
@@ -102,3 +103,31 @@ def test_tool_call_parser_flag_overrides_the_template(xml_gw):
     assert xml_gw.last_prompt().endswith("<tool_call>\n<function=get_weather>\n")
     assert [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls] == [
         ("get_weather", {"days": 5})]
+
+
+def test_a_tool_schema_the_grammar_cannot_hold_exactly_is_forced_leniently_and_counted(gw, client):
+    from tests.gateway.conftest import http
+
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}, "n": {"type": "integer"}}}}}
+
+    def lenient_count() -> float:
+        for line in http("GET", gw.url + "/metrics").body.decode().splitlines():
+            if line.startswith("ignis:gateway_grammar_lenient_total"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = lenient_count()
+    r = create(gw, client, '{"name": "odd", "arguments": {"n": 1}}\n</tool_call>', tools=[odd],
+               tool_choice="required")
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.tool_calls[0].function.name == "odd"
+    assert gw.engine.generates[-1].grammar is not None
+    assert lenient_count() == before + 1
+    create(gw, client, "Sunny.", tools=TOOLS, tool_choice="required")  # an exact schema is not counted
+    assert lenient_count() == before + 1
+    broken = {"type": "function", "function": {"name": "broken", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/nowhere"}}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        create(gw, client, "x", tools=[broken], tool_choice="required")
+    assert e.value.body["param"] == "tool_choice" and "nowhere" in e.value.body["message"]
