@@ -49,6 +49,7 @@ class Tracked:
     accepted_at: list[int] = field(default_factory=list)  # and accepted there
     extra: dict = field(default_factory=dict)
     mark_missing: str | None = None  # capture marks the gateway could not find, and why
+    prompt_scored: int = 0  # prompt tokens whose logprobs were sent (prompt_logprobs)
 
 
 class TokenStreams:
@@ -82,6 +83,7 @@ class TokenStreams:
                 continue
             for msg in scores:
                 self.channel.send(msg, t.peer)
+                t.prompt_scored += len(msg.ranks)
         by_peer: dict[bytes, list[StreamTokens]] = {}
         for rid, token in result.tokens.items():
             tokens = (token, *result.extra.get(rid, ()))
@@ -182,6 +184,8 @@ class TokenStreams:
             done["restore_rejected"] = {"non_finite": ev.restore_rejected}
         if t.mark_missing:
             done["mark"] = f"missing ({t.mark_missing})"
+        if t.prompt_scored:  # a scored prompt is computed whole: why such a request resumed nothing
+            done["prompt_logprobs"] = {"scored": t.prompt_scored}
         log.info(orjson.dumps(done).decode())
 
 

@@ -83,3 +83,22 @@ def test_a_speculative_round_cut_at_its_requests_end_sends_the_logprobs_of_the_t
     [stream] = batch.streams
     assert stream.token_ids == (5, 6)
     assert stream.logprobs.logprobs == (-0.1, -0.2) and stream.logprobs.top_ids == ((5,), (6,))
+
+
+def test_prompt_scores_go_out_before_the_tokens_and_the_done_line_counts_them(caplog):
+    from ignis.engine.schedule import FinishEvent
+    from ignis.shared.wire import PromptLogprobs
+    from ignis.shared.wire import TokenLogprobs as WireLogprobs
+
+    chan, sched = Channel(), Scheduler()
+    streams = TokenStreams(chan, EngineMetrics("m"))
+    now = time.monotonic()
+    streams.tracked["a"] = Tracked(peer=b"gw", request_class="interactive", prompt_tokens=4, arrived=now,
+                                   admitted=now)
+    scores = [PromptLogprobs("a", 1, (1, 2), WireLogprobs((-0.1, -0.2), ((), ()), ((), ()))),
+              PromptLogprobs("a", 3, (1,), WireLogprobs((-0.3,), ((),), ((),)))]
+    streams.send_tokens(RoundResult(tokens={"a": 5}, prompt_logprobs={"a": scores}), {}, sched)
+    assert [type(m).__name__ for _, m in chan.sent] == ["PromptLogprobs", "PromptLogprobs", "TokenBatch"]
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("a", "length", 4, 1), "m")
+    assert '"prompt_logprobs":{"scored":3}' in caplog.text
