@@ -44,7 +44,7 @@ from ignis.gateway.listener import CONNECTIONS, Connections
 from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.messages_api import count_tokens, create_message
 from ignis.gateway.metrics import GatewayMetrics
-from ignis.gateway.openapi import openapi
+from ignis.gateway.openapi import openapi, package_version
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
 from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state
 from ignis.gateway.responses import json_response
@@ -153,6 +153,11 @@ async def health(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
+async def version(request: web.Request) -> web.Response:
+    """The server's version."""
+    return json_response({"version": package_version()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     """The gateway's Prometheus metrics."""
     gw: GatewayState = request.app[STATE]
@@ -226,6 +231,8 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)  # vLLM's (and SageMaker's) name for the same check
+    app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_post(MESSAGES_PREFIX, create_message)

@@ -41,7 +41,7 @@ def _responses(method: str, path: str) -> dict:
     if method == "POST" and path in STREAMING:  # stream: true answers server-sent events; the schema is each event's
         ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
     out = {"200": ok}
-    if path == "/health":
+    if path in ("/health", "/ping"):
         out["503"] = {"description": "the engine is not answering",
                       "content": _json({"type": "object", "properties": {"status": {"const": "unavailable"}},
                                         "required": ["status"]})}
@@ -81,17 +81,21 @@ def openapi_document(app: web.Application, title: str, version: str, models: lis
             "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}}
 
 
+def package_version() -> str:
+    """The installed ignis package's version ("0" when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ignis")
+    except PackageNotFoundError:
+        return "0"
+
+
 async def openapi(request: web.Request) -> web.Response:
     """This document."""
     doc = request.app.get(_DOC)
     if doc is None:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            ours = version("ignis")
-        except PackageNotFoundError:
-            ours = "0"
         gw = request.app[STATE]
-        doc = openapi_document(request.app, "ignis", ours, list(gw.models) or [gw.model_name])
+        doc = openapi_document(request.app, "ignis", package_version(), list(gw.models) or [gw.model_name])
         request.app[_DOC] = doc
     return json_response(doc)

@@ -266,5 +266,7 @@ ANSWERS = {
                                    ("id", "type", "role", "content", "stop_reason", "usage")),
     ("POST", "/v1/messages/count_tokens"): _obj({"input_tokens": _INT}, ("input_tokens",)),
     ("GET", "/health"): _obj({"status": _STR}, ("status",)),
+    ("GET", "/ping"): _obj({"status": _STR}, ("status",)),
+    ("GET", "/version"): _obj({"version": _STR}, ("version",)),
 }
 """The JSON answer (status 200) of each route that answers JSON."""

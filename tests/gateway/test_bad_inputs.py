@@ -124,6 +124,9 @@ def test_bad_input(server, name, path, raw, headers, status, param, code):
 
 def test_health_and_metrics_need_no_key(server):
     assert http("GET", server.url + "/health").status == 200
+    assert http("GET", server.url + "/ping").status == 200
+    version = http("GET", server.url + "/version")
+    assert version.status == 200 and version.json()["version"]
     assert http("GET", server.url + "/metrics").status == 200
     assert http("GET", server.url + "/v1/models").status == 401
 

@@ -134,6 +134,7 @@ def test_engine_down_is_503_with_retry_after(tmp_path):
         assert r.json()["error"]["type"] == "service_unavailable_error"
         assert time.monotonic() - t0 < 10
         assert http("GET", url + "/health").status == 503
+        assert http("GET", url + "/ping").status == 503
         s = chat(url, stream=True)
         assert s.status == 503
     finally:
