@@ -50,6 +50,7 @@ from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
 from ignis.gateway.prompt_logprobs import prompt_logprobs_json
+from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.response_format import checked_grammar
 from ignis.gateway.responses import chat_logprobs, new_id
@@ -194,6 +195,9 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
         images = await load_images(urls, gw.vision, _media_policy(gw.config), gw.config.max_image_source_pixels,
                                    work)
         prompt_ids, marks = expand_placeholders(prompt_ids, images, gw.vision, marks)
+    if p.truncate_prompt_tokens is not None:
+        keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len())
+        prompt_ids, marks = truncate(prompt_ids, keep, marks, gw.vision.image_token_id if images else None)
     max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
     head = {"id": rid, "model": gw.model_name}
     gw.metrics.mark_missing(prompt.marks.missing)

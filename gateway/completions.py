@@ -27,6 +27,7 @@ from ignis.gateway.generation import Generation
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.params import CommonParams
 from ignis.gateway.prompt_logprobs import echo_logprobs, prompt_logprobs_json
+from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.responses import CompletionLogprobs, merge_completion_logprobs, new_id
 from ignis.gateway.state import GatewayState
 from ignis.gateway.tokenizer import TextTokenizer
@@ -90,6 +91,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if echo and p.logprobs:  # the engine scores the prompt for the echoed tokens' logprobs
         req.params = dataclasses.replace(p, prompt_logprobs=max(p.top_logprobs, p.prompt_logprobs or 0))
     prompts, texts = await _prompts(gw, f)
+    if p.truncate_prompt_tokens is not None:
+        keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len())
+        cut = [truncate(ids, keep)[0] for ids in prompts]
+        texts = [text if len(c) == len(ids) else None for c, ids, text in zip(cut, prompts, texts)]  # echo: what is sent
+        prompts = cut
     if len(prompts) * p.n > MAX_CHOICES:
         raise f.error("n", f"{len(prompts)} prompts times n = {p.n} is more than {MAX_CHOICES} choices")
     limits = [await gw.max_tokens(len(ids), p.max_tokens, DEFAULT_MAX_TOKENS) for ids in prompts]

@@ -73,6 +73,8 @@ class CommonParams:
     cache_family: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    truncate_prompt_tokens: int | None = None
+    """vLLM's: keep only the prompt's last this many tokens (-1: the model's length; ``gateway.prompt_truncation``)."""
     continuous_usage: bool = False
     """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): usage in every chunk."""
     prompt_logprobs: int | None = None
@@ -88,6 +90,13 @@ class CommonParams:
         if bad is not None:
             raise f.error("stop_token_ids", f"token id {bad} is outside the vocabulary (size {vocab_size})")
         return dataclasses.replace(self, top_k=0) if self.top_k >= vocab_size else self
+
+
+def _truncation(f: Fields) -> int | None:
+    value = f.int("truncate_prompt_tokens", None, -1)
+    if value == 0:
+        raise f.error("truncate_prompt_tokens", "must be -1 (the model's length) or at least 1, got 0")
+    return value
 
 
 def _stops(f: Fields) -> tuple[str, ...]:
@@ -206,6 +215,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous_usage,
+        truncate_prompt_tokens=_truncation(f),
         n=f.int("n", 1, 1, MAX_N),
         stops=_stops(f),
         stop_token_ids=tuple(stop_ids),

@@ -77,6 +77,7 @@ SAMPLING = {
                                             "maximum": LOGIT_BIAS_LIMIT}},
     "min_tokens": {"type": "integer", "minimum": 0},
     "prompt_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+    "truncate_prompt_tokens": {"oneOf": [{"const": -1}, {"type": "integer", "minimum": 1}]},
     **STRUCTURED_OUTPUTS,
 }
 """The fields /v1/chat/completions and /v1/completions share (``gateway.params``)."""

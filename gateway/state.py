@@ -55,12 +55,16 @@ class GatewayState:
         tokenizer, template, vision = self.models[model]
         return replace(self, model_name=model, tokenizer=tokenizer, template=template, vision=vision)
 
-    async def max_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
-        """The completion budget: requested, else ``default`` or the rest of the context."""
+    async def max_model_len(self) -> int:
+        """The engine's context length (503 when the engine does not answer)."""
         try:
-            limit = await self.client.max_model_len()
+            return await self.client.max_model_len()
         except EngineUnavailable:
             raise engine_unavailable() from None
+
+    async def max_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
+        """The completion budget: requested, else ``default`` or the rest of the context."""
+        limit = await self.max_model_len()
         if prompt_len >= limit:
             raise context_length_exceeded(
                 f"this model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens")
