@@ -10,7 +10,8 @@ ignore_eos, stop_token_ids, return_token_ids, prompt_logprobs: 0 to 20
 alternatives per scored prompt token). Token ids are checked against
 the served model's vocabulary once the model is known (``for_vocabulary``).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
-or "agent", else the ``X-Ignis-Request-Class`` header, else interactive.
+or "agent" (vLLM's integer ``priority``: 0 or less interactive, more agent),
+else the ``X-Ignis-Request-Class`` header, else interactive.
 ``prompt_cache_key`` (OpenAI's, at most 1,024 characters) puts the request in
 a conversation family: the engine gets a digest of the caller's credentials
 and the key (``cache_family``), never the key, and ranks the retained entries
@@ -129,6 +130,8 @@ def _request_class(f: Fields, headers) -> str:
     for name in ("request_class", "priority"):
         if f.has(name):
             value = f.raw(name)
+            if name == "priority" and type(value) is int:  # vLLM's integer priority: lower is served first
+                return "interactive" if value <= 0 else "agent"
             if value not in REQUEST_CLASSES:
                 raise f.error(name, f"must be one of {', '.join(map(repr, REQUEST_CLASSES))}, got {value!r}")
             return value

@@ -71,6 +71,7 @@ SAMPLING = {
     "ignore_eos": _BOOL,
     "return_token_ids": _BOOL,
     "request_class": {"enum": list(REQUEST_CLASSES)},
+    "priority": {"oneOf": [{"enum": list(REQUEST_CLASSES)}, {"type": "integer"}]},
     "prompt_cache_key": {"type": "string", "maxLength": MAX_CACHE_KEY_CHARS},
     "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^[0-9]{1,10}$"},
                    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT,

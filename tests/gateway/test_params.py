@@ -50,9 +50,13 @@ def test_request_class_body_then_header():
     assert common(headers={"X-Ignis-Request-Class": "Agent"}).request_class == "agent"
     assert common(headers={"X-Ignis-Request-Class": "agent"}, priority="interactive").request_class == "interactive"
     assert common(request_class="agent").request_class == "agent"
-    with pytest.raises(ApiError) as e:
-        common(priority=3)
-    assert e.value.param == "priority"
+    # vLLM's integer priority (lower is served first; 0 its default)
+    assert [common(priority=v).request_class for v in (-5, 0, 3)] == ["interactive", "interactive", "agent"]
+    assert common(headers={"X-Ignis-Request-Class": "agent"}, priority=0).request_class == "interactive"
+    for bad in ("urgent", 1.5, True):
+        with pytest.raises(ApiError) as e:
+            common(priority=bad)
+        assert e.value.param == "priority"
 
 
 def test_prompt_cache_key_becomes_a_family_digest_scoped_to_the_caller():
