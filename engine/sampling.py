@@ -7,8 +7,8 @@ the batch around it, so a seeded request is reproducible across runs and
 batch mixes, and its generator state can be saved and restored with the rest
 of the sequence state (``snapshot`` / ``restore``).
 
-Before the filters a row may be adjusted, in this order: the request's
-``logit_bias`` is added; penalties follow the usual server conventions:
+Before the filters a row may be adjusted, in this order: ids outside the
+request's ``allowed_token_ids`` are set to -inf; its ``logit_bias`` is added; penalties follow the usual server conventions:
 repetition (divide positive logits, multiply negative ones) over prompt and
 output tokens, presence and frequency (subtract) over output tokens only;
 while fewer than ``min_tokens`` tokens are out, the stop ids (``stop_token_ids``,
@@ -47,6 +47,7 @@ class SamplerState:
     output_counts: dict = field(default_factory=dict, repr=False)
     produced: int = 0  # output tokens so far
     held_ids: tuple = ()  # ids held back until min_tokens are out (stop ids and, unless ignore_eos, EOS ids)
+    allowed: torch.Tensor | None = field(default=None, repr=False)  # allowed_token_ids as an index, made once
 
     def __post_init__(self):
         if self.generator is None:
@@ -62,6 +63,8 @@ class SamplerState:
             state.prompt_tokens = set(prompt)
         if params.min_tokens:
             state.held_ids = tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))))
+        if params.allowed_token_ids:
+            state.allowed = torch.tensor(params.allowed_token_ids, dtype=torch.long)
         return state
 
     @property
@@ -75,8 +78,10 @@ class SamplerState:
 
     @property
     def adjusted(self) -> bool:
-        """The request's settings change logits at some step: penalties, a logit bias or ``min_tokens``."""
-        return self.penalised or bool(self.params.logit_bias) or self.params.min_tokens > 0
+        """The request's settings change logits at some step: penalties, a logit bias, ``min_tokens`` or
+        ``allowed_token_ids``."""
+        return (self.penalised or bool(self.params.logit_bias) or self.params.min_tokens > 0
+                or self.allowed is not None)
 
     @property
     def holding(self) -> bool:
@@ -86,7 +91,7 @@ class SamplerState:
     @property
     def adjusts_now(self) -> bool:
         """The next row is adjusted before it is sampled (``min_tokens`` counts only while ``holding``)."""
-        return self.penalised or bool(self.params.logit_bias) or self.holding
+        return self.penalised or bool(self.params.logit_bias) or self.holding or self.allowed is not None
 
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
@@ -107,7 +112,12 @@ class SamplerState:
 
 
 def _adjust(row: torch.Tensor, st: SamplerState) -> None:
-    """The request's logit bias, penalties and ``min_tokens`` hold, in place."""
+    """The request's allowed ids, logit bias, penalties and ``min_tokens`` hold, in place."""
+    if st.allowed is not None:
+        allowed = st.allowed.to(row.device)
+        kept = row[allowed]
+        row.fill_(float("-inf"))
+        row[allowed] = kept
     bias = st.params.logit_bias
     if bias:
         idx = torch.tensor([t for t, _ in bias], dtype=torch.long, device=row.device)

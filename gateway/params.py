@@ -6,7 +6,7 @@
 [0, 2], presence/frequency penalties in [-2, 2], at most 4 stop strings, n up to
 8, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
 extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, return_token_ids, prompt_logprobs: 0 to 20
+ignore_eos, stop_token_ids, allowed_token_ids, return_token_ids, prompt_logprobs: 0 to 20
 alternatives per scored prompt token). Token ids are checked against
 the served model's vocabulary once the model is known (``for_vocabulary``).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
@@ -32,6 +32,7 @@ from ignis.gateway.fields import Fields
 from ignis.gateway.response_format import parse_response_format
 from ignis.shared.sampling import (
     LOGIT_BIAS_LIMIT,
+    MAX_ALLOWED_TOKEN_IDS,
     MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
@@ -74,6 +75,8 @@ class CommonParams:
     cache_family: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    allowed_token_ids: tuple[int, ...] = ()
+    """vLLM's: only these ids may be sampled (ascending, distinct; empty: all)."""
     truncate_prompt_tokens: int | None = None
     """vLLM's: keep only the prompt's last this many tokens (-1: the model's length; ``gateway.prompt_truncation``)."""
     continuous_usage: bool = False
@@ -90,7 +93,21 @@ class CommonParams:
         bad = next((t for t in self.stop_token_ids if t >= vocab_size), None)
         if bad is not None:
             raise f.error("stop_token_ids", f"token id {bad} is outside the vocabulary (size {vocab_size})")
+        if self.allowed_token_ids and self.allowed_token_ids[-1] >= vocab_size:
+            raise f.error("allowed_token_ids", f"token id {self.allowed_token_ids[-1]} is outside the vocabulary "
+                                               f"(size {vocab_size})")
         return dataclasses.replace(self, top_k=0) if self.top_k >= vocab_size else self
+
+
+def _allowed_ids(f: Fields) -> tuple[int, ...]:
+    value = f.raw("allowed_token_ids")
+    if value is None:
+        return ()
+    if type(value) is not list or not value or not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in value):
+        raise f.error("allowed_token_ids", "must be a non-empty array of token ids")
+    if len(value) > MAX_ALLOWED_TOKEN_IDS:
+        raise f.error("allowed_token_ids", f"has {len(value)} ids, at most {MAX_ALLOWED_TOKEN_IDS} allowed")
+    return tuple(sorted(set(value)))
 
 
 def _truncation(f: Fields) -> int | None:
@@ -219,6 +236,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         include_usage=include_usage,
         continuous_usage=continuous_usage,
         truncate_prompt_tokens=_truncation(f),
+        allowed_token_ids=_allowed_ids(f),
         n=f.int("n", 1, 1, MAX_N),
         stops=_stops(f),
         stop_token_ids=tuple(stop_ids),
@@ -260,5 +278,5 @@ def _sampling(p: CommonParams, max_tokens: int, seed: int | None) -> SamplingPar
         repetition_penalty=p.repetition_penalty, seed=seed, max_tokens=max_tokens,
         stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
         top_logprobs=p.top_logprobs, logit_bias=p.logit_bias, min_tokens=min(p.min_tokens, max_tokens),
-        prompt_logprobs=p.prompt_logprobs,
+        prompt_logprobs=p.prompt_logprobs, allowed_token_ids=p.allowed_token_ids,
     )

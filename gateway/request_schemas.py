@@ -17,7 +17,13 @@ from __future__ import annotations
 from ignis.gateway.completions import MAX_PROMPTS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
-from ignis.shared.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
+from ignis.shared.sampling import (
+    LOGIT_BIAS_LIMIT,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+)
 from ignis.shared.wire import REQUEST_CLASSES
 
 _STR = {"type": "string"}
@@ -78,6 +84,8 @@ SAMPLING = {
                                             "maximum": LOGIT_BIAS_LIMIT}},
     "min_tokens": {"type": "integer", "minimum": 0},
     "prompt_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+    "allowed_token_ids": {"type": "array", "minItems": 1, "maxItems": MAX_ALLOWED_TOKEN_IDS,
+                          "items": {"type": "integer", "minimum": 0}},
     "truncate_prompt_tokens": {"oneOf": [{"const": -1}, {"type": "integer", "minimum": 1}]},
     **STRUCTURED_OUTPUTS,
 }

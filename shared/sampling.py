@@ -4,7 +4,7 @@ One frozen dataclass; every field is checked when it is built, with the same
 limits whether it comes from the gateway's own code or off the wire. Disabled
 filters have neutral values: ``top_p = 1``, ``top_k = 0``, ``min_p = 0``,
 penalties 0 (presence, frequency) and 1 (repetition), no logit bias,
-``min_tokens = 0``, no prompt scoring. ``n`` is not here: the
+``min_tokens = 0``, every token allowed, no prompt scoring. ``n`` is not here: the
 gateway fans a request with several choices out into one stream per choice.
 
 No torch.
@@ -26,6 +26,7 @@ from ignis.shared.wire_fields import (
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024  # entries
+MAX_ALLOWED_TOKEN_IDS = 65536
 LOGIT_BIAS_LIMIT = 100.0  # |bias|, as OpenAI's API bounds it
 
 
@@ -65,6 +66,9 @@ class SamplingParams:
     min_tokens: int = 0
     """No end-of-sequence token (unless ``ignore_eos``) and no ``stop_token_ids`` before this many output
     tokens, in [0, max_tokens]."""
+    allowed_token_ids: tuple[int, ...] = ()
+    """Only these ids may be sampled (ascending, distinct; empty: every id). Applied before the logit
+    bias and penalties; logprobs stay the raw model's."""
     prompt_logprobs: int | None = None
     """Also score the prompt: each prompt token's log probability given the tokens before it, its rank,
     and this many most likely alternatives, in [0, 20]; None: not scored. A scored prompt is computed
@@ -94,6 +98,10 @@ class SamplingParams:
         set_(self, "logit_bias", check_logit_bias(self.logit_bias))
         check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         check_opt_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_TOP_LOGPROBS)
+        allowed = check_token_ids("allowed_token_ids", self.allowed_token_ids, MAX_ALLOWED_TOKEN_IDS)
+        if any(b <= a for a, b in zip(allowed, allowed[1:])):
+            raise ValueError("allowed_token_ids must be ascending and distinct")
+        set_(self, "allowed_token_ids", allowed)
 
     @property
     def greedy(self) -> bool:

@@ -67,6 +67,21 @@ def test_logit_bias_is_added_before_the_pick_and_logprobs_stay_raw():
     assert state(temperature=0, logit_bias=((0, -1.5),)).adjusted
 
 
+def test_allowed_token_ids_are_the_only_ids_drawn_and_logprobs_stay_raw():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    st = state(temperature=0, allowed_token_ids=(2, 4))
+    tokens, lps = sample_batch(logits.clone(), [st], [2])
+    assert tokens == [2] and st.adjusted and st.adjusts_now
+    assert abs(lps[0].token_logprob - float(torch.log_softmax(logits[0], -1)[2])) < 1e-6
+    assert [t for t, _ in lps[0].top] == [0, 1]  # the raw distribution's order
+    sampled = state(temperature=1.5, seed=5, allowed_token_ids=(1, 3, 4))
+    draws = {sample_batch(logits.clone(), [sampled], [None])[0][0] for _ in range(200)}
+    assert draws == {1, 3, 4}
+    # the bias acts among the allowed ids only
+    biased = state(temperature=0, allowed_token_ids=(3, 4), logit_bias=((0, 50.0), (4, 5.0)))
+    assert sample_batch(logits.clone(), [biased], [None])[0] == [4]
+
+
 def test_min_tokens_holds_back_stop_and_eos_ids_until_they_are_out():
     logits = torch.tensor([[0.0, 1.0, 5.0, 4.0]])  # 2 is EOS, 3 a stop id, 1 the best of the rest
     st = SamplerState.from_params(SamplingParams(temperature=0, min_tokens=2, max_tokens=8, stop_token_ids=(3,)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 
 from ignis.shared.demo import ensure_demo_model
@@ -91,3 +92,28 @@ def test_logit_bias_and_min_tokens_match_transformers(client, server, hf_model, 
                          min_new_tokens=min_tokens, eos_token_id=list(EOS))
         assert served == want and len(served) == min_tokens + 1 and served[-1] == EOS[0]
         assert r.choices[0].finish_reason == "stop"
+
+
+def test_allowed_token_ids_match_transformers_over_the_allowed_ids(client, server, hf_model, demo_tokenizer):
+    """Greedy output under allowed_token_ids is transformers' greedy pick among those ids at every step
+    (its forward over the prompt and the output so far)."""
+    import torch
+
+    ids = demo_tokenizer.encode("Once upon a time")
+    plain = reference(hf_model, ids, demo_tokenizer.vocab_size)
+    allowed = sorted({plain[1], plain[2], 1000, 2000, 3000} - {plain[0]})
+    r = client.completions.create(model=server.model, prompt=ids, temperature=0, max_tokens=8,
+                                  extra_body={"allowed_token_ids": allowed, "return_token_ids": True})
+    served = r.choices[0].model_extra["token_ids"]
+    assert len(served) == 8 and set(served) <= set(allowed)
+    seq = list(ids)
+    with torch.no_grad():
+        for token in served:
+            logits = hf_model(torch.tensor([seq])).logits[0, -1]
+            assert token == allowed[int(logits[allowed].argmax())]
+            seq.append(token)
+    for bad in ([], [-1], [demo_tokenizer.vocab_size], "1,2"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=server.model, prompt=ids, max_tokens=2,
+                                      extra_body={"allowed_token_ids": bad})
+        assert e.value.body["param"] == "allowed_token_ids"
