@@ -40,6 +40,10 @@ from ignis.shared.wire import Generate
 
 
 _INLINE_BODY_BYTES = 256 << 10
+GRAMMAR_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                  "guided_grammar")
+"""Fields that make a grammar: the library checks it in tens of milliseconds (releasing the GIL), so a body
+naming one has its fields read on a worker thread, never on the event loop the streams share."""
 
 
 def _checked_body(raw: bytes, limits: RequestLimits) -> dict:
@@ -132,7 +136,10 @@ class GenerationRequest:
         if translate is not None:
             body = translate(body)
         f = Fields(body)
-        p = parse_common(f, http.headers, kind)
+        if any(body.get(name) is not None for name in GRAMMAR_FIELDS):
+            p = await prompt_work(http).run(parse_common, f, http.headers, kind)
+        else:
+            p = parse_common(f, http.headers, kind)
         served = gw.select(p.model)
         return cls(http, served, f, p.for_vocabulary(f, served.tokenizer.vocab_size), started)
 
