@@ -8,8 +8,8 @@ batch mixes, and its generator state can be saved and restored with the rest
 of the sequence state (``snapshot`` / ``restore``).
 
 Before the filters a row may be adjusted, in this order: ids outside the
-request's ``allowed_token_ids`` are set to -inf; its ``logit_bias`` is added; penalties follow the usual server conventions:
-repetition (divide positive logits, multiply negative ones) over prompt and
+request's ``allowed_token_ids`` are set to -inf; its ``logit_bias`` is added;
+penalties follow the usual server conventions: repetition (divide positive logits, multiply negative ones) over prompt and
 output tokens, presence and frequency (subtract) over output tokens only;
 while fewer than ``min_tokens`` tokens are out, the stop ids (``stop_token_ids``,
 and the model's end-of-sequence ids unless ``ignore_eos``) are set to -inf.
@@ -77,11 +77,14 @@ class SamplerState:
                 or self.params.repetition_penalty != 1.0)
 
     @property
+    def _adjusts_every_row(self) -> bool:
+        """Penalties, a logit bias or ``allowed_token_ids``: settings that act on every row."""
+        return self.penalised or bool(self.params.logit_bias) or self.allowed is not None
+
+    @property
     def adjusted(self) -> bool:
-        """The request's settings change logits at some step: penalties, a logit bias, ``min_tokens`` or
-        ``allowed_token_ids``."""
-        return (self.penalised or bool(self.params.logit_bias) or self.params.min_tokens > 0
-                or self.allowed is not None)
+        """The request's settings change logits at some step: those of every row, or ``min_tokens``."""
+        return self._adjusts_every_row or self.params.min_tokens > 0
 
     @property
     def holding(self) -> bool:
@@ -91,7 +94,7 @@ class SamplerState:
     @property
     def adjusts_now(self) -> bool:
         """The next row is adjusted before it is sampled (``min_tokens`` counts only while ``holding``)."""
-        return self.penalised or bool(self.params.logit_bias) or self.holding or self.allowed is not None
+        return self._adjusts_every_row or self.holding
 
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1

@@ -77,9 +77,8 @@ class TokenStreams:
         scores go first: a stream's come before its first tokens."""
         now = time.monotonic()
         for rid, scores in result.prompt_logprobs.items():
-            t = self.tracked.get(rid)
-            req = scheduler.get(rid)
-            if t is None or (req is not None and req.pending_end is not None):
+            t = self._streaming(rid, scheduler)
+            if t is None:
                 continue
             for msg in scores:
                 self.channel.send(msg, t.peer)
@@ -87,9 +86,8 @@ class TokenStreams:
         by_peer: dict[bytes, list[StreamTokens]] = {}
         for rid, token in result.tokens.items():
             tokens = (token, *result.extra.get(rid, ()))
-            t = self.tracked.get(rid)
-            req = scheduler.get(rid)
-            if t is None or (req is not None and req.pending_end is not None):
+            t = self._streaming(rid, scheduler)
+            if t is None:
                 continue
             if t.first_token is None:
                 t.first_token = now
@@ -109,6 +107,12 @@ class TokenStreams:
             by_peer.setdefault(t.peer, []).append(stream)
         for peer, streams in by_peer.items():
             self.channel.send(TokenBatch(tuple(streams)), peer)
+
+    def _streaming(self, rid: str, scheduler) -> Tracked | None:
+        """``rid``'s record while its output still goes out (None: unknown, or already ending)."""
+        t = self.tracked.get(rid)
+        req = scheduler.get(rid)
+        return None if t is None or (req is not None and req.pending_end is not None) else t
 
     def _count_drafts(self, t: Tracked, drafted: int, accepted: int) -> None:
         m = self.metrics
