@@ -87,14 +87,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if f.has("suffix"):
         raise f.error("suffix", "is not supported")
     echo = f.bool("echo")
-    asked = p.prompt_logprobs
     if echo and p.logprobs:  # the engine scores the prompt for the echoed tokens' logprobs
         req.params = dataclasses.replace(p, prompt_logprobs=max(p.top_logprobs, p.prompt_logprobs or 0))
     prompts, texts = await _prompts(gw, f)
     if p.truncate_prompt_tokens is not None:
         keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len())
         cut = [truncate(ids, keep)[0] for ids in prompts]
-        texts = [text if len(c) == len(ids) else None for c, ids, text in zip(cut, prompts, texts)]  # echo: what is sent
+        # echo shows what is sent: a cut prompt's kept tokens, not its text
+        texts = [text if len(c) == len(ids) else None for c, ids, text in zip(cut, prompts, texts)]
         prompts = cut
     if len(prompts) * p.n > MAX_CHOICES:
         raise f.error("n", f"{len(prompts)} prompts times n = {p.n} is more than {MAX_CHOICES} choices")
@@ -105,20 +105,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
                       for ids, text in zip(prompts, texts)]
     rid = new_id("cmpl")
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}
-    response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)], asked)
+    response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)])
     return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response)
 
 
 class CompletionResponse(EndpointResponse):
     """``text_completion`` objects, streamed or whole, with legacy logprobs; ``echo_texts[i]`` opens choice i
-    (one per choice, empty: no echo); ``prompt_logprobs``: the alternatives vLLM's field asked for (None:
-    no such field)."""
+    (one per choice, empty: no echo). ``params`` are the request's own: their ``prompt_logprobs`` is what
+    vLLM's field asked for (the engine may score an echoed prompt without it)."""
 
-    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_texts: list[str],
-                 prompt_logprobs: int | None = None):
+    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_texts: list[str]):
         super().__init__(params, tokenizer, head, head)
         self.echo_texts = echo_texts
-        self.prompt_logprobs = prompt_logprobs
         # One per choice: text offsets run on across every delta of the choice.
         self.lps = [CompletionLogprobs() for _ in echo_texts]
         self.acc = [{"text": text, "lps": []} for text in echo_texts]
@@ -133,13 +131,13 @@ class CompletionResponse(EndpointResponse):
                     self.acc[i]["lps"].append(self.echo_lps[i])
 
     def _with_prompt_logprobs(self, choice: dict, i: int) -> dict:
-        if self.prompt_logprobs is not None:
+        if self.params.prompt_logprobs is not None:
             ids, scores = self.prompts[i]
             choice["prompt_logprobs"] = prompt_logprobs_json(ids, scores, self.tokenizer)
         return choice
 
     def first_choices(self) -> list[dict]:
-        if not any(self.echo_texts) and self.prompt_logprobs is None:
+        if not any(self.echo_texts) and self.params.prompt_logprobs is None:
             return []
         return [self._with_prompt_logprobs({"index": i, "text": text, "logprobs": self.echo_lps[i],
                                             "finish_reason": None}, i)

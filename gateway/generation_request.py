@@ -34,14 +34,14 @@ from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.request_limits import RequestLimits, check_body
 from ignis.gateway.responses import json_response, sse, sse_skeleton, stream_sse
 from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.structured_outputs import LEGACY
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.image_input import ImageInput
 from ignis.shared.wire import Generate
 
 
 _INLINE_BODY_BYTES = 256 << 10
-GRAMMAR_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                  "guided_grammar")
+GRAMMAR_FIELDS = ("response_format", "structured_outputs", *LEGACY)
 """Fields that make a grammar: the library checks it in tens of milliseconds (releasing the GIL), so a body
 naming one has its fields read on a worker thread, never on the event loop the streams share."""
 

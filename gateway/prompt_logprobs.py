@@ -11,22 +11,17 @@
   for the first; token text to logprob), ``text_offset``; the generated
   tokens' offsets go on from its end.
 
-A probability of zero is -9999.0, as for generated tokens. Scores that do not
+A probability of zero is -9999.0, as for generated tokens (``json_logprob``). Scores that do not
 cover the prompt (the engine ended the request before its prompt was done:
 the request then fails with the engine's reason) give None. No torch.
 """
 
 from __future__ import annotations
 
-from ignis.gateway.responses import CompletionLogprobs
+from ignis.gateway.choice import TokenRecord
+from ignis.gateway.responses import CompletionLogprobs, json_logprob, merge_completion_logprobs
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.wire import PromptLogprobs
-
-ZERO_LOGPROB = -9999.0
-
-
-def _lp(value: float) -> float:
-    return ZERO_LOGPROB if value == float("-inf") else value
 
 
 def scored_positions(prompt_len: int, scores: list[PromptLogprobs]) -> list[tuple[float, int, tuple, tuple]] | None:
@@ -50,33 +45,23 @@ def prompt_logprobs_json(prompt_ids: list[int] | tuple[int, ...], scores: list[P
         return None
     out: list[dict | None] = [None]
     for token, (lp, rank, top_ids, top_lps) in zip(prompt_ids[1:], scored):
-        entry = {str(token): {"logprob": _lp(lp), "rank": rank, "decoded_token": tokenizer.token_text(token)}}
+        entry = {str(token): {"logprob": json_logprob(lp), "rank": rank, "decoded_token": tokenizer.token_text(token)}}
         for i, (t, v) in enumerate(zip(top_ids, top_lps), start=1):
-            entry.setdefault(str(t), {"logprob": _lp(v), "rank": i, "decoded_token": tokenizer.token_text(t)})
+            entry.setdefault(str(t), {"logprob": json_logprob(v), "rank": i, "decoded_token": tokenizer.token_text(t)})
         out.append(entry)
     return out
 
 
 def echo_logprobs(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLogprobs],
                   tokenizer: TextTokenizer, offsets: CompletionLogprobs) -> dict | None:
-    """The legacy logprobs of an echoed prompt; ``offsets`` (at 0) moves past it, for the generated tokens."""
-    tokens, lps, tops, text_offset = [], [], [], []
+    """The legacy logprobs of an echoed prompt; ``offsets`` (at 0) moves past it, for the generated tokens:
+    the first token as the legacy API writes it (no logprob), the rest as generated tokens are written."""
     scored = scored_positions(len(prompt_ids), scores)
     if scored is None:
         return None
-    for i, token in enumerate(prompt_ids):
-        text = tokenizer.token_text(token)
-        tokens.append(text)
-        text_offset.append(offsets.offset)
-        offsets.offset += len(text)
-        if i == 0:
-            lps.append(None)
-            tops.append(None)
-            continue
-        lp, _, top_ids, top_lps = scored[i - 1]
-        lps.append(_lp(lp))
-        top = {}
-        for t, v in zip(top_ids, top_lps):
-            top.setdefault(tokenizer.token_text(t), _lp(v))
-        tops.append(top)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": text_offset}
+    text = tokenizer.token_text(prompt_ids[0])
+    first = {"tokens": [text], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [offsets.offset]}
+    offsets.offset += len(text)
+    rest = [TokenRecord(token, lp, tuple(zip(top_ids, top_lps)))
+            for token, (lp, _, top_ids, top_lps) in zip(prompt_ids[1:], scored)]
+    return merge_completion_logprobs([first, offsets.add(tokenizer, rest)])

@@ -59,7 +59,8 @@ def json_response(obj: dict, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 
 
-def _lp(value: float) -> float:
+def json_logprob(value: float) -> float:
+    """A logprob as the API writes it: a probability of zero (-inf) is -9999.0."""
     return -9999.0 if value == -math.inf else value
 
 
@@ -67,8 +68,9 @@ def chat_logprobs(tok: TextTokenizer, records: list[TokenRecord]) -> list[dict]:
     out = []
     for r in records:
         out.append({
-            "token": tok.token_text(r.token_id), "logprob": _lp(r.logprob), "bytes": list(tok.token_bytes(r.token_id)),
-            "top_logprobs": [{"token": tok.token_text(i), "logprob": _lp(v), "bytes": list(tok.token_bytes(i))}
+            "token": tok.token_text(r.token_id), "logprob": json_logprob(r.logprob),
+            "bytes": list(tok.token_bytes(r.token_id)),
+            "top_logprobs": [{"token": tok.token_text(i), "logprob": json_logprob(v), "bytes": list(tok.token_bytes(i))}
                              for i, v in r.top],
         })
     return out
@@ -85,10 +87,10 @@ class CompletionLogprobs:
         for r in records:
             text = tok.token_text(r.token_id)
             tokens.append(text)
-            lps.append(_lp(r.logprob))
+            lps.append(json_logprob(r.logprob))
             top = {}
             for i, v in r.top:
-                top.setdefault(tok.token_text(i), _lp(v))
+                top.setdefault(tok.token_text(i), json_logprob(v))
             tops.append(top)
             offsets.append(self.offset)
             self.offset += len(text)
