@@ -5,9 +5,11 @@ tables: up to hundreds of milliseconds for a large schema); a copy of a
 compiled matcher shares that work and starts in the grammar's initial state.
 So the cache keeps one untouched *template* matcher per grammar text and every
 request gets ``deep_copy()`` of it. A grammar the library refuses raises
-``GrammarError`` with its message and is not cached.
+``GrammarError`` with its message and is not cached. ``compile`` and ``keep``
+split a miss in two so the compile can run off the engine loop
+(``engine.grammar_compiles``).
 
-The ``LLTokenizer`` is built on first use (seconds at a 248K vocabulary), so an
+The ``LLTokenizer`` is built on first use (about a second at a 248K vocabulary), so an
 engine that never sees a grammar never pays for it; a vocabulary it cannot be
 built from makes every grammar a ``GrammarError`` saying so.
 """
@@ -53,17 +55,31 @@ class GrammarCache:
 
     def matcher(self, text: str):
         """A new ``LLMatcher`` for ``text`` in its initial state; ``GrammarError`` if it does not compile."""
+        found = self.cached(text)
+        if found is not None:
+            return found
+        self.keep(text, self.compile(text))
+        return self._templates[text].deep_copy()
+
+    def cached(self, text: str):
+        """A new matcher for ``text`` if its compiled template is cached (microseconds), else None."""
         template = self._templates.get(text)
         if template is None:
-            template = self._compile(text)
-            self._templates[text] = template
-            if len(self._templates) > self.size:
-                self._templates.popitem(last=False)
-        else:
-            self._templates.move_to_end(text)
+            return None
+        self._templates.move_to_end(text)
         return template.deep_copy()
 
-    def _compile(self, text: str):
+    def keep(self, text: str, template) -> None:
+        """Cache ``compile(text)``'s result, evicting the least recently used past ``size``."""
+        self._templates[text] = template
+        self._templates.move_to_end(text)
+        if len(self._templates) > self.size:
+            self._templates.popitem(last=False)
+
+    def compile(self, text: str):
+        """A compiled template matcher for ``text``, not cached (``keep`` does that); builds the
+        tokenizer first if no grammar has. Reads nothing the loop writes, so it may run on a worker
+        thread while the loop serves; ``GrammarError`` if it does not compile."""
         import llguidance
 
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)

@@ -1,7 +1,8 @@
 """Constrained streams: one grammar matcher per request, and a round's masks around the forward.
 
-A request with a grammar gets a matcher at intake (``constrain``; a grammar
-that does not compile is refused there). Invariant: a request's matcher has
+A request with a grammar gets a matcher at intake (``constrained``: at once
+when its grammar is cached; else intake has it compiled off the loop first,
+``engine.grammar_compiles``, and refuses one that does not compile). Invariant: a request's matcher has
 consumed exactly the tokens the request has output, in order, so a request
 preempted and recomputed, or evicted and resumed, continues where its grammar
 was (the matcher lives here, by request id, not with the lane).
@@ -56,12 +57,21 @@ class GrammarLanes:
         return self._masks
 
     def constrain(self, req_id: str, grammar: str) -> str | None:
-        """Give ``req_id`` a matcher for ``grammar``; the library's complaint when it does not compile."""
+        """Give ``req_id`` a matcher for ``grammar``, compiling it here if it is not cached (tests and benches;
+        the engine's intake compiles off its loop); the library's complaint when it does not compile."""
         try:
             self.matchers[req_id] = self.cache.matcher(grammar)
         except GrammarError as e:
             return str(e)
         return None
+
+    def constrained(self, req_id: str, grammar: str) -> bool:
+        """Give ``req_id`` a matcher for ``grammar`` if it is compiled already; False if it is not."""
+        matcher = self.cache.cached(grammar)
+        if matcher is None:
+            return False
+        self.matchers[req_id] = matcher
+        return True
 
     def release(self, req_id: str) -> None:
         self.matchers.pop(req_id, None)

@@ -24,21 +24,37 @@ from ignis.shared.tokenizer_files import (
 
 
 class _Vocabulary:
-    """What ``llguidance.TokenizerWrapper`` reads: token bytes, special ids, end ids, and an encoder."""
+    """What ``llguidance.TokenizerWrapper`` reads: token bytes, special ids, end ids, and an encoder
+    (the ``tokenizers`` library's, built on the first text it encodes: a second second of work that
+    most grammars never need)."""
 
     def __init__(self, tokens: list[bytes], special_ids: list[int], eos_ids: list[int], tokenizer_json: Path):
-        from tokenizers import Tokenizer
-
         self.tokens = tokens
         self.special_token_ids = special_ids
         self.eos_token_id = eos_ids[0]
         self.bos_token_id = None
-        self._tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        self._tokenizer_json = tokenizer_json
+        self._tokenizer = None
 
     def __call__(self, text: str) -> list[int]:
         if not isinstance(text, str):  # llguidance probes for a bytes encoder: this one takes text
             raise TypeError("text only")
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(str(self._tokenizer_json))
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _byte_level_table() -> dict[int, int | str]:
+    """``str.translate`` table: a byte-level character to the Latin-1 character of its byte; any other
+    character below 256 to one that Latin-1 cannot encode (characters above it cannot already)."""
+    table: dict[int, int | str] = {o: "\uffff" for o in range(256)}
+    table.update({ord(c): b for b, c in bytes_to_unicode().items()})
+    return table
+
+
+_BYTE_LEVEL_TO_LATIN1 = _byte_level_table()
 
 
 def token_bytes(tokenizer_json: Path, width: int) -> tuple[list[bytes], list[int]]:
@@ -48,14 +64,14 @@ def token_bytes(tokenizer_json: Path, width: int) -> tuple[list[bytes], list[int
     vocab = model.get("vocab")
     if model.get("type") != "BPE" or not isinstance(vocab, dict):
         raise TokenizerFilesError(f"{tokenizer_json}: grammars need a BPE vocabulary")
-    decode = {c: b for b, c in bytes_to_unicode().items()}
     tokens = [b""] * width
+    to_latin1 = _BYTE_LEVEL_TO_LATIN1
     for piece, i in vocab.items():
-        if not 0 <= i < width:
+        if type(i) is not int or not 0 <= i < width:
             continue
-        try:
-            tokens[i] = bytes(decode[c] for c in piece)
-        except KeyError:
+        try:  # each character of the byte-level alphabet becomes the one Latin-1 character of its byte
+            tokens[i] = piece.translate(to_latin1).encode("latin-1")
+        except (UnicodeEncodeError, AttributeError):
             raise TokenizerFilesError(f"{tokenizer_json}: token {i} is not byte-level BPE; grammars need one") from None
     special = []
     for t in data.get("added_tokens", []):

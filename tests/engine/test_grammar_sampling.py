@@ -29,7 +29,7 @@ from ignis.shared.demo import ensure_demo_model
 from ignis.shared.demo.builder import model_config
 from ignis.shared.demo.tokenizer import VOCABULARY, added_token_id
 from ignis.shared.sampling import SamplingParams
-from ignis.shared.tokenizer_files import tokenizer_vocab_size
+from ignis.shared.tokenizer_files import read_tokenizer_files, tokenizer_vocab_size
 
 VOCAB = VOCABULARY.config_vocab_size
 EOS = added_token_id("<|im_end|>")
@@ -176,6 +176,27 @@ def test_token_bytes_come_from_the_byte_level_vocabulary(tokenizer):
     ids = tokenizer.tokenize_str('{"a": 1}')
     assert tokenizer.decode_bytes(ids) == b'{"a": 1}'
     assert tokenizer.vocab_size == VOCAB and tokenizer.eos_tokens == [EOS]
+
+
+def test_token_bytes_decode_every_byte_level_piece_and_refuse_other_characters(tmp_path, demo_dir):
+    from ignis.engine.grammar_tokenizer import token_bytes
+    from ignis.shared.tokenizer_files import TokenizerFilesError, bytes_to_unicode, read_json_object
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    real = read_tokenizer_files(demo_dir).tokenizer_json
+    tokens, special = token_bytes(real, VOCAB)
+    for piece, i in read_json_object(real)["model"]["vocab"].items():  # one character at a time, as spelled
+        assert tokens[i] == bytes(byte_of[c] for c in piece), (i, piece)
+    assert EOS in special and tokens[EOS] == b"<|im_end|>" and tokens[VOCAB - 1] == b""
+    alphabet = "".join(bytes_to_unicode().values())  # all 256 bytes, in one piece
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"model": {"type": "BPE", "vocab": {alphabet: 0, "\u0120hi": 1}}}))
+    assert token_bytes(ok, 2)[0] == [bytes(byte_of[c] for c in alphabet), b" hi"]
+    for bad in ("a\x05", "\u4e2d", "\u00ad"):  # a control character, CJK, a soft hyphen: none is byte-level
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"ok": 0, bad: 1}}}))
+        with pytest.raises(TokenizerFilesError, match="token 1 is not byte-level BPE"):
+            token_bytes(path, 2)
 
 
 def test_the_host_and_device_forms_of_apply_set_the_same_entries_to_minus_inf(tokenizer):
