@@ -95,10 +95,15 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Compile every kernel variant a round can meet before the first request does.
 
-        Triton specialises integer arguments (1, multiples of 16, others), so
-        the warm-up runs prefills of odd and whole-tile lengths, a decode step,
-        and a mixed batch (decodes and a prefill chunk in one forward), on lanes
-        0 and 1 and the first pages, and clears them after."""
+        Triton specialises integer arguments (1, multiples of 16, others) and
+        pointers (16-byte aligned or not); the kernels leave unspecialised what
+        changes from round to round (batch counts, the page table's width, the
+        split scratch's strides, slices at a mixed batch's offset), and the
+        warm-up runs prefills of odd and whole-tile lengths, a decode step, and
+        a mixed batch (decodes and a prefill chunk in one forward), on lanes 0
+        and 1 and the first pages, and clears them after. A varied workload then
+        meets no variant the warm-up did not compile
+        (tests/kernels/test_kernel_variants.py)."""
         lanes = [0, 1] if self.state.lanes > 1 else [0, 0]
         pages = list(range(min(2, self.state.num_pages)))
         tile = 64 if len(pages) * 64 >= 67 else 16

@@ -158,7 +158,7 @@ def _chunk_state_kernel(
     tl.store(p_s, b_s.to(state.dtype.element_ty), mask=s_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_seqs"])  # varies with the batch: one compiled variant serves all
 def _chunk_out_kernel(
     q, k, g, u_buf, h_buf, cu_seqlens, chunk_end, n_seqs, out, scale,
     s_q_t, s_q_h, s_q_d, s_k_t, s_k_h, s_k_d, s_g_t, s_g_h, s_u_t, s_u_h, s_h_c, s_h_h,

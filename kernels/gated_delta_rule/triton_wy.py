@@ -122,7 +122,7 @@ def chunk_span(chunk_end, cu_seqlens, b, ic, BT: tl.constexpr):
     return bos, tl.minimum(bos + BT, tl.load(cu_seqlens + b + 1).to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_seqs"])  # varies with the batch: one compiled variant serves all
 def _chunk_wy_kernel(
     k, v, g, beta, cu_seqlens, chunk_end, n_seqs, u_buf, w_buf,
     s_k_t, s_k_h, s_k_d, s_v_t, s_v_h, s_v_d, s_g_t, s_g_h, s_bt_t, s_bt_h,

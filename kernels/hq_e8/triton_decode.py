@@ -29,7 +29,14 @@ import triton
 import triton.language as tl
 
 from ignis.kernels.hq_e8 import codebook, codec
-from ignis.kernels.paged_attention.triton_decode import LOG2E, _decode_reduce_kernel, _split_size, num_sms, split_plan
+from ignis.kernels.paged_attention.triton_decode import (
+    BATCH_SHAPED,
+    LOG2E,
+    _decode_reduce_kernel,
+    _split_size,
+    num_sms,
+    split_plan,
+)
 
 
 @triton.jit
@@ -54,7 +61,7 @@ def decode_rows(pages, table, pg, row, mask, vidx, s_pg_p, s_pg_r, s_pg_c, NCODE
     return (tl.where(neg == 1, -mag, mag) + shift) * scale
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_SHAPED, do_not_specialize_on_alignment=["page_table", "seq_lens", "lanes"])
 def _decode_split_kernel(
     q, q_rot, k_pages, v_pages, k_win, v_win, table, page_table, seq_lens, lanes, mid_o, mid_lse,
     scale_log2, split_tokens, num_splits, window,

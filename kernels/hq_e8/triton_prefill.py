@@ -37,7 +37,7 @@ def _softmax_step(s, m_i, l_i):
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["s_pt_b"], do_not_specialize_on_alignment=["page_table", "seq_lens", "lanes"])
 def _prefill_kernel(
     q, q_rot, key, value, k_pages, v_pages, k_win, v_win, table, out_c, out_e,
     page_table, cu_seqlens, seq_lens, lanes, scale_log2, window,

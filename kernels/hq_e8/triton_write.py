@@ -137,7 +137,7 @@ def write_kv(
     _quantize(v_pages, value, slot_mapping)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["seq_lens", "lanes"])  # slices of the batch's, at any offset
 def _window_write_kernel(
     k_win, v_win, key, value, cu_seqlens, seq_lens, lanes, window,
     s_kw_l, s_kw_r, s_kw_h, s_kw_d, s_vw_l, s_vw_r, s_vw_h, s_vw_d,

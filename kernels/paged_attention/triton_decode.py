@@ -36,6 +36,10 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 256
+BATCH_SHAPED = ["split_tokens", "num_splits", "s_pt_b", "s_mo_b", "s_mo_h", "s_mo_s", "s_ml_b", "s_ml_h"]
+"""Integer arguments that change with the batch (the page table's width sets the split count, and the
+splits the scratch's strides): Triton would compile a variant per value class (1, a multiple of 16, other)
+that a round meets; unspecialised, the warm-up's one variant serves every round."""
 
 
 @triton.jit
@@ -47,7 +51,7 @@ def _split_size(length, split_tokens, num_splits, BN: tl.constexpr):
     return tl.maximum((per + BN - 1) // BN * BN, BN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_SHAPED, do_not_specialize_on_alignment=["page_table", "seq_lens"])
 def _decode_split_kernel(
     q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse, scale_log2, split_tokens, num_splits,
     s_q_b, s_q_h, s_q_d,
@@ -105,7 +109,7 @@ def _decode_split_kernel(
         tl.store(mid_lse + b * s_ml_b + heads * s_ml_h + sp, m_i + tl.log2(l_i), mask=g_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_SHAPED, do_not_specialize_on_alignment=["seq_lens"])
 def _decode_reduce_kernel(
     mid_o, mid_lse, out, seq_lens, split_tokens, num_splits,
     s_mo_b, s_mo_h, s_mo_s, s_ml_b, s_ml_h,

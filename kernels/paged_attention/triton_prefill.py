@@ -55,7 +55,9 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
-@triton.jit
+# The page table's width and the offset of a mixed batch's prefill rows in it change from round to round:
+# unspecialised, the one variant the warm-up compiles serves them all (tests/kernels/test_kernel_variants.py).
+@triton.jit(do_not_specialize=["s_pt_b"], do_not_specialize_on_alignment=["page_table", "seq_lens"])
 def _prefill_kernel(
     q, k_cache, v_cache, out, gate, page_table, cu_seqlens, seq_lens, scale_log2,
     s_q_t, s_q_h, s_q_d,
