@@ -9,8 +9,9 @@ their launches under the interpreter are recorded with Triton's own
 specialisation of every argument (its ``do_not_specialize`` lists honoured)
 while the engine's warm-up runs, then while a varied workload is served in
 process (chunked prompts of many lengths beside decoding lanes, one to eight
-lanes, prompt scoring, speculative rounds with a drafter, and prompts that
-keep state images inside their chunks and resume from them). Every key of the
+lanes, prompt scoring, speculative rounds with a drafter, prompts that keep
+state images inside their chunks and resume from them, hq-e8-2b pages, the
+Qwen3-Next family). Every key of the
 workload must be one of the warm-up's. A launch zeroes its floating-point
 tensors instead of running, so outputs are zeros and nothing is NaN: the
 bookkeeping runs on, and the shapes are what is checked.
@@ -88,10 +89,12 @@ class LaunchRecorder:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """A checkpoint with a drafter, and one whose 2 kv heads of 32 make the 64 values an hq-e8-2b page codes."""
+    """A checkpoint with a drafter, one whose 2 kv heads of 32 make the 64 values an hq-e8-2b page codes,
+    and a Qwen3-Next one."""
     root = tmp_path_factory.mktemp("variants")
     return {"default": make_checkpoint(root, "qwen3_5", mtp="full").path,
-            "hq-e8-2b": make_checkpoint(root, "qwen3_5", config_overrides={"head_dim": 32}).path}
+            "hq-e8-2b": make_checkpoint(root, "qwen3_5", config_overrides={"head_dim": 32}).path,
+            "qwen3_next": make_checkpoint(root, "qwen3_next").path}
 
 
 def serve(runner: ModelRunner, sched: Scheduler, requests: list[Request]) -> int:
@@ -128,7 +131,7 @@ def varied(vocab: int, seed: int, prefix: tuple[int, ...] = (), tag: str = "r") 
     return out
 
 
-@pytest.mark.parametrize("mode", ["plain", "speculative", "reuse", "hq-e8-2b"])
+@pytest.mark.parametrize("mode", ["plain", "speculative", "reuse", "hq-e8-2b", "qwen3_next"])
 def test_a_served_workload_meets_only_kernel_variants_the_warm_up_compiled(checkpoints, monkeypatch, mode):
     recorder = LaunchRecorder()
     recorder.install(monkeypatch)
