@@ -8,7 +8,8 @@ batch mixes, and its generator state can be saved and restored with the rest
 of the sequence state (``snapshot`` / ``restore``).
 
 Before the filters a row may be adjusted, in this order: ids outside the
-request's ``allowed_token_ids`` are set to -inf; its ``logit_bias`` is added;
+request's ``allowed_token_ids`` are set to -inf, and so are the ids its
+``bad_words`` ban after the output so far (``bad_words.py``); its ``logit_bias`` is added;
 penalties follow the usual server conventions: repetition (divide positive logits, multiply negative ones) over prompt and
 output tokens, presence and frequency (subtract) over output tokens only;
 while fewer than ``min_tokens`` tokens are out, the stop ids (``stop_token_ids``,
@@ -28,10 +29,12 @@ Among equal logits the lower token id ranks first (top-p's order).
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
+from ignis.engine.bad_words import BadWords
 from ignis.engine.sampling_steps import SamplerWorkspace, draw, filter_row, first_max, first_max_of_rows
 from ignis.shared.sampling import SamplingParams
 
@@ -48,6 +51,8 @@ class SamplerState:
     produced: int = 0  # output tokens so far
     held_ids: tuple = ()  # ids held back until min_tokens are out (stop ids and, unless ignore_eos, EOS ids)
     allowed: torch.Tensor | None = field(default=None, repr=False)  # allowed_token_ids as an index, made once
+    bad_words: BadWords | None = field(default=None, repr=False)
+    recent: deque = field(default_factory=deque, repr=False)  # the latest output tokens bad_words look at
 
     def __post_init__(self):
         if self.generator is None:
@@ -65,6 +70,9 @@ class SamplerState:
             state.held_ids = tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))))
         if params.allowed_token_ids:
             state.allowed = torch.tensor(params.allowed_token_ids, dtype=torch.long)
+        if params.bad_words:
+            state.bad_words = BadWords(params.bad_words)
+            state.recent = deque(maxlen=state.bad_words.longest_prefix)
         return state
 
     @property
@@ -78,8 +86,9 @@ class SamplerState:
 
     @property
     def _adjusts_every_row(self) -> bool:
-        """Penalties, a logit bias or ``allowed_token_ids``: settings that act on every row."""
-        return self.penalised or bool(self.params.logit_bias) or self.allowed is not None
+        """Penalties, a logit bias, ``allowed_token_ids`` or ``bad_words``: settings that act on every row."""
+        return (self.penalised or bool(self.params.logit_bias) or self.allowed is not None
+                or self.bad_words is not None)
 
     @property
     def adjusted(self) -> bool:
@@ -99,6 +108,8 @@ class SamplerState:
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
         self.produced += 1
+        if self.recent.maxlen:
+            self.recent.append(token)
 
     def snapshot(self) -> dict:
         """Everything needed to resume sampling bit-exact."""
@@ -106,21 +117,27 @@ class SamplerState:
             "rng": self.generator.get_state().clone(),
             "output_counts": dict(self.output_counts),
             "produced": self.produced,
+            "recent": tuple(self.recent),
         }
 
     def restore(self, snap: dict) -> None:
         self.generator.set_state(snap["rng"])
         self.output_counts = dict(snap["output_counts"])
         self.produced = snap["produced"]
+        self.recent = deque(snap["recent"], maxlen=self.recent.maxlen)
 
 
 def _adjust(row: torch.Tensor, st: SamplerState) -> None:
-    """The request's allowed ids, logit bias, penalties and ``min_tokens`` hold, in place."""
+    """The request's allowed ids, bad words, logit bias, penalties and ``min_tokens`` hold, in place."""
     if st.allowed is not None:
         allowed = st.allowed.to(row.device)
         kept = row[allowed]
         row.fill_(float("-inf"))
         row[allowed] = kept
+    if st.bad_words is not None:
+        banned = [t for t in st.bad_words.banned(st.recent) if t < row.shape[-1]]  # past the row: never drawn
+        if banned:
+            row.index_fill_(0, torch.tensor(banned, dtype=torch.long, device=row.device), float("-inf"))
     bias = st.params.logit_bias
     if bias:
         idx = torch.tensor([t for t, _ in bias], dtype=torch.long, device=row.device)

@@ -4,7 +4,7 @@ One frozen dataclass; every field is checked when it is built, with the same
 limits whether it comes from the gateway's own code or off the wire. Disabled
 filters have neutral values: ``top_p = 1``, ``top_k = 0``, ``min_p = 0``,
 penalties 0 (presence, frequency) and 1 (repetition), no logit bias,
-``min_tokens = 0``, every token allowed, no prompt scoring. ``n`` is not here: the
+``min_tokens = 0``, every token allowed, no bad words, no prompt scoring. ``n`` is not here: the
 gateway fans a request with several choices out into one stream per choice.
 
 No torch.
@@ -27,6 +27,8 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024  # entries
 MAX_ALLOWED_TOKEN_IDS = 65536
+MAX_BAD_WORDS = 128  # token sequences (vLLM's VLLM_MAX_NUM_BAD_WORDS)
+MAX_BAD_WORD_TOKENS = 64  # tokens in one sequence
 LOGIT_BIAS_LIMIT = 100.0  # |bias|, as OpenAI's API bounds it
 
 
@@ -69,6 +71,10 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] = ()
     """Only these ids may be sampled (ascending, distinct; empty: every id). Applied before the logit
     bias and penalties; logprobs stay the raw model's."""
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    """vLLM's bad words as token sequences (at most 128, each 1 to 64 ids): a sequence's last id is never
+    sampled where the output so far ends with the ids before it (a one-id sequence: never sampled).
+    Applied with ``allowed_token_ids``, before the bias; logprobs stay the raw model's."""
     prompt_logprobs: int | None = None
     """Also score the prompt: each prompt token's log probability given the tokens before it, its rank,
     and this many most likely alternatives, in [0, 20]; None: not scored. A scored prompt is computed
@@ -102,6 +108,7 @@ class SamplingParams:
         if any(b <= a for a, b in zip(allowed, allowed[1:])):
             raise ValueError("allowed_token_ids must be ascending and distinct")
         set_(self, "allowed_token_ids", allowed)
+        set_(self, "bad_words", check_bad_words(self.bad_words))
 
     @property
     def greedy(self) -> bool:
@@ -123,4 +130,19 @@ def check_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
             raise ValueError(f"logit_bias ids must be ascending and distinct, got {token} after {last}")
         out.append((token, check_float(f"logit_bias[{i}]", pair[1], -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)))
         last = token
+    return tuple(out)
+
+
+def check_bad_words(value: object) -> tuple[tuple[int, ...], ...]:
+    """At most ``MAX_BAD_WORDS`` token sequences, each of 1 to ``MAX_BAD_WORD_TOKENS`` ids; lists become tuples."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"bad_words must be a list of token id sequences, got {type(value).__name__}")
+    if len(value) > MAX_BAD_WORDS:
+        raise ValueError(f"bad_words has {len(value)} sequences, at most {MAX_BAD_WORDS} allowed")
+    out = []
+    for i, word in enumerate(value):
+        ids = check_token_ids(f"bad_words[{i}]", word, MAX_BAD_WORD_TOKENS)
+        if not ids:
+            raise ValueError(f"bad_words[{i}] must not be empty")
+        out.append(ids)
     return tuple(out)

@@ -82,6 +82,40 @@ def test_allowed_token_ids_are_the_only_ids_drawn_and_logprobs_stay_raw():
     assert sample_batch(logits.clone(), [biased], [None])[0] == [4]
 
 
+def test_bad_words_ban_exactly_the_ids_their_prefixes_reach_and_logprobs_stay_raw():
+    # ids 0..5; greedy order 0 > 1 > 2 > ...; bad words: (0,) always, (1, 2) then (2, 1, 3)
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    st = state(temperature=0, bad_words=((0,), (1, 2), (2, 1, 3)))
+    assert st.adjusted and st.adjusts_now and st.recent.maxlen == 2
+    tokens, lps = sample_batch(logits.clone(), [st], [1])
+    assert tokens == [1]  # 0 is banned at every step
+    assert abs(lps[0].token_logprob - float(torch.log_softmax(logits[0], -1)[1])) < 1e-6
+    assert lps[0].top[0][0] == 0  # the raw distribution's best, though banned
+    assert sample_batch(logits.clone(), [st], [None])[0] == [1]  # after 1, the word (1, 2) bans 2: 1 again
+    follow = torch.tensor([[5.0, 1.0, 4.0, 3.0, 2.0, 0.0]])  # the greedy order is now 0, 2, 3, ...
+    assert sample_batch(follow.clone(), [st], [None])[0] == [3]  # 0 and 2 (after 1) banned
+    assert list(st.recent) == [1, 3]
+    # (2, 1, 3): 3 is banned only once the output ends with 2, 1
+    tail = state(temperature=0, bad_words=((2, 1, 3),))
+    for token in (2, 1):
+        tail.record(token)
+    assert sample_batch(torch.tensor([[0.0, 0.0, 0.0, 9.0, 8.0]]), [tail], [None])[0] == [4]
+    assert sample_batch(torch.tensor([[0.0, 0.0, 0.0, 9.0, 8.0]]), [tail], [None])[0] == [3]
+    # sampled: the banned id is never drawn; a snapshot keeps the tail
+    sampled = state(temperature=2.0, seed=1, bad_words=((1, 1),))
+    draws = set()
+    for _ in range(200):
+        sampled.record(1)
+        draws.add(sample_batch(torch.zeros(1, 3), [sampled], [None])[0][0])
+    assert draws == {0, 2}
+    snap = sampled.snapshot()  # the tail ends with the last draw (0 or 2)
+    sampled.record(1)
+    sampled.restore(snap)
+    assert len(sampled.recent) == 1 and sampled.recent[-1] in (0, 2)
+    # an id past the row can never be drawn: no error
+    assert sample_batch(logits.clone(), [state(temperature=0, bad_words=((99,), (0,)))], [None])[0] == [1]
+
+
 def test_min_tokens_holds_back_stop_and_eos_ids_until_they_are_out():
     logits = torch.tensor([[0.0, 1.0, 5.0, 4.0]])  # 2 is EOS, 3 a stop id, 1 the best of the rest
     st = SamplerState.from_params(SamplingParams(temperature=0, min_tokens=2, max_tokens=8, stop_token_ids=(3,)),

@@ -40,7 +40,7 @@ from ignis.shared.wire_values import to_json
 FULL_SAMPLING = SamplingParams(
     temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.5,
     repetition_penalty=1.1, seed=2**62, max_tokens=512, stop_token_ids=(7, 9), ignore_eos=True,
-    logprobs=True, top_logprobs=3, prompt_logprobs=2,
+    logprobs=True, top_logprobs=3, prompt_logprobs=2, bad_words=((11,), (12, 13), tuple(range(64))),
 )
 
 MESSAGES = [
@@ -175,6 +175,15 @@ GEN = MESSAGES[1]
     (_header(GEN, sampling={**to_json(FULL_SAMPLING), "seed": -1}), "seed"),
     (_header(GEN, sampling={**to_json(FULL_SAMPLING), "stop_token_ids": [-3]}), "stop_token_ids"),
     (_header(GEN, sampling={**to_json(FULL_SAMPLING), "logprobs": False}), "top_logprobs needs"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": [[1], []]}), r"bad_words\[1\] must not be empty"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": [[1, -2]]}), r"bad_words\[0\]\[1\]"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": [[1, 2.0]]}), "must be an integer"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": [1, 2]}), r"bad_words\[0\] must be a list"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": "12"}), "bad_words must be a list"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": [list(range(65))]}), "at most 64"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": [[1]] * 129}), "at most 128"),
+    (_header(GEN, sampling={k: v for k, v in to_json(FULL_SAMPLING).items() if k != "bad_words"}),
+     "missing field 'bad_words'"),
     (_header(GEN, sampling=[]), "must be an object"),
     (_header(MESSAGES[5], counts=[1, 1]), "counts sum"),
     (_header(MESSAGES[5], counts=[1]), "same length"),
@@ -294,10 +303,22 @@ def test_encode_refuses_non_messages():
     ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ({"prompt_logprobs": -1}, "prompt_logprobs"),
     ({"prompt_logprobs": True}, "prompt_logprobs must be an integer"),
+    ({"bad_words": ((1,), ())}, "must not be empty"),
+    ({"bad_words": ((1, True),)}, r"bad_words\[0\]\[1\]"),
+    ({"bad_words": (5,)}, r"bad_words\[0\] must be a list"),
+    ({"bad_words": {1: 2}}, "bad_words must be a list"),
+    ({"bad_words": ((1,),) * 129}, "at most 128"),
+    ({"bad_words": (tuple(range(65)),)}, "at most 64"),
 ])
 def test_sampling_params_refuse_bad_values(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         SamplingParams(**kwargs)
+
+
+def test_sampling_params_hold_bad_words_as_tuples():
+    s = SamplingParams(bad_words=[[1, 2], [3]])
+    assert s.bad_words == ((1, 2), (3,)) and type(s.bad_words[0]) is tuple
+    assert decode(encode(Generate(id="r", prompt_ids=(1,), sampling=s))).sampling.bad_words == ((1, 2), (3,))
 
 
 def test_sampling_params_widen_ints_to_floats():
