@@ -13,11 +13,13 @@ from __future__ import annotations
 from ignis.engine.metrics import EngineMetrics
 
 
-def loaded_stats(runtime, model_index: int, wire_errors: int, started_unix: float) -> dict:
-    """The Stats reply while ``runtime`` is loaded; ``model_index`` is its place in the served list."""
+def loaded_stats(runtime, model_index: int, wire_errors: int, started_unix: float, waiting_outside: int = 0) -> dict:
+    """The Stats reply while ``runtime`` is loaded; ``model_index`` is its place in the served list;
+    ``waiting_outside`` requests wait before the scheduler (for another model, or for their grammar)."""
     scheduler = runtime.scheduler
     pool = scheduler.pool
     values = dict(scheduler.stats())
+    values["num_requests_waiting"] += waiting_outside
     values.update({
         "pool_pages_total": pool.num_pages,
         "pool_pages_free": pool.num_free,
@@ -50,16 +52,17 @@ def kernel_path(info: dict) -> str:
     return "mixed" if info.get("kernel_twin_ops") else "triton"
 
 
-def set_gauges(metrics: EngineMetrics, runtime, waiting_for_model: int) -> None:
-    """Gauges from ``runtime`` (None: no model loaded, ``waiting_for_model`` requests wait for one)."""
+def set_gauges(metrics: EngineMetrics, runtime, waiting_outside: int) -> None:
+    """Gauges from ``runtime`` (None: no model loaded); ``waiting_outside`` requests wait before the
+    scheduler (for a model load or switch, or for their grammar's compile) and count as waiting."""
     if runtime is None:
         metrics.running.set(0)
-        metrics.waiting.set(waiting_for_model)
+        metrics.waiting.set(waiting_outside)
         return
     scheduler = runtime.scheduler
     pool = scheduler.pool
     metrics.running.set(scheduler.num_running)
-    metrics.waiting.set(scheduler.num_waiting)
+    metrics.waiting.set(scheduler.num_waiting + waiting_outside)
     metrics.pages_used.set(pool.num_used)
     metrics.pages_free.set(pool.num_free)
     metrics.kv_usage.set(pool.num_used / pool.num_pages)

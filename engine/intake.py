@@ -99,6 +99,11 @@ class Intake:
         for peer, msg in self.compiles.withdraw_all():
             self.refuse(peer, msg.id, reason, message)
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting here, before the scheduler: for a model load or switch, or for their grammar."""
+        return len(self.models.pending) + len(self.compiles)
+
     def waiting_peers(self) -> set[bytes]:
         """The gateways of the requests that wait here: for a model load or for their grammar."""
         return {peer for peer, _ in self.models.pending} | {peer for peer, _ in self.compiles.waiting.values()}

@@ -285,12 +285,12 @@ class EngineServer:
 
     def _update_gauges(self) -> None:
         self._stats_snapshot = self.stats()  # replaced whole: the I/O thread reads it as it is
-        set_gauges(self.metrics, self.runtime, len(self.models.pending))
+        set_gauges(self.metrics, self.runtime, self.intake.num_waiting)
 
     def stats(self) -> dict:
         wire_errors = self.channel.garbage_count
         if not self.loaded:
-            return unloaded_stats(self.models.unloaded_stats, len(self.models.pending), wire_errors,
+            return unloaded_stats(self.models.unloaded_stats, self.intake.num_waiting, wire_errors,
                                   self._started_unix)
         return loaded_stats(self.runtime, list(self.models.dirs).index(self.models.name), wire_errors,
-                            self._started_unix)
+                            self._started_unix, self.intake.num_waiting)

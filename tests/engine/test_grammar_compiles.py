@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -128,6 +129,68 @@ def test_withdraw_all_empties_the_wait():
     assert len(compiles) == 0
     lanes.cache.gate.set()
     compiles.close()
+
+
+class FakeLanes(Lanes):
+    """Grammar lanes whose ``constrained`` finds what the compiles kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.matchers: dict[str, str] = {}
+
+    def constrained(self, rid: str, grammar: str) -> bool:
+        if grammar not in self.cache.kept:
+            return False
+        self.matchers[rid] = self.cache.kept[grammar]
+        return True
+
+
+def intake_with(lanes: FakeLanes, woken: threading.Semaphore):
+    """An Intake over a loaded fake runtime whose scheduler takes every request; (intake, sent, scheduled)."""
+    from ignis.engine.intake import Intake
+    from ignis.engine.metrics import EngineMetrics
+    from ignis.engine.served_models import ServedModels
+    from ignis.shared.stop_request import StopRequest
+
+    sent, scheduled, tracked = [], [], {}
+    channel = SimpleNamespace(send=lambda msg, peer: sent.append(msg))
+    scheduler = SimpleNamespace(config=SimpleNamespace(page_tokens=64), store=SimpleNamespace(enabled=True),
+                                add=lambda req: scheduled.append(req.req_id))
+    runtime = SimpleNamespace(name="m", vocab_size=100, scheduler=scheduler,
+                              runner=SimpleNamespace(grammars=lanes, release=lambda rid: None))
+    streams = SimpleNamespace(tracked=tracked, track=lambda peer, msg: tracked.setdefault(msg.id, peer))
+    intake = Intake(channel, EngineMetrics("m"), ServedModels(runtime), streams, StopRequest(), max_queue=8,
+                    wake=woken.release)
+    return intake, sent, scheduled
+
+
+def test_intake_holds_a_request_while_its_grammar_compiles_then_schedules_it_or_ends_it():
+    woken = threading.Semaphore(0)
+    lanes = FakeLanes()
+    intake, sent, scheduled = intake_with(lanes, woken)
+    intake.generate(b"p", gen("a", "g1"))
+    intake.generate(b"p", gen("b", "g1"))
+    intake.generate(b"p", gen("b", "g2"))  # its id waits already
+    assert intake.num_waiting == 2 and scheduled == []
+    assert sent[-1].reason == "bad_request" and "already in use" in sent[-1].message
+    assert intake.abort_pending("b")
+    assert sent[-1].id == "b" and sent[-1].finish_reason == "abort" and intake.num_waiting == 1
+    intake.compiled()  # nothing has ended: nothing moves
+    assert scheduled == [] and intake.num_waiting == 1
+    lanes.cache.gate.set()
+    assert woken.acquire(timeout=10)
+    intake.compiled()
+    assert scheduled == ["a"] and lanes.matchers == {"a": "template:g1"} and intake.num_waiting == 0
+    intake.generate(b"p", gen("c", "g1"))  # cached: scheduled at once, no compile
+    assert scheduled == ["a", "c"] and intake.compiles.in_flight == 0
+    intake.generate(b"q", gen("d", "bad"))
+    assert woken.acquire(timeout=10)
+    intake.compiled()
+    assert sent[-1].id == "d" and "does not compile" in sent[-1].message and "no rule named bad" in sent[-1].message
+    intake.generate(b"q", gen("e", "g3"))
+    intake.refuse_compiling("shutting_down", "the engine is shutting down")
+    assert sent[-1].id == "e" and sent[-1].reason == "shutting_down" and intake.num_waiting == 0
+    intake.compiles.close()
 
 
 # ----- a real engine: its first grammar does not stop the other lanes ----------------------------------------
