@@ -52,7 +52,8 @@ class EngineMetrics(ProcessMetrics):
         super().__init__("ignis:", "model_name", model_name)
         self.model_name = model_name
         self.running = self.gauge("num_requests_running", "requests holding a lane")
-        self.waiting = self.gauge("num_requests_waiting", "requests queued for a lane")
+        self.waiting = self.gauge("num_requests_waiting", "requests queued for a lane, with those waiting for a "
+                                  "model load or switch or for their grammar's compile")
         self.kv_usage = self.gauge("kv_cache_usage_perc", "fraction of KV pool pages in use (0..1)")
         self.pages_used = self.gauge("kv_pool_pages_used", "KV pool pages held by sequences")
         self.pages_free = self.gauge("kv_pool_pages_free", "KV pool pages free")
