@@ -51,7 +51,7 @@ from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
-from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize
+from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize, tokenizer_info
 from ignis.gateway.tokenizer import ModelFiles
 from ignis.shared.runtime import default_runtime_dir
 
@@ -239,6 +239,8 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_post(MESSAGES_PREFIX + "/count_tokens", count_tokens)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+    if config.enable_tokenizer_info_endpoint:
+        app.router.add_get("/tokenizer_info", tokenizer_info)
 
     async def start(app: web.Application) -> None:
         await gw.client.start()

@@ -61,6 +61,9 @@ class GatewayConfig:
         "how the model writes tool calls: qwen3_xml (<function=NAME><parameter=P>, Qwen3.5), hermes (JSON in "
         "<tool_call>, Qwen3 and Qwen3-Next), or auto: qwen3_xml when the chat template shows <function=, "
         "else hermes", choices=TOOL_CALL_PARSERS))
+    enable_tokenizer_info_endpoint: bool = field(default=False, metadata=field_doc(
+        "serve GET /tokenizer_info (vLLM's): the tokenizer's configuration and the chat template, which "
+        "lm-eval's remote tokenizer reads; off by default, as it shows the template"))
     default_max_tokens: int | None = field(default=None, metadata=field_doc(
         "completion tokens when a request gives no max_tokens (default: the rest of the context)"))
     engine_timeout: float = field(default=30.0, metadata=field_doc(

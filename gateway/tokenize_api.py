@@ -1,4 +1,5 @@
-"""POST /tokenize and POST /detokenize: vLLM's token utilities, on the served model's tokenizer and template.
+"""POST /tokenize, POST /detokenize and GET /tokenizer_info: vLLM's token utilities, on the served model's
+tokenizer and template.
 
 /tokenize takes one of
 
@@ -15,7 +16,13 @@ and answers ``{"count", "max_model_len", "tokens"}``, plus ``token_strs``
 (each token's vocabulary string) with ``return_token_strs``. /detokenize
 takes ``tokens`` (ids inside the vocabulary) and answers ``{"prompt"}``, the
 text with special tokens kept. ``model`` picks the served model as
-elsewhere. Both sit under the API key like /v1 routes.
+elsewhere. /tokenizer_info (served with ``--enable-tokenizer-info-endpoint``:
+it shows the chat template) answers the tokenizer's configuration as
+tokenizer_config.json holds it, special tokens as their text, with
+``tokenizer_class`` and the chat template the gateway renders with: what
+lm-eval's remote tokenizer reads, with /tokenize and /detokenize, to evaluate a
+served model without fetching its tokenizer. All three sit under the API key
+like /v1 routes.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 
-KEYED_PATHS = ("/tokenize", "/detokenize")
+KEYED_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 """Paths outside /v1 that take the API key like /v1 routes."""
 
 
@@ -91,3 +98,30 @@ async def detokenize(request: web.Request) -> web.Response:
             raise f.error("tokens", f"must be token ids in [0, {vocab}), got {t!r}")
     text = await prompt_work(request).run(gw.tokenizer.decode, ids, False)
     return json_response({"prompt": text})
+
+
+def _as_text(value):
+    """A config value with each added-token object (``{"content": ..., ...}``) as its text."""
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    if isinstance(value, list):
+        return [_as_text(v) for v in value]
+    return value
+
+
+def tokenizer_info_body(gw: GatewayState) -> dict:
+    """tokenizer_config.json's settings (not its added-token table nor its templates), special tokens as text,
+    ``tokenizer_class``, and the chat template this gateway renders with."""
+    body = {k: _as_text(v) for k, v in gw.tokenizer.config.items()
+            if k not in ("added_tokens_decoder", "chat_template") and v is not None}
+    body.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    body.update(gw.tokenizer.special_tokens_map())
+    if gw.template is not None:
+        body["chat_template"] = gw.template.source
+    return body
+
+
+async def tokenizer_info(request: web.Request) -> web.Response:
+    """The tokenizer's configuration and chat template."""
+    gw: GatewayState = request.app[STATE].select(request.query.get("model"))
+    return json_response(tokenizer_info_body(gw))
