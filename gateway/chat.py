@@ -274,7 +274,8 @@ class ChatResponse(EndpointResponse):
             delta["tool_calls"] = calls
         choice = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
         if self.params.logprobs and d.logprobs:
-            choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, d.logprobs)}
+            choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, d.logprobs,
+                                                           self.params.return_tokens_as_token_ids)}
         return choice
 
     def chunk_choice_bytes(self, d: ChoiceDelta) -> bytes:
@@ -309,5 +310,6 @@ class ChatResponse(EndpointResponse):
             message["tool_calls"] = a["calls"]
         choice = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
         if self.params.logprobs:
-            choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, a["lps"])}
+            choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, a["lps"],
+                                                           self.params.return_tokens_as_token_ids)}
         return choice

@@ -6,7 +6,9 @@ Pipeline per token, in stream order::
        └── token_ids / logprobs recorded up to the token that completed a stop string
 
 The stop token of a user's ``stop_token_ids`` is kept in ``token_ids`` but its
-text is not rendered (like vLLM). With ``min_tokens``, stop strings are looked
+text is not rendered (like vLLM). A matched stop string is left out of the
+text unless ``include_stop`` (vLLM's ``include_stop_str_in_output``) keeps it
+at the end. With ``min_tokens``, stop strings are looked
 for only in the text of the tokens after the first ``min_tokens`` (the engine
 holds back stop ids and end-of-sequence until then). Synchronous and pure:
 the HTTP layer feeds it ``StreamTokens`` and sends what comes out.
@@ -61,11 +63,11 @@ class ChoiceState:
 
     def __init__(self, index: int, tokenizer: TextTokenizer, *, stops: tuple[str, ...] = (),
                  stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None, min_tokens: int = 0,
-                 prompt_index: int = 0):
+                 prompt_index: int = 0, include_stop: bool = False):
         self.index = index
         self.prompt_index = prompt_index  # which prompt of a request with several (/v1/completions)
         self.detok = IncrementalDetokenizer(tokenizer)
-        self.stops = StopMatcher(stops)
+        self.stops = StopMatcher(stops, include_stop)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.parser = parser
         self.unmatched = min_tokens if stops else 0  # tokens whose text no stop string is looked for in

@@ -118,7 +118,7 @@ class CompletionResponse(EndpointResponse):
         super().__init__(params, tokenizer, head, head)
         self.echo_texts = echo_texts
         # One per choice: text offsets run on across every delta of the choice.
-        self.lps = [CompletionLogprobs() for _ in echo_texts]
+        self.lps = [CompletionLogprobs(as_ids=params.return_tokens_as_token_ids) for _ in echo_texts]
         self.acc = [{"text": text, "lps": []} for text in echo_texts]
         self.echo_lps: list[dict | None] = [None] * len(echo_texts)  # an echoed prompt's legacy logprobs
 

@@ -141,7 +141,7 @@ class GenerationRequest:
         else:
             p = parse_common(f, http.headers, kind)
         served = gw.select(p.model)
-        return cls(http, served, f, p.for_vocabulary(f, served.tokenizer.vocab_size), started)
+        return cls(http, served, f, p.for_model(f, served.tokenizer), started)
 
     async def answer(self, endpoint: str, rid: str, prompt_ids: list[int], max_tokens: int,
                      response: EndpointResponse, *, marks: dict | None = None,
@@ -170,7 +170,8 @@ class GenerationRequest:
                                      cache_family=p.cache_family, images=images, **(marks or {})))
                 choices.append(ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                                            parser=parser() if parser is not None else None,
-                                           min_tokens=p.min_tokens, prompt_index=k))
+                                           min_tokens=p.min_tokens, prompt_index=k,
+                                           include_stop=p.include_stop_str_in_output))
         prompt_ids = list(prompts[0][0]) if len(prompts) == 1 else [list(ids) for ids, _ in prompts]
         gw.metrics.active.inc()
         try:

@@ -6,9 +6,11 @@
 [0, 2], presence/frequency penalties in [-2, 2], at most 4 stop strings, n up to
 8, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
 extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, allowed_token_ids, return_token_ids, prompt_logprobs: 0 to 20
+ignore_eos, stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output,
+return_token_ids, return_tokens_as_token_ids, prompt_logprobs: 0 to 20
 alternatives per scored prompt token). Token ids are checked against
-the served model's vocabulary once the model is known (``for_vocabulary``).
+the served model's vocabulary, and bad words tokenized by its tokenizer, once
+the model is known (``for_model``).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
 or "agent" (vLLM's integer ``priority``: 0 or less interactive, more agent),
 else the ``X-Ignis-Request-Class`` header, else interactive.
@@ -27,9 +29,11 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 
+from ignis.gateway.bad_words import bad_word_ids, parse_bad_words
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.response_format import parse_response_format
+from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.sampling import (
     LOGIT_BIAS_LIMIT,
     MAX_ALLOWED_TOKEN_IDS,
@@ -77,6 +81,14 @@ class CommonParams:
     min_tokens: int = 0
     allowed_token_ids: tuple[int, ...] = ()
     """vLLM's: only these ids may be sampled (ascending, distinct; empty: all)."""
+    bad_words: tuple[str, ...] = ()
+    """vLLM's: words never generated (``gateway.bad_words``); the engine gets ``bad_word_ids``."""
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()
+    """``bad_words`` as the served model's token sequences (``for_model``)."""
+    include_stop_str_in_output: bool = False
+    """vLLM's: the stop string that ends a choice stays at the end of its text."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's: logprobs name tokens "token_id:<id>" instead of by their text."""
     truncate_prompt_tokens: int | None = None
     """vLLM's: keep only the prompt's last this many tokens (-1: the model's length; ``gateway.prompt_truncation``)."""
     continuous_usage: bool = False
@@ -97,6 +109,13 @@ class CommonParams:
             raise f.error("allowed_token_ids", f"token id {self.allowed_token_ids[-1]} is outside the vocabulary "
                                                f"(size {vocab_size})")
         return dataclasses.replace(self, top_k=0) if self.top_k >= vocab_size else self
+
+    def for_model(self, f: Fields, tokenizer: TextTokenizer) -> CommonParams:
+        """``for_vocabulary`` of the served model's tokenizer, with ``bad_words`` as its token sequences."""
+        p = self.for_vocabulary(f, tokenizer.vocab_size)
+        if not p.bad_words:
+            return p
+        return dataclasses.replace(p, bad_word_ids=bad_word_ids(f, p.bad_words, tokenizer))
 
 
 def _allowed_ids(f: Fields) -> tuple[int, ...]:
@@ -237,6 +256,9 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         continuous_usage=continuous_usage,
         truncate_prompt_tokens=_truncation(f),
         allowed_token_ids=_allowed_ids(f),
+        bad_words=parse_bad_words(f),
+        include_stop_str_in_output=f.bool("include_stop_str_in_output"),
+        return_tokens_as_token_ids=f.bool("return_tokens_as_token_ids"),
         n=f.int("n", 1, 1, MAX_N),
         stops=_stops(f),
         stop_token_ids=tuple(stop_ids),
@@ -278,5 +300,5 @@ def _sampling(p: CommonParams, max_tokens: int, seed: int | None) -> SamplingPar
         repetition_penalty=p.repetition_penalty, seed=seed, max_tokens=max_tokens,
         stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
         top_logprobs=p.top_logprobs, logit_bias=p.logit_bias, min_tokens=min(p.min_tokens, max_tokens),
-        prompt_logprobs=p.prompt_logprobs, allowed_token_ids=p.allowed_token_ids,
+        prompt_logprobs=p.prompt_logprobs, allowed_token_ids=p.allowed_token_ids, bad_words=p.bad_word_ids,
     )

@@ -9,7 +9,8 @@
   prompt, as OpenAI's ``echo`` with ``logprobs`` gives it: ``tokens``,
   ``token_logprobs`` (``None`` for the first token), ``top_logprobs`` (``None``
   for the first; token text to logprob), ``text_offset``; the generated
-  tokens' offsets go on from its end.
+  tokens' offsets go on from its end. Tokens are named as the generated ones
+  are (``CompletionLogprobs.as_ids``).
 
 A probability of zero is -9999.0, as for generated tokens (``json_logprob``). Scores that do not
 cover the prompt (the engine ended the request before its prompt was done:
@@ -19,7 +20,7 @@ the request then fails with the engine's reason) give None. No torch.
 from __future__ import annotations
 
 from ignis.gateway.choice import TokenRecord
-from ignis.gateway.responses import CompletionLogprobs, json_logprob, merge_completion_logprobs
+from ignis.gateway.responses import CompletionLogprobs, json_logprob, merge_completion_logprobs, token_name
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.wire import PromptLogprobs
 
@@ -60,7 +61,7 @@ def echo_logprobs(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLo
     if scored is None:
         return None
     text = tokenizer.token_text(prompt_ids[0])
-    first = {"tokens": [text], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [offsets.offset]}
+    first = {"tokens": [token_name(tokenizer, prompt_ids[0], offsets.as_ids)], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [offsets.offset]}
     offsets.offset += len(text)
     rest = [TokenRecord(token, lp, tuple(zip(top_ids, top_lps)))
             for token, (lp, _, top_ids, top_lps) in zip(prompt_ids[1:], scored)]

@@ -14,12 +14,14 @@ API that each route returns, and the error object of every 4xx/5xx.
 
 from __future__ import annotations
 
+from ignis.gateway.bad_words import MAX_BAD_WORD_CHARS
 from ignis.gateway.completions import MAX_PROMPTS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
 from ignis.shared.sampling import (
     LOGIT_BIAS_LIMIT,
     MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
     MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
@@ -86,6 +88,10 @@ SAMPLING = {
     "prompt_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     "allowed_token_ids": {"type": "array", "minItems": 1, "maxItems": MAX_ALLOWED_TOKEN_IDS,
                           "items": {"type": "integer", "minimum": 0}},
+    "bad_words": {"type": "array", "maxItems": MAX_BAD_WORDS,
+                  "items": {"type": "string", "minLength": 1, "maxLength": MAX_BAD_WORD_CHARS, "pattern": "\\S"}},
+    "include_stop_str_in_output": _BOOL,
+    "return_tokens_as_token_ids": _BOOL,
     "truncate_prompt_tokens": {"oneOf": [{"const": -1}, {"type": "integer", "minimum": 1}]},
     **STRUCTURED_OUTPUTS,
 }

@@ -7,6 +7,11 @@ error event (an OpenAI error object) followed by ``[DONE]``.
 Logprobs formats:
     chat        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
     completion  {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+
+A token is named by its text, or with vLLM's ``return_tokens_as_token_ids`` as
+"token_id:<id>" (``token_name``). Chat's ``bytes`` then stay as vLLM writes
+them: the chosen token's own bytes, an alternative's the bytes of its name.
+``text_offset`` always counts the text's characters.
 """
 
 from __future__ import annotations
@@ -64,33 +69,43 @@ def json_logprob(value: float) -> float:
     return -9999.0 if value == -math.inf else value
 
 
-def chat_logprobs(tok: TextTokenizer, records: list[TokenRecord]) -> list[dict]:
+def token_name(tok: TextTokenizer, token_id: int, as_ids: bool) -> str:
+    """How logprobs name a token: its text, or "token_id:<id>" (``as_ids``: vLLM's ``return_tokens_as_token_ids``)."""
+    return f"token_id:{token_id}" if as_ids else tok.token_text(token_id)
+
+
+def chat_logprobs(tok: TextTokenizer, records: list[TokenRecord], as_ids: bool = False) -> list[dict]:
     out = []
     for r in records:
+        top = []
+        for i, v in r.top:
+            name = token_name(tok, i, as_ids)
+            top.append({"token": name, "logprob": json_logprob(v),
+                        "bytes": list(name.encode() if as_ids else tok.token_bytes(i))})
         out.append({
-            "token": tok.token_text(r.token_id), "logprob": json_logprob(r.logprob),
-            "bytes": list(tok.token_bytes(r.token_id)),
-            "top_logprobs": [{"token": tok.token_text(i), "logprob": json_logprob(v), "bytes": list(tok.token_bytes(i))}
-                             for i, v in r.top],
+            "token": token_name(tok, r.token_id, as_ids), "logprob": json_logprob(r.logprob),
+            "bytes": list(tok.token_bytes(r.token_id)), "top_logprobs": top,
         })
     return out
 
 
 class CompletionLogprobs:
-    """Accumulates the legacy completions logprobs object of one choice."""
+    """Accumulates the legacy completions logprobs object of one choice; ``as_ids``: tokens are named by id."""
 
-    def __init__(self, text_offset: int = 0):
+    def __init__(self, text_offset: int = 0, as_ids: bool = False):
         self.offset = text_offset
+        self.as_ids = as_ids
 
     def add(self, tok: TextTokenizer, records: list[TokenRecord]) -> dict:
         tokens, lps, tops, offsets = [], [], [], []
+        as_ids = self.as_ids
         for r in records:
             text = tok.token_text(r.token_id)
-            tokens.append(text)
+            tokens.append(f"token_id:{r.token_id}" if as_ids else text)
             lps.append(json_logprob(r.logprob))
             top = {}
             for i, v in r.top:
-                top.setdefault(tok.token_text(i), json_logprob(v))
+                top.setdefault(token_name(tok, i, as_ids), json_logprob(v))
             tops.append(top)
             offsets.append(self.offset)
             self.offset += len(text)

@@ -6,7 +6,9 @@ The matcher releases text only when it cannot be the start of a stop string:
     released | held (a suffix that is a prefix of some stop string) | next delta ...
 
 On a match the text before the earliest stop string is released and the rest
-(the stop string and anything after it) is dropped. Pure Python.
+(the stop string and anything after it) is dropped; with ``include_stop``
+(vLLM's ``include_stop_str_in_output``) the stop string is released too, and
+only what follows it is dropped. Pure Python.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 class StopMatcher:
     """Tracks one stream's unreleased text against a set of stop strings."""
 
-    def __init__(self, stops: tuple[str, ...] | list[str] = ()):
+    def __init__(self, stops: tuple[str, ...] | list[str] = (), include_stop: bool = False):
         stops = tuple(stops)
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError("stop strings must be non-empty strings")
         self.stops = stops
+        self.include_stop = include_stop
         self.stopped = False
         self.matched: str | None = None
         self._held = ""
@@ -38,7 +41,7 @@ class StopMatcher:
                 best, matched = at, stop
         if matched is not None:
             self.stopped, self.matched, self._held = True, matched, ""
-            return buf[:best]
+            return buf[:best + len(matched)] if self.include_stop else buf[:best]
         keep = self._partial_suffix(buf)
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[:len(buf) - keep]

@@ -6,7 +6,9 @@ The demo checkpoint is loaded with ``AutoModelForCausalLM`` in fp32 and
 compared up to its first end-of-sequence token (the demo's generation config
 names two). ``logit_bias`` and ``min_tokens`` are checked against transformers'
 ``sequence_bias`` and ``min_new_tokens`` on the same prompt, with the server
-stopping at end-of-sequence as it does by default.
+stopping at end-of-sequence as it does by default; ``allowed_token_ids`` and
+``bad_words`` against its greedy pick at every step with the ids they exclude
+left out.
 The demo's embedding table is wider than its tokenizer (ids past the
 vocabulary are padding); the engine never samples those, so the reference
 suppresses them too.
@@ -19,6 +21,8 @@ import json
 import openai
 import pytest
 
+from ignis.gateway.bad_words import bad_word_ids
+from ignis.gateway.fields import Fields
 from ignis.shared.demo import ensure_demo_model
 
 N = 20
@@ -117,3 +121,60 @@ def test_allowed_token_ids_match_transformers_over_the_allowed_ids(client, serve
             client.completions.create(model=server.model, prompt=ids, max_tokens=2,
                                       extra_body={"allowed_token_ids": bad})
         assert e.value.body["param"] == "allowed_token_ids"
+
+
+def banned_after(sequences, generated) -> set[int]:
+    """vLLM's rule: a sequence's last id where the generated tokens end with the ids before it."""
+    return {seq[-1] for seq in sequences
+            if len(generated) >= len(seq) - 1 and tuple(generated[len(generated) - len(seq) + 1:]) == seq[:-1]}
+
+
+def word_of_plain_tokens(tokenizer, plain, width):
+    """The first ``width`` tokens of the plain output whose text, as a bad word, is tokenized back into them."""
+    for at in range(len(plain) - width + 1):
+        word = tokenizer.decode(plain[at:at + width])
+        window = tuple(plain[at:at + width])
+        if word.strip() and window in bad_word_ids(Fields({}), (word,), tokenizer):
+            return word, window
+    pytest.fail(f"no {width} plain tokens make a word that tokenizes back into them: {plain}")
+
+
+def test_bad_words_match_transformers_with_their_tokens_banned(client, server, hf_model, demo_tokenizer):
+    """Words made of one and of two tokens the plain greedy output generates: the output under bad_words
+    follows the plain one until a word's last token would come, takes another token there, and at every
+    step is transformers' greedy pick with the ids the words ban after the output so far left out (a
+    one-token word's id at every step; a longer word's last id after its others)."""
+    import torch
+
+    ids = demo_tokenizer.encode("Once upon a time")
+    vocab = demo_tokenizer.vocab_size
+
+    def served(**extra):
+        r = client.completions.create(model=server.model, prompt=ids, temperature=0, max_tokens=10,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+        return r.choices[0].model_extra["token_ids"]
+
+    plain = served()
+    one, one_ids = word_of_plain_tokens(demo_tokenizer, plain, 1)
+    two, two_ids = word_of_plain_tokens(demo_tokenizer, plain, 2)
+    for words in ([one], [two], [one, two]):
+        sequences = bad_word_ids(Fields({}), tuple(words), demo_tokenizer)
+        out = served(bad_words=words)
+        first = next(i for i in range(len(plain)) if plain[i] in banned_after(sequences, plain[:i]))
+        assert out[:first] == plain[:first] and out[first] != plain[first], words
+        if one in words:
+            assert one_ids[0] not in out
+        if two in words:
+            assert all(tuple(out[i:i + 2]) != two_ids for i in range(len(out) - 1))
+        seq = list(ids)
+        with torch.no_grad():
+            for i, token in enumerate(out):
+                logits = hf_model(torch.tensor([seq])).logits[0, -1]
+                logits[vocab:] = float("-inf")
+                logits[sorted(banned_after(sequences, out[:i]))] = float("-inf")
+                assert token == int(logits.argmax()), (words, i)
+                seq.append(token)
+    for bad in ("hello", [1], [""], ["7" * 65]):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=server.model, prompt=ids, max_tokens=2, extra_body={"bad_words": bad})
+        assert e.value.body["param"] == "bad_words"

@@ -102,6 +102,15 @@ def test_choice_stop_string_cuts_tokens_and_text(demo_tokenizer):
     assert "mma d" in demo_tokenizer.decode(kept) and "mma d" not in demo_tokenizer.decode(kept[:-1])
 
 
+def test_choice_include_stop_ends_the_text_with_the_stop_string(demo_tokenizer):
+    ids = demo_tokenizer.encode("alpha beta gamma delta epsilon")
+    state, deltas = feed_tokens(demo_tokenizer, ids, stops=("mma d",), include_stop=True)
+    assert join(deltas, "content") == "alpha beta gamma d"
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_sequence == "mma d"
+    kept = state.token_ids  # the same tokens as without it: up to the one that completed the stop string
+    assert kept == feed_tokens(demo_tokenizer, ids, stops=("mma d",))[0].token_ids and len(kept) < len(ids)
+
+
 def test_choice_with_min_tokens_looks_for_stop_strings_only_after_them(demo_tokenizer):
     ids = demo_tokenizer.encode("ab ab ab ab")
     assert len(ids) >= 4

@@ -120,3 +120,32 @@ def test_logit_bias_becomes_ascending_pairs_and_min_tokens_passes_on():
 def test_bad_logit_bias_and_min_tokens_are_refused(body, match):
     with pytest.raises(ApiError, match=match):
         common(**body)
+
+
+def test_vllm_output_flags_and_bad_words_are_read():
+    p = common(include_stop_str_in_output=True, return_tokens_as_token_ids=True, bad_words=[" hello", "x y"])
+    assert p.include_stop_str_in_output and p.return_tokens_as_token_ids
+    assert p.bad_words == (" hello", "x y") and p.bad_word_ids == ()  # tokenized once the model is known
+    plain = common()
+    assert not plain.include_stop_str_in_output and not plain.return_tokens_as_token_ids and plain.bad_words == ()
+    assert sampling_for(plain, 4, 0).bad_words == ()
+
+
+@pytest.mark.parametrize("body, param", [
+    (dict(include_stop_str_in_output="yes"), "include_stop_str_in_output"),
+    (dict(include_stop_str_in_output=1), "include_stop_str_in_output"),
+    (dict(return_tokens_as_token_ids="true"), "return_tokens_as_token_ids"),
+    (dict(return_tokens_as_token_ids=[True]), "return_tokens_as_token_ids"),
+    (dict(bad_words="hello"), "bad_words"),
+    (dict(bad_words={"hello": 1}), "bad_words"),
+    (dict(bad_words=[1]), "bad_words"),
+    (dict(bad_words=[["hello"]]), "bad_words"),
+    (dict(bad_words=[""]), "bad_words"),
+    (dict(bad_words=[" \n"]), "bad_words"),
+    (dict(bad_words=["x" * 1001]), "bad_words"),
+    (dict(bad_words=["w"] * 129), "bad_words"),
+])
+def test_bad_types_of_the_vllm_output_fields_are_400s_naming_the_field(body, param):
+    with pytest.raises(ApiError) as e:
+        common(**body)
+    assert e.value.status == 400 and e.value.param == param

@@ -131,6 +131,16 @@ def test_stop_string_across_boundaries(deltas):
     assert text == "hello " and m.stopped and m.matched == "STOP"
 
 
+@pytest.mark.parametrize("deltas", [["hello STOP there"], ["hello ST", "OP there"], list("hello STOP there")])
+def test_include_stop_keeps_the_stop_string_and_nothing_after_it(deltas):
+    m = StopMatcher(["STOP", "he"], include_stop=True)
+    out = [m.push(d) for d in deltas] + [m.finish()]
+    assert "".join(out) == "he" and m.matched == "he"
+    m = StopMatcher(["STOP", "ere"], include_stop=True)
+    out = [m.push(d) for d in deltas] + [m.push("more"), m.finish()]
+    assert "".join(out) == "hello STOP" and m.matched == "STOP"
+
+
 def test_partial_stop_prefix_is_released_when_it_does_not_complete():
     m = StopMatcher(["STOP"])
     assert m.push("a ST") == "a "
