@@ -56,6 +56,12 @@ class EngineConfig:
     image_cache_bytes: int = field(default=256 << 20, metadata=field_doc(
         "models with a vision tower: bytes of recent image embeddings kept by image content, so a repeated "
         "image is not encoded again (0: none kept)", parse=parse_bytes))
+    grammar_vocab: str = field(default="auto", metadata=field_doc(
+        "when the grammar library's view of the vocabulary is built (1-2 s at 248K ids, holding the "
+        "interpreter lock, so every lane's rounds slow meanwhile): at-load, before the engine is ready; "
+        "first-grammar, when the first constrained request arrives (an engine that never sees one never "
+        "pays); auto: at-load on CUDA, first-grammar on CPU",
+        choices=("auto", "at-load", "first-grammar")))
     max_queue: int = field(default=256, metadata=field_doc(
         "requests that may wait for a lane; past it new requests are refused (HTTP 429)"))
     max_model_len: int | None = field(default=None, metadata=field_doc(

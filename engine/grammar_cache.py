@@ -10,7 +10,8 @@ split a miss in two so the compile can run off the engine loop
 (``engine.grammar_compiles``).
 
 The ``LLTokenizer`` is built on first use (about a second at a 248K vocabulary), so an
-engine that never sees a grammar never pays for it; a vocabulary it cannot be
+engine that never sees a grammar never pays for it, or at load
+(``GrammarLanes.prepare``, ``--grammar-vocab``); a vocabulary it cannot be
 built from makes every grammar a ``GrammarError`` saying so.
 """
 

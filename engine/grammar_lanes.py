@@ -20,6 +20,7 @@ without a constrained row touches nothing here.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -64,6 +65,17 @@ class GrammarLanes:
         except GrammarError as e:
             return str(e)
         return None
+
+    def prepare(self) -> None:
+        """Build the grammar vocabulary now (at load), not on the first grammar; a vocabulary that cannot take
+        grammars is a warning here and a refusal of each grammar later, never a failed load."""
+        t0 = time.perf_counter()
+        try:
+            self.cache.tokenizer  # built on its first read
+        except GrammarError as e:
+            log.warning("grammars will be refused: %s", e)
+            return
+        log.info("grammar vocabulary built in %.2f s", time.perf_counter() - t0)
 
     def constrained(self, req_id: str, grammar: str) -> bool:
         """Give ``req_id`` a matcher for ``grammar`` if it is compiled already; False if it is not."""

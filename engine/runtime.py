@@ -152,6 +152,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
 
         runner.use_drafter(SpecDecoder(model, drafter_from_checkpoint(ckpt), state, spec_k, vocab_limit))
     runner.warm_up()
+    if config.grammar_vocab == "at-load" or (config.grammar_vocab == "auto" and device == "cuda"):
+        runner.grammars.prepare()
     captured = 0
     if graph_bs:
         from ignis.engine.decode_graphs import DecodeGraphs

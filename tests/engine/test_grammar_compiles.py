@@ -246,3 +246,16 @@ def test_a_lane_decodes_on_while_a_large_grammar_compiles(engine):
     again = engine.run("again", list(range(70, 80)), max_tokens=20, grammar=enum)  # cached: no compile
     assert again.finished.finish_reason == "stop"
     assert scrape(port)["ignis:grammar_compile_seconds_count"] == compiled
+
+
+def test_the_vocabulary_built_at_load_is_ready_before_the_engine_is(tmp_path):
+    eng = EngineProcess(tmp_path, "--decode-lanes", "2", "--kv-pool-tokens", "2048", "--grammar-vocab", "at-load")
+    try:
+        log = eng.log_text()
+        assert "grammar vocabulary built in" in log, log  # before READY, which EngineProcess waited for
+        enum = '{"grammars": [{"json_schema": {"enum": ["yes", "no"]}}]}'
+        out = eng.run("first", list(range(10, 20)), max_tokens=20, grammar=enum)
+        assert out.finished.finish_reason == "stop" and out.tokens[-1] in EOS_IDS
+        assert eng.log_text().count("grammar vocabulary built in") == 1
+    finally:
+        assert eng.stop() == 0
