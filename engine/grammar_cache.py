@@ -35,6 +35,7 @@ class GrammarCache:
             raise ValueError(f"grammar cache size must be >= 1, got {size}")
         self._make_tokenizer = make_tokenizer
         self._tokenizer = None
+        self._tokenizer_error: str | None = None  # why it cannot be built: said again, not tried again
         self.size = size
         self._templates: OrderedDict[str, object] = OrderedDict()
         self.compiles = 0  # grammars compiled (cache misses that compiled)
@@ -42,10 +43,13 @@ class GrammarCache:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
+            if self._tokenizer_error is not None:
+                raise GrammarError(self._tokenizer_error)
             try:
                 self._tokenizer = self._make_tokenizer()
             except (ValueError, OSError, ImportError) as e:
-                raise GrammarError(f"this model's vocabulary cannot take grammars: {e}") from None
+                self._tokenizer_error = f"this model's vocabulary cannot take grammars: {e}"
+                raise GrammarError(self._tokenizer_error) from None
         return self._tokenizer
 
     def __len__(self) -> int:

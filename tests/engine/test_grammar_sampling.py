@@ -244,7 +244,10 @@ def test_logprobs_are_those_of_the_masked_distribution(model, demo_dir, tokenize
 
 def test_a_vocabulary_that_cannot_take_grammars_refuses_them_without_raising_anything_else(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}')
-    lanes = GrammarLanes(GrammarCache(lambda: load_tokenizer(tmp_path, 8, (1,))))
+    built = []
+    lanes = GrammarLanes(GrammarCache(lambda: built.append(1) or load_tokenizer(tmp_path, 8, (1,))))
     error = lanes.constrain("a", json_schema_grammar({"type": "boolean"}))
     assert "cannot take grammars" in error and "BPE" in error
     assert lanes.begin(["a"]) is None
+    assert lanes.constrain("b", json_schema_grammar({"type": "string"})) == error  # said again, not built again
+    assert built == [1]
