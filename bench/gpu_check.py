@@ -73,7 +73,8 @@ TOTAL_S = 360.0  # one device call
 SECTIONS = {"tests": 150.0, "e2e": 120.0, "state": 20.0, "engine": 70.0, "kernels": 60.0, "model": 30.0,
             "tiers": 25.0}
 HEAD_KEYS = ("prefill_8k_tok_s", "prefill_32k_tok_s", "tpot_1_ms", "tpot_32_ms", "clone_ms", "restore_gbs")
-MORE_KEYS = ("engine_graphs_identical", "tpot_1_eager_ms", "tpot_32_eager_ms", "model_max_rel_err", "decode_attn_64k_gbps",
+MORE_KEYS = ("engine_graphs_identical", "engine_compiles_while_serving", "tpot_1_eager_ms", "tpot_32_eager_ms",
+             "model_max_rel_err", "decode_attn_64k_gbps",
              "prefill_attn_tflops", "gdn_chunk_ms", "gdn_wy_ms", "gdn_recurrent_gbps", "conv_varlen_gbps", "hq_decode_b64_gbps",
              "hq_prefill_tflops", "tiers_ok", "tiers_gather_gbps", "tiers_scatter_gbps")
 RESULT = "GPU_CHECK_RESULT "  # a section's last line: its figures and failures as JSON

@@ -11,8 +11,11 @@ twice, with decode CUDA graphs (the default) and with ``--cuda-graph-max-bs
 - a prompt sent again resumes from its checkpoint (cached tokens) and gives
   the tokens it gave the first time.
 
-It reports the engine's start time and the decode tokens/s of the burst. The
-dry run does the same on the CPU for the dense family only.
+It reports the engine's start time, the decode tokens/s of the burst and the
+Triton compiles the engine made while serving (``engine_compiles_while_serving``
+in the BENCH line: variants its warm-up missed, each a stall; 0 is the goal;
+"n/a" on the CPU, where nothing compiles). The dry run does the same on the CPU
+for the dense family only.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ def _serve(model_dir: Path, device: str, flags: list[str], prompts: list[list[in
             burst_s = time.monotonic() - t0
             again = eng.run(f"{tag}-again", prompts[0], timeout=300, max_tokens=NEW_TOKENS, ignore_eos=True,
                             opener_start=len(prompts[0]) - 3)
+            compiled = eng.stats().get("kernel_compiles_while_serving")
         finally:
             eng.stop()
     bad = [rid for rid in rids if outs[rid].finished is None]
-    return {"stats": stats, "start_s": started, "burst_s": burst_s, "bad": bad,
+    return {"stats": stats, "start_s": started, "burst_s": burst_s, "bad": bad, "compiled": compiled,
             "tokens": [outs[rid].tokens for rid in rids], "again_tokens": again.tokens,
             "again_cached": again.finished.usage.cached_tokens if again.finished else 0}
 
@@ -65,6 +69,7 @@ def run_engine(rep: Report, shapes: Shapes, device: str, deadline: float, head: 
     rng = random.Random(7)
     prompts = [[rng.randrange(3, SHAPE["vocab_size"]) for _ in range(n)] for n in (40, 77, 128, 200, 300, 65)]
     same_all = True
+    compiles_total = 0  # Triton variants the warm-up missed (kernels.compile_watch): 0 is the goal
     with tempfile.TemporaryDirectory(prefix="ignis-gpu-ckpt-") as tmp:
         for family in families:
             if time.monotonic() > deadline:
@@ -79,7 +84,9 @@ def run_engine(rep: Report, shapes: Shapes, device: str, deadline: float, head: 
                 rep.say(f"engine {family} {mode}: started in {r['start_s']:.1f} s, kernel ops triton "
                         f"{st.get('kernel_triton_ops', '?')} / twin {st.get('kernel_twin_ops', '?')}, decode graphs "
                         f"{st.get('cuda_graphs', '?')}, pool {st.get('kv_pool_tokens', '?')} tokens; burst of "
-                        f"{len(prompts)}: {made / r['burst_s']:.0f} tokens/s; repeat cached {r['again_cached']}")
+                        f"{len(prompts)}: {made / r['burst_s']:.0f} tokens/s; repeat cached {r['again_cached']}; "
+                        f"Triton compiles while serving {r['compiled'] if r['compiled'] is not None else 'n/a'}")
+                compiles_total += r["compiled"] or 0
                 if r["bad"]:
                     rep.fail(f"engine {family} {mode}: requests without a finish: {r['bad']}")
                 if device == "cuda" and st.get("kernel_twin_ops", 0):
@@ -95,3 +102,4 @@ def run_engine(rep: Report, shapes: Shapes, device: str, deadline: float, head: 
             if not same:
                 rep.fail(f"engine {family}: graph replay changed greedy tokens")
     head["engine_graphs_identical"] = str(int(same_all))
+    head["engine_compiles_while_serving"] = str(compiles_total)

@@ -33,6 +33,8 @@ def loaded_stats(runtime, model_index: int, wire_errors: int, started_unix: floa
         "engine_started_unix": started_unix,
     })
     values.update(runtime.info)
+    if runtime.compiles is not None:  # Triton compiles after the warm-up (kernels.compile_watch)
+        values["kernel_compiles_while_serving"] = sum(runtime.compiles.counts.values())
     return values
 
 
@@ -71,6 +73,7 @@ def set_gauges(metrics: EngineMetrics, runtime, waiting_outside: int) -> None:
         metrics.kernel_path.labels(metrics.model_name, name).set(1 if name == path else 0)
     store = scheduler.stats()
     metrics.sync_store(store)
+    metrics.sync_compiles(runtime.compiles)
     metrics.live_evicting.set(store["live_evicting"])
     client = runtime.tier_client
     metrics.tierd_connected.set(1 if client is not None and client.welcome is not None else 0)

@@ -87,6 +87,8 @@ class EngineMetrics(ProcessMetrics):
             "reuse_restore_rejected", "restores from KV-RAM or KV-disk whose bytes were refused before use "
             "(dropped; the request recomputes), by reason: non_finite", ("reason",))
         self._store_seen: dict[str, float] = {}
+        self._compiles_of = None  # the CompileWatch last synced, and its counts then
+        self._compiles_seen: dict[str, tuple[int, float]] = {}
         self.retained_entries = self.gauge("retained_entries", "retained entries on the device")
         self.retained_lower_entries = self.gauge("retained_lower_entries", "retained entries the engine knows in tierd")
         self.retained_bytes = self.gauge("retained_device_bytes",
@@ -119,6 +121,11 @@ class EngineMetrics(ProcessMetrics):
         self.prefill_time = self.histogram("request_prefill_time_seconds", "admission to first token")
         self.decode_time = self.histogram("request_decode_time_seconds", "first token to last token")
         self.inference_time = self.histogram("request_inference_time_seconds", "admission to last token")
+        self.kernel_compiles = self.counter(
+            "kernel_compiles_while_serving", "Triton kernel variants compiled after the warm-up (CUDA), each while "
+            "every lane waited; each is also a warning in the log", ("kernel",))
+        self.kernel_compile_seconds = self.counter(
+            "kernel_compile_seconds_while_serving", "seconds those compiles took", ("kernel",))
         self.grammar_compile_seconds = self.histogram(
             "grammar_compile_seconds", "a grammar's compile off the loop (the first also builds the grammar "
             "library's vocabulary); its requests wait meanwhile, holding no lane")
@@ -129,6 +136,19 @@ class EngineMetrics(ProcessMetrics):
         if vllm_compat:  # the scrape serves every family, and the vLLM-named twins of those that have one
             inner, self.registry = self.registry, CollectorRegistry()
             self.registry.register(VllmNames(inner))
+
+    def sync_compiles(self, watch) -> None:
+        """Advance the compile counters to ``watch``'s (a ``CompileWatch``; a new one, a new model, starts at 0)."""
+        if watch is None:
+            return
+        if self._compiles_of is not watch:
+            self._compiles_of, self._compiles_seen = watch, {}
+        for kernel, count in watch.counts.items():
+            seen = self._compiles_seen.get(kernel, (0, 0.0))
+            if count > seen[0]:
+                self.kernel_compiles.labels(self.model_name, kernel).inc(count - seen[0])
+                self.kernel_compile_seconds.labels(self.model_name, kernel).inc(watch.seconds[kernel] - seen[1])
+                self._compiles_seen[kernel] = (count, watch.seconds[kernel])
 
     def sync_store(self, stats: dict) -> None:
         """Advance the store's counters to its totals (the store counts; we export)."""

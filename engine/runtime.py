@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from ignis.engine.config import EngineConfig
+from ignis.kernels.compile_watch import CompileWatch
 
 log = logging.getLogger("ignis.engine")
 
@@ -24,9 +25,13 @@ class Runtime:
     tier_client: object
     info: dict
     vocab_size: int
+    compiles: CompileWatch | None = None
+    """Triton compiles after the warm-up (CUDA with Triton kernels); None: nothing compiles here."""
 
     def close(self) -> None:
         """Free everything: retained state here and in the lower tiers, device and host memory."""
+        if self.compiles is not None:
+            self.compiles.uninstall()
         self.scheduler.store.release_all()
         if self.tier_client is not None:
             # tierd drops our entries and unmaps the pool and slots before they are freed here
@@ -165,7 +170,9 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     info = {"kv_pool_tokens": plan.tokens, "kv_pool_bytes": plan.pool_bytes,
             "live_state_bytes": plan.live_state_bytes, "slot_bytes": plan.slot_bytes, **kernel_info(ops),
             "cuda_graphs": captured}  # decode graphs captured (0: every round eager)
+    # from here on a Triton compile is a variant the warm-up missed, compiled while requests wait: counted
+    compiles = CompileWatch().install() if device == "cuda" and ops.name != "reference" else None
     log.info("model %s loaded from %s", name, model_dir)
-    return Runtime(name, runner, sched, tier_client, info, cfg.vocab_size)
+    return Runtime(name, runner, sched, tier_client, info, cfg.vocab_size, compiles)
 
 

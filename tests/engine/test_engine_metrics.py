@@ -83,3 +83,27 @@ def test_metrics_move_with_requests(tmp_path):
             time.sleep(0.05)
     finally:
         assert eng.stop() == 0
+
+
+def test_compiles_after_the_warm_up_are_exported_per_kernel_and_a_new_model_starts_at_zero():
+    from prometheus_client import generate_latest
+
+    from ignis.engine.metrics import EngineMetrics
+    from ignis.kernels.compile_watch import CompileWatch
+
+    metrics = EngineMetrics("m")
+    fn = type("Info", (), {"name": "_decode_split_kernel"})()
+    watch = CompileWatch()
+    metrics.sync_compiles(watch)
+    for key in ("a", "b"):
+        watch.before_compile(key=key, fn=fn)
+        watch.after_compile(key=key, repr="r", fn=fn)
+    metrics.sync_compiles(watch)
+    metrics.sync_compiles(watch)  # nothing new: nothing added
+    text = generate_latest(metrics.registry).decode()
+    assert 'ignis:kernel_compiles_while_serving_total{kernel="_decode_split_kernel",model_name="m"} 2.0' in text
+    other = CompileWatch()  # the next model's: its first compile adds one, not its count from zero again
+    other.after_compile(key="c", repr="r", fn=fn)
+    metrics.sync_compiles(other)
+    text = generate_latest(metrics.registry).decode()
+    assert 'ignis:kernel_compiles_while_serving_total{kernel="_decode_split_kernel",model_name="m"} 3.0' in text
