@@ -63,11 +63,9 @@ __all__ = [
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
 
-GATEWAY_ENGINE = WireProtocol("gateway-engine", version=2)
+GATEWAY_ENGINE = WireProtocol("gateway-engine", version=1)
 PROTOCOL_VERSION = GATEWAY_ENGINE.version
-"""Bumped on any incompatible change; a peer speaking another version is refused, message by message.
-2: SamplingParams carries allowed_token_ids, bad_words and prompt_logprobs, and PromptLogprobs exists (a
-gateway and an engine of version 1 refused each other's messages as malformed, not by their version)."""
+"""Bumped on any incompatible change; a peer speaking another version is refused, message by message."""
 
 MAX_ID_CHARS = 256
 MAX_STATS = 1024
