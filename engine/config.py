@@ -69,7 +69,7 @@ class EngineConfig:
     speculative_tokens: int = field(default=0, metadata=field_doc(
         "speculative decoding: the checkpoint's multi-token-prediction head drafts up to K tokens per decode "
         "step and the model verifies them in the same forward (requests without penalties, logit bias, allowed ids, "
-        "bad words, min_tokens or grammar; greedy output is unchanged, sampled output keeps its distribution). "
+        "bad words, min_tokens, thinking budget or grammar; greedy output is unchanged, sampled output keeps its distribution). "
         "Needs mtp.* weights and --kv-format bf16 (0: off; docs/speculative.md)"))
     reuse_prompt: bool = field(default=True, metadata=field_doc(
         "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)"))

@@ -28,8 +28,8 @@ On CUDA a round of decode steps only replays a captured graph
 (``engine.decode_graphs``) instead of launching the forward op by op.
 
 With a drafter (``use_drafter``, ``--speculative-tokens``), a round where a
-request that can speculate (no penalties, logit bias, allowed ids, bad words, min_tokens or grammar) takes part runs
-through ``engine.spec_round``: drafts, one verify forward, then acceptance
+request that can speculate (no penalties, logit bias, allowed ids, bad words, min_tokens, thinking
+budget or grammar) takes part runs through ``engine.spec_round``: drafts, one verify forward, then acceptance
 after the usual sampling; ``RoundResult.extra`` carries the accepted tokens,
 and a request that asked for logprobs gets one per token of the round, each
 from the verify forward's row that decided it (what plain decode computes

@@ -14,6 +14,9 @@ penalties follow the usual server conventions: repetition (divide positive logit
 output tokens, presence and frequency (subtract) over output tokens only;
 while fewer than ``min_tokens`` tokens are out, the stop ids (``stop_token_ids``,
 and the model's end-of-sequence ids unless ``ignore_eos``) are set to -inf.
+A step where the request's thinking budget forces an id (``thinking_budget.py``)
+skips all of that: every other id is -inf and the forced one 0, so greedy and
+seeded draws pick it (a draw still takes its one uniform).
 Logprobs are those of the raw model distribution, before any of that and
 temperature; where the logits come
 masked (a grammar's disallowed tokens at -inf, ``grammar_lanes.py``) that is
@@ -36,6 +39,7 @@ import torch
 
 from ignis.engine.bad_words import BadWords
 from ignis.engine.sampling_steps import SamplerWorkspace, draw, filter_row, first_max, first_max_of_rows
+from ignis.engine.thinking_budget import ThinkingBudget
 from ignis.shared.sampling import SamplingParams
 
 
@@ -53,6 +57,7 @@ class SamplerState:
     allowed: torch.Tensor | None = field(default=None, repr=False)  # allowed_token_ids as an index, made once
     bad_words: BadWords | None = field(default=None, repr=False)
     recent: deque = field(default_factory=deque, repr=False)  # the latest output tokens bad_words look at
+    thinking: ThinkingBudget | None = field(default=None, repr=False)  # where a thinking budget stands
 
     def __post_init__(self):
         if self.generator is None:
@@ -73,6 +78,8 @@ class SamplerState:
         if params.bad_words:
             state.bad_words = BadWords(params.bad_words)
             state.recent = deque(maxlen=state.bad_words.longest_prefix)
+        if params.thinking_budget is not None:
+            state.thinking = ThinkingBudget(params)
         return state
 
     @property
@@ -92,8 +99,9 @@ class SamplerState:
 
     @property
     def adjusted(self) -> bool:
-        """The request's settings change logits at some step: those of every row, or ``min_tokens``."""
-        return self._adjusts_every_row or self.params.min_tokens > 0
+        """The request's settings change logits at some step: those of every row, ``min_tokens``, or a
+        thinking budget's forced end."""
+        return self._adjusts_every_row or self.params.min_tokens > 0 or self.thinking is not None
 
     @property
     def holding(self) -> bool:
@@ -101,15 +109,23 @@ class SamplerState:
         return bool(self.held_ids) and self.produced < self.params.min_tokens
 
     @property
+    def forced(self) -> int | None:
+        """The id the thinking budget forces next; None: none."""
+        return None if self.thinking is None else self.thinking.forced
+
+    @property
     def adjusts_now(self) -> bool:
-        """The next row is adjusted before it is sampled (``min_tokens`` counts only while ``holding``)."""
-        return self._adjusts_every_row or self.holding
+        """The next row is adjusted before it is sampled (``min_tokens`` counts only while ``holding``, a
+        thinking budget only while it forces)."""
+        return self._adjusts_every_row or self.holding or self.forced is not None
 
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
         self.produced += 1
         if self.recent.maxlen:
             self.recent.append(token)
+        if self.thinking is not None:
+            self.thinking.record(token)
 
     def snapshot(self) -> dict:
         """Everything needed to resume sampling bit-exact."""
@@ -118,6 +134,7 @@ class SamplerState:
             "output_counts": dict(self.output_counts),
             "produced": self.produced,
             "recent": tuple(self.recent),
+            "thinking": None if self.thinking is None else self.thinking.state(),
         }
 
     def restore(self, snap: dict) -> None:
@@ -125,10 +142,20 @@ class SamplerState:
         self.output_counts = dict(snap["output_counts"])
         self.produced = snap["produced"]
         self.recent = deque(snap["recent"], maxlen=self.recent.maxlen)
+        if self.thinking is not None:
+            self.thinking.set_state(snap["thinking"])
 
 
 def _adjust(row: torch.Tensor, st: SamplerState) -> None:
-    """The request's allowed ids, bad words, logit bias, penalties and ``min_tokens`` hold, in place."""
+    """The request's allowed ids, bad words, logit bias, penalties and ``min_tokens`` hold, in place; or
+    only the thinking budget's forced id is left (at 0)."""
+    forced = st.forced
+    if forced is not None:
+        if forced >= row.shape[-1]:
+            raise ValueError(f"the thinking budget forces token {forced}, outside the vocabulary ({row.shape[-1]})")
+        row.fill_(float("-inf"))
+        row[forced] = 0.0
+        return
     if st.allowed is not None:
         allowed = st.allowed.to(row.device)
         kept = row[allowed]

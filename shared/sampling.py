@@ -4,7 +4,7 @@ One frozen dataclass; every field is checked when it is built, with the same
 limits whether it comes from the gateway's own code or off the wire. Disabled
 filters have neutral values: ``top_p = 1``, ``top_k = 0``, ``min_p = 0``,
 penalties 0 (presence, frequency) and 1 (repetition), no logit bias,
-``min_tokens = 0``, every token allowed, no bad words, no prompt scoring. ``n`` is not here: the
+``min_tokens = 0``, every token allowed, no bad words, no thinking budget, no prompt scoring. ``n`` is not here: the
 gateway fans a request with several choices out into one stream per choice.
 
 No torch.
@@ -29,6 +29,7 @@ MAX_LOGIT_BIAS = 1024  # entries
 MAX_ALLOWED_TOKEN_IDS = 65536
 MAX_BAD_WORDS = 128  # token sequences (vLLM's VLLM_MAX_NUM_BAD_WORDS)
 MAX_BAD_WORD_TOKENS = 64  # tokens in one sequence
+MAX_THINKING_END_TOKENS = 16  # tokens of the forced end of a thinking block
 LOGIT_BIAS_LIMIT = 100.0  # |bias|, as OpenAI's API bounds it
 
 
@@ -75,6 +76,18 @@ class SamplingParams:
     """vLLM's bad words as token sequences (at most 128, each 1 to 64 ids): a sequence's last id is never
     sampled where the output so far ends with the ids before it (a one-id sequence: never sampled).
     Applied with ``allowed_token_ids``, before the bias; logprobs stay the raw model's."""
+    thinking_budget: int | None = None
+    """vLLM's ``thinking_token_budget``: at most this many generated tokens inside a ``<think>`` block
+    (``engine.thinking_budget``); once they are out and the block is still open, ``thinking_end_ids`` are
+    forced one a step. None: no budget (and the four fields below neutral). Logprobs stay the raw model's."""
+    thinking_open: bool = False
+    """The prompt left a thinking block open: counting starts at the first generated token."""
+    think_start_id: int | None = None
+    """The ``<think>`` id: as the first generated token it opens a block (None: only the prompt opens one)."""
+    think_end_id: int | None = None
+    """The ``</think>`` id: generated inside the block, it closes it (counting stops, nothing is forced)."""
+    thinking_end_ids: tuple[int, ...] = ()
+    """The forced end of a block (1 to 16 ids holding ``think_end_id``; Qwen's ``"\\n</think>\\n\\n"``)."""
     prompt_logprobs: int | None = None
     """Also score the prompt: each prompt token's log probability given the tokens before it, its rank,
     and this many most likely alternatives, in [0, 20]; None: not scored. A scored prompt is computed
@@ -109,6 +122,26 @@ class SamplingParams:
             raise ValueError("allowed_token_ids must be ascending and distinct")
         set_(self, "allowed_token_ids", allowed)
         set_(self, "bad_words", check_bad_words(self.bad_words))
+        set_(self, "thinking_end_ids", self._check_thinking())
+
+    def _check_thinking(self) -> tuple[int, ...]:
+        """The thinking budget's fields, consistent: all neutral without a budget; with one, an end id
+        inside the forced end, and a way for a block to open."""
+        budget = check_opt_int("thinking_budget", self.thinking_budget, 0, 2**31 - 1)
+        check_bool("thinking_open", self.thinking_open)
+        check_opt_int("think_start_id", self.think_start_id, 0, MAX_TOKEN_ID)
+        check_opt_int("think_end_id", self.think_end_id, 0, MAX_TOKEN_ID)
+        end = check_token_ids("thinking_end_ids", self.thinking_end_ids, MAX_THINKING_END_TOKENS)
+        if budget is None:
+            if self.thinking_open or self.think_start_id is not None or self.think_end_id is not None or end:
+                raise ValueError("thinking_open, think_start_id, think_end_id and thinking_end_ids need a "
+                                 "thinking_budget")
+            return end
+        if self.think_end_id is None or self.think_end_id not in end:
+            raise ValueError("a thinking_budget needs think_end_id, and thinking_end_ids holding it")
+        if not self.thinking_open and self.think_start_id is None:
+            raise ValueError("a thinking_budget needs thinking_open or think_start_id (a block that can open)")
+        return end
 
     @property
     def greedy(self) -> bool:

@@ -129,3 +129,54 @@ def test_min_tokens_holds_back_stop_and_eos_ids_until_they_are_out():
     st.record(0)
     st.restore(snap)
     assert st.produced == 3
+
+
+def _thinking(**params) -> SamplerState:
+    """A request whose prompt opened a thinking block of budget 2; ids 0..5, the forced end (3, 5, 4)."""
+    return state(thinking_budget=2, thinking_open=True, think_start_id=2, think_end_id=5, thinking_end_ids=(3, 5, 4),
+                 **params)
+
+
+def test_a_thinking_budget_forces_its_end_greedy_and_sampled_and_logprobs_stay_raw():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])  # the end ids are never the model's pick
+    raw = torch.log_softmax(logits[0], -1)
+    greedy = _thinking(temperature=0)
+    assert greedy.adjusted and not greedy.adjusts_now  # no draft, yet the free steps are plain
+    picks, lps = [], []
+    for _ in range(7):
+        tokens, lp = sample_batch(logits.clone(), [greedy], [2])
+        picks += tokens
+        lps += lp
+    assert picks == [0, 0, 3, 5, 4, 0, 0]
+    for token, lp in zip(picks, lps):
+        assert abs(lp.token_logprob - float(raw[token])) < 1e-6 and lp.top[0][0] == 0
+    for seed in range(20):  # sampled with a seed, at a temperature that would rarely pick them
+        sampled = _thinking(temperature=0.3, seed=seed, top_p=0.9)
+        picks = [sample_batch(logits.clone(), [sampled], [None])[0][0] for _ in range(6)]
+        assert picks[2:5] == [3, 5, 4] and 5 not in picks[:2]
+
+
+def test_a_thinking_budget_forces_over_every_other_setting():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    st = _thinking(temperature=0, allowed_token_ids=(0, 1), bad_words=((3,),), logit_bias=((5, -100.0),))
+    assert [sample_batch(logits.clone(), [st], [None])[0][0] for _ in range(6)] == [0, 0, 3, 5, 4, 0]
+
+
+def test_a_snapshot_keeps_where_the_thinking_budget_stands():
+    logits = torch.zeros(1, 6)
+    st = _thinking(temperature=1.0, seed=4)
+    for _ in range(3):  # two free draws (5 may close the block: then nothing is forced), then maybe a forced 3
+        sample_batch(logits.clone(), [st], [None])
+    snap = st.snapshot()
+    later = [sample_batch(logits.clone(), [st], [None])[0][0] for _ in range(4)]
+    st.restore(snap)
+    assert [sample_batch(logits.clone(), [st], [None])[0][0] for _ in range(4)] == later
+    seeded = _thinking(temperature=1.0, seed=0)
+    seeded.record(1)
+    seeded.record(1)
+    seeded.record(3)  # mid-forcing: 5 then 4 come next
+    snap = seeded.snapshot()
+    seeded.record(5)
+    seeded.record(4)
+    seeded.restore(snap)
+    assert [sample_batch(logits.clone(), [seeded], [None])[0][0] for _ in range(2)] == [5, 4]

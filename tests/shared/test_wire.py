@@ -41,6 +41,8 @@ FULL_SAMPLING = SamplingParams(
     temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.5,
     repetition_penalty=1.1, seed=2**62, max_tokens=512, stop_token_ids=(7, 9), ignore_eos=True,
     logprobs=True, top_logprobs=3, prompt_logprobs=2, bad_words=((11,), (12, 13), tuple(range(64))),
+    thinking_budget=2**31 - 1, thinking_open=True, think_start_id=248068, think_end_id=248069,
+    thinking_end_ids=(198, 248069, 271),
 )
 
 MESSAGES = [
@@ -184,6 +186,20 @@ GEN = MESSAGES[1]
     (_header(GEN, sampling={**to_json(FULL_SAMPLING), "bad_words": [[1]] * 129}), "at most 128"),
     (_header(GEN, sampling={k: v for k, v in to_json(FULL_SAMPLING).items() if k != "bad_words"}),
      "missing field 'bad_words'"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_budget": -1}), "thinking_budget"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_budget": 2**31}), "thinking_budget"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_budget": 1.0}), "thinking_budget must be an integer"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_open": 1}), "thinking_open must be true or false"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "think_end_id": 2**31}), "think_end_id"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "think_start_id": -1}), "think_start_id"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_end_ids": [198] * 17}), "at most 16"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_end_ids": [198, 271]}), "holding it"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_end_ids": "198"}), "thinking_end_ids must be a list"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_budget": None}), "need a thinking_budget"),
+    (_header(GEN, sampling={**to_json(FULL_SAMPLING), "thinking_open": False, "think_start_id": None}),
+     "thinking_open or think_start_id"),
+    (_header(GEN, sampling={k: v for k, v in to_json(FULL_SAMPLING).items() if k != "thinking_end_ids"}),
+     "missing field 'thinking_end_ids'"),
     (_header(GEN, sampling=[]), "must be an object"),
     (_header(MESSAGES[5], counts=[1, 1]), "counts sum"),
     (_header(MESSAGES[5], counts=[1]), "same length"),
@@ -309,6 +325,14 @@ def test_encode_refuses_non_messages():
     ({"bad_words": {1: 2}}, "bad_words must be a list"),
     ({"bad_words": ((1,),) * 129}, "at most 128"),
     ({"bad_words": (tuple(range(65)),)}, "at most 64"),
+    ({"thinking_budget": -1, "thinking_open": True, "think_end_id": 1, "thinking_end_ids": (1,)}, "thinking_budget"),
+    ({"thinking_budget": True, "thinking_open": True, "think_end_id": 1, "thinking_end_ids": (1,)},
+     "thinking_budget must be an integer"),
+    ({"thinking_budget": 1, "thinking_open": True, "think_end_id": 1, "thinking_end_ids": ()}, "holding it"),
+    ({"thinking_budget": 1, "thinking_open": True, "think_end_id": None, "thinking_end_ids": (1,)}, "think_end_id"),
+    ({"thinking_budget": 1, "think_start_id": 2.0, "think_end_id": 1, "thinking_end_ids": (1,)},
+     "think_start_id must be an integer"),
+    ({"think_end_id": 1}, "need a thinking_budget"),
 ])
 def test_sampling_params_refuse_bad_values(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -319,6 +343,13 @@ def test_sampling_params_hold_bad_words_as_tuples():
     s = SamplingParams(bad_words=[[1, 2], [3]])
     assert s.bad_words == ((1, 2), (3,)) and type(s.bad_words[0]) is tuple
     assert decode(encode(Generate(id="r", prompt_ids=(1,), sampling=s))).sampling.bad_words == ((1, 2), (3,))
+
+
+def test_sampling_params_hold_the_thinking_end_as_a_tuple():
+    s = SamplingParams(thinking_budget=0, think_start_id=5, think_end_id=6, thinking_end_ids=[4, 6, 4])
+    assert s.thinking_end_ids == (4, 6, 4) and type(s.thinking_end_ids) is tuple
+    back = decode(encode(Generate(id="r", prompt_ids=(1,), sampling=s))).sampling
+    assert back == s and back.thinking_budget == 0 and not back.thinking_open
 
 
 def test_sampling_params_widen_ints_to_floats():
