@@ -10,7 +10,9 @@ function appends the call's opener to the rendered prompt
 inside that call. ``parallel_tool_calls: false`` keeps the first call: a choice
 ends (its engine stream aborted, "tool_calls") as a second one begins. vLLM's
 ``prompt_logprobs`` adds a top-level list; ``return_token_ids`` adds
-``choices[i].token_ids`` and a top-level ``prompt_token_ids``. Generating and
+``choices[i].token_ids`` and a top-level ``prompt_token_ids``; its
+``thinking_token_budget`` counts from the first token when the prompt opened
+the thinking block (``gateway.thinking_budget``). Generating and
 answering is ``GenerationRequest.answer``'s; ``answer_chat`` is the part
 /v1/responses shares (it hands its own ``EndpointResponse``).
 """
@@ -180,6 +182,10 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
         # the grammar holds the answer, not the reasoning (a forced call's opener closes the reasoning itself)
         req.params = p = dataclasses.replace(p, grammar=after_reasoning(p.grammar))
+    if p.thinking is not None:
+        # counting starts at once in a block the prompt opened; a forced call's opener closes the block: no budget
+        req.params = p = dataclasses.replace(p, thinking=None if forced is not None else p.thinking,
+                                             thinking_open=prompt.starts_in_reasoning)
     prompt_ids = prompt.ids
     if forced is not None:
         # The call opener goes after the generation prompt: the model continues inside the call, and a

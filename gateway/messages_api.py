@@ -18,6 +18,8 @@ grammars of forced calls, usage); only the answer's shape differs
     tool_choice auto | any | tool | none              auto | required | named function | none;
                                         disable_parallel_tool_use: only the first call is answered
     thinking {type: enabled | disabled}  chat_template_kwargs.enable_thinking (the template's default when absent)
+    thinking.budget_tokens (enabled)     thinking_token_budget (any positive integer; Anthropic's own floor of
+                                        1,024 and its bound below max_tokens are not enforced)
     stop_sequences                      stop (at most 4)
     max_tokens (required), temperature, top_p, top_k, stream     as given
     metadata, service_tier, container, cache_control on blocks   ignored
@@ -238,6 +240,9 @@ class MessagesTurn:
         if thinking is not None:
             kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))
             chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+            budget = thinking.int("budget_tokens", None, 1)
+            if kind == "enabled" and budget is not None:
+                chat["thinking_token_budget"] = budget
         return chat
 
     def make_response(self, p: CommonParams, tokenizer: TextTokenizer, head: dict) -> MessagesResponse:
@@ -249,7 +254,8 @@ class MessagesTurn:
         m = re.fullmatch(r"messages\[(\d+)\](.*)", param)
         if m and int(m.group(1)) < len(self.origins):
             return e.renamed(self.origins[int(m.group(1))] + m.group(2))
-        return e.renamed({"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name"}.get(param, param))
+        return e.renamed({"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name",
+                          "thinking_token_budget": "thinking.budget_tokens"}.get(param, param))
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:

@@ -8,9 +8,11 @@
 extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output,
 return_token_ids, return_tokens_as_token_ids, prompt_logprobs: 0 to 20
-alternatives per scored prompt token). Token ids are checked against
-the served model's vocabulary, and bad words tokenized by its tokenizer, once
-the model is known (``for_model``).
+alternatives per scored prompt token; chat only: thinking_token_budget,
+``gateway.thinking_budget``). Token ids are checked against
+the served model's vocabulary, bad words tokenized by its tokenizer and the
+thinking budget's ids found in it, once the model is known (``for_model``);
+the chat path says whether its prompt opened a thinking block (``thinking_open``).
 Request class: the body's ``request_class`` (or ``priority``) as "interactive"
 or "agent" (vLLM's integer ``priority``: 0 or less interactive, more agent),
 else the ``X-Ignis-Request-Class`` header, else interactive.
@@ -33,6 +35,8 @@ from ignis.gateway.bad_words import bad_word_ids, parse_bad_words
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.response_format import parse_response_format
+from ignis.gateway.thinking_budget import FIELD as THINKING_BUDGET
+from ignis.gateway.thinking_budget import ThinkingBudget, for_tokenizer, parse_thinking_budget
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.sampling import (
     LOGIT_BIAS_LIMIT,
@@ -95,6 +99,12 @@ class CommonParams:
     """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): usage in every chunk."""
     prompt_logprobs: int | None = None
     """vLLM's: score the prompt with this many alternatives per token (None: not asked)."""
+    thinking_token_budget: int | None = None
+    """vLLM's: at most this many tokens inside a thinking block (None: no cap); ``thinking`` once the model is known."""
+    thinking: ThinkingBudget | None = None
+    """The budget with the served model's ids (``for_model``)."""
+    thinking_open: bool = False
+    """The prompt left a thinking block open (set by the chat path once it is rendered)."""
 
     def for_vocabulary(self, f: Fields, vocab_size: int) -> CommonParams:
         """These params for a model of ``vocab_size`` token ids: ``logit_bias`` and ``stop_token_ids`` ids
@@ -111,11 +121,14 @@ class CommonParams:
         return dataclasses.replace(self, top_k=0) if self.top_k >= vocab_size else self
 
     def for_model(self, f: Fields, tokenizer: TextTokenizer) -> CommonParams:
-        """``for_vocabulary`` of the served model's tokenizer, with ``bad_words`` as its token sequences."""
+        """``for_vocabulary`` of the served model's tokenizer, with ``bad_words`` as its token sequences and the
+        thinking budget's ids."""
         p = self.for_vocabulary(f, tokenizer.vocab_size)
-        if not p.bad_words:
-            return p
-        return dataclasses.replace(p, bad_word_ids=bad_word_ids(f, p.bad_words, tokenizer))
+        if p.bad_words:
+            p = dataclasses.replace(p, bad_word_ids=bad_word_ids(f, p.bad_words, tokenizer))
+        if p.thinking_token_budget is not None:
+            p = dataclasses.replace(p, thinking=for_tokenizer(f, p.thinking_token_budget, tokenizer))
+        return p
 
 
 def _allowed_ids(f: Fields) -> tuple[int, ...]:
@@ -249,6 +262,9 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         raise f.error("min_tokens", f"must be at most max_tokens ({max_tokens}), got {min_tokens}")
     if grammar is not None and min_tokens:
         raise f.error("min_tokens", "cannot be combined with a JSON response_format (the grammar decides the end)")
+    if kind != "chat" and f.raw(THINKING_BUDGET) is not None:
+        raise f.error(THINKING_BUDGET, "is taken by /v1/chat/completions (a chat prompt says where a thinking "
+                                       "block opens)")
     return CommonParams(
         model=f.str("model", None, max_chars=256),
         stream=stream,
@@ -281,6 +297,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         logit_bias=_logit_bias(f),
         min_tokens=min_tokens,
         prompt_logprobs=f.int("prompt_logprobs", None, 0, MAX_TOP_LOGPROBS),
+        thinking_token_budget=parse_thinking_budget(f) if kind == "chat" else None,
     )
 
 
@@ -301,4 +318,5 @@ def _sampling(p: CommonParams, max_tokens: int, seed: int | None) -> SamplingPar
         stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
         top_logprobs=p.top_logprobs, logit_bias=p.logit_bias, min_tokens=min(p.min_tokens, max_tokens),
         prompt_logprobs=p.prompt_logprobs, allowed_token_ids=p.allowed_token_ids, bad_words=p.bad_word_ids,
+        **(p.thinking.sampling_fields(p.thinking_open) if p.thinking is not None else {}),
     )

@@ -18,6 +18,7 @@ from ignis.gateway.bad_words import MAX_BAD_WORD_CHARS
 from ignis.gateway.completions import MAX_PROMPTS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
+from ignis.gateway.thinking_budget import MAX_BUDGET as MAX_THINKING_BUDGET
 from ignis.shared.sampling import (
     LOGIT_BIAS_LIMIT,
     MAX_ALLOWED_TOKEN_IDS,
@@ -132,6 +133,7 @@ CHAT_COMPLETIONS = _obj({
     "parallel_tool_calls": _BOOL,
     "continue_final_message": _BOOL,
     "add_generation_prompt": _BOOL,
+    "thinking_token_budget": {"type": "integer", "minimum": 0, "maximum": MAX_THINKING_BUDGET},
 }, ("messages",))
 
 COMPLETIONS = _obj({
@@ -200,7 +202,8 @@ MESSAGES = _obj({
                                              ("name",))},
     "tool_choice": _obj({"type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STR,
                          "disable_parallel_tool_use": _BOOL}, ("type",)),
-    "thinking": _obj({"type": {"enum": ["enabled", "disabled", "adaptive"]}, "budget_tokens": _INT}, ("type",)),
+    "thinking": _obj({"type": {"enum": ["enabled", "disabled", "adaptive"]}, "budget_tokens": {"type": "integer", "minimum": 1}},
+                     ("type",)),
 }, ("max_tokens", "messages"))
 """Anthropic's Messages API body (``gateway.messages_api``)."""
 
