@@ -74,9 +74,12 @@ def test_fitted_head_accepts_long_runs_and_output_is_plain_decode(fitted, family
 
 @pytest.mark.parametrize("adjusted", [{"logit_bias": ((5, 2.5), (9, -100.0))}, {"min_tokens": 20},
                                       {"presence_penalty": 0.5}, {"allowed_token_ids": tuple(range(2, 300, 3))},
-                                      {"bad_words": ((9,), (4, 5), (2, 3, 7))}])
+                                      {"bad_words": ((9,), (4, 5), (2, 3, 7))},
+                                      {"thinking_budget": 3, "thinking_open": True, "think_end_id": 7,
+                                       "thinking_end_ids": (5, 7, 9)}])
 def test_requests_whose_logits_are_adjusted_step_plainly_with_plain_output(fitted, adjusted):
-    """A logit bias, min_tokens, a penalty, allowed ids or bad words change the logits the head's drafts would be checked against:
+    """A logit bias, min_tokens, a penalty, allowed ids, bad words or a thinking budget change the logits the head's
+    drafts would be checked against:
     such requests decode a token per step beside drafting ones, and their output is plain decode's."""
     path, ps = fitted("qwen3_5")
     model, head = load(path)
