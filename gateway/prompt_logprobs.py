@@ -60,9 +60,9 @@ def echo_logprobs(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLo
     scored = scored_positions(len(prompt_ids), scores)
     if scored is None:
         return None
-    text = tokenizer.token_text(prompt_ids[0])
-    first = {"tokens": [token_name(tokenizer, prompt_ids[0], offsets.as_ids)], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [offsets.offset]}
-    offsets.offset += len(text)
+    first = {"tokens": [token_name(tokenizer, prompt_ids[0], offsets.as_ids)], "token_logprobs": [None],
+             "top_logprobs": [None], "text_offset": [offsets.offset]}
+    offsets.offset += len(tokenizer.token_text(prompt_ids[0]))
     rest = [TokenRecord(token, lp, tuple(zip(top_ids, top_lps)))
             for token, (lp, _, top_ids, top_lps) in zip(prompt_ids[1:], scored)]
     return merge_completion_logprobs([first, offsets.add(tokenizer, rest)])

@@ -18,13 +18,13 @@ from ignis.gateway.bad_words import MAX_BAD_WORD_CHARS
 from ignis.gateway.completions import MAX_PROMPTS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
-from ignis.gateway.thinking_budget import MAX_BUDGET as MAX_THINKING_BUDGET
 from ignis.shared.sampling import (
     LOGIT_BIAS_LIMIT,
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
     MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
+    MAX_THINKING_BUDGET,
     MAX_TOP_LOGPROBS,
 )
 from ignis.shared.wire import REQUEST_CLASSES

@@ -101,7 +101,7 @@ class CompletionLogprobs:
         as_ids = self.as_ids
         for r in records:
             text = tok.token_text(r.token_id)
-            tokens.append(f"token_id:{r.token_id}" if as_ids else text)
+            tokens.append(token_name(tok, r.token_id, as_ids))
             lps.append(json_logprob(r.logprob))
             top = {}
             for i, v in r.top:

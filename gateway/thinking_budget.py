@@ -19,18 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ignis.gateway.fields import Fields
+from ignis.gateway.reasoning_split import THINK_CLOSE, THINK_OPEN
 from ignis.gateway.tokenizer import TextTokenizer
-from ignis.shared.sampling import MAX_THINKING_END_TOKENS
+from ignis.shared.sampling import MAX_THINKING_BUDGET, MAX_THINKING_END_TOKENS
 
 FIELD = "thinking_token_budget"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FORCED_END = "\n</think>\n\n"
-MAX_BUDGET = 2**31 - 1
 
 
 def parse_thinking_budget(f: Fields) -> int | None:
     """The request's budget in tokens, or None."""
-    return f.int(FIELD, None, 0, MAX_BUDGET)
+    return f.int(FIELD, None, 0, MAX_THINKING_BUDGET)
 
 
 @dataclass(frozen=True)

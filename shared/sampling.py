@@ -30,6 +30,7 @@ MAX_ALLOWED_TOKEN_IDS = 65536
 MAX_BAD_WORDS = 128  # token sequences (vLLM's VLLM_MAX_NUM_BAD_WORDS)
 MAX_BAD_WORD_TOKENS = 64  # tokens in one sequence
 MAX_THINKING_END_TOKENS = 16  # tokens of the forced end of a thinking block
+MAX_THINKING_BUDGET = 2**31 - 1  # tokens a thinking block may take
 LOGIT_BIAS_LIMIT = 100.0  # |bias|, as OpenAI's API bounds it
 
 
@@ -127,7 +128,7 @@ class SamplingParams:
     def _check_thinking(self) -> tuple[int, ...]:
         """The thinking budget's fields, consistent: all neutral without a budget; with one, an end id
         inside the forced end, and a way for a block to open."""
-        budget = check_opt_int("thinking_budget", self.thinking_budget, 0, 2**31 - 1)
+        budget = check_opt_int("thinking_budget", self.thinking_budget, 0, MAX_THINKING_BUDGET)
         check_bool("thinking_open", self.thinking_open)
         check_opt_int("think_start_id", self.think_start_id, 0, MAX_TOKEN_ID)
         check_opt_int("think_end_id", self.think_end_id, 0, MAX_TOKEN_ID)
