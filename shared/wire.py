@@ -65,7 +65,11 @@ __all__ = [
 
 GATEWAY_ENGINE = WireProtocol("gateway-engine", version=1)
 PROTOCOL_VERSION = GATEWAY_ENGINE.version
-"""Bumped on any incompatible change; a peer speaking another version is refused, message by message."""
+"""The header's ``v``, checked first on every message. It stays 1 like the tier protocol's: shared types
+(ErrorReply, Stats) cross both protocols and a frame of the other one must fail on its type, so a bump here
+makes every tierd frame fail on its version instead. A gateway-engine contract version would travel in a
+hello, as ``TIER_PROTOCOL_VERSION`` does; until then peers of different commits refuse each other's
+changed messages as malformed."""
 
 MAX_ID_CHARS = 256
 MAX_STATS = 1024
