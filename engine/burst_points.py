@@ -65,7 +65,8 @@ def capture_ahead(tokens: tuple[int, ...], matched: int, holders: Iterable[Reque
             continue
         for point in other.must_cut_at:
             if (point <= matched or point >= n or other.num_computed_tokens >= point
-                    or (not other.image_keys and other.prompt_ids[point - 1] != tokens[point - 1])
+                    or (not other.image_keys and other.salt_chunks is None
+                        and other.prompt_ids[point - 1] != tokens[point - 1])
                     or capture_kind(other, point) is None):
                 continue
             if other.key_prefix(point) == tokens[:point]:

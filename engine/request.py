@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ignis.engine.image_layout import ImageLayout
 from ignis.engine.reuse.image_keys import ImageKey, key_tokens, walk_back, walk_back_all
+from ignis.engine.reuse.salt_keys import salt_chunks, salted, salted_image_digest
 from ignis.engine.sequence_pages import SequencePages
 from ignis.shared.image_input import ImageInput
 from ignis.shared.sampling import SamplingParams
@@ -74,6 +75,9 @@ class Request:
     last_is_user: bool = False
     part_end: int | None = None
     cache_family: str | None = None  # the client's prompt_cache_key family (a ranking hint, engine.reuse.store)
+    cache_salt: str | None = None
+    """A digest of the client's ``cache_salt``: the request reuses only state made under the same salt
+    (``engine.reuse.salt_keys``)."""
     must_cut_at: tuple[int, ...] = ()
     """Capture points (sorted, in 1 .. len(prompt)): a prefill chunk ends on one, or crosses it keeping the
     state image there (``engine.prefill_chunks``)."""
@@ -106,6 +110,7 @@ class Request:
     image_keys: tuple[ImageKey, ...] = field(default=(), init=False, repr=False)
     """Where ``images`` sit in the prompt and their digests, once placed: what reuse reads them as
     (``engine.reuse.image_keys``); empty for a text prompt."""
+    salt_chunks: tuple[int, ...] | None = field(default=None, init=False, repr=False)
     image_layout: ImageLayout | None = field(default=None, init=False, repr=False)
     """Where ``images`` sit in the prompt (set when the scheduler accepts the request); every position
     of the request follows from it and the token index, so no resume path needs more."""
@@ -130,6 +135,9 @@ class Request:
         self.images = tuple(self.images)
         if any(not isinstance(im, ImageInput) for im in self.images):
             raise TypeError(f"request {self.req_id}: images must be ImageInput")
+        if self.cache_salt is not None:
+            check_str("cache_salt", self.cache_salt, 256, allow_empty=False)
+            self.salt_chunks = salt_chunks(self.cache_salt)
 
     @classmethod
     def from_generate(cls, msg: Generate, page_tokens: int) -> Request:
@@ -137,7 +145,7 @@ class Request:
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
-            part_end=msg.part_end, cache_family=msg.cache_family, images=msg.images,
+            part_end=msg.part_end, cache_family=msg.cache_family, cache_salt=msg.cache_salt, images=msg.images,
             must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens,
                                      msg.part_end),
         )
@@ -163,14 +171,18 @@ class Request:
         return self.prompt_ids[start:] + tuple(self.output_ids[max(0, start - n):end - n])
 
     def key_prefix(self, end: int) -> tuple[int, ...]:
-        """``tokens[:end]`` as reuse compares and hashes them: each image's tokens stand for its digest."""
+        """``tokens[:end]`` as reuse compares and hashes them: each image's tokens stand for its digest,
+        and a salted request's first tokens carry its salt (``engine.reuse.salt_keys``)."""
         tokens = self.token_slice(0, end)
-        return key_tokens(tokens, self.image_keys) if self.image_keys else tokens
+        keys = key_tokens(tokens, self.image_keys) if self.image_keys else tokens
+        return keys if self.salt_chunks is None else salted(keys, self.salt_chunks)
 
     def place_images(self, keys: tuple[ImageKey, ...], page_tokens: int) -> None:
         """Record where the images sit. A capture never ends inside an image: a cut point (and the mark
         it comes from) inside one moves to the image's start; a system block whose whole pages end inside
         one loses its mark (it holds no image in any template)."""
+        if self.cache_salt is not None:  # a salted prompt's pictures are keyed by the salt too
+            keys = tuple(ImageKey(k.start, k.end, salted_image_digest(self.cache_salt, k.digest)) for k in keys)
         self.image_keys = keys = tuple(keys)
         if not keys:
             return

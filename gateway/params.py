@@ -20,6 +20,10 @@ else the ``X-Ignis-Request-Class`` header, else interactive.
 a conversation family: the engine gets a digest of the caller's credentials
 and the key (``cache_family``), never the key, and ranks the retained entries
 of an active family above idle ones; reuse itself stays by content.
+``cache_salt`` (vLLM's: a non-empty string, at most 4,096 characters) confines
+the request's prompt reuse to requests with the same salt: the engine gets a
+digest of the salt (``cache_salt``), never the salt, and folds it into the
+prompt's reuse keys (``engine.reuse.salt_keys``).
 ``response_format`` becomes the grammar of every choice
 (``gateway/response_format.py``); it cannot be combined with ``ignore_eos``
 (a complete output ends with the end-of-sequence token).
@@ -54,6 +58,7 @@ MAX_STOPS = 4
 MAX_STOP_CHARS = 1000
 MAX_SEED = 2**63 - 1
 MAX_CACHE_KEY_CHARS = 1024
+MAX_CACHE_SALT_CHARS = 4096
 CLASS_HEADER = "X-Ignis-Request-Class"
 
 
@@ -81,6 +86,8 @@ class CommonParams:
     request_class: str
     grammar: str | None = None
     cache_family: str | None = None
+    cache_salt: str | None = None
+    """A digest of vLLM's ``cache_salt``: reuse only among requests with the same salt."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     allowed_token_ids: tuple[int, ...] = ()
@@ -173,6 +180,16 @@ def _cache_family(f: Fields, headers) -> str | None:
         return None
     caller = headers.get("Authorization", "") if headers is not None else ""
     return hashlib.sha256(f"{caller}\n{key}".encode()).hexdigest()[:32]
+
+
+def _cache_salt(f: Fields) -> str | None:
+    """The digest of vLLM's ``cache_salt``, or None without one (an empty salt is a 400, as in vLLM)."""
+    salt = f.str("cache_salt", None, max_chars=MAX_CACHE_SALT_CHARS)
+    if salt is None:
+        return None
+    if not salt:
+        raise f.error("cache_salt", "must be a non-empty string")
+    return hashlib.sha256(f"ignis-cache-salt\n{salt}".encode()).hexdigest()
 
 
 def _request_class(f: Fields, headers) -> str:
@@ -294,6 +311,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         request_class=_request_class(f, headers),
         grammar=grammar,
         cache_family=_cache_family(f, headers),
+        cache_salt=_cache_salt(f),
         logit_bias=_logit_bias(f),
         min_tokens=min_tokens,
         prompt_logprobs=f.int("prompt_logprobs", None, 0, MAX_TOP_LOGPROBS),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ignis.gateway.bad_words import MAX_BAD_WORD_CHARS
 from ignis.gateway.completions import MAX_PROMPTS
-from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
+from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_CACHE_SALT_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
 from ignis.shared.sampling import (
     LOGIT_BIAS_LIMIT,
@@ -82,6 +82,7 @@ SAMPLING = {
     "request_class": {"enum": list(REQUEST_CLASSES)},
     "priority": {"oneOf": [{"enum": list(REQUEST_CLASSES)}, {"type": "integer"}]},
     "prompt_cache_key": {"type": "string", "maxLength": MAX_CACHE_KEY_CHARS},
+    "cache_salt": {"type": "string", "minLength": 1, "maxLength": MAX_CACHE_SALT_CHARS},
     "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^[0-9]{1,10}$"},
                    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT,
                                             "maximum": LOGIT_BIAS_LIMIT}},
@@ -174,6 +175,7 @@ RESPONSES = _obj({
     "metadata": {"type": "object", "additionalProperties": _STR},
     "include": {"type": "array", "items": _STR},
     "prompt_cache_key": SAMPLING["prompt_cache_key"],
+    "cache_salt": SAMPLING["cache_salt"],
 }, ("input",))
 
 TOKENIZE = {**_obj({

@@ -16,6 +16,7 @@ grammars, usage); only the answer's shape differs (gateway.responses_events)::
     max_output_tokens             max_tokens
     temperature, top_p            as given (also seed, top_k, min_p, penalties, request_class: ignis extensions)
     prompt_cache_key              as given: a conversation family, a hint for ranking retained entries
+    cache_salt                    as given: reuse only among requests with the same salt (vLLM's)
     include reasoning.encrypted_content   reasoning items carry a blob (gateway.reasoning_seal)
     store (default true)          the turn is kept (gateway.responses_store) for previous_response_id
     metadata                      echoed
@@ -56,7 +57,7 @@ RESPONSES = web.AppKey("ignis_responses", object)
 BLOB_INCLUDE = "reasoning.encrypted_content"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PASSED = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "request_class", "prompt_cache_key")
+          "repetition_penalty", "request_class", "prompt_cache_key", "cache_salt")
 """Fields handed to the chat path as they are (same names, same checks)."""
 KNOWN_HOSTED = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use",
                 "computer_use_preview", "mcp", "image_generation", "local_shell", "shell", "custom",

@@ -8,7 +8,10 @@ hash ``h_k`` of ``engine.reuse.hashing``, the one the retained index files
 entries under), cut to its first 8 bytes read big-endian with the top bit
 cleared: a non-negative integer below 2**63, which decoders that take block
 hashes as signed (Dynamo) or unsigned (llm-d) 64-bit integers both accept.
-The partial last page of an entry is never a block.
+The partial last page of an entry is never a block. A block's ``token_ids``
+are its key tokens (an image's run as its key ids) with a salted prompt's
+salted ids given back as the tokens they stand for, as vLLM gives a salted
+block's tokens beside its salted hash (``engine.reuse.salt_keys``).
 
 Several entries share their leading pages (a conversation's checkpoints, a
 retained prefix under its checkpoints), so the ledger counts holders per
@@ -30,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ignis.engine.reuse.hashing import page_chain
+from ignis.engine.reuse.salt_keys import raw_token
 
 MEDIA = ("GPU", "CPU", "DISK")
 TIER_MEDIUM = {"device": "GPU", "ram": "CPU", "disk": "DISK"}
@@ -98,7 +102,7 @@ class BlockLedger:
         self._emit(BlockStored(
             tuple(block_id(h) for h in chain[first_new:]),
             block_id(chain[first_new - 1]) if first_new > 1 else None,
-            tuple(tokens[(first_new - 1) * pt:(len(chain) - 1) * pt]), pt, medium))
+            tuple(raw_token(t) for t in tokens[(first_new - 1) * pt:(len(chain) - 1) * pt]), pt, medium))
 
     def dropped(self, tokens: Sequence[int], medium: str) -> None:
         """One holder fewer; blocks left with none are removed. Blocks the ledger does not hold (after a

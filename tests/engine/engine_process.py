@@ -67,7 +67,8 @@ class EngineProcess:
 
     def generate(self, rid: str, prompt: list[int], **sampling) -> None:
         self.outcomes[rid] = Outcome()
-        extra = {k: sampling.pop(k) for k in ("request_class", "system_end", "opener_start", "grammar", "images") if k in sampling}
+        extra = {k: sampling.pop(k) for k in ("request_class", "system_end", "opener_start", "grammar", "images",
+                                                   "cache_salt") if k in sampling}
         sp = SamplingParams(**{"temperature": 0.0, **sampling})
         self.client.send(Generate(rid, tuple(prompt), sp, **extra))
 

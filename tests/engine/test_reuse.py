@@ -49,12 +49,12 @@ class Engine:
         self.prefilled = 0  # prompt tokens every round's forward prefilled, summed
 
     def submit(self, rid, prompt, system_end=None, opener_start=None, last_is_user=True, cls="interactive",
-               max_tokens=6, part_end=None, family=None):
+               max_tokens=6, part_end=None, family=None, salt=None):
         from ignis.engine.request import capture_cuts
 
         req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
                       request_class=cls, system_end=system_end, opener_start=opener_start, part_end=part_end,
-                      last_is_user=last_is_user, cache_family=family,
+                      last_is_user=last_is_user, cache_family=family, cache_salt=salt,
                       must_cut_at=capture_cuts(len(prompt), system_end, opener_start, 64, part_end))
         assert self.sched.add(req) is None
 

@@ -86,6 +86,37 @@ def test_retained_entries_demote_and_restore_bit_exact(tmp_path, tier, kv_format
         assert tierd.stop() == 0
 
 
+def test_a_salted_entry_below_the_device_is_restored_only_under_its_salt(tmp_path):
+    """tierd keys entries by their key tokens, which carry a request's cache salt: a KV-RAM entry made
+    under one salt is no match for the same prompt under another salt or none (nothing is restored for
+    them), and is restored bit-exact under its own."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    tierd = Tierd(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
+                        "--reuse-host-slots-per-lane", "4", "--restore-floor-kv-ram", "64")
+    salt_a, salt_b = "a" * 64, "b" * 64
+    try:
+        p = prompt(300, 1)
+        marks = dict(max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
+        first = eng.run("a1", p, cache_salt=salt_a, **marks)
+        fill_pool(eng, "fill")
+        assert eng.stats()["reuse_demotions_total"] >= 1, eng.log_text()
+        for rid, salt in (("b", salt_b), ("plain", None)):
+            other = eng.run(rid, p, cache_salt=salt, **marks)
+            assert other.finished.usage.cached_tokens == 0, eng.log_text()
+            assert other.tokens == first.tokens
+        assert eng.stats()["reuse_restores_total"] == 0
+        fill_pool(eng, "fill-again")  # the unsalted and salt-b entries made just now leave the device too
+        again = eng.run("a2", p, cache_salt=salt_a, **marks)
+        assert again.finished.usage.cached_tokens == 297, eng.log_text()
+        assert again.finished.reuse.tier == "kv_ram"
+        assert again.tokens == first.tokens
+    finally:
+        assert eng.stop() == 0
+        assert tierd.stop() == 0
+
+
 def test_engine_without_a_tierd_still_serves(tmp_path):
     rt = tmp_path / "rt"
     rt.mkdir()

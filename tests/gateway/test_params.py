@@ -72,6 +72,19 @@ def test_prompt_cache_key_becomes_a_family_digest_scoped_to_the_caller():
         assert e.value.param == "prompt_cache_key"
 
 
+def test_cache_salt_becomes_a_digest_and_an_empty_or_bad_one_is_a_400():
+    a = common(cache_salt="secret-1").cache_salt
+    assert a is not None and len(a) == 64 and "secret-1" not in a
+    assert common(cache_salt="secret-1").cache_salt == a
+    assert common(cache_salt="secret-2").cache_salt != a
+    assert common(headers={"Authorization": "Bearer other"}, cache_salt="secret-1").cache_salt == a
+    assert common().cache_salt is None
+    for bad in ("", 7, ["s"], "s" * 4097):
+        with pytest.raises(ApiError) as e:
+            common(cache_salt=bad)
+        assert e.value.param == "cache_salt"
+
+
 def test_messages_keep_only_what_templates_read():
     msgs = parse_messages(Fields({"messages": [
         {"role": "user", "content": "q", "name": "bob"},

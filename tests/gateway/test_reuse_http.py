@@ -173,3 +173,64 @@ def test_reuse_off_reports_zero_everywhere(tmp_path_factory):
     finally:
         client.close()
         assert stop_serve(server) == 0, server.log()
+
+
+def _salted_chat(client, model, messages, salt):
+    extra = {} if salt is None else {"cache_salt": salt}
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True,
+                                       extra_body=extra)
+    lps = [t.logprob for t in r.choices[0].logprobs.content]
+    return r.choices[0].message.content, lps, r.usage.prompt_tokens_details.cached_tokens
+
+
+def test_cache_salt_confines_reuse_to_requests_with_the_same_salt(reuse_server):
+    """vLLM's ``cache_salt``: a salted conversation resumes only under its salt; another salt or none
+    prefills it whole, and every answer equals the cold one (greedy tokens, logprobs within 1e-4)."""
+    server, client = reuse_server
+    messages = [{"role": "system", "content": "Salted. " + SYSTEM}, {"role": "user", "content": text(30, 41)}]
+    cold_text, cold_lps, cached = _salted_chat(client, server.model, messages, "tenant-a-" + "x" * 40)
+    assert cached == 0
+    for salt in ("tenant-b-" + "x" * 40, None, "tenant-a-" + "x" * 39):
+        out_text, lps, cached = _salted_chat(client, server.model, messages, salt)
+        assert cached == 0, salt
+        assert out_text == cold_text and max(abs(a - b) for a, b in zip(lps, cold_lps)) < 1e-4
+    out_text, lps, cached = _salted_chat(client, server.model, messages, "tenant-a-" + "x" * 40)
+    assert cached > 0
+    assert out_text == cold_text and max(abs(a - b) for a, b in zip(lps, cold_lps)) < 1e-4
+    # the unsalted request above retained the conversation for unsalted requests only
+    assert _salted_chat(client, server.model, messages, None)[2] > 0
+    assert '"cache_salt":true' in server.log()
+
+
+def test_cache_salt_on_completions_and_responses(reuse_server):
+    server, client = reuse_server
+    prompt = "Salted completion. " + SYSTEM
+
+    def complete(salt):
+        return client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0,
+                                         extra_body={"cache_salt": salt})
+
+    # a completion prompt has no marks: the second one learns where it shares the first, the third resumes
+    runs = [complete("s1") for _ in range(3)] + [complete("s2")]
+    assert [r.usage.prompt_tokens_details.cached_tokens > 0 for r in runs] == [False, False, True, False]
+    assert len({r.choices[0].text for r in runs}) == 1
+    instructions = "Salted responses. " + SYSTEM
+    cached = []
+    for salt in ("r1", "r2", "r1"):
+        r = client.responses.create(model=server.model, instructions=instructions, input=text(20, 43),
+                                    max_output_tokens=4, temperature=0, store=False, extra_body={"cache_salt": salt})
+        cached.append(r.usage.input_tokens_details.cached_tokens)
+    assert cached[0] == 0 and cached[1] == 0 and cached[2] > 0
+
+
+@pytest.mark.parametrize("salt", ["", 7, ["a"], "x" * 4097])
+def test_a_bad_cache_salt_is_a_400_naming_it(reuse_server, salt):
+    import openai
+
+    server, client = reuse_server
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, extra_body={"cache_salt": salt})
+    assert "cache_salt" in str(err.value)
+    r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length")
