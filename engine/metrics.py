@@ -82,7 +82,9 @@ class EngineMetrics(ProcessMetrics):
                 ("reuse_demotions", "retained entries moved down to tierd when the device needed room"),
                 ("reuse_restores", "retained entries restored from KV-RAM or KV-disk"),
                 ("reuse_released", "retained entries released from the device"),
-                ("reuse_stamp_refusals", "retained entries refused for another stamp"))}
+                ("reuse_stamp_refusals", "retained entries refused for another stamp"),
+                ("reuse_flushes", "cache resets: every retained entry dropped in every tier (/reset_prefix_cache, "
+                                  "/flush_cache)"))}
         self.restore_rejected = self.counter(
             "reuse_restore_rejected", "restores from KV-RAM or KV-disk whose bytes were refused before use "
             "(dropped; the request recomputes), by reason: non_finite", ("reason",))

@@ -108,6 +108,27 @@ class Scheduler:
         """Requests, or copies to or from tierd still in flight (their pages are held until they land)."""
         return bool(self._requests) or self.copies_in_flight > 0
 
+    def flush_blocker(self) -> tuple[str, bool] | None:
+        """Why every retained entry cannot be dropped now, and whether that passes by itself (copies to
+        or from tierd land within rounds; requests are the caller's to wait out or refuse); None: it can."""
+        if self._requests:
+            n = len(self._requests)
+            return (f"{n} request is in flight" if n == 1 else f"{n} requests are in flight"), False
+        if self.copies_in_flight or getattr(self.tiers, "in_flight", 0):
+            return "copies to or from tierd are in flight", True
+        return None
+
+    def flush_retained(self) -> tuple[int, bool]:
+        """Drop every retained entry in every tier and what was learned of recent prompts, as a fresh
+        engine (a cache reset; only when ``flush_blocker`` is None). Returns the entries dropped and
+        whether tierd was told (``RetainedStore.flush``)."""
+        blocker = self.flush_blocker()
+        if blocker is not None:
+            raise RuntimeError(f"cannot flush now: {blocker[0]}")
+        if self.learned is not None:
+            self.learned = LearnedPoints(self.config.page_tokens)
+        return self.store.flush()
+
     @property
     def copies_in_flight(self) -> int:
         return self.store.copies_in_flight + self.evictor.copies_in_flight

@@ -2,10 +2,10 @@
 
 One loop, one thread of compute::
 
-    drain inbox (Generate / Abort / Stats)  ->  intake, aborts, Stats replies
+    drain inbox (Generate / Abort / Stats / FlushCache)  ->  intake, aborts, Stats replies, resets asked
     grammar compiles that ended             ->  their requests taken in again, or refused
     gone gateways (engine.gateway_watch)    ->  their requests aborted ("gateway gone")
-    between rounds                          ->  model switch or idle unload
+    between rounds                          ->  model switch or idle unload, cache resets
     plan = scheduler.schedule()             ->  Finished for aborts freed now
     result = runner.run(plan)               ->  one forward, one token per stream
     ended = scheduler.update(result)        ->  TokenBatch per gateway, Finished, done line
@@ -29,6 +29,7 @@ import time
 
 import zmq
 
+from ignis.engine.cache_flushes import CacheFlushes
 from ignis.engine.config import EngineConfig
 from ignis.engine.engine_stats import loaded_stats, set_gauges, unloaded_stats
 from ignis.engine.gateway_watch import GatewayWatch
@@ -37,7 +38,7 @@ from ignis.engine.metrics import EngineMetrics
 from ignis.engine.served_models import ServedModels
 from ignis.engine.token_streams import TokenStreams
 from ignis.shared.stop_request import StopRequest
-from ignis.shared.wire import Abort, Generate, Refused, Stats, StatsReply
+from ignis.shared.wire import Abort, FlushCache, Generate, Refused, Stats, StatsReply
 from ignis.shared.zmq_queues import bind_router
 
 log = logging.getLogger("ignis.engine")
@@ -57,10 +58,11 @@ class EngineServer:
         self._ctx = zmq.Context.instance()
         self._wake = threading.Event()
         self._stats_snapshot: dict | None = None
-        self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats), name="engine",
+        self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats, FlushCache), name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
         self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
         self.streams = TokenStreams(self.channel, self.metrics)
+        self.flushes = CacheFlushes(self.channel.send)
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
         self.intake = Intake(self.channel, self.metrics, self.models, self.streams, self._stopping,
                              config.max_queue, wake=self._wake.set)
@@ -162,6 +164,7 @@ class EngineServer:
                 self.intake.compiled()
                 self._abort_orphans()
                 self._service_models()
+                self.flushes.service(self.scheduler if self.loaded else None, self.intake.num_waiting)
                 if self.loaded:
                     self._round()
                 self._update_gauges()
@@ -216,6 +219,8 @@ class EngineServer:
                 self._finish(ev)
         elif isinstance(msg, Stats):
             self.channel.send(StatsReply(self.stats()), peer)
+        elif isinstance(msg, FlushCache):
+            self.flushes.ask(peer, msg)
 
     def _abort_orphans(self) -> None:
         """Requests of a gateway that went away end now ("abort", "gateway gone"): their lanes and

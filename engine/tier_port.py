@@ -41,6 +41,11 @@ class TierPort(Protocol):
         """Complete the handles whose replies arrived (waiting up to ``wait_s`` for one while any is in
         flight); how many replies were taken."""
 
+    def renew(self) -> bool:
+        """Start a new session with nothing in flight: the lower tiers drop every entry they held for us
+        (``session`` moves on). False when they could not be told (unreachable: their next session,
+        whenever it starts, begins empty all the same)."""
+
     # ----- retained entries (the store) ------------------------------------------
 
     def demote_retained(self, tokens: tuple[int, ...], pages: Sequence[int], slot: int,
@@ -93,6 +98,9 @@ class NullTierPort:
 
     def poll(self, wait_s: float = 0.0) -> int:
         return 0
+
+    def renew(self) -> bool:
+        return True
 
     def demote_retained(self, tokens, pages, slot, request_class, last_used=None) -> None:
         return None

@@ -10,15 +10,16 @@ Routes:
     GET  /openapi.json          the routes as an OpenAPI document (no auth; gateway.openapi)
     POST /v1/messages           Anthropic's Messages API (gateway.messages_api; also /v1/messages/count_tokens)
     POST /tokenize, /detokenize vLLM's token utilities (gateway.tokenize_api)
+    POST /reset_prefix_cache    vLLM's cache reset (also /flush_cache, SGLang's, POST or GET; gateway.cache_reset)
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
 as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
 anything else a 500 whose body says only "internal error" and a request id
 (also in ``X-Request-Id``; the log line with the trace names it). Before any
 handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
-/tokenize, /detokenize need ``Authorization: Bearer <key>`` when a key is set (compared in constant
-time), and a POST must be ``Content-Type: application/json`` (else 415, so a
-web page cannot send one without a preflight).
+/tokenize, /detokenize and the cache resets need ``Authorization: Bearer <key>`` when a key is set
+(compared in constant time), and a POST must be ``Content-Type: application/json`` (else 415, so a
+web page cannot send one without a preflight), except a cache reset's POST without a body.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import time
 
 from aiohttp import web
 
+from ignis.gateway.cache_reset import RESET_PATHS, reset_prefix_cache
 from ignis.gateway.chat import chat_completions
 from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.completions import completions
@@ -61,7 +63,8 @@ BODY_CEILING = 64 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
               "/v1/models": "models", "/health": "health", "/metrics": "metrics", "/openapi.json": "openapi",
               "/tokenize": "tokenize", "/detokenize": "detokenize", "/v1/messages": "messages",
-              "/v1/messages/count_tokens": "messages"}
+              "/v1/messages/count_tokens": "messages", "/reset_prefix_cache": "cache_reset",
+              "/flush_cache": "cache_reset"}
 
 
 def _endpoint(request: web.Request) -> str:
@@ -80,7 +83,8 @@ def _anthropic(request: web.Request) -> bool:
 
 def _auth(gw: GatewayState, request: web.Request) -> None:
     key = gw.config.api_key
-    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS):
+    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS
+                           or request.path in RESET_PATHS):
         return
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
@@ -93,7 +97,8 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
 
 
 def _json_post(request: web.Request) -> None:
-    if request.method == "POST" and request.content_type != "application/json":
+    if request.method == "POST" and request.content_type != "application/json" and not (
+            request.path in RESET_PATHS and not request.body_exists):
         raise ApiError(415, f"POST bodies must be sent as Content-Type: application/json, got "
                             f"{request.content_type!r}", code="unsupported_media_type")
 
@@ -239,6 +244,9 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_post(MESSAGES_PREFIX + "/count_tokens", count_tokens)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_post("/flush_cache", reset_prefix_cache)
+    app.router.add_get("/flush_cache", reset_prefix_cache)
     if config.enable_tokenizer_info_endpoint:
         app.router.add_get("/tokenizer_info", tokenizer_info)
 

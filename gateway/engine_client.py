@@ -7,6 +7,7 @@
         PromptLogprobs -> onto the inbox as (engine id, message, None)
         Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
+        CacheFlushed -> the ``flush_cache()`` call that asked, by id
 
 No I/O thread: the reader task takes the messages already queued on the
 socket in one turn of the loop (no thread hop, no wake-up pipe per message;
@@ -43,6 +44,8 @@ from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
     GATEWAY_ENGINE,
     Abort,
+    CacheFlushed,
+    FlushCache,
     ErrorReply,
     Finished,
     PromptLogprobs,
@@ -81,6 +84,8 @@ class EngineClient:
         self._engine_started: float | None = None  # the engine instance we talk to (its start time)
         self._routes: dict[str, object] = {}  # engine id -> its request's inbox (put_nowait)
         self._stats_waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._flush_waiters: dict[str, asyncio.Future] = {}
+        self._flushes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -172,6 +177,23 @@ class EngineClient:
             if fut in self._stats_waiters:
                 self._stats_waiters.remove(fut)
 
+    async def flush_cache(self, timeout: float = 30.0) -> CacheFlushed:
+        """Ask the engine to drop every retained entry in every tier (``engine.cache_flushes``); its answer.
+        Raises EngineUnavailable while ``lost`` or after ``timeout`` seconds."""
+        if self.lost:
+            raise EngineUnavailable("the engine went away; it is being restarted")
+        self._flushes += 1
+        fid = f"flush-{id(self):x}-{self._flushes}"
+        fut = self._loop.create_future()
+        self._flush_waiters[fid] = fut
+        self._send(FlushCache(fid))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise EngineUnavailable(f"the engine did not answer the cache reset within {timeout:g} s") from None
+        finally:
+            self._flush_waiters.pop(fid, None)
+
     async def max_model_len(self) -> int:
         """From the latest stats; asks the engine when none arrived yet. EngineUnavailable while ``lost``."""
         if self.lost:
@@ -255,6 +277,10 @@ class EngineClient:
                 if not fut.done():
                     fut.set_result(msg.values)
                     break
+        elif isinstance(msg, CacheFlushed):
+            fut = self._flush_waiters.get(msg.id)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
         elif isinstance(msg, ErrorReply):
             log.error("the engine could not decode a message from this gateway: %s", msg.message)
 

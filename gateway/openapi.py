@@ -12,6 +12,7 @@ import re
 
 from aiohttp import web
 
+from ignis.gateway.cache_reset import RESET_PATHS
 from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.request_schemas import ANSWERS, ANTHROPIC_ERROR, ERROR, REQUESTS, SSE_EVENT, STREAMING
 from ignis.gateway.responses import json_response
@@ -41,6 +42,9 @@ def _responses(method: str, path: str) -> dict:
     if method == "POST" and path in STREAMING:  # stream: true answers server-sent events; the schema is each event's
         ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
     out = {"200": ok}
+    if path in RESET_PATHS:
+        out["409"] = {"description": "the engine holds requests: nothing was reset (code engine_busy)",
+                      "content": _json(ERROR)}
     if path in ("/health", "/ping"):
         out["503"] = {"description": "the engine is not answering",
                       "content": _json({"type": "object", "properties": {"status": {"const": "unavailable"}},
@@ -72,9 +76,9 @@ def openapi_document(app: web.Application, title: str, version: str, models: lis
         if params:
             op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
                                 for p in params]
-        if route.method == "POST":
+        if route.method == "POST" and path not in RESET_PATHS:  # a reset takes no body
             op["requestBody"] = {"required": True, "content": _json(_with_models(REQUESTS.get(path), models))}
-        if path.startswith("/v1") or path in KEYED_PATHS:
+        if path.startswith("/v1") or path in KEYED_PATHS or path in RESET_PATHS:
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[route.method.lower()] = op
     return {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths,

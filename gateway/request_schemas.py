@@ -289,5 +289,8 @@ ANSWERS = {
     ("GET", "/health"): _obj({"status": _STR}, ("status",)),
     ("GET", "/ping"): _obj({"status": _STR}, ("status",)),
     ("GET", "/version"): _obj({"version": _STR}, ("version",)),
+    **{(method, path): _obj({"flushed": {"const": True}, "retained_entries": {"type": "integer", "minimum": 0}},
+                            ("flushed", "retained_entries"))
+       for method, path in (("POST", "/reset_prefix_cache"), ("POST", "/flush_cache"), ("GET", "/flush_cache"))},
 }
 """The JSON answer (status 200) of each route that answers JSON."""

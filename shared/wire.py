@@ -59,7 +59,7 @@ from ignis.shared.wire_values import check_field_names
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Finished", "Refused",
-    "ErrorReply", "StatsReply", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
+    "ErrorReply", "StatsReply", "FlushCache", "CacheFlushed", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
 
@@ -180,6 +180,20 @@ class Stats:
     """Ask the engine for a StatsReply."""
 
     TYPE: ClassVar[str] = "stats"
+
+
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class FlushCache:
+    """Drop every retained entry in every tier (vLLM's /reset_prefix_cache, SGLang's /flush_cache), once
+    the engine holds no request; answered by ``CacheFlushed`` with the same ``id``."""
+
+    TYPE: ClassVar[str] = "flush_cache"
+
+    id: str
+
+    def __post_init__(self):
+        _check_id(self.id)
 
 
 # ----- engine -> gateway ---------------------------------------------------
@@ -428,8 +442,29 @@ class StatsReply:
                 raise TypeError(f"stat {k} must be a finite number, got {v!r}")
 
 
-GATEWAY_TO_ENGINE = (Generate, Abort, Stats)
-ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply)
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class CacheFlushed:
+    """The answer to ``FlushCache`` ``id``: ``flushed`` with ``entries`` retained entries dropped (on the
+    device and as far as the engine knew below it), or not, and why (``message``: requests in flight)."""
+
+    TYPE: ClassVar[str] = "cache_flushed"
+
+    id: str
+    flushed: bool
+    entries: int = 0
+    message: str = ""
+
+    def __post_init__(self):
+        _check_id(self.id)
+        if type(self.flushed) is not bool:
+            raise TypeError("flushed must be true or false")
+        check_int("entries", self.entries, 0, 2**63 - 1)
+        check_str("message", self.message, MAX_TEXT_CHARS)
+
+
+GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache)
+ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply, CacheFlushed)
 
 encode = GATEWAY_ENGINE.encode
 decode = GATEWAY_ENGINE.decode

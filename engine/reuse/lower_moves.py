@@ -75,6 +75,15 @@ class LowerMoves:
         """Pages that go back to the free list once the demotes in flight land."""
         return sum(d.hold.sole() for d in self.demoting)
 
+    def forget_answers(self) -> None:
+        """Nothing in flight and the lower tiers start again empty (a cache reset): answers about where
+        keys were, and restores refused that no request was told of, no longer hold."""
+        if self.in_flight:
+            raise RuntimeError("forget_answers needs nothing in flight")
+        self._located.clear()
+        self._answered.clear()
+        self._unclaimed.clear()
+
     def round_start(self) -> None:
         """A new round (``Scheduler.schedule``): lookup answers older than the last round are stale."""
         self._round += 1

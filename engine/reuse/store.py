@@ -125,6 +125,7 @@ class RetainedStore:
         self.captures = 0
         self.captures_skipped = 0
         self.family_touches = 0  # entries ranked as used by the arrival of a request of their family
+        self.flushes = 0  # cache resets (``flush``)
         self.hits = 0
         self.released = 0
         self.fates = Fates()
@@ -460,6 +461,21 @@ class RetainedStore:
             self._release(e)
         self.lower.clear()
 
+    def flush(self) -> tuple[int, bool]:
+        """Drop every retained entry in every tier (a cache reset), with nothing pinned and no copy in
+        flight: free those here, start a new session below (tierd drops what it held for us), forget
+        the fates of captures. Returns the entries dropped (here and as far as we knew below) and
+        whether the lower tiers were told (False: unreachable; they begin empty when they are back)."""
+        if self.moves.in_flight or any(e.pinned for e in self._entries.values()):
+            raise RuntimeError("flush needs no entry pinned and no copy in flight")
+        dropped = len(self._entries) + len(self.lower)
+        self.release_all()
+        self._superseded.clear()
+        self.fates = Fates()
+        self.moves.forget_answers()
+        self.flushes += 1
+        return dropped, self.tiers.renew()
+
     def stats(self) -> dict[str, int]:
         return {
             "retained_entries": len(self._entries),
@@ -469,6 +485,7 @@ class RetainedStore:
             "reuse_captures_total": self.captures,
             "reuse_captures_skipped_total": self.captures_skipped,
             "reuse_family_touches_total": self.family_touches,
+            "reuse_flushes_total": self.flushes,
             "reuse_hits_total": self.hits,
             "reuse_released_total": self.released,
             "reuse_stamp_refusals_total": self.stamp_refusals,

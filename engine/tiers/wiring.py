@@ -140,6 +140,13 @@ class TierClientPort:
     def poll(self, wait_s: float = 0.0) -> int:
         return self.client.poll(wait_s)
 
+    def renew(self) -> bool:
+        if self.client.in_flight:
+            raise RuntimeError("renew needs no exchange with tierd in flight")
+        if self.client.welcome is None:
+            return False  # tierd is away: the hello that finds it again starts an empty session
+        return self.client.connect()
+
     @property
     def in_flight(self) -> int:
         return self.client.in_flight

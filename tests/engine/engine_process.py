@@ -13,7 +13,19 @@ from pathlib import Path
 
 import zmq
 
-from ignis.shared.wire import ENGINE_TO_GATEWAY, Abort, Finished, Generate, Refused, SamplingParams, Stats, StatsReply, TokenBatch
+from ignis.shared.wire import (
+    ENGINE_TO_GATEWAY,
+    Abort,
+    CacheFlushed,
+    Finished,
+    FlushCache,
+    Generate,
+    Refused,
+    SamplingParams,
+    Stats,
+    StatsReply,
+    TokenBatch,
+)
 from ignis.shared.zmq_queues import connect_dealer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +119,19 @@ class EngineProcess:
     def run(self, rid: str, prompt: list[int], timeout: float = 120, **sampling) -> Outcome:
         self.generate(rid, prompt, **sampling)
         return self.wait([rid], timeout)[rid]
+
+    def flush_cache(self, fid: str = "flush", timeout: float = 30) -> CacheFlushed:
+        """Ask for a cache reset and wait for its answer."""
+        self.client.send(FlushCache(fid))
+        deadline = time.monotonic() + timeout
+        while True:
+            for msg in self.others:
+                if isinstance(msg, CacheFlushed) and msg.id == fid:
+                    self.others.remove(msg)
+                    return msg
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer to the cache reset\n{self.log_text()}")
+            self.pump()
 
     def stats(self, timeout: float = 10) -> dict:
         self.client.send(Stats())

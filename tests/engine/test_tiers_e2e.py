@@ -117,6 +117,42 @@ def test_a_salted_entry_below_the_device_is_restored_only_under_its_salt(tmp_pat
         assert tierd.stop() == 0
 
 
+def test_a_cache_reset_drops_entries_in_every_tier(tmp_path):
+    """``FlushCache`` on an idle engine: the device entries and the KV-RAM ones are gone (tierd holds
+    none after it: its gauge of entries reads 0), the next request is cold with the same output, and
+    reuse goes on after it."""
+    from tests.tierd.fake_engine import TierdProcess
+
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    tierd = TierdProcess(rt, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    eng = EngineProcess(rt, "--tierd-endpoint", tierd.endpoint, "--kv-pool-tokens", "1024", "--decode-lanes", "2",
+                        "--reuse-host-slots-per-lane", "4", "--restore-floor-kv-ram", "64")
+    held = lambda: tierd.metric("ignis:tierd_entries", tier="ram", kind="retained")  # noqa: E731
+    try:
+        p = prompt(300, 1)
+        marks = dict(max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
+        first = eng.run("a1", p, **marks)
+        fill_pool(eng, "fill")
+        stats = eng.stats()
+        assert stats["reuse_demotions_total"] >= 1 and stats["retained_lower_entries"] >= 1, eng.log_text()
+        assert held() == stats["retained_lower_entries"]
+        answer = eng.flush_cache()
+        assert answer.flushed and answer.entries == stats["retained_entries"] + stats["retained_lower_entries"]
+        stats = eng.stats()
+        assert stats["retained_entries"] == 0 and stats["retained_lower_entries"] == 0 and held() == 0
+        assert stats["reuse_flushes_total"] == 1 and stats["pool_pages_free"] == stats["pool_pages_total"]
+        cold = eng.run("a2", p, **marks)
+        assert cold.finished.usage.cached_tokens == 0 and cold.tokens == first.tokens
+        assert eng.stats()["reuse_restores_total"] == 0
+        again = eng.run("a3", p, **marks)
+        assert again.finished.usage.cached_tokens == 297 and again.tokens == first.tokens
+        assert "prefix cache reset: " in eng.log_text()
+    finally:
+        assert eng.stop() == 0
+        assert tierd.stop() == 0
+
+
 def test_engine_without_a_tierd_still_serves(tmp_path):
     rt = tmp_path / "rt"
     rt.mkdir()

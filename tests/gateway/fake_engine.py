@@ -6,6 +6,8 @@
     seed 3   Refused unknown_model       other    ``max_tokens`` tokens (``UNDERSCORE``), then Finished stop
 
 Stats are answered with a small max_model_len and the demo model's vocab_size. Every Abort is recorded.
+A cache reset (``FlushCache``) is answered flushed, with ``flush_entries`` entries, or refused with
+``flush_refusal`` when that is set.
 ``script(seed, token_ids)`` makes that seed stream those tokens, one per
 batch, then Finished stop (a test's stand-in for a trained model's output);
 ``queue(token_ids)`` does the same for the next request without a seed (in
@@ -22,7 +24,9 @@ import zmq
 from ignis.shared.wire import (
     GATEWAY_TO_ENGINE,
     Abort,
+    CacheFlushed,
     Finished,
+    FlushCache,
     Generate,
     Refused,
     Stats,
@@ -51,6 +55,9 @@ class FakeEngine:
         self.scripts: dict[int, tuple[int, ...]] = {}
         self.queued: list[tuple[int, ...]] = []
         self._held: dict[str, tuple[bytes, int]] = {}
+        self.flushes = 0
+        self.flush_entries = 0
+        self.flush_refusal: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -73,6 +80,11 @@ class FakeEngine:
             elif isinstance(msg, Generate):
                 self.generates.append(msg)
                 self._answer(msg, peer)
+            elif isinstance(msg, FlushCache):
+                self.flushes += 1
+                refusal = self.flush_refusal
+                self.channel.send(CacheFlushed(msg.id, refusal is None, 0 if refusal else self.flush_entries,
+                                               refusal or ""), peer)
 
     def script(self, seed: int, token_ids) -> None:
         self.scripts[seed] = tuple(token_ids)

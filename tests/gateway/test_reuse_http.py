@@ -234,3 +234,33 @@ def test_a_bad_cache_salt_is_a_400_naming_it(reuse_server, salt):
     assert "cache_salt" in str(err.value)
     r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_reset_prefix_cache_makes_the_next_request_cold_with_the_same_answer(reuse_server):
+    """vLLM's POST /reset_prefix_cache and SGLang's /flush_cache (POST or GET), on an idle engine: every
+    retained entry is dropped, the next request resumes nothing and answers as before; under the API key;
+    a POST without a body is taken."""
+    from tests.gateway.conftest import http
+
+    server, client = reuse_server
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    messages = [{"role": "system", "content": "Reset. " + SYSTEM}, {"role": "user", "content": text(30, 51)}]
+    first, _, cached = _salted_chat(client, server.model, messages, None)
+    assert _salted_chat(client, server.model, messages, None)[2] > 0
+    reply = http("POST", server.url + "/reset_prefix_cache", headers=key)  # no body, no content type
+    assert reply.status == 200, reply.body
+    assert reply.json()["flushed"] is True and reply.json()["retained_entries"] >= 2
+    out, _, cached = _salted_chat(client, server.model, messages, None)
+    assert cached == 0 and out == first
+    assert _salted_chat(client, server.model, messages, None)[2] > 0  # reuse goes on after a reset
+    for method in ("GET", "POST"):
+        reply = http(method, server.url + "/flush_cache", headers=key)
+        assert reply.status == 200 and reply.json()["flushed"] is True
+    assert _salted_chat(client, server.model, messages, None)[2] == 0
+    reply = http("POST", server.url + "/reset_prefix_cache", body=b"{}",
+                 headers={**key, "Content-Type": "application/json"})
+    assert reply.status == 200
+    for path in ("/reset_prefix_cache", "/flush_cache"):
+        assert http("POST", server.url + path).status == 401
+    assert http("POST", server.url + "/reset_prefix_cache", body=b"x",
+                headers={**key, "Content-Type": "text/plain"}).status == 415
