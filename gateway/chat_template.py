@@ -15,6 +15,8 @@ A template that fails (``raise_exception``, a syntax error, a type error
 inside) raises ``TemplateRenderError`` with the template's own message.
 ``takes_late_system`` says, from one probe render, whether a system turn
 after the first message is rendered (some templates raise, or drop it).
+``template_option`` reads ``--chat-template``: a file's text, or the template
+text itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from functools import cached_property
+from pathlib import Path
 
 import jinja2
 import jinja2.ext
@@ -95,6 +98,29 @@ def _template_message(message: dict) -> dict:
     if reasoning is not None:
         out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
     return out
+
+
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def template_option(value: str) -> str:
+    """The template ``--chat-template`` names: the text of the file at ``value``, or ``value`` itself when it
+    is template text (it holds ``{{`` or ``{%``). Raises ValueError naming the flag when neither."""
+    path = Path(value).expanduser()
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long to be a path, or with a NUL: template text or nothing
+        is_file = False
+    if is_file:
+        try:
+            if path.stat().st_size > MAX_TEMPLATE_BYTES:
+                raise ValueError(f"--chat-template {value}: the file is larger than {MAX_TEMPLATE_BYTES} bytes")
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template {value}: cannot read the file: {e}") from None
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r}: no such file, and not template text (no '{{{{' or '{{%')")
 
 
 class ChatTemplate:

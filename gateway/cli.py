@@ -1,7 +1,7 @@
 """``ignis gateway``: the OpenAI-compatible HTTP server in front of one engine.
 
 Loads the tokenizer and chat template of ``--model`` (default: the demo
-model), connects to the engine's ZeroMQ endpoint, serves HTTP on uvloop, and
+model; ``--chat-template`` replaces the default model's template), connects to the engine's ZeroMQ endpoint, serves HTTP on uvloop, and
 prints ``READY http://HOST:PORT`` on stdout once listening (the port is the
 bound one, useful with ``--port 0``). SIGTERM or SIGINT stops accepting,
 gives in-flight requests ``--shutdown-timeout`` seconds, and aborts the rest
@@ -13,6 +13,7 @@ or ``--api-key`` (shared.api_key). Connections go through
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from ignis.shared.api_key import resolve_api_key
 from ignis.gateway.app import build_app
+from ignis.gateway.chat_template import template_option
 from ignis.gateway.config import GatewayConfig
 from ignis.gateway.listener import CONNECTIONS, LINGER_S, Connections, listen
 from ignis.gateway.state import STATE
@@ -94,6 +96,9 @@ def run(args) -> int:
         specs = model_specs(config.model, config.served_model_name)
         loaded = {name: load_model_files(_model_dir(path)) for name, path in specs}
         default = specs[0][0]
+        if config.chat_template is not None:  # the operator's template instead of the checkpoint's
+            loaded[default] = dataclasses.replace(loaded[default], chat_template=template_option(config.chat_template))
+            log.info("chat template of %s: from --chat-template (the checkpoint's own is not used)", default)
         endpoint = _endpoint(config)
         app = build_app(config, loaded.pop(default), default, endpoint, more_models=loaded)
     except (ValueError, OSError, RuntimeDirError, TokenizerFilesError, DemoModelUnavailable) as exc:

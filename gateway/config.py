@@ -61,6 +61,10 @@ class GatewayConfig:
         "how the model writes tool calls: qwen3_xml (<function=NAME><parameter=P>, Qwen3.5), hermes (JSON in "
         "<tool_call>, Qwen3 and Qwen3-Next), or auto: qwen3_xml when the chat template shows <function=, "
         "else hermes", choices=TOOL_CALL_PARSERS))
+    chat_template: str | None = field(default=None, metadata=field_doc(
+        "the chat template to render the default model's conversations with, instead of its checkpoint's "
+        "(vLLM's flag): a file holding a Jinja template, or the template text itself; default: the "
+        "checkpoint's own"))
     enable_tokenizer_info_endpoint: bool = field(default=False, metadata=field_doc(
         "serve GET /tokenizer_info (vLLM's): the tokenizer's configuration and the chat template, which "
         "lm-eval's remote tokenizer reads; off by default, as it shows the template"))
