@@ -48,6 +48,7 @@ from ignis.gateway.messages_api import count_tokens, create_message
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.openapi import openapi, package_version
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
+from ignis.gateway.request_ids import echo_header
 from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
@@ -260,6 +261,7 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
         add_origin_headers(request, response, config.allowed_origins)
 
     app.on_response_prepare.append(cors_headers)
+    app.on_response_prepare.append(echo_header)
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
     return app

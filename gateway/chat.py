@@ -55,7 +55,8 @@ from ignis.gateway.prompt_logprobs import prompt_logprobs_json
 from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.response_format import checked_grammar
-from ignis.gateway.responses import chat_logprobs, new_id
+from ignis.gateway.request_ids import response_id
+from ignis.gateway.responses import chat_logprobs
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
 
@@ -139,7 +140,7 @@ def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[in
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Create a chat completion."""
     req = await GenerationRequest.read(request, "chat")
-    return await answer_chat(req, ENDPOINT, new_id("chatcmpl"),
+    return await answer_chat(req, ENDPOINT, response_id("chatcmpl", req.client_id),
                              lambda p, tok, head: ChatResponse(p, tok, {"id": head["id"], "created": int(time.time()),
                                                                      "model": head["model"]}))
 

@@ -28,7 +28,8 @@ from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.params import CommonParams
 from ignis.gateway.prompt_logprobs import echo_logprobs, prompt_logprobs_json
 from ignis.gateway.prompt_truncation import kept_tokens, truncate
-from ignis.gateway.responses import CompletionLogprobs, merge_completion_logprobs, new_id
+from ignis.gateway.request_ids import response_id
+from ignis.gateway.responses import CompletionLogprobs, merge_completion_logprobs
 from ignis.gateway.state import GatewayState
 from ignis.gateway.tokenizer import TextTokenizer
 
@@ -103,7 +104,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if echo:
         echo_texts = [text if text is not None else gw.tokenizer.decode(ids, skip_special_tokens=False)
                       for ids, text in zip(prompts, texts)]
-    rid = new_id("cmpl")
+    rid = response_id("cmpl", req.client_id)
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}
     response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)])
     return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response)

@@ -31,6 +31,7 @@ from ignis.gateway.generation import Generation, Usage
 from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams, parse_common, sampling_for
 from ignis.gateway.prompt_work import prompt_work
+from ignis.gateway.request_ids import client_request_id, engine_base, remember
 from ignis.gateway.request_limits import RequestLimits, check_body
 from ignis.gateway.responses import json_response, sse, sse_skeleton, stream_sse
 from ignis.gateway.state import STATE, GatewayState
@@ -124,6 +125,8 @@ class GenerationRequest:
     fields: Fields
     params: CommonParams
     started: float  # time.monotonic() when the request arrived
+    client_id: str | None = None
+    """The client's id for the request (``X-Request-Id`` or ``request_id``; ``gateway.request_ids``)."""
 
     @classmethod
     async def read(cls, http: web.Request, kind: str,
@@ -141,7 +144,7 @@ class GenerationRequest:
         else:
             p = parse_common(f, http.headers, kind)
         served = gw.select(p.model)
-        return cls(http, served, f, p.for_model(f, served.tokenizer), started)
+        return cls(http, served, f, p.for_model(f, served.tokenizer), started, client_request_id(http, f))
 
     async def answer(self, endpoint: str, rid: str, prompt_ids: list[int], max_tokens: int,
                      response: EndpointResponse, *, marks: dict | None = None,
@@ -161,11 +164,13 @@ class GenerationRequest:
         at index ``k * n + j`` with choice j's seed; usage sums the prompts; ``prompt_token_ids`` is one
         list per prompt when there are several."""
         gw, p = self.gw, self.params
+        remember(self.http, self.client_id or rid)
+        base = engine_base(rid, self.client_id)
         gens, choices = [], []
         for k, (ids, max_tokens) in enumerate(prompts):
             for j in range(p.n):
                 i = k * p.n + j
-                gens.append(Generate(id=f"{rid}-{i}", prompt_ids=tuple(ids), sampling=sampling_for(p, max_tokens, j),
+                gens.append(Generate(id=f"{base}-{i}", prompt_ids=tuple(ids), sampling=sampling_for(p, max_tokens, j),
                                      request_class=p.request_class, model=gw.model_name, grammar=p.grammar,
                                      cache_family=p.cache_family, cache_salt=p.cache_salt, images=images,
                                      **(marks or {})))

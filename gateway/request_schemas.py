@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ignis.gateway.bad_words import MAX_BAD_WORD_CHARS
 from ignis.gateway.completions import MAX_PROMPTS
+from ignis.gateway.request_ids import MAX_CHARS as MAX_REQUEST_ID_CHARS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_CACHE_SALT_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
 from ignis.shared.sampling import (
@@ -83,6 +84,7 @@ SAMPLING = {
     "priority": {"oneOf": [{"enum": list(REQUEST_CLASSES)}, {"type": "integer"}]},
     "prompt_cache_key": {"type": "string", "maxLength": MAX_CACHE_KEY_CHARS},
     "cache_salt": {"type": "string", "minLength": 1, "maxLength": MAX_CACHE_SALT_CHARS},
+    "request_id": {"type": "string", "pattern": "^[!-~]{1,%d}$" % MAX_REQUEST_ID_CHARS},
     "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^[0-9]{1,10}$"},
                    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT,
                                             "maximum": LOGIT_BIAS_LIMIT}},
