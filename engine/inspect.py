@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ignis.engine.config import EngineConfig
 from ignis.engine.memory_plan import embedding_bytes, lm_head_bytes, logits_bytes, sampler_workspace_bytes
-from ignis.engine.models.config import PAGE_TOKENS, CheckpointError, ModelConfig, load_config
+from ignis.engine.models.config import DTYPE_BYTES, PAGE_TOKENS, CheckpointError, ModelConfig, load_config
+from ignis.engine.models.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX
 from ignis.engine.models.weights_spec import classify, expected_tensors, expected_weight_bytes
 
 KV_FORMATS = ("bf16", "hq-e8-2b")
@@ -117,10 +118,14 @@ def _weights(model_dir: Path, cfg: ModelConfig) -> dict:
         inventory = read_inventory(files)
     except CheckpointError as exc:
         return {"source": "safetensors headers", "error": str(exc)}
-    text = 0
+    text = loaded = 0
     set_aside: dict[str, int] = {}
     dtypes: dict[str, int] = {}
+    config_bytes = DTYPE_BYTES[cfg.dtype]
     for name, (_, entry) in inventory.items():
+        if name.endswith(SCALE_SUFFIX):  # an fp8 weight's block scales: stored, not served
+            text += entry.nbytes
+            continue
         kind = classify(name)
         if kind.kind in ("vision", "mtp"):
             set_aside[kind.kind] = set_aside.get(kind.kind, 0) + entry.nbytes
@@ -129,8 +134,13 @@ def _weights(model_dir: Path, cfg: ModelConfig) -> dict:
             continue
         text += entry.nbytes
         dtypes[entry.dtype] = dtypes.get(entry.dtype, 0) + entry.nbytes
-    return {"source": "safetensors headers", "bytes": text, "files": len(files.files),
-            "stored_dtypes": sorted(dtypes), "set_aside_bytes": set_aside}
+        loaded += math.prod(entry.shape) * config_bytes if entry.dtype == FP8_DTYPE else entry.nbytes
+    out = {"source": "safetensors headers", "bytes": text, "files": len(files.files),
+           "stored_dtypes": sorted(dtypes), "set_aside_bytes": set_aside}
+    if cfg.fp8_block is not None:  # dequantized at load: served at the config dtype
+        out["fp8_block"] = list(cfg.fp8_block)
+        out["loaded_bytes"] = loaded
+    return out
 
 
 def _vocabulary(cfg: ModelConfig, lanes: int) -> dict:
@@ -244,6 +254,10 @@ def render(r: dict) -> str:
     else:
         add("weights", f"{exact(w['bytes'])} {'/'.join(w['stored_dtypes'])}, from safetensors headers "
                        f"({w['files']} file{'s' if w['files'] != 1 else ''})")
+        if "loaded_bytes" in w:
+            bm, bn = w["fp8_block"]
+            add("  served", f"{exact(w['loaded_bytes'])}: fp8 weights in {bm}x{bn} blocks, dequantized to "
+                            f"{r['dtype']} at load")
         for kind, n in sorted(w["set_aside_bytes"].items()):
             add(f"  set aside: {kind}", exact(n))
     p = r["pool"]

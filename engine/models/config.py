@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ignis.engine.models.fp8_blocks import parse_quantization
 from ignis.engine.page_pool import PAGE_TOKENS  # noqa: F401 - sizes below are in whole pages
 
 FAMILY_BY_ARCHITECTURE = {
@@ -79,6 +80,9 @@ class ModelConfig:
     # None when the config does not say (the loader then counts ``mtp.layers.N`` in the files).
     # Not structural: the target model is the same with or without its drafter.
     mtp_layers: int | None = field(default=None, compare=False)
+    fp8_block: tuple[int, int] | None = None
+    """The weight block size of a block-wise fp8 checkpoint (``engine.models.fp8_blocks``; its weights are
+    dequantized at load); None: a float checkpoint. Structural: it joins the structural hash."""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     # ----- layer bookkeeping -------------------------------------------------
@@ -248,9 +252,14 @@ def config_from_dict(raw: dict) -> ModelConfig:
             eos_token_ids=_eos_ids(raw, text),
             multimodal=multimodal,
             mtp_layers=_mtp_layers(text),
+            fp8_block=parse_quantization(raw, text),
         )
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f"config.json: missing or malformed field {exc}") from None
+    except CheckpointError:
+        raise
+    except ValueError as exc:  # a quantization this loader does not take
+        raise CheckpointError(f"config.json: {exc}") from None
     if cfg.num_heads % cfg.num_kv_heads:
         raise CheckpointError("config.json: num_attention_heads must be a multiple of num_key_value_heads")
     if cfg.linear_num_value_heads % cfg.linear_num_key_heads:

@@ -20,6 +20,8 @@ Checkpoint names map to canonical names (see ``engine.models.weights_spec``):
     mtp.*                             -> the drafter's tensors (``engine.models.mtp_spec``) when the
                                          set is complete and well shaped; else set aside, with the
                                          reason in ``LoadedCheckpoint.drafter_note``
+    X.weight (fp8) + X.weight_scale_inv -> X.weight dequantized into the load dtype (block-wise fp8
+                                         checkpoints, ``engine.models.fp8_blocks``)
 
 torch, safetensors and tqdm are imported only when tensors are read, so the
 header-level functions serve ``ignis inspect`` without them.
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ignis.engine.models.config import CheckpointError, ModelConfig, load_config
+from ignis.engine.models.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX, dequantize, scale_shape
 from ignis.engine.models.mtp_spec import classify_mtp, expected_mtp_tensors, mtp_layer_count
 from ignis.engine.models.vision_config import VisionConfig, load_vision_config
 from ignis.engine.models.vision_load import read_vision_tensors, vision_structure
@@ -149,6 +152,8 @@ class LoadPlan:
     drafter_expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
     drafter_layers: int = 0
     drafter_note: str = "the checkpoint has no mtp.* weights"
+    # block-wise fp8: weight name -> (file, name) of its weight_scale_inv
+    scales: dict[str, tuple[Path, str]] = field(default_factory=dict)
 
     @property
     def tensor_count(self) -> int:
@@ -167,6 +172,7 @@ def plan_load(cfg: ModelConfig, inventory: dict[str, tuple[Path, HeaderEntry]],
     seen: dict[str, str] = {}
     unknown, bad_shape, bad_dtype = [], [], []
     mtp: dict[str, tuple[Path, HeaderEntry]] = {}
+    inventory, plan.scales = _split_scales(cfg, inventory, bad_shape, bad_dtype)
     for name, (path, entry) in sorted(inventory.items()):
         nk = classify(name)
         if nk.kind == "mtp":
@@ -193,8 +199,9 @@ def plan_load(cfg: ModelConfig, inventory: dict[str, tuple[Path, HeaderEntry]],
         want = expert_part_shape(cfg, nk.part) if nk.kind == "expert" else expected[nk.canonical]
         if entry.shape != tuple(want):
             bad_shape.append(f"{name} (in {path.name}): got {list(entry.shape)}, expected {list(want)}")
-        if entry.dtype not in FLOAT_DTYPES:
-            bad_dtype.append(f"{name} (in {path.name}): {entry.dtype}")
+        if not _float_or_scaled(name, entry, plan.scales):
+            bad_dtype.append(f"{name} (in {path.name}): {entry.dtype}"
+                             + (" without its weight_scale_inv" if entry.dtype == FP8_DTYPE else ""))
         if nk.kind == "expert":
             plan.experts.setdefault(nk.canonical, {})[(nk.expert, nk.part)] = (path, name)
         else:
@@ -213,6 +220,41 @@ def plan_load(cfg: ModelConfig, inventory: dict[str, tuple[Path, HeaderEntry]],
     return plan
 
 
+def _split_scales(cfg: ModelConfig, inventory: dict[str, tuple[Path, HeaderEntry]], bad_shape: list[str],
+                  bad_dtype: list[str]) -> tuple[dict, dict[str, tuple[Path, str]]]:
+    """The inventory without the fp8 scales, and weight name -> its scale (``engine.models.fp8_blocks``);
+    a scale whose weight is missing, not fp8 or not 2-D, or whose grid does not fit it, is reported."""
+    rest = {n: v for n, v in inventory.items() if not n.endswith(SCALE_SUFFIX)}
+    scales: dict[str, tuple[Path, str]] = {}
+    for name, (path, entry) in sorted(inventory.items()):
+        if not name.endswith(SCALE_SUFFIX):
+            continue
+        if cfg.fp8_block is None:
+            raise CheckpointError(f"{name} (in {path.name}) is an fp8 scale, but config.json names no block-wise "
+                                  "fp8 quantization_config")
+        weight = name[:-len(SCALE_SUFFIX)] + ".weight"
+        held = rest.get(weight)
+        if held is None:
+            raise CheckpointError(f"unexpected tensors: {name} (in {path.name}) scales {weight}, which is missing")
+        w = held[1]
+        if w.dtype != FP8_DTYPE or len(w.shape) != 2:
+            bad_dtype.append(f"{name} (in {path.name}) scales {weight}, a {w.dtype} {list(w.shape)} tensor, "
+                             f"not a 2-D {FP8_DTYPE} one")
+            continue
+        want = scale_shape(w.shape, cfg.fp8_block)
+        if entry.shape != want or entry.dtype not in FLOAT_DTYPES:
+            bad_shape.append(f"{name} (in {path.name}): got {entry.dtype} {list(entry.shape)}, expected a float "
+                             f"{list(want)} grid of {cfg.fp8_block[0]}x{cfg.fp8_block[1]} blocks")
+            continue
+        scales[weight] = (path, name)
+    return rest, scales
+
+
+def _float_or_scaled(name: str, entry: HeaderEntry, scales: dict) -> bool:
+    """A float tensor, or an fp8 one with its block scales."""
+    return entry.dtype in FLOAT_DTYPES or (entry.dtype == FP8_DTYPE and name in scales)
+
+
 def _plan_drafter(cfg: ModelConfig, mtp: dict[str, tuple[Path, HeaderEntry]], plan: LoadPlan) -> None:
     """Take the mtp.* tensors as the drafter when they make a whole head; else set them aside, saying why.
 
@@ -228,7 +270,7 @@ def _plan_drafter(cfg: ModelConfig, mtp: dict[str, tuple[Path, HeaderEntry]], pl
             problems.append(f"unexpected {name}")
             continue
         want = expert_part_shape(cfg, nk.part) if nk.kind == "expert" else expected[nk.canonical]
-        if entry.shape != tuple(want) or entry.dtype not in FLOAT_DTYPES:
+        if entry.shape != tuple(want) or not _float_or_scaled(name, entry, plan.scales):
             problems.append(f"{name}: {entry.dtype} {list(entry.shape)}, expected {list(want)}")
         elif nk.kind == "expert":
             experts.setdefault(nk.canonical, {})[(nk.expert, nk.part)] = (path, name)
@@ -357,11 +399,11 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
         raise CheckpointError(f"{model_dir}: no weights ({SINGLE_FILE} or {INDEX_FILE})")
     plan = plan_load(cfg, read_inventory(files), files)
     tensors = _read_tensors(cfg, plan.direct, plan.experts, expected_tensors(cfg),
-                            getattr(torch, dtype_name), dev, progress, "weights")
+                            getattr(torch, dtype_name), dev, progress, "weights", plan.scales)
     head = {}
     if drafter and plan.drafter_count:
         head = _read_tensors(cfg, plan.drafter_direct, plan.drafter_experts, plan.drafter_expected,
-                                getattr(torch, dtype_name), dev, progress, "drafter weights")
+                             getattr(torch, dtype_name), dev, progress, "drafter weights", plan.scales)
     meta = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()}
     vcfg = load_vision_config(model_dir) if plan.set_aside.get("vision") else None
     vision_tensors, vision_stamp = {}, None
@@ -387,11 +429,17 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
 
 
 def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict, dtype: "torch.dtype",
-                  device: "torch.device", progress: bool | None, what: str) -> dict[str, "torch.Tensor"]:
-    """Read ``direct`` tensors and stack ``experts`` pieces; -> every name of ``expected``."""
+                  device: "torch.device", progress: bool | None, what: str,
+                  scales: dict | None = None) -> dict[str, "torch.Tensor"]:
+    """Read ``direct`` tensors and stack ``experts`` pieces; -> every name of ``expected``. A tensor named
+    in ``scales`` is block-wise fp8: dequantized (on ``device``) before it takes the load dtype."""
     import torch
     from safetensors import SafetensorError, safe_open
     from tqdm import tqdm
+
+    wanted = {name for _, name in direct.values()}
+    wanted |= {name for pieces in experts.values() for _, name in pieces.values()}
+    scale_of = _read_scales({n: where for n, where in (scales or {}).items() if n in wanted})
 
     by_file: dict[Path, list[tuple[str, str, int, str]]] = {}
     for canonical, (path, name) in direct.items():
@@ -411,6 +459,8 @@ def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict,
                 with safe_open(str(path), framework="pt", device="cpu") as f:
                     for canonical, name, e, part in by_file[path]:
                         t = f.get_tensor(name)
+                        if name in scale_of:
+                            t = dequantize(t.to(device), scale_of[name], cfg.fp8_block)
                         target = torch.float32 if keeps_float32(canonical) else dtype
                         if e < 0:
                             out[canonical] = t.to(device=device, dtype=target).contiguous()
@@ -429,3 +479,23 @@ def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict,
             except OSError as exc:
                 raise CheckpointError(f"{path}: cannot read ({exc})") from None
     return {name: out[name] for name in expected}
+
+
+def _read_scales(scales: dict[str, tuple[Path, str]]) -> dict[str, "torch.Tensor"]:
+    """Weight name -> its fp8 block scales, read up front (small: one float per block)."""
+    from safetensors import SafetensorError, safe_open
+
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for weight, (path, name) in scales.items():
+        by_file.setdefault(path, []).append((weight, name))
+    out = {}
+    for path, items in sorted(by_file.items()):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for weight, name in items:
+                    out[weight] = f.get_tensor(name)
+        except SafetensorError as exc:
+            raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read ({exc})") from None
+    return out
