@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ignis.engine.models.checkpoint_error import CheckpointError
 from ignis.engine.models.fp8_blocks import parse_quantization
 from ignis.engine.page_pool import PAGE_TOKENS  # noqa: F401 - sizes below are in whole pages
 
@@ -33,10 +34,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # hq-e8-2b: 2 bits per value (a 16-bit code per 8 values) plus one 16-bit
 # scale per 64 values, i.e. 2.25 bits per value.
 HQ_E8_2B_BITS_PER_VALUE = 2.25
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be served; the message names the file or tensor."""
 
 
 @dataclass(frozen=True)

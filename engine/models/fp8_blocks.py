@@ -23,7 +23,10 @@ state retained under an fp8 checkpoint is never resumed under its bf16 sibling.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ignis.engine.models.checkpoint_error import CheckpointError
 
 if TYPE_CHECKING:
     import torch
@@ -74,3 +77,24 @@ def dequantize(weight: "torch.Tensor", scale: "torch.Tensor", block: tuple[int, 
     s = scale.to(device=weight.device, dtype=torch.float32)
     s = s.repeat_interleave(block[0], dim=0)[:out].repeat_interleave(block[1], dim=1)[:, :inner]
     return weight.to(torch.float32) * s
+
+
+def read_scales(scales: dict[str, tuple[Path, str]]) -> dict[str, "torch.Tensor"]:
+    """Weight name -> its block scales, read up front (small: one float per block); ``scales``: weight name ->
+    (file, scale tensor name)."""
+    from safetensors import SafetensorError, safe_open
+
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for weight, (path, name) in scales.items():
+        by_file.setdefault(path, []).append((weight, name))
+    out = {}
+    for path, items in sorted(by_file.items()):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for weight, name in items:
+                    out[weight] = f.get_tensor(name)
+        except SafetensorError as exc:
+            raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read ({exc})") from None
+    return out

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ignis.engine.models.config import CheckpointError, ModelConfig, load_config
-from ignis.engine.models.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX, dequantize, scale_shape
+from ignis.engine.models.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX, dequantize, read_scales, scale_shape
 from ignis.engine.models.mtp_spec import classify_mtp, expected_mtp_tensors, mtp_layer_count
 from ignis.engine.models.vision_config import VisionConfig, load_vision_config
 from ignis.engine.models.vision_load import read_vision_tensors, vision_structure
@@ -409,7 +409,7 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
     vision_tensors, vision_stamp = {}, None
     if vcfg is not None:
         vision_tensors = read_vision_tensors(vcfg, plan.set_aside["vision"], read_inventory(files),
-                                             getattr(torch, dtype_name), dev)
+                                             getattr(torch, dtype_name), dev, plan.scales, cfg.fp8_block)
         vision_stamp = vision_structure(vcfg, vision_tensors)
     return LoadedCheckpoint(
         config=cfg,
@@ -439,7 +439,7 @@ def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict,
 
     wanted = {name for _, name in direct.values()}
     wanted |= {name for pieces in experts.values() for _, name in pieces.values()}
-    scale_of = _read_scales({n: where for n, where in (scales or {}).items() if n in wanted})
+    scale_of = read_scales({n: where for n, where in (scales or {}).items() if n in wanted})
 
     by_file: dict[Path, list[tuple[str, str, int, str]]] = {}
     for canonical, (path, name) in direct.items():
@@ -480,22 +480,3 @@ def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict,
                 raise CheckpointError(f"{path}: cannot read ({exc})") from None
     return {name: out[name] for name in expected}
 
-
-def _read_scales(scales: dict[str, tuple[Path, str]]) -> dict[str, "torch.Tensor"]:
-    """Weight name -> its fp8 block scales, read up front (small: one float per block)."""
-    from safetensors import SafetensorError, safe_open
-
-    by_file: dict[Path, list[tuple[str, str]]] = {}
-    for weight, (path, name) in scales.items():
-        by_file.setdefault(path, []).append((weight, name))
-    out = {}
-    for path, items in sorted(by_file.items()):
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for weight, name in items:
-                    out[weight] = f.get_tensor(name)
-        except SafetensorError as exc:
-            raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read ({exc})") from None
-    return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ignis.engine.models.config import CheckpointError
+from ignis.engine.models.fp8_blocks import FP8_DTYPE, dequantize, read_scales
 from ignis.engine.models.vision_config import VisionConfig
 from ignis.engine.models.vision_weights import expected_vision_tensors, vision_canonical
 from ignis.engine.models.weights_spec import FLOAT_DTYPES, HeaderEntry
@@ -26,9 +27,13 @@ if TYPE_CHECKING:
 
 
 def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str, tuple[Path, HeaderEntry]],
-                        dtype: "torch.dtype", device: "torch.device") -> dict[str, "torch.Tensor"]:
-    """The tower's tensors under canonical names; raises naming every missing, unknown or misshapen one."""
+                        dtype: "torch.dtype", device: "torch.device", scales: dict | None = None,
+                        fp8_block: tuple[int, int] | None = None) -> dict[str, "torch.Tensor"]:
+    """The tower's tensors under canonical names; raises naming every missing, unknown or misshapen one.
+    A tensor named in ``scales`` is block-wise fp8 (``engine.models.fp8_blocks``): dequantized at read."""
     from safetensors import SafetensorError, safe_open
+
+    scales = scales or {}
 
     expected = expected_vision_tensors(cfg)
     where: dict[str, tuple[Path, str]] = {}
@@ -44,7 +49,7 @@ def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str
             problems.append(f"vision tensor {canonical} is given twice ({where[canonical][1]} and {name})")
         elif entry.shape != expected[canonical]:
             problems.append(f"{name}: got {list(entry.shape)}, expected {list(expected[canonical])}")
-        elif entry.dtype not in FLOAT_DTYPES:
+        elif entry.dtype not in FLOAT_DTYPES and not (entry.dtype == FP8_DTYPE and name in scales):
             problems.append(f"{name}: non-floating-point dtype {entry.dtype}")
         else:
             where[canonical] = (path, name)
@@ -52,6 +57,7 @@ def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str
     if problems:
         shown = "; ".join(problems[:8]) + (f"; ... and {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckpointError(f"vision tower: {shown}")
+    scale_of = read_scales({name: scales[name] for _, name in where.values() if name in scales})
     out = {}
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for canonical, (path, name) in where.items():
@@ -60,7 +66,10 @@ def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for canonical, name in by_file[path]:
-                    out[canonical] = f.get_tensor(name).to(device=device, dtype=dtype).contiguous()
+                    t = f.get_tensor(name)
+                    if name in scale_of:
+                        t = dequantize(t.to(device), scale_of[name], fp8_block)
+                    out[canonical] = t.to(device=device, dtype=dtype).contiguous()
         except SafetensorError as exc:
             raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
         except OSError as exc:

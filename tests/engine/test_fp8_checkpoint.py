@@ -50,11 +50,18 @@ def _write(src: Path, dst: Path, tensors: dict[str, torch.Tensor], quantization:
     return dst
 
 
+def _quantized(name: str, w: torch.Tensor) -> bool:
+    """The tensors a release quantizes: linear weights (the text model's projections, the vision tower's)."""
+    if w.dim() != 2:
+        return False
+    return name.endswith("_proj.weight") or (".visual." in name and name.endswith(".weight") and "embed" not in name)
+
+
 def quantized_pair(src: Path, root: Path, block=BLOCK) -> tuple[Path, Path]:
     """``src`` block-quantized (fp8 checkpoint) and that dequantized again (float checkpoint)."""
     fp8, deq = {}, {}
     for name, w in _tensors(src).items():
-        if not (name.endswith("_proj.weight") and w.dim() == 2):
+        if not _quantized(name, w):
             fp8[name] = deq[name] = w
             continue
         out, inner = w.shape
@@ -104,6 +111,19 @@ def test_an_fp8_checkpoint_loads_as_its_dequantized_weights(tmp_path, family):
     assert rel_err(got, reference_logits(ref, ids)) < FP32_TOL
     # the weights did change: against the unquantized model the logits move
     assert rel_err(got, reference_logits(ckpt.model, ids)) > 1e-4
+
+
+def test_a_multimodal_fp8_checkpoint_dequantizes_its_vision_tower_too(tmp_path):
+    ckpt = make_checkpoint(tmp_path, "qwen3_5", multimodal=True)
+    fp8_dir, deq_dir = quantized_pair(ckpt.path, tmp_path)
+    stored = load_file(str(fp8_dir / "model.safetensors"))
+    assert any(".visual." in n and n.endswith("_scale_inv") for n in stored)
+    fp8, deq = load_checkpoint(fp8_dir), load_checkpoint(deq_dir)
+    assert fp8.vision is not None and fp8.vision_tensors.keys() == deq.vision_tensors.keys()
+    for name in fp8.vision_tensors:
+        assert torch.equal(fp8.vision_tensors[name], deq.vision_tensors[name]), name
+    for name in fp8.tensors:
+        assert torch.equal(fp8.tensors[name], deq.tensors[name]), name
 
 
 def _edit_config(path: Path, **quantization):
