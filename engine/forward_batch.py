@@ -93,6 +93,9 @@ class ForwardBatch:
     embed_rows: torch.Tensor | None = None  # [E] int64, tokens whose input embedding is replaced
     embed_values: torch.Tensor | None = None  # [E, hidden] their embeddings
     linear_waves: tuple[LinearWave, ...] | None = None  # when a chunk keeps images part way (see above)
+    seq_rows: tuple[tuple[int, int, int], ...] = ()
+    """(lane, first row, end row) of each chunk, on the host: which rows a lane's LoRA adapter takes
+    (``engine.models.lora``)."""
 
     @property
     def num_seqs(self) -> int:
@@ -120,9 +123,11 @@ class ForwardBatch:
         mrope = [[], [], []] if any(c.mrope is not None for c in chunks) else None
         embed_rows, embed_values = [], []
         pieces = []  # per prefill sequence: (wave, row start, row end relative to the prefill), chunks with keeps
+        seq_rows = []
         for c in chunks:
             n = len(c.tokens)
             base = cu[-1]
+            seq_rows.append((c.slot, base, base + n))
             ids.extend(c.tokens)
             positions = range(c.start, c.start + n)
             pos.extend(range(c.start + c.rope_offset, c.start + c.rope_offset + n))
@@ -168,6 +173,7 @@ class ForwardBatch:
             embed_rows=torch.tensor(embed_rows, dtype=torch.int64, device=dev) if embed_rows else None,
             embed_values=torch.cat(embed_values).to(dev) if embed_values else None,
             linear_waves=waves,
+            seq_rows=tuple(seq_rows),
         )
 
     @property

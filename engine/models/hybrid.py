@@ -51,6 +51,7 @@ class HybridModel(nn.Module):
         self._linear_slot = {layer: i for i, layer in enumerate(cfg.linear_layers)}
         self.ops = ops
         self.vision: VisionTower | None = None  # attach_vision: a checkpoint whose vision tower was loaded
+        self.lora = None  # an engine.models.lora.LoraSet when adapters are served with the model
 
     def attach_vision(self, tower: VisionTower) -> None:
         """Serve images: ``tower`` encodes them, and prompts holding them get mRoPE positions."""
@@ -72,6 +73,8 @@ class HybridModel(nn.Module):
         linear-attention layer's recurrence inputs of its rows (``advance_linear``).
         """
         ops = self._ops(batch.input_ids.device)
+        if self.lora is not None:  # which rows take which adapter, for the adapted layers
+            self.lora.begin(batch.seq_rows, batch.input_ids.device)
         x = self.embed_tokens(batch.input_ids)
         if batch.embed_rows is not None:
             x[batch.embed_rows] = batch.embed_values.to(x.dtype)

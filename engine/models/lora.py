@@ -1,0 +1,207 @@
+"""LoRA adapters (vLLM's ``--lora-modules NAME=PATH``): PEFT directories served beside their base model.
+
+An adapter directory holds ``adapter_config.json`` (``r``, ``lora_alpha``,
+``use_rslora``, ``target_modules``) and ``adapter_model.safetensors`` with
+``base_model.model.<module>.lora_A.weight`` [r, in] and ``.lora_B.weight``
+[out, r] for each adapted linear layer. A request that names an adapter gets,
+on every adapted layer ``W``,
+
+    y = x W^T + scale * (x A^T) B^T          scale = alpha / r  (alpha / sqrt(r) with use_rslora)
+
+on its own rows only: a batch mixes requests of several adapters and none,
+and each row takes its lane's adapter (``LoraSet.assign``). Every adapter is
+loaded at start and stays resident (one slot each); the targeted
+``nn.Linear`` layers of the model become ``LoraLinear`` (the base weight
+untouched, so a request without an adapter runs exactly the base model).
+
+What is refused at load, naming the adapter: a missing or unreadable file,
+weights as a pickle (``adapter_model.bin``), DoRA, bias training,
+``modules_to_save``, a rank above ``--max-lora-rank``, a tensor for a module
+the model does not have or that is not a linear layer (the MoE experts are
+stacked tensors, not layers: an adapter of experts is refused), shapes that
+do not fit, an A without its B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ignis.engine.models.checkpoint_error import CheckpointError
+from ignis.engine.models.weights_spec import classify
+
+PEFT_PREFIX = "base_model.model."
+WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One adapter as read: its name, rank, scale and (A, B) per module path of the model."""
+
+    name: str
+    path: str
+    rank: int
+    scale: float
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -> LoraAdapter:
+    """The adapter at ``path`` for ``model``, its tensors checked against the model's layers."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    where = f"LoRA adapter {name} ({path})"
+    try:
+        cfg = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where}: cannot read {CONFIG_FILE} ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{where}: {CONFIG_FILE} is not a JSON object")
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
+    if type(rank) is not int or rank < 1:
+        raise CheckpointError(f"{where}: r must be a positive integer, got {rank!r}")
+    if rank > max_rank:
+        raise CheckpointError(f"{where}: rank {rank} is above --max-lora-rank {max_rank}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise CheckpointError(f"{where}: lora_alpha must be a number, got {alpha!r}")
+    for key, allowed in (("use_dora", (False, None)), ("bias", ("none", None)), ("modules_to_save", (None, [])),
+                         ("fan_in_fan_out", (False, None))):
+        if cfg.get(key) not in allowed:
+            raise CheckpointError(f"{where}: {key}={cfg.get(key)!r} is not supported")
+    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
+        raise CheckpointError(f"{where}: per-module ranks (rank_pattern, alpha_pattern) are not supported")
+    scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        pickle = " (weights as a pickle, adapter_model.bin, are not read: convert them to safetensors)" \
+            if (path / "adapter_model.bin").is_file() else ""
+        raise CheckpointError(f"{where}: no {WEIGHTS_FILE}{pickle}")
+    try:
+        raw = load_file(str(file))
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{where}: cannot read {WEIGHTS_FILE} ({exc})") from None
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in raw.items():
+        stem = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+        for part in ("lora_A", "lora_B"):
+            suffix = f".{part}.weight"
+            if stem.endswith(suffix):
+                kind = classify(stem[:-len(suffix)] + ".weight")
+                if kind.kind == "expert":
+                    raise CheckpointError(f"{where}: {key} adapts an MoE expert, which is not a linear layer "
+                                          "(LoRA on MoE experts is not supported)")
+                pairs.setdefault(kind.canonical.removesuffix(".weight"), {})[part] = t
+                break
+        else:
+            raise CheckpointError(f"{where}: unexpected tensor {key}")
+    if not pairs:
+        raise CheckpointError(f"{where}: no lora_A / lora_B tensors")
+    weights = {}
+    for module, parts in sorted(pairs.items()):
+        if set(parts) != {"lora_A", "lora_B"}:
+            raise CheckpointError(f"{where}: {module} has {', '.join(sorted(parts))} without its pair")
+        try:
+            layer = model.get_submodule(module)
+        except AttributeError:
+            raise CheckpointError(f"{where}: the model has no layer {module}") from None
+        base = layer.base if isinstance(layer, LoraLinear) else layer
+        if not isinstance(base, nn.Linear):
+            raise CheckpointError(f"{where}: {module} is not a linear layer (LoRA on MoE experts is not supported)")
+        a, b = parts["lora_A"], parts["lora_B"]
+        if a.shape != (rank, base.in_features) or b.shape != (base.out_features, rank):
+            raise CheckpointError(f"{where}: {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
+                                  f"a rank-{rank} adapter of a {base.in_features} -> {base.out_features} layer")
+        weights[module] = (a, b)
+    return LoraAdapter(name, str(path), rank, float(scale), weights)
+
+
+class LoraRows:
+    """The rows of the forward in progress that take each adapter: [(slot, row index tensor)], or None."""
+
+    groups: list[tuple[int, torch.Tensor]] | None = None
+
+
+class LoraLinear(nn.Module):
+    """A linear layer plus, for the rows of each adapter that targets it, that adapter's low-rank update."""
+
+    def __init__(self, base: nn.Linear, rows: LoraRows):
+        super().__init__()
+        self.base = base
+        self.rows = rows
+        self.adapters: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}  # slot -> (A, B, scale)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        groups = self.rows.groups
+        if groups:
+            for slot, idx in groups:
+                ab = self.adapters.get(slot)
+                if ab is not None:
+                    a, b, scale = ab
+                    xs = x.index_select(0, idx)
+                    y.index_add_(0, idx, torch.nn.functional.linear(torch.nn.functional.linear(xs, a), b),
+                                 alpha=scale)
+        return y
+
+
+class LoraSet:
+    """The adapters served with a model: their slots, the layers they adapt, and which lane takes which."""
+
+    def __init__(self, model: nn.Module, adapters: list[LoraAdapter]):
+        names = [a.name for a in adapters]
+        if len(set(names)) != len(names):
+            raise CheckpointError(f"--lora-modules: adapter names repeat: {names}")
+        self.rows = LoraRows()
+        self.slots = {a.name: i for i, a in enumerate(adapters)}
+        self.adapters = list(adapters)
+        self._lane_slot: dict[int, int] = {}
+        weight = next(model.parameters())
+        for slot, adapter in enumerate(adapters):
+            for module, (a, b) in adapter.weights.items():
+                layer = model.get_submodule(module)
+                if not isinstance(layer, LoraLinear):
+                    parent, _, child = module.rpartition(".")
+                    layer = LoraLinear(layer, self.rows)
+                    model.get_submodule(parent).register_module(child, layer)
+                layer.adapters[slot] = (a.to(weight.device, weight.dtype).contiguous(),
+                                        b.to(weight.device, weight.dtype).contiguous(), adapter.scale)
+        model.lora = self
+
+    def slot(self, name: str) -> int | None:
+        return self.slots.get(name)
+
+    def assign(self, lane: int, slot: int) -> None:
+        """``lane``'s rows take adapter ``slot`` from now on (-1: none)."""
+        if slot < 0:
+            self._lane_slot.pop(lane, None)
+        else:
+            self._lane_slot[lane] = slot
+
+    def takes(self, lanes) -> bool:
+        """Whether any of ``lanes`` runs an adapter."""
+        return bool(self._lane_slot) and any(lane in self._lane_slot for lane in lanes)
+
+    def begin(self, seq_rows, device: torch.device) -> None:
+        """Before a forward: the rows of each adapter from ``seq_rows`` ((lane, first row, end row) per
+        sequence of the batch), or none."""
+        if not self._lane_slot:
+            self.rows.groups = None
+            return
+        ranges: dict[int, list[range]] = {}
+        for lane, start, end in seq_rows:
+            slot = self._lane_slot.get(lane)
+            if slot is not None:
+                ranges.setdefault(slot, []).append(range(start, end))
+        self.rows.groups = [(slot, torch.tensor([i for r in rs for i in r], dtype=torch.int64, device=device))
+                            for slot, rs in ranges.items()] or None
