@@ -103,7 +103,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         req.page_table.ensure_capacity(req.num_tokens + 1)
         req.state = RequestState.PREFILLING
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
-                                      restore_slot=hit.slot if hit else None))
+                                      restore_slot=hit.slot if hit else None, adapter=req.adapter_slot))
         budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
                             sched.config.capture_inside_chunks)
 
@@ -138,12 +138,13 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
         req.num_computed_tokens = record.computed
         req.state = RequestState.DECODING  # decodes on next round: nothing is recomputed
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
-                                      tuple(req.output_ids), restore_slot=sched.evictor.staging_slot))
+                                      tuple(req.output_ids), restore_slot=sched.evictor.staging_slot,
+                                      adapter=req.adapter_slot))
     else:
         req.page_table.ensure_capacity(req.num_tokens + 1)
         req.num_computed_tokens = 0
         req.state = RequestState.PREFILLING  # the lower copy is gone: recompute instead
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
-                                      tuple(req.output_ids)))
+                                      tuple(req.output_ids), adapter=req.adapter_slot))
     return True
 

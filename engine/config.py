@@ -16,6 +16,12 @@ class EngineConfig:
     model: tuple[str, ...] = field(default=(), metadata=field_doc(
         "checkpoint directory, or NAME=DIR; repeat to configure several models (the first is the default; a "
         "request naming another drains, unloads and loads it). Default: the built-in demo model", repeat=True))
+    lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(
+        "a LoRA adapter served with the default model, as NAME=PATH (a PEFT directory: adapter_config.json and "
+        "adapter_model.safetensors); repeat for more. A request whose model is NAME runs the default model with "
+        "that adapter (vLLM's flag)", repeat=True))
+    max_lora_rank: int = field(default=64, metadata=field_doc(
+        "the largest rank a --lora-modules adapter may have (a larger one is refused at load)"))
     idle_unload_s: float | None = field(default=None, metadata=field_doc(
         "unload the model after this many idle seconds (the next request loads it again); default: never"))
     served_model_name: str | None = field(default=None, metadata=field_doc(
@@ -128,7 +134,7 @@ class EngineConfig:
 
     def __post_init__(self):
         positive = {"decode_lanes": "--decode-lanes", "max_prefill_tokens_per_round": "--max-prefill-tokens-per-round",
-                    "max_queue": "--max-queue"}
+                    "max_queue": "--max-queue", "max_lora_rank": "--max-lora-rank"}
         for name, flag in positive.items():
             value = getattr(self, name)
             if type(value) is not int or value < 1:

@@ -71,8 +71,16 @@ class Intake:
                 return self.refuse(peer, msg.id, "bad_request", "this model takes no grammars")
             if not lanes.constrained(msg.id, msg.grammar):
                 return self.compiles.start(peer, msg, lanes)  # back through here once it has compiled
+        slot = -1
+        if msg.adapter is not None:
+            lora = runtime.lora
+            slot = lora.slot(msg.adapter) if lora is not None else None
+            if slot is None:
+                return self.refuse(peer, msg.id, "unknown_model",
+                                   f"LoRA adapter {msg.adapter!r} is not served with model {runtime.name!r}")
         scheduler = runtime.scheduler
         req = Request.from_generate(msg, scheduler.config.page_tokens)
+        req.adapter_slot = slot
         if not scheduler.store.enabled:
             req.must_cut_at = ()  # nothing is captured: no chunk ends or keeps an image at a mark
         refusal = scheduler.add(req)

@@ -78,6 +78,10 @@ class Request:
     cache_salt: str | None = None
     """A digest of the client's ``cache_salt``: the request reuses only state made under the same salt
     (``engine.reuse.salt_keys``)."""
+    adapter: str | None = None
+    """The LoRA adapter the request runs with (``engine.models.lora``): its state is the adapter's, so it
+    reuses only state made under the same adapter (and salt)."""
+    adapter_slot: int = -1  # the adapter's slot in the model's LoraSet (-1: none)
     must_cut_at: tuple[int, ...] = ()
     """Capture points (sorted, in 1 .. len(prompt)): a prefill chunk ends on one, or crosses it keeping the
     state image there (``engine.prefill_chunks``)."""
@@ -116,6 +120,13 @@ class Request:
     of the request follows from it and the token index, so no resume path needs more."""
 
     @property
+    def reuse_scope(self) -> str | None:
+        """What reuse keys are salted with: the client's salt and the adapter (None: neither)."""
+        if self.adapter is None:
+            return self.cache_salt
+        return f"{self.cache_salt or ''}\nlora:{self.adapter}"
+
+    @property
     def rope_delta(self) -> int:
         """Rotary position minus token index of decode steps (0 for a text prompt)."""
         return self.image_layout.delta if self.image_layout is not None else 0
@@ -137,7 +148,10 @@ class Request:
             raise TypeError(f"request {self.req_id}: images must be ImageInput")
         if self.cache_salt is not None:
             check_str("cache_salt", self.cache_salt, 256, allow_empty=False)
-            self.salt_chunks = salt_chunks(self.cache_salt)
+        if self.adapter is not None:
+            check_str("adapter", self.adapter, 256, allow_empty=False)
+        if self.reuse_scope is not None:
+            self.salt_chunks = salt_chunks(self.reuse_scope)
 
     @classmethod
     def from_generate(cls, msg: Generate, page_tokens: int) -> Request:
@@ -145,7 +159,8 @@ class Request:
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
-            part_end=msg.part_end, cache_family=msg.cache_family, cache_salt=msg.cache_salt, images=msg.images,
+            part_end=msg.part_end, cache_family=msg.cache_family, cache_salt=msg.cache_salt, adapter=msg.adapter,
+            images=msg.images,
             must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens,
                                      msg.part_end),
         )
@@ -181,8 +196,9 @@ class Request:
         """Record where the images sit. A capture never ends inside an image: a cut point (and the mark
         it comes from) inside one moves to the image's start; a system block whose whole pages end inside
         one loses its mark (it holds no image in any template)."""
-        if self.cache_salt is not None:  # a salted prompt's pictures are keyed by the salt too
-            keys = tuple(ImageKey(k.start, k.end, salted_image_digest(self.cache_salt, k.digest)) for k in keys)
+        scope = self.reuse_scope
+        if scope is not None:  # a salted prompt's pictures are keyed by the salt too
+            keys = tuple(ImageKey(k.start, k.end, salted_image_digest(scope, k.digest)) for k in keys)
         self.image_keys = keys = tuple(keys)
         if not keys:
             return

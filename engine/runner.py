@@ -80,6 +80,8 @@ class ModelRunner:
         # copy only the tokens to the host: on CUDA that spares a [rows, vocab] copy per round
         self.greedy_on_device = self.device.type != "cpu"
         self.spec = None  # a SpecDecoder once a drafter is in use
+        self.lora = getattr(model, "lora", None)  # the LoRA adapters served with the model (None: none)
+        self._adapted: set[str] = set()  # requests running with an adapter: they do not draft
 
     def use_drafter(self, spec) -> None:
         """Speculate with ``spec`` (an ``engine.spec_decode.SpecDecoder``) from the next round on."""
@@ -89,7 +91,7 @@ class ModelRunner:
         """``req_id`` drafts when a drafter is in use: its logits unadjusted and unconstrained (a sampled request's
         drafts are verified by rejection sampling, ``engine.spec_sampling``)."""
         st = self.samplers.get(req_id)
-        return (self.spec is not None and st is not None and not st.adjusted
+        return (self.spec is not None and st is not None and not st.adjusted and req_id not in self._adapted
                 and not (self.grammars is not None and req_id in self.grammars.matchers))
 
     def warm_up(self) -> None:
@@ -137,6 +139,7 @@ class ModelRunner:
         self.samplers.pop(req_id, None)
         self.want_logprobs.pop(req_id, None)
         self.scoring.release(req_id)
+        self._adapted.discard(req_id)
         if self.images is not None:
             self.images.release(req_id)
         if self.grammars is not None:
@@ -151,6 +154,10 @@ class ModelRunner:
             for lane in [s.lane for s in plan.started] + [p.lane for p in plan.preempted]:
                 self.spec.forget(lane)
         for s in plan.started:
+            if self.lora is not None:
+                self.lora.assign(s.lane, s.adapter)
+                if s.adapter >= 0:
+                    self._adapted.add(s.req_id)
             if s.restore_slot is None:
                 self.state.reset_lane(s.lane)
             else:
@@ -220,7 +227,8 @@ class ModelRunner:
             spec = spec_round.forward(self.spec, self.model, self.state, plan, self.speculates, self.samplers,
                                       self.device, chunks[len(plan.decodes):])
             logits, hidden = spec.logits, spec.hidden
-        elif not plan.prefills and self.graphs is not None and self.graphs.takes(chunks):
+        elif (not plan.prefills and self.graphs is not None and self.graphs.takes(chunks)
+              and not (self.lora is not None and self.lora.takes(c.slot for c in chunks))):
             logits = self.graphs.run(chunks)
         elif scored:  # the final-normed rows of every token too, for the prompt scores
             logits, hidden = self.model.forward_hidden(ForwardBatch.build(chunks, self.device), self.state)

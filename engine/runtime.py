@@ -28,6 +28,11 @@ class Runtime:
     compiles: CompileWatch | None = None
     """Triton compiles after the warm-up (CUDA with Triton kernels); None: nothing compiles here."""
 
+    @property
+    def lora(self):
+        """The LoRA adapters served with this model (``engine.models.lora.LoraSet``), or None."""
+        return self.runner.model.lora
+
     def close(self) -> None:
         """Free everything: retained state here and in the lower tiers, device and host memory."""
         if self.compiles is not None:
@@ -48,6 +53,22 @@ class Runtime:
                 torch.cuda.empty_cache()
         except ImportError:
             pass
+
+
+def _attach_adapters(config: EngineConfig, name: str, model) -> None:
+    """The ``--lora-modules`` adapters, on the default model only (CheckpointError naming a bad one)."""
+    from ignis.shared.model_names import lora_specs, model_specs
+
+    models = model_specs(config.model, config.served_model_name)
+    specs = lora_specs(config.lora_modules, [n for n, _ in models])
+    if not specs or name != models[0][0]:
+        return
+    from ignis.engine.models.lora import LoraSet, read_adapter
+
+    lora = LoraSet(model, [read_adapter(n, p, model, config.max_lora_rank) for n, p in specs])
+    for a in lora.adapters:
+        log.info("LoRA adapter %s: rank %d, scale %g, %d layers, from %s", a.name, a.rank, a.scale,
+                 len(a.weights), a.path)
 
 
 def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_events=None) -> Runtime:
@@ -78,6 +99,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     spec_k = config.speculative_tokens
     model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=spec_k > 0)
     cfg = ckpt.config
+    _attach_adapters(config, name, model)
     if spec_k and not ckpt.has_drafter:
         raise ValueError(f"--speculative-tokens {spec_k}: {model_dir} has no drafter to speculate with "
                          f"({ckpt.drafter_note})")

@@ -42,6 +42,8 @@ class LaneStart:
     generated: tuple[int, ...] = ()
     restore_slot: int | None = None
     """Resume from a retained entry: copy this slot's state image into the lane instead of zeroing it."""
+    adapter: int = -1
+    """The LoRA adapter slot the lane's rows take (``engine.models.lora``); -1: none."""
 
 
 @dataclass(frozen=True)

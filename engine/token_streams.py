@@ -50,6 +50,7 @@ class Tracked:
     extra: dict = field(default_factory=dict)
     mark_missing: str | None = None  # capture marks the gateway could not find, and why
     salted: bool = False  # the client sent a cache_salt: it reuses only state made under the same salt
+    adapter: str | None = None  # the LoRA adapter the request ran with
     prompt_scored: int = 0  # prompt tokens whose logprobs were sent (prompt_logprobs)
 
 
@@ -63,7 +64,8 @@ class TokenStreams:
 
     def track(self, peer: bytes, msg: Generate) -> None:
         self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic(),
-                                       mark_missing=msg.mark_missing, salted=msg.cache_salt is not None)
+                                       mark_missing=msg.mark_missing, salted=msg.cache_salt is not None,
+                                       adapter=msg.adapter)
 
     def admitted(self, started, now: float) -> None:
         """Requests that took a lane this round (``plan.started``); a resume keeps its first admission."""
@@ -191,6 +193,8 @@ class TokenStreams:
             done["mark"] = f"missing ({t.mark_missing})"
         if t.salted:  # reuse confined to requests with the same cache_salt
             done["cache_salt"] = True
+        if t.adapter is not None:  # the LoRA adapter it ran with (its reuse confined to the adapter's)
+            done["adapter"] = t.adapter
         if t.prompt_scored:  # a scored prompt is computed whole: why such a request resumed nothing
             done["prompt_logprobs"] = {"scored": t.prompt_scored}
         log.info(orjson.dumps(done).decode())

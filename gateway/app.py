@@ -56,6 +56,7 @@ from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
 from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize, tokenizer_info
 from ignis.gateway.tokenizer import ModelFiles
+from ignis.shared.model_names import lora_specs
 from ignis.shared.runtime import default_runtime_dir
 
 log = logging.getLogger("ignis.gateway")
@@ -177,8 +178,10 @@ def _model_card(gw: GatewayState) -> dict:
     created_at = datetime.datetime.fromtimestamp(gw.created, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
     card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ignis",
             "type": "model", "display_name": gw.model_name, "created_at": created_at}
+    if gw.adapter is not None:  # a LoRA adapter, as vLLM lists one: its directory and its base model
+        card.update(root=gw.adapters[gw.adapter], parent=gw.base_model)
     loaded = int(gw.client.stats_values.get("model_index", 0))
-    if "max_model_len" in gw.client.stats_values and list(gw.models or [gw.model_name])[loaded] == gw.model_name:
+    if "max_model_len" in gw.client.stats_values and list(gw.models or [gw.model_name])[loaded] == gw.engine_model:
         card["max_model_len"] = int(gw.client.stats_values["max_model_len"])
     return card
 
@@ -186,7 +189,7 @@ def _model_card(gw: GatewayState) -> dict:
 async def list_models(request: web.Request) -> web.Response:
     """The served models."""
     gw: GatewayState = request.app[STATE]
-    names = list(gw.models) or [gw.model_name]
+    names = (list(gw.models) or [gw.model_name]) + list(gw.adapters)
     cards = [_model_card(gw.select(n)) for n in names]
     # Anthropic's page keys beside OpenAI's list: every model fits one page
     return json_response({"object": "list", "data": cards, "has_more": False, "first_id": cards[0]["id"],
@@ -220,9 +223,11 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     for name, other in (more_models or {}).items():
         models[name] = (other.tokenizer, _template(other), _vision(other, config))
     set_source_limit(config.max_image_source_pixels)
+    adapters = dict(lora_specs(config.lora_modules, list(models)))
     gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,
                       client=EngineClient(endpoint, timeout=config.engine_timeout),
-                      metrics=GatewayMetrics(model_name), created=int(time.time()), models=models, vision=vision)
+                      metrics=GatewayMetrics(model_name), created=int(time.time()), models=models, vision=vision,
+                      adapters=adapters)
     # Handlers read bodies through gateway.body, within RequestLimits; aiohttp's own limit is only a ceiling.
     app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes or BODY_CEILING)
     app[STATE] = gw

@@ -171,8 +171,9 @@ class GenerationRequest:
             for j in range(p.n):
                 i = k * p.n + j
                 gens.append(Generate(id=f"{base}-{i}", prompt_ids=tuple(ids), sampling=sampling_for(p, max_tokens, j),
-                                     request_class=p.request_class, model=gw.model_name, grammar=p.grammar,
-                                     cache_family=p.cache_family, cache_salt=p.cache_salt, images=images,
+                                     request_class=p.request_class, model=gw.engine_model, grammar=p.grammar,
+                                     cache_family=p.cache_family, cache_salt=p.cache_salt, adapter=gw.adapter,
+                                     images=images,
                                      **(marks or {})))
                 choices.append(ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                                            parser=parser() if parser is not None else None,

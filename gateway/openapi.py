@@ -100,6 +100,7 @@ async def openapi(request: web.Request) -> web.Response:
     doc = request.app.get(_DOC)
     if doc is None:
         gw = request.app[STATE]
-        doc = openapi_document(request.app, "ignis", package_version(), list(gw.models) or [gw.model_name])
+        doc = openapi_document(request.app, "ignis", package_version(),
+                               (list(gw.models) or [gw.model_name]) + list(gw.adapters))
         request.app[_DOC] = doc
     return json_response(doc)

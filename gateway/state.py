@@ -36,13 +36,24 @@ class GatewayState:
     """name -> (tokenizer, template, vision) of every configured model; the first is the default."""
     vision: VisionSettings | None = None
     """How the model's images become prompt tokens; None: it takes no images."""
+    adapters: dict = field(default_factory=dict)
+    """name -> path of the LoRA adapters served with the default model (``--lora-modules``)."""
+    adapter: str | None = None
+    """The adapter a request named (its ``model``): this state is then the default model's, answering as it."""
+    base_model: str | None = None
+    """With ``adapter``: the default model's name, the model the engine runs."""
+
+    @property
+    def engine_model(self) -> str:
+        """The model the engine is asked for (a request naming an adapter runs the default model)."""
+        return self.base_model if self.adapter is not None else self.model_name
 
     @property
     def reasoning_markers(self) -> bool:
         return self.tokenizer.token_id("<think>") is not None and self.tokenizer.token_id("</think>") is not None
 
     def check_model(self, model: str | None) -> None:
-        names = list(self.models) or [self.model_name]
+        names = (list(self.models) or [self.model_name]) + list(self.adapters)
         if model is not None and model not in names:
             raise ApiError(404, f"the model {model!r} does not exist (this server serves {', '.join(names)})",
                            param="model", code="model_not_found")
@@ -50,6 +61,8 @@ class GatewayState:
     def select(self, model: str | None) -> "GatewayState":
         """This state seen through the model a request names (the default when it names none)."""
         self.check_model(model)
+        if model in self.adapters:  # this (the default model's) state, answering as the adapter
+            return replace(self, model_name=model, adapter=model, base_model=self.model_name)
         if model is None or model == self.model_name or model not in self.models:
             return self
         tokenizer, template, vision = self.models[model]

@@ -43,3 +43,27 @@ def model_specs(values, explicit: str | None = None) -> list[tuple[str, str | No
     if len(set(names)) != len(names):
         raise ValueError(f"--model: model names repeat: {names}")
     return specs
+
+
+def lora_specs(values, model_names=()) -> list[tuple[str, str]]:
+    """``--lora-modules`` values (``NAME=PATH``, repeatable) as (name, path) pairs, in order.
+
+    Names are unique and none is a served model's name (``model_names``): a request's ``model`` names
+    either a model or an adapter of the default model."""
+    if values is None or values == "":
+        values = ()
+    if isinstance(values, str):
+        values = (values,)
+    specs = []
+    for v in values:
+        name, sep, path = v.partition("=") if isinstance(v, str) else ("", "", "")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--lora-modules: expected NAME=PATH, got {v!r}")
+        specs.append((name.strip(), path.strip()))
+    names = [n for n, _ in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--lora-modules: adapter names repeat: {names}")
+    taken = sorted(set(names) & set(model_names))
+    if taken:
+        raise ValueError(f"--lora-modules: {', '.join(taken)} already names a served model")
+    return specs

@@ -107,14 +107,16 @@ class Generate:
     ``prompt_cache_key`` puts the request in (a digest, never the key): a
     ranking hint for retained entries, never part of a lookup. ``cache_salt``
     is a digest of the client's ``cache_salt`` (never the salt): the request
-    reuses only retained state made under the same one. ``images``
+    reuses only retained state made under the same one. ``adapter`` names the
+    LoRA adapter (of the model) the request runs with. ``images``
     are the prompt's pictures, resized by the gateway, in prompt order: one
     per run of image placeholder tokens (raw frames, never pickled; left out
-    of the header when there are none). The last six are optional on the wire.
+    of the header when there are none). The last seven are optional on the wire.
     """
 
     TYPE: ClassVar[str] = "generate"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end", "grammar", "cache_family", "cache_salt")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end", "grammar", "cache_family", "cache_salt",
+                                          "adapter")
 
     id: str
     prompt_ids: TokenFrame
@@ -129,6 +131,7 @@ class Generate:
     grammar: str | None = None
     cache_family: str | None = None
     cache_salt: str | None = None
+    adapter: str | None = None
     images: ImageFrames = ()
 
     def __post_init__(self):
@@ -158,6 +161,8 @@ class Generate:
             check_str("cache_family", self.cache_family, MAX_ID_CHARS, allow_empty=False)
         if self.cache_salt is not None:
             check_str("cache_salt", self.cache_salt, MAX_ID_CHARS, allow_empty=False)
+        if self.adapter is not None:
+            check_str("adapter", self.adapter, MAX_ID_CHARS, allow_empty=False)
         object.__setattr__(self, "images", check_images("images", self.images))
 
 

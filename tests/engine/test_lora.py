@@ -143,3 +143,28 @@ def _rename_module(dst):
     t = load_file(str(dst / "adapter_model.safetensors"))
     t = {k.replace("layers.0.", "layers.99.", 1): v for k, v in t.items()}
     save_file(t, str(dst / "adapter_model.safetensors"))
+
+
+def test_a_runner_sets_each_lanes_adapter_and_adapter_requests_do_not_draft(served):
+    from ignis.engine.runner import ModelRunner
+    from ignis.engine.schedule import LaneStart, RoundPlan
+    from ignis.shared.sampling import SamplingParams
+
+    model, lora, _, _, _ = served
+    runner = ModelRunner(model, new_state(model))
+    class Drafter:  # a drafter in use: who may draft is the question
+        def forget(self, lane):
+            pass
+
+    runner.spec = Drafter()
+    plan = RoundPlan()
+    plan.started.extend([LaneStart("tuned", 0, SamplingParams(max_tokens=2), (1, 2, 3), adapter=lora.slot("b")),
+                         LaneStart("plain", 1, SamplingParams(max_tokens=2), (1, 2, 3))])
+    runner._start(plan)
+    assert lora.takes([0]) and not lora.takes([1])
+    assert not runner.speculates("tuned") and runner.speculates("plain")
+    runner.release("tuned")
+    plan = RoundPlan()
+    plan.started.append(LaneStart("next", 0, SamplingParams(max_tokens=2), (1, 2, 3)))
+    runner._start(plan)
+    assert not lora.takes([0, 1]) and runner.speculates("next")
