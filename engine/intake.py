@@ -79,7 +79,8 @@ class Intake:
                 return self.refuse(peer, msg.id, "unknown_model",
                                    f"LoRA adapter {msg.adapter!r} is not served with model {runtime.name!r}")
         scheduler = runtime.scheduler
-        req = Request.from_generate(msg, scheduler.config.page_tokens)
+        req = Request.from_generate(msg, scheduler.config.page_tokens,
+                                    adapter=None if slot < 0 else runtime.lora.identity(slot))
         req.adapter_slot = slot
         if not scheduler.store.enabled:
             req.must_cut_at = ()  # nothing is captured: no chunk ends or keeps an image at a mark

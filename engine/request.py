@@ -79,8 +79,8 @@ class Request:
     """A digest of the client's ``cache_salt``: the request reuses only state made under the same salt
     (``engine.reuse.salt_keys``)."""
     adapter: str | None = None
-    """The LoRA adapter the request runs with (``engine.models.lora``): its state is the adapter's, so it
-    reuses only state made under the same adapter (and salt)."""
+    """The identity of the LoRA adapter the request runs with (``LoraSet.identity``: name and digest of its
+    files): its state is the adapter's, so it reuses only state made under the same adapter (and salt)."""
     adapter_slot: int = -1  # the adapter's slot in the model's LoraSet (-1: none)
     must_cut_at: tuple[int, ...] = ()
     """Capture points (sorted, in 1 .. len(prompt)): a prefill chunk ends on one, or crosses it keeping the
@@ -154,12 +154,13 @@ class Request:
             self.salt_chunks = salt_chunks(self.reuse_scope)
 
     @classmethod
-    def from_generate(cls, msg: Generate, page_tokens: int) -> Request:
-        """The request a wire ``Generate`` asks for, with its capture marks as capture points."""
+    def from_generate(cls, msg: Generate, page_tokens: int, adapter: str | None = None) -> Request:
+        """The request a wire ``Generate`` asks for, with its capture marks as capture points; ``adapter``:
+        the identity of its LoRA adapter (``LoraSet.identity``), what its reuse is scoped by."""
         return cls(
             req_id=msg.id, prompt_ids=msg.prompt_ids, sampling=msg.sampling, request_class=msg.request_class,
             system_end=msg.system_end, opener_start=msg.opener_start, last_is_user=msg.last_is_user,
-            part_end=msg.part_end, cache_family=msg.cache_family, cache_salt=msg.cache_salt, adapter=msg.adapter,
+            part_end=msg.part_end, cache_family=msg.cache_family, cache_salt=msg.cache_salt, adapter=adapter,
             images=msg.images,
             must_cut_at=capture_cuts(len(msg.prompt_ids), msg.system_end, msg.opener_start, page_tokens,
                                      msg.part_end),

@@ -24,6 +24,7 @@ do not fit, an A without its B.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -49,6 +50,14 @@ class LoraAdapter:
     rank: int
     scale: float
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    digest: str = ""
+    """SHA-256 of the adapter's config and weights file: what its requests' reuse is scoped by, so state
+    made under one adapter is never resumed under another that took its name (a restarted engine reclaims
+    tierd's entries)."""
+
+    @property
+    def identity(self) -> str:
+        return f"{self.name}@{self.digest}"
 
 
 def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -> LoraAdapter:
@@ -119,7 +128,11 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
             raise CheckpointError(f"{where}: {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
                                   f"a rank-{rank} adapter of a {base.in_features} -> {base.out_features} layer")
         weights[module] = (a, b)
-    return LoraAdapter(name, str(path), rank, float(scale), weights)
+    h = hashlib.sha256((path / CONFIG_FILE).read_bytes())
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return LoraAdapter(name, str(path), rank, float(scale), weights, h.hexdigest())
 
 
 class LoraRows:
@@ -180,6 +193,10 @@ class LoraSet:
 
     def slot(self, name: str) -> int | None:
         return self.slots.get(name)
+
+    def identity(self, slot: int) -> str:
+        """The adapter in ``slot`` as reuse scopes it: its name and the digest of its files."""
+        return self.adapters[slot].identity
 
     def assign(self, lane: int, slot: int) -> None:
         """``lane``'s rows take adapter ``slot`` from now on (-1: none)."""

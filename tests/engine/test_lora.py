@@ -168,3 +168,11 @@ def test_a_runner_sets_each_lanes_adapter_and_adapter_requests_do_not_draft(serv
     plan.started.append(LaneStart("next", 0, SamplingParams(max_tokens=2), (1, 2, 3)))
     runner._start(plan)
     assert not lora.takes([0, 1]) and runner.speculates("next")
+
+
+def test_an_adapters_identity_is_its_name_and_the_digest_of_its_files(served, tmp_path):
+    model, lora, _, root, _ = served
+    a = read_adapter("a", root / "adapter-a", model, 64)
+    assert a.identity == lora.identity(lora.slot("a")) and a.identity.startswith("a@") and len(a.digest) == 64
+    changed = _edited(root, f"retrained-{tmp_path.name}", edit_config=lambda c: c.update(lora_alpha=9.0))
+    assert read_adapter("a", changed, model, 64).identity != a.identity  # same name, other files: other scope

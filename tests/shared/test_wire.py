@@ -72,7 +72,8 @@ MESSAGES = [
     Generate(id="r4", prompt_ids=tuple(range(50)), sampling=SamplingParams(), opener_start=45, part_end=30),
     PromptLogprobs(id="r5", start=1, ranks=(1, 7), logprobs=TokenLogprobs(
         (-0.25, -math.inf), ((3, 4), ()), ((-0.25, -1.5), ()))),
-    Generate(id="r6", prompt_ids=(1, 2), sampling=SamplingParams(), cache_family="f" * 32, cache_salt="5" * 64),
+    Generate(id="r6", prompt_ids=(1, 2), sampling=SamplingParams(), cache_family="f" * 32, cache_salt="5" * 64,
+             adapter="sql-tuned"),
     FlushCache(id="flush-1"),
     CacheFlushed(id="flush-1", flushed=True, entries=12),
     CacheFlushed(id="flush-2", flushed=False, message="2 requests are in flight"),
@@ -238,6 +239,8 @@ GEN = MESSAGES[1]
     (_header(MESSAGES[13], id=_DROP), "missing field 'id'"),
     (_header(MESSAGES[14], cache_salt=""), "must not be empty"),
     (_header(MESSAGES[14], cache_salt="s" * 300), "cache_salt"),
+    (_header(MESSAGES[14], adapter=""), "must not be empty"),
+    (_header(MESSAGES[14], adapter=3), "adapter"),
     (_header(FlushCache("f"), id=""), "must not be empty"),
     (_header(CacheFlushed("f", True), flushed=1), "flushed must be true or false"),
     (_header(CacheFlushed("f", True), entries=-1), "entries"),
