@@ -19,7 +19,7 @@ weights as a pickle (``adapter_model.bin``), DoRA, bias training,
 ``modules_to_save``, a rank above ``--max-lora-rank``, a tensor for a module
 the model does not have or that is not a linear layer (the MoE experts are
 stacked tensors, not layers: an adapter of experts is refused), shapes that
-do not fit, an A without its B.
+do not fit, an A without its B, the embeddings or the LM head as targets.
 """
 
 from __future__ import annotations
@@ -114,6 +114,9 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
         raise CheckpointError(f"{where}: no lora_A / lora_B tensors")
     weights = {}
     for module, parts in sorted(pairs.items()):
+        if module in ("lm_head", "embed_tokens"):
+            raise CheckpointError(f"{where}: LoRA on {module} is not supported (only the decoder layers' linear "
+                                  "layers)")
         if set(parts) != {"lora_A", "lora_B"}:
             raise CheckpointError(f"{where}: {module} has {', '.join(sorted(parts))} without its pair")
         try:

@@ -117,6 +117,7 @@ def _expert_target(dst):
     ("pair", "without its pair"),
     ("unknown", "the model has no layer"),
     ("experts", "not a linear layer"),
+    ("head", "LoRA on lm_head is not supported"),
 ])
 def test_a_bad_adapter_is_refused_naming_it(served, tmp_path, case, message):
     model, _, _, root, ckpt = served
@@ -130,6 +131,7 @@ def test_a_bad_adapter_is_refused_naming_it(served, tmp_path, case, message):
         "pair": dict(edit_files=_drop_b),
         "unknown": dict(edit_files=lambda d: _rename_module(d)),
         "experts": dict(edit_files=_expert_target),
+        "head": dict(edit_files=_head_target),
     }[case]
     path = _edited(root, f"{case}-{tmp_path.name}", **edits)
     with pytest.raises(CheckpointError, match=message) as err:
@@ -176,3 +178,12 @@ def test_an_adapters_identity_is_its_name_and_the_digest_of_its_files(served, tm
     assert a.identity == lora.identity(lora.slot("a")) and a.identity.startswith("a@") and len(a.digest) == 64
     changed = _edited(root, f"retrained-{tmp_path.name}", edit_config=lambda c: c.update(lora_alpha=9.0))
     assert read_adapter("a", changed, model, 64).identity != a.identity  # same name, other files: other scope
+
+
+def _head_target(dst):
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(str(dst / "adapter_model.safetensors"))
+    t["base_model.model.lm_head.lora_A.weight"] = torch.zeros(4, 64)
+    t["base_model.model.lm_head.lora_B.weight"] = torch.zeros(128, 4)
+    save_file(t, str(dst / "adapter_model.safetensors"))
