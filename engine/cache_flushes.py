@@ -60,7 +60,12 @@ class CacheFlushes:
             if blocker is None and waiting_outside:
                 blocker = _in_flight(waiting_outside), False
             if blocker is None:
-                dropped, told = scheduler.flush_retained()
+                try:
+                    dropped, told = scheduler.flush_retained()
+                except Exception as exc:  # a reset that fails must not take the loop down
+                    log.exception("prefix cache reset failed")
+                    self._refuse(peer, msg, f"the reset failed: {exc}")
+                    continue
                 if told:
                     log.info("prefix cache reset: %d retained entries dropped in every tier", dropped)
                 else:

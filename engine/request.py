@@ -149,7 +149,7 @@ class Request:
         if self.cache_salt is not None:
             check_str("cache_salt", self.cache_salt, 256, allow_empty=False)
         if self.adapter is not None:
-            check_str("adapter", self.adapter, 256, allow_empty=False)
+            check_str("adapter", self.adapter, 512, allow_empty=False)  # a name (<= 256) and a digest
         if self.reuse_scope is not None:
             self.salt_chunks = salt_chunks(self.reuse_scope)
 
