@@ -4,7 +4,9 @@ Both families (tiny random Qwen3.5 dense and Qwen3-Next MoE checkpoints), a
 small pool, few lanes and slots, and a real tierd with a small arena and a
 small KV-disk ceiling behind them. Hypothesis draws the engine's shape and a
 list of operations (``tests.support.reuse_diff``: bursts, multi-turn
-conversations, retries, forks, aborts, long prompts, rounds in between); every
+conversations, retries, forks, aborts, long prompts, rounds in between; a
+conversation or burst may carry a cache salt, and a request resumed only
+state a request of its own salt made); every
 finished request's greedy tokens and logprobs are compared with the same
 prompt run alone on a reuse-off engine (logprobs within 1e-4 absolute), and
 the engine must drain with every page and slot free. A failure prints the
@@ -37,13 +39,16 @@ configs = st.builds(Config, lanes=st.integers(1, 3), pages=st.sampled_from([8, 1
                     device_slots=st.integers(0, 1), host_slots=st.integers(1, 3),
                     budget=st.sampled_from([48, 100, 4096]), window=st.integers(1, 2), tiers=st.just(True))
 
+SALTS = st.sampled_from([None, None, "tenant-a", "tenant-b"])
+"""A conversation's or a burst's cache salt (its turns, retries and forks keep it): mostly none."""
+
 ops = st.one_of(
     st.tuples(st.just("new"), st.integers(0, 2), st.integers(1, 120), st.integers(0, 30),
-              st.sampled_from(["interactive", "agent"]), st.sampled_from([1, 4, 8, 40])),
+              st.sampled_from(["interactive", "agent"]), st.sampled_from([1, 4, 8, 40]), SALTS),
     st.tuples(st.just("turn"), st.integers(0, 5), st.integers(1, 60), st.integers(0, 30), st.booleans()),
     st.tuples(st.just("retry"), st.integers(0, 20)),
     st.tuples(st.just("fork"), st.integers(0, 20), st.integers(1, 40), st.integers(0, 30)),
-    st.tuples(st.just("burst"), st.integers(0, 2), st.integers(2, 4), st.integers(0, 30)),
+    st.tuples(st.just("burst"), st.integers(0, 2), st.integers(2, 4), st.integers(0, 30), SALTS),
     st.tuples(st.just("long"), st.integers(0, 30)),
     st.tuples(st.just("urgent"), st.integers(0, 2), st.integers(1, 60), st.integers(0, 30)),
     st.tuples(st.just("squeeze"), st.integers(0, 30)),
@@ -99,7 +104,7 @@ def test_reuse_on_equals_reuse_off(family_model, tierd):
     seen = _explore(family_model, tierd, examples=70, steps=16)
     # the runs compared reused from every tier and went through live eviction and aborts (with a tier,
     # decode-time pressure evicts instead of preempting)
-    for what in ("hit_device", "hit_kv_ram", "hit_kv_disk", "restores", "live_evictions", "aborted"):
+    for what in ("hit_device", "hit_kv_ram", "hit_kv_disk", "restores", "live_evictions", "aborted", "hit_salted"):
         assert seen[what] > 0, (what, dict(seen))
 
 

@@ -81,6 +81,7 @@ class Sent:
     req: Request
     logprobs: list = field(default_factory=list)
     end: str | None = None
+    salt: str | None = None  # the request's cache salt: what it may reuse is only its salt's
 
 
 class Driver:
@@ -110,6 +111,16 @@ class Driver:
         self.sent: list[Sent] = []
         self.by_id: dict[str, Sent] = {}
         self.refused = 0
+        # key tokens of every capture -> the salts of the requests that made one (``check_salts``)
+        self.creators: dict[tuple[int, ...], set] = {}
+        capture = self.sched.store.capture
+
+        def recording(tokens, live, *args, **kwargs):
+            maker = self.by_id.get(live.name)
+            self.creators.setdefault(tuple(tokens), set()).add(maker.salt if maker is not None else "?")
+            return capture(tokens, live, *args, **kwargs)
+
+        self.sched.store.capture = recording
 
     def close(self) -> None:
         if self.client is not None:
@@ -117,16 +128,16 @@ class Driver:
         self.state.close()
 
     def submit(self, prompt, system_end=None, opener_start=None, cls="interactive", max_tokens=MAX_TOKENS,
-               conv=None, last_is_user=True) -> Sent | None:
+               conv=None, last_is_user=True, salt=None) -> Sent | None:
         rid = f"r{len(self.sent)}"
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=True, top_logprobs=2)
         req = Request(rid, tuple(prompt), sp, request_class=cls, system_end=system_end, opener_start=opener_start,
-                      last_is_user=last_is_user,
+                      last_is_user=last_is_user, cache_salt=salt,
                       must_cut_at=capture_cuts(len(prompt), system_end, opener_start, PAGE))
         if self.sched.add(req) is not None:
             self.refused += 1
             return None
-        s = Sent(rid, tuple(prompt), system_end, opener_start, cls, max_tokens, conv, req)
+        s = Sent(rid, tuple(prompt), system_end, opener_start, cls, max_tokens, conv, req, salt=salt)
         self.sent.append(s)
         self.by_id[rid] = s
         return s
@@ -172,6 +183,11 @@ class Driver:
         assert slots.num_free == slots.total, (slots.num_free, slots.total)
 
 
+def _salt(drawn: list) -> str | None:
+    """An op's optional last element: the cache salt of the requests it starts (None: unsalted)."""
+    return drawn[0] if drawn else None
+
+
 def run_ops(drv: Driver, ops) -> None:
     """Apply ``ops`` (see the module docstring) to ``drv``, then drain it."""
     convs: list[list[Sent]] = []
@@ -179,10 +195,10 @@ def run_ops(drv: Driver, ops) -> None:
     for op in ops:
         kind = op[0]
         if kind == "new":
-            _, sys_i, user, seed, cls, max_tokens = op
+            _, sys_i, user, seed, cls, max_tokens, *salt = op
             system = system_block(sys_i)
             p = system + tokens(user, seed) + list(OPENER)
-            s = drv.submit(p, len(system), len(p) - 3, cls, max_tokens, conv=len(convs))
+            s = drv.submit(p, len(system), len(p) - 3, cls, max_tokens, conv=len(convs), salt=_salt(salt))
             if s is not None:
                 convs.append([s])
         elif kind == "turn" and convs:
@@ -196,24 +212,24 @@ def run_ops(drv: Driver, ops) -> None:
             if len(p) > max_len:
                 continue
             s = drv.submit(p, last.system_end, len(p) - 3, last.cls, last.max_tokens, conv=last.conv,
-                           last_is_user=after_user)
+                           last_is_user=after_user, salt=last.salt)
             if s is not None:
                 chain.append(s)
         elif kind == "retry" and drv.sent:
             src = drv.sent[op[1] % len(drv.sent)]
-            drv.submit(src.prompt, src.system_end, src.opener_start, src.cls, src.max_tokens)
+            drv.submit(src.prompt, src.system_end, src.opener_start, src.cls, src.max_tokens, salt=src.salt)
         elif kind == "fork" and drv.sent:
             _, k, extra, seed = op
             src = drv.sent[k % len(drv.sent)]
             p = list(src.prompt[:src.opener_start]) + tokens(extra, seed) + list(OPENER)
             if len(p) <= max_len:
-                drv.submit(p, src.system_end, len(p) - 3, src.cls, src.max_tokens)
+                drv.submit(p, src.system_end, len(p) - 3, src.cls, src.max_tokens, salt=src.salt)
         elif kind == "burst":
-            _, sys_i, n, seed = op
+            _, sys_i, n, seed, *salt = op
             system = system_block(sys_i)
             for j in range(n):
                 p = system + tokens(10 + 13 * j, seed * 31 + j) + list(OPENER)
-                drv.submit(p, len(system), len(p) - 3, "agent", 16)
+                drv.submit(p, len(system), len(p) - 3, "agent", 16, salt=_salt(salt))
         elif kind == "long":
             p = tokens(max_len - op[1] % 40, 5000 + op[1])
             drv.submit(p, None, len(p) - 3, "agent", 3)
@@ -281,12 +297,25 @@ def coverage(drv: Driver) -> dict[str, int]:
                live_evictions=st["live_evictions_total"], live_resumes=st["live_resumes_total"],
                preemptions=st["num_preemptions_total"], captures=st["reuse_captures_total"],
                skipped=st["reuse_captures_skipped_total"], aborted=sum(1 for s in drv.sent if s.end == "abort"),
-               finished=sum(1 for s in drv.sent if s.end == "length"))
+               finished=sum(1 for s in drv.sent if s.end == "length"),
+               hit_salted=sum(1 for s in drv.sent if s.req.cached_tokens and s.salt is not None))
     return out
 
 
+def check_salts(drv: Driver) -> None:
+    """Every request that resumed resumed an entry that only requests of its own salt (or, unsalted, only
+    unsalted ones) captured under those key tokens: reuse never crosses salts."""
+    for s in drv.sent:
+        n = s.req.cached_tokens
+        if n:
+            makers = drv.creators.get(s.req.key_prefix(n))
+            assert makers == {s.salt}, (s.rid, s.salt, n, makers)
+
+
 def compare(drv: Driver, refs: References) -> int:
-    """Check every finished, non-aborted request against its reference; returns how many were compared."""
+    """Check every finished, non-aborted request against its reference (and that reuse kept to salts);
+    returns how many were compared."""
+    check_salts(drv)
     compared = 0
     for s in drv.sent:
         if s.end in ("abort", "error"):
