@@ -72,6 +72,8 @@ class EngineMetrics(ProcessMetrics):
                                        ("kind", "tier"))
         self.reuse_hit_tokens = self.counter("reuse_hit_tokens", "prompt tokens resumed, by kind and tier",
                                              ("kind", "tier"))
+        self.lora_requests = self.counter("lora_requests", "requests that ran with a LoRA adapter, by adapter",
+                                          ("adapter",))
         self.reuse_shortfall = self.counter(
             "reuse_shortfall", "requests that reused less than they share with an earlier prompt (or nothing), "
             "by reason: unseen, no_mark, slot_busy, evicted, budget, not_ready", ("reason",))

@@ -162,6 +162,8 @@ class TokenStreams:
         if ev.shortfall != "none":
             self.metrics.reuse_shortfall.labels(self.metrics.model_name, ev.shortfall).inc()
         self.metrics.finished.labels(model_name, ev.reason).inc()
+        if t.adapter is not None:
+            self.metrics.lora_requests.labels(model_name, t.adapter).inc()
         self.metrics.prompt_tokens.inc(t.prompt_tokens)
         self.metrics.prefix_queries.inc(t.prompt_tokens)
         self.metrics.e2e.observe(now - t.arrived)

@@ -102,3 +102,22 @@ def test_prompt_scores_go_out_before_the_tokens_and_the_done_line_counts_them(ca
     with caplog.at_level("INFO", logger="ignis.engine"):
         streams.finish(FinishEvent("a", "length", 4, 1), "m")
     assert '"prompt_logprobs":{"scored":3}' in caplog.text
+
+
+def test_a_salted_adapter_request_says_so_in_its_done_line_and_counts_for_its_adapter(caplog):
+    from ignis.engine.schedule import FinishEvent
+    from ignis.shared.sampling import SamplingParams
+    from ignis.shared.wire import Generate
+
+    metrics = EngineMetrics("m")
+    streams = TokenStreams(Channel(), metrics)
+    streams.track(b"gw", Generate("a", (1, 2, 3), SamplingParams(), cache_salt="5" * 64, adapter="tuned"))
+    streams.track(b"gw", Generate("b", (1, 2, 3), SamplingParams()))
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("a", "length", 3, 1), "m")
+        streams.finish(FinishEvent("b", "length", 3, 1), "m")
+    a_line, b_line = [r.getMessage() for r in caplog.records if '"event":"done"' in r.getMessage()]
+    assert '"cache_salt":true' in a_line and '"adapter":"tuned"' in a_line
+    assert "cache_salt" not in b_line and "adapter" not in b_line
+    text = metrics.render().decode()
+    assert 'ignis:lora_requests_total{adapter="tuned",model_name="m"} 1.0' in text
