@@ -23,8 +23,8 @@ class GatewayConfig:
         "checkpoint directory (or NAME=DIR; repeat for several models, the first the default) whose tokenizer "
         "and chat template the gateway uses (default: the built-in demo model)", repeat=True))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(
-        "a LoRA adapter served with the default model, as NAME=PATH (a PEFT directory: adapter_config.json and "
-        "adapter_model.safetensors); repeat for more. A request whose model is NAME runs the default model with "
+        "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
+        "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for more. A request whose model is NAME runs the default model with "
         "that adapter (vLLM's flag)", repeat=True))
     served_model_name: str | None = field(default=None, metadata=field_doc(
         "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 DEMO_MODEL_NAME = "ignis-demo"
@@ -46,7 +47,8 @@ def model_specs(values, explicit: str | None = None) -> list[tuple[str, str | No
 
 
 def lora_specs(values, model_names=()) -> list[tuple[str, str]]:
-    """``--lora-modules`` values (``NAME=PATH``, repeatable) as (name, path) pairs, in order.
+    """``--lora-modules`` values (``NAME=PATH``, or vLLM's JSON form ``{"name": ..., "path": ...}``;
+    repeatable) as (name, path) pairs, in order.
 
     Names are unique and none is a served model's name (``model_names``): a request's ``model`` names
     either a model or an adapter of the default model."""
@@ -56,10 +58,8 @@ def lora_specs(values, model_names=()) -> list[tuple[str, str]]:
         values = (values,)
     specs = []
     for v in values:
-        name, sep, path = v.partition("=") if isinstance(v, str) else ("", "", "")
-        if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"--lora-modules: expected NAME=PATH, got {v!r}")
-        specs.append((name.strip(), path.strip()))
+        name, path = _lora_spec(v)
+        specs.append((name, path))
     names = [n for n, _ in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"--lora-modules: adapter names repeat: {names}")
@@ -67,3 +67,20 @@ def lora_specs(values, model_names=()) -> list[tuple[str, str]]:
     if taken:
         raise ValueError(f"--lora-modules: {', '.join(taken)} already names a served model")
     return specs
+
+
+def _lora_spec(value) -> tuple[str, str]:
+    """One ``--lora-modules`` value as (name, path)."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--lora-modules: not valid JSON ({exc}): {value!r}") from None
+        name, path = (obj.get("name"), obj.get("path")) if isinstance(obj, dict) else (None, None)
+        if not isinstance(name, str) or not isinstance(path, str) or not name.strip() or not path.strip():
+            raise ValueError(f'--lora-modules: the JSON form needs "name" and "path" strings, got {value!r}')
+        return name.strip(), path.strip()
+    name, sep, path = value.partition("=") if isinstance(value, str) else ("", "", "")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"--lora-modules: expected NAME=PATH or {{\"name\": ..., \"path\": ...}}, got {value!r}")
+    return name.strip(), path.strip()

@@ -1,0 +1,28 @@
+"""Model and adapter names (shared.model_names): ``--model`` specs and ``--lora-modules`` specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from ignis.shared.model_names import DEMO_MODEL_NAME, lora_specs, model_specs
+
+
+def test_model_specs_name_the_default_first():
+    assert model_specs(()) == [(DEMO_MODEL_NAME, None)]
+    assert model_specs(("/m/qwen",), "served") == [("served", "/m/qwen")]
+    assert model_specs(("a=/m/x", "b=/m/y")) == [("a", "/m/x"), ("b", "/m/y")]
+    with pytest.raises(ValueError, match="repeat"):
+        model_specs(("a=/m/x", "a=/m/y"))
+
+
+def test_lora_specs_take_name_path_and_vllms_json_form():
+    assert lora_specs(("sql=/a/sql", '{"name": "chat", "path": "/a/chat", "base_model_name": "m"}')) == [
+        ("sql", "/a/sql"), ("chat", "/a/chat")]
+    assert lora_specs(()) == [] and lora_specs(None) == []
+    for bad in ("nopath", "=/a", "x=", '{"name": "x"}', '{"name": 1, "path": "/a"}', "{broken", '["x"]'):
+        with pytest.raises(ValueError, match="--lora-modules"):
+            lora_specs((bad,))
+    with pytest.raises(ValueError, match="repeat"):
+        lora_specs(("a=/x", "a=/y"))
+    with pytest.raises(ValueError, match="already names a served model"):
+        lora_specs(("m=/x",), ["m"])
