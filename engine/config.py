@@ -18,8 +18,8 @@ class EngineConfig:
         "request naming another drains, unloads and loads it). Default: the built-in demo model", repeat=True))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(
         "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
-        "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for more. A request whose model is NAME runs the default model with "
-        "that adapter (vLLM's flag)", repeat=True))
+        "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for "
+        "more. A request whose model is NAME runs the default model with that adapter (vLLM's flag)", repeat=True))
     max_lora_rank: int = field(default=64, metadata=field_doc(
         "the largest rank a --lora-modules adapter may have (a larger one is refused at load)"))
     idle_unload_s: float | None = field(default=None, metadata=field_doc(

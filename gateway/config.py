@@ -24,8 +24,8 @@ class GatewayConfig:
         "and chat template the gateway uses (default: the built-in demo model)", repeat=True))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(
         "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
-        "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for more. A request whose model is NAME runs the default model with "
-        "that adapter (vLLM's flag)", repeat=True))
+        "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for "
+        "more. A request whose model is NAME runs the default model with that adapter (vLLM's flag)", repeat=True))
     served_model_name: str | None = field(default=None, metadata=field_doc(
         "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
     host: str = field(default="127.0.0.1", metadata=field_doc("address the HTTP server listens on"))
