@@ -19,9 +19,10 @@ def add_arguments(parser) -> None:
 def build_server(config: EngineConfig):
     """Load the default model and bind the engine's socket, ready to serve."""
     from ignis.engine.kv_events import open_kv_events
+    from ignis.engine.lora_updates import AdapterRegistry
     from ignis.engine.runtime import load_runtime
     from ignis.engine.server import EngineServer
-    from ignis.shared.model_names import model_specs
+    from ignis.shared.model_names import lora_specs, model_specs
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
 
     from ignis.shared.shm_blocks import unlink_orphans
@@ -32,9 +33,10 @@ def build_server(config: EngineConfig):
     specs = model_specs(config.model, config.served_model_name)
     dirs = dict(specs)
     default = specs[0][0]
+    registry = AdapterRegistry(lora_specs(config.lora_modules, list(dirs)))
     kv_events = open_kv_events(config)  # ValueError when its sockets cannot be opened
     try:
-        runtime = load_runtime(config, default, dirs[default], kv_events)
+        runtime = load_runtime(config, default, dirs[default], kv_events, registry.specs())
     except BaseException:
         if kv_events is not None:
             kv_events.close(0)
@@ -44,7 +46,8 @@ def build_server(config: EngineConfig):
     else:
         endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
     return EngineServer(config, runtime, endpoint, model_dirs=dirs,
-                        loader=lambda name: load_runtime(config, name, dirs[name], kv_events), kv_events=kv_events)
+                        loader=lambda name: load_runtime(config, name, dirs[name], kv_events, registry.specs()),
+                        kv_events=kv_events, adapters=registry)
 
 
 def run(args) -> int:

@@ -20,6 +20,9 @@ class EngineConfig:
         "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
         "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for "
         "more. A request whose model is NAME runs the default model with that adapter (vLLM's flag)", repeat=True))
+    enable_lora_updating: bool = field(default=False, metadata=field_doc(
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): LoRA adapters loaded and "
+        "unloaded while serving; off by default, as it lets API clients make the engine read a directory"))
     max_lora_rank: int = field(default=64, metadata=field_doc(
         "the largest rank a --lora-modules adapter may have (a larger one is refused at load)"))
     idle_unload_s: float | None = field(default=None, metadata=field_doc(

@@ -55,25 +55,40 @@ class Runtime:
             pass
 
 
-def _attach_adapters(config: EngineConfig, name: str, model) -> None:
-    """The ``--lora-modules`` adapters, on the default model only (CheckpointError naming a bad one)."""
+def _attach_adapters(config: EngineConfig, name: str, model, adapters: list | None) -> None:
+    """The default model's LoRA adapters: ``adapters`` ((name, path, required) from an
+    ``engine.lora_updates.AdapterRegistry``; None: ``--lora-modules``). A required one that is bad raises
+    (CheckpointError naming it); one loaded at run time whose files went bad is dropped with a warning."""
     from ignis.shared.model_names import lora_specs, model_specs
 
     models = model_specs(config.model, config.served_model_name)
-    specs = lora_specs(config.lora_modules, [n for n, _ in models])
-    if not specs or name != models[0][0]:
+    if adapters is None:
+        adapters = [(n, p, True) for n, p in lora_specs(config.lora_modules, [n for n, _ in models])]
+    if not adapters or name != models[0][0]:
         return
+    from ignis.engine.models.checkpoint_error import CheckpointError
     from ignis.engine.models.lora import LoraSet, read_adapter
 
-    lora = LoraSet(model, [read_adapter(n, p, model, config.max_lora_rank) for n, p in specs])
+    read = []
+    for n, p, required in adapters:
+        try:
+            read.append(read_adapter(n, p, model, config.max_lora_rank))
+        except CheckpointError as exc:
+            if required:
+                raise
+            log.warning("LoRA adapter %s (loaded at run time) is dropped: %s", n, exc)
+    lora = LoraSet(model, read)
     for a in lora.adapters:
         log.info("LoRA adapter %s: rank %d, scale %g, %d layers, from %s", a.name, a.rank, a.scale,
                  len(a.weights), a.path)
 
 
-def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_events=None) -> Runtime:
+def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_events=None,
+                 adapters: list | None = None) -> Runtime:
     """Load one model and allocate everything it serves with (pool, lanes, slots, scheduler).
-    ``kv_events``: the ``KvEventPublisher`` the retained store's block events go to (None: off)."""
+    ``kv_events``: the ``KvEventPublisher`` the retained store's block events go to (None: off);
+    ``adapters``: the default model's LoRA adapters ((name, path, required),
+    ``engine.lora_updates.AdapterRegistry.specs``; None: the ``--lora-modules`` ones)."""
     import torch
 
     from ignis.engine.memory_plan import plan_memory
@@ -99,7 +114,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     spec_k = config.speculative_tokens
     model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=spec_k > 0)
     cfg = ckpt.config
-    _attach_adapters(config, name, model)
+    _attach_adapters(config, name, model, adapters)
     if spec_k and not ckpt.has_drafter:
         raise ValueError(f"--speculative-tokens {spec_k}: {model_dir} has no drafter to speculate with "
                          f"({ckpt.drafter_note})")

@@ -34,11 +34,12 @@ from ignis.engine.config import EngineConfig
 from ignis.engine.engine_stats import loaded_stats, set_gauges, unloaded_stats
 from ignis.engine.gateway_watch import GatewayWatch
 from ignis.engine.intake import Intake
+from ignis.engine.lora_updates import AdapterRegistry, LoraUpdates
 from ignis.engine.metrics import EngineMetrics
 from ignis.engine.served_models import ServedModels
 from ignis.engine.token_streams import TokenStreams
 from ignis.shared.stop_request import StopRequest
-from ignis.shared.wire import Abort, FlushCache, Generate, Refused, Stats, StatsReply
+from ignis.shared.wire import Abort, FlushCache, Generate, LoadAdapter, Refused, Stats, StatsReply, UnloadAdapter
 from ignis.shared.zmq_queues import bind_router
 
 log = logging.getLogger("ignis.engine")
@@ -48,7 +49,7 @@ class EngineServer:
     """Serves one model at a time out of ``model_dirs``; ``loader(name)`` loads another."""
 
     def __init__(self, config: EngineConfig, runtime, endpoint: str, model_dirs: dict | None = None,
-                 loader=None, kv_events=None):
+                 loader=None, kv_events=None, adapters: AdapterRegistry | None = None):
         self.config = config
         self.kv_events = kv_events
         self.models = ServedModels(runtime, model_dirs, loader)
@@ -58,11 +59,14 @@ class EngineServer:
         self._ctx = zmq.Context.instance()
         self._wake = threading.Event()
         self._stats_snapshot: dict | None = None
-        self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats, FlushCache), name="engine",
+        self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats, FlushCache, LoadAdapter,
+                                                         UnloadAdapter), name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
         self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
         self.streams = TokenStreams(self.channel, self.metrics)
         self.flushes = CacheFlushes(self.channel.send)
+        self.lora_updates = LoraUpdates(config.enable_lora_updating, adapters or AdapterRegistry([]),
+                                        config.max_lora_rank, self.models.dirs, self.channel.send)
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
         self.intake = Intake(self.channel, self.metrics, self.models, self.streams, self._stopping,
                              config.max_queue, wake=self._wake.set)
@@ -221,6 +225,15 @@ class EngineServer:
             self.channel.send(StatsReply(self.stats()), peer)
         elif isinstance(msg, FlushCache):
             self.flushes.ask(peer, msg)
+        elif isinstance(msg, (LoadAdapter, UnloadAdapter)):  # between rounds: the layers change only here
+            self.lora_updates.handle(peer, msg, self.runtime if self.loaded else None,
+                                     self.loaded and self.models.name == self.models.default, self._adapter_users)
+
+    def _adapter_users(self, name: str) -> int:
+        """Requests in flight that name LoRA adapter ``name`` (waiting before the scheduler included)."""
+        waiting = [msg for _, msg in self.models.pending] + [msg for _, msg in self.intake.compiles.waiting.values()]
+        tracked = sum(1 for t in self.streams.tracked.values() if t.adapter == name)
+        return tracked + sum(1 for msg in waiting if msg.adapter == name and msg.id not in self.streams.tracked)
 
     def _abort_orphans(self) -> None:
         """Requests of a gateway that went away end now ("abort", "gateway gone"): their lanes and

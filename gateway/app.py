@@ -11,6 +11,7 @@ Routes:
     POST /v1/messages           Anthropic's Messages API (gateway.messages_api; also /v1/messages/count_tokens)
     POST /tokenize, /detokenize vLLM's token utilities (gateway.tokenize_api)
     POST /reset_prefix_cache    vLLM's cache reset (also /flush_cache, SGLang's, POST or GET; gateway.cache_reset)
+    POST /v1/load_lora_adapter  with --enable-lora-updating, and /v1/unload_lora_adapter (gateway.lora_api)
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
 as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
@@ -43,6 +44,7 @@ from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import ApiError, from_http_exception
 from ignis.gateway.generation import ClientGone, EngineFailed, api_error_of
 from ignis.gateway.listener import CONNECTIONS, Connections
+from ignis.gateway.lora_api import load_lora_adapter, unload_lora_adapter
 from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.messages_api import count_tokens, create_message
 from ignis.gateway.metrics import GatewayMetrics
@@ -255,6 +257,9 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_get("/flush_cache", reset_prefix_cache)
     if config.enable_tokenizer_info_endpoint:
         app.router.add_get("/tokenizer_info", tokenizer_info)
+    if config.enable_lora_updating:
+        app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
 
     async def start(app: web.Application) -> None:
         await gw.client.start()

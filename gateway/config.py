@@ -26,6 +26,9 @@ class GatewayConfig:
         "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
         "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for "
         "more. A request whose model is NAME runs the default model with that adapter (vLLM's flag)", repeat=True))
+    enable_lora_updating: bool = field(default=False, metadata=field_doc(
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): LoRA adapters loaded and "
+        "unloaded while serving; off by default, as it lets API clients make the engine read a directory"))
     served_model_name: str | None = field(default=None, metadata=field_doc(
         "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
     host: str = field(default="127.0.0.1", metadata=field_doc("address the HTTP server listens on"))

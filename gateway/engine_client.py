@@ -7,7 +7,7 @@
         PromptLogprobs -> onto the inbox as (engine id, message, None)
         Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
-        CacheFlushed -> the ``flush_cache()`` call that asked, by id
+        CacheFlushed, AdapterUpdated -> the ``flush_cache()`` / ``update_adapter()`` call that asked, by id
 
 No I/O thread: the reader task takes the messages already queued on the
 socket in one turn of the loop (no thread hop, no wake-up pipe per message;
@@ -44,6 +44,7 @@ from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
     GATEWAY_ENGINE,
     Abort,
+    AdapterUpdated,
     CacheFlushed,
     FlushCache,
     ErrorReply,
@@ -84,8 +85,8 @@ class EngineClient:
         self._engine_started: float | None = None  # the engine instance we talk to (its start time)
         self._routes: dict[str, object] = {}  # engine id -> its request's inbox (put_nowait)
         self._stats_waiters: collections.deque[asyncio.Future] = collections.deque()
-        self._flush_waiters: dict[str, asyncio.Future] = {}
-        self._flushes = 0
+        self._answer_waiters: dict[str, asyncio.Future] = {}  # a FlushCache's or an adapter update's answer
+        self._asked = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -180,19 +181,26 @@ class EngineClient:
     async def flush_cache(self, timeout: float = 30.0) -> CacheFlushed:
         """Ask the engine to drop every retained entry in every tier (``engine.cache_flushes``); its answer.
         Raises EngineUnavailable while ``lost`` or after ``timeout`` seconds."""
+        return await self._ask(FlushCache, (), "the cache reset", timeout)
+
+    async def update_adapter(self, make, *fields, timeout: float = 60.0) -> AdapterUpdated:
+        """Send ``make(id, *fields)`` (``LoadAdapter`` or ``UnloadAdapter``); the engine's answer."""
+        return await self._ask(make, fields, "the LoRA adapter update", timeout)
+
+    async def _ask(self, make, fields: tuple, what: str, timeout: float):
         if self.lost:
             raise EngineUnavailable("the engine went away; it is being restarted")
-        self._flushes += 1
-        fid = f"flush-{id(self):x}-{self._flushes}"
+        self._asked += 1
+        aid = f"ask-{id(self):x}-{self._asked}"
         fut = self._loop.create_future()
-        self._flush_waiters[fid] = fut
-        self._send(FlushCache(fid))
+        self._answer_waiters[aid] = fut
+        self._send(make(aid, *fields))
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
-            raise EngineUnavailable(f"the engine did not answer the cache reset within {timeout:g} s") from None
+            raise EngineUnavailable(f"the engine did not answer {what} within {timeout:g} s") from None
         finally:
-            self._flush_waiters.pop(fid, None)
+            self._answer_waiters.pop(aid, None)
 
     async def max_model_len(self) -> int:
         """From the latest stats; asks the engine when none arrived yet. EngineUnavailable while ``lost``."""
@@ -277,8 +285,8 @@ class EngineClient:
                 if not fut.done():
                     fut.set_result(msg.values)
                     break
-        elif isinstance(msg, CacheFlushed):
-            fut = self._flush_waiters.get(msg.id)
+        elif isinstance(msg, (CacheFlushed, AdapterUpdated)):
+            fut = self._answer_waiters.get(msg.id)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
         elif isinstance(msg, ErrorReply):

@@ -37,7 +37,7 @@ def _responses(method: str, path: str) -> dict:
     ok: dict = {"description": "OK"}
     if answer is not None:
         ok["content"] = _json(answer)
-    if path == "/metrics":
+    if path in ("/metrics", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
         ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
     if method == "POST" and path in STREAMING:  # stream: true answers server-sent events; the schema is each event's
         ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}

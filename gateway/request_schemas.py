@@ -216,9 +216,15 @@ COUNT_TOKENS = {**MESSAGES, "required": ["messages"]}
 DETOKENIZE = _obj({"model": SAMPLING["model"], "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
                   ("tokens",))
 
+LORA_NAME = {"type": "string", "minLength": 1, "maxLength": 256}
+LOAD_LORA = _obj({"lora_name": LORA_NAME, "lora_path": {"type": "string", "minLength": 1, "maxLength": 4096}},
+                 ("lora_name", "lora_path"))
+UNLOAD_LORA = _obj({"lora_name": LORA_NAME}, ("lora_name",))
+
 REQUESTS = {"/v1/chat/completions": CHAT_COMPLETIONS, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES,
             "/tokenize": TOKENIZE, "/detokenize": DETOKENIZE, "/v1/messages": MESSAGES,
-            "/v1/messages/count_tokens": COUNT_TOKENS}
+            "/v1/messages/count_tokens": COUNT_TOKENS, "/v1/load_lora_adapter": LOAD_LORA,
+            "/v1/unload_lora_adapter": UNLOAD_LORA}
 """The JSON body of each POST route."""
 
 STREAMING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")

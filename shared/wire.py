@@ -59,7 +59,8 @@ from ignis.shared.wire_values import check_field_names
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Finished", "Refused",
-    "ErrorReply", "StatsReply", "FlushCache", "CacheFlushed", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
+    "ErrorReply", "StatsReply", "FlushCache", "CacheFlushed", "LoadAdapter",
+    "UnloadAdapter", "AdapterUpdated", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
 
@@ -72,6 +73,7 @@ hello, as ``TIER_PROTOCOL_VERSION`` does; until then peers of different commits 
 changed messages as malformed."""
 
 MAX_ID_CHARS = 256
+MAX_PATH_CHARS = 4096
 MAX_STATS = 1024
 MAX_PROMPT_SCORES = 4096
 """Prompt tokens one PromptLogprobs message scores (a longer prompt's scores take several)."""
@@ -199,6 +201,39 @@ class FlushCache:
 
     def __post_init__(self):
         _check_id(self.id)
+
+
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class LoadAdapter:
+    """Serve the LoRA adapter at ``path`` as ``name`` with the default model (``engine.lora_updates``);
+    answered by ``AdapterUpdated`` with the same ``id``."""
+
+    TYPE: ClassVar[str] = "load_adapter"
+
+    id: str
+    name: str
+    path: str
+
+    def __post_init__(self):
+        _check_id(self.id)
+        check_str("name", self.name, MAX_ID_CHARS, allow_empty=False)
+        check_str("path", self.path, MAX_PATH_CHARS, allow_empty=False)
+
+
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """Stop serving the LoRA adapter ``name``; answered by ``AdapterUpdated`` with the same ``id``."""
+
+    TYPE: ClassVar[str] = "unload_adapter"
+
+    id: str
+    name: str
+
+    def __post_init__(self):
+        _check_id(self.id)
+        check_str("name", self.name, MAX_ID_CHARS, allow_empty=False)
 
 
 # ----- engine -> gateway ---------------------------------------------------
@@ -468,8 +503,30 @@ class CacheFlushed:
         check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache)
-ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply, CacheFlushed)
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class AdapterUpdated:
+    """The answer to ``LoadAdapter``/``UnloadAdapter`` ``id``: done (``ok``) or not, and why; ``missing``:
+    the adapter to unload is not served."""
+
+    TYPE: ClassVar[str] = "adapter_updated"
+
+    id: str
+    ok: bool
+    message: str = ""
+    missing: bool = False
+
+    def __post_init__(self):
+        _check_id(self.id)
+        for name in ("ok", "missing"):
+            if type(getattr(self, name)) is not bool:
+                raise TypeError(f"{name} must be true or false")
+        check_str("message", self.message, MAX_TEXT_CHARS)
+
+
+GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache, LoadAdapter, UnloadAdapter)
+ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply, CacheFlushed,
+                     AdapterUpdated)
 
 encode = GATEWAY_ENGINE.encode
 decode = GATEWAY_ENGINE.decode

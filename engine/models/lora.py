@@ -179,27 +179,56 @@ class LoraSet:
         if len(set(names)) != len(names):
             raise CheckpointError(f"--lora-modules: adapter names repeat: {names}")
         self.rows = LoraRows()
-        self.slots = {a.name: i for i, a in enumerate(adapters)}
-        self.adapters = list(adapters)
+        self.model = model
+        self.slots: dict[str, int] = {}
+        self.by_slot: dict[int, LoraAdapter] = {}
         self._lane_slot: dict[int, int] = {}
-        weight = next(model.parameters())
-        for slot, adapter in enumerate(adapters):
-            for module, (a, b) in adapter.weights.items():
-                layer = model.get_submodule(module)
-                if not isinstance(layer, LoraLinear):
-                    parent, _, child = module.rpartition(".")
-                    layer = LoraLinear(layer, self.rows)
-                    model.get_submodule(parent).register_module(child, layer)
-                layer.adapters[slot] = (a.to(weight.device, weight.dtype).contiguous(),
-                                        b.to(weight.device, weight.dtype).contiguous(), adapter.scale)
+        for adapter in adapters:
+            self.add(adapter)
         model.lora = self
+
+    @property
+    def adapters(self) -> list[LoraAdapter]:
+        return [self.by_slot[s] for s in sorted(self.by_slot)]
+
+    def add(self, adapter: LoraAdapter) -> int:
+        """Serve ``adapter`` (read against this model) in a free slot; its slot. Only between forwards."""
+        if adapter.name in self.slots:
+            raise CheckpointError(f"LoRA adapter {adapter.name} is already loaded")
+        slot = next(i for i in range(len(self.by_slot) + 1) if i not in self.by_slot)
+        weight = next(self.model.parameters())
+        for module, (a, b) in adapter.weights.items():
+            layer = self.model.get_submodule(module)
+            if not isinstance(layer, LoraLinear):
+                parent, _, child = module.rpartition(".")
+                layer = LoraLinear(layer, self.rows)
+                self.model.get_submodule(parent).register_module(child, layer)
+            layer.adapters[slot] = (a.to(weight.device, weight.dtype).contiguous(),
+                                    b.to(weight.device, weight.dtype).contiguous(), adapter.scale)
+        self.slots[adapter.name] = slot
+        self.by_slot[slot] = adapter
+        return slot
+
+    def remove(self, name: str) -> bool:
+        """Stop serving adapter ``name``, which no request in flight may use (the caller's check: lanes
+        that ran it last are let go); False when it is not served. Only between forwards."""
+        slot = self.slots.pop(name, None)
+        if slot is None:
+            return False
+        for lane in [lane for lane, s in self._lane_slot.items() if s == slot]:
+            del self._lane_slot[lane]
+        del self.by_slot[slot]
+        for layer in self.model.modules():
+            if isinstance(layer, LoraLinear):
+                layer.adapters.pop(slot, None)
+        return True
 
     def slot(self, name: str) -> int | None:
         return self.slots.get(name)
 
     def identity(self, slot: int) -> str:
         """The adapter in ``slot`` as reuse scopes it: its name and the digest of its files."""
-        return self.adapters[slot].identity
+        return self.by_slot[slot].identity
 
     def assign(self, lane: int, slot: int) -> None:
         """``lane``'s rows take adapter ``slot`` from now on (-1: none)."""

@@ -107,3 +107,62 @@ def test_an_unknown_adapter_is_a_404(lora_server):
     r = http("POST", server.url + "/v1/completions", b'{"model": "nope", "prompt": "hi", "max_tokens": 1}',
              {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     assert r.status == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def _post(server, path: str, body: dict):
+    import json
+
+    return http("POST", server.url + path, json.dumps(body).encode(),
+                {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+
+
+def test_runtime_loading_is_off_without_its_flag(lora_server):
+    server, _, _, tmp = lora_server
+    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp / "tuned")}).status == 404
+
+
+@pytest.fixture(scope="module")
+def updating_server(tmp_path_factory, hf_model):
+    from openai import OpenAI
+
+    tmp = tmp_path_factory.mktemp("lora-updating")
+    pairs = write_adapter(tmp / "late", hf_model, rank=RANK, alpha=ALPHA, seed=5, spread=2.0)
+    server = start_serve(tmp, ["--kv-pool-tokens", "16384", "--decode-lanes", "4", "--api-key", API_KEY,
+                               "--enable-lora-updating", "--idle-unload-s", "1"])
+    client = OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    yield server, client, merged_reference(hf_model, pairs, ALPHA / RANK), tmp
+    client.close()
+    assert stop_serve(server) == 0, server.log()
+
+
+def test_an_adapter_loaded_while_serving_answers_until_it_is_unloaded(updating_server, hf_model):
+    import time
+
+    server, client, merged, tmp = updating_server
+    ids = [int(t) for t in torch.randint(0, TOKENIZER_SIZE, (30,), generator=torch.Generator().manual_seed(9))]
+    assert "late" not in {m.id for m in client.models.list().data}
+    _complete(client, server.model, ids, 2)  # the default model is loaded
+    r = _post(server, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp / "late")})
+    assert r.status == 200 and r.body.decode() == "Success: LoRA adapter 'late' added successfully.", r.body
+    assert "late" in {m.id for m in client.models.list().data}
+    assert _complete(client, "late", ids) == greedy(merged, ids, 8)
+    # refused: the name taken, a directory without an adapter, a missing field; serving goes on
+    again = _post(server, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp / "late")})
+    assert again.status == 400 and "already loaded" in again.json()["error"]["message"]
+    bad = _post(server, "/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": str(tmp)})
+    assert bad.status == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "x"}).json()["error"]["param"] == "lora_path"
+    # an idle unload and the reload that follows keep the adapter loaded at run time
+    deadline = time.monotonic() + 60
+    while "unloaded model" not in server.log():
+        assert time.monotonic() < deadline, server.log()[-2000:]
+        time.sleep(0.2)
+    assert _complete(client, "late", ids) == greedy(merged, ids, 8)
+    r = _post(server, "/v1/unload_lora_adapter", {"lora_name": "late"})
+    assert r.status == 200 and r.body.decode() == "Success: LoRA adapter 'late' removed successfully."
+    assert "late" not in {m.id for m in client.models.list().data}
+    assert _post(server, "/v1/unload_lora_adapter", {"lora_name": "late"}).status == 404
+    gone = http("POST", server.url + "/v1/completions", b'{"model": "late", "prompt": "hi", "max_tokens": 1}',
+                {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    assert gone.status == 404
+    assert _complete(client, server.model, ids) == greedy(hf_model, ids, 8)

@@ -10,6 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ignis.shared.wire import (
+    AdapterUpdated,
+    LoadAdapter,
+    UnloadAdapter,
     CacheFlushed,
     FlushCache,
     ENGINE_TO_GATEWAY,
@@ -77,6 +80,10 @@ MESSAGES = [
     FlushCache(id="flush-1"),
     CacheFlushed(id="flush-1", flushed=True, entries=12),
     CacheFlushed(id="flush-2", flushed=False, message="2 requests are in flight"),
+    LoadAdapter(id="lora-1", name="sql", path="/srv/adapters/sql"),
+    UnloadAdapter(id="lora-2", name="sql"),
+    AdapterUpdated(id="lora-1", ok=True, message="LoRA adapter 'sql' added"),
+    AdapterUpdated(id="lora-2", ok=False, message="cannot be found", missing=True),
 ]
 
 
@@ -246,6 +253,11 @@ GEN = MESSAGES[1]
     (_header(CacheFlushed("f", True), entries=-1), "entries"),
     (_header(CacheFlushed("f", True), entries="3"), "entries"),
     (_header(CacheFlushed("f", True), message=7), "message"),
+    (_header(LoadAdapter("l", "a", "/p"), path=""), "must not be empty"),
+    (_header(LoadAdapter("l", "a", "/p"), name=None), "name"),
+    (_header(UnloadAdapter("l", "a"), extra=1), "unknown field"),
+    (_header(AdapterUpdated("l", True), ok="yes"), "ok must be true or false"),
+    (_header(AdapterUpdated("l", True), missing=0), "missing must be true or false"),
 ])
 def test_malformed_raises_wire_error(frames, match):
     with pytest.raises(WireError, match=match):

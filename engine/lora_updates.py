@@ -1,0 +1,108 @@
+"""LoRA adapters loaded and unloaded while serving (vLLM's ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``).
+
+Only with ``--enable-lora-updating`` (vLLM asks for ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``):
+anyone holding the API key can then make the engine read a directory.
+
+``AdapterRegistry`` is what the default model is served with: the
+``--lora-modules`` adapters (a bad one stops the engine at start) and those
+loaded since (kept across idle unloads and model switches: a reload reads
+them again, and one whose files went bad meanwhile is dropped with a warning,
+never failing the load). ``LoraUpdates`` answers the gateway's
+``LoadAdapter``/``UnloadAdapter`` between rounds (the adapted layers change
+only between forwards):
+
+- a load reads the adapter against the loaded default model and serves it at
+  once; refused (nothing changed) when updating is off, the default model is
+  not loaded, the name is taken by an adapter or a model, or the adapter is
+  refused as at start (``engine.models.lora``);
+- an unload stops serving it; refused while a request in flight (running,
+  waiting, or waiting before the scheduler) names it, and for an unknown
+  name. State it retained stays scoped to its name and files' digest: a later
+  adapter under the name resumes none of it unless its files are the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ignis.shared.wire import AdapterUpdated, LoadAdapter, UnloadAdapter
+
+log = logging.getLogger("ignis.engine")
+
+
+class AdapterRegistry:
+    def __init__(self, flagged: list[tuple[str, str]]):
+        self.flagged = list(flagged)
+        self.added: dict[str, str] = {}
+
+    def specs(self) -> list[tuple[str, str, bool]]:
+        """(name, path, required) of every adapter the default model is served with, in load order."""
+        return [(n, p, True) for n, p in self.flagged] + [(n, p, False) for n, p in self.added.items()]
+
+    def names(self) -> set[str]:
+        return {n for n, _ in self.flagged} | set(self.added)
+
+
+class LoraUpdates:
+    def __init__(self, enabled: bool, registry: AdapterRegistry, max_rank: int, model_names,
+                 send: Callable[[object, bytes], None]):
+        self.enabled = enabled
+        self.registry = registry
+        self.max_rank = max_rank
+        self.model_names = set(model_names)
+        self._send = send
+
+    def handle(self, peer: bytes, msg, runtime, default_loaded: bool, users: Callable[[str], int]) -> None:
+        """``runtime``: the loaded model's (None: none); ``default_loaded``: it is the default model;
+        ``users(name)``: requests in flight that name adapter ``name``."""
+        if not self.enabled:
+            return self._answer(peer, msg, False, "loading and unloading LoRA adapters at run time is off "
+                                                  "(--enable-lora-updating)")
+        if isinstance(msg, LoadAdapter):
+            return self._load(peer, msg, runtime if default_loaded else None)
+        return self._unload(peer, msg, runtime if default_loaded else None, users)
+
+    def _load(self, peer: bytes, msg: LoadAdapter, runtime) -> None:
+        from ignis.engine.models.checkpoint_error import CheckpointError
+        from ignis.engine.models.lora import LoraSet, read_adapter
+
+        if msg.name in self.model_names:
+            return self._answer(peer, msg, False, f"{msg.name!r} already names a served model")
+        if msg.name in self.registry.names():
+            return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is already loaded")
+        if runtime is None:
+            return self._answer(peer, msg, False, "the default model is not loaded: send it a request first")
+        model = runtime.runner.model
+        try:
+            adapter = read_adapter(msg.name, msg.path, model, self.max_rank)
+        except (CheckpointError, OSError, ValueError) as exc:
+            return self._answer(peer, msg, False, str(exc))
+        if model.lora is None:
+            LoraSet(model, [adapter])
+            runtime.runner.lora = model.lora
+        else:
+            model.lora.add(adapter)
+        self.registry.added[msg.name] = msg.path
+        log.info("LoRA adapter %s loaded at run time: rank %d, scale %g, %d layers, from %s", adapter.name,
+                 adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
+        self._answer(peer, msg, True, f"LoRA adapter {msg.name!r} added")
+
+    def _unload(self, peer: bytes, msg: UnloadAdapter, runtime, users: Callable[[str], int]) -> None:
+        if msg.name not in self.registry.names():
+            return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} cannot be found", missing=True)
+        n = users(msg.name)
+        if n:
+            return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is in use by {n} request"
+                                                  f"{'' if n == 1 else 's'} in flight")
+        if runtime is not None and runtime.lora is not None:
+            runtime.lora.remove(msg.name)
+        self.registry.flagged = [(n, p) for n, p in self.registry.flagged if n != msg.name]
+        self.registry.added.pop(msg.name, None)
+        log.info("LoRA adapter %s unloaded", msg.name)
+        self._answer(peer, msg, True, f"LoRA adapter {msg.name!r} removed")
+
+    def _answer(self, peer: bytes, msg, ok: bool, message: str, missing: bool = False) -> None:
+        if not ok:
+            log.info("LoRA adapter %s: %s", msg.name, message)
+        self._send(AdapterUpdated(msg.id, ok, message, missing), peer)

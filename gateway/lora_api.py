@@ -1,0 +1,70 @@
+"""vLLM's ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``, with ``--enable-lora-updating``.
+
+``{"lora_name": NAME, "lora_path": DIR}`` loads a PEFT adapter as NAME for the
+default model (``engine.lora_updates``); ``{"lora_name": NAME}`` unloads one.
+Answers, as vLLM's: 200 with a plain-text ``Success: ...`` line; a 400 naming
+the reason (the adapter refused, its name taken, the default model not
+loaded, the adapter still in use); a 404 for unloading an adapter that is not
+served. On success the gateway's list of adapters (``/v1/models``, the names
+requests may give) follows at once. Without the flag the routes are not
+served (404).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ignis.gateway.body import parse_object, read_body
+from ignis.gateway.errors import ApiError, invalid
+from ignis.gateway.fields import Fields
+from ignis.gateway.state import STATE, GatewayState
+from ignis.shared.wire import LoadAdapter, UnloadAdapter
+
+MAX_BODY = 64 << 10
+MAX_NAME = 256
+MAX_PATH = 4096
+
+
+async def _fields(request: web.Request) -> Fields:
+    gw: GatewayState = request.app[STATE]
+    raw = await read_body(request, MAX_BODY, gw.config.body_read_timeout)
+    return Fields(parse_object(raw))
+
+
+def _name(f: Fields) -> str:
+    name = f.str("lora_name", None, max_chars=MAX_NAME)
+    if not name:
+        raise invalid("lora_name is required: a non-empty string", "lora_name")
+    return name
+
+
+def _answer(answer, done: str) -> web.Response:
+    if answer.ok:
+        return web.Response(text=f"Success: {done}", content_type="text/plain")
+    if answer.missing:
+        raise ApiError(404, answer.message, param="lora_name", code="not_found")
+    raise invalid(answer.message, "lora_name")
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """Load a LoRA adapter for the default model while serving (vLLM's)."""
+    gw: GatewayState = request.app[STATE]
+    f = await _fields(request)
+    name = _name(f)
+    path = f.str("lora_path", None, max_chars=MAX_PATH)
+    if not path:
+        raise invalid("lora_path is required: the adapter's directory", "lora_path")
+    answer = await gw.client.update_adapter(LoadAdapter, name, path)
+    if answer.ok:
+        gw.adapters[name] = path
+    return _answer(answer, f"LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    """Unload a LoRA adapter while serving (vLLM's)."""
+    gw: GatewayState = request.app[STATE]
+    name = _name(await _fields(request))
+    answer = await gw.client.update_adapter(UnloadAdapter, name)
+    if answer.ok or answer.missing:
+        gw.adapters.pop(name, None)
+    return _answer(answer, f"LoRA adapter '{name}' removed successfully.")
