@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ignis.shared.flags import field_doc, parse_bytes
+from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP
 
 
 def _opt_bytes(text):
@@ -16,13 +17,8 @@ class EngineConfig:
     model: tuple[str, ...] = field(default=(), metadata=field_doc(
         "checkpoint directory, or NAME=DIR; repeat to configure several models (the first is the default; a "
         "request naming another drains, unloads and loads it). Default: the built-in demo model", repeat=True))
-    lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(
-        "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
-        "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for "
-        "more. A request whose model is NAME runs the default model with that adapter (vLLM's flag)", repeat=True))
-    enable_lora_updating: bool = field(default=False, metadata=field_doc(
-        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): LoRA adapters loaded and "
-        "unloaded while serving; off by default, as it lets API clients make the engine read a directory"))
+    lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
+    enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
     max_lora_rank: int = field(default=64, metadata=field_doc(
         "the largest rank a --lora-modules adapter may have (a larger one is refused at load)"))
     idle_unload_s: float | None = field(default=None, metadata=field_doc(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ignis.gateway.image_limits import parse_mm_limit
 from ignis.shared.flags import field_doc, parse_bytes
+from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
 TOOL_CALL_PARSERS = ("auto", "qwen3_xml", "hermes")
@@ -22,13 +23,8 @@ class GatewayConfig:
     model: tuple[str, ...] = field(default=(), metadata=field_doc(
         "checkpoint directory (or NAME=DIR; repeat for several models, the first the default) whose tokenizer "
         "and chat template the gateway uses (default: the built-in demo model)", repeat=True))
-    lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(
-        "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
-        "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for "
-        "more. A request whose model is NAME runs the default model with that adapter (vLLM's flag)", repeat=True))
-    enable_lora_updating: bool = field(default=False, metadata=field_doc(
-        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): LoRA adapters loaded and "
-        "unloaded while serving; off by default, as it lets API clients make the engine read a directory"))
+    lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
+    enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
     served_model_name: str | None = field(default=None, metadata=field_doc(
         "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
     host: str = field(default="127.0.0.1", metadata=field_doc("address the HTTP server listens on"))

@@ -6,6 +6,14 @@ import json
 from pathlib import Path
 
 DEMO_MODEL_NAME = "ignis-demo"
+LORA_MODULES_HELP = (
+    "a LoRA adapter served with the default model, as NAME=PATH or vLLM's JSON form {\"name\": ..., "
+    "\"path\": ...} (a PEFT directory: adapter_config.json and adapter_model.safetensors); repeat for more. "
+    "A request whose model is NAME runs the default model with that adapter (vLLM's flag)")
+LORA_UPDATING_HELP = (
+    "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): LoRA adapters loaded and "
+    "unloaded while serving; off by default, as it lets API clients make the engine read a directory")
+"""The help of the two flags the engine and the gateway share (``ignis serve`` hands each to both)."""
 
 
 def served_name(model_dir: str | None, explicit: str | None = None) -> str:
