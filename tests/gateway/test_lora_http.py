@@ -128,7 +128,7 @@ def updating_server(tmp_path_factory, hf_model):
     tmp = tmp_path_factory.mktemp("lora-updating")
     pairs = write_adapter(tmp / "late", hf_model, rank=RANK, alpha=ALPHA, seed=5, spread=2.0)
     server = start_serve(tmp, ["--kv-pool-tokens", "16384", "--decode-lanes", "4", "--api-key", API_KEY,
-                               "--enable-lora-updating", "--idle-unload-s", "1"])
+                               "--enable-lora-updating", "--idle-unload-s", "3"])
     client = OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
     yield server, client, merged_reference(hf_model, pairs, ALPHA / RANK), tmp
     client.close()
@@ -147,6 +147,7 @@ def test_an_adapter_loaded_while_serving_answers_until_it_is_unloaded(updating_s
     assert "late" in {m.id for m in client.models.list().data}
     assert _complete(client, "late", ids) == greedy(merged, ids, 8)
     # refused: the name taken, a directory without an adapter, a missing field; serving goes on
+    _complete(client, server.model, ids, 1)  # the model stays loaded (idle unload after 3 s)
     again = _post(server, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp / "late")})
     assert again.status == 400 and "already loaded" in again.json()["error"]["message"]
     bad = _post(server, "/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": str(tmp)})
