@@ -80,7 +80,6 @@ class LoraUpdates:
             return self._answer(peer, msg, False, str(exc))
         if model.lora is None:
             LoraSet(model, [adapter])
-            runtime.runner.lora = model.lora
         else:
             model.lora.add(adapter)
         self.registry.added[msg.name] = msg.path

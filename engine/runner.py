@@ -80,8 +80,13 @@ class ModelRunner:
         # copy only the tokens to the host: on CUDA that spares a [rows, vocab] copy per round
         self.greedy_on_device = self.device.type != "cpu"
         self.spec = None  # a SpecDecoder once a drafter is in use
-        self.lora = getattr(model, "lora", None)  # the LoRA adapters served with the model (None: none)
         self._adapted: set[str] = set()  # requests running with an adapter: they do not draft
+
+    @property
+    def lora(self):
+        """The LoRA adapters served with the model (``engine.models.lora.LoraSet``; None: none), as the
+        model holds them: adapters attached while serving are seen at once."""
+        return getattr(self.model, "lora", None)
 
     def use_drafter(self, spec) -> None:
         """Speculate with ``spec`` (an ``engine.spec_decode.SpecDecoder``) from the next round on."""

@@ -18,11 +18,11 @@ from ignis.gateway.body import parse_object, read_body
 from ignis.gateway.errors import ApiError, invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.state import STATE, GatewayState
+from ignis.shared.wire import MAX_ID_CHARS as MAX_NAME
+from ignis.shared.wire import MAX_PATH_CHARS as MAX_PATH
 from ignis.shared.wire import LoadAdapter, UnloadAdapter
 
 MAX_BODY = 64 << 10
-MAX_NAME = 256
-MAX_PATH = 4096
 
 
 async def _fields(request: web.Request) -> Fields:

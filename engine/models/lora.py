@@ -63,7 +63,7 @@ class LoraAdapter:
 def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -> LoraAdapter:
     """The adapter at ``path`` for ``model``, its tensors checked against the model's layers."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     path = Path(path)
     where = f"LoRA adapter {name} ({path})"
@@ -93,7 +93,8 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
             if (path / "adapter_model.bin").is_file() else ""
         raise CheckpointError(f"{where}: no {WEIGHTS_FILE}{pickle}")
     try:
-        raw = load_file(str(file))
+        data = file.read_bytes()  # read once: loaded and hashed
+        raw = load(data)
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{where}: cannot read {WEIGHTS_FILE} ({exc})") from None
     pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -131,11 +132,8 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
             raise CheckpointError(f"{where}: {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
                                   f"a rank-{rank} adapter of a {base.in_features} -> {base.out_features} layer")
         weights[module] = (a, b)
-    h = hashlib.sha256((path / CONFIG_FILE).read_bytes())
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return LoraAdapter(name, str(path), rank, float(scale), weights, h.hexdigest())
+    digest = hashlib.sha256((path / CONFIG_FILE).read_bytes() + data).hexdigest()
+    return LoraAdapter(name, str(path), rank, float(scale), weights, digest)
 
 
 class LoraRows:
@@ -175,9 +173,6 @@ class LoraSet:
     """The adapters served with a model: their slots, the layers they adapt, and which lane takes which."""
 
     def __init__(self, model: nn.Module, adapters: list[LoraAdapter]):
-        names = [a.name for a in adapters]
-        if len(set(names)) != len(names):
-            raise CheckpointError(f"--lora-modules: adapter names repeat: {names}")
         self.rows = LoraRows()
         self.model = model
         self.slots: dict[str, int] = {}

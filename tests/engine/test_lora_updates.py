@@ -20,8 +20,13 @@ from tests.engine.lora_adapters import write_adapter
 
 
 class Runtime:
+    """The engine's runtime as the updates see it: a real runner over the model."""
+
     def __init__(self, model):
-        self.runner = type("Runner", (), {"model": model, "lora": None})()
+        from ignis.engine.runner import ModelRunner
+        from tests.engine.test_model_forward import new_state
+
+        self.runner = ModelRunner(model, new_state(model))
 
     @property
     def lora(self):
