@@ -31,7 +31,7 @@ from ignis.engine.reuse.salt_keys import salt_chunks, salted, salted_image_diges
 from ignis.engine.sequence_pages import SequencePages
 from ignis.shared.image_input import ImageInput
 from ignis.shared.sampling import SamplingParams
-from ignis.shared.wire import REQUEST_CLASSES, Generate
+from ignis.shared.wire import MAX_ID_CHARS, REQUEST_CLASSES, Generate
 from ignis.shared.wire_fields import check_choice, check_str, check_token_ids
 
 CLASS_RANK = {name: rank for rank, name in enumerate(REQUEST_CLASSES)}
@@ -147,9 +147,9 @@ class Request:
         if any(not isinstance(im, ImageInput) for im in self.images):
             raise TypeError(f"request {self.req_id}: images must be ImageInput")
         if self.cache_salt is not None:
-            check_str("cache_salt", self.cache_salt, 256, allow_empty=False)
+            check_str("cache_salt", self.cache_salt, MAX_ID_CHARS, allow_empty=False)
         if self.adapter is not None:
-            check_str("adapter", self.adapter, 512, allow_empty=False)  # a name (<= 256) and a digest
+            check_str("adapter", self.adapter, 2 * MAX_ID_CHARS, allow_empty=False)  # a wire name and a digest
         if self.reuse_scope is not None:
             self.salt_chunks = salt_chunks(self.reuse_scope)
 

@@ -34,16 +34,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from ignis.engine.reuse.image_keys import KEY_BASE
+
 SALT_POSITIONS = 32
 SALT_BITS = 7
 TOKEN_BITS = 24
 MAX_SALTED_TOKEN = (1 << TOKEN_BITS) - 1
-_TEXT_LIMIT = 1 << TOKEN_BITS
+_DOMAIN = b"ignis-cache-salt\n"
 
 
 def salt_chunks(salt: str) -> tuple[int, ...]:
     """The ``SALT_POSITIONS`` chunks a salt digest folds into key ids, each below ``2^SALT_BITS``."""
-    stream = hashlib.shake_256(b"ignis-cache-salt\n" + salt.encode()).digest(SALT_POSITIONS)
+    stream = hashlib.shake_256(_DOMAIN + salt.encode()).digest(SALT_POSITIONS)
     return tuple(b & ((1 << SALT_BITS) - 1) for b in stream)
 
 
@@ -52,8 +54,8 @@ def salted(keys: Sequence[int], chunks: tuple[int, ...]) -> tuple[int, ...]:
     head = min(len(keys), SALT_POSITIONS)
     out = list(keys[:head])
     for j, t in enumerate(out):
-        if t >= _TEXT_LIMIT:
-            if t < 1 << 30:
+        if t > MAX_SALTED_TOKEN:
+            if t < KEY_BASE:
                 raise ValueError(f"token id {t} is too large to salt (at most {MAX_SALTED_TOKEN})")
             continue  # an image key id: its digest carries the salt (salted_image_digest)
         if t < 0:
@@ -69,4 +71,4 @@ def raw_token(key: int) -> int:
 
 def salted_image_digest(salt: str, digest: bytes) -> bytes:
     """The digest an image of a salted prompt is keyed by: the salt's and the picture's."""
-    return hashlib.blake2b(b"ignis-cache-salt\n" + salt.encode() + b"\n" + digest, digest_size=len(digest)).digest()
+    return hashlib.blake2b(_DOMAIN + salt.encode() + b"\n" + digest, digest_size=len(digest)).digest()
