@@ -53,6 +53,7 @@ from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
 from ignis.gateway.request_ids import echo_header
 from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state
 from ignis.gateway.responses import json_response
+from ignis.gateway.sampling_defaults import parse_override, sampling_defaults
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
@@ -221,15 +222,23 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     ``more_models``: name -> ModelFiles of further configured models (the first is ``model_name``)."""
     template = _template(files)
     vision = _vision(files, config)
-    models = {model_name: (files.tokenizer, template, vision)}
+    override = parse_override(config.override_generation_config)
+    defaults = sampling_defaults(config.generation_config, files.generation_config, override, model_name)
+    models = {model_name: (files.tokenizer, template, vision, defaults)}
     for name, other in (more_models or {}).items():
-        models[name] = (other.tokenizer, _template(other), _vision(other, config))
+        source = "vllm" if config.generation_config == "vllm" else "auto"  # a directory is the default model's
+        models[name] = (other.tokenizer, _template(other), _vision(other, config),
+                        sampling_defaults(source, other.generation_config, override, name))
+    for name, (*_, d) in models.items():
+        if d.values:
+            log.info("sampling defaults of %s from %s: %s (a request's own values win; --generation-config vllm "
+                     "turns them off)", name, d.source, d.describe())
     set_source_limit(config.max_image_source_pixels)
     adapters = dict(lora_specs(config.lora_modules, list(models)))
     gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,
                       client=EngineClient(endpoint, timeout=config.engine_timeout),
                       metrics=GatewayMetrics(model_name), created=int(time.time()), models=models, vision=vision,
-                      adapters=adapters)
+                      adapters=adapters, sampling_defaults=defaults)
     # Handlers read bodies through gateway.body, within RequestLimits; aiohttp's own limit is only a ceiling.
     app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes or BODY_CEILING)
     app[STATE] = gw

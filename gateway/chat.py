@@ -205,7 +205,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if p.truncate_prompt_tokens is not None:
         keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len())
         prompt_ids, marks = truncate(prompt_ids, keep, marks, gw.vision.image_token_id if images else None)
-    max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, gw.config.default_max_tokens)
+    default = gw.config.default_max_tokens or gw.sampling_defaults.max_new_tokens  # the operator's, else the model's
+    max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, default)
     head = {"id": rid, "model": gw.model_name}
     gw.metrics.mark_missing(prompt.marks.missing)
 

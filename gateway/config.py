@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from ignis.gateway.image_limits import parse_mm_limit
+from ignis.gateway.sampling_defaults import check_source, parse_override
 from ignis.shared.flags import field_doc, parse_bytes
 from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP
 
@@ -72,7 +73,16 @@ class GatewayConfig:
         "serve GET /tokenizer_info (vLLM's): the tokenizer's configuration and the chat template, which "
         "lm-eval's remote tokenizer reads; off by default, as it shows the template"))
     default_max_tokens: int | None = field(default=None, metadata=field_doc(
-        "completion tokens when a request gives no max_tokens (default: the rest of the context)"))
+        "completion tokens when a chat request gives no max_tokens (default: the model's max_new_tokens, else the "
+        "rest of the context)"))
+    generation_config: str = field(default="auto", metadata=field_doc(
+        "where the sampling defaults of fields a request leaves out (temperature, top_p, top_k, min_p, "
+        "repetition_penalty; max_new_tokens as the default max_tokens) come from, as vLLM's flag: auto, each "
+        "checkpoint's generation_config.json (Qwen3.5: temperature 0.6, top_p 0.95, top_k 20); vllm, none "
+        "(OpenAI's defaults); or a directory holding a generation_config.json for the default model"))
+    override_generation_config: str | None = field(default=None, metadata=field_doc(
+        "a JSON object of those keys laid over --generation-config's, e.g. '{\"temperature\": 0.7}' "
+        "(every served model)"))
     engine_timeout: float = field(default=30.0, metadata=field_doc(
         "seconds without any answer from the engine (it is asked for stats every second) before waiting "
         "requests fail with HTTP 503"))
@@ -123,6 +133,8 @@ class GatewayConfig:
         if self.default_max_tokens is not None and (type(self.default_max_tokens) is not int
                                                     or self.default_max_tokens < 1):
             raise ValueError(f"--default-max-tokens must be a positive integer, got {self.default_max_tokens!r}")
+        check_source(self.generation_config)
+        parse_override(self.override_generation_config)
         if not self.engine_timeout > 0:
             raise ValueError(f"--engine-timeout must be > 0 seconds, got {self.engine_timeout}")
         if type(self.stream_buffer_bytes) is not int or self.stream_buffer_bytes < 4096:

@@ -24,6 +24,9 @@ of an active family above idle ones; reuse itself stays by content.
 the request's prompt reuse to requests with the same salt: the engine gets a
 digest of the salt (``cache_salt``), never the salt, and folds it into the
 prompt's reuse keys (``engine.reuse.salt_keys``).
+A field the request leaves out among temperature, top_p, top_k, min_p and
+repetition_penalty takes the served model's recommended value when it has one
+(``gateway.sampling_defaults``, applied by ``for_model``), else OpenAI's default.
 ``response_format`` becomes the grammar of every choice
 (``gateway/response_format.py``); it cannot be combined with ``ignore_eos``
 (a complete output ends with the end-of-sequence token).
@@ -39,6 +42,7 @@ from ignis.gateway.bad_words import bad_word_ids, parse_bad_words
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.response_format import parse_response_format
+from ignis.gateway.sampling_defaults import REQUEST_FIELDS, SamplingDefaults
 from ignis.gateway.thinking_budget import FIELD as THINKING_BUDGET
 from ignis.gateway.thinking_budget import ThinkingBudget, for_tokenizer, parse_thinking_budget
 from ignis.gateway.tokenizer import TextTokenizer
@@ -112,6 +116,8 @@ class CommonParams:
     """The budget with the served model's ids (``for_model``)."""
     thinking_open: bool = False
     """The prompt left a thinking block open (set by the chat path once it is rendered)."""
+    omitted: frozenset[str] = frozenset()
+    """The sampling fields the request left out, which the model's defaults fill (``for_model``)."""
 
     def for_vocabulary(self, f: Fields, vocab_size: int) -> CommonParams:
         """These params for a model of ``vocab_size`` token ids: ``logit_bias`` and ``stop_token_ids`` ids
@@ -127,15 +133,21 @@ class CommonParams:
                                                f"(size {vocab_size})")
         return dataclasses.replace(self, top_k=0) if self.top_k >= vocab_size else self
 
-    def for_model(self, f: Fields, tokenizer: TextTokenizer) -> CommonParams:
-        """``for_vocabulary`` of the served model's tokenizer, with ``bad_words`` as its token sequences and the
-        thinking budget's ids."""
-        p = self.for_vocabulary(f, tokenizer.vocab_size)
+    def for_model(self, f: Fields, tokenizer: TextTokenizer,
+                  defaults: SamplingDefaults = SamplingDefaults()) -> CommonParams:
+        """``for_vocabulary`` of the served model's tokenizer, the fields the request left out taken from the
+        model's ``defaults``, with ``bad_words`` as its token sequences and the thinking budget's ids."""
+        p = self.with_defaults(defaults).for_vocabulary(f, tokenizer.vocab_size)
         if p.bad_words:
             p = dataclasses.replace(p, bad_word_ids=bad_word_ids(f, p.bad_words, tokenizer))
         if p.thinking_token_budget is not None:
             p = dataclasses.replace(p, thinking=for_tokenizer(f, p.thinking_token_budget, tokenizer))
         return p
+
+    def with_defaults(self, defaults: SamplingDefaults) -> CommonParams:
+        """These params with the model's defaults in the sampling fields the request left out."""
+        fields = defaults.fields(self.omitted)
+        return dataclasses.replace(self, **fields) if fields else self
 
 
 def _allowed_ids(f: Fields) -> tuple[int, ...]:
@@ -316,6 +328,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         min_tokens=min_tokens,
         prompt_logprobs=f.int("prompt_logprobs", None, 0, MAX_TOP_LOGPROBS),
         thinking_token_budget=parse_thinking_budget(f) if kind == "chat" else None,
+        omitted=frozenset(name for name in REQUEST_FIELDS if not f.has(name)),
     )
 
 

@@ -172,8 +172,7 @@ class ResponsesTurn:
         self.echo.update(
             instructions=f.raw("instructions"), metadata=metadata.obj if metadata is not None else {},
             parallel_tool_calls=self.parallel, tool_choice=f.raw("tool_choice") or "auto",
-            tools=f.raw("tools") or [], temperature=body.get("temperature"), top_p=body.get("top_p"),
-            max_output_tokens=max_output, previous_response_id=f.raw("previous_response_id"), store=self.store,
+            tools=f.raw("tools") or [], max_output_tokens=max_output, previous_response_id=f.raw("previous_response_id"), store=self.store,
             text={"format": (f.object("text").raw("format") if f.has("text") else None) or {"type": "text"}},
             truncation="disabled", prompt_cache_key=f.raw("prompt_cache_key"))
         return chat
@@ -183,6 +182,7 @@ class ResponsesTurn:
     def make_response(self, p: CommonParams, tokenizer: TextTokenizer, head: dict) -> ResponsesResponse:
         seal = self.state.seal.seal if self.blob else None
         items = OutputItems(self.names, self.parallel, seal)
+        self.echo.update(temperature=p.temperature, top_p=p.top_p)  # as sampled: the request's, else the model's
         return ResponsesResponse(p, tokenizer, head, items, self.echo, self._done)
 
     def _done(self, response: dict, turn: dict) -> None:

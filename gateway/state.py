@@ -1,7 +1,7 @@
 """What every handler of one gateway shares, and the checks they all make.
 
-``GatewayState`` holds the config, the tokenizer and chat template, the engine
-client, the metrics and the served model name; it checks the model name and
+``GatewayState`` holds the config, the tokenizer and chat template, the
+model's sampling defaults, the engine client, the metrics and the served model name; it checks the model name and
 settles max_tokens against the engine's context length (bodies are read by
 gateway.body).
 """
@@ -17,6 +17,7 @@ from ignis.gateway.config import GatewayConfig
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import ApiError, context_length_exceeded, engine_unavailable
 from ignis.gateway.metrics import GatewayMetrics
+from ignis.gateway.sampling_defaults import SamplingDefaults
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.gateway.vision_settings import VisionSettings
 
@@ -33,9 +34,11 @@ class GatewayState:
     metrics: GatewayMetrics
     created: int
     models: dict = field(default_factory=dict)
-    """name -> (tokenizer, template, vision) of every configured model; the first is the default."""
+    """name -> (tokenizer, template, vision, sampling defaults) of every configured model; the first is the default."""
     vision: VisionSettings | None = None
     """How the model's images become prompt tokens; None: it takes no images."""
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
+    """The model's recommended sampling, for the fields a request leaves out (``gateway.sampling_defaults``)."""
     adapters: dict = field(default_factory=dict)
     """name -> path of the LoRA adapters served with the default model (``--lora-modules``)."""
     adapter: str | None = None
@@ -65,8 +68,9 @@ class GatewayState:
             return replace(self, model_name=model, adapter=model, base_model=self.model_name)
         if model is None or model == self.model_name or model not in self.models:
             return self
-        tokenizer, template, vision = self.models[model]
-        return replace(self, model_name=model, tokenizer=tokenizer, template=template, vision=vision)
+        tokenizer, template, vision, defaults = self.models[model]
+        return replace(self, model_name=model, tokenizer=tokenizer, template=template, vision=vision,
+                       sampling_defaults=defaults)
 
     async def max_model_len(self) -> int:
         """The engine's context length (503 when the engine does not answer)."""
