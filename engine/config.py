@@ -1,9 +1,16 @@
-"""The engine process's config: one frozen dataclass, whose fields are its CLI flags."""
+"""The engine process's config: one frozen dataclass, whose fields are its CLI flags.
+
+Some flags also answer to vLLM's and SGLang's names (``aliases``, ``shared.flags``) and a few exist
+for their command lines: ``--speculative-config`` (``engine.speculative_config``),
+``--gpu-memory-utilization``, ``--enforce-eager``, ``--tensor-parallel-size`` (1 only) and
+``--trust-remote-code`` (no code is ever run from a checkpoint).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ignis.engine.speculative_config import speculative_tokens_of
 from ignis.shared.flags import field_doc, parse_bytes
 from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP
 
@@ -16,7 +23,8 @@ def _opt_bytes(text):
 class EngineConfig:
     model: tuple[str, ...] = field(default=(), metadata=field_doc(
         "checkpoint directory, or NAME=DIR; repeat to configure several models (the first is the default; a "
-        "request naming another drains, unloads and loads it). Default: the built-in demo model", repeat=True))
+        "request naming another drains, unloads and loads it). Default: the built-in demo model", repeat=True,
+        aliases=("--model-path",)))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
     enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
     max_lora_rank: int = field(default=64, metadata=field_doc(
@@ -48,16 +56,26 @@ class EngineConfig:
     kv_memory_fraction: float = field(default=0.85, metadata=field_doc(
         "on CUDA without --kv-memory-bytes: fraction of free device memory after weights and live state "
         "given to the KV pool"))
+    gpu_memory_utilization: float | None = field(default=None, metadata=field_doc(
+        "on CUDA without --kv-memory-bytes or --kv-pool-tokens (vLLM's flag): the fraction of the device's "
+        "memory this engine may fill; (1 - F) of it is left free and the KV pool takes the whole rest after "
+        "weights, live state, logits and prefill scratch (instead of --kv-memory-fraction)",
+        aliases=("--mem-fraction-static",)))
     decode_lanes: int = field(default=16, metadata=field_doc(
-        "most sequences running at once (each holds a live recurrent state)"))
+        "most sequences running at once (each holds a live recurrent state)",
+        aliases=("--max-num-seqs", "--max-running-requests")))
     cpu_threads: int | None = field(default=None, metadata=field_doc(
         "threads of the engine's CPU math (torch intra-op); default: the CPUs this process may use minus one "
         "(at least 1), leaving one to the gateway and tierd: oversubscribed math threads stall on each other"))
+    enforce_eager: bool = field(default=False, metadata=field_doc(
+        "on CUDA: capture no CUDA graphs, every round runs eagerly (vLLM's flag; the same as "
+        "--cuda-graph-max-bs 0)"))
     cuda_graph_max_bs: int = field(default=32, metadata=field_doc(
         "on CUDA: rounds of up to N decode steps (and no prefill) replay a CUDA graph captured at load for "
         "batch sizes 1, 2, 4, 8, 16, 24, ... N; larger and mixed rounds run eagerly (0: never; CPU: never)"))
     max_prefill_tokens_per_round: int = field(default=2048, metadata=field_doc(
-        "prompt tokens prefilled per round, all requests together"))
+        "prompt tokens prefilled per round, all requests together",
+        aliases=("--max-num-batched-tokens", "--chunked-prefill-size")))
     image_cache_bytes: int = field(default=256 << 20, metadata=field_doc(
         "models with a vision tower: bytes of recent image embeddings kept by image content, so a repeated "
         "image is not encoded again (0: none kept)", parse=parse_bytes))
@@ -70,14 +88,20 @@ class EngineConfig:
     max_queue: int = field(default=256, metadata=field_doc(
         "requests that may wait for a lane; past it new requests are refused (HTTP 429)"))
     max_model_len: int | None = field(default=None, metadata=field_doc(
-        "most tokens per request, prompt + completion (default: the model's context, capped by the pool)"))
+        "most tokens per request, prompt + completion (default: the model's context, capped by the pool)",
+        aliases=("--context-length",)))
     speculative_tokens: int = field(default=0, metadata=field_doc(
         "speculative decoding: the checkpoint's multi-token-prediction head drafts up to K tokens per decode "
         "step and the model verifies them in the same forward (requests without penalties, logit bias, allowed ids, "
         "bad words, min_tokens, thinking budget or grammar; greedy output is unchanged, sampled output keeps its distribution). "
         "Needs mtp.* weights and --kv-format bf16 (0: off; docs/speculative.md)"))
+    speculative_config: str | None = field(default=None, metadata=field_doc(
+        "vLLM's JSON form of --speculative-tokens: '{\"method\": \"mtp\", \"num_speculative_tokens\": K}' "
+        "(method mtp, qwen3_next_mtp or qwen3_5_mtp: the checkpoint's own multi-token-prediction head; other "
+        "drafters are refused)"))
     reuse_prompt: bool = field(default=True, metadata=field_doc(
-        "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)"))
+        "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)",
+        aliases=("--enable-prefix-caching",), off_aliases=("--no-enable-prefix-caching", "--disable-radix-cache")))
     reuse_learned_points: bool = field(default=True, metadata=field_doc(
         "with --reuse-prompt on: also capture where a prompt diverges from a recent one past its marks "
         "(docs/reuse.md, learned points)"))
@@ -127,6 +151,13 @@ class EngineConfig:
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight requests finish before aborting them"))
     seed: int = field(default=0, metadata=field_doc("seed of the engine's own generator (unseeded requests)"))
+    tensor_parallel_size: int = field(default=1, metadata=field_doc(
+        "devices one model is split over (vLLM's flag): ignis runs a model on one device per engine, so only 1 "
+        "is taken; for more throughput run an engine per device (docs/scale-out.md)",
+        aliases=("-tp", "--tp-size", "--tp")))
+    trust_remote_code: bool = field(default=False, metadata=field_doc(
+        "taken for vLLM command lines and without effect: ignis never runs code from a checkpoint (the "
+        "architectures it serves are its own)"))
     gateway_silence_timeout: float = field(default=3.0, metadata=field_doc(
         "abort the requests of a gateway that heartbeats (asks for stats every second) once it has been silent "
         "this many seconds (0: only a gateway whose connection is gone loses its requests)"))
@@ -138,6 +169,9 @@ class EngineConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        if self.speculative_config is not None:
+            object.__setattr__(self, "speculative_tokens",
+                               speculative_tokens_of(self.speculative_config, self.speculative_tokens))
         if type(self.speculative_tokens) is not int or not 0 <= self.speculative_tokens <= 16:
             raise ValueError(f"--speculative-tokens must be an integer from 0 to 16, got {self.speculative_tokens!r}")
         for name, flag in (("kv_pool_tokens", "--kv-pool-tokens"), ("kv_memory_bytes", "--kv-memory-bytes"),
@@ -164,6 +198,12 @@ class EngineConfig:
             raise ValueError(f"--cuda-graph-max-bs must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if type(self.kv_exact_window) is not int or self.kv_exact_window < 0:
             raise ValueError(f"--kv-exact-window must be an integer >= 0, got {self.kv_exact_window!r}")
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size}: ignis runs a model on one device "
+                             f"per engine (only 1 is taken); for more throughput run an engine per device "
+                             f"(docs/scale-out.md)")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")
         for name, flag in (("tierd_timeout", "--tierd-timeout"), ("tierd_retry_interval", "--tierd-retry-interval")):

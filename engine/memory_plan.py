@@ -16,7 +16,9 @@ and printed before anything is allocated::
 The pool comes from ``--kv-pool-tokens`` if given, else from a byte budget:
 ``--kv-memory-bytes``, or on CUDA a fraction of the free device memory left
 after weights, live state, retained device slots, one round's logits and
-the chunked GDN prefill's scratch.
+the chunked GDN prefill's scratch. With ``--gpu-memory-utilization F``
+(vLLM's) the free memory counted is what exceeds (1 - F) of the device and
+the pool takes all of it (``device_budget``).
 
 At 248,320 entries and hidden 5120 (the 27B) the embedding and the untied
 LM head are 2.4 GiB each in bf16. They are part of the weights, so CUDA's
@@ -143,6 +145,15 @@ SAMPLER_WORKSPACE_BYTES_PER_ENTRY = 4 * 4 + 8 + 1 + 2 * 8
 
 def sampler_workspace_bytes(vocab: int) -> int:
     return vocab * SAMPLER_WORKSPACE_BYTES_PER_ENTRY
+
+
+def device_budget(free: int, total: int, utilization: float | None, fraction: float) -> tuple[int, float]:
+    """The free device bytes the plan may count and the share of them the pool takes: CUDA's ``free``
+    and ``--kv-memory-fraction``; with ``--gpu-memory-utilization`` F, (1 - F) of the ``total`` stays
+    unused and the pool takes all the rest (the plan still sets aside live state, logits and scratch)."""
+    if utilization is None:
+        return free, fraction
+    return max(0, free - round((1.0 - utilization) * total)), 1.0
 
 
 def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | None = None,

@@ -91,7 +91,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     ``engine.lora_updates.AdapterRegistry.specs``; None: the ``--lora-modules`` ones)."""
     import torch
 
-    from ignis.engine.memory_plan import plan_memory
+    from ignis.engine.memory_plan import device_budget, plan_memory
     from ignis.engine.models.build import TORCH_DTYPES, load_model
     from ignis.engine.models.state import ModelState
     from ignis.engine.grammar_lanes import grammar_lanes
@@ -123,11 +123,12 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
                  f"on, {spec_k} draft tokens per step" if spec_k else "off (--speculative-tokens K)")
     elif "mtp" in ckpt.set_aside:
         log.warning("mtp.* weights set aside: %s", ckpt.drafter_note)
-    free = None
+    free, fraction = None, config.kv_memory_fraction
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the loader's staging blocks go back before free memory is measured
-        free, _total = torch.cuda.mem_get_info()
+        free, total = torch.cuda.mem_get_info()
+        free, fraction = device_budget(free, total, config.gpu_memory_utilization, fraction)
     device_slots = config.reuse_device_slots if config.reuse_prompt else 0
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
     kv_format = resolve_kv_format(config, device, cfg)
@@ -144,12 +145,12 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     tiers_on = config.tierd_endpoint != "off"  # live eviction uses tierd with reuse off too
     staging = 1 if tiers_on else 0  # one host slot stages the images of evicted live sequences
     plan = plan_memory(cfg, ckpt.dtype, config.decode_lanes, config.kv_pool_tokens, config.kv_memory_bytes,
-                       free_device_bytes=free, fraction=config.kv_memory_fraction,
+                       free_device_bytes=free, fraction=fraction,
                        device_slots=device_slots, host_slots=host_slots + staging, kv_format=kv_format,
                        exact_window=window, prefill_tokens=config.max_prefill_tokens_per_round,
                        drafter_page_bytes=drafter_page_bytes)
     log.info(plan.describe())
-    graph_bs = min(config.cuda_graph_max_bs, plan.lanes) if device == "cuda" else 0
+    graph_bs = min(config.cuda_graph_max_bs, plan.lanes) if device == "cuda" and not config.enforce_eager else 0
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
                                 device=device, kv_format=kv_format, exact_window=window, shared=tiers_on,
                                 scratch=graph_bs > 0)

@@ -54,7 +54,7 @@ from ignis.gateway.request_ids import echo_header
 from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state
 from ignis.gateway.responses import json_response
 from ignis.gateway.sampling_defaults import parse_override, sampling_defaults
-from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.state import STATE, GatewayState, has_think_tokens
 from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
 from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize, tokenizer_info
@@ -220,6 +220,9 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
               more_models: dict | None = None) -> web.Application:
     """The application, its state built; the engine connection opens on startup.
     ``more_models``: name -> ModelFiles of further configured models (the first is ``model_name``)."""
+    if config.reasoning_parser not in ("auto", "off") and not has_think_tokens(files.tokenizer):
+        raise ValueError(f"--reasoning-parser {config.reasoning_parser}: {model_name}'s tokenizer has no <think> "
+                         f"and </think> tokens (auto or off serve it)")
     template = _template(files)
     vision = _vision(files, config)
     override = parse_override(config.override_generation_config)

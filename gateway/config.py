@@ -17,13 +17,17 @@ from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
 TOOL_CALL_PARSERS = ("auto", "qwen3_xml", "hermes")
+TOOL_CALL_PARSER_ALIASES = {"qwen3_coder": "qwen3_xml"}
+"""vLLM's names of the formats ignis parses (its qwen3_coder parser reads Qwen3.5's XML calls)."""
+REASONING_PARSERS = ("auto", "qwen3", "deepseek_r1", "off")
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
     model: tuple[str, ...] = field(default=(), metadata=field_doc(
         "checkpoint directory (or NAME=DIR; repeat for several models, the first the default) whose tokenizer "
-        "and chat template the gateway uses (default: the built-in demo model)", repeat=True))
+        "and chat template the gateway uses (default: the built-in demo model)", repeat=True,
+        aliases=("--model-path",)))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
     enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
     served_model_name: str | None = field(default=None, metadata=field_doc(
@@ -64,7 +68,15 @@ class GatewayConfig:
     tool_call_parser: str = field(default="auto", metadata=field_doc(
         "how the model writes tool calls: qwen3_xml (<function=NAME><parameter=P>, Qwen3.5), hermes (JSON in "
         "<tool_call>, Qwen3 and Qwen3-Next), or auto: qwen3_xml when the chat template shows <function=, "
-        "else hermes", choices=TOOL_CALL_PARSERS))
+        "else hermes; vLLM's qwen3_coder is qwen3_xml", choices=TOOL_CALL_PARSERS + tuple(TOOL_CALL_PARSER_ALIASES)))
+    enable_auto_tool_choice: bool = field(default=False, metadata=field_doc(
+        "taken for vLLM command lines and without effect: ignis always parses the tool calls of a request "
+        "with tools (tool_choice auto, required, none or a named function)"))
+    reasoning_parser: str = field(default="auto", metadata=field_doc(
+        "how a model's reasoning is split from its answer: auto splits <think>...</think> into "
+        "reasoning_content when the tokenizer has both tokens; qwen3 and deepseek_r1 (vLLM's names) do the same "
+        "and stop the gateway at start when the model lacks them; off leaves the reasoning in the content, "
+        "as vLLM without a reasoning parser", choices=REASONING_PARSERS))
     chat_template: str | None = field(default=None, metadata=field_doc(
         "the chat template to render the default model's conversations with, instead of its checkpoint's "
         "(vLLM's flag): a file holding a Jinja template, or the template text itself; default: the "
@@ -127,6 +139,11 @@ class GatewayConfig:
         if self.server_developer_message_policy not in DEVELOPER_POLICIES:
             raise ValueError(f"--server-developer-message-policy must be one of {', '.join(DEVELOPER_POLICIES)}, "
                              f"got {self.server_developer_message_policy!r}")
+        object.__setattr__(self, "tool_call_parser",
+                           TOOL_CALL_PARSER_ALIASES.get(self.tool_call_parser, self.tool_call_parser))
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
                              f"got {self.tool_call_parser!r}")

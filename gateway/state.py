@@ -24,6 +24,10 @@ from ignis.gateway.vision_settings import VisionSettings
 STATE = web.AppKey("ignis_gateway", object)
 
 
+def has_think_tokens(tokenizer: TextTokenizer) -> bool:
+    return tokenizer.token_id("<think>") is not None and tokenizer.token_id("</think>") is not None
+
+
 @dataclass
 class GatewayState:
     config: GatewayConfig
@@ -53,7 +57,8 @@ class GatewayState:
 
     @property
     def reasoning_markers(self) -> bool:
-        return self.tokenizer.token_id("<think>") is not None and self.tokenizer.token_id("</think>") is not None
+        """Whether the output's ``<think>`` block is split into reasoning (``--reasoning-parser``)."""
+        return self.config.reasoning_parser != "off" and has_think_tokens(self.tokenizer)
 
     def check_model(self, model: str | None) -> None:
         names = (list(self.models) or [self.model_name]) + list(self.adapters)

@@ -8,6 +8,7 @@ The children are the ``CHILDREN`` table, started in its order; each gets the
 READY values of those before it (the engine: tierd's endpoint; the gateway:
 the engine's endpoint).
 
+``ignis serve MODEL`` (vLLM's form) is ``ignis serve --model MODEL``.
 Flags are derived from the children's config dataclasses (``EngineConfig``,
 ``GatewayConfig``): every field becomes a ``serve`` flag once, and each child
 gets the flags of its own fields that differ from their defaults. Fields both
@@ -120,6 +121,9 @@ def add_arguments(parser) -> None:
         names = {f.name for f in dataclasses.fields(cfg)}
         add_flags(parser, cfg, skip=tuple(seen | set(_SKIP.get(cfg, ()))))
         seen |= names - set(_SKIP.get(cfg, ()))
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
+                        help="the default model's checkpoint directory (or NAME=DIR), as vLLM's 'vllm serve MODEL' "
+                             "takes it: the same as a first --model")
     parser.add_argument("--api-key", dest="api_key", default=None,
                         help="require 'Authorization: Bearer KEY' on the gateway's /v1 paths; visible to local users "
                              f"in the process list, prefer --api-key-file or {API_KEY_ENV}")
@@ -263,7 +267,14 @@ def _demo_model_problem() -> str | None:
     return None
 
 
+def take_model_tag(args) -> None:
+    """vLLM's positional MODEL becomes the first ``--model``."""
+    if getattr(args, "model_tag", None):
+        args.model = [args.model_tag, *(args.model or [])]
+
+
 def run(args) -> int:
+    take_model_tag(args)
     try:
         serve_cfg = from_args(ServeConfig, args)
         engine_cfg = from_args(EngineConfig, args)

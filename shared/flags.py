@@ -6,6 +6,10 @@ its help text (and optionally ``choices``, ``flag`` and a ``parse`` function).
 ``from_args`` builds the config back, so flags, help and defaults are
 defined once. Byte sizes accept suffixes (``2G``, ``512M``, ``64K``). A
 boolean flag takes on/off, and given bare (``--allow-torch-fallback``) means on.
+``aliases`` are other names of the same flag (vLLM's and SGLang's, so their
+command lines work: ``--max-num-seqs`` is ``--decode-lanes``); a boolean's
+``off_aliases`` are bare names that turn it off (``--no-enable-prefix-caching``).
+Children and logs see the canonical flag only.
 """
 
 from __future__ import annotations
@@ -81,7 +85,11 @@ def add_flags(parser: argparse.ArgumentParser, config_cls, skip: tuple[str, ...]
             kwargs["default"] = default
         if default not in (None, "", ()) and not f.metadata.get("repeat"):
             kwargs["help"] += f" (default: {default})"
-        parser.add_argument(flag, **kwargs)
+        parser.add_argument(flag, *f.metadata.get("aliases", ()), **kwargs)
+        off = f.metadata.get("off_aliases", ())
+        if off:
+            parser.add_argument(*off, dest=f.name, action="store_const", const=False, default=argparse.SUPPRESS,
+                                help=f"the same as {flag} off")
 
 
 def from_args(config_cls, args: argparse.Namespace, **overrides):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ignis.engine.memory_plan import (
+    device_budget,
     CPU_DEFAULT_KV_BYTES,
     embedding_bytes,
     gdn_scratch_bytes,
@@ -88,3 +89,11 @@ def test_the_free_memory_budget_sets_the_gdn_scratch_aside():
     # an explicit pool is the pool alone; the figure is still reported
     explicit = plan_memory(QWEN35_27B, "bfloat16", 32, kv_pool_tokens=6400, prefill_tokens=2048)
     assert (explicit.pages, explicit.gdn_scratch_bytes) == (100, 199_753_728)
+
+
+def test_gpu_memory_utilization_leaves_its_share_of_the_device_free():
+    gib = 1 << 30
+    assert device_budget(80 * gib, 140 * gib, None, 0.85) == (80 * gib, 0.85)  # --kv-memory-fraction alone
+    free, fraction = device_budget(80 * gib, 140 * gib, 0.9, 0.85)
+    assert (free, fraction) == (80 * gib - 14 * gib, 1.0)  # 14 GiB of the 140 stay unused
+    assert device_budget(10 * gib, 140 * gib, 0.9, 0.85) == (0, 1.0)  # weights past F: no room, the plan refuses

@@ -1,0 +1,85 @@
+"""vLLM's and SGLang's command lines start ``ignis serve``: their flag names reach the children as ignis's.
+
+A vLLM recipe for Qwen3.5 (``vllm serve MODEL --max-num-seqs ... --enable-auto-tool-choice
+--tool-call-parser qwen3_coder --reasoning-parser qwen3 --speculative-config ...``) parses, each
+child gets the canonical flags of what differs from its defaults, and the children's configs take
+them; what ignis cannot do (tensor parallelism, another drafter) stops it at start naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from ignis.engine.config import EngineConfig
+from ignis.gateway.config import GatewayConfig
+from ignis.launcher import serve
+from ignis.shared.flags import add_flags, from_args
+
+MTP = json.dumps({"method": "qwen3_next_mtp", "num_speculative_tokens": 2})
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(argv)
+    serve.take_model_tag(args)
+    return args
+
+
+def children(args):
+    engine = serve.child_argv(EngineConfig, args, serve._SKIP[EngineConfig])
+    gateway = serve.child_argv(GatewayConfig, args, serve._SKIP[GatewayConfig])
+    configs = []
+    for argv, cfg in ((engine, EngineConfig), (gateway, GatewayConfig)):
+        p = argparse.ArgumentParser()
+        add_flags(p, cfg)
+        configs.append(from_args(cfg, p.parse_args(argv)))  # the child accepts what it is given
+    return engine, gateway, configs
+
+
+def test_a_vllm_recipe_reaches_the_children_as_ignis_flags():
+    args = parse(["/ckpt/Qwen3.5-27B", "--max-num-seqs", "64", "--max-num-batched-tokens", "8192",
+                  "--gpu-memory-utilization", "0.9", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+                  "--reasoning-parser", "qwen3", "--speculative-config", MTP, "--tensor-parallel-size", "1",
+                  "--trust-remote-code", "--enforce-eager", "--max-model-len", "65536", "--no-enable-prefix-caching"])
+    engine, gateway, (ecfg, gcfg) = children(args)
+    assert engine[:2] == ["--model", "/ckpt/Qwen3.5-27B"] and gateway[:2] == ["--model", "/ckpt/Qwen3.5-27B"]
+    assert (ecfg.decode_lanes, ecfg.max_prefill_tokens_per_round, ecfg.gpu_memory_utilization) == (64, 8192, 0.9)
+    assert (ecfg.speculative_tokens, ecfg.enforce_eager, ecfg.max_model_len, ecfg.reuse_prompt) == (2, True, 65536,
+                                                                                                   False)
+    assert "--decode-lanes" in engine and "--max-num-seqs" not in engine  # the canonical name only
+    assert (gcfg.tool_call_parser, gcfg.reasoning_parser) == ("qwen3_xml", "qwen3")
+
+
+def test_sglang_names_and_prefix_caching_on_off():
+    args = parse(["--model-path", "/m", "--max-running-requests", "8", "--chunked-prefill-size", "4096",
+                  "--context-length", "32768", "--mem-fraction-static", "0.8", "--tp", "1", "--disable-radix-cache"])
+    _, _, (ecfg, gcfg) = children(args)
+    assert ecfg.model == ("/m",) and gcfg.model == ("/m",)
+    assert (ecfg.decode_lanes, ecfg.max_prefill_tokens_per_round, ecfg.max_model_len) == (8, 4096, 32768)
+    assert (ecfg.gpu_memory_utilization, ecfg.reuse_prompt) == (0.8, False)
+    assert parse(["--enable-prefix-caching"]).reuse_prompt is True
+    assert parse([]).reuse_prompt is True  # the off alias leaves the default alone
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-tp", "2"], "--tensor-parallel-size 2: ignis runs a model on one device"),
+    (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'], "method 'eagle3' is not served"),
+    (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2, "model": "x"}'], "model not taken"),
+    (["--speculative-config", MTP, "--speculative-tokens", "3"], "asks for 2 draft tokens"),
+    (["--speculative-config", "{"], "--speculative-config: not JSON"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
+])
+def test_what_ignis_cannot_do_is_refused_naming_the_flag(argv, words):
+    with pytest.raises(ValueError) as e:
+        from_args(EngineConfig, parse(argv))
+    assert words in str(e.value)
+
+
+def test_the_reasoning_parser_is_checked():
+    with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
+        GatewayConfig(reasoning_parser="granite")
+    assert GatewayConfig(tool_call_parser="qwen3_coder").tool_call_parser == "qwen3_xml"
