@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ignis.engine.models.checkpoint_error import CheckpointError
+from ignis.engine.models.checkpoint_error import CheckpointError, safetensors_file
 
 if TYPE_CHECKING:
     import torch
@@ -82,19 +82,12 @@ def dequantize(weight: "torch.Tensor", scale: "torch.Tensor", block: tuple[int, 
 def read_scales(scales: dict[str, tuple[Path, str]]) -> dict[str, "torch.Tensor"]:
     """Weight name -> its block scales, read up front (small: one float per block); ``scales``: weight name ->
     (file, scale tensor name)."""
-    from safetensors import SafetensorError, safe_open
-
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for weight, (path, name) in scales.items():
         by_file.setdefault(path, []).append((weight, name))
     out = {}
     for path, items in sorted(by_file.items()):
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for weight, name in items:
-                    out[weight] = f.get_tensor(name)
-        except SafetensorError as exc:
-            raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read ({exc})") from None
+        with safetensors_file(path) as f:
+            for weight, name in items:
+                out[weight] = f.get_tensor(name)
     return out

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ignis.engine.models.checkpoint_error import safetensors_file
 from ignis.engine.models.config import CheckpointError, ModelConfig, load_config
 from ignis.engine.models.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX, dequantize, read_scales, scale_shape
 from ignis.engine.models.mtp_spec import classify_mtp, expected_mtp_tensors, mtp_layer_count
@@ -434,7 +435,6 @@ def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict,
     """Read ``direct`` tensors and stack ``experts`` pieces; -> every name of ``expected``. A tensor named
     in ``scales`` is block-wise fp8: dequantized (on ``device``) before it takes the load dtype."""
     import torch
-    from safetensors import SafetensorError, safe_open
     from tqdm import tqdm
 
     wanted = {name for _, name in direct.values()}
@@ -455,28 +455,23 @@ def _read_tensors(cfg: ModelConfig, direct: dict, experts: dict, expected: dict,
     with tqdm(total=total, desc=f"loading {what}", unit="tensor",
               disable=not show, file=sys.stderr) as bar:
         for path in sorted(by_file):
-            try:
-                with safe_open(str(path), framework="pt", device="cpu") as f:
-                    for canonical, name, e, part in by_file[path]:
-                        t = f.get_tensor(name)
-                        if name in scale_of:
-                            t = dequantize(t.to(device), scale_of[name], cfg.fp8_block)
-                        target = torch.float32 if keeps_float32(canonical) else dtype
-                        if e < 0:
-                            out[canonical] = t.to(device=device, dtype=target).contiguous()
-                        else:
-                            if canonical not in out:
-                                out[canonical] = torch.empty(expected[canonical], dtype=target, device=device)
-                            dst = out[canonical][e]
-                            if part == "gate_proj":
-                                dst = dst[:inter]
-                            elif part == "up_proj":
-                                dst = dst[inter:]
-                            dst.copy_(t)
-                        bar.update(1)
-            except SafetensorError as exc:
-                raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
-            except OSError as exc:
-                raise CheckpointError(f"{path}: cannot read ({exc})") from None
+            with safetensors_file(path) as f:
+                for canonical, name, e, part in by_file[path]:
+                    t = f.get_tensor(name)
+                    if name in scale_of:
+                        t = dequantize(t.to(device), scale_of[name], cfg.fp8_block)
+                    target = torch.float32 if keeps_float32(canonical) else dtype
+                    if e < 0:
+                        out[canonical] = t.to(device=device, dtype=target).contiguous()
+                    else:
+                        if canonical not in out:
+                            out[canonical] = torch.empty(expected[canonical], dtype=target, device=device)
+                        dst = out[canonical][e]
+                        if part == "gate_proj":
+                            dst = dst[:inter]
+                        elif part == "up_proj":
+                            dst = dst[inter:]
+                        dst.copy_(t)
+                    bar.update(1)
     return {name: out[name] for name in expected}
 

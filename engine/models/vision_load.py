@@ -16,7 +16,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ignis.engine.models.config import CheckpointError
+from ignis.engine.models.checkpoint_error import CheckpointError, safetensors_file
 from ignis.engine.models.fp8_blocks import FP8_DTYPE, dequantize, read_scales
 from ignis.engine.models.vision_config import VisionConfig
 from ignis.engine.models.vision_weights import expected_vision_tensors, vision_canonical
@@ -31,8 +31,6 @@ def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str
                         fp8_block: tuple[int, int] | None = None) -> dict[str, "torch.Tensor"]:
     """The tower's tensors under canonical names; raises naming every missing, unknown or misshapen one.
     A tensor named in ``scales`` is block-wise fp8 (``engine.models.fp8_blocks``): dequantized at read."""
-    from safetensors import SafetensorError, safe_open
-
     scales = scales or {}
 
     expected = expected_vision_tensors(cfg)
@@ -63,17 +61,12 @@ def read_vision_tensors(cfg: VisionConfig, names: list[str], inventory: dict[str
     for canonical, (path, name) in where.items():
         by_file.setdefault(path, []).append((canonical, name))
     for path in sorted(by_file):
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for canonical, name in by_file[path]:
-                    t = f.get_tensor(name)
-                    if name in scale_of:
-                        t = dequantize(t.to(device), scale_of[name], fp8_block)
-                    out[canonical] = t.to(device=device, dtype=dtype).contiguous()
-        except SafetensorError as exc:
-            raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read ({exc})") from None
+        with safetensors_file(path) as f:
+            for canonical, name in by_file[path]:
+                t = f.get_tensor(name)
+                if name in scale_of:
+                    t = dequantize(t.to(device), scale_of[name], fp8_block)
+                out[canonical] = t.to(device=device, dtype=dtype).contiguous()
     return {c: out[c] for c in expected}
 
 
