@@ -52,13 +52,13 @@ class CacheFlushes:
         for peer, msg, deadline in pending:
             if scheduler is None:
                 if waiting_outside:
-                    self._refuse(peer, msg, _in_flight(waiting_outside))
+                    self._refuse(peer, msg, requests_in_flight(waiting_outside))
                 else:
                     self._send(CacheFlushed(msg.id, True, 0), peer)
                 continue
             blocker = scheduler.flush_blocker()
             if blocker is None and waiting_outside:
-                blocker = _in_flight(waiting_outside), False
+                blocker = requests_in_flight(waiting_outside), False
             if blocker is None:
                 try:
                     dropped, told = scheduler.flush_retained()
@@ -82,5 +82,6 @@ class CacheFlushes:
         self._send(CacheFlushed(msg.id, False, message=why), peer)
 
 
-def _in_flight(n: int) -> str:
+def requests_in_flight(n: int) -> str:
+    """Why a reset waits or is refused: "N requests are in flight"."""
     return f"{n} request is in flight" if n == 1 else f"{n} requests are in flight"

@@ -41,6 +41,7 @@ from operator import attrgetter
 
 from ignis.engine.admission import admit
 from ignis.engine.burst_points import share_ahead
+from ignis.engine.cache_flushes import requests_in_flight
 from ignis.engine.decode_lanes import DecodeLanes
 from ignis.engine.eviction import Evictor
 from ignis.engine.image_layout import image_layout
@@ -112,8 +113,7 @@ class Scheduler:
         """Why every retained entry cannot be dropped now, and whether that passes by itself (copies to
         or from tierd land within rounds; requests are the caller's to wait out or refuse); None: it can."""
         if self._requests:
-            n = len(self._requests)
-            return (f"{n} request is in flight" if n == 1 else f"{n} requests are in flight"), False
+            return requests_in_flight(len(self._requests)), False
         if self.copies_in_flight or getattr(self.tiers, "in_flight", 0):
             return "copies to or from tierd are in flight", True
         return None
