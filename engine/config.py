@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ignis.engine.speculative_config import speculative_tokens_of
 from ignis.shared.flags import field_doc, parse_bytes
-from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP
+from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
 
 def _opt_bytes(text):
@@ -31,8 +31,8 @@ class EngineConfig:
         "the largest rank a --lora-modules adapter may have (a larger one is refused at load)"))
     idle_unload_s: float | None = field(default=None, metadata=field_doc(
         "unload the model after this many idle seconds (the next request loads it again); default: never"))
-    served_model_name: str | None = field(default=None, metadata=field_doc(
-        "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
+    served_model_name: tuple[str, ...] = field(default=(), metadata=field_doc(SERVED_NAME_HELP, repeat=True,
+                                                                              nargs="+"))
     dtype: str | None = field(default=None, metadata=field_doc(
         "weights and activations dtype: float32, bfloat16, float16 (default: the checkpoint's on CPU, "
         "bfloat16 on CUDA)"))
@@ -150,6 +150,9 @@ class EngineConfig:
         "with --kv-events-endpoint: the topic frame of every KV events message (default: empty)"))
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight requests finish before aborting them"))
+    profile_dir: str | None = field(default=None, metadata=field_doc(
+        "take POST /start_profile and /stop_profile (vLLM's): the torch profiler over served rounds, its Chrome "
+        "trace and a table of the top operators written into this directory (default: off; engine.profiling)"))
     seed: int = field(default=0, metadata=field_doc("seed of the engine's own generator (unseeded requests)"))
     tensor_parallel_size: int = field(default=1, metadata=field_doc(
         "devices one model is split over (vLLM's flag): ignis runs a model on one device per engine, so only 1 "
@@ -212,6 +215,7 @@ class EngineConfig:
                 raise ValueError(f"{flag} must be seconds > 0, got {value!r}")
         if self.idle_unload_s is not None and not self.idle_unload_s > 0:
             raise ValueError(f"--idle-unload-s must be > 0, got {self.idle_unload_s}")
+        object.__setattr__(self, "served_model_name", served_names(self.served_model_name))
         if isinstance(self.model, str):
             object.__setattr__(self, "model", (self.model,))
         if self.model is None:

@@ -2,7 +2,8 @@
 
 One loop, one thread of compute::
 
-    drain inbox (Generate / Abort / Stats / FlushCache)  ->  intake, aborts, Stats replies, resets asked
+    drain inbox (Generate / Abort / Stats / FlushCache / Profile)  ->  intake, aborts, Stats replies,
+                                            resets asked, the profiler started or stopped
     grammar compiles that ended             ->  their requests taken in again, or refused
     gone gateways (engine.gateway_watch)    ->  their requests aborted ("gateway gone")
     between rounds                          ->  model switch or idle unload, cache resets
@@ -36,10 +37,21 @@ from ignis.engine.gateway_watch import GatewayWatch
 from ignis.engine.intake import Intake
 from ignis.engine.lora_updates import AdapterRegistry, LoraUpdates
 from ignis.engine.metrics import EngineMetrics
+from ignis.engine.profiling import RoundProfiler
 from ignis.engine.served_models import ServedModels
 from ignis.engine.token_streams import TokenStreams
 from ignis.shared.stop_request import StopRequest
-from ignis.shared.wire import Abort, FlushCache, Generate, LoadAdapter, Refused, Stats, StatsReply, UnloadAdapter
+from ignis.shared.wire import (
+    Abort,
+    FlushCache,
+    Generate,
+    LoadAdapter,
+    Profile,
+    Refused,
+    Stats,
+    StatsReply,
+    UnloadAdapter,
+)
 from ignis.shared.zmq_queues import bind_router
 
 log = logging.getLogger("ignis.engine")
@@ -60,11 +72,12 @@ class EngineServer:
         self._wake = threading.Event()
         self._stats_snapshot: dict | None = None
         self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats, FlushCache, LoadAdapter,
-                                                         UnloadAdapter), name="engine",
+                                                         UnloadAdapter, Profile), name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
         self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
         self.streams = TokenStreams(self.channel, self.metrics)
         self.flushes = CacheFlushes(self.channel.send)
+        self.profiler = RoundProfiler(config.profile_dir, config.instance, self.channel.send)
         self.lora_updates = LoraUpdates(config.enable_lora_updating, adapters or AdapterRegistry([]),
                                         config.max_lora_rank, self.models.dirs, self.channel.send)
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
@@ -170,11 +183,13 @@ class EngineServer:
                 self._service_models()
                 self.flushes.service(self.scheduler if self.loaded else None, self.intake.num_waiting)
                 if self.loaded:
-                    self._round()
+                    with self.profiler.round():
+                        self._round()
                 self._update_gauges()
                 self._publish_kv_events()
         finally:
             self._drain_inbox(block=False)
+            self.profiler.close()
             self.intake.compiles.close()
             time.sleep(0.05)
             self.channel.close()
@@ -225,6 +240,8 @@ class EngineServer:
             self.channel.send(StatsReply(self.stats()), peer)
         elif isinstance(msg, FlushCache):
             self.flushes.ask(peer, msg)
+        elif isinstance(msg, Profile):
+            self.profiler.handle(peer, msg)
         elif isinstance(msg, (LoadAdapter, UnloadAdapter)):  # between rounds: the layers change only here
             self.lora_updates.handle(peer, msg, self.runtime if self.loaded else None,
                                      self.loaded and self.models.name == self.models.default, self._adapter_users)

@@ -11,6 +11,7 @@ Routes:
     POST /v1/messages           Anthropic's Messages API (gateway.messages_api; also /v1/messages/count_tokens)
     POST /tokenize, /detokenize vLLM's token utilities (gateway.tokenize_api)
     POST /reset_prefix_cache    vLLM's cache reset (also /flush_cache, SGLang's, POST or GET; gateway.cache_reset)
+    POST /start_profile         vLLM's profiler control, and /stop_profile (gateway.profiling_api)
     POST /v1/load_lora_adapter  with --enable-lora-updating, and /v1/unload_lora_adapter (gateway.lora_api)
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
@@ -20,7 +21,7 @@ anything else a 500 whose body says only "internal error" and a request id
 handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
 /tokenize, /detokenize and the cache resets need ``Authorization: Bearer <key>`` when a key is set
 (compared in constant time), and a POST must be ``Content-Type: application/json`` (else 415, so a
-web page cannot send one without a preflight), except a cache reset's POST without a body.
+web page cannot send one without a preflight), except a cache reset's or a profiler's POST without a body.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 from aiohttp import web
 
 from ignis.gateway.cache_reset import RESET_PATHS, reset_prefix_cache
+from ignis.gateway.profiling_api import PROFILE_PATHS, start_profile, stop_profile
 from ignis.gateway.chat import chat_completions
 from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.completions import completions
@@ -59,16 +61,19 @@ from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
 from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize, tokenizer_info
 from ignis.gateway.tokenizer import ModelFiles
-from ignis.shared.model_names import lora_specs
+from ignis.shared.model_names import lora_specs, model_aliases
 from ignis.shared.runtime import default_runtime_dir
 
 log = logging.getLogger("ignis.gateway")
+BODYLESS_PATHS = RESET_PATHS + PROFILE_PATHS
+"""Keyed paths outside /v1 whose POST may come without a body."""
 
 BODY_CEILING = 64 << 20
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
               "/v1/models": "models", "/health": "health", "/metrics": "metrics", "/openapi.json": "openapi",
               "/tokenize": "tokenize", "/detokenize": "detokenize", "/v1/messages": "messages",
               "/v1/messages/count_tokens": "messages", "/reset_prefix_cache": "cache_reset",
+              "/start_profile": "profile", "/stop_profile": "profile",
               "/flush_cache": "cache_reset"}
 
 
@@ -89,7 +94,7 @@ def _anthropic(request: web.Request) -> bool:
 def _auth(gw: GatewayState, request: web.Request) -> None:
     key = gw.config.api_key
     if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS
-                           or request.path in RESET_PATHS):
+                           or request.path in BODYLESS_PATHS):
         return
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
@@ -103,7 +108,7 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
 
 def _json_post(request: web.Request) -> None:
     if request.method == "POST" and request.content_type != "application/json" and not (
-            request.path in RESET_PATHS and not request.body_exists):
+            request.path in BODYLESS_PATHS and not request.body_exists):
         raise ApiError(415, f"POST bodies must be sent as Content-Type: application/json, got "
                             f"{request.content_type!r}", code="unsupported_media_type")
 
@@ -175,12 +180,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": gw.metrics.content_type})
 
 
-def _model_card(gw: GatewayState) -> dict:
-    """OpenAI's model object, with the keys of Anthropic's (``type``, ``display_name``, ``created_at``) so either
-    API's clients read it."""
+def _model_card(gw: GatewayState, name: str) -> dict:
+    """OpenAI's model object of ``name`` (``gw`` is the state it selects), with the keys of Anthropic's
+    (``type``, ``display_name``, ``created_at``) so either API's clients read it."""
     created_at = datetime.datetime.fromtimestamp(gw.created, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
-    card = {"id": gw.model_name, "object": "model", "created": gw.created, "owned_by": "ignis",
-            "type": "model", "display_name": gw.model_name, "created_at": created_at}
+    card = {"id": name, "object": "model", "created": gw.created, "owned_by": "ignis",
+            "type": "model", "display_name": name, "created_at": created_at}
     if gw.adapter is not None:  # a LoRA adapter, as vLLM lists one: its directory and its base model
         card.update(root=gw.adapters[gw.adapter], parent=gw.base_model)
     loaded = int(gw.client.stats_values.get("model_index", 0))
@@ -192,8 +197,7 @@ def _model_card(gw: GatewayState) -> dict:
 async def list_models(request: web.Request) -> web.Response:
     """The served models."""
     gw: GatewayState = request.app[STATE]
-    names = (list(gw.models) or [gw.model_name]) + list(gw.adapters)
-    cards = [_model_card(gw.select(n)) for n in names]
+    cards = [_model_card(gw.select(n), n) for n in gw.names]
     # Anthropic's page keys beside OpenAI's list: every model fits one page
     return json_response({"object": "list", "data": cards, "has_more": False, "first_id": cards[0]["id"],
                           "last_id": cards[-1]["id"]})
@@ -202,7 +206,8 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     """One served model."""
     gw: GatewayState = request.app[STATE]
-    return json_response(_model_card(gw.select(request.match_info["model"])))
+    name = request.match_info["model"]
+    return json_response(_model_card(gw.select(name), name))
 
 
 def _template(files: ModelFiles):
@@ -237,11 +242,12 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
             log.info("sampling defaults of %s from %s: %s (a request's own values win; --generation-config vllm "
                      "turns them off)", name, d.source, d.describe())
     set_source_limit(config.max_image_source_pixels)
-    adapters = dict(lora_specs(config.lora_modules, list(models)))
+    aliases = {alias: model_name for alias in model_aliases(config.model, config.served_model_name)}
+    adapters = dict(lora_specs(config.lora_modules, list(models) + list(aliases)))
     gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,
                       client=EngineClient(endpoint, timeout=config.engine_timeout),
                       metrics=GatewayMetrics(model_name), created=int(time.time()), models=models, vision=vision,
-                      adapters=adapters, sampling_defaults=defaults)
+                      aliases=aliases, adapters=adapters, sampling_defaults=defaults)
     # Handlers read bodies through gateway.body, within RequestLimits; aiohttp's own limit is only a ceiling.
     app = web.Application(middlewares=[_middleware], client_max_size=config.max_request_bytes or BODY_CEILING)
     app[STATE] = gw
@@ -267,6 +273,8 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_post("/flush_cache", reset_prefix_cache)
     app.router.add_get("/flush_cache", reset_prefix_cache)
+    app.router.add_post("/start_profile", start_profile)
+    app.router.add_post("/stop_profile", stop_profile)
     if config.enable_tokenizer_info_endpoint:
         app.router.add_get("/tokenizer_info", tokenizer_info)
     if config.enable_lora_updating:

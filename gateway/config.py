@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ignis.gateway.image_limits import parse_mm_limit
 from ignis.gateway.sampling_defaults import check_source, parse_override
 from ignis.shared.flags import field_doc, parse_bytes
-from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP
+from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
 TOOL_CALL_PARSERS = ("auto", "qwen3_xml", "hermes")
@@ -30,8 +30,8 @@ class GatewayConfig:
         aliases=("--model-path",)))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
     enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
-    served_model_name: str | None = field(default=None, metadata=field_doc(
-        "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo)"))
+    served_model_name: tuple[str, ...] = field(default=(), metadata=field_doc(SERVED_NAME_HELP, repeat=True,
+                                                                              nargs="+"))
     host: str = field(default="127.0.0.1", metadata=field_doc("address the HTTP server listens on"))
     port: int = field(default=8000, metadata=field_doc("HTTP port (0 picks a free one, printed in the READY line)"))
     runtime_dir: str | None = field(default=None, metadata=field_doc(
@@ -123,6 +123,7 @@ class GatewayConfig:
         "seconds fetching one remote image may take in all"))
 
     def __post_init__(self):
+        object.__setattr__(self, "served_model_name", served_names(self.served_model_name))
         if isinstance(self.model, str):
             object.__setattr__(self, "model", (self.model,))
         if self.model is None:

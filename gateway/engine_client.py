@@ -7,7 +7,8 @@
         PromptLogprobs -> onto the inbox as (engine id, message, None)
         Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
-        CacheFlushed, AdapterUpdated -> the ``flush_cache()`` / ``update_adapter()`` call that asked, by id
+        CacheFlushed, AdapterUpdated, Profiled -> the ``flush_cache()`` / ``update_adapter()`` / ``profile()``
+                                   call that asked, by id
 
 No I/O thread: the reader task takes the messages already queued on the
 socket in one turn of the loop (no thread hop, no wake-up pipe per message;
@@ -47,6 +48,8 @@ from ignis.shared.wire import (
     AdapterUpdated,
     CacheFlushed,
     FlushCache,
+    Profile,
+    Profiled,
     ErrorReply,
     Finished,
     PromptLogprobs,
@@ -187,6 +190,11 @@ class EngineClient:
         """Send ``make(id, *fields)`` (``LoadAdapter`` or ``UnloadAdapter``); the engine's answer."""
         return await self._ask(make, fields, "the LoRA adapter update", timeout)
 
+    async def profile(self, start: bool, rounds: int = 0, timeout: float = 300.0) -> Profiled:
+        """Start or stop the engine's profiler (``engine.profiling``); its answer (a stop writes the trace
+        on the engine's loop: a long profile's takes a while)."""
+        return await self._ask(Profile, (start, rounds), "the profiler", timeout)
+
     async def _ask(self, make, fields: tuple, what: str, timeout: float):
         if self.lost:
             raise EngineUnavailable("the engine went away; it is being restarted")
@@ -285,7 +293,7 @@ class EngineClient:
                 if not fut.done():
                     fut.set_result(msg.values)
                     break
-        elif isinstance(msg, (CacheFlushed, AdapterUpdated)):
+        elif isinstance(msg, (CacheFlushed, AdapterUpdated, Profiled)):
             fut = self._answer_waiters.get(msg.id)
             if fut is not None and not fut.done():
                 fut.set_result(msg)

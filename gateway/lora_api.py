@@ -54,6 +54,8 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     path = f.str("lora_path", None, max_chars=MAX_PATH)
     if not path:
         raise invalid("lora_path is required: the adapter's directory", "lora_path")
+    if name in gw.aliases:  # the engine knows the model by its first name only
+        raise invalid(f"the name {name!r} is taken: it names the model {gw.aliases[name]!r}", "lora_name")
     answer = await gw.client.update_adapter(LoadAdapter, name, path)
     if answer.ok:
         gw.adapters[name] = path

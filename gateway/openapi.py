@@ -13,6 +13,7 @@ import re
 from aiohttp import web
 
 from ignis.gateway.cache_reset import RESET_PATHS
+from ignis.gateway.profiling_api import PROFILE_PATHS
 from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.request_schemas import ANSWERS, ANTHROPIC_ERROR, ERROR, REQUESTS, SSE_EVENT, STREAMING
 from ignis.gateway.responses import json_response
@@ -42,6 +43,9 @@ def _responses(method: str, path: str) -> dict:
     if method == "POST" and path in STREAMING:  # stream: true answers server-sent events; the schema is each event's
         ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
     out = {"200": ok}
+    if path in PROFILE_PATHS:
+        out["400"] = {"description": "the engine did not start or stop its profiler (profiling off, already "
+                                     "profiling, not profiling)", "content": _json(ERROR)}
     if path in RESET_PATHS:
         out["409"] = {"description": "the engine holds requests: nothing was reset (code engine_busy)",
                       "content": _json(ERROR)}
@@ -76,9 +80,11 @@ def openapi_document(app: web.Application, title: str, version: str, models: lis
         if params:
             op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
                                 for p in params]
-        if route.method == "POST" and path not in RESET_PATHS:  # a reset takes no body
+        if route.method == "POST" and path not in RESET_PATHS + PROFILE_PATHS:  # those take no body
             op["requestBody"] = {"required": True, "content": _json(_with_models(REQUESTS.get(path), models))}
-        if path.startswith("/v1") or path in KEYED_PATHS or path in RESET_PATHS:
+        elif route.method == "POST" and path in REQUESTS:  # an optional one
+            op["requestBody"] = {"required": False, "content": _json(REQUESTS[path])}
+        if path.startswith("/v1") or path in KEYED_PATHS or path in RESET_PATHS + PROFILE_PATHS:
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[route.method.lower()] = op
     return {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths,
@@ -100,7 +106,6 @@ async def openapi(request: web.Request) -> web.Response:
     doc = request.app.get(_DOC)
     if doc is None:
         gw = request.app[STATE]
-        doc = openapi_document(request.app, "ignis", package_version(),
-                               (list(gw.models) or [gw.model_name]) + list(gw.adapters))
+        doc = openapi_document(request.app, "ignis", package_version(), gw.names)
         request.app[_DOC] = doc
     return json_response(doc)

@@ -224,7 +224,8 @@ UNLOAD_LORA = _obj({"lora_name": LORA_NAME}, ("lora_name",))
 REQUESTS = {"/v1/chat/completions": CHAT_COMPLETIONS, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES,
             "/tokenize": TOKENIZE, "/detokenize": DETOKENIZE, "/v1/messages": MESSAGES,
             "/v1/messages/count_tokens": COUNT_TOKENS, "/v1/load_lora_adapter": LOAD_LORA,
-            "/v1/unload_lora_adapter": UNLOAD_LORA}
+            "/v1/unload_lora_adapter": UNLOAD_LORA,
+            "/start_profile": _obj({"num_steps": {"type": "integer", "minimum": 1, "maximum": 1_000_000}})}
 """The JSON body of each POST route."""
 
 STREAMING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
@@ -297,6 +298,9 @@ ANSWERS = {
     ("GET", "/health"): _obj({"status": _STR}, ("status",)),
     ("GET", "/ping"): _obj({"status": _STR}, ("status",)),
     ("GET", "/version"): _obj({"version": _STR}, ("version",)),
+    ("POST", "/start_profile"): _obj({"profiling": {"const": True}}, ("profiling",)),
+    ("POST", "/stop_profile"): _obj({"profiling": {"const": False}, "trace": _STR, "summary": _STR,
+                                     "message": _STR}, ("profiling", "trace", "summary")),
     **{(method, path): _obj({"flushed": {"const": True}, "retained_entries": {"type": "integer", "minimum": 0}},
                             ("flushed", "retained_entries"))
        for method, path in (("POST", "/reset_prefix_cache"), ("POST", "/flush_cache"), ("GET", "/flush_cache"))},

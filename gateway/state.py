@@ -43,6 +43,8 @@ class GatewayState:
     """How the model's images become prompt tokens; None: it takes no images."""
     sampling_defaults: SamplingDefaults = SamplingDefaults()
     """The model's recommended sampling, for the fields a request leaves out (``gateway.sampling_defaults``)."""
+    aliases: dict = field(default_factory=dict)
+    """Further ``--served-model-name`` names -> the model's name (answers carry the model's)."""
     adapters: dict = field(default_factory=dict)
     """name -> path of the LoRA adapters served with the default model (``--lora-modules``)."""
     adapter: str | None = None
@@ -60,8 +62,13 @@ class GatewayState:
         """Whether the output's ``<think>`` block is split into reasoning (``--reasoning-parser``)."""
         return self.config.reasoning_parser != "off" and has_think_tokens(self.tokenizer)
 
+    @property
+    def names(self) -> list[str]:
+        """Every name a request's ``model`` may give: the models, their further names, the adapters."""
+        return (list(self.models) or [self.model_name]) + list(self.aliases) + list(self.adapters)
+
     def check_model(self, model: str | None) -> None:
-        names = (list(self.models) or [self.model_name]) + list(self.adapters)
+        names = self.names
         if model is not None and model not in names:
             raise ApiError(404, f"the model {model!r} does not exist (this server serves {', '.join(names)})",
                            param="model", code="model_not_found")
@@ -69,6 +76,7 @@ class GatewayState:
     def select(self, model: str | None) -> "GatewayState":
         """This state seen through the model a request names (the default when it names none)."""
         self.check_model(model)
+        model = self.aliases.get(model, model)
         if model in self.adapters:  # this (the default model's) state, answering as the adapter
             return replace(self, model_name=model, adapter=model, base_model=self.model_name)
         if model is None or model == self.model_name or model not in self.models:

@@ -79,7 +79,9 @@ def add_flags(parser: argparse.ArgumentParser, config_cls, skip: tuple[str, ...]
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         if f.metadata.get("repeat"):
-            kwargs["action"] = "append"
+            kwargs["action"] = "extend" if f.metadata.get("nargs") else "append"
+            if f.metadata.get("nargs"):  # --flag A B, or --flag A --flag B
+                kwargs["nargs"] = f.metadata["nargs"]
             kwargs["default"] = None
         else:
             kwargs["default"] = default

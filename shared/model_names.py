@@ -14,22 +14,34 @@ LORA_UPDATING_HELP = (
     "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): LoRA adapters loaded and "
     "unloaded while serving; off by default, as it lets API clients make the engine read a directory")
 """The help of the two flags the engine and the gateway share (``ignis serve`` hands each to both)."""
+SERVED_NAME_HELP = (
+    "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo); "
+    "several names (vLLM's --served-model-name A B, or the flag repeated) all answer, the first is the one "
+    "answers carry")
 
 
-def served_name(model_dir: str | None, explicit: str | None = None) -> str:
-    """``explicit`` if given; the demo's name when no directory is; else the directory's name."""
-    if explicit:
-        return explicit
+def served_names(explicit) -> tuple[str, ...]:
+    """``--served-model-name``'s values (one string, several, or none) as a tuple."""
+    if not explicit:
+        return ()
+    return (explicit,) if isinstance(explicit, str) else tuple(explicit)
+
+
+def served_name(model_dir: str | None, explicit=None) -> str:
+    """``explicit``'s first name if given; the demo's name when no directory is; else the directory's name."""
+    if served_names(explicit):
+        return served_names(explicit)[0]
     if not model_dir:
         return DEMO_MODEL_NAME
     return Path(model_dir).resolve().name or str(model_dir)
 
 
-def model_specs(values, explicit: str | None = None) -> list[tuple[str, str | None]]:
+def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:
     """``--model`` values (``DIR`` or ``NAME=DIR``, repeatable) as (name, dir) pairs, the default first.
 
     No value means the built-in demo model (dir None). ``--served-model-name``
-    names a single unnamed model. Names must be unique.
+    names a single unnamed model (its first name; ``model_aliases`` are the
+    others). Names must be unique.
     """
     if values is None or values == "":
         values = ()
@@ -52,6 +64,19 @@ def model_specs(values, explicit: str | None = None) -> list[tuple[str, str | No
     if len(set(names)) != len(names):
         raise ValueError(f"--model: model names repeat: {names}")
     return specs
+
+
+def model_aliases(values, explicit=None) -> tuple[str, ...]:
+    """The further ``--served-model-name`` names of the one model they name (none with several models,
+    which ``--model NAME=DIR`` names); each differs from every model's name."""
+    specs = model_specs(values, explicit)
+    names = served_names(explicit)
+    if len(specs) != 1 or not names or specs[0][0] != names[0]:
+        return ()
+    extra = names[1:]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--served-model-name: names repeat: {list(names)}")
+    return extra
 
 
 def lora_specs(values, model_names=()) -> list[tuple[str, str]]:

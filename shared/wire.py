@@ -60,7 +60,7 @@ __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Finished", "Refused",
     "ErrorReply", "StatsReply", "FlushCache", "CacheFlushed", "LoadAdapter",
-    "UnloadAdapter", "AdapterUpdated", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
+    "UnloadAdapter", "AdapterUpdated", "Profile", "Profiled", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
 
@@ -74,6 +74,7 @@ changed messages as malformed."""
 
 MAX_ID_CHARS = 256
 MAX_PATH_CHARS = 4096
+MAX_PROFILE_ROUNDS = 1_000_000
 MAX_STATS = 1024
 MAX_PROMPT_SCORES = 4096
 """Prompt tokens one PromptLogprobs message scores (a longer prompt's scores take several)."""
@@ -524,9 +525,52 @@ class AdapterUpdated:
         check_str("message", self.message, MAX_TEXT_CHARS)
 
 
-GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache, LoadAdapter, UnloadAdapter)
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class Profile:
+    """Start (``start``) or stop the engine's torch profiler (vLLM's /start_profile and /stop_profile,
+    ``engine.profiling``); a start with ``rounds`` stops by itself after that many rounds. Answered by
+    ``Profiled`` with the same ``id``."""
+
+    TYPE: ClassVar[str] = "profile"
+
+    id: str
+    start: bool
+    rounds: int = 0
+
+    def __post_init__(self):
+        _check_id(self.id)
+        if type(self.start) is not bool:
+            raise TypeError("start must be true or false")
+        check_int("rounds", self.rounds, 0, MAX_PROFILE_ROUNDS)
+
+
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class Profiled:
+    """The answer to ``Profile`` ``id``: done (``ok``) or not, and why (``message``); a stop names the
+    files it wrote (``trace``: the Chrome trace, ``summary``: the top operators as text)."""
+
+    TYPE: ClassVar[str] = "profiled"
+
+    id: str
+    ok: bool
+    message: str = ""
+    trace: str = ""
+    summary: str = ""
+
+    def __post_init__(self):
+        _check_id(self.id)
+        if type(self.ok) is not bool:
+            raise TypeError("ok must be true or false")
+        check_str("message", self.message, MAX_TEXT_CHARS)
+        check_str("trace", self.trace, MAX_PATH_CHARS)
+        check_str("summary", self.summary, MAX_PATH_CHARS)
+
+
+GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache, LoadAdapter, UnloadAdapter, Profile)
 ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply, CacheFlushed,
-                     AdapterUpdated)
+                     AdapterUpdated, Profiled)
 
 encode = GATEWAY_ENGINE.encode
 decode = GATEWAY_ENGINE.decode

@@ -6,6 +6,7 @@
     seed 3   Refused unknown_model       other    ``max_tokens`` tokens (``UNDERSCORE``), then Finished stop
 
 Stats are answered with a small max_model_len and the demo model's vocab_size. Every Abort is recorded.
+A profiler start or stop (``Profile``) is refused as by an engine without ``--profile-dir``.
 A cache reset (``FlushCache``) is answered flushed, with ``flush_entries`` entries, or refused with
 ``flush_refusal`` when that is set.
 ``script(seed, token_ids)`` makes that seed stream those tokens, one per
@@ -28,6 +29,8 @@ from ignis.shared.wire import (
     Finished,
     FlushCache,
     Generate,
+    Profile,
+    Profiled,
     Refused,
     Stats,
     StatsReply,
@@ -80,6 +83,9 @@ class FakeEngine:
             elif isinstance(msg, Generate):
                 self.generates.append(msg)
                 self._answer(msg, peer)
+            elif isinstance(msg, Profile):  # an engine without --profile-dir
+                self.channel.send(Profiled(msg.id, False, "profiling is off: start the engine with --profile-dir DIR"),
+                                  peer)
             elif isinstance(msg, FlushCache):
                 self.flushes += 1
                 refusal = self.flush_refusal

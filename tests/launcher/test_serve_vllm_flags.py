@@ -83,3 +83,9 @@ def test_the_reasoning_parser_is_checked():
     with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
         GatewayConfig(reasoning_parser="granite")
     assert GatewayConfig(tool_call_parser="qwen3_coder").tool_call_parser == "qwen3_xml"
+
+
+def test_several_served_names_reach_both_children():
+    engine, gateway, (ecfg, gcfg) = children(parse(["--served-model-name", "a", "b", "--served-model-name", "c"]))
+    assert engine == gateway == ["--served-model-name", "a", "--served-model-name", "b", "--served-model-name", "c"]
+    assert ecfg.served_model_name == gcfg.served_model_name == ("a", "b", "c")

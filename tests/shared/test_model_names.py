@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ignis.shared.model_names import DEMO_MODEL_NAME, lora_specs, model_specs
+from ignis.shared.model_names import DEMO_MODEL_NAME, lora_specs, model_aliases, model_specs
 
 
 def test_model_specs_name_the_default_first():
@@ -26,3 +26,13 @@ def test_lora_specs_take_name_path_and_vllms_json_form():
         lora_specs(("a=/x", "a=/y"))
     with pytest.raises(ValueError, match="already names a served model"):
         lora_specs(("m=/x",), ["m"])
+
+
+def test_several_served_names_name_one_model_the_first_answering():
+    assert model_specs(("/m/Qwen3.5-27B",), ("qwen", "Qwen/Qwen3.5-27B")) == [("qwen", "/m/Qwen3.5-27B")]
+    assert model_aliases(("/m/Qwen3.5-27B",), ("qwen", "Qwen/Qwen3.5-27B", "q")) == ("Qwen/Qwen3.5-27B", "q")
+    assert model_aliases((), ("demo", "d")) == ("d",)
+    assert model_aliases(("/m/x",), "one") == () and model_aliases(("/m/x",), ()) == ()
+    assert model_aliases(("a=/m/a", "b=/m/b"), ("x", "y")) == ()  # several models name themselves
+    with pytest.raises(ValueError, match="--served-model-name: names repeat"):
+        model_aliases(("/m/x",), ("a", "b", "a"))

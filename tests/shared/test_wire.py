@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from ignis.shared.wire import (
     AdapterUpdated,
     LoadAdapter,
+    Profile,
+    Profiled,
     UnloadAdapter,
     CacheFlushed,
     FlushCache,
@@ -84,6 +86,10 @@ MESSAGES = [
     UnloadAdapter(id="lora-2", name="sql"),
     AdapterUpdated(id="lora-1", ok=True, message="LoRA adapter 'sql' added"),
     AdapterUpdated(id="lora-2", ok=False, message="cannot be found", missing=True),
+    Profile(id="prof-1", start=True, rounds=50),
+    Profile(id="prof-2", start=False),
+    Profiled(id="prof-2", ok=True, trace="/var/tmp/p/ignis.trace.json", summary="/var/tmp/p/ignis.top.txt"),
+    Profiled(id="prof-3", ok=False, message="not profiling"),
 ]
 
 
@@ -258,6 +264,10 @@ GEN = MESSAGES[1]
     (_header(UnloadAdapter("l", "a"), extra=1), "unknown field"),
     (_header(AdapterUpdated("l", True), ok="yes"), "ok must be true or false"),
     (_header(AdapterUpdated("l", True), missing=0), "missing must be true or false"),
+    (_header(Profile("p", True), start="yes"), "start must be true or false"),
+    (_header(Profile("p", True), rounds=-1), "rounds"),
+    (_header(Profiled("p", True), ok=1), "ok must be true or false"),
+    (_header(Profiled("p", True), trace=3), "trace"),
 ])
 def test_malformed_raises_wire_error(frames, match):
     with pytest.raises(WireError, match=match):
