@@ -150,6 +150,10 @@ class EngineConfig:
         "with --kv-events-endpoint: the topic frame of every KV events message (default: empty)"))
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight requests finish before aborting them"))
+    log_requests: bool = field(default=True, metadata=field_doc(
+        "log a done line per request at INFO (off: at DEBUG, as vLLM's --disable-log-requests; the metrics still "
+        "count every request). Done lines hold counts and timings, never prompt or output text",
+        aliases=("--enable-log-requests",), off_aliases=("--disable-log-requests",)))
     profile_dir: str | None = field(default=None, metadata=field_doc(
         "take POST /start_profile and /stop_profile (vLLM's): the torch profiler over served rounds, its Chrome "
         "trace and a table of the top operators written into this directory (default: off; engine.profiling)"))

@@ -75,7 +75,7 @@ class EngineServer:
                                                          UnloadAdapter, Profile), name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
         self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
-        self.streams = TokenStreams(self.channel, self.metrics)
+        self.streams = TokenStreams(self.channel, self.metrics, done_lines=config.log_requests)
         self.flushes = CacheFlushes(self.channel.send)
         self.profiler = RoundProfiler(config.profile_dir, config.instance, self.channel.send)
         self.lora_updates = LoraUpdates(config.enable_lora_updating, adapters or AdapterRegistry([]),

@@ -57,10 +57,12 @@ class Tracked:
 class TokenStreams:
     """``tracked`` holds every request from its acceptance until its ``Finished`` is sent."""
 
-    def __init__(self, channel: Channel, metrics: EngineMetrics):
+    def __init__(self, channel: Channel, metrics: EngineMetrics, done_lines: bool = True):
         self.channel = channel
         self.metrics = metrics
         self.tracked: dict[str, Tracked] = {}
+        self.done_level = logging.INFO if done_lines else logging.DEBUG
+        """Where done lines go: INFO, or DEBUG with --disable-log-requests (vLLM's)."""
 
     def track(self, peer: bytes, msg: Generate) -> None:
         self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic(),
@@ -199,7 +201,8 @@ class TokenStreams:
             done["adapter"] = t.adapter
         if t.prompt_scored:  # a scored prompt is computed whole: why such a request resumed nothing
             done["prompt_logprobs"] = {"scored": t.prompt_scored}
-        log.info(orjson.dumps(done).decode())
+        if log.isEnabledFor(self.done_level):
+            log.log(self.done_level, orjson.dumps(done).decode())
 
 
 def _stream_tokens(rid: str, tokens: tuple[int, ...], lp) -> StreamTokens:

@@ -121,3 +121,21 @@ def test_a_salted_adapter_request_says_so_in_its_done_line_and_counts_for_its_ad
     assert "cache_salt" not in b_line and "adapter" not in b_line
     text = metrics.render().decode()
     assert 'ignis:lora_requests_total{adapter="tuned",model_name="m"} 1.0' in text
+
+
+def test_done_lines_go_to_debug_with_log_requests_off(caplog):
+    from ignis.engine.schedule import FinishEvent
+    from ignis.shared.sampling import SamplingParams
+    from ignis.shared.wire import Generate
+
+    metrics = EngineMetrics("m")
+    streams = TokenStreams(Channel(), metrics, done_lines=False)
+    for rid in ("a", "b"):
+        streams.track(b"gw", Generate(rid, (1, 2, 3), SamplingParams()))
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("a", "length", 3, 1), "m")
+    assert not [r for r in caplog.records if '"event":"done"' in r.getMessage()]
+    with caplog.at_level("DEBUG", logger="ignis.engine"):
+        streams.finish(FinishEvent("b", "length", 3, 1), "m")
+    assert [r.levelname for r in caplog.records if '"event":"done"' in r.getMessage()] == ["DEBUG"]
+    assert 'ignis:request_success_total{finished_reason="length",model_name="m"} 2.0' in metrics.render().decode()

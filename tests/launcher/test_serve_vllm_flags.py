@@ -62,6 +62,7 @@ def test_sglang_names_and_prefix_caching_on_off():
     assert (ecfg.decode_lanes, ecfg.max_prefill_tokens_per_round, ecfg.max_model_len) == (8, 4096, 32768)
     assert (ecfg.gpu_memory_utilization, ecfg.reuse_prompt) == (0.8, False)
     assert parse(["--enable-prefix-caching"]).reuse_prompt is True
+    assert parse(["--disable-log-requests"]).log_requests is False and parse([]).log_requests is True
     assert parse([]).reuse_prompt is True  # the off alias leaves the default alone
 
 
