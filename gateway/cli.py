@@ -7,7 +7,8 @@ bound one, useful with ``--port 0``). SIGTERM or SIGINT stops accepting,
 gives in-flight requests ``--shutdown-timeout`` seconds, and aborts the rest
 at the engine. The API key comes from ``--api-key-file``, ``IGNIS_API_KEY``
 or ``--api-key`` (shared.api_key). Connections go through
-``gateway.listener`` (connection cap, header deadline). Imports no torch.
+``gateway.listener`` (connection cap, header deadline); with ``--ssl-certfile``
+and ``--ssl-keyfile`` it serves HTTPS (``gateway.tls``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ignis.gateway.chat_template import template_option
 from ignis.gateway.config import GatewayConfig
 from ignis.gateway.listener import CONNECTIONS, LINGER_S, Connections, listen
 from ignis.gateway.state import STATE
+from ignis.gateway.tls import server_context
 from ignis.gateway.tokenizer import load_model_files
 from ignis.shared import sdnotify
 from ignis.shared.flags import add_flags, from_args
@@ -56,13 +58,14 @@ def _endpoint(config: GatewayConfig) -> str:
     return endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
 
 
-async def serve(app: web.Application, config: GatewayConfig) -> int:
+async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
+    """``tls``: the HTTPS context (``gateway.tls``; None: plain HTTP)."""
     connections: Connections = app[CONNECTIONS]
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout,
                            keepalive_timeout=config.keepalive_timeout, lingering_time=LINGER_S)
     await runner.setup()
     try:
-        server = await listen(runner, connections, config.host, config.port)
+        server = await listen(runner, connections, config.host, config.port, tls, config.header_read_timeout)
     except OSError as e:
         await runner.cleanup()
         print(f"ignis gateway: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr)
@@ -72,7 +75,7 @@ async def serve(app: web.Application, config: GatewayConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    url = f"http://{config.host}:{port}"
+    url = f"{'https' if tls is not None else 'http'}://{config.host}:{port}"
     log.info("gateway serving on %s", url)
     print(f"READY {url}", flush=True)
     sdnotify.ready(f"serving on {url}")
@@ -99,10 +102,11 @@ def run(args) -> int:
         if config.chat_template is not None:  # the operator's template instead of the checkpoint's
             loaded[default] = dataclasses.replace(loaded[default], chat_template=template_option(config.chat_template))
             log.info("chat template of %s: from --chat-template (the checkpoint's own is not used)", default)
+        tls = server_context(config.ssl_keyfile, config.ssl_certfile, config.ssl_ca_certs, config.ssl_cert_reqs)
         endpoint = _endpoint(config)
         app = build_app(config, loaded.pop(default), default, endpoint, more_models=loaded)
     except (ValueError, OSError, RuntimeDirError, TokenizerFilesError, DemoModelUnavailable) as exc:
         print(f"ignis gateway: {exc}", file=sys.stderr)
         return 2
     log.info("gateway for model %s, engine at %s", app[STATE].model_name, endpoint)
-    return uvloop.run(serve(app, config))
+    return uvloop.run(serve(app, config, tls))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ignis.gateway.image_limits import parse_mm_limit
 from ignis.gateway.sampling_defaults import check_source, parse_override
+from ignis.gateway.tls import check_tls_flags
 from ignis.shared.flags import field_doc, parse_bytes
 from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
@@ -43,6 +44,14 @@ class GatewayConfig:
     api_key: str | None = field(default=None, metadata=field_doc(
         "require 'Authorization: Bearer KEY' on every /v1 path; visible to local users in the process list, "
         "prefer --api-key-file or IGNIS_API_KEY; default: no auth"))
+    ssl_keyfile: str | None = field(default=None, metadata=field_doc(
+        "serve HTTPS: the server's private key (PEM), with --ssl-certfile (vLLM's flags; default: plain HTTP)"))
+    ssl_certfile: str | None = field(default=None, metadata=field_doc(
+        "serve HTTPS: the server's certificate chain (PEM), with --ssl-keyfile"))
+    ssl_ca_certs: str | None = field(default=None, metadata=field_doc(
+        "with HTTPS: the CA certificates (PEM) client certificates are checked against"))
+    ssl_cert_reqs: int = field(default=0, metadata=field_doc(
+        "with HTTPS: client certificates 0 not asked for, 1 optional, 2 required (checked against --ssl-ca-certs)"))
     api_key_file: str | None = field(default=None, metadata=field_doc(
         "read the API key from this file (mode 0600 or stricter, else refused; surrounding whitespace dropped)"))
     max_request_bytes: int | None = field(default=None, metadata=field_doc(
@@ -151,6 +160,7 @@ class GatewayConfig:
         if self.default_max_tokens is not None and (type(self.default_max_tokens) is not int
                                                     or self.default_max_tokens < 1):
             raise ValueError(f"--default-max-tokens must be a positive integer, got {self.default_max_tokens!r}")
+        check_tls_flags(self.ssl_keyfile, self.ssl_certfile, self.ssl_ca_certs, self.ssl_cert_reqs)
         check_source(self.generation_config)
         parse_override(self.override_generation_config)
         if not self.engine_timeout > 0:

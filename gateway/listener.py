@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import orjson
 from aiohttp import web
@@ -140,8 +141,13 @@ class GuardedConnection(asyncio.Protocol):
         self.inner.connection_lost(exc)
 
 
-async def listen(runner: web.AppRunner, connections: Connections, host: str, port: int) -> asyncio.AbstractServer:
-    """Serve ``runner``'s app on HOST:PORT through ``connections`` (``runner.setup()`` done)."""
+async def listen(runner: web.AppRunner, connections: Connections, host: str, port: int,
+                 tls: ssl.SSLContext | None = None, handshake_timeout: float = 10.0) -> asyncio.AbstractServer:
+    """Serve ``runner``'s app on HOST:PORT through ``connections`` (``runner.setup()`` done); with ``tls``,
+    HTTPS, a handshake given ``handshake_timeout`` seconds."""
     connections.attach(runner.server)
     loop = asyncio.get_running_loop()
-    return await loop.create_server(connections, host, port, backlog=512, reuse_address=True)
+    if tls is None:
+        return await loop.create_server(connections, host, port, backlog=512, reuse_address=True)
+    return await loop.create_server(connections, host, port, backlog=512, reuse_address=True, ssl=tls,
+                                    ssl_handshake_timeout=handshake_timeout)

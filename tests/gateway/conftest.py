@@ -68,7 +68,7 @@ def start_serve(tmp: Path, extra: list[str], env: dict | None = None) -> Server:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         text = out.read_text()
-        m = re.search(r"^ignis serving (\S+) on (http://\S+)$", text, re.M)
+        m = re.search(r"^ignis serving (\S+) on (https?://\S+)$", text, re.M)
         if m:
             endpoint = re.search(r"^READY (ipc://\S+-engine\.sock)$", text, re.M).group(1)
             return Server(m.group(2), endpoint, API_KEY, m.group(1), proc, out, err)
