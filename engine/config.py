@@ -27,6 +27,9 @@ class EngineConfig:
         aliases=("--model-path",)))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
     enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
+    enable_lora: bool = field(default=False, metadata=field_doc(
+        "taken for vLLM command lines and without effect: adapters are served whenever --lora-modules names "
+        "them or --enable-lora-updating lets them be loaded"))
     max_lora_rank: int = field(default=64, metadata=field_doc(
         "the largest rank a --lora-modules adapter may have (a larger one is refused at load)"))
     idle_unload_s: float | None = field(default=None, metadata=field_doc(
@@ -46,6 +49,9 @@ class EngineConfig:
         "KV pool format: hq-e8-2b (keys and values E8-lattice coded, 2.25 bits per value, the last "
         "--kv-exact-window tokens kept exact; 7x the tokens per byte, prefill over it slower) or bf16 (exact, "
         "in the model dtype); auto: bf16 (docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
+    kv_cache_dtype: str = field(default="auto", metadata=field_doc(
+        "vLLM's name for the KV format: auto or bfloat16 keep --kv-format; fp8 formats are refused (ignis's "
+        "compressed KV is --kv-format hq-e8-2b)"))
     kv_exact_window: int = field(default=64, metadata=field_doc(
         "hq-e8-2b: the last N tokens of each sequence whose keys and values stay exact (0: none)"))
     kv_pool_tokens: int | None = field(default=None, metadata=field_doc(
@@ -95,6 +101,9 @@ class EngineConfig:
         "step and the model verifies them in the same forward (requests without penalties, logit bias, allowed ids, "
         "bad words, min_tokens, thinking budget or grammar; greedy output is unchanged, sampled output keeps its distribution). "
         "Needs mtp.* weights and --kv-format bf16 (0: off; docs/speculative.md)"))
+    language_model_only: bool = field(default=False, metadata=field_doc(
+        "serve a multimodal checkpoint's language model alone (vLLM's flag): its vision tower is not read (less "
+        "device memory, a faster load) and requests with images are refused; the gateway takes the flag too"))
     speculative_config: str | None = field(default=None, metadata=field_doc(
         "vLLM's JSON form of --speculative-tokens: '{\"method\": \"mtp\", \"num_speculative_tokens\": K}' "
         "(method mtp, qwen3_next_mtp or qwen3_5_mtp: the checkpoint's own multi-token-prediction head; other "
@@ -205,6 +214,9 @@ class EngineConfig:
             raise ValueError(f"--cuda-graph-max-bs must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if type(self.kv_exact_window) is not int or self.kv_exact_window < 0:
             raise ValueError(f"--kv-exact-window must be an integer >= 0, got {self.kv_exact_window!r}")
+        if self.kv_cache_dtype not in ("auto", "bfloat16", "bf16"):
+            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype}: ignis keeps KV pages in the model dtype or "
+                             f"E8-lattice coded (--kv-format hq-e8-2b, 2.25 bits per value), not in fp8")
         if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size != 1:

@@ -112,7 +112,10 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     require_kernel_path(ops, torch.device(device).type, config.allow_torch_fallback)  # KernelPathError
     # the drafter's tensors stay on disk unless speculative decoding uses them
     spec_k = config.speculative_tokens
-    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=spec_k > 0)
+    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=spec_k > 0,
+                             vision=not config.language_model_only)
+    if config.language_model_only and ckpt.set_aside.get("vision"):
+        log.info("vision tower of %s not loaded (--language-model-only): requests with images are refused", name)
     cfg = ckpt.config
     _attach_adapters(config, name, model, adapters)
     if spec_k and not ckpt.has_drafter:

@@ -216,7 +216,7 @@ def _template(files: ModelFiles):
 
 def _vision(files: ModelFiles, config: GatewayConfig):
     """The model's vision settings within the flags' pixel bounds (None: it takes no images)."""
-    if files.vision is None:
+    if files.vision is None or config.language_model_only:
         return None
     return files.vision.bounded(config.min_image_pixels, config.max_image_pixels)
 

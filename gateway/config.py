@@ -113,6 +113,9 @@ class GatewayConfig:
         "output of one streamed response that may wait unwritten for a client that does not read, e.g. 4M; "
         "past it the request is aborted in the engine, its connection dropped and "
         "ignis:gateway_stream_stalled_aborts_total counted", parse=parse_bytes))
+    language_model_only: bool = field(default=False, metadata=field_doc(
+        "the engine serves the models' language model alone (vLLM's flag; the engine takes it too): requests "
+        "with images are refused with HTTP 400"))
     limit_mm_per_prompt: str | None = field(default=None, metadata=field_doc(
         "images one prompt may carry, as vLLM takes it: JSON like '{\"image\": 4}' or a plain number "
         "(default: 16; video is not supported yet)"))

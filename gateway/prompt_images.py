@@ -27,7 +27,7 @@ from ignis.shared.image_input import ImageInput
 def check_image_count(count: int, vision: VisionSettings | None, limit: int) -> None:
     """400 for images a model cannot take, or more than ``limit`` of them."""
     if count and vision is None:
-        raise invalid("this model takes no images (it has no vision encoder)", "messages", code="images_not_supported")
+        raise invalid("this model takes no images (it has no vision encoder, or is served with --language-model-only)", "messages", code="images_not_supported")
     if count > limit:
         raise invalid(f"the messages hold {count} images, at most {limit} allowed per prompt "
                       f"(--limit-mm-per-prompt)", "messages", code="too_many_images")

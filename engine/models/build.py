@@ -41,9 +41,11 @@ def model_from_checkpoint(ckpt: LoadedCheckpoint, device: str = "cpu", ops: Ops 
 
 def load_model(model_dir: str | Path, dtype: str | None = None, device: str = "cpu",
                ops: Ops | None = None, progress: bool | None = None,
-               drafter: bool = True) -> tuple[HybridModel, LoadedCheckpoint]:
-    """``drafter``: also read the multi-token-prediction head's tensors (``drafter_from_checkpoint``)."""
-    ckpt = load_checkpoint(model_dir, dtype=dtype, device=device, progress=progress, drafter=drafter)
+               drafter: bool = True, vision: bool = True) -> tuple[HybridModel, LoadedCheckpoint]:
+    """``drafter``: also read the multi-token-prediction head's tensors (``drafter_from_checkpoint``);
+    ``vision``: a multimodal checkpoint's vision tower (off: the language model alone, no images taken)."""
+    ckpt = load_checkpoint(model_dir, dtype=dtype, device=device, progress=progress, drafter=drafter,
+                           vision=vision)
     return model_from_checkpoint(ckpt, device=device, ops=ops), ckpt
 
 

@@ -379,11 +379,12 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str = "cpu",
-                    progress: bool | None = None, drafter: bool = True) -> LoadedCheckpoint:
+                    progress: bool | None = None, drafter: bool = True, vision: bool = True) -> LoadedCheckpoint:
     """Read, check and convert a checkpoint; see the module docstring for the layouts.
 
     ``drafter``: read the multi-token-prediction head's tensors too (when the checkpoint has a
-    whole one); without it the head is checked from the headers and left on disk."""
+    whole one); without it the head is checked from the headers and left on disk. ``vision``: read a
+    multimodal checkpoint's vision tower (off: the language model alone, its tower left on disk)."""
     import torch
 
     model_dir = Path(model_dir)
@@ -406,7 +407,7 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
         head = _read_tensors(cfg, plan.drafter_direct, plan.drafter_experts, plan.drafter_expected,
                              getattr(torch, dtype_name), dev, progress, "drafter weights", plan.scales)
     meta = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()}
-    vcfg = load_vision_config(model_dir) if plan.set_aside.get("vision") else None
+    vcfg = load_vision_config(model_dir) if vision and plan.set_aside.get("vision") else None
     vision_tensors, vision_stamp = {}, None
     if vcfg is not None:
         vision_tensors = read_vision_tensors(vcfg, plan.set_aside["vision"], read_inventory(files),

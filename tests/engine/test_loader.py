@@ -105,6 +105,12 @@ def test_multimodal_layout_sets_aside_vision_and_mtp(multimodal_checkpoint):
     vision = [n for n in header if n.startswith("model.visual.")]
     assert vision and loaded.set_aside["vision"] == sorted(vision)
     assert loaded.set_aside["mtp"] == ["mtp.fc.weight", "mtp.norm.weight"]
+    assert loaded.vision is not None and loaded.vision_tensors
+    text_only = load_checkpoint(multimodal_checkpoint.path, vision=False)  # --language-model-only
+    assert text_only.vision is None and not text_only.vision_tensors
+    assert text_only.set_aside["vision"] == sorted(vision)  # left on disk, still checked by name
+    assert_matches_model(text_only, multimodal_checkpoint.model)
+    assert text_only.structural_hash != loaded.structural_hash  # no state of one is resumed by the other
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -351,3 +357,18 @@ def test_no_weights(qwen35_checkpoint, tmp_path):
 def test_bad_device(qwen35_checkpoint):
     with pytest.raises(ValueError, match="--device"):
         load_checkpoint(qwen35_checkpoint.path, device="nonsense")
+
+
+def test_language_model_only_runtime_takes_no_images(multimodal_checkpoint, tmp_path, caplog):
+    from ignis.engine.config import EngineConfig
+    from ignis.engine.runtime import load_runtime
+
+    config = EngineConfig(model=(str(multimodal_checkpoint.path),), device="cpu", tierd_endpoint="off",
+                          runtime_dir=str(tmp_path), kv_pool_tokens=256, decode_lanes=2, language_model_only=True)
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        runtime = load_runtime(config, "m", str(multimodal_checkpoint.path))
+    try:
+        assert runtime.scheduler.config.image_token_id is None  # an image request is refused by the scheduler
+        assert "vision tower of m not loaded (--language-model-only)" in caplog.text
+    finally:
+        runtime.close()

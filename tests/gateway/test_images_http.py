@@ -57,18 +57,24 @@ def image_server():
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory):
+def _vlm_dir(root):
+    """Qwen3.5's tokenizer and template with a vision config (no weights: the fake engine needs none)."""
     try:
         template = chat_template("qwen3_5")
     except TemplateMissing as e:
         pytest.skip(str(e))
-    model = write_real_tokenizer(tmp_path_factory.mktemp("vlm"), "qwen3_5", template)
+    model = write_real_tokenizer(root, "qwen3_5", template)
     (model / "config.json").write_text(json.dumps({
         "architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": PAD,
         "vision_config": {"patch_size": 16, "spatial_merge_size": 2}}))
     (model / "preprocessor_config.json").write_text(json.dumps({
         "size": {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 16}}))
+    return model
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    model = _vlm_dir(tmp_path_factory.mktemp("vlm"))
     with fake_gateway(tmp_path_factory.mktemp("gw"), "--model", str(model), "--served-model-name", "vlm",
                       "--allowed-media-domains", "127.0.0.1", "--limit-mm-per-prompt", '{"image": 3}',
                       "--max-image-bytes", "64K", "--media-fetch-timeout", "5") as g:
@@ -152,3 +158,13 @@ def test_an_image_in_the_system_message_is_refused_by_the_template(gw):
     reply = gw.post(CHAT, {"model": "vlm", "max_tokens": 2, "messages": [
         {"role": "system", "content": [image_part(data_url(PNG_32x32))]}, {"role": "user", "content": "hi"}]})
     assert reply.status == 400 and "cannot contain images" in reply.json()["error"]["message"]
+
+
+def test_language_model_only_refuses_images_and_serves_text(tmp_path_factory):
+    model = _vlm_dir(tmp_path_factory.mktemp("vlm-text"))
+    with fake_gateway(tmp_path_factory.mktemp("gw-text"), "--model", str(model), "--served-model-name", "vlm",
+                      "--language-model-only") as g:
+        reply = _chat(g, [{"type": "text", "text": "Look"}, image_part(data_url(PNG_32x32))])
+        assert reply.status == 400 and reply.json()["error"]["code"] == "images_not_supported"
+        assert "--language-model-only" in reply.json()["error"]["message"]
+        assert _chat(g, "Hi").status == 200

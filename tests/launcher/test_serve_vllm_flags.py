@@ -44,7 +44,8 @@ def test_a_vllm_recipe_reaches_the_children_as_ignis_flags():
     args = parse(["/ckpt/Qwen3.5-27B", "--max-num-seqs", "64", "--max-num-batched-tokens", "8192",
                   "--gpu-memory-utilization", "0.9", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
                   "--reasoning-parser", "qwen3", "--speculative-config", MTP, "--tensor-parallel-size", "1",
-                  "--trust-remote-code", "--enforce-eager", "--max-model-len", "65536", "--no-enable-prefix-caching"])
+                  "--trust-remote-code", "--enforce-eager", "--max-model-len", "65536", "--no-enable-prefix-caching",
+                  "--enable-lora", "--kv-cache-dtype", "auto", "--language-model-only"])
     engine, gateway, (ecfg, gcfg) = children(args)
     assert engine[:2] == ["--model", "/ckpt/Qwen3.5-27B"] and gateway[:2] == ["--model", "/ckpt/Qwen3.5-27B"]
     assert (ecfg.decode_lanes, ecfg.max_prefill_tokens_per_round, ecfg.gpu_memory_utilization) == (64, 8192, 0.9)
@@ -52,6 +53,7 @@ def test_a_vllm_recipe_reaches_the_children_as_ignis_flags():
                                                                                                    False)
     assert "--decode-lanes" in engine and "--max-num-seqs" not in engine  # the canonical name only
     assert (gcfg.tool_call_parser, gcfg.reasoning_parser) == ("qwen3_xml", "qwen3")
+    assert ecfg.language_model_only and gcfg.language_model_only  # both children take it
 
 
 def test_sglang_names_and_prefix_caching_on_off():
@@ -73,6 +75,7 @@ def test_sglang_names_and_prefix_caching_on_off():
     (["--speculative-config", MTP, "--speculative-tokens", "3"], "asks for 2 draft tokens"),
     (["--speculative-config", "{"], "--speculative-config: not JSON"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: ignis keeps KV pages in the model dtype"),
 ])
 def test_what_ignis_cannot_do_is_refused_naming_the_flag(argv, words):
     with pytest.raises(ValueError) as e:
