@@ -19,9 +19,11 @@ as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
 anything else a 500 whose body says only "internal error" and a request id
 (also in ``X-Request-Id``; the log line with the trace names it). Before any
 handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
-/tokenize, /detokenize and the cache resets need ``Authorization: Bearer <key>`` when a key is set
-(compared in constant time), and a POST must be ``Content-Type: application/json`` (else 415, so a
-web page cannot send one without a preflight), except a cache reset's or a profiler's POST without a body.
+/tokenize, /detokenize, the cache resets and the profiler routes need
+``Authorization: Bearer <key>`` when a key is set (compared in constant time),
+and a POST must be ``Content-Type: application/json`` (else 415, so a web page
+cannot send one without a preflight), except a cache reset's or a profiler's
+POST without a body.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ import time
 from aiohttp import web
 
 from ignis.gateway.cache_reset import RESET_PATHS, reset_prefix_cache
-from ignis.gateway.profiling_api import PROFILE_PATHS, start_profile, stop_profile
 from ignis.gateway.chat import chat_completions
 from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.completions import completions
@@ -51,6 +52,7 @@ from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.messages_api import count_tokens, create_message
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.openapi import openapi, package_version
+from ignis.gateway.profiling_api import PROFILE_PATHS, start_profile, stop_profile
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
 from ignis.gateway.request_ids import echo_header
 from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state

@@ -1,9 +1,9 @@
 """What every handler of one gateway shares, and the checks they all make.
 
 ``GatewayState`` holds the config, the tokenizer and chat template, the
-model's sampling defaults, the engine client, the metrics and the served model name; it checks the model name and
-settles max_tokens against the engine's context length (bodies are read by
-gateway.body).
+model's sampling defaults, the engine client, the metrics and the served model
+name (and its further names); it checks the model name and settles max_tokens
+against the engine's context length (bodies are read by gateway.body).
 """
 
 from __future__ import annotations
