@@ -1,9 +1,12 @@
-"""The name a served model answers to, computed the same way by engine and gateway."""
+"""The name a served model answers to, computed the same way by engine and gateway (and where its files are:
+a Hugging Face repo id is its cached snapshot, ``shared.hf_cache``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from ignis.shared.hf_cache import resolve_checkpoint
 
 DEMO_MODEL_NAME = "ignis-demo"
 LORA_MODULES_HELP = (
@@ -41,7 +44,8 @@ def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:
 
     No value means the built-in demo model (dir None). ``--served-model-name``
     names a single unnamed model (its first name; ``model_aliases`` are the
-    others). Names must be unique.
+    others). A DIR that is a Hugging Face repo id (``shared.hf_cache``) is its
+    cached snapshot, named by the repo id. Names must be unique.
     """
     if values is None or values == "":
         values = ()
@@ -57,8 +61,11 @@ def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:
             name, path = v.split("=", 1)
             if not name or not path:
                 raise ValueError(f"--model: expected NAME=DIR, got {v!r}")
+            path, _ = resolve_checkpoint(path, "--model")
         else:
-            name, path = served_name(v, explicit if len(values) == 1 else None), v
+            path, cached = resolve_checkpoint(v, "--model")  # a repo id answers to itself, as vLLM's
+            mine = explicit if len(values) == 1 else None
+            name = served_name(path, mine) if not cached or served_names(mine) else v
         specs.append((name, path))
     names = [n for n, _ in specs]
     if len(set(names)) != len(names):
@@ -112,8 +119,8 @@ def _lora_spec(value) -> tuple[str, str]:
         name, path = (obj.get("name"), obj.get("path")) if isinstance(obj, dict) else (None, None)
         if not isinstance(name, str) or not isinstance(path, str) or not name.strip() or not path.strip():
             raise ValueError(f'--lora-modules: the JSON form needs "name" and "path" strings, got {value!r}')
-        return name.strip(), path.strip()
+        return name.strip(), resolve_checkpoint(path.strip(), "--lora-modules")[0]
     name, sep, path = value.partition("=") if isinstance(value, str) else ("", "", "")
     if not sep or not name.strip() or not path.strip():
         raise ValueError(f"--lora-modules: expected NAME=PATH or {{\"name\": ..., \"path\": ...}}, got {value!r}")
-    return name.strip(), path.strip()
+    return name.strip(), resolve_checkpoint(path.strip(), "--lora-modules")[0]
