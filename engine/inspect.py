@@ -24,6 +24,7 @@ from ignis.engine.memory_plan import embedding_bytes, lm_head_bytes, logits_byte
 from ignis.engine.models.config import DTYPE_BYTES, PAGE_TOKENS, CheckpointError, ModelConfig, load_config
 from ignis.engine.models.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX
 from ignis.engine.models.weights_spec import classify, expected_tensors, expected_weight_bytes
+from ignis.shared.hf_cache import resolve_checkpoint
 
 KV_FORMATS = ("bf16", "hq-e8-2b")
 DEFAULT_POOL_BYTES = 16 * 2**30
@@ -271,7 +272,8 @@ def render(r: dict) -> str:
 # ----- the subcommand ----------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", default=None,
-                        help="checkpoint directory (config.json, optionally weights); default: the built-in demo model")
+                        help="checkpoint directory (config.json, optionally weights) or a Hugging Face repo id in the "
+                             "local hub cache; default: the built-in demo model")
     parser.add_argument("--pool-bytes", metavar="SIZE", type=parse_bytes, default=DEFAULT_POOL_BYTES,
                         help="KV pool size for the context figures: bytes or 16G, 512M, ... (default: 16G)")
     parser.add_argument("--lanes", metavar="N", type=positive_int, default=DEFAULT_LANES,
@@ -281,7 +283,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _model_dir(arg: str | None) -> Path:
     if arg is not None:
-        return Path(arg)
+        try:
+            return Path(resolve_checkpoint(arg, "--model")[0])  # a cached Hugging Face repo id too
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     try:
         from ignis.shared.demo import DemoModelUnavailable, ensure_demo_model
     except ImportError as exc:
