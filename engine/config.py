@@ -11,8 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ignis.engine.speculative_config import speculative_tokens_of
-from ignis.shared.flags import field_doc, parse_bytes
+from ignis.shared.flags import field_doc, parse_bytes, parse_count, parse_optional_count
 from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
+
+
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+"""vLLM's --kv-cache-dtype values (fp8 ones are served as bf16 pages, with a warning)."""
 
 
 def _opt_bytes(text):
@@ -50,8 +54,8 @@ class EngineConfig:
         "--kv-exact-window tokens kept exact; 7x the tokens per byte, prefill over it slower) or bf16 (exact, "
         "in the model dtype); auto: bf16 (docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
     kv_cache_dtype: str = field(default="auto", metadata=field_doc(
-        "vLLM's name for the KV format: auto or bfloat16 keep --kv-format; fp8 formats are refused (ignis's "
-        "compressed KV is --kv-format hq-e8-2b)"))
+        "vLLM's name for the KV format: auto or bfloat16 keep --kv-format; an fp8 format is served in exact "
+        "bf16 pages with a warning (ignis's compressed KV is --kv-format hq-e8-2b)"))
     kv_exact_window: int = field(default=64, metadata=field_doc(
         "hq-e8-2b: the last N tokens of each sequence whose keys and values stay exact (0: none)"))
     kv_pool_tokens: int | None = field(default=None, metadata=field_doc(
@@ -80,8 +84,8 @@ class EngineConfig:
         "on CUDA: rounds of up to N decode steps (and no prefill) replay a CUDA graph captured at load for "
         "batch sizes 1, 2, 4, 8, 16, 24, ... N; larger and mixed rounds run eagerly (0: never; CPU: never)"))
     max_prefill_tokens_per_round: int = field(default=2048, metadata=field_doc(
-        "prompt tokens prefilled per round, all requests together",
-        aliases=("--max-num-batched-tokens", "--chunked-prefill-size")))
+        "prompt tokens prefilled per round, all requests together (8192, 8K or 8k)",
+        aliases=("--max-num-batched-tokens", "--chunked-prefill-size"), parse=parse_count))
     image_cache_bytes: int = field(default=256 << 20, metadata=field_doc(
         "models with a vision tower: bytes of recent image embeddings kept by image content, so a repeated "
         "image is not encoded again (0: none kept)", parse=parse_bytes))
@@ -94,8 +98,8 @@ class EngineConfig:
     max_queue: int = field(default=256, metadata=field_doc(
         "requests that may wait for a lane; past it new requests are refused (HTTP 429)"))
     max_model_len: int | None = field(default=None, metadata=field_doc(
-        "most tokens per request, prompt + completion (default: the model's context, capped by the pool)",
-        aliases=("--context-length",)))
+        "most tokens per request, prompt + completion, e.g. 262144, 256K or 32k (default, or auto: the model's "
+        "context, capped by the pool)", aliases=("--context-length",), parse=parse_optional_count))
     speculative_tokens: int = field(default=0, metadata=field_doc(
         "speculative decoding: the checkpoint's multi-token-prediction head drafts up to K tokens per decode "
         "step and the model verifies them in the same forward (requests without penalties, logit bias, allowed ids, "
@@ -214,9 +218,9 @@ class EngineConfig:
             raise ValueError(f"--cuda-graph-max-bs must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if type(self.kv_exact_window) is not int or self.kv_exact_window < 0:
             raise ValueError(f"--kv-exact-window must be an integer >= 0, got {self.kv_exact_window!r}")
-        if self.kv_cache_dtype not in ("auto", "bfloat16", "bf16"):
-            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype}: ignis keeps KV pages in the model dtype or "
-                             f"E8-lattice coded (--kv-format hq-e8-2b, 2.25 bits per value), not in fp8")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                             f"{self.kv_cache_dtype!r}")
         if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size != 1:

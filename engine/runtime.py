@@ -135,6 +135,10 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     device_slots = config.reuse_device_slots if config.reuse_prompt else 0
     host_slots = config.reuse_host_slots_per_lane * config.decode_lanes if config.reuse_prompt else 0
     kv_format = resolve_kv_format(config, device, cfg)
+    if config.kv_cache_dtype.startswith("fp8"):
+        log.warning("--kv-cache-dtype %s: ignis has no fp8 KV pages; the pool is %s (--kv-format: bf16 is exact "
+                    "and holds half the tokens fp8 would, hq-e8-2b codes KV in 2.25 bits per value)",
+                    config.kv_cache_dtype, kv_format)
     if spec_k and kv_format != "bf16":
         raise ValueError(f"--speculative-tokens needs --kv-format bf16, not {kv_format} (an exact window "
                          f"cannot be rolled back)")

@@ -35,6 +35,38 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+_COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)([kKmMgG])\s*$")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_count(text: str | int) -> int:
+    """A token count as vLLM writes one: '32768', '32k' (32,000), '32K' (32,768), '25.6k'. Raises
+    ArgumentTypeError, whose message argparse shows."""
+    if isinstance(text, int):
+        return text
+    m = _COUNT.match(str(text))
+    if not m:
+        try:
+            return int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a token count: {text!r} (examples: 32768, 32k, 32K)") from None
+    number, suffix = m.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise argparse.ArgumentTypeError(f"{text!r}: a binary suffix ({suffix}) takes a whole number; did you mean "
+                                         f"{number}{suffix.lower()}?")
+    return int(number) * _BINARY[suffix]
+
+
+def parse_optional_count(text: str | int | None) -> int | None:
+    """``parse_count``, with 'auto' and -1 meaning none given (the default decides)."""
+    if text is None or str(text).strip() in ("auto", "-1"):
+        return None
+    return parse_count(text)
+
+
 def field_doc(help_text: str, **extra) -> dict:
     """Metadata for a config field: ``field(default=..., metadata=field_doc("..."))``."""
     return {"help": help_text, **extra}

@@ -45,7 +45,7 @@ def test_a_vllm_recipe_reaches_the_children_as_ignis_flags():
                   "--gpu-memory-utilization", "0.9", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
                   "--reasoning-parser", "qwen3", "--speculative-config", MTP, "--tensor-parallel-size", "1",
                   "--trust-remote-code", "--enforce-eager", "--max-model-len", "65536", "--no-enable-prefix-caching",
-                  "--enable-lora", "--kv-cache-dtype", "auto", "--language-model-only"])
+                  "--enable-lora", "--kv-cache-dtype", "fp8", "--language-model-only"])
     engine, gateway, (ecfg, gcfg) = children(args)
     assert engine[:2] == ["--model", "/ckpt/Qwen3.5-27B"] and gateway[:2] == ["--model", "/ckpt/Qwen3.5-27B"]
     assert (ecfg.decode_lanes, ecfg.max_prefill_tokens_per_round, ecfg.gpu_memory_utilization) == (64, 8192, 0.9)
@@ -54,6 +54,22 @@ def test_a_vllm_recipe_reaches_the_children_as_ignis_flags():
     assert "--decode-lanes" in engine and "--max-num-seqs" not in engine  # the canonical name only
     assert (gcfg.tool_call_parser, gcfg.reasoning_parser) == ("qwen3_xml", "qwen3")
     assert ecfg.language_model_only and gcfg.language_model_only  # both children take it
+
+
+@pytest.mark.parametrize("text, n", [("32768", 32768), ("32k", 32000), ("32K", 32768), ("25.6k", 25600),
+                                     ("1m", 1_000_000), ("1M", 1 << 20), ("auto", None), ("-1", None)])
+def test_token_counts_as_vllm_writes_them(text, n):
+    assert from_args(EngineConfig, parse(["--max-model-len", text])).max_model_len == n
+    if n is not None:
+        assert from_args(EngineConfig, parse(["--max-num-batched-tokens", text])).max_prefill_tokens_per_round == n
+
+
+@pytest.mark.parametrize("text, words", [("2.5K", "a binary suffix (K) takes a whole number; did you mean 2.5k?"),
+                                         ("lots", "not a token count: 'lots'")])
+def test_a_bad_token_count_is_named(text, words, capsys):
+    with pytest.raises(SystemExit):
+        parse(["--max-model-len", text])
+    assert words in capsys.readouterr().err
 
 
 def test_sglang_names_and_prefix_caching_on_off():
@@ -75,7 +91,7 @@ def test_sglang_names_and_prefix_caching_on_off():
     (["--speculative-config", MTP, "--speculative-tokens", "3"], "asks for 2 draft tokens"),
     (["--speculative-config", "{"], "--speculative-config: not JSON"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: ignis keeps KV pages in the model dtype"),
+    (["--kv-cache-dtype", "int8"], "--kv-cache-dtype must be one of auto, bfloat16"),
 ])
 def test_what_ignis_cannot_do_is_refused_naming_the_flag(argv, words):
     with pytest.raises(ValueError) as e:
