@@ -2,8 +2,10 @@
 
 Some flags also answer to vLLM's and SGLang's names (``aliases``, ``shared.flags``) and a few exist
 for their command lines: ``--speculative-config`` (``engine.speculative_config``),
-``--gpu-memory-utilization``, ``--enforce-eager``, ``--tensor-parallel-size`` (1 only) and
-``--trust-remote-code`` (no code is ever run from a checkpoint).
+``--gpu-memory-utilization``, ``--enforce-eager``, ``--language-model-only``, ``--log-requests``,
+``--kv-cache-dtype`` (fp8 served in the ``--kv-format`` pages, with a warning), and, taken without
+effect, ``--tensor-parallel-size`` (1 only), ``--enable-lora`` and ``--trust-remote-code`` (no code is
+ever run from a checkpoint).
 """
 
 from __future__ import annotations
