@@ -53,6 +53,8 @@ def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:
         values = (values,)
     if not values:
         return [(served_name(None, explicit), None)]
+    if len(values) > 1 and served_names(explicit):
+        raise ValueError("--served-model-name names a single model; with several, name each as --model NAME=DIR")
     specs = []
     for v in values:
         if not isinstance(v, str) or not v:
@@ -74,8 +76,8 @@ def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:
 
 
 def model_aliases(values, explicit=None) -> tuple[str, ...]:
-    """The further ``--served-model-name`` names of the one model they name (none with several models,
-    which ``--model NAME=DIR`` names); each differs from every model's name."""
+    """The further ``--served-model-name`` names of the one model they name (several models are named by
+    ``--model NAME=DIR`` instead: ``model_specs`` refuses the flag with them)."""
     specs = model_specs(values, explicit)
     names = served_names(explicit)
     if len(specs) != 1 or not names or specs[0][0] != names[0]:

@@ -33,6 +33,7 @@ def test_several_served_names_name_one_model_the_first_answering():
     assert model_aliases(("/m/Qwen3.5-27B",), ("qwen", "Qwen/Qwen3.5-27B", "q")) == ("Qwen/Qwen3.5-27B", "q")
     assert model_aliases((), ("demo", "d")) == ("d",)
     assert model_aliases(("/m/x",), "one") == () and model_aliases(("/m/x",), ()) == ()
-    assert model_aliases(("a=/m/a", "b=/m/b"), ("x", "y")) == ()  # several models name themselves
+    with pytest.raises(ValueError, match="--served-model-name names a single model"):
+        model_specs(("a=/m/a", "b=/m/b"), ("x", "y"))  # several models name themselves
     with pytest.raises(ValueError, match="--served-model-name: names repeat"):
         model_aliases(("/m/x",), ("a", "b", "a"))
