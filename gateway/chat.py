@@ -54,6 +54,7 @@ from ignis.gateway.prompt_images import check_image_count, expand_placeholders, 
 from ignis.gateway.prompt_logprobs import prompt_logprobs_json
 from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.prompt_work import prompt_work
+from ignis.gateway.reasoning_effort import EFFORTS, with_effort
 from ignis.gateway.response_format import checked_grammar
 from ignis.gateway.request_ids import response_id
 from ignis.gateway.responses import chat_logprobs
@@ -71,14 +72,16 @@ def _media_policy(config) -> MediaPolicy:
 
 
 def template_kwargs(f: Fields) -> dict:
-    """``chat_template_kwargs`` as extra template variables (the server's own names refused)."""
+    """``chat_template_kwargs`` as extra template variables (the server's own names refused), with what
+    OpenAI's ``reasoning_effort`` says where they are silent (``gateway.reasoning_effort``)."""
+    effort = f.str("reasoning_effort", choices=EFFORTS)
     extra = f.object("chat_template_kwargs")
     if extra is None:
-        return {}
+        return with_effort({}, effort)
     for key in _RESERVED_TEMPLATE_KWARGS:
         if key in extra.obj:
             raise extra.error(key, "is set by the server and cannot be passed")
-    return dict(extra.obj)
+    return with_effort(dict(extra.obj), effort)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 from ignis.gateway.bad_words import MAX_BAD_WORD_CHARS
 from ignis.gateway.completions import MAX_PROMPTS
 from ignis.gateway.request_ids import MAX_CHARS as MAX_REQUEST_ID_CHARS
+from ignis.gateway.reasoning_effort import EFFORTS
 from ignis.gateway.params import MAX_CACHE_KEY_CHARS, MAX_CACHE_SALT_CHARS, MAX_N, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS
 from ignis.gateway.structured_outputs import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_SOURCE_CHARS
 from ignis.shared.sampling import (
@@ -137,6 +138,7 @@ CHAT_COMPLETIONS = _obj({
     "continue_final_message": _BOOL,
     "add_generation_prompt": _BOOL,
     "thinking_token_budget": {"type": "integer", "minimum": 0, "maximum": MAX_THINKING_BUDGET},
+    "reasoning_effort": {"enum": list(EFFORTS)},
 }, ("messages",))
 
 COMPLETIONS = _obj({

@@ -40,6 +40,7 @@ from ignis.gateway.chat import answer_translated
 from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
 from ignis.gateway.params import CommonParams
+from ignis.gateway.reasoning_effort import EFFORTS, with_effort
 from ignis.gateway.reasoning_seal import ReasoningSeal
 from ignis.gateway.responses import json_response
 from ignis.gateway.responses_events import ResponsesResponse
@@ -55,7 +56,6 @@ log = logging.getLogger("ignis.gateway")
 ENDPOINT = "responses"
 RESPONSES = web.AppKey("ignis_responses", object)
 BLOB_INCLUDE = "reasoning.encrypted_content"
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 PASSED = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "request_class", "prompt_cache_key", "cache_salt")
 """Fields handed to the chat path as they are (same names, same checks)."""
@@ -120,8 +120,7 @@ class ResponsesTurn:
         kwargs = dict(f.object("chat_template_kwargs").obj) if f.has("chat_template_kwargs") else {}
         reasoning = f.object("reasoning")
         effort = reasoning.str("effort", choices=EFFORTS) if reasoning is not None else None
-        if effort is not None:
-            kwargs.setdefault("enable_thinking", effort not in ("none", "minimal"))
+        kwargs = with_effort(kwargs, effort)
         self.echo["reasoning"] = {"effort": effort,
                                   "summary": reasoning.str("summary") if reasoning is not None else None}
         return kwargs
