@@ -147,6 +147,9 @@ def sampler_workspace_bytes(vocab: int) -> int:
     return vocab * SAMPLER_WORKSPACE_BYTES_PER_ENTRY
 
 
+GIB = 1 << 30
+
+
 def device_budget(free: int, total: int, utilization: float | None, fraction: float) -> tuple[int, float]:
     """The free device bytes the plan may count and the share of them the pool takes: CUDA's ``free``
     and ``--kv-memory-fraction``; with ``--gpu-memory-utilization`` F, (1 - F) of the ``total`` stays
@@ -179,6 +182,12 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
                 kv_memory_bytes = CPU_DEFAULT_KV_BYTES
             else:
                 kv_memory_bytes = int(max(0, free_device_bytes - live) * fraction)
+                if page and kv_memory_bytes < page + drafter_page_bytes:
+                    raise ValueError(
+                        f"no room for the KV pool: {free_device_bytes / GIB:.2f} GiB of device memory are free after "
+                        f"the weights, retained slots, logits and prefill scratch, and {lanes} decode lanes' live "
+                        f"state takes {live / GIB:.2f} GiB ({image / 2**20:.1f} MiB a lane); lower --decode-lanes "
+                        f"(--max-num-seqs) or --max-prefill-tokens-per-round, or raise --gpu-memory-utilization")
         pages = kv_memory_bytes // (page + drafter_page_bytes) if page else 0
         if pages < 1:
             raise ValueError(f"--kv-memory-bytes: {kv_memory_bytes} bytes hold no 64-token page "

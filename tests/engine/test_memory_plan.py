@@ -97,3 +97,12 @@ def test_gpu_memory_utilization_leaves_its_share_of_the_device_free():
     free, fraction = device_budget(80 * gib, 140 * gib, 0.9, 0.85)
     assert (free, fraction) == (80 * gib - 14 * gib, 1.0)  # 14 GiB of the 140 stay unused
     assert device_budget(10 * gib, 140 * gib, 0.9, 0.85) == (0, 1.0)  # weights past F: no room, the plan refuses
+
+
+def test_lanes_that_leave_no_room_for_the_pool_are_named():
+    import pytest
+
+    image = lane_bytes(QWEN35_27B, "bfloat16")
+    with pytest.raises(ValueError, match=r"256 decode lanes' live state takes .* lower --decode-lanes \(--max-num-seqs\)"):
+        plan_memory(QWEN35_27B, "bfloat16", 256, free_device_bytes=200 * image)
+    assert plan_memory(QWEN35_27B, "bfloat16", 16, free_device_bytes=200 * image).pages > 0
