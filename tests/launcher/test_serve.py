@@ -189,8 +189,12 @@ def test_a_killed_engine_is_restarted_and_the_gateway_answers_503_meanwhile(tmp_
         while chat(url, timeout=30).status != 200:
             assert time.monotonic() < deadline, (tmp_path / "serve.err").read_text()[-3000:]
             time.sleep(0.2)
-        err = (tmp_path / "serve.err").read_text()
-        assert "the engine exited with code -9 while serving" in err and "the engine is back after restart 1" in err
+        # serve notices the new engine's READY line on its own turn, which may come after the gateway's
+        deadline = time.monotonic() + 10
+        while "the engine is back after restart 1" not in (err := (tmp_path / "serve.err").read_text()):
+            assert time.monotonic() < deadline, err[-3000:]
+            time.sleep(0.1)
+        assert "the engine exited with code -9 while serving" in err
         kids = children_of(proc.pid)
         assert gateway in kids and engine not in kids and len(kids) == 3  # the gateway served on; a new engine
         # the restarted engine unlinked the shared memory the killed one left (tierd's mappings aside)
