@@ -66,13 +66,20 @@ def test_num_steps_stops_it_by_itself(server):
     assert bad.status == 400 and "num_steps" in bad.json()["error"]["message"]
 
 
-def test_an_engine_without_a_profile_dir_says_so(tmp_path):
+def test_an_engine_without_a_profile_dir_says_so_and_bad_bodies_are_named(tmp_path):
     engine = FakeEngine(f"ipc://{tmp_path}/fake-engine.sock")
     proc, url = start_gateway(tmp_path, f"ipc://{tmp_path}/fake-engine.sock")
     try:
         r = http("POST", url + "/start_profile")
         assert r.status == 400 and r.json()["error"]["message"] == (
             "the profiler was not started: profiling is off: start the engine with --profile-dir DIR")
+        json_type = {"Content-Type": "application/json"}
+        for body, words in ((b"{bad", "JSON"), (b"[]", "object"), (b'{"num_steps": "x"}', "num_steps"),
+                            (b'{"num_steps": 2000000}', "num_steps")):
+            r = http("POST", url + "/start_profile", body, json_type)
+            assert r.status == 400 and words in r.json()["error"]["message"], (body, r.body)
+        assert http("POST", url + "/start_profile", b"x", {"Content-Type": "text/plain"}).status == 415
+        assert http("GET", url + "/health").status == 200  # and it serves on
     finally:
         stop(proc)
         engine.close()
