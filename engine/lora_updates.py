@@ -15,6 +15,9 @@ only between forwards):
   once; refused (nothing changed) when updating is off, the default model is
   not loaded, the name is taken by an adapter or a model, or the adapter is
   refused as at start (``engine.models.lora``);
+- ``ListAdapters`` is answered with every adapter served now; the registry's
+  ``version`` (in the Stats) moves with each load and unload, so a gateway
+  that did not ask for the change (there may be several) learns of it;
 - an unload stops serving it; refused while a request in flight (running,
   waiting, or waiting before the scheduler) names it, and for an unknown
   name. State it retained stays scoped to its name and files' digest: a later
@@ -26,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ignis.shared.wire import AdapterUpdated, LoadAdapter, UnloadAdapter
+from ignis.shared.wire import AdapterList, AdapterUpdated, ListAdapters, LoadAdapter, UnloadAdapter
 
 log = logging.getLogger("ignis.engine")
 
@@ -35,6 +38,9 @@ class AdapterRegistry:
     def __init__(self, flagged: list[tuple[str, str]]):
         self.flagged = list(flagged)
         self.added: dict[str, str] = {}
+        self.version = 0
+        """Counts the loads and unloads done while serving: the Stats' ``lora_adapters_version``, by which
+        gateways see that their list of adapters is stale (``ListAdapters``)."""
 
     def specs(self) -> list[tuple[str, str, bool]]:
         """(name, path, required) of every adapter the default model is served with, in load order."""
@@ -83,6 +89,7 @@ class LoraUpdates:
         else:
             model.lora.add(adapter)
         self.registry.added[msg.name] = msg.path
+        self.registry.version += 1
         log.info("LoRA adapter %s loaded at run time: rank %d, scale %g, %d layers, from %s", adapter.name,
                  adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
         self._answer(peer, msg, True, f"LoRA adapter {msg.name!r} added")
@@ -98,8 +105,15 @@ class LoraUpdates:
             runtime.lora.remove(msg.name)
         self.registry.flagged = [(n, p) for n, p in self.registry.flagged if n != msg.name]
         self.registry.added.pop(msg.name, None)
+        self.registry.version += 1
         log.info("LoRA adapter %s unloaded", msg.name)
         self._answer(peer, msg, True, f"LoRA adapter {msg.name!r} removed")
+
+    def list(self, peer: bytes, msg: ListAdapters) -> None:
+        """Answer a gateway's ``ListAdapters``: every adapter served now, whether updating is on or not."""
+        specs = self.registry.specs()
+        self._send(AdapterList(msg.id, self.registry.version, tuple(n for n, _, _ in specs),
+                               tuple(p for _, p, _ in specs)), peer)
 
     def _answer(self, peer: bytes, msg, ok: bool, message: str, missing: bool = False) -> None:
         if not ok:

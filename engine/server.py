@@ -45,6 +45,7 @@ from ignis.shared.wire import (
     Abort,
     FlushCache,
     Generate,
+    ListAdapters,
     LoadAdapter,
     Profile,
     Refused,
@@ -72,7 +73,7 @@ class EngineServer:
         self._wake = threading.Event()
         self._stats_snapshot: dict | None = None
         self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats, FlushCache, LoadAdapter,
-                                                         UnloadAdapter, Profile), name="engine",
+                                                         UnloadAdapter, Profile, ListAdapters), name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
         self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
         self.streams = TokenStreams(self.channel, self.metrics, done_lines=config.log_requests)
@@ -242,6 +243,8 @@ class EngineServer:
             self.flushes.ask(peer, msg)
         elif isinstance(msg, Profile):
             self.profiler.handle(peer, msg)
+        elif isinstance(msg, ListAdapters):
+            self.lora_updates.list(peer, msg)
         elif isinstance(msg, (LoadAdapter, UnloadAdapter)):  # between rounds: the layers change only here
             self.lora_updates.handle(peer, msg, self.runtime if self.loaded else None,
                                      self.loaded and self.models.name == self.models.default, self._adapter_users)
@@ -325,7 +328,10 @@ class EngineServer:
     def stats(self) -> dict:
         wire_errors = self.channel.garbage_count
         if not self.loaded:
-            return unloaded_stats(self.models.unloaded_stats, self.intake.num_waiting, wire_errors,
-                                  self._started_unix)
-        return loaded_stats(self.runtime, list(self.models.dirs).index(self.models.name), wire_errors,
-                            self._started_unix, self.intake.num_waiting)
+            values = unloaded_stats(self.models.unloaded_stats, self.intake.num_waiting, wire_errors,
+                                    self._started_unix)
+        else:
+            values = loaded_stats(self.runtime, list(self.models.dirs).index(self.models.name), wire_errors,
+                                  self._started_unix, self.intake.num_waiting)
+        values["lora_adapters_version"] = self.lora_updates.registry.version
+        return values

@@ -37,6 +37,7 @@ import time
 
 from aiohttp import web
 
+from ignis.gateway.adapter_sync import keep_adapters
 from ignis.gateway.cache_reset import RESET_PATHS, reset_prefix_cache
 from ignis.gateway.chat import chat_completions
 from ignis.gateway.chat_template import ChatTemplate
@@ -67,6 +68,7 @@ from ignis.shared.model_names import lora_specs, model_aliases
 from ignis.shared.runtime import default_runtime_dir
 
 log = logging.getLogger("ignis.gateway")
+ADAPTER_SYNC = web.AppKey("ignis_adapter_sync", asyncio.Task)
 BODYLESS_PATHS = RESET_PATHS + PROFILE_PATHS
 """Keyed paths outside /v1 whose POST may come without a body."""
 
@@ -285,8 +287,10 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
 
     async def start(app: web.Application) -> None:
         await gw.client.start()
+        app[ADAPTER_SYNC] = asyncio.create_task(keep_adapters(gw))
 
     async def stop(app: web.Application) -> None:
+        app[ADAPTER_SYNC].cancel()
         await gw.client.close()
 
     async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -7,8 +7,8 @@
         PromptLogprobs -> onto the inbox as (engine id, message, None)
         Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
-        CacheFlushed, AdapterUpdated, Profiled -> the ``flush_cache()`` / ``update_adapter()`` / ``profile()``
-                                   call that asked, by id
+        CacheFlushed, AdapterUpdated, Profiled, AdapterList -> the ``flush_cache()`` / ``update_adapter()`` /
+                                   ``profile()`` / ``list_adapters()`` call that asked, by id
 
 No I/O thread: the reader task takes the messages already queued on the
 socket in one turn of the loop (no thread hop, no wake-up pipe per message;
@@ -45,9 +45,11 @@ from ignis.shared.wire import (
     ENGINE_TO_GATEWAY,
     GATEWAY_ENGINE,
     Abort,
+    AdapterList,
     AdapterUpdated,
     CacheFlushed,
     FlushCache,
+    ListAdapters,
     Profile,
     Profiled,
     ErrorReply,
@@ -195,6 +197,10 @@ class EngineClient:
         on the engine's loop: a long profile's takes a while)."""
         return await self._ask(Profile, (start, rounds), "the profiler", timeout)
 
+    async def list_adapters(self, timeout: float = 10.0) -> AdapterList:
+        """The LoRA adapters the engine serves now (``gateway.adapter_sync``)."""
+        return await self._ask(ListAdapters, (), "the LoRA adapter list", timeout)
+
     async def _ask(self, make, fields: tuple, what: str, timeout: float):
         if self.lost:
             raise EngineUnavailable("the engine went away; it is being restarted")
@@ -293,7 +299,7 @@ class EngineClient:
                 if not fut.done():
                     fut.set_result(msg.values)
                     break
-        elif isinstance(msg, (CacheFlushed, AdapterUpdated, Profiled)):
+        elif isinstance(msg, (CacheFlushed, AdapterUpdated, Profiled, AdapterList)):
             fut = self._answer_waiters.get(msg.id)
             if fut is not None and not fut.done():
                 fut.set_result(msg)

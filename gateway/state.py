@@ -46,7 +46,10 @@ class GatewayState:
     aliases: dict = field(default_factory=dict)
     """Further ``--served-model-name`` names -> the model's name (answers carry the model's)."""
     adapters: dict = field(default_factory=dict)
-    """name -> path of the LoRA adapters served with the default model (``--lora-modules``)."""
+    """name -> path of the LoRA adapters served with the default model (``--lora-modules``, then the engine's
+    list: ``gateway.adapter_sync``)."""
+    adapters_version: int = 0
+    """The engine's ``lora_adapters_version`` the adapters were last taken at."""
     adapter: str | None = None
     """The adapter a request named (its ``model``): this state is then the default model's, answering as it."""
     base_model: str | None = None

@@ -60,7 +60,7 @@ __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
     "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Finished", "Refused",
     "ErrorReply", "StatsReply", "FlushCache", "CacheFlushed", "LoadAdapter",
-    "UnloadAdapter", "AdapterUpdated", "Profile", "Profiled", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
+    "UnloadAdapter", "AdapterUpdated", "ListAdapters", "AdapterList", "Profile", "Profiled", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
 ]
 
@@ -75,6 +75,7 @@ changed messages as malformed."""
 MAX_ID_CHARS = 256
 MAX_PATH_CHARS = 4096
 MAX_PROFILE_ROUNDS = 1_000_000
+MAX_ADAPTERS = 1024
 MAX_STATS = 1024
 MAX_PROMPT_SCORES = 4096
 """Prompt tokens one PromptLogprobs message scores (a longer prompt's scores take several)."""
@@ -568,9 +569,51 @@ class Profiled:
         check_str("summary", self.summary, MAX_PATH_CHARS)
 
 
-GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache, LoadAdapter, UnloadAdapter, Profile)
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class ListAdapters:
+    """Which LoRA adapters the default model is served with now; answered by ``AdapterList``. A gateway asks
+    when the Stats' ``lora_adapters_version`` moves (another gateway loaded or unloaded one, or the engine
+    restarted)."""
+
+    TYPE: ClassVar[str] = "list_adapters"
+
+    id: str
+
+    def __post_init__(self):
+        _check_id(self.id)
+
+
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
+class AdapterList:
+    """The answer to ``ListAdapters`` ``id``: the adapters' ``names`` and ``paths`` in load order, as of
+    ``version`` (the Stats' ``lora_adapters_version``)."""
+
+    TYPE: ClassVar[str] = "adapter_list"
+
+    id: str
+    version: int
+    names: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        _check_id(self.id)
+        check_int("version", self.version, 0, 2**63 - 1)
+        for field_name, limit in (("names", MAX_ID_CHARS), ("paths", MAX_PATH_CHARS)):
+            values = getattr(self, field_name)
+            if type(values) not in (list, tuple) or len(values) > MAX_ADAPTERS:
+                raise TypeError(f"{field_name} must be a list of at most {MAX_ADAPTERS} strings")
+            for v in values:
+                check_str(field_name, v, limit, allow_empty=False)
+            object.__setattr__(self, field_name, tuple(values))
+        if len(self.names) != len(self.paths):
+            raise ValueError("names and paths must pair up")
+
+
+GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache, LoadAdapter, UnloadAdapter, Profile, ListAdapters)
 ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply, CacheFlushed,
-                     AdapterUpdated, Profiled)
+                     AdapterUpdated, Profiled, AdapterList)
 
 encode = GATEWAY_ENGINE.encode
 decode = GATEWAY_ENGINE.decode

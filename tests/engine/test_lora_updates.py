@@ -14,7 +14,7 @@ import pytest
 from ignis.engine.lora_updates import AdapterRegistry, LoraUpdates
 from ignis.engine.models.build import load_model
 from ignis.engine.models.lora import LoraLinear
-from ignis.shared.wire import AdapterUpdated, LoadAdapter, UnloadAdapter
+from ignis.shared.wire import AdapterList, AdapterUpdated, ListAdapters, LoadAdapter, UnloadAdapter
 from tests.engine.checkpoints import make_checkpoint
 from tests.engine.lora_adapters import write_adapter
 
@@ -62,6 +62,9 @@ def test_a_load_serves_the_adapter_and_the_registry_keeps_it(setup):
     assert all(0 not in m.adapters for m in runtime.runner.model.modules() if isinstance(m, LoraLinear))
     updates.handle(b"gw", LoadAdapter("4", "c", str(root / "a")), runtime, True, lambda n: 0)
     assert lora.slot("c") == 0  # the freed slot is taken again
+    assert registry.version == 4  # three loads and an unload: what gateways watch in the Stats
+    updates.list(b"gw", ListAdapters("5"))
+    assert sent[-1] == AdapterList("5", 4, ("b", "c"), (str(root / "b"), str(root / "a")))
 
 
 @pytest.mark.parametrize("case, message", [
@@ -95,3 +98,4 @@ def test_a_refused_update_changes_nothing_and_says_why(setup, case, message):
     updates.handle(b"gw", msg, runtime, default_loaded, users)
     assert not sent[-1].ok and message in sent[-1].message and sent[-1].missing == (case == "unknown")
     assert registry.specs() == before and runtime.lora.slot("a") == 0 and runtime.lora.slot("b") is None
+    assert registry.version == 1  # the one load before: a refusal moves nothing gateways watch

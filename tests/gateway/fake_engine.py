@@ -7,6 +7,8 @@
 
 Stats are answered with a small max_model_len and the demo model's vocab_size. Every Abort is recorded.
 A profiler start or stop (``Profile``) is refused as by an engine without ``--profile-dir``.
+``stats_extra`` joins every Stats reply; ``ListAdapters`` is answered with ``adapter_list``
+(version, names, paths).
 A cache reset (``FlushCache``) is answered flushed, with ``flush_entries`` entries, or refused with
 ``flush_refusal`` when that is set.
 ``script(seed, token_ids)`` makes that seed stream those tokens, one per
@@ -25,10 +27,12 @@ import zmq
 from ignis.shared.wire import (
     GATEWAY_TO_ENGINE,
     Abort,
+    AdapterList,
     CacheFlushed,
     Finished,
     FlushCache,
     Generate,
+    ListAdapters,
     Profile,
     Profiled,
     Refused,
@@ -61,6 +65,8 @@ class FakeEngine:
         self.flushes = 0
         self.flush_entries = 0
         self.flush_refusal: str | None = None
+        self.stats_extra: dict = {}
+        self.adapter_list: tuple[int, tuple[str, ...], tuple[str, ...]] = (0, (), ())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -74,7 +80,9 @@ class FakeEngine:
             msg, peer = env.message, env.peer
             if isinstance(msg, Stats):
                 self.channel.send(StatsReply({"max_model_len": MAX_MODEL_LEN, "vocab_size": VOCAB_SIZE,
-                                                "engine_started_unix": self.started}), peer)
+                                                "engine_started_unix": self.started, **self.stats_extra}), peer)
+            elif isinstance(msg, ListAdapters):
+                self.channel.send(AdapterList(msg.id, *self.adapter_list), peer)
             elif isinstance(msg, Abort):
                 self.aborts.append(msg.id)
                 held = self._held.pop(msg.id, None)

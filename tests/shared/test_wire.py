@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ignis.shared.wire import (
+    AdapterList,
     AdapterUpdated,
+    ListAdapters,
     LoadAdapter,
     Profile,
     Profiled,
@@ -90,6 +92,8 @@ MESSAGES = [
     Profile(id="prof-2", start=False),
     Profiled(id="prof-2", ok=True, trace="/var/tmp/p/ignis.trace.json", summary="/var/tmp/p/ignis.top.txt"),
     Profiled(id="prof-3", ok=False, message="not profiling"),
+    ListAdapters(id="ask-1"),
+    AdapterList(id="ask-1", version=3, names=("sql", "chat"), paths=("/srv/a/sql", "/srv/a/chat")),
 ]
 
 
@@ -268,6 +272,10 @@ GEN = MESSAGES[1]
     (_header(Profile("p", True), rounds=-1), "rounds"),
     (_header(Profiled("p", True), ok=1), "ok must be true or false"),
     (_header(Profiled("p", True), trace=3), "trace"),
+    (_header(AdapterList("a", 1, ("x",), ("/p",)), paths=[]), "names and paths must pair up"),
+    (_header(AdapterList("a", 1), version=-1), "version"),
+    (_header(AdapterList("a", 1, ("x",), ("/p",)), names=[""]), "must not be empty"),
+    (_header(AdapterList("a", 1), names="x"), "names must be a list"),
 ])
 def test_malformed_raises_wire_error(frames, match):
     with pytest.raises(WireError, match=match):
