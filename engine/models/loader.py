@@ -60,10 +60,11 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 DTYPE_ALIASES = {
-    "float32": "float32", "fp32": "float32",
+    "float32": "float32", "fp32": "float32", "float": "float32",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
 }
+"""``--dtype`` names, vLLM's among them (``half``, ``float``)."""
 
 _SHOW = 8  # names listed in one error before "... and N more"
 
@@ -327,7 +328,8 @@ def resolve_dtype(dtype: str | None, device: str, checkpoint_dtype: str) -> str:
         return "bfloat16" if str(device).startswith("cuda") else checkpoint_dtype
     name = DTYPE_ALIASES.get(key)
     if name is None:
-        raise ValueError(f"--dtype: unknown dtype {dtype!r} (float32, bfloat16, float16, fp32, bf16, fp16, auto)")
+        raise ValueError(f"--dtype: unknown dtype {dtype!r} (float32, bfloat16, float16, fp32, bf16, fp16, half, "
+                         f"float, auto)")
     return name
 
 

@@ -183,6 +183,8 @@ def test_resolve_dtype():
     assert resolve_dtype(None, "cuda", "float32") == "bfloat16"
     assert resolve_dtype("auto", "cuda:0", "float32") == "bfloat16"
     assert resolve_dtype("FP32", "cuda", "bfloat16") == "float32"
+    assert resolve_dtype("half", "cuda", "bfloat16") == "float16"  # vLLM's names
+    assert resolve_dtype("float", "cpu", "bfloat16") == "float32"
     with pytest.raises(ValueError, match="--dtype"):
         resolve_dtype("int8", "cpu", "float32")
 
