@@ -109,3 +109,25 @@ def test_several_served_names_reach_both_children():
     engine, gateway, (ecfg, gcfg) = children(parse(["--served-model-name", "a", "b", "--served-model-name", "c"]))
     assert engine == gateway == ["--served-model-name", "a", "--served-model-name", "b", "--served-model-name", "c"]
     assert ecfg.served_model_name == gcfg.served_model_name == ("a", "b", "c")
+
+
+def test_a_vllm_recipe_starts_and_serves(tmp_path):
+    from ignis.shared.demo import ensure_demo_model
+    from tests.gateway.conftest import http, start_serve, stop_serve
+
+    s = start_serve(tmp_path, [str(ensure_demo_model()), "--served-model-name", "qwen", "Qwen/Qwen3.5-27B",
+                               "--max-num-seqs", "4", "--max-model-len", "8k", "--max-num-batched-tokens", "1K",
+                               "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--trust-remote-code",
+                               "-tp", "1", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+                               "--reasoning-parser", "qwen3", "--disable-log-requests", "--dtype", "auto",
+                               "--kv-cache-dtype", "auto"])
+    try:
+        assert s.model == "qwen"
+        r = http("POST", s.url + "/v1/chat/completions", json.dumps(
+            {"model": "Qwen/Qwen3.5-27B", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}).encode(),
+            {"Content-Type": "application/json"})
+        assert r.status == 200 and r.json()["model"] == "qwen"
+        assert http("GET", s.url + "/v1/models").json()["data"][0]["max_model_len"] == 8000
+    finally:
+        assert stop_serve(s) == 0
+    assert '"event":"done"' not in (tmp_path / "serve.err").read_text()  # --disable-log-requests
