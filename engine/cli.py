@@ -22,6 +22,7 @@ def build_server(config: EngineConfig):
     from ignis.engine.lora_updates import AdapterRegistry
     from ignis.engine.runtime import load_runtime
     from ignis.engine.server import EngineServer
+    from ignis.shared.hf_cache import use_cache_dir
     from ignis.shared.model_names import lora_specs, model_specs
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
 
@@ -30,6 +31,7 @@ def build_server(config: EngineConfig):
     orphans = unlink_orphans()
     if orphans:  # an engine killed before it could unlink its host blocks (kill -9, OOM)
         log.warning("unlinked %d shared-memory blocks a dead engine left: %s", len(orphans), ", ".join(orphans))
+    use_cache_dir(config.download_dir)
     specs = model_specs(config.model, config.served_model_name)
     dirs = dict(specs)
     default = specs[0][0]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ignis.engine.speculative_config import speculative_tokens_of
 from ignis.shared.flags import field_doc, parse_bytes, parse_count, parse_optional_count
-from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
+from ignis.shared.model_names import DOWNLOAD_DIR_HELP, LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
@@ -31,6 +31,7 @@ class EngineConfig:
         "checkpoint directory, or NAME=DIR; repeat to configure several models (the first is the default; a "
         "request naming another drains, unloads and loads it). Default: the built-in demo model", repeat=True,
         aliases=("--model-path",)))
+    download_dir: str | None = field(default=None, metadata=field_doc(DOWNLOAD_DIR_HELP))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
     enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
     enable_lora: bool = field(default=False, metadata=field_doc(

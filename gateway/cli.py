@@ -33,6 +33,7 @@ from ignis.gateway.tokenizer import load_model_files
 from ignis.shared import sdnotify
 from ignis.shared.flags import add_flags, from_args
 from ignis.shared.logs import setup_logging
+from ignis.shared.hf_cache import use_cache_dir
 from ignis.shared.model_names import model_specs
 from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
 from ignis.shared.tokenizer_files import TokenizerFilesError
@@ -96,6 +97,7 @@ def run(args) -> int:
     try:
         key = resolve_api_key(args.api_key, args.api_key_file)
         config = from_args(GatewayConfig, args, api_key=key)
+        use_cache_dir(config.download_dir)
         specs = model_specs(config.model, config.served_model_name)
         loaded = {name: load_model_files(_model_dir(path)) for name, path in specs}
         default = specs[0][0]

@@ -14,7 +14,7 @@ from ignis.gateway.image_limits import parse_mm_limit
 from ignis.gateway.sampling_defaults import check_source, parse_override
 from ignis.gateway.tls import check_tls_flags
 from ignis.shared.flags import field_doc, parse_bytes
-from ignis.shared.model_names import LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
+from ignis.shared.model_names import DOWNLOAD_DIR_HELP, LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
 TOOL_CALL_PARSERS = ("auto", "qwen3_xml", "hermes")
@@ -29,6 +29,7 @@ class GatewayConfig:
         "checkpoint directory (or NAME=DIR; repeat for several models, the first the default) whose tokenizer "
         "and chat template the gateway uses (default: the built-in demo model)", repeat=True,
         aliases=("--model-path",)))
+    download_dir: str | None = field(default=None, metadata=field_doc(DOWNLOAD_DIR_HELP))
     lora_modules: tuple[str, ...] = field(default=(), metadata=field_doc(LORA_MODULES_HELP, repeat=True))
     enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
     served_model_name: tuple[str, ...] = field(default=(), metadata=field_doc(SERVED_NAME_HELP, repeat=True,

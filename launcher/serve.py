@@ -58,6 +58,7 @@ from ignis.gateway.config import GatewayConfig
 from ignis.launcher.restarts import RestartBackoff
 from ignis.tierd.config import TierdConfig
 from ignis.shared.flags import add_flags, field_doc, from_args
+from ignis.shared.hf_cache import use_cache_dir
 from ignis.shared.model_names import model_specs
 from ignis.shared.stop_request import StopRequest
 
@@ -291,6 +292,7 @@ def run(args) -> int:
         key = resolve_api_key(args.api_key, args.api_key_file,
                               warn=lambda text: print(f"ignis serve: warning: {text}", file=sys.stderr, flush=True))
         from_args(GatewayConfig, args, api_key=key)  # checks the gateway's values before anything starts
+        use_cache_dir(engine_cfg.download_dir)
         serves_demo = any(path is None for _, path in model_specs(engine_cfg.model, engine_cfg.served_model_name))
     except ValueError as exc:
         print(f"ignis serve: {exc}", file=sys.stderr)

@@ -7,7 +7,7 @@ its repo id: ``--model Qwen/Qwen3.5-27B`` (or ``NAME=Qwen/Qwen3.5-27B``, or a
 ``--lora-modules`` path) names the cached snapshot, and the model answers to
 the repo id, as vLLM's does. A directory of that name, when one exists, wins.
 
-The cache is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+The cache is ``--download-dir`` (vLLM's flag), else ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
 ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub`` (the
 hub library's order). A repo's snapshot is the one its ``refs/main`` names,
 else its only (or newest) one. A repo id with no cached snapshot is an error
@@ -21,10 +21,19 @@ import re
 from pathlib import Path
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+_chosen: Path | None = None
+
+
+def use_cache_dir(path: str | None) -> None:
+    """``--download-dir`` (vLLM's flag): look for repo ids there, in the hub's layout, before the environment."""
+    global _chosen
+    _chosen = Path(path).expanduser() if path else None
 
 
 def cache_root() -> Path:
-    """The hub cache directory, as the hub library finds it."""
+    """The hub cache directory: ``--download-dir``, else as the hub library finds it."""
+    if _chosen is not None:
+        return _chosen
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     if os.environ.get("HF_HOME"):

@@ -17,6 +17,9 @@ LORA_UPDATING_HELP = (
     "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): LoRA adapters loaded and "
     "unloaded while serving; off by default, as it lets API clients make the engine read a directory")
 """The help of the two flags the engine and the gateway share (``ignis serve`` hands each to both)."""
+DOWNLOAD_DIR_HELP = (
+    "the Hugging Face hub cache where --model and --lora-modules repo ids are looked up (vLLM's flag; nothing is "
+    "downloaded); default: $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub")
 SERVED_NAME_HELP = (
     "the model name clients ask for (default: the checkpoint directory's name; 'ignis-demo' for the demo); "
     "several names (vLLM's --served-model-name A B, or the flag repeated) all answer, the first is the one "

@@ -1,4 +1,5 @@
-"""``ignis serve ORG/NAME`` (vLLM's form) serves a model from the local Hugging Face cache, named by its repo id."""
+"""``ignis serve ORG/NAME`` (vLLM's form) serves a model from the local Hugging Face cache (``--download-dir``),
+named by its repo id."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def test_serve_a_cached_repo_id(tmp_path):
         (snap / f.name).symlink_to(f)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("1234abcd")
-    s = start_serve(tmp_path, ["acme/tiny-qwen", "--api-key", API_KEY], env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    s = start_serve(tmp_path, ["acme/tiny-qwen", "--api-key", API_KEY, "--download-dir", str(tmp_path / "hub")],
+                    env={"HF_HUB_CACHE": str(tmp_path / "elsewhere")})  # vLLM's --download-dir wins
     try:
         auth = {"Authorization": f"Bearer {API_KEY}"}
         assert s.model == "acme/tiny-qwen"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ignis.shared.hf_cache import cache_root, cached_snapshot, resolve_checkpoint
+from ignis.shared.hf_cache import cache_root, cached_snapshot, resolve_checkpoint, use_cache_dir
 from ignis.shared.model_names import lora_specs, model_specs
 
 
@@ -41,6 +41,12 @@ def test_the_cache_root_follows_the_hub_librarys_order(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert cache_root() == tmp_path / "hf" / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert cache_root() == tmp_path / "cache"
+    use_cache_dir(str(tmp_path / "download-dir"))  # --download-dir
+    try:
+        assert cache_root() == tmp_path / "download-dir"
+    finally:
+        use_cache_dir(None)
     assert cache_root() == tmp_path / "cache"
 
 
