@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ignis.engine.models.checkpoint_error import CheckpointError, safetensors_file
+from ignis.engine.models.checkpoint_error import safetensors_file
 
 if TYPE_CHECKING:
     import torch
