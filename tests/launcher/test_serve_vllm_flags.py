@@ -131,3 +131,18 @@ def test_a_vllm_recipe_starts_and_serves(tmp_path):
     finally:
         assert stop_serve(s) == 0
     assert '"event":"done"' not in (tmp_path / "serve.err").read_text()  # --disable-log-requests
+
+
+@pytest.mark.parametrize("cfg", [EngineConfig, GatewayConfig])
+def test_every_alias_sets_the_field_its_flag_sets(cfg):
+    import dataclasses
+
+    for f in dataclasses.fields(cfg):
+        for alias in f.metadata.get("aliases", ()):
+            canonical = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+            value = {"model": "/m", "decode_lanes": "5", "max_prefill_tokens_per_round": "512",
+                     "max_model_len": "4096", "gpu_memory_utilization": "0.5", "tensor_parallel_size": "1",
+                     "reuse_prompt": "off", "log_requests": "off"}[f.name]
+            assert getattr(parse([alias, value]), f.name) == getattr(parse([canonical, value]), f.name), alias
+        for off in f.metadata.get("off_aliases", ()):
+            assert getattr(parse([off]), f.name) is False, off
