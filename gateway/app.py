@@ -264,7 +264,7 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/v1/models/{model:.+}", get_model)  # a name may hold slashes (a repo id)
     app.router.add_get("/health", health)
     app.router.add_get("/ping", health)  # vLLM's (and SageMaker's) name for the same check
     app.router.add_get("/version", version)

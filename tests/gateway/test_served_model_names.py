@@ -38,6 +38,8 @@ def test_every_name_answers_as_the_first(gateway):
     engine, url = gateway
     assert [m["id"] for m in http("GET", url + "/v1/models").json()["data"]] == list(NAMES)
     assert http("GET", url + "/v1/models/agent-model").json()["id"] == "agent-model"
+    assert http("GET", url + "/v1/models/Qwen/Qwen3.5-27B").json()["id"] == "Qwen/Qwen3.5-27B"  # a repo id's slash
+    assert http("GET", url + "/v1/models/Qwen/other").status == 404
     for name in NAMES:
         r = _post(url + "/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "Hi"}],
                                                  "max_tokens": 2, "seed": 7})
