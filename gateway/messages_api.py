@@ -20,7 +20,7 @@ grammars of forced calls, usage); only the answer's shape differs
     thinking {type: enabled | disabled}  chat_template_kwargs.enable_thinking (the template's default when absent)
     thinking.budget_tokens (enabled)     thinking_token_budget (any positive integer; Anthropic's own floor of
                                         1,024 and its bound below max_tokens are not enforced)
-    stop_sequences                      stop (at most 4)
+    stop_sequences                      stop (at most 64)
     max_tokens (required), temperature, top_p, top_k, stream     as given
     metadata, service_tier, container, cache_control on blocks   ignored
 

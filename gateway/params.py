@@ -3,7 +3,8 @@
 ``parse_common(fields, headers, kind)`` checks them and returns a ``CommonParams``;
 ``sampling_for(params, max_tokens, i)`` builds the ``SamplingParams`` of choice
 ``i`` (its seed is ``seed + i``). Ranges follow OpenAI's API (temperature in
-[0, 2], presence/frequency penalties in [-2, 2], at most 4 stop strings, n up to
+[0, 2], presence/frequency penalties in [-2, 2], at most 64 stop strings (OpenAI's 4, raised as vLLM
+takes any number), n up to
 8, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
 extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output,
@@ -58,7 +59,8 @@ from ignis.shared.wire import REQUEST_CLASSES
 from ignis.shared.wire_fields import MAX_TOKEN_ID
 
 MAX_N = 8
-MAX_STOPS = 4
+MAX_STOPS = 64
+"""OpenAI takes 4 stop strings, vLLM any number (lm-eval's ``until`` lists run longer than 4)."""
 MAX_STOP_CHARS = 1000
 MAX_SEED = 2**63 - 1
 MAX_CACHE_KEY_CHARS = 1024

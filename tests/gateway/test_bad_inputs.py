@@ -46,7 +46,7 @@ CASES = [
     ("n_too_large", CHAT, body(n=9), None, 400, "n", None),
     ("top_logprobs_too_large", CHAT, body(logprobs=True, top_logprobs=21), None, 400, "top_logprobs", None),
     ("top_logprobs_without_logprobs", CHAT, body(top_logprobs=2), None, 400, "top_logprobs", None),
-    ("too_many_stops", CHAT, body(stop=["a", "b", "c", "d", "e"]), None, 400, "stop", None),
+    ("too_many_stops", CHAT, body(stop=[str(i) for i in range(65)]), None, 400, "stop", None),
     ("empty_stop", CHAT, body(stop=[""]), None, 400, "stop", None),
     ("stream_options_without_stream", CHAT, body(stream_options={"include_usage": True}), None, 400,
      "stream_options", None),

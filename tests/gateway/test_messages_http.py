@@ -107,7 +107,7 @@ def test_a_stop_sequence_ends_the_turn_and_is_named(claude, server):
      "invalid_request_error", "messages[0].content[0].type"),
     ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error", "tools[0].type"),
-    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "stop_sequences": ["a"] * 5}, 400,
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "stop_sequences": ["a"] * 65}, 400,
      "invalid_request_error", "stop_sequences"),
     ({"max_tokens": 4, "system": "s", "messages": [
         {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},

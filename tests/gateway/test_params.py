@@ -34,6 +34,8 @@ def test_seed_per_choice():
 
 def test_stop_forms_and_logprobs_forms():
     assert common(stop="x").stops == ("x",) and common(stop=["a", "b"]).stops == ("a", "b")
+    until = ["\n\n", "Q:", "</s>", "<|im_end|>", "Question:", "Problem:"]  # lm-eval's until lists run past 4
+    assert common(stop=until).stops == tuple(until)
     chat = common(logprobs=True, top_logprobs=3)
     assert (chat.logprobs, chat.top_logprobs) == (True, 3)
     legacy = common("completion", logprobs=2)
