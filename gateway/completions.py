@@ -37,8 +37,10 @@ ENDPOINT = "completions"
 DEFAULT_MAX_TOKENS = 16
 LONG_TEXT = 20_000
 """Prompts longer than this (characters, all prompts together) are tokenized on a worker thread."""
-MAX_PROMPTS = 32
-MAX_CHOICES = 64
+MAX_PROMPTS = 256
+MAX_CHOICES = 256
+"""A batch of prompts as lm-eval's ``batch_size`` sends them (vLLM takes any number); each choice is an
+engine request, so past ``--max-queue`` waiting ones a batch is refused (429)."""
 """Prompts times ``n`` in one request."""
 
 

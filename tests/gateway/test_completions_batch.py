@@ -62,3 +62,14 @@ def test_one_prompt_past_the_context_refuses_the_request(server):
     r = http("POST", server.url + "/v1/completions", json.dumps(body).encode(),
              {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"})
     assert r.status == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_batch_as_lm_eval_sends_it(client, server):
+    """lm-eval's loglikelihood requests: 40 prompts at once (its batch_size), echo and logprobs 1, max_tokens 1."""
+    prompts = [f"Question {i}: is {i} even? Answer:" for i in range(40)]
+    r = client.completions.create(model=server.model, prompt=prompts, temperature=0, max_tokens=1, echo=True,
+                                  logprobs=1)
+    assert [c.index for c in r.choices] == list(range(40))
+    for p, c in zip(prompts, r.choices):
+        assert c.text.startswith(p) and c.logprobs.token_logprobs[0] is None
+        assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.logprobs.text_offset)
