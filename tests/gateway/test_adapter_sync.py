@@ -4,35 +4,21 @@ the Stats' ``lora_adapters_version`` moves, the gateway asks ``ListAdapters`` an
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.gateway.conftest import http
-from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_engine_errors import start_gateway, stop
+from tests.gateway.hardening_support import fake_gateway, wait_until
 
 
 @pytest.fixture
 def gateway(tmp_path):
-    engine = FakeEngine(f"ipc://{tmp_path}/fake-engine.sock")
-    proc, url = start_gateway(tmp_path, f"ipc://{tmp_path}/fake-engine.sock")
-    try:
-        yield engine, url
-    finally:
-        stop(proc)
-        engine.close()
+    with fake_gateway(tmp_path) as gw:
+        yield gw.engine, gw.url
 
 
 def _models(url: str) -> list[str]:
     return [m["id"] for m in http("GET", url + "/v1/models").json()["data"]]
-
-
-def _wait(what: str, fn, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not fn():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def _chat(url: str, model: str):
@@ -46,11 +32,11 @@ def test_the_gateway_takes_the_engines_list_when_its_version_moves(gateway):
     assert _models(url) == ["ignis-demo"]
     engine.adapter_list = (1, ("sql",), ("/srv/adapters/sql",))
     engine.stats_extra = {"lora_adapters_version": 1}  # loaded through another gateway
-    _wait("the adapter listed", lambda: _models(url) == ["ignis-demo", "sql"])
+    wait_until(lambda: _models(url) == ["ignis-demo", "sql"], 15, "the adapter is not listed")
     assert _chat(url, "sql").status == 200 and engine.generates[-1].adapter == "sql"
     card = http("GET", url + "/v1/models/sql").json()
     assert card["root"] == "/srv/adapters/sql" and card["parent"] == "ignis-demo"
     engine.adapter_list = (0, (), ())
     engine.stats_extra = {"lora_adapters_version": 0}  # the engine restarted: what was loaded at run time is gone
-    _wait("the adapter gone", lambda: _models(url) == ["ignis-demo"])
+    wait_until(lambda: _models(url) == ["ignis-demo"], 15, "the adapter is still listed")
     assert _chat(url, "sql").status == 404

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from tests.gateway.conftest import http
-from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_engine_errors import start_gateway, stop
+from tests.gateway.hardening_support import fake_gateway
 from tests.gateway.tools_http_support import model_dir
 
 NAMES = ("qwen", "Qwen/Qwen3.5-27B", "agent-model")
@@ -18,16 +17,9 @@ NAMES = ("qwen", "Qwen/Qwen3.5-27B", "agent-model")
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("names")
-    path = model_dir(tmp, "qwen3_5")
-    engine = FakeEngine(f"ipc://{tmp}/fake-engine.sock")
-    proc, url = start_gateway(tmp, f"ipc://{tmp}/fake-engine.sock", "--model", str(path),
-                              "--served-model-name", *NAMES[:2], "--served-model-name", NAMES[2],
-                              "--enable-lora-updating")
-    try:
-        yield engine, url
-    finally:
-        stop(proc)
-        engine.close()
+    with fake_gateway(tmp, "--model", str(model_dir(tmp, "qwen3_5")), "--served-model-name", *NAMES[:2],
+                      "--served-model-name", NAMES[2], "--enable-lora-updating") as gw:
+        yield gw.engine, gw.url
 
 
 def _post(url: str, body: dict):
