@@ -21,6 +21,7 @@ TOOL_CALL_PARSERS = ("auto", "qwen3_xml", "hermes")
 TOOL_CALL_PARSER_ALIASES = {"qwen3_coder": "qwen3_xml"}
 """vLLM's names of the formats ignis parses (its qwen3_coder parser reads Qwen3.5's XML calls)."""
 REASONING_PARSERS = ("auto", "qwen3", "deepseek_r1", "off")
+SCHEDULING_POLICIES = ("priority", "fcfs")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ class GatewayConfig:
         "how the model writes tool calls: qwen3_xml (<function=NAME><parameter=P>, Qwen3.5), hermes (JSON in "
         "<tool_call>, Qwen3 and Qwen3-Next), or auto: qwen3_xml when the chat template shows <function=, "
         "else hermes; vLLM's qwen3_coder is qwen3_xml", choices=TOOL_CALL_PARSERS + tuple(TOOL_CALL_PARSER_ALIASES)))
+    scheduling_policy: str = field(default="priority", metadata=field_doc(
+        "priority: requests are served by class (request_class, vLLM's integer priority, the "
+        "X-Ignis-Request-Class header; interactive first); fcfs (vLLM's default): every request is interactive, "
+        "served in arrival order, and a priority other than 0 is a 400 as in vLLM", choices=SCHEDULING_POLICIES))
     enable_auto_tool_choice: bool = field(default=False, metadata=field_doc(
         "taken for vLLM command lines and without effect: ignis always parses the tool calls of a request "
         "with tools (tool_choice auto, required, none or a named function)"))
@@ -155,6 +160,9 @@ class GatewayConfig:
                              f"got {self.server_developer_message_policy!r}")
         object.__setattr__(self, "tool_call_parser",
                            TOOL_CALL_PARSER_ALIASES.get(self.tool_call_parser, self.tool_call_parser))
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
         if self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")

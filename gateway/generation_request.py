@@ -144,8 +144,10 @@ class GenerationRequest:
         else:
             p = parse_common(f, http.headers, kind)
         served = gw.select(p.model)
-        return cls(http, served, f, p.for_model(f, served.tokenizer, served.sampling_defaults), started,
-                   client_request_id(http, f))
+        p = p.for_model(f, served.tokenizer, served.sampling_defaults)
+        if gw.config.scheduling_policy == "fcfs":
+            p = p.first_come(f)
+        return cls(http, served, f, p, started, client_request_id(http, f))
 
     async def answer(self, endpoint: str, rid: str, prompt_ids: list[int], max_tokens: int,
                      response: EndpointResponse, *, marks: dict | None = None,

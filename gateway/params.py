@@ -146,6 +146,13 @@ class CommonParams:
             p = dataclasses.replace(p, thinking=for_tokenizer(f, p.thinking_token_budget, tokenizer))
         return p
 
+    def first_come(self, f: Fields) -> CommonParams:
+        """These params under ``--scheduling-policy fcfs``: interactive, and vLLM's refusal of a priority."""
+        priority = f.raw("priority")
+        if type(priority) is int and priority != 0:
+            raise f.error("priority", "is not taken: priority scheduling is off (--scheduling-policy fcfs)")
+        return dataclasses.replace(self, request_class="interactive")
+
     def with_defaults(self, defaults: SamplingDefaults) -> CommonParams:
         """These params with the model's defaults in the sampling fields the request left out."""
         fields = defaults.fields(self.omitted)
