@@ -5,7 +5,7 @@
 ``i`` (its seed is ``seed + i``). Ranges follow OpenAI's API (temperature in
 [0, 2], presence/frequency penalties in [-2, 2], at most 64 stop strings (OpenAI's 4, raised as vLLM
 takes any number), n up to
-8, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
+128, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
 extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output,
 return_token_ids, return_tokens_as_token_ids, prompt_logprobs: 0 to 20
@@ -58,7 +58,8 @@ from ignis.shared.sampling import (
 from ignis.shared.wire import REQUEST_CLASSES
 from ignis.shared.wire_fields import MAX_TOKEN_ID
 
-MAX_N = 8
+MAX_N = 128
+"""Choices of one prompt: pass@k evaluations ask for dozens (vLLM sets no bound; each is an engine request)."""
 MAX_STOPS = 64
 """OpenAI takes 4 stop strings, vLLM any number (lm-eval's ``until`` lists run longer than 4)."""
 MAX_STOP_CHARS = 1000

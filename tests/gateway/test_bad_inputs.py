@@ -43,7 +43,7 @@ CASES = [
      None, 400, "messages", "images_not_supported"),
     ("video_part", CHAT, body(messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]),
      None, 400, "messages[0].content[0].type", None),
-    ("n_too_large", CHAT, body(n=9), None, 400, "n", None),
+    ("n_too_large", CHAT, body(n=129), None, 400, "n", None),
     ("top_logprobs_too_large", CHAT, body(logprobs=True, top_logprobs=21), None, 400, "top_logprobs", None),
     ("top_logprobs_without_logprobs", CHAT, body(top_logprobs=2), None, 400, "top_logprobs", None),
     ("too_many_stops", CHAT, body(stop=[str(i) for i in range(65)]), None, 400, "stop", None),

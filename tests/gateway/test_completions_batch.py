@@ -73,3 +73,9 @@ def test_a_batch_as_lm_eval_sends_it(client, server):
     for p, c in zip(prompts, r.choices):
         assert c.text.startswith(p) and c.logprobs.token_logprobs[0] is None
         assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.logprobs.text_offset)
+
+
+def test_many_choices_as_pass_at_k_asks(client, server):
+    r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Write a function"}],
+                                       n=20, max_tokens=2, seed=3)
+    assert [c.index for c in r.choices] == list(range(20)) and r.usage.completion_tokens <= 40
