@@ -13,6 +13,8 @@ import importlib
 import importlib.util
 import sys
 
+from ignis.shared.flags import positionals_first
+
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("ignis.engine.inspect", "print a model's layers, KV and state sizes and what a pool holds"),
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)
         parser = argparse.ArgumentParser(prog=f"ignis {argv[0]}", description=help_text)
         module.add_arguments(parser)
-        args = parser.parse_args(argv[1:])
+        args = parser.parse_args(positionals_first(parser, argv[1:]))
         return int(module.run(args) or 0)
     parser, _ = build_parser()
     args = parser.parse_args(argv)

@@ -80,13 +80,31 @@ def _base_type(tp):
     return tp
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _bool(text: str) -> bool:
     low = str(text).lower()
-    if low in ("1", "true", "yes", "on"):
+    if low in _ON:
         return True
-    if low in ("0", "false", "no", "off"):
+    if low in _OFF:
         return False
     raise argparse.ArgumentTypeError(f"expected on/off, got {text!r}")
+
+
+def positionals_first(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with a word that follows a bare boolean flag and is no on/off value moved to the front, where
+    the parser reads it as its positional: vLLM's ``serve --trust-remote-code MODEL`` (its booleans take no
+    value; ours take an optional on/off)."""
+    bools = {s for a in parser._actions if a.type is _bool for s in a.option_strings}
+    out, moved = [], []
+    for i, word in enumerate(argv):
+        after_bool = i > 0 and argv[i - 1] in bools
+        if after_bool and not word.startswith("-") and word.lower() not in _ON + _OFF:
+            moved.append(word)
+        else:
+            out.append(word)
+    return moved + out
 
 
 def add_flags(parser: argparse.ArgumentParser, config_cls, skip: tuple[str, ...] = ()) -> None:

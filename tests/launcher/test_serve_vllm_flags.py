@@ -146,3 +146,18 @@ def test_every_alias_sets_the_field_its_flag_sets(cfg):
             assert getattr(parse([alias, value]), f.name) == getattr(parse([canonical, value]), f.name), alias
         for off in f.metadata.get("off_aliases", ()):
             assert getattr(parse([off]), f.name) is False, off
+
+
+@pytest.mark.parametrize("argv, model, trusted", [
+    (["--trust-remote-code", "Qwen/X", "--max-num-seqs", "4"], "Qwen/X", True),  # vLLM's store-true flag, then MODEL
+    (["Qwen/X", "--trust-remote-code"], "Qwen/X", True),
+    (["--trust-remote-code", "off", "Qwen/X"], "Qwen/X", False),  # ours: an on/off value stays the flag's
+    (["--enforce-eager", "--trust-remote-code", "on"], None, True),
+])
+def test_a_model_after_a_bare_boolean_flag_is_the_model(argv, model, trusted):
+    from ignis.shared.flags import positionals_first
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(positionals_first(parser, argv))
+    assert (args.model_tag, args.trust_remote_code) == (model, trusted)
