@@ -38,10 +38,10 @@ DEFAULT_MAX_TOKENS = 16
 LONG_TEXT = 20_000
 """Prompts longer than this (characters, all prompts together) are tokenized on a worker thread."""
 MAX_PROMPTS = 256
+"""A batch of prompts as lm-eval's ``batch_size`` sends them (vLLM takes any number)."""
 MAX_CHOICES = 256
-"""A batch of prompts as lm-eval's ``batch_size`` sends them (vLLM takes any number); each choice is an
-engine request, so past ``--max-queue`` waiting ones a batch is refused (429)."""
-"""Prompts times ``n`` in one request."""
+"""Prompts times ``n`` in one request; each choice is an engine request, so past ``--max-queue`` waiting ones
+a batch is refused (429)."""
 
 
 def _prompt_values(f: Fields) -> list[str | list[int]]:
