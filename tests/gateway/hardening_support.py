@@ -90,6 +90,14 @@ def fake_gateway(tmp: Path, *extra: str, env: dict | None = None):
         engine.close()
 
 
+def gateway_refusal(*flags: str) -> str:
+    """Start ``ignis gateway --port 0 FLAGS``, which must stop at start with exit code 2; its stderr."""
+    r = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", *flags],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    return r.stderr
+
+
 def wait_until(check, timeout: float, what: str, every: float = 0.05):
     """Polls ``check()`` until it is truthy (returned) or ``timeout`` passes (AssertionError ``what``)."""
     deadline = time.monotonic() + timeout

@@ -11,14 +11,13 @@ naming the flag.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from ignis.gateway.chat_template import template_option
 from tests.gateway.conftest import http
 from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.hardening_support import gateway_refusal
 from tests.gateway.test_engine_errors import start_gateway, stop
 from tests.gateway.tools_http_support import model_dir
 
@@ -74,10 +73,9 @@ def test_chats_are_rendered_with_the_flags_template(gateway):
 ])
 def test_a_bad_template_flag_stops_the_gateway_with_a_message(tmp_path, value, message):
     path = model_dir(tmp_path, "qwen3_5")
-    proc = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", "--model", str(path),
-                           "--engine-endpoint", f"ipc://{tmp_path}/none.sock", "--chat-template", value],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    stderr = gateway_refusal("--model", str(path), "--engine-endpoint", f"ipc://{tmp_path}/none.sock",
+                             "--chat-template", value)
+    assert message in stderr, stderr
 
 
 def test_template_option_reads_a_file_or_takes_template_text(tmp_path):

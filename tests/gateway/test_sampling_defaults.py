@@ -13,8 +13,6 @@ bad flag stops the gateway at start naming it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -26,6 +24,7 @@ from ignis.gateway.sampling_defaults import (
 )
 from tests.gateway.conftest import http
 from tests.gateway.fake_engine import MAX_MODEL_LEN, FakeEngine
+from tests.gateway.hardening_support import gateway_refusal
 from tests.gateway.test_engine_errors import start_gateway, stop
 from tests.gateway.tools_http_support import model_dir
 
@@ -171,6 +170,5 @@ def test_vllm_source_and_override(tmp_path_factory):
     (["--generation-config", "/nonexistent"], "--generation-config must be auto, vllm or a directory"),
 ])
 def test_a_bad_flag_stops_the_gateway_naming_it(flags, words):
-    r = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", *flags],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and words in r.stderr, r.stderr
+    stderr = gateway_refusal(*flags)
+    assert words in stderr, stderr

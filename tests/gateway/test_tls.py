@@ -14,8 +14,6 @@ import datetime
 import ipaddress
 import json
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -26,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.gateway.conftest import start_serve, stop_serve
+from tests.gateway.hardening_support import gateway_refusal
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.test_engine_errors import start_gateway, stop
 
@@ -129,9 +128,8 @@ def test_bad_tls_flags_stop_the_gateway_naming_them(pki, flags, words):
         flags = _flags(pki, "--ssl-cert-reqs", "1")
     elif flags == "unreadable":
         flags = ["--ssl-certfile", pki["ca"], "--ssl-keyfile", pki["client"]]  # a CA's certificate, another's key
-    r = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", *flags],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and words in r.stderr, r.stderr
+    stderr = gateway_refusal(*flags)
+    assert words in stderr, stderr
 
 
 def test_serve_passes_the_flags_on_and_waits_for_its_https_gateway(pki, tmp_path):
