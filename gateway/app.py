@@ -3,7 +3,8 @@
 Routes:
     POST /v1/chat/completions   gateway.chat
     POST /v1/completions        gateway.completions
-    POST /v1/responses          gateway.responses_api (GET / DELETE /v1/responses/{id}: stored ones)
+    POST /v1/responses          gateway.responses_api (GET / DELETE /v1/responses/{id}: stored ones;
+                                POST /v1/responses/{id}/cancel: background ones)
     GET  /v1/models[/{id}]      the served model, OpenAI list format
     GET  /health                200 when the engine answers a Stats within 1 s, else 503 (no auth)
     GET  /metrics               the gateway's Prometheus metrics (no auth)
@@ -22,8 +23,8 @@ handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
 /tokenize, /detokenize, the cache resets and the profiler routes need
 ``Authorization: Bearer <key>`` when a key is set (compared in constant time),
 and a POST must be ``Content-Type: application/json`` (else 415, so a web page
-cannot send one without a preflight), except a cache reset's or a profiler's
-POST without a body.
+cannot send one without a preflight), except a cache reset's, a profiler's or
+a response cancel's POST without a body.
 """
 
 from __future__ import annotations
@@ -56,7 +57,15 @@ from ignis.gateway.openapi import openapi, package_version
 from ignis.gateway.profiling_api import PROFILE_PATHS, start_profile, stop_profile
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
 from ignis.gateway.request_ids import echo_header
-from ignis.gateway.responses_api import RESPONSES, create_response, delete_response, get_response, responses_state
+from ignis.gateway.responses_api import (
+    RESPONSES,
+    cancel_response,
+    create_response,
+    delete_response,
+    get_response,
+    responses_state,
+    stop_background,
+)
 from ignis.gateway.responses import json_response
 from ignis.gateway.sampling_defaults import parse_override, sampling_defaults
 from ignis.gateway.state import STATE, GatewayState, has_think_tokens
@@ -110,9 +119,14 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
         raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
 
+def _bodyless(path: str) -> bool:
+    """Whether a POST to ``path`` may come without a body (and so without a content type)."""
+    return path in BODYLESS_PATHS or (path.startswith("/v1/responses/") and path.endswith("/cancel"))
+
+
 def _json_post(request: web.Request) -> None:
     if request.method == "POST" and request.content_type != "application/json" and not (
-            request.path in BODYLESS_PATHS and not request.body_exists):
+            _bodyless(request.path) and not request.body_exists):
         raise ApiError(415, f"POST bodies must be sent as Content-Type: application/json, got "
                             f"{request.content_type!r}", code="unsupported_media_type")
 
@@ -263,6 +277,7 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)  # a name may hold slashes (a repo id)
     app.router.add_get("/health", health)
@@ -289,6 +304,9 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
         await gw.client.start()
         app[ADAPTER_SYNC] = asyncio.create_task(keep_adapters(gw))
 
+    async def finish_background(app: web.Application) -> None:
+        await stop_background(app, config.shutdown_timeout)
+
     async def stop(app: web.Application) -> None:
         app[ADAPTER_SYNC].cancel()
         await gw.client.close()
@@ -299,5 +317,6 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.on_response_prepare.append(cors_headers)
     app.on_response_prepare.append(echo_header)
     app.on_startup.append(start)
+    app.on_shutdown.append(finish_background)
     app.on_cleanup.append(stop)
     return app

@@ -127,6 +127,10 @@ class GenerationRequest:
     started: float  # time.monotonic() when the request arrived
     client_id: str | None = None
     """The client's id for the request (``X-Request-Id`` or ``request_id``; ``gateway.request_ids``)."""
+    detached: bool = False
+    """The generation goes on when the HTTP client goes (a background response's)."""
+    on_sent: Callable[[], None] | None = None
+    """Called once the engine requests are about to be sent: the prompt is made, nothing more can be a 400."""
 
     @classmethod
     async def read(cls, http: web.Request, kind: str,
@@ -186,6 +190,8 @@ class GenerationRequest:
         gw.metrics.active.inc()
         try:
             async with Generation(gw.client, gens, choices, self._client_gone) as gen:
+                if self.on_sent is not None:
+                    self.on_sent()
                 await gen.open()
                 gw.metrics.first_token(endpoint, time.monotonic() - self.started)
                 response.opened(gen)
@@ -200,6 +206,8 @@ class GenerationRequest:
             gw.metrics.active.dec()
 
     def _client_gone(self) -> bool:
+        if self.detached:
+            return False
         transport = self.http.transport
         return transport is None or transport.is_closing()
 

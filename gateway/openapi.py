@@ -40,7 +40,8 @@ def _responses(method: str, path: str) -> dict:
         ok["content"] = _json(answer)
     if path in ("/metrics", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
         ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
-    if method == "POST" and path in STREAMING:  # stream: true answers server-sent events; the schema is each event's
+    if (method == "POST" and path in STREAMING) or (method, path) == ("GET", "/v1/responses/{response_id}"):
+        # stream: true answers server-sent events (a background response's, for the GET); the schema is each event's
         ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
     out = {"200": ok}
     if path in PROFILE_PATHS:

@@ -170,7 +170,7 @@ RESPONSES = _obj({
     "previous_response_id": {"type": "string", "maxLength": 256},
     "max_output_tokens": {"type": "integer", "minimum": 1},
     "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"], "seed": SAMPLING["seed"],
-    "stream": _BOOL, "store": _BOOL, "parallel_tool_calls": _BOOL,
+    "stream": _BOOL, "store": _BOOL, "parallel_tool_calls": _BOOL, "background": _BOOL,
     "tools": {"type": "array", "items": _obj({"type": _STR}, ("type",))},
     "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _obj({"type": _STR}, ("type",))]},
     "reasoning": _obj({"effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]},
@@ -259,7 +259,7 @@ TEXT_COMPLETION = _obj({
 }, ("id", "object", "created", "model", "choices"))
 
 RESPONSE = _obj({"id": _STR, "object": {"const": "response"}, "created_at": _NUM, "model": _STR,
-                 "status": {"enum": ["completed", "incomplete", "failed", "in_progress"]},
+                 "status": {"enum": ["completed", "incomplete", "failed", "in_progress", "queued", "cancelled"]},
                  "output": {"type": "array", "items": _obj({"type": _STR}, ("type",))}},
                 ("id", "object", "model", "status", "output"))
 
@@ -277,6 +277,7 @@ ANSWERS = {
     ("POST", "/v1/completions"): TEXT_COMPLETION,
     ("POST", "/v1/responses"): RESPONSE,
     ("GET", "/v1/responses/{response_id}"): RESPONSE,
+    ("POST", "/v1/responses/{response_id}/cancel"): RESPONSE,
     ("DELETE", "/v1/responses/{response_id}"): _obj({"id": _STR, "object": _STR, "deleted": _BOOL},
                                                     ("id", "deleted")),
     ("GET", "/v1/models"): _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL},

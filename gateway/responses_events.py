@@ -20,6 +20,12 @@ the headers went out. No ``[DONE]`` line. Usage::
 
 ``reasoning_tokens`` counts the reasoning text's tokens. ``on_done(response,
 assistant_turn)`` runs once a turn ends (not when it failed): the store keeps it.
+
+A background response (``run``: gateway.responses_background) is generated as
+one body whose events go to its run instead of a connection: ``response.created``
+and ``response.queued`` (``status: queued``) once the prompt is sent, then
+``response.in_progress`` and the rest as above; a failure ends it with
+``response.failed``, a cancel with no event (``status: cancelled``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from ignis.gateway.event_stream import stream_events
 from ignis.gateway.generation import Generation, Usage
 from ignis.gateway.generation_request import EndpointResponse
 from ignis.gateway.params import CommonParams
+from ignis.gateway.responses_background import BackgroundRun
 from ignis.gateway.responses_output import OutputItems
 from ignis.gateway.tokenizer import TextTokenizer
 
@@ -48,13 +55,19 @@ class ResponsesResponse(EndpointResponse):
     """One turn of /v1/responses; ``echo``: the request fields a response object repeats."""
 
     def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, items: OutputItems, echo: dict,
-                 on_done: Callable[[dict, dict], None]):
+                 on_done: Callable[[dict, dict], None], run: BackgroundRun | None = None):
         super().__init__(params, tokenizer, head, head)
         self.items = items
         self.echo = echo
         self.on_done = on_done
         self.created_at = int(time.time())
         self.seq = 0
+        self.run = run
+        if run is not None:
+            run.describe_with(self.response)
+            queued = self.response("queued")
+            self._record({"type": "response.created", "response": queued})
+            self._record({"type": "response.queued", "response": queued})
 
     def response(self, status: str, usage: Usage | None = None, error: dict | None = None) -> dict:
         out = {"id": self.body_head["id"], "object": "response", "created_at": self.created_at, "status": status,
@@ -72,16 +85,45 @@ class ResponsesResponse(EndpointResponse):
         return out
 
     def final(self, usage: Usage) -> dict:
-        self.items.close()
+        closing = self.items.close()
         status = "incomplete" if self.items.finish_reason == "length" else "completed"
         body = self.response(status, usage)
+        body["completed_at"] = int(time.time()) if status == "completed" else None
         self.on_done(body, self.items.assistant_turn())
+        if self.run is not None:
+            for e in closing:
+                self._record(e)
+            self._record({"type": f"response.{status}", "response": body})
+            self.run.end(body)
         return body
+
+    # ----- a background run ------------------------------------------------------------
+
+    def _record(self, event: dict) -> None:
+        self.run.add(self._event(event))
+
+    def opened(self, gen: Generation) -> None:
+        super().opened(gen)
+        if self.run is not None:
+            self.run.status = "in_progress"
+            self._record({"type": "response.in_progress", "response": self.response("in_progress")})
+
+    def failed(self, err: ApiError) -> None:
+        """The background run failed: its last event and its final state."""
+        failed = self.response("failed", error=_error_of(err))
+        self._record({"type": "response.failed", "response": failed})
+        self.run.end(failed)
+
+    def cancelled(self) -> None:
+        self.run.end(self.response("cancelled"))
 
     # ----- one body --------------------------------------------------------------------
 
     def take(self, d: ChoiceDelta) -> None:
-        self.items.feed(d)
+        events = self.items.feed(d)
+        if self.run is not None:
+            for e in events:
+                self._record(e)
 
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
         return {}
@@ -109,11 +151,15 @@ class ResponsesResponse(EndpointResponse):
             return self._event({"type": kind, "response": body})
 
         def failure(err: ApiError) -> bytes:
-            code = "rate_limit_exceeded" if err.status == 429 else "server_error"
-            failed = self.response("failed", error={"code": code, "message": err.message})
+            failed = self.response("failed", error=_error_of(err))
             return self._event({"type": "response.failed", "response": failed})
 
         return await stream_events(http, gen, buffer_limit=buffer_limit, on_tokens=on_tokens, on_stall=on_stall,
                                    name=f"response {self.body_head['id']}", opening=opening,
                                    events_of=lambda d: [self._event(e) for e in self.items.feed(d)],
                                    closing=closing, failure=failure)
+
+
+def _error_of(err: ApiError) -> dict:
+    """A failed response's ``error``."""
+    return {"code": "rate_limit_exceeded" if err.status == 429 else "server_error", "message": err.message}

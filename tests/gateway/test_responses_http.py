@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import API_KEY, http, stop_serve
+from tests.gateway.hardening_support import wait_until
 from tests.gateway.responses_support import check_events, check_response, collapsed, item_events, raw_events
 from tests.gateway.test_reuse_http import make_server, text
 
@@ -82,6 +83,26 @@ def test_plain_text_turn_not_streamed_and_streamed(served):
                                             max_output_tokens=6, temperature=0, instructions="Be brief."))
     assert collapsed([e.type for e in streamed]) == collapsed([t for t, _ in events])
     assert streamed[-1].response.output_text == r.output_text
+
+
+def test_a_background_response_is_the_foreground_one(served):
+    """The model's greedy answer is the same generated in the background; its events replay as streamed."""
+    server, client = served
+    body = dict(model=server.model, input="Tell me about the weather.", max_output_tokens=6, temperature=0,
+                instructions="Be brief.")
+    fg = client.responses.create(**body)
+    bg = client.responses.create(**body, background=True)
+    assert bg.background is True and bg.status in ("queued", "in_progress")
+    wait_until(lambda: client.responses.retrieve(bg.id).status not in ("queued", "in_progress"), 60,
+               "the background response did not end")
+    done = client.responses.retrieve(bg.id)
+    assert done.status == fg.status == "incomplete" and done.output_text == fg.output_text
+    assert done.usage.output_tokens == fg.usage.output_tokens == 6
+    replayed = list(client.responses.retrieve(bg.id, stream=True))
+    assert [e.type for e in replayed][:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert replayed[-1].type == "response.incomplete" and replayed[-1].response.output_text == fg.output_text
+    streamed = list(client.responses.create(**body, stream=True))
+    assert collapsed([e.type for e in replayed[3:]]) == collapsed([e.type for e in streamed[2:]])
 
 
 def test_multi_turn_with_a_function_call_and_its_output(served):

@@ -1,0 +1,178 @@
+"""Background responses over HTTP (``background: true``) before a scripted engine, with OpenAI's client.
+
+The scripted engine answers by seed (tests.gateway.fake_engine): seed 0 sends
+one token and then holds the request until it is aborted, which is a run
+still in progress for as long as a test needs; seed 5 fails after two tokens;
+seed 2 is refused as too long; any other seed streams ``max_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.gateway.conftest import http
+from tests.gateway.hardening_support import fake_gateway, wait_until
+from tests.gateway.responses_support import EVENT_MODELS, check_response
+
+BODY = {"model": "ignis-demo", "input": "Say something.", "background": True, "max_output_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    with fake_gateway(tmp_path_factory.mktemp("background")) as g:
+        g.client = openai.OpenAI(base_url=g.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        yield g
+        g.client.close()
+
+
+def create(gw, seed: int, **fields):
+    """A background response of the scripted engine's ``seed``."""
+    return gw.client.responses.create(**dict(BODY, **fields), extra_body={"seed": seed})
+
+
+def sse_events(raw: bytes) -> list[dict]:
+    """The data of each ``event:``/``data:`` pair, the event name checked against its type."""
+    events = []
+    for block in raw.decode().split("\n\n"):
+        if block.strip():
+            name, data = block.split("\n")
+            event = json.loads(data[len("data: "):])
+            assert name == "event: " + event["type"], block
+            EVENT_MODELS[event["type"]].model_validate(event)
+            events.append(event)
+    return events
+
+
+def replay(gw, rid: str, after: int | None = None) -> list[dict]:
+    query = "?stream=true" + (f"&starting_after={after}" if after is not None else "")
+    r = http("GET", f"{gw.url}/v1/responses/{rid}{query}")
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream"), r
+    return sse_events(r.body)
+
+
+def status_of(gw, rid: str) -> str:
+    return gw.client.responses.retrieve(rid).status
+
+
+def aborted(gw, rid: str) -> bool:
+    return any(a.startswith(rid) for a in gw.engine.aborts)
+
+
+def test_a_background_response_answers_queued_then_completes_and_replays_its_events(gw):
+    r = create(gw, 7)
+    assert r.background is True and r.status in ("queued", "in_progress") and r.output == []
+    wait_until(lambda: status_of(gw, r.id) == "completed", 10, "the background response did not complete")
+    done = gw.client.responses.retrieve(r.id)
+    assert done.output_text == "_" * 6 and done.usage.output_tokens == 6 and done.background is True
+    assert done.completed_at is not None
+    events = replay(gw, r.id)
+    types = [e["type"] for e in events]
+    assert types[:3] == ["response.created", "response.queued", "response.in_progress"], types
+    assert types[-1] == "response.completed" and [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["response"]["status"] == "queued" and events[0]["response"]["background"] is True
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "_" * 6
+    check_response(events[-1]["response"])
+    assert replay(gw, r.id, after=3) == events[4:]  # resumed after sequence number 3
+    assert replay(gw, r.id, after=len(events) - 1) == []
+    # a finished background response continues a conversation like any stored one
+    follow = gw.client.responses.create(model="ignis-demo", input="More.", previous_response_id=r.id,
+                                        max_output_tokens=2, extra_body={"seed": 9})
+    assert follow.status == "completed" and follow.output_text == "__"
+
+
+def test_a_streamed_background_response_outlives_its_client_and_resumes(gw):
+    body = json.dumps(dict(BODY, stream=True, seed=0)).encode()
+    with socket.create_connection((gw.host, gw.port), timeout=10) as s:
+        s.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        got = b""
+        while b"response.output_text.delta" not in got:
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    rid = json.loads(got.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+    # the client went: the run goes on, its engine request is not aborted (a request's generation looks for
+    # its client every 0.5 s: three looks)
+    with pytest.raises(AssertionError, match="went on"):
+        wait_until(lambda: aborted(gw, rid) or status_of(gw, rid) != "in_progress", 1.6, "the run went on")
+    seen = gw.client.responses.retrieve(rid)
+    assert seen.status == "in_progress" and seen.background is True
+    cancelled = gw.client.responses.cancel(rid)
+    assert cancelled.status == "cancelled"
+    wait_until(lambda: aborted(gw, rid), 10, "the cancelled run's engine request was not aborted")
+    assert gw.client.responses.cancel(rid).status == "cancelled"  # again: answered as it is
+    assert status_of(gw, rid) == "cancelled"
+    events = replay(gw, rid)
+    types = [e["type"] for e in events]
+    assert types[:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert "response.output_text.delta" in types and not any(t.endswith(("completed", "failed")) for t in types)
+    assert replay(gw, rid, after=2) == events[3:]
+
+
+def test_a_follower_waits_for_events_still_to_come(gw):
+    r = create(gw, 0)
+    wait_until(lambda: status_of(gw, r.id) == "in_progress", 10, "the run is not in progress")
+    with gw.client.responses.retrieve(r.id, stream=True, starting_after=0) as stream:
+        first = next(iter(stream))
+        assert first.type == "response.queued" and first.sequence_number == 1
+        r2 = http("POST", f"{gw.url}/v1/responses/{r.id}/cancel")  # no body, no content type: as curl sends it
+        assert r2.status == 200 and json.loads(r2.body)["status"] == "cancelled", r2
+        rest = [e.type for e in stream]  # the stream ends with the run
+    assert rest[0] == "response.in_progress"
+
+
+def test_failures_after_the_prompt_was_sent_end_the_run_as_failed(gw):
+    r = create(gw, 5)  # two tokens, then the engine fails the request
+    wait_until(lambda: status_of(gw, r.id) == "failed", 10, "the run did not fail")
+    failed = gw.client.responses.retrieve(r.id)
+    assert failed.error.code == "server_error" and "scripted failure" in failed.error.message
+    events = replay(gw, r.id)
+    assert events[-1]["type"] == "response.failed" and events[-1]["response"]["error"]["code"] == "server_error"
+    refused = create(gw, 2)  # refused by the engine as too long
+    wait_until(lambda: status_of(gw, refused.id) == "failed", 10, "the refused run did not fail")
+
+
+def test_bad_background_requests_are_clear_errors(gw):
+    with pytest.raises(openai.BadRequestError) as e:
+        create(gw, 7, store=False)
+    assert e.value.body["param"] == "background" and "store" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # a bad body is a 400 at once, never a failed run
+        create(gw, 7, input=[{"type": "function_call_output", "call_id": "nope", "output": "x"}])
+    plain = gw.client.responses.create(model="ignis-demo", input="Hi.", max_output_tokens=2, extra_body={"seed": 7})
+    assert plain.background is False
+    with pytest.raises(openai.BadRequestError) as e:
+        gw.client.responses.cancel(plain.id)
+    assert e.value.body["code"] == "not_cancellable"
+    r = http("GET", f"{gw.url}/v1/responses/{plain.id}?stream=true")
+    assert r.status == 400 and json.loads(r.body)["error"]["param"] == "stream"
+    with pytest.raises(openai.NotFoundError):
+        gw.client.responses.cancel("resp_unknown")
+    bg = create(gw, 7)
+    for bad in ("-5", "x"):
+        r = http("GET", f"{gw.url}/v1/responses/{bg.id}?stream=true&starting_after={bad}")
+        assert r.status == 400 and json.loads(r.body)["error"]["param"] == "starting_after", r
+
+
+def test_deleting_a_running_background_response_cancels_it(gw):
+    r = create(gw, 0)
+    wait_until(lambda: status_of(gw, r.id) == "in_progress", 10, "the run is not in progress")
+    deleted = gw.client.responses.delete(r.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    wait_until(lambda: aborted(gw, r.id), 10, "the deleted run's engine request was not aborted")
+    with pytest.raises(openai.NotFoundError):
+        gw.client.responses.retrieve(r.id)
+
+
+def test_a_stopping_gateway_cancels_runs_past_its_shutdown_timeout(tmp_path: Path):
+    with fake_gateway(tmp_path, "--shutdown-timeout", "1") as g:
+        client = openai.OpenAI(base_url=g.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        r = client.responses.create(**BODY, extra_body={"seed": 0})
+        wait_until(lambda: client.responses.retrieve(r.id).status == "in_progress", 10, "not in progress")
+        client.close()
+        assert g.stop() == 0, g.log()
+        assert any(a.startswith(r.id) for a in g.engine.aborts), g.log()
