@@ -9,6 +9,8 @@ and ``ignis:capture_marks_missing_total{mark,reason}``, chat requests served
 without a capture mark the gateway could not find (gateway.capture_marks); and
 ``ignis:gateway_responses_tools_ignored_total{tool}``, hosted tools of
 /v1/responses requests left out of the prompt; and
+``ignis:gateway_responses_background_total{status}``, background responses
+ended, by their last status (gateway.responses_background); and
 ``ignis:gateway_grammar_lenient_total``, forced tool calls whose schema is held
 leniently (gateway.chat); and
 ``ignis:gateway_wire_errors_total{socket}``, malformed messages from the engine
@@ -47,6 +49,8 @@ class GatewayMetrics(ProcessMetrics):
                                             "library holds leniently (keywords it cannot enforce left out)")
         self.tools_ignored = self.counter("responses_tools_ignored", "hosted tools of /v1/responses requests left "
                                           "out of the prompt (ignis cannot run them)", ("tool",))
+        self.background = self.counter("responses_background", "background /v1/responses runs ended, by status "
+                                       "(completed, incomplete, failed, cancelled)", ("status",))
         self.wire_errors = WireErrorCounts(self.counter(
             "wire_errors", "malformed messages received (logged and dropped), by socket (engine)", ("socket",)),
             model_name)

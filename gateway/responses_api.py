@@ -282,6 +282,9 @@ async def _start_background(req: GenerationRequest, turn: ResponsesTurn) -> Back
             else:
                 log.warning("background response %s failed: %s", turn.rid, err.message)
             turn.response.failed(err)
+        finally:
+            if run.done:
+                req.gw.metrics.background.labels(req.gw.metrics.model_name, run.status).inc()
 
     run.task = task = asyncio.create_task(generate(), name=f"background {turn.rid}")
     await asyncio.wait([sent, task], return_when=asyncio.FIRST_COMPLETED)
