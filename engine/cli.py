@@ -53,6 +53,7 @@ def build_server(config: EngineConfig):
 
 
 def run(args) -> int:
+    from ignis.engine.loop_watchdog import LoopWatchdog
     from ignis.kernels.backend import KernelPathError
     from ignis.shared import sdnotify
     from ignis.shared.demo import DemoModelUnavailable
@@ -83,8 +84,10 @@ def run(args) -> int:
     print(f"READY {server.endpoint}", flush=True)
     sdnotify.ready(f"serving {server.model_name}")
     watchdog = sdnotify.Watchdog(alive=server.alive).start()
+    stuck = LoopWatchdog(config.watchdog_timeout, server.stall).start()
     try:
         return server.serve_forever()
     finally:
+        stuck.stop()
         watchdog.stop()
         sdnotify.stopping()

@@ -166,6 +166,10 @@ class EngineConfig:
         "with --kv-events-endpoint: the topic frame of every KV events message (default: empty)"))
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight requests finish before aborting them"))
+    watchdog_timeout: float = field(default=300.0, metadata=field_doc(
+        "abort the engine (every thread's stack in the log) when its loop stays this many seconds in one turn "
+        "(a hung kernel or device sync), so ignis serve or systemd restarts it; a model load gets 600 s more; "
+        "0: off (SGLang's flag; engine.loop_watchdog)"))
     log_requests: bool = field(default=True, metadata=field_doc(
         "log a done line per request at INFO (off: at DEBUG, as vLLM's --disable-log-requests; the metrics still "
         "count every request). Done lines hold counts and timings, never prompt or output text",
@@ -245,6 +249,8 @@ class EngineConfig:
             object.__setattr__(self, "model", ())
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if not self.watchdog_timeout >= 0:
+            raise ValueError(f"--watchdog-timeout must be seconds >= 0 (0: off), got {self.watchdog_timeout}")
         if not self.gateway_silence_timeout >= 0:
             raise ValueError(f"--gateway-silence-timeout must be >= 0, got {self.gateway_silence_timeout}")
         if self.metrics_compat not in ("off", "vllm"):

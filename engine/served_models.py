@@ -33,6 +33,8 @@ class ServedModels:
         self.redispatching = False  # pending requests are being handed back to intake
         self.last_busy = time.monotonic()
         self.unloaded_stats: dict = {}
+        self.loading_since: float | None = None  # monotonic start of a load in progress (the loop is in it)
+        self.load_ended = 0.0
 
     @property
     def loaded(self) -> bool:
@@ -88,7 +90,12 @@ class ServedModels:
 
         sdnotify.status(f"loading model {name}")
         sdnotify.extend_timeout(600)
-        self.runtime = self.loader(name)
+        self.loading_since = time.monotonic()
+        try:
+            self.runtime = self.loader(name)
+        finally:
+            self.load_ended = time.monotonic()  # first: a watchdog never sees the load's time as a stall
+            self.loading_since = None
         self.name = name
         self.last_busy = time.monotonic()
         sdnotify.status(f"serving {name}")

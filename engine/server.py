@@ -35,6 +35,7 @@ from ignis.engine.config import EngineConfig
 from ignis.engine.engine_stats import loaded_stats, set_gauges, unloaded_stats
 from ignis.engine.gateway_watch import GatewayWatch
 from ignis.engine.intake import Intake
+from ignis.engine.loop_watchdog import LOAD_GRACE_S
 from ignis.engine.lora_updates import AdapterRegistry, LoraUpdates
 from ignis.engine.metrics import EngineMetrics
 from ignis.engine.profiling import RoundProfiler
@@ -153,9 +154,18 @@ class EngineServer:
         Runs as a signal handler, so it takes no lock (the loop notices within 0.1 s)."""
         self._stopping.set()
 
+    def stall(self) -> float:
+        """Seconds the loop has spent in its current turn; a model load in progress counts only past its
+        grace (engine.loop_watchdog)."""
+        now, models = time.monotonic(), self.models
+        loading = models.loading_since
+        if loading is not None:
+            return max(0.0, now - loading - LOAD_GRACE_S)
+        return now - max(self._last_loop, models.load_ended)
+
     def alive(self) -> bool:
-        """The loop went round recently (the watchdog pings only while it does)."""
-        return time.monotonic() - self._last_loop < 30.0
+        """The loop went round recently (systemd's watchdog is pinged only while it does)."""
+        return self.stall() < 30.0
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)

@@ -126,10 +126,10 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def start(tmp_path):
+def start(tmp_path, *extra: str):
     out = tmp_path / "serve.out"
     proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
-                             "--port", "0", "--kv-pool-tokens", "2048", "--reuse-kv-host-pool-bytes", "64M"],
+                             "--port", "0", "--kv-pool-tokens", "2048", "--reuse-kv-host-pool-bytes", "64M", *extra],
                             stdout=out.open("w"),
                             stderr=(tmp_path / "serve.err").open("w"), env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 120
@@ -199,6 +199,41 @@ def test_a_killed_engine_is_restarted_and_the_gateway_answers_503_meanwhile(tmp_
         assert gateway in kids and engine not in kids and len(kids) == 3  # the gateway served on; a new engine
         # the restarted engine unlinked the shared memory the killed one left (tierd's mappings aside)
         assert not [n for n in blocks if os.path.exists(f"/dev/shm/{n}")], blocks
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_stuck_engine_loop_is_aborted_with_its_stacks_and_restarted(tmp_path):
+    """A read that never returns on the engine's loop (an adapter whose config is a pipe nobody writes, as a
+    hung network mount would hold it): the engine's watchdog aborts it, serve starts it again."""
+    from tests.gateway.conftest import http
+
+    adapter = tmp_path / "stuck-adapter"
+    adapter.mkdir()
+    os.mkfifo(adapter / "adapter_config.json")
+    proc, (_tierd, engine, gateway) = start(tmp_path, "--enable-lora-updating", "--watchdog-timeout", "2")
+    try:
+        url = re.search(r"^ignis serving ignis-demo on (\S+)$", (tmp_path / "serve.out").read_text(), re.M).group(1)
+        assert chat(url).status == 200
+        body = json.dumps({"lora_name": "stuck", "lora_path": str(adapter)}).encode()
+        r = http("POST", url + "/v1/load_lora_adapter", body, {"Content-Type": "application/json"}, timeout=60)
+        assert r.status != 200, r
+        deadline = time.monotonic() + 150
+        while "the engine is back after restart 1" not in (err := (tmp_path / "serve.err").read_text()):
+            assert time.monotonic() < deadline, err[-3000:]
+            time.sleep(0.2)
+        assert "CRITICAL the engine loop has been in one turn for" in err and "--watchdog-timeout 2" in err
+        stacks = err[err.index("CRITICAL the engine loop"):]
+        assert "lora" in stacks and "serve_forever" in stacks, stacks[:3000]  # where the loop was stuck
+        assert "the engine exited with code -6 while serving" in err  # SIGABRT
+        deadline = time.monotonic() + 60
+        while chat(url, timeout=30).status != 200:
+            assert time.monotonic() < deadline, (tmp_path / "serve.err").read_text()[-3000:]
+            time.sleep(0.2)
+        kids = children_of(proc.pid)
+        assert gateway in kids and engine not in kids and len(kids) == 3
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0

@@ -1,0 +1,77 @@
+"""The engine's own watchdog (SGLang's ``--watchdog-timeout``): a loop stuck in one turn ends the process.
+
+A round that never returns (a hung kernel or device sync, a deadlock) leaves
+the engine's I/O thread answering Stats from its last snapshot, so the
+gateway's health check still passes while no request moves. A thread of this
+module looks at the loop every second; once it has not turned for
+``timeout_s`` seconds it logs a critical line, writes every thread's stack to
+stderr (where the stuck call is) and aborts the process (SIGABRT, as
+systemd's watchdog would), so whatever supervises the engine (``ignis serve``,
+systemd's ``Restart=on-failure``) starts it again.
+
+``stall()`` is the server's: seconds its loop has spent in the current turn,
+a model load in progress counted only past its own grace
+(``LOAD_GRACE_S``: a 27B checkpoint read from a slow disk takes minutes).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("ignis.engine")
+
+LOAD_GRACE_S = 600.0
+"""How long a model load may hold the loop before it counts as stuck (systemd's start timeout is extended by
+as much while the engine loads)."""
+CHECK_EVERY_S = 1.0
+
+
+def abort_process(message: str) -> None:
+    """Log ``message``, every thread's stack, and abort."""
+    log.critical(message)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    if not faulthandler.is_enabled():  # enabled (shared.logs): the abort itself writes the stacks
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os.abort()
+
+
+class LoopWatchdog:
+    def __init__(self, timeout_s: float, stall: Callable[[], float],
+                 abort: Callable[[str], None] = abort_process, every_s: float = CHECK_EVERY_S):
+        self.timeout_s = timeout_s
+        self._stall = stall
+        self._abort = abort
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="loop-watchdog", daemon=True)
+
+    def start(self) -> LoopWatchdog:
+        """Watch, unless the timeout is 0 (off)."""
+        if self.timeout_s > 0:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def check(self) -> bool:
+        """Whether the loop is stuck now (and the process was told to abort)."""
+        stall = self._stall()
+        if stall < self.timeout_s:
+            return False
+        self._abort(f"the engine loop has been in one turn for {stall:.0f} s (--watchdog-timeout "
+                    f"{self.timeout_s:g}): a round is stuck (a hung kernel, device sync or lock); aborting so the "
+                    f"supervisor restarts the engine. Every thread's stack follows.")
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            if self.check():
+                return
