@@ -19,6 +19,11 @@ item, in order (``feed`` and ``close`` return them, without ``sequence_number``)
 
 ``parallel_tool_calls: false`` keeps the first call only. The turn as the
 chat path takes it back (``assistant_turn``) uses the prompt's tool names.
+
+With ``logprobs_of`` (the request asked for ``message.output_text.logprobs``),
+each ``output_text.delta`` carries the logprobs of its delta's tokens, and
+``output_text.done`` and the message's ``output_text`` part all of them; a
+delta of reasoning or call text alone reports none.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
-from ignis.gateway.choice import ChoiceDelta
+from ignis.gateway.choice import ChoiceDelta, TokenRecord
 from ignis.gateway.responses_tools import ToolNames
 
 
@@ -35,8 +40,11 @@ def item_id(prefix: str) -> str:
 
 
 class OutputItems:
-    def __init__(self, names: ToolNames, parallel_calls: bool = True, seal: Callable[[str], str] | None = None):
+    def __init__(self, names: ToolNames, parallel_calls: bool = True, seal: Callable[[str], str] | None = None,
+                 logprobs_of: Callable[[list[TokenRecord]], list[dict]] | None = None):
         self.names = names
+        self.logprobs_of = logprobs_of
+        self.lps: list[dict] = []  # of the open message
         self.parallel_calls = parallel_calls
         self.seal = seal  # makes a reasoning item's encrypted_content, when asked for
         self.items: list[dict] = []
@@ -58,8 +66,9 @@ class OutputItems:
             events.append({"type": "response.reasoning_summary_part.added", **where, "summary_index": 0,
                            "part": {"type": "summary_text", "text": ""}})
         elif kind == "message":
+            self.lps = []
             events.append({"type": "response.content_part.added", **where, "content_index": 0,
-                           "part": {"type": "output_text", "text": "", "annotations": []}})
+                           "part": self._part("")})
         return events
 
     def _delta(self, text: str) -> dict:
@@ -88,11 +97,11 @@ class OutputItems:
             events += [{"type": "response.reasoning_summary_text.done", **where, "summary_index": 0, "text": text},
                        {"type": "response.reasoning_summary_part.done", **where, "summary_index": 0, "part": part}]
         elif self.kind == "message":
-            part = {"type": "output_text", "text": text, "annotations": []}
+            part = self._part(text)
             item.update(content=[part], status=status)
             self.content += text
             events += [{"type": "response.output_text.done", **where, "content_index": 0, "text": text,
-                        "logprobs": []},
+                        "logprobs": list(self.lps)},
                        {"type": "response.content_part.done", **where, "content_index": 0, "part": part}]
         else:
             item.update(arguments=text, status="completed")
@@ -102,6 +111,12 @@ class OutputItems:
         events.append({"type": "response.output_item.done", "output_index": index, "item": dict(item)})
         self.kind, self.text = None, ""
         return events
+
+    def _part(self, text: str) -> dict:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        if self.logprobs_of is not None:
+            part["logprobs"] = list(self.lps)
+        return part
 
     def _switch(self, kind: str, item: dict) -> list[dict]:
         return self.close() + self._open(kind, item)
@@ -120,7 +135,11 @@ class OutputItems:
             if self.kind != "message":
                 events += self._switch("message", {"id": item_id("msg"), "type": "message", "status": "in_progress",
                                                    "role": "assistant", "content": []})
-            events.append(self._delta(d.content))
+            event = self._delta(d.content)
+            if self.logprobs_of is not None and d.logprobs:
+                event["logprobs"] = self.logprobs_of(d.logprobs)
+                self.lps += event["logprobs"]
+            events.append(event)
         for piece in d.tool_calls:
             if piece.index > 0 and not self.parallel_calls:
                 continue

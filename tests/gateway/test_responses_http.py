@@ -105,6 +105,40 @@ def test_a_background_response_is_the_foreground_one(served):
     assert collapsed([e.type for e in replayed[3:]]) == collapsed([e.type for e in streamed[2:]])
 
 
+def test_output_text_logprobs_are_the_chat_paths(served):
+    """``include: ["message.output_text.logprobs"]`` and ``top_logprobs``: the answer's tokens with their
+    logprobs and alternatives, as chat completions gives them for the same conversation."""
+    server, client = served
+    body = dict(model=server.model, input="Tell me about the weather.", max_output_tokens=6, temperature=0,
+                instructions="Be brief.", include=["message.output_text.logprobs"], top_logprobs=2)
+    r = client.responses.create(**body)
+    [message] = [i for i in r.output if i.type == "message"]
+    lps = message.content[0].logprobs
+    chat = client.chat.completions.create(model=server.model, max_tokens=6, temperature=0, logprobs=True,
+                                          top_logprobs=2, messages=[{"role": "system", "content": "Be brief."},
+                                                                    {"role": "user",
+                                                                     "content": "Tell me about the weather."}])
+    expected = chat.choices[0].logprobs.content
+    assert [e.token for e in lps] == [e.token for e in expected] and len(lps) == 6
+    assert "".join(e.token for e in lps) == r.output_text
+    for got, want in zip(lps, expected):
+        assert abs(got.logprob - want.logprob) < 1e-4 and got.bytes == want.bytes
+        assert [t.token for t in got.top_logprobs] == [t.token for t in want.top_logprobs]
+        assert len(got.top_logprobs) == 2
+    assert r.top_logprobs == 2
+    events = raw_events(server.url, body, api_key=API_KEY)
+    check_events(events)
+    deltas = [lp for t, e in events if t == "response.output_text.delta" for lp in e["logprobs"]]
+    [done] = [e for t, e in events if t == "response.output_text.done"]
+    assert [d["token"] for d in deltas] == [d["token"] for d in done["logprobs"]] == [e.token for e in lps]
+    plain = client.responses.create(**{k: v for k, v in body.items() if k not in ("include", "top_logprobs")})
+    assert plain.output_text == r.output_text
+    assert [i for i in plain.output if i.type == "message"][0].content[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**dict(body, top_logprobs=21))
+    assert e.value.body["param"] == "top_logprobs"
+
+
 def test_multi_turn_with_a_function_call_and_its_output(served):
     server, client = served
     tools = [OPEN_FILE, TOOLS[0]]
