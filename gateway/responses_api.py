@@ -161,6 +161,10 @@ class ResponsesTurn:
             return Conversation()
         entry = self.state.store.get(prev)
         if entry is None:
+            run = self.state.runs.get(prev)
+            if run is not None and not run.done:
+                raise invalid(f"response {prev!r} is still {run.status}: continue from it once it has ended",
+                              "previous_response_id", code="response_in_progress")
             raise _not_found(prev, "previous_response_id")
         messages = list(entry.messages)
         return Conversation(messages, ["previous_response_id"] * len(messages), stored_call_ids(messages))

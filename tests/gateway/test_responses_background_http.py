@@ -165,6 +165,9 @@ def test_bad_background_requests_are_clear_errors(gw):
 def test_deleting_a_running_background_response_cancels_it(gw):
     r = create(gw, 0)
     wait_until(lambda: status_of(gw, r.id) == "in_progress", 10, "the run is not in progress")
+    with pytest.raises(openai.BadRequestError) as e:  # a conversation goes on from a response that has ended
+        gw.client.responses.create(model="ignis-demo", input="More.", previous_response_id=r.id)
+    assert e.value.body["code"] == "response_in_progress" and e.value.body["param"] == "previous_response_id"
     deleted = gw.client.responses.delete(r.id)
     assert deleted is None or getattr(deleted, "deleted", True)
     wait_until(lambda: aborted(gw, r.id), 10, "the deleted run's engine request was not aborted")
