@@ -80,7 +80,7 @@ async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
     log.info("gateway serving on %s", url)
     print(f"READY {url}", flush=True)
     sdnotify.ready(f"serving on {url}")
-    watchdog = sdnotify.Watchdog(alive=lambda: not loop.is_closed()).start()
+    watchdog = sdnotify.Watchdog(alive=sdnotify.LoopBeat(loop).alive).start()  # pings while the loop turns
     await stop.wait()
     watchdog.stop()
     sdnotify.stopping()

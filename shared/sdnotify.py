@@ -2,16 +2,26 @@
 
 Each process calls ``ready()`` once it serves (Type=notify units), ``status()``
 with a one-line state, ``extend_timeout()`` while a model loads, and runs a
-``Watchdog`` thread when the unit sets ``WatchdogSec`` (``$WATCHDOG_USEC``).
+``Watchdog`` thread when the unit sets ``WatchdogSec`` (``$WATCHDOG_USEC``),
+which pings only while the process's loop turns: the engine's and tierd's
+loops note each turn, an asyncio loop (the gateway's) beats through
+``LoopBeat``; a loop stuck for ``STALL_S`` stops the pings, and systemd
+aborts the process at ``WatchdogSec``.
 Abstract socket names (``@...``) are supported. Outside systemd (no
 ``NOTIFY_SOCKET``) every call is a no-op.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
+import time
+
+STALL_S = 15.0
+"""A loop that has not turned for this long is stuck: the watchdog stops pinging (units set WatchdogSec 30 or
+more)."""
 
 
 def _address() -> str | bytes | None:
@@ -86,3 +96,20 @@ class Watchdog:
         while not self._stop.wait(self.interval):
             if self._alive():
                 notify("WATCHDOG=1")
+
+
+class LoopBeat:
+    """An asyncio loop's heartbeat: a callback every ``every_s`` notes the time; ``alive()`` (from any thread)
+    says whether the loop ran it within ``STALL_S``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, every_s: float = 1.0, stall_s: float = STALL_S):
+        self.loop, self.every_s, self.stall_s = loop, every_s, stall_s
+        self.last = time.monotonic()
+        loop.call_soon(self._beat)
+
+    def _beat(self) -> None:
+        self.last = time.monotonic()
+        self.loop.call_later(self.every_s, self._beat)
+
+    def alive(self) -> bool:
+        return not self.loop.is_closed() and time.monotonic() - self.last < self.stall_s

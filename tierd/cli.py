@@ -109,7 +109,7 @@ def run(args) -> int:
         from ignis.shared import sdnotify
 
         sdnotify.ready(f"arena {arena.nbytes} bytes ({arena.locked_bytes} locked), KV-disk {disk_text}")
-        watchdog = sdnotify.Watchdog().start()
+        watchdog = sdnotify.Watchdog(alive=server.alive).start()
         try:
             return server.serve_forever()
         finally:

@@ -49,6 +49,7 @@ from ignis.shared.tier_wire import (
     TierRefused,
     Welcome,
 )
+from ignis.shared.sdnotify import STALL_S
 from ignis.shared.stop_request import StopRequest
 from ignis.shared.zmq_queues import bind_router
 from ignis.tierd import disk as kvdisk
@@ -77,6 +78,7 @@ class TierServer:
         self.peer: bytes | None = None
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._last_turn = time.monotonic()
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
         self.channel = bind_router(zmq.Context.instance(), endpoint, ENGINE_TO_TIERD, name="tierd",
                                    notify=self._wake.set)
@@ -97,10 +99,15 @@ class TierServer:
         self._posted.put(fn)
         self._wake.set()
 
+    def alive(self) -> bool:
+        """The loop turned recently (systemd's watchdog is pinged only while it does)."""
+        return time.monotonic() - self._last_turn < STALL_S
+
     def serve_forever(self) -> int:
         self.channel.start()
         try:
             while not self._stopping.is_set():
+                self._last_turn = time.monotonic()
                 self._wake.wait(0.1)
                 self._wake.clear()
                 self._run_posted()

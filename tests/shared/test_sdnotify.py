@@ -99,3 +99,35 @@ def test_tierd_and_gateway_send_ready_and_watchdog_pings(tmp_path, command, extr
         proc.terminate()
         assert proc.wait(20) == 0
         sock.close()
+
+
+def test_loop_beat_is_alive_only_while_its_loop_turns():
+    import asyncio
+    import threading
+
+    async def scenario():
+        beat = sdnotify.LoopBeat(asyncio.get_running_loop(), every_s=0.01, stall_s=0.2)
+        await asyncio.sleep(0.05)
+        assert beat.alive()
+        seen = []
+        checker = threading.Thread(target=lambda: (time.sleep(0.4), seen.append(beat.alive())))
+        checker.start()
+        time.sleep(0.6)  # the loop is stuck in this call: no beat for 0.6 s
+        checker.join()
+        assert seen == [False]
+        await asyncio.sleep(0.05)
+        assert beat.alive()  # turning again
+        return beat
+
+    beat = asyncio.run(scenario())
+    assert not beat.alive()  # a closed loop is not alive
+
+
+def test_tierd_is_alive_only_while_its_loop_turns():
+    from types import SimpleNamespace
+
+    from ignis.tierd.server import TierServer
+
+    now = time.monotonic()
+    assert TierServer.alive(SimpleNamespace(_last_turn=now))
+    assert not TierServer.alive(SimpleNamespace(_last_turn=now - sdnotify.STALL_S - 1))
