@@ -34,7 +34,7 @@ from ignis.gateway.errors import ApiError, invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import Usage
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
-from ignis.gateway.grammars import after_reasoning, any_tool_call_grammar, tool_call_grammar
+from ignis.gateway.grammars import after_reasoning
 from ignis.gateway.image_limits import parse_mm_limit
 from ignis.gateway.image_sources import MediaPolicy
 from ignis.gateway.messages import (
@@ -45,7 +45,6 @@ from ignis.gateway.messages import (
     parse_tool_choice,
     parse_tools,
 )
-from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
 from ignis.gateway.part_marks import part_end
@@ -55,11 +54,11 @@ from ignis.gateway.prompt_logprobs import prompt_logprobs_json
 from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.reasoning_effort import EFFORTS, with_effort
-from ignis.gateway.response_format import checked_grammar
 from ignis.gateway.request_ids import response_id
 from ignis.gateway.responses import chat_logprobs
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
+from ignis.gateway.tool_grammars import auto_calls_grammar, forced_call_grammar
 
 log = logging.getLogger("ignis.gateway")
 
@@ -94,39 +93,6 @@ def rendering_errors():
     except (RecursionError, ArithmeticError):
         raise invalid("the chat template cannot render this conversation (nested too deeply, or a number out "
                       "of range)", "messages", code="template_failed") from None
-
-
-def _forced_call_grammar(p: CommonParams, forced: ForcedCall, tools: list[dict], tool_format: str,
-                         metrics: GatewayMetrics) -> str:
-    """The grammar of the rest of a forced call: the named tool's, or any tool's for ``required``. A tool
-    schema the library cannot hold exactly (``not``, an unknown ``format``, ...) is held leniently, those
-    keywords unenforced: logged and counted (``ignis:gateway_grammar_lenient_total``), never refused; one
-    that does not compile even so is a 400 naming the library's reason."""
-    if p.grammar is not None:
-        raise invalid("response_format cannot be combined with a required or named tool_choice: the call's "
-                      "arguments follow the tool's parameters schema", "response_format")
-
-    def build(lenient: bool) -> str:
-        if forced.name is None:
-            return any_tool_call_grammar(tools, tool_format, lenient)
-        tool = next(t for t in tools if t["function"]["name"] == forced.name)
-        return tool_call_grammar(tool, tool_format, lenient)
-
-    try:
-        grammar = build(False)
-        error = checked_grammar(grammar)
-        if not error:
-            return grammar
-        grammar = build(True)
-    except ValueError as e:
-        raise invalid(f"the forced tool call cannot be constrained: {e}", "tool_choice") from None
-    still = checked_grammar(grammar)
-    if still:
-        raise invalid(f"the forced tool call cannot be constrained: {still}", "tool_choice")
-    log.warning("tool_choice %s: the tool schema is held leniently (unsupported keywords unenforced): %s",
-                forced.name or "required", error.splitlines()[0])
-    metrics.grammar_lenient.inc()
-    return grammar
 
 
 def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[int]:
@@ -168,6 +134,9 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     render_tools = None if choice.mode == "none" else tools
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
     forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
+    if render_tools and p.grammar is not None and (forced is not None or choice.allowed is not None):
+        raise invalid("response_format cannot be combined with a required, named or allowed_tools tool_choice: "
+                      "the calls' arguments follow the tools' parameters schemas", "response_format")
     continuing = _continues(f)
     if continuing and forced is not None:
         raise f.error("continue_final_message", "cannot be combined with a required or named tool_choice")
@@ -183,6 +152,12 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
                               render_tools, kwargs, prompt.ids, prompt.opener_start)
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
+    if render_tools and choice.mode == "auto" and p.grammar is None:
+        # calls held to the allowed tools and the strict tools' schemas (response_format, when given, holds
+        # the whole answer instead)
+        held = await work.run(auto_calls_grammar, render_tools, tool_format, gw.metrics, choice.allowed)
+        if held is not None:
+            req.params = p = dataclasses.replace(p, grammar=held)
     if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
         # the grammar holds the answer, not the reasoning (a forced call's opener closes the reasoning itself)
         req.params = p = dataclasses.replace(p, grammar=after_reasoning(p.grammar))
@@ -194,7 +169,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if forced is not None:
         # The call opener goes after the generation prompt: the model continues inside the call, and a
         # grammar holds the rest of it to the tool's parameters.
-        grammar = await work.run(_forced_call_grammar, p, forced, render_tools, tool_format, gw.metrics)
+        grammar = await work.run(forced_call_grammar, forced, render_tools, tool_format, gw.metrics, choice.allowed)
         req.params = p = dataclasses.replace(p, grammar=grammar)
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)

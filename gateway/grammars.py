@@ -61,6 +61,16 @@ RAW_VALUE: RAW_TEXT "\n</parameter>\n"
 """
 
 
+# Text without a call's opener, and text up to and including the opener (one lexeme each, so the lexer
+# never has to split free text where a call begins).
+_FREE_TEXT = r"""
+TEXT: /(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/
+OPEN: /(.|\n)*/ & ~/(.|\n)*<tool_call>(.|\n)*/ "<tool_call>\n"
+"""
+_XML_ANY_PARAM = r"""
+ANY_PARAM: "<parameter=" /[^\n>]+/ ">\n" RAW_VALUE
+"""
+
 _REASONING = r"""start: THOUGHT AFTER_THOUGHT @answer
 THOUGHT: THOUGHT_TEXT "</think>"
 THOUGHT_TEXT: /(.|\n)*/ & ~/(.|\n)*<\/think>(.|\n)*/
@@ -170,6 +180,32 @@ def tool_call_grammar(tool: dict, parser: str, lenient: bool = False) -> str:
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
+def _call_rules(tools: list[dict], parser: str, options: dict, held: set[str] | None = None
+                ) -> tuple[list[str], list[str]]:
+    """(the call rules' names, every rule) of what follows ``<tool_call>\\n`` for each of ``tools``: the
+    function's name, then its arguments held to its schema, or (a tool not in ``held``, when given) any
+    arguments in the format's shape, with its closing."""
+    calls, rules = [], []
+    for t, tool in enumerate(tools):
+        name, params = _params(tool)
+        if not name or (parser == "xml" and ("\n" in name or ">" in name)):
+            raise ValueError(f"tool {t} has no name that can be written in a call")
+        free = held is not None and name not in held
+        if parser == "xml":
+            if free:
+                rules.append(f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} ANY_PARAM* "
+                             f'"</function>\\n</tool_call>"')
+            else:
+                body, params_rules = _xml_call(params, f"t{t}p", options)
+                rules += [f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} {body}", *params_rules]
+        else:
+            head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+            args = {"type": "object"} if free else params
+            rules.append(f"call{t}: {_lark_string(head)} {_hermes_call(args, options)}")
+        calls.append(f"call{t}")
+    return calls, rules
+
+
 def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False) -> str:
     """The grammar of what follows ``<tool_call>\\n`` when a call of one of ``tools`` is required.
 
@@ -180,20 +216,25 @@ def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False)
     options = LENIENT_JSON if lenient else JSON_OPTIONS
     if not tools:
         raise ValueError("a required call needs at least one tool")
-    calls, rules = [], []
-    for t, tool in enumerate(tools):
-        name, params = _params(tool)
-        if not name or (parser == "xml" and ("\n" in name or ">" in name)):
-            raise ValueError(f"tool {t} has no name that can be written in a call")
-        if parser == "xml":
-            body, params_rules = _xml_call(params, f"t{t}p", options)
-            rules += [f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} {body}", *params_rules]
-        else:
-            head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
-            rules.append(f"call{t}: {_lark_string(head)} {_hermes_call(params, options)}")
-        calls.append(f"call{t}")
+    calls, rules = _call_rules(tools, parser, options)
     terminals = [_XML_TERMINALS] if parser == "xml" else []
     return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: {' | '.join(calls)}", *rules, *terminals]))
+
+
+def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: bool = False) -> str:
+    """The grammar of an answer the model may write as it likes, calls included, where each call is of
+    one of ``tools`` (``tool_choice`` ``auto`` with ``allowed_tools``) and a tool named in ``held`` (its
+    ``strict``, or every allowed one) has its arguments held to its schema; any other's are free in the
+    format's shape. Text runs free up to ``<tool_call>\\n``; after a call more text or calls may follow."""
+    parser = _parser(parser)
+    options = LENIENT_JSON if lenient else JSON_OPTIONS
+    if not tools:
+        raise ValueError("tool calls need at least one tool")
+    calls, rules = _call_rules(tools, parser, options, held)
+    lark = ["start: (OPEN call)* TEXT?", f"call: {' | '.join(calls)}", *rules, _FREE_TEXT]
+    if parser == "xml":
+        lark += [_XML_TERMINALS, _XML_ANY_PARAM]
+    return llguidance.LLMatcher.grammar_from_lark("\n".join(lark))
 
 
 def regex_grammar(pattern: str) -> str:

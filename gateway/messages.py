@@ -232,6 +232,8 @@ def parse_tools(f: Fields) -> list[dict] | None:
 class ToolChoice:
     mode: str  # none | auto | required | named
     name: str | None = None
+    allowed: tuple[str, ...] | None = None
+    """OpenAI's ``allowed_tools``: the functions a call may name (None: every tool)."""
 
 
 def parse_tool_choice(f: Fields, tools: list[dict] | None) -> ToolChoice:
@@ -240,20 +242,48 @@ def parse_tool_choice(f: Fields, tools: list[dict] | None) -> ToolChoice:
         return ToolChoice("auto")
     if isinstance(value, str):
         if value not in ("none", "auto", "required"):
-            raise f.error("tool_choice", "must be 'none', 'auto', 'required' or a named function")
+            raise f.error("tool_choice", "must be 'none', 'auto', 'required', a named function or allowed_tools")
         if value == "required" and not tools:
             raise f.error("tool_choice", "'required' needs tools")
         return ToolChoice(value)
     cf = Fields(value, "tool_choice")
-    cf.str("type", "function", choices=("function",))
+    known = {t["function"]["name"] for t in tools or ()}
+    if cf.str("type", "function", choices=("function", "allowed_tools")) == "allowed_tools":
+        return _allowed_tools(cf, known)
     fn = cf.object("function")
     name = fn.str("name") if fn is not None else None
     if not name:
         raise invalid("tool_choice.function.name is required", "tool_choice.function.name")
-    known = {t["function"]["name"] for t in tools or ()}
     if name not in known:
         raise invalid(f"tool_choice names function {name!r}, which is not in tools", "tool_choice.function.name")
     return ToolChoice("named", name)
+
+
+def _allowed_tools(cf: Fields, known: set[str]) -> ToolChoice:
+    """``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [{"type":
+    "function", "function": {"name"}}, ...]}}``: calls name only the listed functions; every tool stays in
+    the prompt."""
+    spec = cf.object("allowed_tools")
+    if spec is None:
+        raise cf.error("allowed_tools", "is required")
+    mode = spec.str("mode", None, choices=("auto", "required"))
+    if mode is None:
+        raise spec.error("mode", "is required: 'auto' or 'required'")
+    entries = spec.list("tools")
+    if not entries:
+        raise spec.error("tools", "must list at least one function")
+    names: list[str] = []
+    for i, entry in enumerate(entries):
+        ef = Fields(entry, spec.param(f"tools[{i}]"))
+        ef.str("type", "function", choices=("function",))
+        fn = ef.object("function")
+        name = fn.str("name") if fn is not None else None
+        if not name:
+            raise ef.error("function.name", "is required")
+        if name not in known:
+            raise ef.error("function.name", f"names function {name!r}, which is not in tools")
+        names.append(name)
+    return ToolChoice(mode, allowed=tuple(dict.fromkeys(names)))
 
 
 def last_is_user(messages: list[dict]) -> bool:

@@ -12,7 +12,8 @@
 
 ``tool_choice``: "auto" / "none" / "required" as in chat; ``{"type": "function",
 "name"}`` (with ``namespace`` for a namespaced one) as a named choice;
-``{"type": "allowed_tools", "mode"}`` as its mode; a hosted tool's choice as
+``{"type": "allowed_tools", "mode", "tools"}`` as chat's ``allowed_tools`` over
+its function tools (only hosted ones allowed: "auto"); a hosted tool's choice as
 "auto". ``ToolNames`` maps the names the model calls back to the client's.
 """
 
@@ -118,7 +119,18 @@ def translate_tool_choice(f: Fields, names: ToolNames) -> object:
         return {"type": "function", "function": {"name": flat}}
     if kind == "allowed_tools":
         mode = cf.str("mode", "auto", choices=("auto", "required"))
-        return mode if names.names else "auto"
+        functions = []  # the functions among the allowed tools (hosted ones are left out of the prompt)
+        for i, entry in enumerate(cf.list("tools", required=True)):
+            ef = Fields(entry, cf.param(f"tools[{i}]"))
+            if ef.str("type") != "function":
+                continue
+            flat = names.flat(ef.str("name") or "", ef.str("namespace"))
+            if flat not in names.names:
+                raise ef.error("name", f"names function {flat!r}, which is not in tools")
+            functions.append({"type": "function", "function": {"name": flat}})
+        if not functions:
+            return "auto"  # only hosted tools allowed: none of them can run here
+        return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": functions}}
     if kind is None:
         raise cf.error("type", "is required")
     return "auto"  # a hosted tool's choice: those tools are left out

@@ -19,6 +19,7 @@ from ignis.gateway.grammars import (
     grammar_error,
     json_schema_grammar,
     tool_call_grammar,
+    tool_calls_grammar,
 )
 from tests.support.real_tokenizer import token_ids
 
@@ -188,3 +189,43 @@ def test_lenient_grammars_leave_unsupported_keywords_unenforced_and_keep_the_res
     broken = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}
     assert grammar_error(tool_call_grammar(broken, "hermes", lenient=True))  # what cannot be built still fails
+
+
+XML_WEATHER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n"
+                    "</parameter>\n</function>\n</tool_call>")
+HERMES_WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("parser,text,held,ok", [
+    ("xml", "It is sunny in Oslo, no tool needed.", {"get_weather"}, True),
+    ("xml", "Let me look.\n" + XML_WEATHER_CALL, {"get_weather"}, True),
+    ("xml", XML_WEATHER_CALL + "\n" + XML_WEATHER_CALL + "\nDone.", {"get_weather"}, True),  # two calls, then text
+    ("xml", "<tool_call>\n<function=now>\n</function>\n</tool_call>", set(), True),  # not held: free arguments
+    ("xml", "<tool_call>\n<function=now>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>", set(),
+     True),
+    ("xml", "<tool_call>\n<function=later>\n</function>\n</tool_call>", set(), False),  # not among the tools
+    ("xml", XML_WEATHER_CALL.replace("2\n", "two\n"), {"get_weather"}, False),  # held: days is an integer
+    ("xml", XML_WEATHER_CALL.replace("2\n", "two\n"), set(), True),  # not held
+    ("xml", "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>", {"get_weather"}, False),
+    ("hermes", "Sure.\n" + HERMES_WEATHER_CALL, {"get_weather"}, True),
+    ("hermes", HERMES_WEATHER_CALL.replace("2}", '"2"}'), {"get_weather"}, False),
+    ("hermes", HERMES_WEATHER_CALL.replace("2}", '"2"}'), set(), True),
+    ("hermes", '<tool_call>\n{"name": "later", "arguments": {}}\n</tool_call>', set(), False),
+])
+def test_auto_calls_are_free_text_with_calls_of_the_tools_held_where_strict(vocab, parser, text, held, ok):
+    grammar = tool_calls_grammar([WEATHER, NOW], parser, held)
+    assert grammar_error(grammar) == ""
+    n, total, matcher = consumed(vocab, grammar, text)
+    assert (n == total and matcher.is_accepting()) is ok, (n, total)
+
+
+def test_allowed_tools_leave_the_others_out_of_auto_calls(vocab):
+    grammar = tool_calls_grammar([NOW], "xml", set())  # allowed: now (get_weather stays in the prompt)
+    n, total, _ = consumed(vocab, grammar, "Checking.\n" + XML_WEATHER_CALL)
+    assert n < total
+    n, total, matcher = consumed(vocab, grammar, "Checking.\n<tool_call>\n<function=now>\n</function>\n</tool_call>")
+    assert n == total and matcher.is_accepting()
+    grammar = after_reasoning(tool_calls_grammar([WEATHER], "xml", {"get_weather"}))
+    n, total, matcher = consumed(vocab, grammar, "I could call <tool_call> anything here.</think>\n\n"
+                                                 + XML_WEATHER_CALL)
+    assert n == total and matcher.is_accepting()

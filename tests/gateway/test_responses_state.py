@@ -98,8 +98,17 @@ def test_tools_flattened_hosted_ignored_and_choices_mapped():
     assert names.origins == ["tools[0]", "tools[1].tools[0]"]
     assert translate_tool_choice(Fields(body), names) == {"type": "function", "function": {"name": "crm__lookup"}}
     assert translate_tool_choice(Fields({"tool_choice": {"type": "web_search"}}), names) == "auto"
-    assert translate_tool_choice(Fields({"tool_choice": {"type": "allowed_tools", "mode": "required"}}),
-                                 names) == "required"
+    allowed = {"type": "allowed_tools", "mode": "required",
+               "tools": [{"type": "function", "name": "lookup", "namespace": "crm"}, {"type": "web_search"}]}
+    assert translate_tool_choice(Fields({"tool_choice": allowed}), names) == {
+        "type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+            {"type": "function", "function": {"name": "crm__lookup"}}]}}
+    hosted_only = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "web_search"}]}
+    assert translate_tool_choice(Fields({"tool_choice": hosted_only}), names) == "auto"
+    with pytest.raises(ApiError) as e:
+        translate_tool_choice(Fields({"tool_choice": dict(allowed, tools=[{"type": "function", "name": "nope"}])}),
+                              names)
+    assert e.value.param == "tool_choice.tools[0].name"
     with pytest.raises(ApiError) as e:
         translate_tools(Fields({"tools": [{"type": "function", "name": "a b"}]}), ignored.append)
     assert e.value.param == "tools[0].name"

@@ -1,4 +1,5 @@
-"""Tool calls, tool_choice and reasoning through HTTP under the official Qwen3.5 template (XML calls).
+"""Tool calls, tool_choice (allowed_tools, strict tools) and reasoning through HTTP under the official Qwen3.5
+template (XML calls).
 
 The engine is scripted (``fake_engine``): each request's seed picks the text
 it answers with, so what is tested is the gateway: the prompt it sends and
@@ -12,7 +13,11 @@ import json
 import openai
 import pytest
 
+from ignis.engine.grammar_tokenizer import load_tokenizer
 from tests.gateway.tools_http_support import assemble, create, streamed, tools_gateway
+from tests.support.real_tokenizer import token_ids
+
+llguidance = pytest.importorskip("llguidance")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -205,3 +210,102 @@ def test_bad_tool_inputs_are_400_and_the_next_request_is_served(gw, client, fiel
     err = e.value.body
     assert err["param"] == param and words in err["message"], err
     assert create(gw, client, "fine").choices[0].message.content == "fine"
+
+
+# ----- allowed_tools and strict tools in auto mode: what the engine is sent ---------------------------
+# The grammar is fed, token by token on Qwen3.5's real vocabulary, answers a model could write: free text
+# and allowed calls go through to the end; a call of a tool left out, or a strict tool's bad arguments, stop.
+
+THOUGHT = "The user wants the weather.</think>\n\n"  # the template opens the thinking block
+WEATHER_CALL = "Let me check.\n" + xml_call("get_weather", city="Paris", days="2")
+CLOCK_CALL = xml_call("get_time")
+ONLY_CLOCK = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+    {"type": "function", "function": {"name": "get_time"}}]}}
+
+
+@pytest.fixture(scope="module")
+def vocab(real_tokenizer_dir):
+    ids = token_ids("qwen3_5")
+    return load_tokenizer(real_tokenizer_dir("qwen3_5"), max(ids.values()) + 1,
+                          (ids["<|im_end|>"], ids["<|endoftext|>"]))
+
+
+def holds(vocab, grammar: str, text: str) -> bool:
+    """Whether ``grammar`` lets a model write ``text`` whole and stop there."""
+    matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
+    ids = vocab.tokenize_str(text, parse_special=True)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def test_allowed_tools_auto_keeps_every_tool_in_the_prompt_and_holds_calls_to_the_allowed(gw, client, vocab):
+    r = create(gw, client, CLOCK_CALL, tool_choice=ONLY_CLOCK)
+    assert r.choices[0].message.tool_calls[0].function.name == "get_time"
+    prompt, grammar = gw.last_prompt(), gw.engine.generates[-1].grammar
+    assert "get_weather" in prompt and "get_time" in prompt  # the prompt is the same whatever is allowed
+    create(gw, client, "Hi.")
+    assert gw.last_prompt() == prompt and gw.engine.generates[-1].grammar is None  # plain auto: no grammar
+    assert grammar is not None
+    assert holds(vocab, grammar, THOUGHT + "It is noon, no tool needed.")
+    assert holds(vocab, grammar, THOUGHT + "One moment.\n" + CLOCK_CALL)
+    assert not holds(vocab, grammar, THOUGHT + WEATHER_CALL)  # get_weather is not allowed
+
+
+def test_allowed_tools_required_forces_a_call_of_an_allowed_tool(gw, client, vocab):
+    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "get_weather"}}]}}
+    r = create(gw, client, "<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>",
+               tool_choice=choice)
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
+    assert gw.last_prompt().endswith("<tool_call>\n") and "get_time" in gw.last_prompt()
+    grammar = gw.engine.generates[-1].grammar
+    assert holds(vocab, grammar, "<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n"
+                                 "</tool_call>")
+    assert not holds(vocab, grammar, "<function=get_time>\n</function>\n</tool_call>")
+
+
+def test_a_strict_tool_has_its_arguments_held_in_auto_mode(gw, client, vocab):
+    strict = {"type": "function", "function": dict(WEATHER["function"], strict=True)}
+    create(gw, client, WEATHER_CALL, tools=[strict, CLOCK])
+    grammar = gw.engine.generates[-1].grammar
+    assert grammar is not None
+    assert holds(vocab, grammar, THOUGHT + WEATHER_CALL)
+    assert not holds(vocab, grammar, THOUGHT + "Let me check.\n" + xml_call("get_weather", city="Paris", days="two"))
+    assert holds(vocab, grammar, THOUGHT + xml_call("get_time", zone="UTC"))  # not strict: any arguments
+    assert holds(vocab, grammar, THOUGHT + "No call at all.")
+
+
+def test_bad_allowed_tools_are_400s(gw, client):
+    bad = [({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+                {"type": "function", "function": {"name": "get_stock"}}]}},
+            "tool_choice.allowed_tools.tools[0].function.name"),
+           ({"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": []}},
+            "tool_choice.allowed_tools.mode"),
+           ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}},
+            "tool_choice.allowed_tools.tools")]
+    for choice, param in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            create(gw, client, "x", tool_choice=choice)
+        assert e.value.body["param"] == param, e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        create(gw, client, "x", tool_choice=ONLY_CLOCK, response_format={"type": "json_object"})
+    assert e.value.body["param"] == "response_format"
+
+
+def test_the_engine_serves_held_auto_calls_and_free_text_is_unchanged(server):
+    """On the demo model (whose random weights write no call), the grammar of an allowed subset compiles in
+    the engine and leaves the answer as the plain request's (same prompt); a strict tool's is served too
+    (its prompt differs: the template renders the tool's ``strict``)."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=server.url + "/v1", api_key=server.api_key, max_retries=0, timeout=120) as c:
+        def answer(tools, **kw):
+            r = c.chat.completions.create(model=server.model, messages=ASK, tools=tools, max_tokens=12,
+                                          temperature=0, **kw)
+            return r.choices[0].message.content, r.choices[0].finish_reason
+
+        plain = answer(TOOLS)
+        assert answer(TOOLS, tool_choice=ONLY_CLOCK) == plain
+        strict = {"type": "function", "function": dict(WEATHER["function"], strict=True)}
+        content, finish = answer([strict, CLOCK])
+        assert content and finish == "length"

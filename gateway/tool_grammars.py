@@ -1,0 +1,85 @@
+"""The grammars that hold a chat request's tool calls: a forced call's, and auto mode's when it must be held.
+
+``tool_choice`` decides (gateway.messages ``ToolChoice``):
+
+    required, named                 the prompt ends with the call's opener; ``forced_call_grammar``
+                                    holds the rest of it to the named tool's parameters (required:
+                                    any tool's, or, with OpenAI's ``allowed_tools``, an allowed one's)
+    auto with ``allowed_tools``     ``auto_calls_grammar``: the model writes as it likes, but a call
+                                    names an allowed tool (all tools stay in the prompt, so its prefix
+                                    is the same whichever subset a turn allows: prompt reuse holds)
+    auto, some tool ``strict``      ``auto_calls_grammar`` too: a call of a strict tool has arguments
+                                    valid under its schema (OpenAI's promise for strict tools)
+    auto otherwise, none            no grammar
+
+A tool schema the library cannot hold exactly (``not``, an unknown
+``format``, ...) is held leniently, those keywords unenforced: logged and
+counted (``ignis:gateway_grammar_lenient_total``), never refused; one that does
+not compile even so is a 400 naming the library's reason. These run on the
+prompt worker (tens of milliseconds for a large tool set), never on the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ignis.gateway.errors import invalid
+from ignis.gateway.grammars import any_tool_call_grammar, tool_call_grammar, tool_calls_grammar
+from ignis.gateway.metrics import GatewayMetrics
+from ignis.gateway.output_parser import ForcedCall
+from ignis.gateway.response_format import checked_grammar
+
+log = logging.getLogger("ignis.gateway")
+
+
+def allowed(tools: list[dict], names: tuple[str, ...] | None) -> list[dict]:
+    """The tools a call may name: those in ``names`` (None: all)."""
+    return tools if names is None else [t for t in tools if t["function"]["name"] in names]
+
+
+def strict_names(tools: list[dict]) -> set[str]:
+    return {t["function"]["name"] for t in tools if t["function"].get("strict") is True}
+
+
+def _held(build: Callable[[bool], str], what: str, metrics: GatewayMetrics) -> str:
+    """``build(lenient)``'s grammar: exact when the library holds it, else lenient (logged, counted)."""
+    try:
+        grammar = build(False)
+        error = checked_grammar(grammar)
+        if not error:
+            return grammar
+        grammar = build(True)
+    except ValueError as e:
+        raise invalid(f"the {what} cannot be constrained: {e}", "tool_choice") from None
+    still = checked_grammar(grammar)
+    if still:
+        raise invalid(f"the {what} cannot be constrained: {still}", "tool_choice")
+    log.warning("%s: the tool schema is held leniently (unsupported keywords unenforced): %s", what,
+                error.splitlines()[0])
+    metrics.grammar_lenient.inc()
+    return grammar
+
+
+def forced_call_grammar(forced: ForcedCall, tools: list[dict], tool_format: str, metrics: GatewayMetrics,
+                        allowed_names: tuple[str, ...] | None = None) -> str:
+    """The grammar of the rest of a forced call: the named tool's, or any (allowed) tool's for ``required``."""
+
+    def build(lenient: bool) -> str:
+        if forced.name is None:
+            return any_tool_call_grammar(allowed(tools, allowed_names), tool_format, lenient)
+        tool = next(t for t in tools if t["function"]["name"] == forced.name)
+        return tool_call_grammar(tool, tool_format, lenient)
+
+    return _held(build, f"tool_choice {forced.name or 'required'} call", metrics)
+
+
+def auto_calls_grammar(tools: list[dict], tool_format: str, metrics: GatewayMetrics,
+                       allowed_names: tuple[str, ...] | None = None) -> str | None:
+    """Auto mode's grammar, or None when nothing needs holding (no subset allowed, no strict tool)."""
+    held = strict_names(tools)
+    if allowed_names is None and not held:
+        return None
+    callable_tools = allowed(tools, allowed_names)
+    return _held(lambda lenient: tool_calls_grammar(callable_tools, tool_format, held, lenient),
+                 "allowed_tools" if allowed_names is not None else "strict tools' calls", metrics)
