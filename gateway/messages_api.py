@@ -14,7 +14,8 @@ grammars of forced calls, usage); only the answer's shape differs
                                         tool_use -> tool_calls (input as JSON arguments);
                                         a last assistant turn is a prefill: the answer continues
                                         its text (continue_final_message)
-    tools [{name, description, input_schema}]        functions; Anthropic's server tools are a 400
+    tools [{name, description, input_schema, strict}]  functions (strict: the input is held to the schema);
+                                        Anthropic's server tools are a 400
     tool_choice auto | any | tool | none              auto | required | named function | none;
                                         disable_parallel_tool_use: only the first call is answered
     thinking {type: enabled | disabled}  chat_template_kwargs.enable_thinking (the template's default when absent)
@@ -203,6 +204,8 @@ class MessagesTurn:
             fn = {"name": tf.str("name"), "parameters": schema.obj if schema is not None else {"type": "object"}}
             if tf.has("description"):
                 fn["description"] = tf.str("description")
+            if tf.bool("strict"):  # Anthropic's strict tool use: the call's input follows input_schema
+                fn["strict"] = True
             out.append({"type": "function", "function": fn})
         return out
 

@@ -35,7 +35,7 @@ BODY = {
         {"role": "user", "content": "Bye"},
     ],
     "tools": [{"name": "f", "description": "F", "input_schema": {"type": "object", "properties": {"a": {}}}},
-              {"name": "g", "input_schema": {"type": "object"}}],
+              {"name": "g", "input_schema": {"type": "object"}, "strict": True}],
     "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
     "thinking": {"type": "disabled"},
     "stop_sequences": ["END"],
@@ -51,6 +51,7 @@ def test_a_full_body_becomes_its_chat_body():
     assert chat["chat_template_kwargs"] == {"enable_thinking": False}
     assert chat["tools"][0] == {"type": "function", "function": {"name": "f", "description": "F",
                                                                  "parameters": BODY["tools"][0]["input_schema"]}}
+    assert chat["tools"][1]["function"]["strict"] is True  # Anthropic's strict tool use: held as a strict tool
     m = chat["messages"]
     assert m[0] == {"role": "system", "content": "Rule one.\nRule two."}
     assert m[1] == {"role": "user", "content": [{"type": "text", "text": "Look:"}, {
