@@ -10,9 +10,10 @@ status goes ``queued`` (the prompt is made and sent to the engine) ->
 
 A run keeps every event it made (the bytes, sequence number = index), so a
 follower that joins late, or reconnects, gets each event once and in order.
-Finished runs stay followable for ``ttl_s`` and at most ``max_finished`` of
-them are kept (the oldest go first); a running one is never dropped. Pure
-asyncio, one event loop: no locks.
+Finished runs stay followable for ``ttl_s``; at most ``max_finished`` of
+them, holding at most ``max_bytes`` of events in all, are kept (the oldest go
+first); a running one is never dropped. Pure asyncio, one event loop: no
+locks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 DEFAULT_FINISHED = 256
+DEFAULT_BYTES = 64 << 20
 DEFAULT_TTL_S = 3600.0
 
 
@@ -35,6 +37,7 @@ class BackgroundRun:
         self._clock = clock
         self.status = "queued"
         self.events: list[bytes] = []
+        self.nbytes = 0
         self.task: asyncio.Task | None = None
         self.ended_at: float | None = None
         self._final: dict | None = None
@@ -60,6 +63,7 @@ class BackgroundRun:
     def add(self, event: bytes) -> None:
         """An event, its sequence number already ``len(events)``."""
         self.events.append(event)
+        self.nbytes += len(event)
         self._wake()
 
     def end(self, response: dict) -> None:
@@ -87,8 +91,8 @@ class BackgroundRuns:
     """The gateway's background runs by response id, within the bounds above."""
 
     def __init__(self, max_finished: int = DEFAULT_FINISHED, ttl_s: float = DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.monotonic):
-        self.max_finished, self.ttl_s = max_finished, ttl_s
+                 clock: Callable[[], float] = time.monotonic, max_bytes: int = DEFAULT_BYTES):
+        self.max_finished, self.ttl_s, self.max_bytes = max_finished, ttl_s, max_bytes
         self._clock = clock
         self._runs: OrderedDict[str, BackgroundRun] = OrderedDict()
 
@@ -121,8 +125,12 @@ class BackgroundRuns:
             if now - r.ended_at > self.ttl_s:
                 del self._runs[r.rid]
         finished = [r for r in finished if r.rid in self._runs]
-        for r in finished[:max(0, len(finished) - self.max_finished)]:
+        held = sum(r.nbytes for r in finished)
+        for i, r in enumerate(finished):
+            if len(finished) - i <= self.max_finished and held <= self.max_bytes:
+                break
             del self._runs[r.rid]
+            held -= r.nbytes
 
     async def cancel(self, run: BackgroundRun) -> None:
         """Stop ``run``'s generation (its engine requests are aborted) and wait for its task to mark it

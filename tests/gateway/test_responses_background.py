@@ -86,6 +86,21 @@ def test_finished_runs_are_kept_within_count_and_age_running_ones_always():
     assert runs.get("resp_run") is None and len(runs) == 1
 
 
+def test_finished_runs_are_kept_within_their_events_bytes():
+    runs = BackgroundRuns(max_finished=10, max_bytes=100)
+    for i in range(3):
+        run = runs.new(f"resp_{i}")
+        run.add(b"x" * 40)
+        _ended(run)
+    big = runs.new("resp_big")
+    big.add(b"x" * 500)  # running: kept whatever it holds
+    runs.get("resp_big")
+    assert [rid for rid in ("resp_0", "resp_1", "resp_2") if runs.get(rid)] == ["resp_1", "resp_2"]
+    _ended(big)
+    runs.new("resp_next")
+    assert [rid for rid in ("resp_1", "resp_2", "resp_big") if runs.get(rid)] == []  # 580 bytes: all over
+
+
 def test_cancel_stops_the_task_and_waits_for_its_end():
     async def scenario():
         runs = BackgroundRuns()
