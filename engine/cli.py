@@ -53,7 +53,7 @@ def build_server(config: EngineConfig):
 
 
 def run(args) -> int:
-    from ignis.engine.loop_watchdog import LoopWatchdog
+    from ignis.shared.loop_watchdog import LoopWatchdog
     from ignis.kernels.backend import KernelPathError
     from ignis.shared import sdnotify
     from ignis.shared.demo import DemoModelUnavailable

@@ -169,7 +169,7 @@ class EngineConfig:
     watchdog_timeout: float = field(default=300.0, metadata=field_doc(
         "abort the engine (every thread's stack in the log) when its loop stays this many seconds in one turn "
         "(a hung kernel or device sync), so ignis serve or systemd restarts it; a model load gets 600 s more; "
-        "0: off (SGLang's flag; engine.loop_watchdog)"))
+        "ignis serve gives the gateway's event loop the same value; 0: off (SGLang's flag; shared.loop_watchdog)"))
     log_requests: bool = field(default=True, metadata=field_doc(
         "log a done line per request at INFO (off: at DEBUG, as vLLM's --disable-log-requests; the metrics still "
         "count every request). Done lines hold counts and timings, never prompt or output text",

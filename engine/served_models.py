@@ -16,6 +16,10 @@ from collections import deque
 
 log = logging.getLogger("ignis.engine")
 
+LOAD_GRACE_S = 600.0
+"""How long a model load may hold the loop before the watchdogs count it stuck (systemd's start timeout is
+extended by as much while the engine loads)."""
+
 KEPT_WHILE_UNLOADED = ("max_model_len", "decode_lanes", "pool_pages_total", "vocab_size")
 """Stats a reply still carries while no model is loaded (the last loaded model's)."""
 

@@ -35,11 +35,10 @@ from ignis.engine.config import EngineConfig
 from ignis.engine.engine_stats import loaded_stats, set_gauges, unloaded_stats
 from ignis.engine.gateway_watch import GatewayWatch
 from ignis.engine.intake import Intake
-from ignis.engine.loop_watchdog import LOAD_GRACE_S
 from ignis.engine.lora_updates import AdapterRegistry, LoraUpdates
 from ignis.engine.metrics import EngineMetrics
 from ignis.engine.profiling import RoundProfiler
-from ignis.engine.served_models import ServedModels
+from ignis.engine.served_models import LOAD_GRACE_S, ServedModels
 from ignis.engine.token_streams import TokenStreams
 from ignis.shared.stop_request import StopRequest
 from ignis.shared.wire import (
@@ -156,7 +155,7 @@ class EngineServer:
 
     def stall(self) -> float:
         """Seconds the loop has spent in its current turn; a model load in progress counts only past its
-        grace (engine.loop_watchdog)."""
+        grace (``LOAD_GRACE_S``; shared.loop_watchdog)."""
         now, models = time.monotonic(), self.models
         loading = models.loading_since
         if loading is not None:

@@ -33,6 +33,7 @@ from ignis.gateway.tokenizer import load_model_files
 from ignis.shared import sdnotify
 from ignis.shared.flags import add_flags, from_args
 from ignis.shared.logs import setup_logging
+from ignis.shared.loop_watchdog import LoopWatchdog
 from ignis.shared.hf_cache import use_cache_dir
 from ignis.shared.model_names import model_specs
 from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
@@ -80,8 +81,11 @@ async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
     log.info("gateway serving on %s", url)
     print(f"READY {url}", flush=True)
     sdnotify.ready(f"serving on {url}")
-    watchdog = sdnotify.Watchdog(alive=sdnotify.LoopBeat(loop).alive).start()  # pings while the loop turns
+    beat = sdnotify.LoopBeat(loop)
+    watchdog = sdnotify.Watchdog(alive=beat.alive).start()  # pings while the loop turns
+    stuck = LoopWatchdog(config.watchdog_timeout, beat.stall, "gateway event loop").start()
     await stop.wait()
+    stuck.stop()
     watchdog.stop()
     sdnotify.stopping()
     log.info("gateway stopping")

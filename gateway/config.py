@@ -115,6 +115,10 @@ class GatewayConfig:
         "requests fail with HTTP 503"))
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
         "on SIGTERM: seconds to let in-flight HTTP requests finish"))
+    watchdog_timeout: float = field(default=300.0, metadata=field_doc(
+        "abort the gateway (every thread's stack in the log) when its event loop stays this many seconds in one "
+        "turn, so ignis serve or systemd restarts it; 0: off (the engine's flag of the same name; "
+        "shared.loop_watchdog)"))
     stream_buffer_bytes: int = field(default=4 << 20, metadata=field_doc(
         "output of one streamed response that may wait unwritten for a client that does not read, e.g. 4M; "
         "past it the request is aborted in the engine, its connection dropped and "
@@ -181,6 +185,8 @@ class GatewayConfig:
             raise ValueError(f"--stream-buffer-bytes must be at least 4096, got {self.stream_buffer_bytes!r}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if not self.watchdog_timeout >= 0:
+            raise ValueError(f"--watchdog-timeout must be seconds >= 0 (0: off), got {self.watchdog_timeout}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key must not be empty")
         for name in ("header_read_timeout", "body_read_timeout", "keepalive_timeout"):

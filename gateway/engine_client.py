@@ -23,8 +23,8 @@ decode our messages is not serving us); a heartbeat task asks for Stats every
 second, so a silent engine is noticed (``engine_alive``) and ``max_model_len``
 stays known. A monitor on the socket hears the connection drop the moment the
 engine process dies: the engine counts as gone at once (``lost``: waiting
-requests fail with 503 within a poll, new ones are refused without being
-sent) until a restarted engine answers on the same endpoint. The connection's routing id says so (``heartbeat_routing_id``):
+requests fail with 503 within a poll, questions waiting for an answer at
+once, new ones are refused without being sent) until a restarted engine answers on the same endpoint. The connection's routing id says so (``heartbeat_routing_id``):
 the engine aborts the requests of a gateway silent past its
 ``--gateway-silence-timeout``.
 """
@@ -313,6 +313,16 @@ class EngineClient:
         for engine_id, q in routes.items():
             q.put_nowait((engine_id, Finished(engine_id, "error", Usage(0, 0), message=message), None))
 
+    def _fail_questions(self) -> None:
+        """The engine is gone: a question waiting for its answer (Stats, a cache flush, an adapter update, a
+        profile) fails now rather than at its own timeout (up to minutes)."""
+        waiters, self._answer_waiters = list(self._answer_waiters.values()) + list(self._stats_waiters), {}
+        self._stats_waiters.clear()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(EngineUnavailable("the engine went away before it answered; it is being "
+                                                    "restarted"))
+
     async def _watch(self, monitor) -> None:
         """The socket's connection events: a drop means the engine process is gone (or restarting)."""
         try:
@@ -324,6 +334,7 @@ class EngineClient:
                         self.lost = True
                         self.last_seen = None
                         log.warning("the engine connection dropped: requests get 503 until an engine answers again")
+                        self._fail_questions()
                 elif event["event"] == zmq.EVENT_CONNECTED and self.lost:
                     self._reconnected = True
         finally:

@@ -111,5 +111,9 @@ class LoopBeat:
         self.last = time.monotonic()
         self.loop.call_later(self.every_s, self._beat)
 
+    def stall(self) -> float:
+        """Seconds since the loop last ran the beat (less the beat's own period)."""
+        return max(0.0, time.monotonic() - self.last - self.every_s)
+
     def alive(self) -> bool:
         return not self.loop.is_closed() and time.monotonic() - self.last < self.stall_s

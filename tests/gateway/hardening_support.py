@@ -2,7 +2,8 @@
 
 ``Gateway`` runs the process with the given flags (output in a file, read by
 ``log()``; ``--shutdown-timeout 5``: a probe's leftover connection cannot hold
-the stop past the test's wait); ``fake_gateway`` is a context manager that also runs the
+the stop past the test's wait; ``--watchdog-timeout 10``: a probe that blocks
+the event loop that long aborts the gateway and fails its test); ``fake_gateway`` is a context manager that also runs the
 ``FakeEngine`` (its context: 4096 tokens, so a body limit of 128 KiB and a
 character budget of 32,768).
 """
@@ -28,7 +29,7 @@ class Gateway:
         self.out = tmp / f"{name}.out"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", "--engine-endpoint", endpoint,
-             "--engine-timeout", "5", "--shutdown-timeout", "5", *extra],
+             "--engine-timeout", "5", "--shutdown-timeout", "5", "--watchdog-timeout", "10", *extra],
             stdout=self.out.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
         self.url = self._wait_ready()

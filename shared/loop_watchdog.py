@@ -1,17 +1,18 @@
-"""The engine's own watchdog (SGLang's ``--watchdog-timeout``): a loop stuck in one turn ends the process.
+"""A process's own watchdog (SGLang's ``--watchdog-timeout``): a loop stuck in one turn ends the process.
 
 A round that never returns (a hung kernel or device sync, a deadlock) leaves
 the engine's I/O thread answering Stats from its last snapshot, so the
-gateway's health check still passes while no request moves. A thread of this
-module looks at the loop every second; once it has not turned for
+gateway's health check still passes while no request moves; a gateway whose
+event loop is stuck holds every connection open and answers nothing. A thread
+of this module looks at the loop every second; once it has not turned for
 ``timeout_s`` seconds it logs a critical line, writes every thread's stack to
 stderr (where the stuck call is) and aborts the process (SIGABRT, as
-systemd's watchdog would), so whatever supervises the engine (``ignis serve``,
+systemd's watchdog would), so whatever supervises it (``ignis serve``,
 systemd's ``Restart=on-failure``) starts it again.
 
-``stall()`` is the server's: seconds its loop has spent in the current turn,
-a model load in progress counted only past its own grace
-(``LOAD_GRACE_S``: a 27B checkpoint read from a slow disk takes minutes).
+``stall()`` is the process's: seconds its loop has spent in the current turn
+(the engine counts a model load only past its grace, ``engine.server``; the
+gateway's is its ``LoopBeat``'s age).
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-log = logging.getLogger("ignis.engine")
+log = logging.getLogger("ignis")
 
-LOAD_GRACE_S = 600.0
-"""How long a model load may hold the loop before it counts as stuck (systemd's start timeout is extended by
-as much while the engine loads)."""
 CHECK_EVERY_S = 1.0
 
 
@@ -43,9 +41,10 @@ def abort_process(message: str) -> None:
 
 
 class LoopWatchdog:
-    def __init__(self, timeout_s: float, stall: Callable[[], float],
+    def __init__(self, timeout_s: float, stall: Callable[[], float], what: str = "engine loop",
                  abort: Callable[[str], None] = abort_process, every_s: float = CHECK_EVERY_S):
         self.timeout_s = timeout_s
+        self.what = what
         self._stall = stall
         self._abort = abort
         self._every_s = every_s
@@ -66,9 +65,9 @@ class LoopWatchdog:
         stall = self._stall()
         if stall < self.timeout_s:
             return False
-        self._abort(f"the engine loop has been in one turn for {stall:.0f} s (--watchdog-timeout "
-                    f"{self.timeout_s:g}): a round is stuck (a hung kernel, device sync or lock); aborting so the "
-                    f"supervisor restarts the engine. Every thread's stack follows.")
+        self._abort(f"the {self.what} has been in one turn for {stall:.0f} s (--watchdog-timeout "
+                    f"{self.timeout_s:g}): it is stuck (a hung kernel, device sync, read or lock); aborting so the "
+                    f"supervisor restarts the process. Every thread's stack follows.")
         return True
 
     def _run(self) -> None:
