@@ -161,5 +161,12 @@ class ResponsesResponse(EndpointResponse):
 
 
 def _error_of(err: ApiError) -> dict:
-    """A failed response's ``error``."""
-    return {"code": "rate_limit_exceeded" if err.status == 429 else "server_error", "message": err.message}
+    """A failed response's ``error``, its ``code`` one of OpenAI's: a full queue is ``rate_limit_exceeded``,
+    a prompt the engine refuses (too long for the context) ``invalid_prompt``, anything else ``server_error``."""
+    if err.status == 429:
+        code = "rate_limit_exceeded"
+    elif 400 <= err.status < 500:
+        code = "invalid_prompt"
+    else:
+        code = "server_error"
+    return {"code": code, "message": err.message}
