@@ -106,7 +106,8 @@ class EngineConfig:
     speculative_tokens: int = field(default=0, metadata=field_doc(
         "speculative decoding: the checkpoint's multi-token-prediction head drafts up to K tokens per decode "
         "step and the model verifies them in the same forward (requests without penalties, logit bias, allowed ids, "
-        "bad words, min_tokens, thinking budget or grammar; greedy output is unchanged, sampled output keeps its distribution). "
+        "bad words, min_tokens or thinking budget, and greedy ones under a grammar without logprobs; greedy output is "
+        "unchanged, sampled output keeps its distribution). "
         "Needs mtp.* weights and --kv-format bf16 (0: off; docs/speculative.md)"))
     language_model_only: bool = field(default=False, metadata=field_doc(
         "serve a multimodal checkpoint's language model alone (vLLM's flag): its vision tower is not read (less "

@@ -15,6 +15,12 @@ and masks the logits; ``advance`` feeds each sampled token to its matcher. Once 
 grammar is complete only the end-of-sequence tokens are allowed, so the
 request ends with "stop"; a matcher that fails allows only them too. A round
 without a constrained row touches nothing here.
+
+A greedy constrained request drafts under ``--speculative-tokens``: its first
+token is sampled under its mask as always, then ``held_targets`` takes the
+verify rows one at a time, each masked by the matcher's state after the
+tokens before it, and feeds the matcher every token the round outputs, so the
+invariant above holds and the output is plain constrained decode's.
 """
 
 from __future__ import annotations
@@ -110,6 +116,36 @@ class GrammarLanes:
         buf = rnd.filled.result()
         with torch.inference_mode():  # the forward's output is an inference tensor
             self.masks.apply(logits, buf, rnd.rows)
+
+    def held_targets(self, req_id: str, first: int, drafts: list[int], rows: torch.Tensor,
+                     vocab_limit: int | None) -> list[int]:
+        """The greedy targets ``[first, t1, ...]`` of a drafting request whose matcher has consumed ``first``:
+        row i of ``rows`` (the verify rows, [k, V]) is masked by the matcher after the drafts before it and
+        gives ``t(i+1)``; it stops after the first target that differs from its draft (that target is the
+        round's last token). Every target past ``first`` is fed to the matcher (they are all output:
+        ``engine.spec_decode.accepted_count``)."""
+        matcher = self.matchers[req_id]
+        targets = [first]
+        if not drafts or drafts[0] != first:
+            return targets
+        for i in range(len(drafts)):
+            if matcher.is_error() or matcher.is_stopped():
+                break
+            buf = self.masks.fill([(matcher, 0)], 1)
+            row = rows[i: i + 1].float().clone()
+            if vocab_limit is not None and vocab_limit < row.shape[-1]:
+                row[:, vocab_limit:] = float("-inf")
+            self.masks.apply(row, buf, [0])
+            if not torch.isfinite(row).any():
+                break
+            token = int(row.argmax(-1))
+            if not matcher.consume_token(token):
+                log.warning("grammar matcher failed on token %d: %s", token, matcher.get_error())
+                break
+            targets.append(token)
+            if i + 1 >= len(drafts) or drafts[i + 1] != token:
+                break
+        return targets
 
     def advance(self, rnd: RoundMasks, tokens: list[int]) -> None:
         """Feed each constrained row's sampled token to its matcher."""

@@ -28,8 +28,8 @@ On CUDA a round of decode steps only replays a captured graph
 (``engine.decode_graphs``) instead of launching the forward op by op.
 
 With a drafter (``use_drafter``, ``--speculative-tokens``), a round where a
-request that can speculate (no penalties, logit bias, allowed ids, bad words, min_tokens, thinking
-budget or grammar) takes part runs through ``engine.spec_round``: drafts, one verify forward, then acceptance
+request that can speculate (no penalties, logit bias, allowed ids, bad words, min_tokens or thinking
+budget; a grammar only when greedy and without logprobs) takes part runs through ``engine.spec_round``: drafts, one verify forward, then acceptance
 after the usual sampling; ``RoundResult.extra`` carries the accepted tokens,
 and a request that asked for logprobs gets one per token of the round, each
 from the verify forward's row that decided it (what plain decode computes
@@ -93,11 +93,21 @@ class ModelRunner:
         self.spec = spec
 
     def speculates(self, req_id: str) -> bool:
-        """``req_id`` drafts when a drafter is in use: its logits unadjusted and unconstrained (a sampled request's
-        drafts are verified by rejection sampling, ``engine.spec_sampling``)."""
+        """``req_id`` drafts when a drafter is in use: its logits unadjusted (a sampled request's drafts are
+        verified by rejection sampling, ``engine.spec_sampling``); under a grammar only a greedy one that asks
+        for no logprobs (its verify rows are masked one by one, ``GrammarLanes.held_targets``)."""
         st = self.samplers.get(req_id)
-        return (self.spec is not None and st is not None and not st.adjusted and req_id not in self._adapted
-                and not (self.grammars is not None and req_id in self.grammars.matchers))
+        if self.spec is None or st is None or st.adjusted or req_id in self._adapted:
+            return False
+        if self.grammars is not None and req_id in self.grammars.matchers:
+            return st.greedy and self.want_logprobs.get(req_id) is None
+        return True
+
+    def _held_targets(self, req_id: str, first: int, drafts: list[int], rows) -> list[int] | None:
+        """A drafting request's greedy targets under its grammar; None when it has none."""
+        if self.grammars is None or req_id not in self.grammars.matchers:
+            return None
+        return self.grammars.held_targets(req_id, first, drafts, rows, self.vocab_limit)
 
     def warm_up(self) -> None:
         """Compile every kernel variant a round can meet before the first request does.
@@ -270,7 +280,8 @@ class ModelRunner:
             self.grammars.advance(masks, tokens)  # a failed row's placeholder too: that request ends now
         result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors, prompt_logprobs=prompt_logprobs)
         if spec is not None:
-            result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers)
+            result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers,
+                                             self._held_targets)
             result.drafted = {rid: len(d) for rid, d in spec.drafts.items()}
             for rid, more in result.extra.items():
                 for token in more:

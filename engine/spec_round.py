@@ -93,10 +93,11 @@ def target_rows(rnd: SpecRound, req_id: str, accepted: int) -> torch.Tensor:
 
 
 def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str, int],
-           errors: dict[str, str], samplers: dict) -> dict[str, list[int]]:
+           errors: dict[str, str], samplers: dict, held=None) -> dict[str, list[int]]:
     """Acceptance, rollback and the head's next rows; -> the accepted tokens after each first token
     (a list for every lane that drafted, empty when it took none). A sampled lane that drafted gets its
-    first token (``tokens``) from the rejection sampling too."""
+    first token (``tokens``) from the rejection sampling too. ``held(req_id, first, drafts, rows)``: the
+    greedy targets of a request under a grammar (``GrammarLanes.held_targets``), None for a free one."""
     extra: dict[str, list[int]] = {}
     redo = []
     for d in plan.decodes:
@@ -111,6 +112,9 @@ def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str,
             targets = verify_sampled(ps, spec.draft_probs[rid], drafts, st.generator)
             tokens[rid] = targets[0]
             n = len(targets) - 1
+        elif drafts and rid not in errors and held is not None and (
+                targets := held(rid, tokens[rid], drafts, rnd.verify[rid])) is not None:
+            n = min(accepted_count(drafts, targets), len(targets) - 1)  # it may stop short of the drafts
         else:
             targets = [tokens[rid]] + (spec.argmax(rnd.verify[rid]) if drafts else [])
             n = 0 if rid in errors else accepted_count(drafts, targets)

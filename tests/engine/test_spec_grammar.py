@@ -1,0 +1,105 @@
+"""Speculative decoding under a grammar: greedy constrained requests draft, and their output is plain decode's.
+
+The demo model (Qwen3.5's real vocabulary) with a head fitted to its own
+greedy outputs (tests.engine.mtp_demo). A free-text tool-call grammar leaves
+the model's own text allowed, so its drafts are accepted in long runs; a JSON
+schema steers it away from what the head learned, so most drafts are refused
+and the verify rows' masked targets decide; either way the output equals the
+same requests decoded one token a step. Sampled or logprobs-asking
+constrained requests step plainly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ignis.engine.grammar_cache import GrammarCache
+from ignis.engine.grammar_lanes import GrammarLanes
+from ignis.engine.grammar_tokenizer import load_tokenizer
+from ignis.gateway.grammars import json_schema_grammar, tool_calls_grammar
+from ignis.shared.tokenizer_files import tokenizer_vocab_size
+from tests.engine.mtp_demo import demo_prompts, demo_with_head
+from tests.engine.spec_driver import generate, load
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "n": {"type": "integer"}}, "required": ["name", "n"]}
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    prompts = demo_prompts(n=4, length=16)
+    path = demo_with_head(tmp_path_factory.mktemp("spec-grammar") / "demo", prompts, max_tokens=32, steps=120)
+    config = json.loads((path / "config.json").read_text())
+    vocab = config.get("text_config", config)["vocab_size"]
+    eos = config.get("text_config", config).get("eos_token_id")
+    eos = tuple(eos) if isinstance(eos, list) else (eos,)
+    tok = load_tokenizer(path, vocab, eos)
+    return path, prompts, tok, tokenizer_vocab_size(path)
+
+
+def run(fitted, k: int, grammar: str, sampling: dict, per_request: dict | None = None, logprobs=None):
+    path, prompts, tok, limit = fitted
+    model, head = load(path)
+    lanes = GrammarLanes(GrammarCache(lambda: tok))
+    outs, _ = generate(model, head, prompts, k=k, max_tokens=24, lanes=len(prompts), pages=2 * len(prompts) + 2,
+                       prefill_budget=512, sampling=sampling, grammars=lanes,
+                       grammar_of={f"r{i}": grammar for i in range(len(prompts))}, vocab_limit=limit,
+                       per_request=per_request, logprobs=logprobs)
+    return outs
+
+
+def test_free_text_under_a_tool_call_grammar_drafts_long_runs_with_plain_output(fitted):
+    grammar = tool_calls_grammar([TOOL], "xml", {"get_weather"})
+    want = run(fitted, 0, grammar, {"temperature": 0.0, "ignore_eos": True})
+    for k in (1, 2):
+        drafted: dict = {}
+        assert run(fitted, k, grammar, {"temperature": 0.0, "ignore_eos": True}, drafted) == want, f"K={k}"
+        accepted = [n for runs in drafted.values() for n in runs]
+        assert len(drafted) == len(want) and max(accepted) == k, (k, drafted)
+
+
+def test_a_schema_that_refuses_the_drafts_keeps_plain_output(fitted):
+    grammar = json_schema_grammar(SCHEMA)
+    want = run(fitted, 0, grammar, {"temperature": 0.0})
+    drafted: dict = {}
+    assert run(fitted, 2, grammar, {"temperature": 0.0}, drafted) == want
+    assert drafted  # they drafted; their masked verify rows decided
+
+
+@pytest.mark.parametrize("sampling,logprobs", [({"temperature": 1.0, "seed": 3}, False),
+                                               ({"temperature": 0.0, "logprobs": True, "top_logprobs": 2}, True)])
+def test_sampled_or_logprobs_constrained_requests_step_plainly(fitted, sampling, logprobs):
+    grammar = tool_calls_grammar([TOOL], "xml", {"get_weather"})
+    want = run(fitted, 0, grammar, sampling, logprobs={} if logprobs else None)
+    drafted: dict = {}
+    assert run(fitted, 2, grammar, sampling, drafted, logprobs={} if logprobs else None) == want
+    assert drafted == {}
+
+
+def test_held_targets_mask_each_verify_row_by_the_tokens_before_it(fitted):
+    """The raw argmax of a verify row may be a token the grammar refuses there: the masked one decides (and
+    is accepted when it is the draft); every target is fed to the matcher."""
+    import torch
+
+    _, _, tok, limit = fitted
+    lanes = GrammarLanes(GrammarCache(lambda: tok))
+    closed = dict(SCHEMA, additionalProperties=False)  # after '{"' only the keys "name" and "n" may follow
+    assert lanes.constrain("r", json_schema_grammar(closed)) is None
+
+    def one(text: str) -> int:
+        [t] = tok.tokenize_str(text)
+        return t
+
+    brace, quote, x, name = one("{"), one('"'), one("x"), one("name")
+    matcher = lanes.matchers["r"]
+    assert matcher.consume_token(brace)  # the round's first token, sampled under its mask
+    rows = torch.zeros((2, tok.vocab_size))
+    rows[0, x], rows[0, quote] = 10.0, 5.0  # after "{": x is refused, the quote is the best allowed token
+    rows[1, name] = 3.0
+    assert lanes.held_targets("r", brace, [brace, quote], rows, limit) == [brace, quote, name]
+    assert matcher.validate_tokens([quote]) == 1  # it consumed '"' and 'name': the key's closing quote may follow
+    assert lanes.held_targets("r", quote, [brace, quote], rows, limit) == [quote]  # the first draft refused: stop
