@@ -110,3 +110,22 @@ def test_done_lines_count_accepted_drafts(spec_server, fitted_prompts):
     spec.completions.create(model="ignis-demo", prompt=fitted_prompts[7], **GREEDY)
     found = re.findall(r'"spec":\{"drafted":(\d+),"accepted":(\d+)', spec_server.err.read_text())
     assert found and any(int(a) > 0 for _, a in found), spec_server.log()
+
+
+def test_held_tool_calls_and_structured_outputs_draft_and_answer_as_plain_serve(server, spec_server):
+    """Greedy requests under a grammar draft (their verify rows masked one by one) and answer as plain serve."""
+    plain, spec = clients(server, spec_server)
+    weather = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    held = dict(model="ignis-demo", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[weather],
+                temperature=0, max_tokens=30, extra_body={"return_token_ids": True})
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
+    structured = dict(held, tools=None, response_format={"type": "json_schema", "json_schema": {
+        "name": "w", "schema": schema}})
+    for kw in (held, structured):
+        before = len(done_lines(spec_server))
+        want = plain.chat.completions.create(**{k: v for k, v in kw.items() if v is not None})
+        got = spec.chat.completions.create(**{k: v for k, v in kw.items() if v is not None})
+        assert got.choices[0].model_extra["token_ids"] == want.choices[0].model_extra["token_ids"]
+        done = wait_until(lambda: (lines := done_lines(spec_server))[before:] and lines, 20, "no done line")
+        assert re.search(r'"spec":\{"drafted":[1-9]', done[-1]), done[-1]
