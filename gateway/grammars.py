@@ -223,9 +223,8 @@ def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False)
 
 def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: bool = False) -> str:
     """The grammar of an answer the model may write as it likes, calls included, where each call is of
-    one of ``tools`` (``tool_choice`` ``auto`` with ``allowed_tools``) and a tool named in ``held`` (its
-    ``strict``, or every allowed one) has its arguments held to its schema; any other's are free in the
-    format's shape. Text runs free up to ``<tool_call>\\n``; after a call more text or calls may follow."""
+    one of ``tools`` (with ``allowed_tools``: the allowed ones) and a tool named in ``held`` (``strict:
+    true``) has its arguments held to its schema; any other's are free in the format's shape. Text runs free up to ``<tool_call>\\n``; after a call more text or calls may follow."""
     parser = _parser(parser)
     options = LENIENT_JSON if lenient else JSON_OPTIONS
     if not tools:

@@ -66,6 +66,9 @@ class GatewayMetrics(ProcessMetrics):
     def tool_ignored(self, tool: str) -> None:
         self.tools_ignored.labels(self.model_name, tool).inc()
 
+    def background_ended(self, status: str) -> None:
+        self.background.labels(self.model_name, status).inc()
+
     def mark_missing(self, missing: tuple[tuple[str, str], ...]) -> None:
         """Count each ``(mark, reason)`` of one request."""
         for mark, reason in missing:

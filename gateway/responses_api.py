@@ -71,6 +71,7 @@ from ignis.gateway.responses_output import OutputItems, item_id
 from ignis.gateway.responses_store import ResponseStore
 from ignis.gateway.responses_tools import ToolNames, translate_tool_choice, translate_tools
 from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.stream_writer import SseResponse
 from ignis.gateway.tokenizer import TextTokenizer
 
 log = logging.getLogger("ignis.gateway")
@@ -298,7 +299,7 @@ async def _start_background(req: GenerationRequest, turn: ResponsesTurn) -> Back
             turn.response.failed(err)
         finally:
             if run.done:
-                req.gw.metrics.background.labels(req.gw.metrics.model_name, run.status).inc()
+                req.gw.metrics.background_ended(run.status)
 
     run.task = task = asyncio.create_task(generate(), name=f"background {turn.rid}")
     await asyncio.wait([sent, task], return_when=asyncio.FIRST_COMPLETED)
@@ -311,9 +312,9 @@ async def _start_background(req: GenerationRequest, turn: ResponsesTurn) -> Back
 
 async def _follow(request: web.Request, run: BackgroundRun, after: int) -> web.StreamResponse:
     """``run``'s events after sequence number ``after``, as they come, until it ends."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Accel-Buffering": "no"})
+    resp = SseResponse()
     await resp.prepare(request)
+    await resp.write(b"")  # the headers now, before any event comes
     sent = after + 1
     try:
         while True:
