@@ -33,13 +33,15 @@ from ignis.gateway.tokenizer import load_model_files
 from ignis.shared import sdnotify
 from ignis.shared.flags import add_flags, from_args
 from ignis.shared.logs import setup_logging
-from ignis.shared.loop_watchdog import LoopWatchdog
+from ignis.shared.loop_watchdog import LoopWatchdog, StopDeadline
 from ignis.shared.hf_cache import use_cache_dir
 from ignis.shared.model_names import model_specs
 from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
 from ignis.shared.tokenizer_files import TokenizerFilesError
 
 log = logging.getLogger("ignis.gateway")
+
+STOP_SPARE_S = 10.0
 
 
 def add_arguments(parser) -> None:
@@ -58,6 +60,13 @@ def _endpoint(config: GatewayConfig) -> str:
     if config.engine_endpoint:
         return config.engine_endpoint
     return endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
+
+
+def stop_deadline_s(shutdown_timeout: float) -> float:
+    """How long a stop may take before it counts as stuck: background responses get ``--shutdown-timeout``,
+    then aiohttp gives each open request that long to finish and that long again once cancelled (each rounded
+    up to a second), then the engine connection closes at once; 10 s spare."""
+    return 3 * shutdown_timeout + STOP_SPARE_S
 
 
 async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
@@ -89,6 +98,7 @@ async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
     watchdog.stop()
     sdnotify.stopping()
     log.info("gateway stopping")
+    StopDeadline(stop_deadline_s(config.shutdown_timeout), "gateway").start()
     server.close()
     await runner.cleanup()
     return 0

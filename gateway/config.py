@@ -114,7 +114,8 @@ class GatewayConfig:
         "seconds without any answer from the engine (it is asked for stats every second) before waiting "
         "requests fail with HTTP 503"))
     shutdown_timeout: float = field(default=30.0, metadata=field_doc(
-        "on SIGTERM: seconds to let in-flight HTTP requests finish"))
+        "on SIGTERM: seconds to let in-flight HTTP requests (and background responses) finish; a stop "
+        "still going 3x this plus 10 s later is stuck: the gateway logs every thread's stack and exits 1"))
     watchdog_timeout: float = field(default=300.0, metadata=field_doc(
         "abort the gateway (every thread's stack in the log) when its event loop stays this many seconds in one "
         "turn, so ignis serve or systemd restarts it; 0: off (the engine's flag of the same name; "

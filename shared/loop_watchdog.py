@@ -13,6 +13,12 @@ systemd's ``Restart=on-failure``) starts it again.
 ``stall()`` is the process's: seconds its loop has spent in the current turn
 (the engine counts a model load only past its grace, ``engine.server``; the
 gateway's is its ``LoopBeat``'s age).
+
+``StopDeadline`` bounds a stop: once a process has begun stopping (SIGTERM),
+one that has not exited within its deadline (its own graceful budget plus a
+margin) logs a critical line and every thread's stack and exits with status 1,
+so a stuck stop is a failed stop with its cause in the log rather than a
+process that lingers until systemd's SIGKILL.
 """
 
 from __future__ import annotations
@@ -29,15 +35,27 @@ log = logging.getLogger("ignis")
 CHECK_EVERY_S = 1.0
 
 
-def abort_process(message: str) -> None:
-    """Log ``message``, every thread's stack, and abort."""
+def _log_critical(message: str) -> None:
     log.critical(message)
     for handler in logging.getLogger().handlers:
         handler.flush()
+
+
+def abort_process(message: str) -> None:
+    """Log ``message``, every thread's stack, and abort."""
+    _log_critical(message)
     if not faulthandler.is_enabled():  # enabled (shared.logs): the abort itself writes the stacks
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     sys.stderr.flush()
     os.abort()
+
+
+def exit_stuck(message: str) -> None:
+    """Log ``message``, every thread's stack, and exit with status 1 at once (no cleanup: it is stuck)."""
+    _log_critical(message)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 class LoopWatchdog:
@@ -74,3 +92,27 @@ class LoopWatchdog:
         while not self._stop.wait(self._every_s):
             if self.check():
                 return
+
+
+class StopDeadline:
+    """Started when a stop begins: after ``deadline_s`` seconds the process is still here, so it is stuck."""
+
+    def __init__(self, deadline_s: float, what: str, exit: Callable[[str], None] = exit_stuck):
+        self.deadline_s = deadline_s
+        self.what = what
+        self._exit = exit
+        self._timer = threading.Timer(deadline_s, self._expired)
+        self._timer.daemon = True
+        self._timer.name = "stop-deadline"
+
+    def start(self) -> StopDeadline:
+        self._timer.start()
+        return self
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _expired(self) -> None:
+        self._exit(f"the {self.what} has not stopped {self.deadline_s:g} s after it was told to (its graceful "
+                   f"shutdown is bounded below that): something in its stop is stuck (a request handler, a thread, "
+                   f"a socket); exiting with status 1. Every thread's stack follows.")
