@@ -102,7 +102,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if len(prompts) * p.n > MAX_CHOICES:
         raise f.error("n", f"{len(prompts)} prompts times n = {p.n} is more than {MAX_CHOICES} choices")
     default = min(DEFAULT_MAX_TOKENS, gw.sampling_defaults.max_new_tokens or DEFAULT_MAX_TOKENS)
-    limits = [await gw.max_tokens(len(ids), p.max_tokens, default) for ids in prompts]
+    limits = [await gw.max_tokens(len(ids), p.max_tokens, default, field="prompt") for ids in prompts]
     echo_texts = [""] * len(prompts)
     if echo:
         echo_texts = [text if text is not None else gw.tokenizer.decode(ids, skip_special_tokens=False)

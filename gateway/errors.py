@@ -14,6 +14,14 @@ with an HTTP status:
     500 internal_error               a gateway bug; the message carries a request id (also in the
                                      X-Request-Id header) that the logged traceback names too;
                                      never a trace or a path
+
+A prompt past the context (``ContextTooLong``) is worded as each API's own
+service words it, because agent clients read those words: OpenAI's "This
+model's maximum context length is N tokens. However, ..." (with the counts
+that clients parse to compact their history) and Anthropic's "prompt is too
+long: P tokens > N maximum" or "input length and `max_tokens` exceed context
+limit: P + M > N, ..." (Claude Code compacts on the first and retries with a
+smaller ``max_tokens`` on the second).
 """
 
 from __future__ import annotations
@@ -52,15 +60,27 @@ class ApiError(Exception):
         """This error naming ``param`` instead (in its message too): a field as the client's API spells it."""
         if self.param is None or param == self.param:
             return self
-        return ApiError(self.status, self.message.replace(self.param, param), param=param, code=self.code,
-                        type=self.type, retry_after=self.retry_after, close=self.close, headers=self.headers)
+        err = self._clone()
+        err.message, err.param = self.message.replace(self.param, param), param
+        err.args = (err.message,)
+        return err
+
+    def _clone(self) -> ApiError:
+        """A copy of this error, of its class (``copy.copy`` would call ``__init__`` with the message alone)."""
+        err = type(self).__new__(type(self))
+        err.__dict__.update(self.__dict__)
+        err.args = self.args
+        return err
 
     def anthropic_body(self) -> dict:
         """The error in Anthropic's shape (its Messages API routes)."""
         kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
         kind = kinds.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+        message = self.message
+        if self.code == "context_length_exceeded" and not message.startswith("prompt is too long"):
+            message = "prompt is too long: " + message  # the words Anthropic's clients look for
+        return {"type": "error", "error": {"type": kind, "message": message}}
 
     def response(self, anthropic: bool = False) -> web.Response:
         headers = dict(self.headers)
@@ -80,6 +100,36 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 def context_length_exceeded(message: str) -> ApiError:
     return ApiError(400, message, param="messages", code="context_length_exceeded")
+
+
+class ContextTooLong(ApiError):
+    """A prompt of ``prompt`` tokens (and ``completion`` tokens asked for, when that is what overflows) past a
+    context of ``limit``; ``field``: what holds the prompt (``messages`` for chat, ``prompt`` for completions)."""
+
+    def __init__(self, limit: int, prompt: int, completion: int | None = None, field: str = "messages"):
+        self.limit, self.prompt, self.completion = limit, prompt, completion
+        head = f"This model's maximum context length is {limit} tokens. However, "
+        if completion is None:
+            message = (f"{head}your {field} resulted in {prompt} tokens. Please reduce the length of the "
+                       f"{field}.")
+        else:
+            message = (f"{head}you requested {prompt + completion} tokens ({prompt} in the {field}, {completion} "
+                       f"in the completion). Please reduce the length of the {field} or completion.")
+        super().__init__(400, message, param=field, code="context_length_exceeded")
+
+    def renamed(self, param: str) -> ApiError:
+        """The field renamed; the words stay (clients match them as they are)."""
+        err = self._clone()
+        err.param = param
+        return err
+
+    def anthropic_body(self) -> dict:
+        if self.completion is None:
+            message = f"prompt is too long: {self.prompt} tokens > {self.limit} maximum"
+        else:
+            message = (f"input length and `max_tokens` exceed context limit: {self.prompt} + {self.completion} > "
+                       f"{self.limit}, decrease input length or `max_tokens` and try again")
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
 
 
 def engine_unavailable(message: str = "the engine is not answering; try again shortly") -> ApiError:

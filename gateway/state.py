@@ -15,7 +15,7 @@ from aiohttp import web
 from ignis.gateway.chat_template import ChatTemplate
 from ignis.gateway.config import GatewayConfig
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
-from ignis.gateway.errors import ApiError, context_length_exceeded, engine_unavailable
+from ignis.gateway.errors import ApiError, ContextTooLong, engine_unavailable
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.sampling_defaults import SamplingDefaults
 from ignis.gateway.tokenizer import TextTokenizer
@@ -95,17 +95,18 @@ class GatewayState:
         except EngineUnavailable:
             raise engine_unavailable() from None
 
-    async def max_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
-        """The completion budget: requested, else ``default`` or the rest of the context."""
+    async def max_tokens(self, prompt_len: int, requested: int | None, default: int | None,
+                         field: str = "messages") -> int:
+        """The completion budget: requested, else ``default`` or the rest of the context (``field``: what holds
+        the prompt, named by the error when it does not fit)."""
         limit = await self.max_model_len()
-        if prompt_len >= limit:
-            raise context_length_exceeded(
-                f"this model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens")
+        if prompt_len > limit:
+            raise ContextTooLong(limit, prompt_len, field=field)
+        if prompt_len == limit:  # it fits, but leaves no room for a token
+            raise ContextTooLong(limit, prompt_len, requested or 1, field=field)
         room = limit - prompt_len
         if requested is None:
             return min(default, room) if default is not None else room
         if requested > room:
-            raise context_length_exceeded(
-                f"this model's maximum context length is {limit} tokens; the prompt has {prompt_len} tokens and "
-                f"{requested} completion tokens were asked for ({prompt_len + requested} in all)")
+            raise ContextTooLong(limit, prompt_len, requested, field=field)
         return requested
