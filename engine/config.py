@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ignis.engine.speculative_config import speculative_tokens_of
+from ignis.engine.speculative_config import LOOKUP_DEFAULT, METHODS, lookup_bounds, read_speculative_config
 from ignis.shared.flags import field_doc, parse_bytes, parse_count, parse_optional_count
 from ignis.shared.model_names import DOWNLOAD_DIR_HELP, LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
@@ -104,18 +104,28 @@ class EngineConfig:
         "most tokens per request, prompt + completion, e.g. 262144, 256K or 32k (default, or auto: the model's "
         "context, capped by the pool)", aliases=("--context-length",), parse=parse_optional_count))
     speculative_tokens: int = field(default=0, metadata=field_doc(
-        "speculative decoding: the checkpoint's multi-token-prediction head drafts up to K tokens per decode "
+        "speculative decoding: the drafter (--speculative-method) proposes up to K tokens per decode "
         "step and the model verifies them in the same forward (requests without penalties, logit bias, allowed ids, "
         "bad words, min_tokens or thinking budget, and greedy ones under a grammar without logprobs; greedy output is "
         "unchanged, sampled output keeps its distribution). "
-        "Needs mtp.* weights and --kv-format bf16 (0: off; docs/speculative.md)"))
+        "Needs --kv-format bf16 (0: off; docs/speculative.md)"))
+    speculative_method: str = field(default="mtp", metadata=field_doc(
+        "the drafter of --speculative-tokens: mtp, the checkpoint's multi-token-prediction head (mtp.* weights); "
+        "ngram, prompt lookup: the tokens that followed the last n-gram's most recent earlier occurrence in the "
+        "request's own prompt and output (no weights; for answers that copy what they were given)",
+        choices=METHODS))
+    prompt_lookup_min: int | None = field(default=None, metadata=field_doc(
+        "--speculative-method ngram: the shortest suffix looked up (vLLM's key; default: --prompt-lookup-max, "
+        "or 5 when neither is given)"))
+    prompt_lookup_max: int | None = field(default=None, metadata=field_doc(
+        "--speculative-method ngram: the longest suffix looked up, tried first (default: --prompt-lookup-min, or 5)"))
     language_model_only: bool = field(default=False, metadata=field_doc(
         "serve a multimodal checkpoint's language model alone (vLLM's flag): its vision tower is not read (less "
         "device memory, a faster load) and requests with images are refused; the gateway takes the flag too"))
     speculative_config: str | None = field(default=None, metadata=field_doc(
         "vLLM's JSON form of --speculative-tokens: '{\"method\": \"mtp\", \"num_speculative_tokens\": K}' "
-        "(method mtp, qwen3_next_mtp or qwen3_5_mtp: the checkpoint's own multi-token-prediction head; other "
-        "drafters are refused)"))
+        "(method mtp, qwen3_next_mtp or qwen3_5_mtp: the checkpoint's own multi-token-prediction head; ngram, with "
+        "prompt_lookup_min and prompt_lookup_max: prompt lookup; other drafters are refused)"))
     reuse_prompt: bool = field(default=True, metadata=field_doc(
         "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)",
         aliases=("--enable-prefix-caching",), off_aliases=("--no-enable-prefix-caching", "--disable-radix-cache")))
@@ -190,6 +200,24 @@ class EngineConfig:
         "abort the requests of a gateway that heartbeats (asks for stats every second) once it has been silent "
         "this many seconds (0: only a gateway whose connection is gone loses its requests)"))
 
+    def _take_speculative_config(self, choice) -> None:
+        """``--speculative-config``'s choice, which the plain flags, where given, must agree with."""
+        flag = "--speculative-config"
+        if self.speculative_tokens not in (0, choice.tokens):
+            raise ValueError(f"{flag} asks for {choice.tokens} draft tokens and --speculative-tokens for "
+                             f"{self.speculative_tokens}")
+        if self.speculative_method != "mtp" and self.speculative_method != choice.method:
+            raise ValueError(f"{flag} asks for method {choice.method} and --speculative-method for "
+                             f"{self.speculative_method}")
+        for name, value in (("prompt_lookup_min", choice.lookup_min), ("prompt_lookup_max", choice.lookup_max)):
+            given = getattr(self, name)
+            if value is not None and given is not None and given != value:
+                raise ValueError(f"{flag} asks for {name} {value} and --{name.replace('_', '-')} for {given}")
+            if value is not None:
+                object.__setattr__(self, name, value)
+        object.__setattr__(self, "speculative_tokens", choice.tokens)
+        object.__setattr__(self, "speculative_method", choice.method)
+
     def __post_init__(self):
         positive = {"decode_lanes": "--decode-lanes", "max_prefill_tokens_per_round": "--max-prefill-tokens-per-round",
                     "max_queue": "--max-queue", "max_lora_rank": "--max-lora-rank"}
@@ -198,10 +226,22 @@ class EngineConfig:
             if type(value) is not int or value < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
         if self.speculative_config is not None:
-            object.__setattr__(self, "speculative_tokens",
-                               speculative_tokens_of(self.speculative_config, self.speculative_tokens))
+            self._take_speculative_config(read_speculative_config(self.speculative_config))
         if type(self.speculative_tokens) is not int or not 0 <= self.speculative_tokens <= 16:
             raise ValueError(f"--speculative-tokens must be an integer from 0 to 16, got {self.speculative_tokens!r}")
+        if self.speculative_method not in METHODS:
+            raise ValueError(f"--speculative-method must be one of {', '.join(METHODS)}, got "
+                             f"{self.speculative_method!r}")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.speculative_method == "ngram":
+            low, high = lookup_bounds(self.prompt_lookup_min, self.prompt_lookup_max, LOOKUP_DEFAULT)
+            if low > high:
+                raise ValueError(f"--prompt-lookup-min {low} is above --prompt-lookup-max {high}")
+            object.__setattr__(self, "prompt_lookup_min", low)
+            object.__setattr__(self, "prompt_lookup_max", high)
         for name, flag in (("kv_pool_tokens", "--kv-pool-tokens"), ("kv_memory_bytes", "--kv-memory-bytes"),
                            ("max_model_len", "--max-model-len")):
             value = getattr(self, name)

@@ -89,7 +89,8 @@ class ModelRunner:
         return getattr(self.model, "lora", None)
 
     def use_drafter(self, spec) -> None:
-        """Speculate with ``spec`` (an ``engine.spec_decode.SpecDecoder``) from the next round on."""
+        """Speculate with ``spec`` (an ``engine.spec_decode.DraftVerifier``: the multi-token-prediction head's
+        ``SpecDecoder`` or prompt lookup's ``engine.ngram_drafter.NgramDrafter``) from the next round on."""
         self.spec = spec
 
     def speculates(self, req_id: str) -> bool:
@@ -166,8 +167,10 @@ class ModelRunner:
         for src, dst in plan.copies_before:
             self.state.copy_page(src, dst)
         if self.spec is not None:
-            for lane in [s.lane for s in plan.started] + [p.lane for p in plan.preempted]:
-                self.spec.forget(lane)
+            for p in plan.preempted:
+                self.spec.forget(p.lane)
+            for s in plan.started:
+                self.spec.begin(s.lane, s.prompt_ids + s.generated)
         for s in plan.started:
             if self.lora is not None:
                 self.lora.assign(s.lane, s.adapter)

@@ -112,18 +112,22 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     require_kernel_path(ops, torch.device(device).type, config.allow_torch_fallback)  # KernelPathError
     # the drafter's tensors stay on disk unless speculative decoding uses them
     spec_k = config.speculative_tokens
-    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=spec_k > 0,
+    mtp_k = spec_k if config.speculative_method == "mtp" else 0  # prompt lookup needs no weights
+    model, ckpt = load_model(model_dir, dtype=config.dtype, device=device, ops=ops, drafter=mtp_k > 0,
                              vision=not config.language_model_only)
     if config.language_model_only and ckpt.set_aside.get("vision"):
         log.info("vision tower of %s not loaded (--language-model-only): requests with images are refused", name)
     cfg = ckpt.config
     _attach_adapters(config, name, model, adapters)
-    if spec_k and not ckpt.has_drafter:
+    if mtp_k and not ckpt.has_drafter:
         raise ValueError(f"--speculative-tokens {spec_k}: {model_dir} has no drafter to speculate with "
-                         f"({ckpt.drafter_note})")
+                         f"({ckpt.drafter_note}); --speculative-method ngram drafts without one")
+    if spec_k and not mtp_k:
+        log.info("speculative decoding on: prompt lookup drafts up to %d tokens per step (n-grams of %d to %d "
+                 "tokens)", spec_k, config.prompt_lookup_min, config.prompt_lookup_max)
     if ckpt.has_drafter:
         log.info("multi-token-prediction drafter available: %s; speculative decoding %s", ckpt.drafter_note,
-                 f"on, {spec_k} draft tokens per step" if spec_k else "off (--speculative-tokens K)")
+                 f"on, {spec_k} draft tokens per step" if mtp_k else "off (--speculative-tokens K)")
     elif "mtp" in ckpt.set_aside:
         log.warning("mtp.* weights set aside: %s", ckpt.drafter_note)
     free, fraction = None, config.kv_memory_fraction
@@ -143,7 +147,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
         raise ValueError(f"--speculative-tokens needs --kv-format bf16, not {kv_format} (an exact window "
                          f"cannot be rolled back)")
     drafter_page_bytes = 0
-    if spec_k:
+    if mtp_k:
         from ignis.engine.memory_plan import kv_page_bytes
 
         drafter_page_bytes = kv_page_bytes(cfg, ckpt.dtype, "bf16") // max(1, len(cfg.full_layers)) \
@@ -163,7 +167,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
                                 scratch=graph_bs > 0)
     state.allocate_slots(device_slots, host_slots + staging)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
-    stamp = f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter={1 if spec_k else 0}"
+    # the head's KV is made alongside a retained image; prompt lookup keeps nothing of its own
+    stamp = f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter={1 if mtp_k else 0}"
     tiers, tier_client, staging_slot = NO_TIERS, None, None
     if tiers_on:
         from ignis.engine.tiers.wiring import connect_tiers
@@ -196,11 +201,16 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit,
                          grammars=grammar_lanes(model_dir, cfg.vocab_size, cfg.eos_token_ids, device),
                          image_cache_bytes=config.image_cache_bytes)
-    if spec_k:
+    if mtp_k:
         from ignis.engine.models.build import drafter_from_checkpoint
         from ignis.engine.spec_decode import SpecDecoder
 
         runner.use_drafter(SpecDecoder(model, drafter_from_checkpoint(ckpt), state, spec_k, vocab_limit))
+    elif spec_k:
+        from ignis.engine.ngram_drafter import NgramDrafter
+
+        runner.use_drafter(NgramDrafter(model, state, spec_k, config.prompt_lookup_min, config.prompt_lookup_max,
+                                        vocab_limit))
     runner.warm_up()
     if config.grammar_vocab == "at-load" or (config.grammar_vocab == "auto" and device == "cuda"):
         runner.grammars.prepare()

@@ -1,5 +1,9 @@
 """Speculative decoding with the multi-token-prediction head: drafts, their verification, and rollback.
 
+``DraftVerifier`` holds what any drafter shares (the rollback, greedy targets,
+the sampler workspace); ``SpecDecoder`` is the head's drafter and prompt
+lookup's is ``engine.ngram_drafter.NgramDrafter``.
+
 The runner (``engine.runner``) calls three things per round when speculation
 is on (``--speculative-tokens K``):
 
@@ -105,27 +109,79 @@ def accepted_count(drafts: list[int], targets: list[int]) -> int:
     return n
 
 
-class SpecDecoder:
-    """The drafter's device state (its KV, each lane's pending rows) and the round's drafting and rollback.
+class DraftVerifier:
+    """What every drafter shares: the verified window's rollback, greedy targets, the sampler workspace.
 
-    A head of several layers runs layer ``s % layers`` at draft step s (released heads have one); the
-    rows the head takes in go through layer 0 only, so a further layer attends to its own draft rows."""
+    A drafter (``SpecDecoder``, ``engine.ngram_drafter.NgramDrafter``) also answers ``begin`` and
+    ``forget`` (a lane starts over), ``keep`` (the tokens and rows a round computed) and ``draft``.
+    ``drafts_state``: whether its own state is part of what a retained image stands for (the
+    ``drafter=`` bit of the stamp)."""
 
-    def __init__(self, model, head, state: ModelState, k: int, vocab_limit: int | None = None):
+    drafts_state = False
+
+    def __init__(self, model, state: ModelState, k: int, vocab_limit: int | None = None):
         if k < 1:
             raise ValueError(f"--speculative-tokens must be >= 1 to speculate, got {k}")
         if state.kv_format != "bf16":
             raise ValueError("--speculative-tokens needs --kv-format bf16 (an hq-e8-2b exact window cannot be "
                              "rolled back)")
-        self.model, self.head, self.state, self.k = model, head, state, k
+        self.model, self.state, self.k = model, state, k
         self.vocab_limit = vocab_limit
+        self.workspace = SamplerWorkspace(model.cfg.vocab_size)
+        self.draft_probs: dict[str, list] = {}  # this round's sampled drafts: q of each (None: a point mass)
+
+    def begin(self, lane: int, tokens: tuple[int, ...]) -> None:
+        """A request takes ``lane``: ``tokens``, its prompt and any output so far."""
+        self.forget(lane)
+
+    def argmax(self, logits: torch.Tensor) -> list[int]:
+        """Greedy tokens of logits rows (ids past the tokenizer's vocabulary never win)."""
+        if self.vocab_limit is not None and self.vocab_limit < logits.shape[-1]:
+            logits = logits[:, : self.vocab_limit]
+        return logits.argmax(-1).tolist()
+
+    # ----- verification and rollback --------------------------------------------------
+    def snapshot(self, lanes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrent and conv state of ``lanes`` before the verify forward."""
+        idx = torch.tensor(lanes, device=self.state.ssm.device)
+        return self.state.ssm[:, idx].clone(), self.state.conv[:, idx].clone()
+
+    def rollback(self, lanes: list[int], saved: tuple[torch.Tensor, torch.Tensor],
+                 redo: list[tuple[SeqChunk, int]], record: RecurrenceInputs) -> None:
+        """Put the lanes of ``redo`` back to their pre-verify state (``saved``: the snapshot of
+        ``lanes``), then advance them over their accepted inputs: ``redo`` holds one chunk per lane and
+        its first row in the verify forward, whose recurrence inputs (``record``) go through the conv
+        and the delta rule again; projections, attention, MLPs and the head do not run."""
+        if not redo:
+            return
+        dev = self.state.ssm.device
+        chunks = [c for c, _ in redo]
+        ssm, conv = saved
+        idx = torch.tensor([c.slot for c in chunks], device=dev)
+        pick = torch.tensor([lanes.index(c.slot) for c in chunks], device=dev)
+        rows = torch.tensor([r + i for c, r in redo for i in range(len(c.tokens))], device=dev)
+        with torch.inference_mode():
+            self.state.ssm[:, idx] = ssm[:, pick]
+            self.state.conv[:, idx] = conv[:, pick]
+            self.model.advance_linear(ForwardBatch.build(chunks, dev), self.state, record.pick(rows))
+
+
+class SpecDecoder(DraftVerifier):
+    """The multi-token-prediction drafter: its device state (its KV, each lane's pending rows) and drafting.
+
+    A head of several layers runs layer ``s % layers`` at draft step s (released heads have one); the
+    rows the head takes in go through layer 0 only, so a further layer attends to its own draft rows."""
+
+    drafts_state = True  # the head's KV rows of a retained prefix are made with it
+
+    def __init__(self, model, head, state: ModelState, k: int, vocab_limit: int | None = None):
+        super().__init__(model, state, k, vocab_limit)
+        self.head = head
         pages = state.pages
         cfg = model.cfg
         self.kv = torch.zeros((head.num_layers, 2, pages.shape[2], PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim),
                               dtype=pages.dtype, device=pages.device)
         self.pending: dict[int, Pending] = {}
-        self.workspace = SamplerWorkspace(cfg.vocab_size)
-        self.draft_probs: dict[str, list[torch.Tensor]] = {}  # this round's sampled drafts: q of each
 
     # ----- lanes -------------------------------------------------------------------
     def forget(self, lane: int) -> None:
@@ -137,12 +193,6 @@ class SpecDecoder:
         self.pending[lane] = Pending(start, hidden, list(tokens))
 
     # ----- drafting ------------------------------------------------------------------
-    def argmax(self, logits: torch.Tensor) -> list[int]:
-        """Greedy tokens of logits rows (ids past the tokenizer's vocabulary never win)."""
-        if self.vocab_limit is not None and self.vocab_limit < logits.shape[-1]:
-            logits = logits[:, : self.vocab_limit]
-        return logits.argmax(-1).tolist()
-
     def _pick(self, logits: torch.Tensor, asks: list[DraftAsk]) -> list[int]:
         """One draft per ask from the head's logits rows: argmax, or a draw under the request's settings."""
         greedy = [a.sampler is None for a in asks]
@@ -207,28 +257,3 @@ class SpecDecoder:
             out_rows = out_rows.clone()
             out_rows[[i for i, _ in going]] = step_out
         return drafts
-
-    # ----- verification and rollback --------------------------------------------------
-    def snapshot(self, lanes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The recurrent and conv state of ``lanes`` before the verify forward."""
-        idx = torch.tensor(lanes, device=self.state.ssm.device)
-        return self.state.ssm[:, idx].clone(), self.state.conv[:, idx].clone()
-
-    def rollback(self, lanes: list[int], saved: tuple[torch.Tensor, torch.Tensor],
-                 redo: list[tuple[SeqChunk, int]], record: RecurrenceInputs) -> None:
-        """Put the lanes of ``redo`` back to their pre-verify state (``saved``: the snapshot of
-        ``lanes``), then advance them over their accepted inputs: ``redo`` holds one chunk per lane and
-        its first row in the verify forward, whose recurrence inputs (``record``) go through the conv
-        and the delta rule again; projections, attention, MLPs and the head do not run."""
-        if not redo:
-            return
-        dev = self.state.ssm.device
-        chunks = [c for c, _ in redo]
-        ssm, conv = saved
-        idx = torch.tensor([c.slot for c in chunks], device=dev)
-        pick = torch.tensor([lanes.index(c.slot) for c in chunks], device=dev)
-        rows = torch.tensor([r + i for c, r in redo for i in range(len(c.tokens))], device=dev)
-        with torch.inference_mode():
-            self.state.ssm[:, idx] = ssm[:, pick]
-            self.state.conv[:, idx] = conv[:, pick]
-            self.model.advance_linear(ForwardBatch.build(chunks, dev), self.state, record.pick(rows))

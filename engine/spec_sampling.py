@@ -44,14 +44,19 @@ def draw_from(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 def verify_sampled(p_rows: list[torch.Tensor], q_rows: list[torch.Tensor], drafts: list[int],
                    generator: torch.Generator) -> list[int]:
-    """The step's tokens: the kept drafts, then one drawn token. ``p_rows``: one more than drafts."""
+    """The step's tokens: the kept drafts, then one drawn token. ``p_rows``: one more than drafts; a ``q_rows``
+    entry None is a point mass on its draft (a drafter that proposes without a distribution: prompt lookup)."""
     out: list[int] = []
     for p, q, d in zip(p_rows, q_rows, drafts):
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        if u * float(q[d]) < float(p[d]):  # kept with probability min(1, p(d) / q(d))
+        if u * (1.0 if q is None else float(q[d])) < float(p[d]):  # kept with probability min(1, p(d) / q(d))
             out.append(d)
             continue
-        residual = (p - q).clamp_(min=0.0)
+        if q is None:  # max(p - q, 0) of a point mass: p without d
+            residual = p.clone()
+            residual[d] = 0.0
+        else:
+            residual = (p - q).clamp_(min=0.0)
         out.append(draw_from(residual if float(residual.sum()) > 0 else p, generator))
         return out
     out.append(draw_from(p_rows[len(drafts)], generator))

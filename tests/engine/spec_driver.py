@@ -27,12 +27,13 @@ def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int
              pages: int = 24, prefill_budget: int = 40, sampling: dict | None = None, rounds: int = 2000,
              reuse_slots: int = 0, events: dict | None = None, logprobs: dict | None = None,
              prompt_scores: dict | None = None, grammars=None, grammar_of: dict | None = None,
-             vocab_limit: int | None = None, per_request: dict | None = None):
+             vocab_limit: int | None = None, per_request: dict | None = None, drafter=None):
     """-> ({req_id: output ids}, [accepted drafts per speculative decode]). ``reuse_slots`` > 0: prompt reuse
     on, with that many host slots; ``events`` collects the FinishEvents; ``logprobs`` collects each request's
     TokenLogprobs, one per output token, in order; ``prompt_scores`` each request's PromptLogprobs;
     ``grammars`` (an ``engine.grammar_lanes.GrammarLanes``) constrains the requests ``grammar_of`` names
-    (req_id -> grammar); ``per_request`` collects each request's accepted drafts per round."""
+    (req_id -> grammar); ``per_request`` collects each request's accepted drafts per round; ``drafter(model,
+    state, k)`` makes the drafter (default: the multi-token-prediction ``head``'s)."""
     sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
                                       max_prefill_tokens_per_round=prefill_budget, speculative_tokens=k,
                                       max_queue=max(256, len(prompts))),
@@ -41,7 +42,7 @@ def generate(model, head, prompts: list[list[int]], k: int, max_tokens: list[int
     state.allocate_slots(0, reuse_slots)
     runner = ModelRunner(model, state, vocab_limit=vocab_limit, grammars=grammars)
     if k:
-        runner.use_drafter(SpecDecoder(model, head, state, k))
+        runner.use_drafter(drafter(model, state, k) if drafter is not None else SpecDecoder(model, head, state, k))
     limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     reqs = [Request(f"r{i}", tuple(p), SamplingParams(max_tokens=n, **(sampling or {})))
             for i, (p, n) in enumerate(zip(prompts, limits))]

@@ -83,3 +83,20 @@ def test_processed_probs_follow_the_requests_filters():
     p = processed_probs(logits, SamplingParams(temperature=0.5, top_k=2), ws, vocab_limit=5)
     assert p[5] == 0 and set(torch.nonzero(p).flatten().tolist()) == {0, 1}
     assert abs(float(p[0] / p[1]) - float(torch.exp(torch.tensor(2.0)))) < 1e-6
+
+
+def test_point_mass_drafts_keep_the_models_distribution():
+    """Prompt lookup's drafts are fixed tokens (q = None, a point mass): kept with probability p(d), a
+    rejection draws from p without d; the two-token joint is still the model's, for a draft the model
+    favours and one it does not."""
+    p0, p1, _, _ = toy(3)
+    joint = (p0[:, None] * p1).flatten()
+    for drafts in ([int(p0.argmax()), 1], [int(p0.argmin()), 2]):
+        gen = torch.Generator().manual_seed(31)
+        counts = torch.zeros(V * V, dtype=torch.float64)
+        for _ in range(4000):
+            out = verify_sampled([p0, p1[drafts[0]], p1[drafts[0]]], [None, None], drafts, gen)
+            if len(out) < 2:
+                out.append(verify_sampled([p1[out[0]]], [], [], gen)[0])
+            counts[out[0] * V + out[1]] += 1
+        assert chi_square(counts, joint) < CHI2_DF15_P001, (drafts, counts.tolist())

@@ -1,11 +1,11 @@
-"""vLLM's ``--speculative-config`` JSON as ``--speculative-tokens``: MTP methods only, every key honoured."""
+"""vLLM's ``--speculative-config`` JSON as ignis's speculative flags: MTP and prompt lookup, every key honoured."""
 
 from __future__ import annotations
 
 import pytest
 
 from ignis.engine.config import EngineConfig
-from ignis.engine.speculative_config import speculative_tokens_of
+from ignis.engine.speculative_config import SpeculativeChoice, read_speculative_config
 
 
 @pytest.mark.parametrize("text, k", [
@@ -14,25 +14,58 @@ from ignis.engine.speculative_config import speculative_tokens_of
     ('{"num_speculative_tokens": 1, "draft_tensor_parallel_size": 1}', 1),
 ])
 def test_mtp_configs_become_draft_tokens(text, k):
-    assert speculative_tokens_of(text) == k
-    assert EngineConfig(speculative_config=text).speculative_tokens == k
+    assert read_speculative_config(text) == SpeculativeChoice("mtp", k)
+    cfg = EngineConfig(speculative_config=text)
+    assert (cfg.speculative_tokens, cfg.speculative_method) == (k, "mtp")
     assert EngineConfig(speculative_config=text, speculative_tokens=k).speculative_tokens == k
+
+
+@pytest.mark.parametrize("text, bounds", [
+    ('{"method": "ngram", "num_speculative_tokens": 4}', (5, 5)),  # vLLM's defaults
+    ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}', (3, 3)),
+    ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}', (2, 2)),
+    ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}', (1, 4)),
+])
+def test_ngram_configs_become_prompt_lookup(text, bounds):
+    cfg = EngineConfig(speculative_config=text)
+    assert (cfg.speculative_method, cfg.speculative_tokens) == ("ngram", 4)
+    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == bounds
+    flags = EngineConfig(speculative_method="ngram", speculative_tokens=4, prompt_lookup_min=bounds[0],
+                         prompt_lookup_max=bounds[1])
+    assert (flags.prompt_lookup_min, flags.prompt_lookup_max) == bounds
 
 
 @pytest.mark.parametrize("text, words", [
     ("[]", "must be a JSON object"),
-    ('{"method": "ngram", "num_speculative_tokens": 2}', "method 'ngram' is not served"),
+    ('{"method": "eagle3", "num_speculative_tokens": 2}', "method 'eagle3' is not served"),
     ('{"method": "mtp"}', "num_speculative_tokens must be a positive integer, got None"),
     ('{"method": "mtp", "num_speculative_tokens": 0}', "positive integer, got 0"),
     ('{"method": "mtp", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}',
      "draft_tensor_parallel_size not taken"),
+    ('{"method": "mtp", "num_speculative_tokens": 2, "prompt_lookup_max": 3}', "prompt_lookup_max not taken"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 0}', "prompt_lookup_max must be a "
+                                                                                  "positive integer, got 0"),
 ])
 def test_what_ignis_does_not_draft_with_is_refused(text, words):
     with pytest.raises(ValueError, match="--speculative-config") as e:
-        speculative_tokens_of(text)
+        read_speculative_config(text)
     assert words in str(e.value)
 
 
-def test_more_than_ignis_verifies_is_refused_by_the_config():
-    with pytest.raises(ValueError, match="--speculative-tokens must be an integer from 0 to 16"):
-        EngineConfig(speculative_config='{"method": "mtp", "num_speculative_tokens": 17}')
+@pytest.mark.parametrize("kw, words", [
+    (dict(speculative_config='{"method": "mtp", "num_speculative_tokens": 17}'),
+     "--speculative-tokens must be an integer from 0 to 16"),
+    (dict(speculative_config='{"method": "mtp", "num_speculative_tokens": 2}', speculative_tokens=3),
+     "asks for 2 draft tokens and --speculative-tokens for 3"),
+    (dict(speculative_config='{"method": "mtp", "num_speculative_tokens": 2}', speculative_method="ngram"),
+     "asks for method mtp and --speculative-method for ngram"),
+    (dict(speculative_config='{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}',
+          prompt_lookup_max=4), "asks for prompt_lookup_max 3 and --prompt-lookup-max for 4"),
+    (dict(speculative_method="ngram", speculative_tokens=2, prompt_lookup_min=4, prompt_lookup_max=2),
+     "--prompt-lookup-min 4 is above --prompt-lookup-max 2"),
+    (dict(speculative_method="medusa"), "--speculative-method must be one of mtp, ngram"),
+    (dict(prompt_lookup_min=0), "--prompt-lookup-min must be a positive integer"),
+])
+def test_contradicting_or_bad_flags_stop_the_config(kw, words):
+    with pytest.raises(ValueError, match=words):
+        EngineConfig(**kw)

@@ -1,0 +1,124 @@
+"""Prompt-lookup drafting (engine.ngram_drafter): its lookups, its lanes' tokens, and output equal to plain decode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ignis.engine.models.build import load_model
+from ignis.engine.ngram_drafter import LaneTokens, NgramDrafter, propose
+from ignis.engine.scheduler import Scheduler
+from ignis.engine.spec_decode import DraftAsk
+from tests.engine.spec_driver import generate
+
+GREEDY = {"temperature": 0.0}
+
+
+def look(tokens, min_n, max_n, k):
+    arr = np.array(tokens + [0] * 7, dtype=np.int64)  # room past the length: only ``length`` counts
+    return propose(arr, len(tokens), min_n, max_n, k)
+
+
+def test_the_longest_suffix_wins_then_its_most_recent_occurrence():
+    #         0  1  2  3  4  5  6  7  8  9 10 11 12
+    tokens = [5, 6, 7, 1, 9, 6, 7, 2, 5, 6, 7, 3, 9] + [5, 6, 7]
+    # "5 6 7" (3 tokens) occurred at 0-2 and 8-10: the most recent, 8-10, is followed by 3 9 5
+    assert look(tokens, 1, 3, 3) == [3, 9, 5]
+    # at most 2 tokens: "6 7" last occurred at 9-10 as well
+    assert look(tokens, 1, 2, 2) == [3, 9]
+    # one token: "7" most recently at 10
+    assert look(tokens, 1, 1, 1) == [3]
+
+
+def test_bounds_room_and_no_match():
+    tokens = [1, 2, 3, 4, 8, 2, 3]
+    assert look(tokens, 3, 4, 4) == []  # "8 2 3" never occurred before; 2 tokens is below the minimum
+    assert look(tokens, 2, 4, 4) == [4, 8, 2, 3]  # "2 3" at 1-2, then what followed, up to the end
+    assert look(tokens, 2, 4, 9) == [4, 8, 2, 3]  # no further than the tokens known
+    assert look([4, 4, 4], 1, 5, 3) == [4]  # the longest earlier match ends at 1: only position 2 follows
+    assert look([7], 1, 3, 2) == [] and look([1, 2], 1, 3, 0) == []
+
+
+def test_lane_tokens_grow_without_losing_what_they_hold():
+    lane = LaneTokens(list(range(100)))
+    lane.put(100, list(range(100, 300)))
+    assert lane.length == 300 and lane.buf[:300].tolist() == list(range(300))
+    lane.put(150, [7])  # an earlier position written again: the length stays
+    assert lane.length == 300 and lane.buf[150] == 7
+
+
+class _Stub:
+    """Enough of a model and its state for a drafter's bookkeeping (no forward runs)."""
+
+    class cfg:
+        vocab_size = 16
+
+    kv_format = "bf16"
+
+
+def test_a_lane_follows_its_request_through_rounds_and_a_resume():
+    d = NgramDrafter(_Stub, _Stub, k=3, lookup_min=2, lookup_max=2)
+    prompt = (1, 2, 3, 4, 1, 2)
+    d.begin(0, prompt)
+    ask = DraftAsk("r", 0, position=6, token_id=3, pages=(), room=3)  # the first sampled token goes in at 6
+    assert d.draft([ask], []) == {"r": [4, 1, 2]}  # "2 3" occurred at 1-2
+    d.keep(0, 6, None, [4, 9])  # the round accepted 4 and the target's own 9 followed it
+    assert d.lanes[0].buf[: d.lanes[0].length].tolist() == [1, 2, 3, 4, 1, 2, 3, 4, 9]
+    ask = DraftAsk("r", 0, position=8, token_id=9, pages=(), room=3)
+    assert d.draft([ask], []) == {}  # "4 9" never occurred before
+    # a preempted request starts again with its output: the lane picks up where it was
+    d.forget(0)
+    d.begin(1, prompt + (3, 4, 9))
+    ask = DraftAsk("r", 1, position=8, token_id=9, pages=(), room=2)
+    assert d.lanes[1].length == 9 and d.draft([ask], []) == {}
+    assert d.draft([DraftAsk("s", 5, 3, 1, (), 2)], []) == {}  # a lane never begun drafts nothing
+    sampled = DraftAsk("t", 2, position=6, token_id=3, pages=(), room=2, sampler=object())
+    d.begin(2, prompt)
+    assert d.draft([sampled], []) == {"t": [4, 1]} and d.draft_probs == {"t": [None, None]}  # point masses
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_greedy_output_is_plain_decode_with_long_accepts(checkpoint_factory, family):
+    """A tiny random model falls into loops that lookups predict: full accepts and rejections both happen."""
+    model, _ = load_model(checkpoint_factory(family).path)
+    gen = torch.Generator().manual_seed(1)
+    ps = [torch.randint(2, 128, (n,), generator=gen).tolist() for n in (5, 70, 23, 130, 9)]
+    limits = [40, 7, 31, 2, 38]  # max_tokens cuts some lanes' drafts short
+    want, _ = generate(model, None, ps, k=0, max_tokens=limits, sampling=GREEDY)
+    for k in (1, 2, 4):
+        got, accepted = generate(model, None, ps, k=k, max_tokens=limits, sampling=GREEDY,
+                                 drafter=lambda m, s, k: NgramDrafter(m, s, k, 1, 3))
+        assert got == want, f"K={k}"
+        assert max(accepted) == k, f"K={k}: no round accepted all its drafts"
+        assert sum(accepted) >= 15, f"K={k}: {sum(accepted)} accepted"
+
+
+def test_preempted_lanes_resume_their_lookups_with_plain_output(checkpoint_factory, monkeypatch):
+    """A pool too small for every lane preempts a request; it resumes with its output in its lane's tokens."""
+    model, _ = load_model(checkpoint_factory("qwen3_5").path)
+    gen = torch.Generator().manual_seed(4)
+    ps = [torch.randint(2, 128, (n,), generator=gen).tolist() for n in (60, 70, 50, 65)]
+    want, _ = generate(model, None, ps, k=0, max_tokens=40, sampling=GREEDY, pages=7)
+    resumed = []
+    schedule = Scheduler.schedule
+
+    def counted(self):
+        plan = schedule(self)
+        resumed.extend(s.req_id for s in plan.started if s.generated)
+        return plan
+
+    monkeypatch.setattr(Scheduler, "schedule", counted)
+    got, accepted = generate(model, None, ps, k=3, max_tokens=40, sampling=GREEDY, pages=7,
+                             drafter=lambda m, s, k: NgramDrafter(m, s, k, 1, 3))
+    assert resumed, "no request was preempted and resumed"
+    assert got == want and sum(accepted) > 0
+
+
+def test_sampled_requests_draft_and_repeat_under_a_seed(checkpoint_factory):
+    model, _ = load_model(checkpoint_factory("qwen3_5").path)
+    gen = torch.Generator().manual_seed(2)
+    ps = [torch.randint(2, 128, (n,), generator=gen).tolist() for n in (12, 40)]
+    runs = [generate(model, None, ps, k=2, max_tokens=30, sampling={"temperature": 0.7, "seed": 5},
+                     drafter=lambda m, s, k: NgramDrafter(m, s, k, 1, 3)) for _ in range(2)]
+    assert runs[0][0] == runs[1][0] and all(len(v) == 30 for v in runs[0][0].values())
