@@ -79,8 +79,6 @@ class LaneTokens:
 class NgramDrafter(DraftVerifier):
     """Drafts of up to ``k`` tokens per lane looked up in its request's own tokens."""
 
-    drafts_state = False
-
     def __init__(self, model, state: ModelState, k: int, lookup_min: int = LOOKUP_DEFAULT,
                  lookup_max: int = LOOKUP_DEFAULT, vocab_limit: int | None = None):
         super().__init__(model, state, k, vocab_limit)

@@ -240,10 +240,13 @@ class ModelRunner:
         masks = self.grammars.begin(ids) if self.grammars is not None else None  # filled during the forward
         spec = hidden = None
         scored = [c for c in plan.prefills if self.scoring.wants(c.req_id)]
+        taking, drafts = set(), {}
         if self.spec is not None and any(self.speculates(r) for r in
                                          [d.req_id for d in plan.decodes] + [c.req_id for c in plan.prefills]):
-            spec = spec_round.forward(self.spec, self.model, self.state, plan, self.speculates, self.samplers,
-                                      self.device, chunks[len(plan.decodes):])
+            taking, drafts = spec_round.draft(self.spec, plan, self.speculates, self.samplers)
+        if drafts or (taking and self.spec.needs_rows):
+            spec = spec_round.forward(self.spec, self.model, self.state, plan, taking, drafts, self.device,
+                                      chunks[len(plan.decodes):])
             logits, hidden = spec.logits, spec.hidden
         elif (not plan.prefills and self.graphs is not None and self.graphs.takes(chunks)
               and not (self.lora is not None and self.lora.takes(c.slot for c in chunks))):

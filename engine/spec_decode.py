@@ -113,11 +113,9 @@ class DraftVerifier:
     """What every drafter shares: the verified window's rollback, greedy targets, the sampler workspace.
 
     A drafter (``SpecDecoder``, ``engine.ngram_drafter.NgramDrafter``) also answers ``begin`` and
-    ``forget`` (a lane starts over), ``keep`` (the tokens and rows a round computed) and ``draft``.
-    ``drafts_state``: whether its own state is part of what a retained image stands for (the
-    ``drafter=`` bit of the stamp)."""
+    ``forget`` (a lane starts over), ``keep`` (the tokens and rows a round computed) and ``draft``."""
 
-    drafts_state = False
+    needs_rows = False  # whether it takes in every round's rows (else a round where no lane drafted is plain)
 
     def __init__(self, model, state: ModelState, k: int, vocab_limit: int | None = None):
         if k < 1:
@@ -172,7 +170,7 @@ class SpecDecoder(DraftVerifier):
     A head of several layers runs layer ``s % layers`` at draft step s (released heads have one); the
     rows the head takes in go through layer 0 only, so a further layer attends to its own draft rows."""
 
-    drafts_state = True  # the head's KV rows of a retained prefix are made with it
+    needs_rows = True  # the head takes in the hidden rows of every position the target computes
 
     def __init__(self, model, head, state: ModelState, k: int, vocab_limit: int | None = None):
         super().__init__(model, state, k, vocab_limit)

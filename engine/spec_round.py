@@ -38,11 +38,10 @@ class SpecRound:
     sampled_row: dict[str, int] = field(default_factory=dict)  # req_id -> its row in ``logits``
 
 
-def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: dict, device,
-            prefill_chunks: list[SeqChunk]) -> SpecRound:
-    """Draft, then run the one verify forward of the round. ``samplers``: req_id -> SamplerState;
-    ``prefill_chunks``: the runner's chunks of ``plan.prefills`` (images and mRoPE positions in place).
-    A decode's positions carry its rotary offset (``rope_delta``: the shift a prompt's images leave)."""
+def draft(spec: SpecDecoder, plan: RoundPlan, takes, samplers: dict) -> tuple[set[str], dict[str, list[int]]]:
+    """The round's drafts: (the requests that take part, req_id -> its drafts). ``samplers``: req_id ->
+    SamplerState. When no lane drafted and the drafter needs no rows of this round
+    (``DraftVerifier.needs_rows``), the runner runs the round as a plain one (decode graphs included)."""
     taking = {d.req_id for d in plan.decodes if takes(d.req_id)} | {c.req_id for c in plan.prefills
                                                                     if takes(c.req_id)}
     asks = [DraftAsk(d.req_id, d.lane, d.position, d.token_id, d.pages, d.room,
@@ -50,7 +49,14 @@ def forward(spec: SpecDecoder, model, state, plan: RoundPlan, takes, samplers: d
             for d in plan.decodes if d.req_id in taking]
     catch_ups = [HeadCatchUp(c.lane, c.start, c.token_ids[0], c.pages) for c in plan.prefills
                  if c.req_id in taking]
-    drafts = spec.draft(asks, catch_ups)
+    return taking, spec.draft(asks, catch_ups)
+
+
+def forward(spec: SpecDecoder, model, state, plan: RoundPlan, taking: set[str], drafts: dict[str, list[int]],
+            device, prefill_chunks: list[SeqChunk]) -> SpecRound:
+    """The one verify forward of the round, after ``draft``. ``prefill_chunks``: the runner's chunks of
+    ``plan.prefills`` (images and mRoPE positions in place). A decode's positions carry its rotary offset
+    (``rope_delta``: the shift a prompt's images leave)."""
     plain = [d for d in plan.decodes if not drafts.get(d.req_id)]
     drafted = [d for d in plan.decodes if drafts.get(d.req_id)]
     chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane, rope_offset=d.rope_delta) for d in plain]

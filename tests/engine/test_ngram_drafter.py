@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from ignis.engine import spec_round
 from ignis.engine.models.build import load_model
 from ignis.engine.ngram_drafter import LaneTokens, NgramDrafter, propose
 from ignis.engine.scheduler import Scheduler
@@ -79,8 +80,17 @@ def test_a_lane_follows_its_request_through_rounds_and_a_resume():
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
-def test_greedy_output_is_plain_decode_with_long_accepts(checkpoint_factory, family):
-    """A tiny random model falls into loops that lookups predict: full accepts and rejections both happen."""
+def test_greedy_output_is_plain_decode_with_long_accepts(checkpoint_factory, family, monkeypatch):
+    """A tiny random model falls into loops that lookups predict: full accepts and rejections both happen.
+    A round where no lookup hit runs as a plain one (on CUDA: its decode graph), never as a verify forward."""
+    verified = []
+    forward = spec_round.forward
+
+    def counted(spec, model, state, plan, taking, drafts, *rest):
+        verified.append(len(drafts))
+        return forward(spec, model, state, plan, taking, drafts, *rest)
+
+    monkeypatch.setattr(spec_round, "forward", counted)
     model, _ = load_model(checkpoint_factory(family).path)
     gen = torch.Generator().manual_seed(1)
     ps = [torch.randint(2, 128, (n,), generator=gen).tolist() for n in (5, 70, 23, 130, 9)]
@@ -92,6 +102,7 @@ def test_greedy_output_is_plain_decode_with_long_accepts(checkpoint_factory, fam
         assert got == want, f"K={k}"
         assert max(accepted) == k, f"K={k}: no round accepted all its drafts"
         assert sum(accepted) >= 15, f"K={k}: {sum(accepted)} accepted"
+    assert verified and min(verified) > 0, "a round without drafts ran the verify forward"
 
 
 def test_preempted_lanes_resume_their_lookups_with_plain_output(checkpoint_factory, monkeypatch):
