@@ -30,8 +30,10 @@ use_checkout()
 import torch  # noqa: E402
 
 
-def decode_rate(model, head, prompts: list[list[int]], k: int, tokens: int, device: str, vocab_limit: int | None):
-    """(decode tokens/s once every lane decodes, accepted drafts, drafted tokens, outputs)."""
+def decode_rate(model, head, prompts: list[list[int]], k: int, tokens: int, device: str, vocab_limit: int | None,
+                make_drafter=None):
+    """(decode tokens/s once every lane decodes, accepted drafts, drafted tokens, outputs). ``make_drafter(model,
+    state, k)``: the drafter (default: the head's ``SpecDecoder``)."""
     from ignis.engine.models.state import ModelState
     from ignis.engine.request import Request
     from ignis.engine.runner import ModelRunner
@@ -48,7 +50,8 @@ def decode_rate(model, head, prompts: list[list[int]], k: int, tokens: int, devi
                                 device=device)
     runner = ModelRunner(model, state, device=device, vocab_limit=vocab_limit)
     if k:
-        runner.use_drafter(SpecDecoder(model, head, state, k, vocab_limit))
+        runner.use_drafter(make_drafter(model, state, k) if make_drafter is not None
+                           else SpecDecoder(model, head, state, k, vocab_limit))
     runner.warm_up()
     reqs = [Request(f"r{i}", tuple(p), SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))
             for i, p in enumerate(prompts)]

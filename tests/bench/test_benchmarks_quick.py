@@ -35,6 +35,8 @@ def run_quick(script: str, *args: str, timeout: float = 300) -> str:
     ("agent_replay.py", "agent_replay", ("cached_vs_ideal", "warm_ttft_vs_cold", "outputs_equal", "short_tax")),
     ("grammar_tax.py", "grammar_tax", ("free_ms", "constrained_ms", "fill_ms", "apply_ms", "grammar_tax_4")),
     ("drafter.py", "drafter", ("speedup_k2_1", "speedup_k2_8", "accept_k2", "outputs_equal")),
+    ("ngram_drafter.py", "ngram_drafter", ("speedup_loop_1", "speedup_loop_8", "accept_loop", "demo_ratio_1",
+                                           "outputs_equal")),
     ("images.py", "images", ("encode_ms_256", "encode_ms_512", "encode_ms_768", "cache_hit_ratio",
                              "warm_cold_image_turn")),
 ])
