@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ignis.engine.speculative_config import LOOKUP_DEFAULT, METHODS, lookup_bounds, read_speculative_config
+from ignis.engine.speculative_config import (LOOKUP_DEFAULT, METHODS, lookup_bounds, read_speculative_config,
+                                             sglang_choice)
 from ignis.shared.flags import field_doc, parse_bytes, parse_count, parse_optional_count
 from ignis.shared.model_names import DOWNLOAD_DIR_HELP, LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
@@ -126,6 +127,22 @@ class EngineConfig:
         "vLLM's JSON form of --speculative-tokens: '{\"method\": \"mtp\", \"num_speculative_tokens\": K}' "
         "(method mtp, qwen3_next_mtp or qwen3_5_mtp: the checkpoint's own multi-token-prediction head; ngram, with "
         "prompt_lookup_min and prompt_lookup_max: prompt lookup; other drafters are refused)"))
+    speculative_algorithm: str | None = field(default=None, metadata=field_doc(
+        "SGLang's form of the speculative flags: NEXTN, EAGLE or MTP (the checkpoint's own head; its draft tokens: "
+        "--speculative-num-steps, default 3) or NGRAM (prompt lookup of --speculative-num-draft-tokens minus one, "
+        "default 4, n-grams of --speculative-ngram-min/max-match-window-size, default 1 and 12); other "
+        "algorithms and --speculative-eagle-topk above 1 are refused", aliases=("--speculative-algo",)))
+    speculative_num_steps: int | None = field(default=None, metadata=field_doc(
+        "with --speculative-algorithm NEXTN/EAGLE: draft steps, ignis's --speculative-tokens"))
+    speculative_eagle_topk: int | None = field(default=None, metadata=field_doc(
+        "with --speculative-algorithm: 1 only (a chain of drafts; tree drafting is not served)"))
+    speculative_num_draft_tokens: int | None = field(default=None, metadata=field_doc(
+        "with --speculative-algorithm: the tokens a step verifies, the one before the drafts included (NEXTN/EAGLE: "
+        "steps + 1; NGRAM: its draft tokens + 1)"))
+    speculative_ngram_min_match_window_size: int | None = field(default=None, metadata=field_doc(
+        "with --speculative-algorithm NGRAM: --prompt-lookup-min"))
+    speculative_ngram_max_match_window_size: int | None = field(default=None, metadata=field_doc(
+        "with --speculative-algorithm NGRAM: --prompt-lookup-max"))
     reuse_prompt: bool = field(default=True, metadata=field_doc(
         "prompt reuse: capture retained prefixes and prompt checkpoints and resume from them (off: none)",
         aliases=("--enable-prefix-caching",), off_aliases=("--no-enable-prefix-caching", "--disable-radix-cache")))
@@ -200,9 +217,8 @@ class EngineConfig:
         "abort the requests of a gateway that heartbeats (asks for stats every second) once it has been silent "
         "this many seconds (0: only a gateway whose connection is gone loses its requests)"))
 
-    def _take_speculative_config(self, choice) -> None:
-        """``--speculative-config``'s choice, which the plain flags, where given, must agree with."""
-        flag = "--speculative-config"
+    def _take_speculative_config(self, choice, flag: str = "--speculative-config") -> None:
+        """``flag``'s choice (vLLM's JSON, SGLang's flags), which the plain flags, where given, must agree with."""
         if self.speculative_tokens not in (0, choice.tokens):
             raise ValueError(f"{flag} asks for {choice.tokens} draft tokens and --speculative-tokens for "
                              f"{self.speculative_tokens}")
@@ -227,6 +243,17 @@ class EngineConfig:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
         if self.speculative_config is not None:
             self._take_speculative_config(read_speculative_config(self.speculative_config))
+        sglang = (self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens,
+                  self.speculative_ngram_min_match_window_size, self.speculative_ngram_max_match_window_size)
+        if self.speculative_algorithm is not None:
+            if self.speculative_config is not None:
+                raise ValueError("--speculative-algorithm (SGLang's) and --speculative-config (vLLM's) say the "
+                                 "same thing: give one")
+            self._take_speculative_config(sglang_choice(self.speculative_algorithm, *sglang),
+                                          flag="--speculative-algorithm")
+        elif any(v is not None for v in sglang):
+            raise ValueError("--speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens and "
+                             "the ngram window sizes go with --speculative-algorithm")
         if type(self.speculative_tokens) is not int or not 0 <= self.speculative_tokens <= 16:
             raise ValueError(f"--speculative-tokens must be an integer from 0 to 16, got {self.speculative_tokens!r}")
         if self.speculative_method not in METHODS:

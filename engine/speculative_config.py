@@ -7,7 +7,15 @@ a config means ``--speculative-tokens 2``. ``"method": "ngram"`` (vLLM's
 prompt lookup, with its ``prompt_lookup_min`` / ``prompt_lookup_max``) means
 ``--speculative-method ngram`` (``engine.ngram_drafter``). A drafter ignis does
 not have (``eagle``, ``eagle3``, ``medusa``, a separate draft ``model``) or a key
-it would not honour is refused by name instead of being ignored. Pure Python.
+it would not honour is refused by name instead of being ignored.
+
+SGLang's flags say the same things another way (``sglang_choice``): its
+Qwen3.5 recipe's ``--speculative-algorithm NEXTN --speculative-num-steps 3
+--speculative-eagle-topk 1 --speculative-num-draft-tokens 4`` is the head
+drafting 3 tokens (a chain: top-k 1; the draft tokens count the verified
+token before them), and ``NGRAM`` with ``--speculative-num-draft-tokens D``
+and its match window sizes is prompt lookup of D - 1 tokens. Tree drafting
+(top-k above 1) and other algorithms are refused by name. Pure Python.
 """
 
 from __future__ import annotations
@@ -74,3 +82,42 @@ def read_speculative_config(text: str) -> SpeculativeChoice:
         if value is not None and (type(value) is not int or value < 1):
             raise ValueError(f"{FLAG}: {key} must be a positive integer, got {value!r}")
     return SpeculativeChoice("ngram", count, *bounds)
+
+
+SGLANG_MTP = ("NEXTN", "EAGLE", "MTP")  # with a Qwen3.5 / Qwen3-Next checkpoint: its own head
+SGLANG_STEPS = 3  # SGLang's choice for an MTP checkpoint when no count is given
+SGLANG_NGRAM_DRAFTS = 4  # draft tokens of NGRAM when --speculative-num-draft-tokens is not given
+SGLANG_NGRAM_WINDOW = (1, 12)  # SGLang's match window defaults
+
+
+def sglang_choice(algorithm: str, num_steps: int | None = None, eagle_topk: int | None = None,
+                  num_draft_tokens: int | None = None, min_window: int | None = None,
+                  max_window: int | None = None) -> SpeculativeChoice:
+    """SGLang's speculative flags as ignis's choice (ValueError naming the flag when not honoured)."""
+    name = algorithm.upper()
+    for flag, value in (("--speculative-num-steps", num_steps), ("--speculative-eagle-topk", eagle_topk),
+                        ("--speculative-num-draft-tokens", num_draft_tokens),
+                        ("--speculative-ngram-min-match-window-size", min_window),
+                        ("--speculative-ngram-max-match-window-size", max_window)):
+        if value is not None and (type(value) is not int or value < 1):
+            raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+    if name in SGLANG_MTP:
+        if eagle_topk not in (None, 1):
+            raise ValueError(f"--speculative-eagle-topk {eagle_topk}: ignis drafts one chain (top-k 1), not a tree")
+        if min_window is not None or max_window is not None:
+            raise ValueError(f"--speculative-ngram-*-match-window-size go with --speculative-algorithm NGRAM, "
+                             f"not {algorithm}")
+        if num_steps is not None:
+            return SpeculativeChoice("mtp", num_steps)
+        return SpeculativeChoice("mtp", num_draft_tokens - 1 if num_draft_tokens and num_draft_tokens > 1
+                                 else SGLANG_STEPS)
+    if name == "NGRAM":
+        if num_draft_tokens is not None and num_draft_tokens < 2:
+            raise ValueError(f"--speculative-num-draft-tokens {num_draft_tokens}: it counts the verified token "
+                             f"before the drafts, so at least 2")
+        low = min_window if min_window is not None else SGLANG_NGRAM_WINDOW[0]
+        high = max_window if max_window is not None else max(low, SGLANG_NGRAM_WINDOW[1])
+        drafts = num_draft_tokens - 1 if num_draft_tokens is not None else SGLANG_NGRAM_DRAFTS
+        return SpeculativeChoice("ngram", drafts, low, high)
+    raise ValueError(f"--speculative-algorithm {algorithm}: not served; ignis drafts with the checkpoint's own "
+                     f"multi-token-prediction head ({', '.join(SGLANG_MTP)}) or by prompt lookup (NGRAM)")

@@ -69,3 +69,36 @@ def test_what_ignis_does_not_draft_with_is_refused(text, words):
 def test_contradicting_or_bad_flags_stop_the_config(kw, words):
     with pytest.raises(ValueError, match=words):
         EngineConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, want", [
+    # the Qwen3.5 model card's SGLang command: a chain of 3 drafts from the checkpoint's head
+    (dict(speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
+          speculative_num_draft_tokens=4), ("mtp", 3, None, None)),
+    (dict(speculative_algorithm="EAGLE", speculative_num_draft_tokens=3), ("mtp", 2, None, None)),
+    (dict(speculative_algorithm="nextn"), ("mtp", 3, None, None)),
+    (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=5), ("ngram", 4, 1, 12)),
+    (dict(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=2,
+          speculative_ngram_max_match_window_size=4), ("ngram", 4, 2, 4)),
+])
+def test_sglangs_speculative_flags_become_ignis_choices(kw, want):
+    cfg = EngineConfig(**kw)
+    assert (cfg.speculative_method, cfg.speculative_tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max) == want
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(speculative_algorithm="EAGLE3"), "--speculative-algorithm EAGLE3: not served"),
+    (dict(speculative_algorithm="NEXTN", speculative_eagle_topk=4), "--speculative-eagle-topk 4: ignis drafts one "
+                                                                    "chain"),
+    (dict(speculative_algorithm="NEXTN", speculative_ngram_max_match_window_size=3), "go with --speculative-"
+                                                                                       "algorithm NGRAM"),
+    (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=1), "at least 2"),
+    (dict(speculative_num_steps=3), "go with --speculative-algorithm"),
+    (dict(speculative_algorithm="NEXTN", speculative_config='{"num_speculative_tokens": 2}'), "give one"),
+    (dict(speculative_algorithm="NEXTN", speculative_num_steps=2, speculative_tokens=3),
+     "--speculative-algorithm asks for 2 draft tokens and --speculative-tokens for 3"),
+])
+def test_sglang_flags_ignis_would_not_honour_stop_the_config(kw, words):
+    with pytest.raises(ValueError, match=words):
+        EngineConfig(**kw)
+

@@ -84,12 +84,24 @@ def test_sglang_names_and_prefix_caching_on_off():
     assert parse([]).reuse_prompt is True  # the off alias leaves the default alone
 
 
+def test_sglangs_speculative_recipes_reach_the_engine():
+    """The Qwen3.5 model card's SGLang MTP command, and SGLang's n-gram drafting."""
+    _, _, (ecfg, _) = children(parse(["--model-path", "/m", "--speculative-algo", "NEXTN", "--speculative-num-steps",
+                                      "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]))
+    assert (ecfg.speculative_method, ecfg.speculative_tokens) == ("mtp", 3)
+    engine, _, (ecfg, _) = children(parse(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "6",
+                                           "--speculative-ngram-max-match-window-size", "4"]))
+    assert (ecfg.speculative_method, ecfg.speculative_tokens, ecfg.prompt_lookup_min, ecfg.prompt_lookup_max) == (
+        "ngram", 5, 1, 4)
+
+
 @pytest.mark.parametrize("argv, words", [
     (["-tp", "2"], "--tensor-parallel-size 2: ignis runs a model on one device"),
     (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'], "method 'eagle3' is not served"),
     (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2, "model": "x"}'], "model not taken"),
     (["--speculative-config", MTP, "--speculative-tokens", "3"], "asks for 2 draft tokens"),
     (["--speculative-config", "{"], "--speculative-config: not JSON"),
+    (["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "8"], "ignis drafts one chain"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
     (["--kv-cache-dtype", "int8"], "--kv-cache-dtype must be one of auto, bfloat16"),
 ])
@@ -142,7 +154,7 @@ def test_every_alias_sets_the_field_its_flag_sets(cfg):
             canonical = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
             value = {"model": "/m", "decode_lanes": "5", "max_prefill_tokens_per_round": "512",
                      "max_model_len": "4096", "gpu_memory_utilization": "0.5", "tensor_parallel_size": "1",
-                     "reuse_prompt": "off", "log_requests": "off"}[f.name]
+                     "reuse_prompt": "off", "log_requests": "off", "speculative_algorithm": "NGRAM"}[f.name]
             assert getattr(parse([alias, value]), f.name) == getattr(parse([canonical, value]), f.name), alias
         for off in f.metadata.get("off_aliases", ()):
             assert getattr(parse([off]), f.name) is False, off
