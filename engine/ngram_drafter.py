@@ -20,9 +20,10 @@ the target with that token removed (``engine.spec_sampling``): the output
 distribution is unchanged.
 
 Each lane keeps its request's tokens (``begin``: the prompt and any output;
-each round's input token and accepted tokens after it) in a growing numpy
-array; a lookup is one vectorised scan for the last token, then narrowing by
-the tokens before it.
+each round's input token and accepted tokens after it) with, for each
+position, the previous position of the same token: a lookup walks the last
+token's most recent occurrences (at most ``CANDIDATES``) and compares the
+tokens before each, so its cost does not grow with the context.
 """
 
 from __future__ import annotations
@@ -34,46 +35,80 @@ from ignis.engine.spec_decode import DraftAsk, DraftVerifier, HeadCatchUp
 from ignis.engine.speculative_config import LOOKUP_DEFAULT
 
 
-def propose(tokens: np.ndarray, length: int, min_n: int, max_n: int, k: int) -> list[int]:
-    """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
-    ``tokens[:length]`` of ``min_n`` to ``max_n`` tokens; [] when there is none."""
-    if length < min_n + 1 or k < 1:
-        return []
-    seq = tokens[:length]
-    ends = np.flatnonzero(seq[: length - 1] == seq[length - 1])  # earlier positions of the last token
-    best = ends if min_n <= 1 else None
-    n = 1
-    while n < max_n and n < length and ends.size:
-        before = ends - n
-        keep = before >= 0
-        ends, before = ends[keep], before[keep]
-        ends = ends[seq[before] == seq[length - 1 - n]]
-        n += 1
-        if ends.size and n >= min_n:
-            best = ends
-    if best is None or best.size == 0:
-        return []
-    start = int(best[-1]) + 1
-    return seq[start: min(start + k, length)].tolist()
+CANDIDATES = 64
+"""A lookup tries the most recent earlier occurrences of the last token, at most this many: its cost is
+bounded whatever the context's length (an older, longer match of a very frequent token may be missed)."""
 
 
 class LaneTokens:
-    """One lane's tokens so far, in a buffer that grows by doubling."""
+    """One lane's tokens so far, with each position's previous occurrence of the same token (``prev``) and
+    each token's last position (``last``), in buffers that grow by doubling."""
 
     def __init__(self, tokens):
-        self.length = len(tokens)
-        self.buf = np.empty(max(64, 2 * self.length), dtype=np.int64)
-        self.buf[: self.length] = tokens
+        toks = np.asarray(tokens, dtype=np.int64)
+        n = toks.size
+        self.length = n
+        self.buf = np.empty(max(64, 2 * n), dtype=np.int64)
+        self.prev = np.empty_like(self.buf)
+        self.buf[:n] = toks
+        self.last: dict[int, int] = {}
+        if n:  # by sorting: one pass of numpy, not a Python loop over a long prompt
+            order = np.argsort(toks, kind="stable")
+            ordered = toks[order]
+            same = ordered[1:] == ordered[:-1]
+            prev = np.full(n, -1, dtype=np.int64)
+            prev[order[1:][same]] = order[:-1][same]
+            self.prev[:n] = prev
+            ends = np.ones(n, dtype=bool)
+            ends[:-1] = ~same
+            self.last = dict(zip(ordered[ends].tolist(), order[ends].tolist()))
 
     def put(self, position: int, tokens) -> None:
-        """``tokens`` at ``position`` on (``position`` at most ``length``: no gap)."""
-        end = position + len(tokens)
+        """``tokens`` at ``position`` on: those before ``length`` are known already, the rest are appended."""
+        if position > self.length:
+            raise ValueError(f"tokens at {position} would leave a gap after the {self.length} known")
+        new = list(tokens)[self.length - position:]
+        if not new:
+            return
+        end = self.length + len(new)
         if end > self.buf.size:
-            grown = np.empty(max(2 * self.buf.size, end), dtype=np.int64)
-            grown[: self.length] = self.buf[: self.length]
-            self.buf = grown
-        self.buf[position: end] = tokens
-        self.length = max(self.length, end)
+            size = max(2 * self.buf.size, end)
+            for name in ("buf", "prev"):
+                grown = np.empty(size, dtype=np.int64)
+                grown[: self.length] = getattr(self, name)[: self.length]
+                setattr(self, name, grown)
+        last = self.last
+        for i, t in enumerate(new, self.length):
+            self.buf[i] = t
+            self.prev[i] = last.get(t, -1)
+            last[t] = i
+        self.length = end
+
+    def propose(self, min_n: int, max_n: int, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
+        ``min_n`` to ``max_n`` tokens (among the last token's ``CANDIDATES`` most recent occurrences); []
+        when there is none."""
+        n_tokens = self.length
+        if n_tokens < min_n + 1 or k < 1:
+            return []
+        w = min(max_n, n_tokens)
+        suffix = self.buf[n_tokens - w: n_tokens].tolist()[::-1]  # suffix[j]: the token j before the last
+        best_n, best_end, tried = 0, -1, 0
+        end = int(self.prev[n_tokens - 1])
+        while end >= 0 and tried < CANDIDATES:
+            before = self.buf[max(0, end - w + 1): end + 1].tolist()[::-1]
+            n = 1
+            while n < len(before) and before[n] == suffix[n]:
+                n += 1
+            if n > best_n:
+                best_n, best_end = n, end
+                if n == w:
+                    break
+            end = int(self.prev[end])
+            tried += 1
+        if best_n < min_n:
+            return []
+        return self.buf[best_end + 1: min(best_end + 1 + k, n_tokens)].tolist()
 
 
 class NgramDrafter(DraftVerifier):
@@ -97,11 +132,8 @@ class NgramDrafter(DraftVerifier):
     def keep(self, lane: int, start: int, hidden, tokens: list[int]) -> None:
         """``tokens`` follow position ``start`` (the round's accepted tokens, or a prefill chunk's)."""
         known = self.lanes.get(lane)
-        if known is None or start + 1 > known.length:
-            return
-        new = known.length - (start + 1)  # those before are known already (a prefill chunk's prompt tokens)
-        if new < len(tokens):
-            known.put(known.length, tokens[new:])
+        if known is not None and start + 1 <= known.length:
+            known.put(start + 1, tokens)  # a prefill chunk's prompt tokens are known already
 
     def draft(self, asks: list[DraftAsk], catch_ups: list[HeadCatchUp]) -> dict[str, list[int]]:
         """Each ask's input token goes in at its position, then its lookup's drafts (at most its ``room``).
@@ -113,7 +145,7 @@ class NgramDrafter(DraftVerifier):
             if known is None or known.length < a.position:
                 continue
             known.put(a.position, (a.token_id,))
-            found = propose(known.buf, known.length, self.lookup_min, self.lookup_max, min(a.room, self.k))
+            found = known.propose(self.lookup_min, self.lookup_max, min(a.room, self.k))
             if found:
                 drafts[a.req_id] = found
                 if a.sampler is not None:

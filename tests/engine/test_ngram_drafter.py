@@ -8,7 +8,7 @@ import torch
 
 from ignis.engine import spec_round
 from ignis.engine.models.build import load_model
-from ignis.engine.ngram_drafter import LaneTokens, NgramDrafter, propose
+from ignis.engine.ngram_drafter import CANDIDATES, LaneTokens, NgramDrafter
 from ignis.engine.scheduler import Scheduler
 from ignis.engine.spec_decode import DraftAsk
 from tests.engine.spec_driver import generate
@@ -17,8 +17,7 @@ GREEDY = {"temperature": 0.0}
 
 
 def look(tokens, min_n, max_n, k):
-    arr = np.array(tokens + [0] * 7, dtype=np.int64)  # room past the length: only ``length`` counts
-    return propose(arr, len(tokens), min_n, max_n, k)
+    return LaneTokens(tokens).propose(min_n, max_n, k)
 
 
 def test_the_longest_suffix_wins_then_its_most_recent_occurrence():
@@ -41,12 +40,39 @@ def test_bounds_room_and_no_match():
     assert look([7], 1, 3, 2) == [] and look([1, 2], 1, 3, 0) == []
 
 
-def test_lane_tokens_grow_without_losing_what_they_hold():
-    lane = LaneTokens(list(range(100)))
-    lane.put(100, list(range(100, 300)))
-    assert lane.length == 300 and lane.buf[:300].tolist() == list(range(300))
-    lane.put(150, [7])  # an earlier position written again: the length stays
-    assert lane.length == 300 and lane.buf[150] == 7
+def test_lane_tokens_grow_and_index_as_one_built_whole():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 20, 500).tolist()
+    lane = LaneTokens(tokens[:100])
+    lane.put(100, tokens[100:300])
+    lane.put(250, tokens[250:500])  # those before 300 are known: only the rest is appended
+    whole = LaneTokens(tokens)
+    assert lane.length == whole.length == 500
+    assert lane.buf[:500].tolist() == tokens and lane.prev[:500].tolist() == whole.prev[:500].tolist()
+    assert lane.last == whole.last
+    for i in (0, 37, 499):  # prev: the previous position of the same token
+        earlier = [j for j in range(i) if tokens[j] == tokens[i]]
+        assert lane.prev[i] == (earlier[-1] if earlier else -1)
+    with pytest.raises(ValueError, match="gap"):
+        lane.put(501, [1])
+
+
+def test_a_lookup_agrees_with_a_plain_search_and_tries_a_bounded_number_of_occurrences():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        tokens = rng.integers(0, 6, int(rng.integers(2, 60))).tolist()
+        min_n, max_n = sorted(rng.integers(1, 5, 2).tolist())
+        want = []
+        for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):  # longest first, most recent first
+            ends = [e for e in range(n - 1, len(tokens) - 1) if tokens[e - n + 1: e + 1] == tokens[-n:]]
+            if ends:
+                want = tokens[ends[-1] + 1: ends[-1] + 4]
+                break
+        assert look(tokens, min_n, max_n, 3) == want, (tokens, min_n, max_n)
+    # a match older than the last token's CANDIDATES most recent occurrences is not tried
+    old = [1, 2, 3, 9]
+    assert look(old + [5, 3] * CANDIDATES + [1, 2, 3], 3, 3, 1) == []
+    assert look(old + [5, 3] * (CANDIDATES - 1) + [1, 2, 3], 3, 3, 1) == [9]
 
 
 class _Stub:
