@@ -158,6 +158,9 @@ def test_a_runner_sets_each_lanes_adapter_and_adapter_requests_do_not_draft(serv
         def forget(self, lane):
             pass
 
+        def begin(self, lane, tokens):
+            pass
+
     runner.spec = Drafter()
     plan = RoundPlan()
     plan.started.extend([LaneStart("tuned", 0, SamplingParams(max_tokens=2), (1, 2, 3), adapter=lora.slot("b")),
