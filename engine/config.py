@@ -127,6 +127,10 @@ class EngineConfig:
         "vLLM's JSON form of --speculative-tokens: '{\"method\": \"mtp\", \"num_speculative_tokens\": K}' "
         "(method mtp, qwen3_next_mtp or qwen3_5_mtp: the checkpoint's own multi-token-prediction head; ngram, with "
         "prompt_lookup_min and prompt_lookup_max: prompt lookup; other drafters are refused)"))
+    speculative_disable_by_batch_size: int | None = field(default=None, metadata=field_doc(
+        "speculative decoding: a round with this many decoding lanes or more drafts nothing (there a decode is "
+        "compute-bound and verify rows cost about what they save; vLLM's, also its disable_by_batch_size key); "
+        "default: every round may draft"))
     speculative_algorithm: str | None = field(default=None, metadata=field_doc(
         "SGLang's form of the speculative flags: NEXTN, EAGLE or MTP (the checkpoint's own head; its draft tokens: "
         "--speculative-num-steps, default 3) or NGRAM (prompt lookup of --speculative-num-draft-tokens minus one, "
@@ -225,7 +229,8 @@ class EngineConfig:
         if self.speculative_method != "mtp" and self.speculative_method != choice.method:
             raise ValueError(f"{flag} asks for method {choice.method} and --speculative-method for "
                              f"{self.speculative_method}")
-        for name, value in (("prompt_lookup_min", choice.lookup_min), ("prompt_lookup_max", choice.lookup_max)):
+        for name, value in (("prompt_lookup_min", choice.lookup_min), ("prompt_lookup_max", choice.lookup_max),
+                            ("speculative_disable_by_batch_size", choice.disable_by_batch_size)):
             given = getattr(self, name)
             if value is not None and given is not None and given != value:
                 raise ValueError(f"{flag} asks for {name} {value} and --{name.replace('_', '-')} for {given}")
@@ -259,7 +264,7 @@ class EngineConfig:
         if self.speculative_method not in METHODS:
             raise ValueError(f"--speculative-method must be one of {', '.join(METHODS)}, got "
                              f"{self.speculative_method!r}")
-        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+        for name in ("prompt_lookup_min", "prompt_lookup_max", "speculative_disable_by_batch_size"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")

@@ -135,6 +135,12 @@ class NgramDrafter(DraftVerifier):
         if known is not None and start + 1 <= known.length:
             known.put(start + 1, tokens)  # a prefill chunk's prompt tokens are known already
 
+    def follow(self, decodes) -> None:
+        for d in decodes:
+            known = self.lanes.get(d.lane)
+            if known is not None and known.length >= d.position:
+                known.put(d.position, (d.token_id,))
+
     def draft(self, asks: list[DraftAsk], catch_ups: list[HeadCatchUp]) -> dict[str, list[int]]:
         """Each ask's input token goes in at its position, then its lookup's drafts (at most its ``room``).
         A lane whose tokens are not known up to its position (none since it started) drafts nothing."""

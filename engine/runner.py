@@ -241,9 +241,11 @@ class ModelRunner:
         spec = hidden = None
         scored = [c for c in plan.prefills if self.scoring.wants(c.req_id)]
         taking, drafts = set(), {}
-        if self.spec is not None and any(self.speculates(r) for r in
-                                         [d.req_id for d in plan.decodes] + [c.req_id for c in plan.prefills]):
+        if self.spec is not None and self.spec.on_for(len(plan.decodes)) and any(
+                self.speculates(r) for r in [d.req_id for d in plan.decodes] + [c.req_id for c in plan.prefills]):
             taking, drafts = spec_round.draft(self.spec, plan, self.speculates, self.samplers)
+        elif self.spec is not None:
+            self.spec.follow(plan.decodes)  # a round it does not draft in: the tokens go in all the same
         if drafts or (taking and self.spec.needs_rows):
             spec = spec_round.forward(self.spec, self.model, self.state, plan, taking, drafts, self.device,
                                       chunks[len(plan.decodes):])

@@ -211,6 +211,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
 
         runner.use_drafter(NgramDrafter(model, state, spec_k, config.prompt_lookup_min, config.prompt_lookup_max,
                                         vocab_limit))
+    if runner.spec is not None:
+        runner.spec.disable_at = config.speculative_disable_by_batch_size
     runner.warm_up()
     if config.grammar_vocab == "at-load" or (config.grammar_vocab == "auto" and device == "cuda"):
         runner.grammars.prepare()

@@ -127,10 +127,20 @@ class DraftVerifier:
         self.vocab_limit = vocab_limit
         self.workspace = SamplerWorkspace(model.cfg.vocab_size)
         self.draft_probs: dict[str, list] = {}  # this round's sampled drafts: q of each (None: a point mass)
+        self.disable_at: int | None = None  # decoding lanes from which a round does not speculate
 
     def begin(self, lane: int, tokens: tuple[int, ...]) -> None:
         """A request takes ``lane``: ``tokens``, its prompt and any output so far."""
         self.forget(lane)
+
+    def follow(self, decodes) -> None:
+        """A round that drafts nothing: each decode's input token (``DecodeItem``s). The head needs nothing
+        (it takes in rows again from its next round); prompt lookup keeps its lanes' tokens whole."""
+
+    def on_for(self, decodes: int) -> bool:
+        """Whether a round of ``decodes`` decoding lanes speculates (``--speculative-disable-by-batch-size``:
+        from that many on, a round is compute-bound enough that verify rows cost what they save)."""
+        return self.disable_at is None or decodes < self.disable_at
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
         """Greedy tokens of logits rows (ids past the tokenizer's vocabulary never win)."""

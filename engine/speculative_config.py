@@ -30,6 +30,7 @@ METHODS = ("mtp", "ngram")  # --speculative-method
 COUNT = "num_speculative_tokens"
 LOOKUP_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 LOOKUP_DEFAULT = 5  # vLLM's n-gram bounds when neither is given
+BATCH_KEY = "disable_by_batch_size"  # vLLM's: no speculation in rounds of this many decoding lanes or more
 # keys that say nothing ignis does not do when they hold these values
 NEUTRAL = {"model": None, "draft_tensor_parallel_size": 1}
 
@@ -43,6 +44,7 @@ class SpeculativeChoice:
     tokens: int
     lookup_min: int | None = None
     lookup_max: int | None = None
+    disable_by_batch_size: int | None = None
 
 
 def lookup_bounds(lookup_min: int | None, lookup_max: int | None, default: int) -> tuple[int, int]:
@@ -71,17 +73,20 @@ def read_speculative_config(text: str) -> SpeculativeChoice:
     count = obj.get(COUNT)
     if type(count) is not int or count < 1:
         raise ValueError(f"{FLAG}: {COUNT} must be a positive integer, got {count!r}")
-    taken = ("method", COUNT) + (LOOKUP_KEYS if method in NGRAM_METHODS else ())
+    taken = ("method", COUNT, BATCH_KEY) + (LOOKUP_KEYS if method in NGRAM_METHODS else ())
     other = sorted(k for k, v in obj.items() if k not in taken and NEUTRAL.get(k, ...) != v)
     if other:
         raise ValueError(f"{FLAG}: {', '.join(other)} not taken (only {', '.join(taken)})")
+    off = obj.get(BATCH_KEY)
+    if off is not None and (type(off) is not int or off < 1):
+        raise ValueError(f"{FLAG}: {BATCH_KEY} must be a positive integer, got {off!r}")
     if method in MTP_METHODS:
-        return SpeculativeChoice("mtp", count)
+        return SpeculativeChoice("mtp", count, disable_by_batch_size=off)
     bounds = [obj.get(key) for key in LOOKUP_KEYS]
     for key, value in zip(LOOKUP_KEYS, bounds):
         if value is not None and (type(value) is not int or value < 1):
             raise ValueError(f"{FLAG}: {key} must be a positive integer, got {value!r}")
-    return SpeculativeChoice("ngram", count, *bounds)
+    return SpeculativeChoice("ngram", count, *bounds, disable_by_batch_size=off)
 
 
 SGLANG_MTP = ("NEXTN", "EAGLE", "MTP")  # with a Qwen3.5 / Qwen3-Next checkpoint: its own head

@@ -10,7 +10,7 @@ from ignis.engine import spec_round
 from ignis.engine.models.build import load_model
 from ignis.engine.ngram_drafter import CANDIDATES, LaneTokens, NgramDrafter
 from ignis.engine.scheduler import Scheduler
-from ignis.engine.spec_decode import DraftAsk
+from ignis.engine.spec_decode import DraftAsk, SpecDecoder
 from tests.engine.spec_driver import generate
 
 GREEDY = {"temperature": 0.0}
@@ -159,3 +159,44 @@ def test_sampled_requests_draft_and_repeat_under_a_seed(checkpoint_factory):
     runs = [generate(model, None, ps, k=2, max_tokens=30, sampling={"temperature": 0.7, "seed": 5},
                      drafter=lambda m, s, k: NgramDrafter(m, s, k, 1, 3)) for _ in range(2)]
     assert runs[0][0] == runs[1][0] and all(len(v) == 30 for v in runs[0][0].values())
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_rounds_of_many_lanes_do_not_draft_under_disable_by_batch_size(checkpoint_factory, family, monkeypatch):
+    """--speculative-disable-by-batch-size 3: rounds of 3 or more decoding lanes are plain; once fewer lanes
+    are left, they draft again; the output is plain decode's. The head's drafter too: it skips rounds and
+    takes in rows again when drafting resumes."""
+    from tests.engine.spec_driver import load
+
+    rounds = []
+    draft = spec_round.draft
+
+    def counted(spec, plan, takes, samplers):
+        taking, drafts = draft(spec, plan, takes, samplers)
+        rounds.append((len(plan.decodes), len(drafts)))
+        return taking, drafts
+
+    monkeypatch.setattr(spec_round, "draft", counted)
+    model, head = load(checkpoint_factory(family, mtp="full").path)
+    gen = torch.Generator().manual_seed(1)
+    ps = [torch.randint(2, 128, (n,), generator=gen).tolist() for n in (5, 70, 23, 9)]
+    limits = [40, 8, 16, 38]
+    want, _ = generate(model, None, ps, k=0, max_tokens=limits, sampling=GREEDY)
+
+    def lookup(m, s, k):
+        d = NgramDrafter(m, s, k, 1, 3)
+        d.disable_at = 3
+        return d
+
+    def mtp(m, s, k):
+        d = SpecDecoder(m, head, s, k)
+        d.disable_at = 3
+        return d
+
+    for make in (lookup, mtp):
+        rounds.clear()
+        got, accepted = generate(model, head, ps, k=2, max_tokens=limits, sampling=GREEDY, drafter=make)
+        assert got == want, make.__name__
+        assert rounds and all(lanes < 3 for lanes, _ in rounds), rounds  # no round of 3+ lanes drafted
+        if make is lookup:
+            assert sum(accepted) > 0, rounds

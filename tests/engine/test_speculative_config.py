@@ -20,6 +20,14 @@ def test_mtp_configs_become_draft_tokens(text, k):
     assert EngineConfig(speculative_config=text, speculative_tokens=k).speculative_tokens == k
 
 
+def test_disable_by_batch_size_comes_from_the_flag_or_vllms_key():
+    assert EngineConfig(speculative_config='{"method": "mtp", "num_speculative_tokens": 2, '
+                                           '"disable_by_batch_size": 8}').speculative_disable_by_batch_size == 8
+    assert EngineConfig(speculative_tokens=2, speculative_disable_by_batch_size=4).speculative_disable_by_batch_size == 4
+    with pytest.raises(ValueError, match="disable_by_batch_size must be a positive integer"):
+        read_speculative_config('{"num_speculative_tokens": 2, "disable_by_batch_size": 0}')
+
+
 @pytest.mark.parametrize("text, bounds", [
     ('{"method": "ngram", "num_speculative_tokens": 4}', (5, 5)),  # vLLM's defaults
     ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}', (3, 3)),
@@ -64,6 +72,9 @@ def test_what_ignis_does_not_draft_with_is_refused(text, words):
     (dict(speculative_method="ngram", speculative_tokens=2, prompt_lookup_min=4, prompt_lookup_max=2),
      "--prompt-lookup-min 4 is above --prompt-lookup-max 2"),
     (dict(speculative_method="medusa"), "--speculative-method must be one of mtp, ngram"),
+    (dict(speculative_config='{"num_speculative_tokens": 2, "disable_by_batch_size": 8}',
+          speculative_disable_by_batch_size=4), "asks for speculative_disable_by_batch_size 8"),
+    (dict(speculative_disable_by_batch_size=0), "--speculative-disable-by-batch-size must be a positive integer"),
     (dict(prompt_lookup_min=0), "--prompt-lookup-min must be a positive integer"),
 ])
 def test_contradicting_or_bad_flags_stop_the_config(kw, words):
