@@ -107,7 +107,7 @@ class EngineConfig:
     speculative_tokens: int = field(default=0, metadata=field_doc(
         "speculative decoding: the drafter (--speculative-method) proposes up to K tokens per decode "
         "step and the model verifies them in the same forward (requests without penalties, logit bias, allowed ids, "
-        "bad words, min_tokens or thinking budget, and greedy ones under a grammar without logprobs; greedy output is "
+        "bad words, min_tokens or thinking budget, and ones under a grammar without logprobs; greedy output is "
         "unchanged, sampled output keeps its distribution). "
         "Needs --kv-format bf16 (0: off; docs/speculative.md)"))
     speculative_method: str = field(default="mtp", metadata=field_doc(

@@ -16,11 +16,14 @@ grammar is complete only the end-of-sequence tokens are allowed, so the
 request ends with "stop"; a matcher that fails allows only them too. A round
 without a constrained row touches nothing here.
 
-A greedy constrained request drafts under ``--speculative-tokens``: its first
-token is sampled under its mask as always, then ``held_targets`` takes the
-verify rows one at a time, each masked by the matcher's state after the
+A constrained request drafts under ``--speculative-tokens``. A greedy one's
+first token is sampled under its mask as always, then ``held_targets`` takes
+the verify rows one at a time, each masked by the matcher's state after the
 tokens before it, and feeds the matcher every token the round outputs, so the
-invariant above holds and the output is plain constrained decode's.
+invariant above holds and the output is plain constrained decode's. A
+sampling one's tokens come from rejection sampling over rows masked the same
+way (``held_sampled``: its first token is taken back from the matcher and
+drawn again there), so its output keeps the constrained distribution.
 """
 
 from __future__ import annotations
@@ -146,6 +149,53 @@ class GrammarLanes:
             if i + 1 >= len(drafts) or drafts[i + 1] != token:
                 break
         return targets
+
+    def held_sampled(self, req_id: str, first: int, rows: list[torch.Tensor], drafts: list[int], q_rows: list,
+                     params, workspace, vocab_limit: int | None, generator: torch.Generator) -> list[int]:
+        """The tokens of a sampling request under its grammar that drafted: rejection sampling
+        (``engine.spec_sampling``) where row i (``rows``: the round's first row, then the verify rows) is
+        masked by the matcher after the tokens before it. ``first``, the token sampled before the drafts were
+        verified, is taken back from the matcher and drawn again here; every token output is fed to it."""
+        from ignis.engine.spec_sampling import processed_probs, verify_sampled
+
+        matcher = self.matchers[req_id]
+        matcher.rollback(1)
+        fed = [0]  # output tokens the matcher has taken
+
+        def p_at(i: int):
+            if i > 0:
+                if not self._feed(matcher, drafts[i - 1]):
+                    return None
+                fed[0] = i
+            if matcher.is_error() or matcher.is_stopped():
+                return None
+            row = self._masked(matcher, rows[i], vocab_limit)
+            if not torch.isfinite(row).any():
+                return None
+            return processed_probs(row[0], params, workspace, vocab_limit)
+
+        out = verify_sampled(p_at, q_rows, drafts, generator)
+        if not out:  # nothing to draw from before the first token: it stays as the sampler drew it
+            out = [first]
+        for token in out[fed[0]:]:
+            self._feed(matcher, token)
+        return out
+
+    def _masked(self, matcher, row: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
+        """``row`` ([V]) as a new fp32 [1, V] row masked by ``matcher``'s state (and past ``vocab_limit``)."""
+        buf = self.masks.fill([(matcher, 0)], 1)
+        out = row.reshape(1, -1).float().clone()
+        if vocab_limit is not None and vocab_limit < out.shape[-1]:
+            out[:, vocab_limit:] = float("-inf")
+        self.masks.apply(out, buf, [0])
+        return out
+
+    @staticmethod
+    def _feed(matcher, token: int) -> bool:
+        if matcher.consume_token(token):
+            return True
+        log.warning("grammar matcher failed on token %d: %s", token, matcher.get_error())
+        return False
 
     def advance(self, rnd: RoundMasks, tokens: list[int]) -> None:
         """Feed each constrained row's sampled token to its matcher."""

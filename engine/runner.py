@@ -29,7 +29,7 @@ On CUDA a round of decode steps only replays a captured graph
 
 With a drafter (``use_drafter``, ``--speculative-tokens``), a round where a
 request that can speculate (no penalties, logit bias, allowed ids, bad words, min_tokens or thinking
-budget; a grammar only when greedy and without logprobs) takes part runs through ``engine.spec_round``: drafts, one verify forward, then acceptance
+budget; a grammar only without logprobs) takes part runs through ``engine.spec_round``: drafts, one verify forward, then acceptance
 after the usual sampling; ``RoundResult.extra`` carries the accepted tokens,
 and a request that asked for logprobs gets one per token of the round, each
 from the verify forward's row that decided it (what plain decode computes
@@ -95,13 +95,13 @@ class ModelRunner:
 
     def speculates(self, req_id: str) -> bool:
         """``req_id`` drafts when a drafter is in use: its logits unadjusted (a sampled request's drafts are
-        verified by rejection sampling, ``engine.spec_sampling``); under a grammar only a greedy one that asks
-        for no logprobs (its verify rows are masked one by one, ``GrammarLanes.held_targets``)."""
+        verified by rejection sampling, ``engine.spec_sampling``); under a grammar only one that asks for no
+        logprobs (its verify rows are masked one by one: ``GrammarLanes.held_targets``, ``held_sampled``)."""
         st = self.samplers.get(req_id)
         if self.spec is None or st is None or st.adjusted or req_id in self._adapted:
             return False
         if self.grammars is not None and req_id in self.grammars.matchers:
-            return st.greedy and self.want_logprobs.get(req_id) is None
+            return self.want_logprobs.get(req_id) is None
         return True
 
     def _held_targets(self, req_id: str, first: int, drafts: list[int], rows) -> list[int] | None:
@@ -109,6 +109,13 @@ class ModelRunner:
         if self.grammars is None or req_id not in self.grammars.matchers:
             return None
         return self.grammars.held_targets(req_id, first, drafts, rows, self.vocab_limit)
+
+    def _held_sampled(self, req_id: str, first: int, rows, drafts: list[int], q_rows, st) -> list[int] | None:
+        """A drafting sampling request's tokens under its grammar; None when it has none."""
+        if self.grammars is None or req_id not in self.grammars.matchers:
+            return None
+        return self.grammars.held_sampled(req_id, first, rows, drafts, q_rows, st.params, self.spec.workspace,
+                                          self.vocab_limit, st.generator)
 
     def warm_up(self) -> None:
         """Compile every kernel variant a round can meet before the first request does.
@@ -289,7 +296,7 @@ class ModelRunner:
         result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors, prompt_logprobs=prompt_logprobs)
         if spec is not None:
             result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers,
-                                             self._held_targets)
+                                             self._held_targets, self._held_sampled)
             result.drafted = {rid: len(d) for rid, d in spec.drafts.items()}
             for rid, more in result.extra.items():
                 for token in more:

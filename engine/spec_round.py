@@ -99,11 +99,13 @@ def target_rows(rnd: SpecRound, req_id: str, accepted: int) -> torch.Tensor:
 
 
 def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str, int],
-           errors: dict[str, str], samplers: dict, held=None) -> dict[str, list[int]]:
+           errors: dict[str, str], samplers: dict, held=None, held_sampled=None) -> dict[str, list[int]]:
     """Acceptance, rollback and the head's next rows; -> the accepted tokens after each first token
     (a list for every lane that drafted, empty when it took none). A sampled lane that drafted gets its
     first token (``tokens``) from the rejection sampling too. ``held(req_id, first, drafts, rows)``: the
-    greedy targets of a request under a grammar (``GrammarLanes.held_targets``), None for a free one."""
+    greedy targets of a request under a grammar (``GrammarLanes.held_targets``), None for a free one;
+    ``held_sampled(req_id, first, rows, drafts, q_rows, sampler)`` likewise the tokens of a sampling one
+    (``GrammarLanes.held_sampled``)."""
     extra: dict[str, list[int]] = {}
     redo = []
     for d in plan.decodes:
@@ -114,8 +116,11 @@ def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str,
         st = samplers.get(rid)
         if drafts and rid not in errors and st is not None and not st.greedy:
             rows = [rnd.logits[rnd.sampled_row[rid]], *rnd.verify[rid]]
-            ps = [processed_probs(r.float(), st.params, spec.workspace, spec.vocab_limit) for r in rows]
-            targets = verify_sampled(ps, spec.draft_probs[rid], drafts, st.generator)
+            targets = held_sampled(rid, tokens[rid], rows, drafts, spec.draft_probs[rid], st) \
+                if held_sampled is not None else None
+            if targets is None:
+                ps = [processed_probs(r.float(), st.params, spec.workspace, spec.vocab_limit) for r in rows]
+                targets = verify_sampled(ps, spec.draft_probs[rid], drafts, st.generator)
             tokens[rid] = targets[0]
             n = len(targets) - 1
         elif drafts and rid not in errors and held is not None and (

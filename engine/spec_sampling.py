@@ -42,12 +42,17 @@ def draw_from(probs: torch.Tensor, generator: torch.Generator) -> int:
     return min(int(torch.searchsorted(cdf, u.reshape(1), right=True)[0]), probs.shape[0] - 1)
 
 
-def verify_sampled(p_rows: list[torch.Tensor], q_rows: list[torch.Tensor], drafts: list[int],
-                   generator: torch.Generator) -> list[int]:
-    """The step's tokens: the kept drafts, then one drawn token. ``p_rows``: one more than drafts; a ``q_rows``
-    entry None is a point mass on its draft (a drafter that proposes without a distribution: prompt lookup)."""
+def verify_sampled(p_rows, q_rows: list, drafts: list[int], generator: torch.Generator) -> list[int]:
+    """The step's tokens: the kept drafts, then one drawn token. ``p_rows``: one more than drafts, or a callable
+    ``p(i)`` asked for row i only once drafts 0 .. i-1 were kept (a grammar masks row i by the tokens before it:
+    ``engine.grammar_lanes``); it may return None: the output ends after those drafts (the grammar ended). A
+    ``q_rows`` entry None is a point mass on its draft (a drafter without a distribution: prompt lookup)."""
+    p_at = p_rows if callable(p_rows) else p_rows.__getitem__
     out: list[int] = []
-    for p, q, d in zip(p_rows, q_rows, drafts):
+    for i, (q, d) in enumerate(zip(q_rows, drafts)):
+        p = p_at(i)
+        if p is None:
+            return out
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
         if u * (1.0 if q is None else float(q[d])) < float(p[d]):  # kept with probability min(1, p(d) / q(d))
             out.append(d)
@@ -59,5 +64,7 @@ def verify_sampled(p_rows: list[torch.Tensor], q_rows: list[torch.Tensor], draft
             residual = (p - q).clamp_(min=0.0)
         out.append(draw_from(residual if float(residual.sum()) > 0 else p, generator))
         return out
-    out.append(draw_from(p_rows[len(drafts)], generator))
+    p = p_at(len(drafts))
+    if p is not None:
+        out.append(draw_from(p, generator))
     return out

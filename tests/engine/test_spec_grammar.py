@@ -5,8 +5,8 @@ greedy outputs (tests.engine.mtp_demo). A free-text tool-call grammar leaves
 the model's own text allowed, so its drafts are accepted in long runs; a JSON
 schema steers it away from what the head learned, so most drafts are refused
 and the verify rows' masked targets decide; either way the output equals the
-same requests decoded one token a step. Sampled or logprobs-asking
-constrained requests step plainly.
+same requests decoded one token a step. Sampling constrained requests draft
+too and keep to their grammar; logprobs-asking ones step plainly.
 """
 
 from __future__ import annotations
@@ -70,14 +70,32 @@ def test_a_schema_that_refuses_the_drafts_keeps_plain_output(fitted):
     assert drafted  # they drafted; their masked verify rows decided
 
 
-@pytest.mark.parametrize("sampling,logprobs", [({"temperature": 1.0, "seed": 3}, False),
-                                               ({"temperature": 0.0, "logprobs": True, "top_logprobs": 2}, True)])
-def test_sampled_or_logprobs_constrained_requests_step_plainly(fitted, sampling, logprobs):
+def test_logprobs_constrained_requests_step_plainly(fitted):
     grammar = tool_calls_grammar([TOOL], "xml", {"get_weather"})
-    want = run(fitted, 0, grammar, sampling, logprobs={} if logprobs else None)
+    sampling = {"temperature": 0.0, "logprobs": True, "top_logprobs": 2}
+    want = run(fitted, 0, grammar, sampling, logprobs={})
     drafted: dict = {}
-    assert run(fitted, 2, grammar, sampling, drafted, logprobs={} if logprobs else None) == want
+    assert run(fitted, 2, grammar, sampling, drafted, logprobs={}) == want
     assert drafted == {}
+
+
+@pytest.mark.parametrize("grammar_of", [lambda: tool_calls_grammar([TOOL], "xml", {"get_weather"}),
+                                        lambda: json_schema_grammar(SCHEMA)])
+def test_sampled_constrained_requests_draft_keep_to_the_grammar_and_repeat_under_a_seed(fitted, grammar_of):
+    """Rejection sampling over masked rows (GrammarLanes.held_sampled): every output is one the grammar
+    takes token by token, drafts are kept, and a seed gives the same tokens again (the distribution itself
+    is tests/engine/test_spec_sampling.py's, on rows masked the same way)."""
+    grammar = grammar_of()
+    sampling = {"temperature": 1.0, "seed": 3}
+    drafted: dict = {}
+    outs = run(fitted, 2, grammar, sampling, drafted)
+    assert run(fitted, 2, grammar, sampling) == outs
+    assert drafted and sum(n for runs in drafted.values() for n in runs) > 0, drafted
+    tok = fitted[2]
+    cache = GrammarCache(lambda: tok)
+    for rid, out in outs.items():
+        matcher = cache.matcher(grammar)
+        assert matcher.validate_tokens(out) == len(out), (rid, out)
 
 
 def test_held_targets_mask_each_verify_row_by_the_tokens_before_it(fitted):

@@ -100,3 +100,38 @@ def test_point_mass_drafts_keep_the_models_distribution():
                 out.append(verify_sampled([p1[out[0]]], [], [], gen)[0])
             counts[out[0] * V + out[1]] += 1
         assert chi_square(counts, joint) < CHI2_DF15_P001, (drafts, counts.tolist())
+
+
+def test_rows_masked_by_the_tokens_before_them_keep_the_constrained_distribution():
+    """A grammar's rows: row 0 masked by the state before the step, row 1 by the state after token 0
+    (``p_at``, asked only once draft 0 is kept). A toy grammar bans token 0 first and, after an odd
+    token, every even one; the two-token joint must be the masked model's, with head-like drafts (drawn
+    from an unmasked q, so some are banned) and with point-mass drafts."""
+    p0, p1, q0, q1 = toy(3)
+
+    def masked(p, banned):
+        out = p.clone()
+        out[list(banned)] = 0.0
+        return out / out.sum()
+
+    def banned_after(t):
+        return {0, 2} if t % 2 else set()
+
+    joint = torch.zeros(V * V, dtype=torch.float64)
+    m0 = masked(p0, {0})
+    for a in range(V):
+        joint[a * V: (a + 1) * V] = m0[a] * masked(p1[a], banned_after(a))
+    for point in (False, True):
+        gen = torch.Generator().manual_seed(41)
+        counts = torch.zeros(V * V, dtype=torch.float64)
+        for _ in range(4000):
+            d0 = 1 if point else draw_from(q0, gen)
+            d1 = 3 if point else draw_from(q1[d0], gen)
+            rows = [lambda: masked(p0, {0}), lambda: masked(p1[d0], banned_after(d0)),
+                    lambda: masked(p1[d0], banned_after(d0))]  # row 2 (past two tokens) is never read here
+            out = verify_sampled(lambda i: rows[i](), [None, None] if point else [q0, q1[d0]], [d0, d1], gen)
+            if len(out) < 2:
+                out.append(draw_from(masked(p1[out[0]], banned_after(out[0])), gen))
+            counts[out[0] * V + out[1]] += 1
+        assert chi_square(counts[joint > 0], joint[joint > 0]) < CHI2_DF15_P001, (point, counts.tolist())
+        assert counts[joint == 0].sum() == 0  # a banned token never comes out
