@@ -51,6 +51,7 @@ from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
 from ignis.gateway.prompt_logprobs import prompt_logprobs_json
+from ignis.gateway.conversation_fit import fit_messages
 from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.reasoning_effort import EFFORTS, with_effort
@@ -148,6 +149,11 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
         prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs,
                                 continuing)
+        if req.fit_context and not continuing:
+            budget = await gw.max_model_len() - (p.max_tokens or 1)
+            if len(prompt.ids) > budget:
+                messages, prompt = await work.run(_fitted, gw, messages, render_tools, kwargs, budget, prompt)
+                urls = image_urls(messages)
         part = await work.run(part_end, gw.template, gw.tokenizer, messages[:-1] if continuing else messages,
                               render_tools, kwargs, prompt.ids, prompt.opener_start)
     if not prompt.ids:
@@ -194,6 +200,23 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
 
     return await req.answer(endpoint, rid, prompt_ids, max_tokens, make_response(p, gw.tokenizer, head),
                             marks=marks, parser=parser, images=images)
+
+
+def _fitted(gw, messages: list[dict], tools, kwargs: dict, budget: int, prompt):
+    """(messages, prompt) with the earliest turns dropped until the prompt is at most ``budget`` tokens
+    (``gateway.conversation_fit``); as given when no cut fits."""
+    rendered = {len(messages): prompt}
+
+    def length_of(kept: list[dict]) -> int:
+        if len(kept) not in rendered:
+            rendered[len(kept)] = build_chat_prompt(gw.template, gw.tokenizer, kept, tools, kwargs)
+        return len(rendered[len(kept)].ids)
+
+    kept, dropped = fit_messages(messages, length_of, budget)
+    if dropped:
+        log.info("truncation auto: dropped the %d earliest messages of %d (prompt %d -> %d tokens, budget %d)",
+                 dropped, len(messages), len(prompt.ids), len(rendered[len(kept)].ids), budget)
+    return kept, rendered[len(kept)]
 
 
 def _continues(f: Fields) -> bool:

@@ -131,6 +131,9 @@ class GenerationRequest:
     """The generation goes on when the HTTP client goes (a background response's)."""
     on_sent: Callable[[], None] | None = None
     """Called once the engine requests are about to be sent: the prompt is made, nothing more can be a 400."""
+    fit_context: bool = False
+    """A chat past the context loses its earliest turns instead of failing (the Responses API's
+    ``truncation: "auto"``; ``gateway.conversation_fit``)."""
 
     @classmethod
     async def read(cls, http: web.Request, kind: str,
