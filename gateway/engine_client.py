@@ -124,19 +124,26 @@ class EngineClient:
         self._monitor = asyncio.create_task(self._watch(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)))
 
     async def close(self) -> None:
-        for task in (self._monitor, self._heartbeat, self._reader):
-            if task is not None:
+        """Stop the reader, heartbeat and monitor, close the socket and the context. A task that had
+        failed is logged, never left to stop the close: an open socket would hold the context's end."""
+        try:
+            for name, task in (("monitor", self._monitor), ("heartbeat", self._heartbeat), ("reader", self._reader)):
+                if task is None:
+                    continue
                 task.cancel()
                 try:
                     await task
                 except asyncio.CancelledError:
                     pass
-        if self._sock is not None:
-            if self._monitor is not None:
-                self._sock.disable_monitor()
-            self._sock.close(linger=0)
-        if self._ctx is not None:
-            self._ctx.term()
+                except Exception:
+                    log.exception("gateway: the engine connection's %s had failed", name)
+        finally:
+            if self._sock is not None:
+                if self._monitor is not None:
+                    self._sock.disable_monitor()
+                self._sock.close(linger=0)
+            if self._ctx is not None:
+                self._ctx.destroy(linger=0)  # closes whatever socket is left (term alone would wait for it)
 
     def _send(self, msg) -> None:
         """Queue ``msg`` on the socket (ZeroMQ sends it on its own thread)."""
