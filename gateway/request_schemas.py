@@ -171,6 +171,7 @@ RESPONSES = _obj({
     "max_output_tokens": {"type": "integer", "minimum": 1},
     "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"], "seed": SAMPLING["seed"],
     "stream": _BOOL, "store": _BOOL, "parallel_tool_calls": _BOOL, "background": _BOOL,
+    "truncation": {"enum": ["auto", "disabled", None]},
     "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
     "tools": {"type": "array", "items": _obj({"type": _STR}, ("type",))},
     "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _obj({"type": _STR}, ("type",))]},
