@@ -42,6 +42,7 @@ from ignis.shared.tokenizer_files import TokenizerFilesError
 log = logging.getLogger("ignis.gateway")
 
 STOP_SPARE_S = 10.0
+SLOW_STOP_S = 5.0  # a stop still going this long logs what it waits for
 
 
 def add_arguments(parser) -> None:
@@ -99,9 +100,39 @@ async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
     sdnotify.stopping()
     log.info("gateway stopping")
     StopDeadline(stop_deadline_s(config.shutdown_timeout), "gateway").start()
+    report = asyncio.create_task(_report_slow_stop(connections, SLOW_STOP_S))
     server.close()
-    await runner.cleanup()
+    try:
+        await runner.cleanup()
+    finally:
+        report.cancel()
     return 0
+
+
+def _awaiting(coro, depth: int = 12) -> str:
+    """Where a task's coroutine is: each coroutine it awaits, outermost first."""
+    steps = []
+    while coro is not None and len(steps) < depth:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        steps.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno})")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " -> ".join(steps) or "not started"
+
+
+async def _report_slow_stop(connections: Connections, after_s: float) -> None:
+    """A stop still going ``after_s`` seconds on says what it waits for: the open connections and each
+    pending task's coroutine and where it is (a request in flight, a background run, a stuck close)."""
+    await asyncio.sleep(after_s)
+    me = asyncio.current_task()
+    lines = []
+    for task in asyncio.all_tasks():
+        if task is me or task.done():
+            continue
+        lines.append(f"  {task.get_name()}: {_awaiting(task.get_coro())}")
+    log.warning("the gateway is still stopping after %.0f s: %d connections open, %d tasks pending:\n%s",
+                after_s, connections.open, len(lines), "\n".join(lines))
 
 
 def run(args) -> int:

@@ -6,8 +6,10 @@ or to an endpoint where nothing listens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import time
 
 import pytest
 
+from ignis.gateway.cli import stop_deadline_s
 from tests.gateway.conftest import http
 from tests.gateway.fake_engine import FakeEngine
 
@@ -22,12 +25,14 @@ from tests.gateway.fake_engine import FakeEngine
 def start_gateway(tmp_path, endpoint: str, *extra: str) -> tuple[subprocess.Popen, str]:
     out = (tmp_path / "gw.out").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", "--engine-endpoint",
-                             endpoint, "--engine-timeout", "2", *extra], stdout=out, stderr=subprocess.STDOUT,
+                             endpoint, "--engine-timeout", "2", "--shutdown-timeout", "5", *extra], stdout=out,
+                            stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for line in (tmp_path / "gw.out").read_text().splitlines():
             if line.startswith("READY "):
+                proc.out_path = tmp_path / "gw.out"
                 return proc, line.split()[1]
         assert proc.poll() is None, (tmp_path / "gw.out").read_text()
         time.sleep(0.05)
@@ -36,12 +41,22 @@ def start_gateway(tmp_path, endpoint: str, *extra: str) -> tuple[subprocess.Pope
 
 
 def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM; the gateway must exit 0, within its stop deadline (``--shutdown-timeout 5``: 25 s; what a
+    slow stop waits for is in its log after 5 s). One still there is aborted: every thread's stack goes to
+    its output, ``gw.out``, and into the failure."""
     proc.terminate()
     try:
-        assert proc.wait(15) == 0
+        proc.wait(stop_deadline_s(5) + 10)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        raise AssertionError(f"the gateway outlived its stop deadline:\n{proc.out_path.read_text()[-8000:]}") \
+            from None
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert proc.returncode == 0, proc.out_path.read_text()[-8000:]
 
 
 @pytest.fixture(scope="module")

@@ -88,3 +88,21 @@ def test_past_max_connections_a_new_connection_gets_503(tmp_path):
             s.close()
         wait_until(lambda: http("GET", gw.url + "/health", timeout=5).status == 200, 10,
                    "connections freed but new ones are still refused")
+
+
+def test_a_slow_stop_says_what_it_waits_for(tmp_path):
+    """SIGTERM with a request in flight that outlasts 5 s of the stop: the gateway logs its open connections
+    and the pending tasks, the request's handler among them, then ends the request at its
+    --shutdown-timeout and exits 0."""
+    with fake_gateway(tmp_path, "--shutdown-timeout", "6") as g:
+        body = json.dumps({"model": "ignis-demo", "messages": [{"role": "user", "content": "hi"}], "seed": 0,
+                           "stream": True, "max_tokens": 50}).encode()
+        with g.connect() as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")  # streaming: the engine holds seed 0
+            g.proc.terminate()
+            wait_until(lambda: "still stopping" in g.log(), 20, "no slow-stop report")
+            assert g.proc.wait(30) == 0, g.log()
+    log = g.log()
+    assert "1 connections open" in log and "_middleware" in log, log
