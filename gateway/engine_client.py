@@ -70,6 +70,7 @@ from ignis.shared.zmq_queues import MAX_MESSAGE_BYTES, heartbeat_routing_id
 log = logging.getLogger("ignis.gateway")
 
 HEARTBEAT_S = 1.0
+CLOSE_WAIT_S = 2.0  # how long close waits for each of its tasks to end after its cancel
 HWM = 100_000
 """Messages queued each way before ZeroMQ pushes back (as ``shared.zmq_queues``)."""
 MESSAGES_PER_TURN = 256
@@ -98,6 +99,7 @@ class EngineClient:
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
+        self._closing = False
         self.lost = False  # the connection dropped and no engine has answered since
         self._reconnected = False  # while lost: the socket connected again (a new engine bound the endpoint)
         self.garbage_count = 0
@@ -125,18 +127,25 @@ class EngineClient:
 
     async def close(self) -> None:
         """Stop the reader, heartbeat and monitor, close the socket and the context. A task that had
-        failed is logged, never left to stop the close: an open socket would hold the context's end."""
+        failed is logged, never left to stop the close: an open socket would hold the context's end; one
+        that does not end within ``CLOSE_WAIT_S`` of its cancel is named and left behind.
+
+        Python 3.11's ``asyncio.wait_for`` returns its future's result when the cancel arrives as that
+        future completes, losing the cancel: the heartbeat then slept on and a close that awaited it
+        never ended (a gateway stuck after SIGTERM). The waits here use ``asyncio.timeout`` and the
+        heartbeat also stops on ``_closing``."""
+        self._closing = True
         try:
             for name, task in (("monitor", self._monitor), ("heartbeat", self._heartbeat), ("reader", self._reader)):
                 if task is None:
                     continue
                 task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
-                except Exception:
-                    log.exception("gateway: the engine connection's %s had failed", name)
+                done, _ = await asyncio.wait({task}, timeout=CLOSE_WAIT_S)
+                if not done:
+                    log.warning("gateway: the engine connection's %s did not end %g s after its cancel; closing "
+                                "without it", name, CLOSE_WAIT_S)
+                elif not task.cancelled() and task.exception() is not None:
+                    log.error("gateway: the engine connection's %s had failed", name, exc_info=task.exception())
         finally:
             if self._sock is not None:
                 if self._monitor is not None:
@@ -183,8 +192,9 @@ class EngineClient:
         self._stats_waiters.append(fut)
         self._send(Stats())
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):  # not wait_for: 3.11's can swallow a cancel (see close)
+                return await fut
+        except TimeoutError:
             raise EngineUnavailable(f"the engine did not answer within {timeout:g} s") from None
         finally:
             if fut in self._stats_waiters:
@@ -217,8 +227,9 @@ class EngineClient:
         self._answer_waiters[aid] = fut
         self._send(make(aid, *fields))
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
             raise EngineUnavailable(f"the engine did not answer {what} within {timeout:g} s") from None
         finally:
             self._answer_waiters.pop(aid, None)
@@ -348,7 +359,7 @@ class EngineClient:
             monitor.close(linger=0)
 
     async def _beat(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 await self.stats(timeout=max(HEARTBEAT_S, self.timeout))
             except EngineUnavailable:
