@@ -134,16 +134,11 @@ class GrammarLanes:
         for i in range(len(drafts)):
             if matcher.is_error() or matcher.is_stopped():
                 break
-            buf = self.masks.fill([(matcher, 0)], 1)
-            row = rows[i: i + 1].float().clone()
-            if vocab_limit is not None and vocab_limit < row.shape[-1]:
-                row[:, vocab_limit:] = float("-inf")
-            self.masks.apply(row, buf, [0])
+            row = self._masked(matcher, rows[i], vocab_limit)
             if not torch.isfinite(row).any():
                 break
             token = int(row.argmax(-1))
-            if not matcher.consume_token(token):
-                log.warning("grammar matcher failed on token %d: %s", token, matcher.get_error())
+            if not self._feed(matcher, token):
                 break
             targets.append(token)
             if i + 1 >= len(drafts) or drafts[i + 1] != token:
