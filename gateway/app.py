@@ -21,7 +21,7 @@ anything else a 500 whose body says only "internal error" and a request id
 (also in ``X-Request-Id``; the log line with the trace names it). Before any
 handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
 /tokenize, /detokenize, the cache resets and the profiler routes need
-``Authorization: Bearer <key>`` when a key is set (compared in constant time),
+``Authorization: Bearer <key>`` or ``x-api-key`` when a key is set (either may carry it; compared in constant time),
 and a POST must be ``Content-Type: application/json`` (else 415, so a web page
 cannot send one without a preflight), except a cache reset's, a profiler's or
 a response cancel's POST without a body.
@@ -109,13 +109,14 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
     if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS
                            or request.path in BODYLESS_PATHS):
         return
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if not header and "x-api-key" in request.headers:  # Anthropic's clients send their key so
-        scheme, given = "bearer", request.headers["x-api-key"]
-    if scheme.lower() != "bearer" or not given:
-        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-    if not hmac.compare_digest(given.strip().encode(), key.encode()):
+    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+    given = [k.strip() for k in (bearer if scheme.lower() == "bearer" else "",
+                                 request.headers.get("x-api-key", "")) if k.strip()]  # Anthropic's clients: x-api-key
+    if not given:
+        how = "'x-api-key: <key>'" if _anthropic(request) else "'Authorization: Bearer <key>'"
+        raise ApiError(401, f"missing API key: send {how}", code="invalid_api_key")
+    # either header may carry it (a client may send both, one of them stale); each compared in constant time
+    if not any([hmac.compare_digest(k.encode(), key.encode()) for k in given]):
         raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
 

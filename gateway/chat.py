@@ -42,6 +42,7 @@ from ignis.gateway.messages import (
     check_tool_results,
     image_urls,
     parse_messages,
+    prompt_tools,
     parse_tool_choice,
     parse_tools,
 )
@@ -132,10 +133,11 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     check_image_count(len(urls), gw.vision, parse_mm_limit(gw.config.limit_mm_per_prompt))
     tools = parse_tools(f)
     choice = parse_tool_choice(f, tools)
-    render_tools = None if choice.mode == "none" else tools
-    tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if render_tools else None
-    forced = ForcedCall(choice.name) if render_tools and choice.mode in ("required", "named") else None
-    if render_tools and p.grammar is not None and (forced is not None or choice.allowed is not None):
+    render_tools = prompt_tools(tools, choice, gw.config.exclude_tools_when_tool_choice_none)
+    call_tools = None if choice.mode == "none" else tools  # the tools a call may name: none under "none"
+    tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if call_tools else None
+    forced = ForcedCall(choice.name) if call_tools and choice.mode in ("required", "named") else None
+    if call_tools and p.grammar is not None and (forced is not None or choice.allowed is not None):
         raise invalid("response_format cannot be combined with a required, named or allowed_tools tool_choice: "
                       "the calls' arguments follow the tools' parameters schemas", "response_format")
     continuing = _continues(f)
@@ -158,10 +160,10 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
                               render_tools, kwargs, prompt.ids, prompt.opener_start)
     if not prompt.ids:
         raise invalid("the rendered prompt is empty", "messages")
-    if render_tools and choice.mode == "auto" and p.grammar is None:
+    if call_tools and choice.mode == "auto" and p.grammar is None:
         # calls held to the allowed tools and the strict tools' schemas (response_format, when given, holds
         # the whole answer instead)
-        held = await work.run(auto_calls_grammar, render_tools, tool_format, gw.metrics, choice.allowed)
+        held = await work.run(auto_calls_grammar, call_tools, tool_format, gw.metrics, choice.allowed)
         if held is not None:
             req.params = p = dataclasses.replace(p, grammar=held)
     if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
@@ -175,7 +177,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if forced is not None:
         # The call opener goes after the generation prompt: the model continues inside the call, and a
         # grammar holds the rest of it to the tool's parameters.
-        grammar = await work.run(forced_call_grammar, forced, render_tools, tool_format, gw.metrics, choice.allowed)
+        grammar = await work.run(forced_call_grammar, forced, call_tools, tool_format, gw.metrics, choice.allowed)
         req.params = p = dataclasses.replace(p, grammar=grammar)
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)
@@ -196,7 +198,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
 
     def parser() -> OutputParser:
         return OutputParser(reasoning=gw.reasoning_markers, starts_in_reasoning=prompt.starts_in_reasoning,
-                            tool_format=tool_format, tools=render_tools, forced=forced, max_calls=max_calls)
+                            tool_format=tool_format, tools=call_tools, forced=forced, max_calls=max_calls)
 
     return await req.answer(endpoint, rid, prompt_ids, max_tokens, make_response(p, gw.tokenizer, head),
                             marks=marks, parser=parser, images=images)

@@ -86,7 +86,11 @@ class GatewayConfig:
         "served in arrival order, and a priority other than 0 is a 400 as in vLLM", choices=SCHEDULING_POLICIES))
     enable_auto_tool_choice: bool = field(default=False, metadata=field_doc(
         "taken for vLLM command lines and without effect: ignis always parses the tool calls of a request "
-        "with tools (tool_choice auto, required, none or a named function)"))
+        "with tools (tool_choice auto, required or a named function)"))
+    exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=field_doc(
+        "leave the tools out of the prompt of a request whose tool_choice is none (vLLM's flag); by default "
+        "they are rendered whatever the tool_choice, so the conversation's prompt, and its reuse, stay the same "
+        "when a client turns tools off for one turn (no call is parsed either way)"))
     reasoning_parser: str = field(default="auto", metadata=field_doc(
         "how a model's reasoning is split from its answer: auto splits <think>...</think> into "
         "reasoning_content when the tokenizer has both tokens; qwen3 and deepseek_r1 (vLLM's names) do the same "

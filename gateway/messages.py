@@ -20,10 +20,11 @@ Tool-call ``arguments`` must be strings holding JSON objects (as OpenAI's API
 sends them); ``check_tool_results`` refuses a tool message that answers no
 earlier call.
 
-Tools go to the template unchanged. ``tool_choice`` "none" withholds them (and
-tool-call parsing); "auto", "required" and a named function pass them all, as
-vLLM does; required and named calls are forced by the chat handler, which
-ends the prompt with the call's opener.
+Tools go to the template unchanged, whatever the ``tool_choice``, as vLLM
+does (``prompt_tools``; ``--exclude-tools-when-tool-choice-none`` withholds
+them under "none"). "none" turns tool-call parsing off; required and named
+calls are forced by the chat handler, which ends the prompt with the call's
+opener.
 """
 
 from __future__ import annotations
@@ -257,6 +258,11 @@ def parse_tool_choice(f: Fields, tools: list[dict] | None) -> ToolChoice:
     if name not in known:
         raise invalid(f"tool_choice names function {name!r}, which is not in tools", "tool_choice.function.name")
     return ToolChoice("named", name)
+
+
+def prompt_tools(tools: list[dict] | None, choice: ToolChoice, exclude_when_none: bool) -> list[dict] | None:
+    """The tools the template renders: all of them, unless the choice is none and ``exclude_when_none``."""
+    return None if choice.mode == "none" and exclude_when_none else tools
 
 
 def _allowed_tools(cf: Fields, known: set[str]) -> ToolChoice:

@@ -186,6 +186,10 @@ class MessagesTurn:
             content = mf.raw("content")
             if not isinstance(content, (str, list)):
                 raise mf.error("content", "must be a string or an array of content blocks")
+            if role == "user" and not content:
+                # Anthropic's rule: only a final assistant turn may be empty (dropped, an empty user turn
+                # would have made the turn before it a prefill)
+                raise mf.error("content", "a user message must have non-empty content")
             (self._user if role == "user" else self._assistant)(mf, content, out)
         return out
 
@@ -201,9 +205,12 @@ class MessagesTurn:
                 raise tf.error("type", f"server tool {kind!r} is not supported: give custom tools with an "
                                        "input_schema")
             schema = tf.object("input_schema")
-            fn = {"name": tf.str("name"), "parameters": schema.obj if schema is not None else {"type": "object"}}
+            # OpenAI's key order (name, description, parameters): the template writes each tool as JSON, so
+            # the same tools sent through either API render the same prompt and share its reuse
+            fn = {"name": tf.str("name")}
             if tf.has("description"):
                 fn["description"] = tf.str("description")
+            fn["parameters"] = schema.obj if schema is not None else {"type": "object"}
             if tf.bool("strict"):  # Anthropic's strict tool use: the call's input follows input_schema
                 fn["strict"] = True
             out.append({"type": "function", "function": fn})
@@ -256,7 +263,8 @@ class MessagesTurn:
         param = e.param or ""
         m = re.fullmatch(r"messages\[(\d+)\](.*)", param)
         if m and int(m.group(1)) < len(self.origins):
-            return e.renamed(self.origins[int(m.group(1))] + m.group(2))
+            tail = ".tool_use_id" if m.group(2) == ".tool_call_id" else m.group(2)  # the field as Anthropic names it
+            return e.renamed(self.origins[int(m.group(1))] + tail)
         return e.renamed({"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name",
                           "thinking_token_budget": "thinking.budget_tokens"}.get(param, param))
 

@@ -4,7 +4,9 @@
                                └─text──> ToolCallSplitter ──content──> ("content", str)
                                          (tools on only)  └─calls────> ("tool_call", ToolCallDelta)
 
-Tool calls inside reasoning are reasoning. With a forced call (``tool_choice``
+A tool call opened inside reasoning that was never closed ends the reasoning
+(Qwen3.5 does this; ``reasoning_split``), so the call is parsed; a call after
+a closed ``</think>`` is the usual case. With a forced call (``tool_choice``
 required or named, see ``tool_call_format.forced_call_suffix``) the output
 starts inside the call, so there is no reasoning to split. Pure Python.
 """
@@ -12,6 +14,7 @@ starts inside the call, so there is no reasoning to split. Pure Python.
 from __future__ import annotations
 
 from ignis.gateway.reasoning_split import THINK_CLOSE, THINK_OPEN, ReasoningSplitter, add_event
+from ignis.gateway.tool_call_format import TOOL_OPEN
 from ignis.gateway.tool_call_split import ForcedCall, ToolCallDelta, ToolCallSplitter
 
 __all__ = ["THINK_CLOSE", "THINK_OPEN", "ForcedCall", "OutputParser", "ToolCallDelta"]
@@ -26,7 +29,9 @@ class OutputParser:
         if forced is not None and tool_format is None:
             raise ValueError("a forced call needs a tool format")
         self.max_calls = max_calls  # later calls are left out (``parallel_tool_calls: false``: 1)
-        self._reasoning = ReasoningSplitter(starts_in_reasoning) if reasoning and forced is None else None
+        opener = TOOL_OPEN if tool_format is not None else None
+        self._reasoning = (ReasoningSplitter(starts_in_reasoning, call_opener=opener)
+                           if reasoning and forced is None else None)
         self._tools = ToolCallSplitter(tool_format, tools, forced) if tool_format is not None else None
 
     @property

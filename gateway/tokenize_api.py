@@ -34,7 +34,14 @@ from ignis.gateway.continuation import continued_text
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import read_request_body
-from ignis.gateway.messages import apply_developer_policy, image_urls, parse_messages, parse_tools
+from ignis.gateway.messages import (
+    apply_developer_policy,
+    image_urls,
+    parse_messages,
+    parse_tool_choice,
+    parse_tools,
+    prompt_tools,
+)
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
@@ -57,11 +64,13 @@ def render_chat_ids(gw: GatewayState, f: Fields) -> list[int]:
                                   "picture); send the text parts alone")
     messages = apply_developer_policy(messages, gw.config.server_developer_message_policy,
                                       gw.template.takes_late_system)
+    tools = parse_tools(f)
+    tools = prompt_tools(tools, parse_tool_choice(f, tools), gw.config.exclude_tools_when_tool_choice_none)
     with rendering_errors():
         if continuing:
-            text = continued_text(gw.template, messages, parse_tools(f), template_kwargs(f))
+            text = continued_text(gw.template, messages, tools, template_kwargs(f))
         else:
-            text = gw.template.render(messages, parse_tools(f),
+            text = gw.template.render(messages, tools,
                                       add_generation_prompt=f.bool("add_generation_prompt", True),
                                       extra=template_kwargs(f))
     return gw.tokenizer.encode(text, add_special_tokens=f.bool("add_special_tokens", False))

@@ -115,6 +115,17 @@ def test_a_stop_sequence_ends_the_turn_and_is_named(claude, server):
      "invalid_request_error", "messages[2].content[0]"),
     ({"max_tokens": 4, "model": "claude-nope", "messages": [{"role": "user", "content": "x"}]}, 404,
      "not_found_error", "model"),
+    # an empty user turn after an assistant one would have made that one a prefill
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                                    {"role": "user", "content": []}]}, 400, "invalid_request_error",
+     "messages[2].content"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": ""}]}, 400, "invalid_request_error",
+     "messages[0].content"),
+    ({"max_tokens": 4, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "r"}]}]}, 400,
+     "invalid_request_error", "messages[2].content[0].tool_use_id 'toolu_2'"),
 ])
 def test_bad_requests_answer_anthropic_errors(server, body, status, kind, where):
     r = post(server, "/v1/messages", body)
@@ -131,6 +142,12 @@ def test_the_key_comes_as_x_api_key_or_bearer(server):
     bearer = http("POST", server.url + "/v1/messages", json.dumps(body).encode(),
                   {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"})
     assert bearer.status == 200
+    # both sent, one of them stale: the right one is enough
+    assert post(server, "/v1/messages", body, {"Authorization": "Bearer stale"}).status == 200
+    assert post(server, "/v1/messages", body, {"x-api-key": "stale",
+                                               "Authorization": f"Bearer {server.api_key}"}).status == 200
+    none = http("POST", server.url + "/v1/messages", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    assert none.status == 401 and "x-api-key" in none.json()["error"]["message"]
 
 
 def test_a_second_turn_reads_the_shared_system_and_tools_from_reuse_and_answers_as_cold(claude, server):

@@ -69,7 +69,7 @@ def test_a_full_body_becomes_its_chat_body():
                             "messages[2].content[1]", "messages[2].content[2]", "messages[2]", "messages[3]",
                             "messages[4]"]
     err = turn.remap(ApiError(400, "messages[4].tool_call_id: unknown", param="messages[4].tool_call_id"))
-    assert err.param == "messages[2].content[1].tool_call_id" and err.message.startswith("messages[2].content[1]")
+    assert err.param == "messages[2].content[1].tool_use_id" and err.message.startswith("messages[2].content[1]")
 
 
 @pytest.mark.parametrize("choice, want", [({"type": "auto"}, "auto"), ({"type": "none"}, "none"),
@@ -118,3 +118,9 @@ def test_deltas_make_blocks_and_events_and_parallel_false_keeps_the_first_call()
     stopped = ContentBlocks()
     stopped.feed(ChoiceDelta(0, content="x", finish_reason="stop", stop_sequence="END"))
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "END")
+
+
+def test_tools_keep_openais_key_order_so_both_apis_render_one_prompt():
+    chat = MessagesTurn().translate({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"input_schema": {"type": "object"}, "description": "d", "name": "f"}]})
+    assert list(chat["tools"][0]["function"]) == ["name", "description", "parameters"]

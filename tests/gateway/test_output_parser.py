@@ -47,11 +47,36 @@ def test_text_resembling_a_marker_is_released():
     assert r["content"] == "<thin and <tool"
 
 
+CALLS_IN_REASONING = {
+    "hermes": '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
+    "qwen3_xml": "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+}
+
+
 @pytest.mark.parametrize("fmt", ["hermes", "qwen3_xml"])
-def test_tool_call_inside_reasoning_stays_reasoning(fmt):
-    text = '<think>maybe <tool_call>{"name": "f", "arguments": {}}</tool_call></think>no call'
+@pytest.mark.parametrize("close", ["", "</think>"])
+def test_a_call_opened_inside_reasoning_ends_it(fmt, close):
+    # Qwen3.5 may open a call without closing its reasoning: the call is parsed, not left in the reasoning;
+    # a </think> after it is dropped
+    text = "<think>maybe call f\n\n" + CALLS_IN_REASONING[fmt] + close
+    r = every_split(text, tool_format=fmt, tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}])
+    assert r["reasoning"] == "maybe call f\n\n" and r["content"] == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in r["calls"]] == [("f", {"x": 1})]
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_xml"])
+def test_reasoning_that_names_the_call_tag_stays_reasoning(fmt):
+    text = "<think>I could write <tool_call> here, or not.</think>done"
     r = every_split(text, tool_format=fmt)
-    assert r["calls"] == [] and r["content"] == "no call" and "<tool_call>" in r["reasoning"]
+    assert r["reasoning"] == "I could write <tool_call> here, or not." and r["content"] == "done"
+    assert r["calls"] == []
+
+
+def test_a_call_opener_in_reasoning_is_reasoning_when_tools_are_off():
+    text = "<think>" + CALLS_IN_REASONING["qwen3_xml"] + "</think>ok"
+    r = every_split(text)
+    assert r["reasoning"] == CALLS_IN_REASONING["qwen3_xml"] and r["content"] == "ok"
 
 
 def test_tool_markup_is_content_when_tools_are_off():

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from ignis.engine.grammar_tokenizer import load_tokenizer
+from tests.gateway.conftest import http
 from tests.gateway.tools_http_support import assemble, create, streamed, tools_gateway
 from tests.support.real_tokenizer import token_ids
 
@@ -154,13 +155,52 @@ def test_required_tool_choice_opens_a_call(gw, client):
     assert refused.choices[0].message.content == "No call, sorry." and refused.choices[0].finish_reason == "stop"
 
 
-def test_tool_choice_none_renders_no_tools_and_parses_no_calls(gw, client):
+def test_tool_choice_none_renders_the_tools_and_parses_no_calls(gw, client):
     text = xml_call("get_time")
     r = create(gw, client, text, tool_choice="none")
-    assert "# Tools" not in gw.last_prompt() and "get_weather" not in gw.last_prompt()
+    none_prompt = gw.last_prompt()
     assert r.choices[0].message.content == text and r.choices[0].message.tool_calls is None
     create(gw, client, "ok", tool_choice="auto")
-    assert "# Tools" in gw.last_prompt() and '"name": "get_weather"' in gw.last_prompt()
+    assert "# Tools" in none_prompt and none_prompt == gw.last_prompt()  # the prompt (and its reuse) unchanged
+
+
+@pytest.fixture(scope="module")
+def excluding(tmp_path_factory):
+    yield from tools_gateway(tmp_path_factory, "qwen3_5", "--exclude-tools-when-tool-choice-none", messages=ASK,
+                             tools=TOOLS)
+
+
+def test_exclude_tools_when_tool_choice_none_leaves_them_out(excluding):
+    text = xml_call("get_time")
+    with excluding.client() as client:
+        r = create(excluding, client, text, tool_choice="none")
+        assert "# Tools" not in excluding.last_prompt() and "get_weather" not in excluding.last_prompt()
+        assert r.choices[0].message.content == text and r.choices[0].message.tool_calls is None
+        body = {"model": excluding.model, "messages": ASK, "tools": TOOLS, "tool_choice": "none"}
+        counted = http("POST", excluding.url + "/tokenize", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"}).json()
+        assert counted["count"] == r.usage.prompt_tokens
+        create(excluding, client, "ok", tool_choice="auto")
+        assert "# Tools" in excluding.last_prompt()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_written_inside_unclosed_reasoning_is_a_call(gw, client, stream):
+    # Qwen3.5 may open a call while thinking without writing </think> first
+    text = "I need the time.\n\n" + xml_call("get_time")
+    kwargs = {"extra_body": {"chat_template_kwargs": {"enable_thinking": True}}}
+    if stream:
+        deltas, reasons = streamed(gw, client, text, **kwargs)
+        calls, _ = assemble(deltas)
+        reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+        content = "".join(d.content or "" for d in deltas)
+    else:
+        r = create(gw, client, text, **kwargs)
+        msg, reasons = r.choices[0].message, [r.choices[0].finish_reason]
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls or ()]
+        reasoning, content = msg.reasoning_content, msg.content or ""
+    assert reasons == ["tool_calls"] and [c["name"] for c in calls] == ["get_time"]
+    assert reasoning == "I need the time.\n\n" and content == ""
 
 
 def test_history_with_calls_results_and_reasoning_renders_as_the_template_expects(gw, client):
