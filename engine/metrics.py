@@ -81,7 +81,8 @@ class EngineMetrics(ProcessMetrics):
             name: self.counter(name, doc) for name, doc in (
                 ("reuse_captures", "retained entries captured"),
                 ("reuse_captures_skipped", "captures skipped for want of a slot or a page"),
-                ("reuse_demotions", "retained entries moved down to tierd when the device needed room"),
+                ("reuse_demotions", "retained entries moved down to tierd when the device needed room (one tierd "
+                                    "already held counts too: no bytes move for it)"),
                 ("reuse_restores", "retained entries restored from KV-RAM or KV-disk"),
                 ("reuse_released", "retained entries released from the device"),
                 ("reuse_stamp_refusals", "retained entries refused for another stamp"),
