@@ -3,7 +3,8 @@
 Response shapes follow OpenAI's: ``chat.completion`` (choices[i].message with
 content, reasoning_content, tool_calls) and ``chat.completion.chunk`` deltas
 (the first carries the role, then content / reasoning_content / tool_calls,
-then a chunk with finish_reason). A streamed call's pieces that arrive
+then a chunk with finish_reason). The reasoning also goes as ``reasoning``,
+the name vLLM now uses; vLLM's ``include_reasoning: false`` leaves it out. A streamed call's pieces that arrive
 together are one ``tool_calls`` entry. ``tool_choice`` "required" or a named
 function appends the call's opener to the rendered prompt
 (``tool_call_format.forced_call_suffix``) and the choices' parsers start
@@ -111,9 +112,10 @@ def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[in
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Create a chat completion."""
     req = await GenerationRequest.read(request, "chat")
+    include_reasoning = req.fields.bool("include_reasoning", True)  # vLLM's: false leaves the reasoning out
     return await answer_chat(req, ENDPOINT, response_id("chatcmpl", req.client_id),
                              lambda p, tok, head: ChatResponse(p, tok, {"id": head["id"], "created": int(time.time()),
-                                                                     "model": head["model"]}))
+                                                                     "model": head["model"]}, include_reasoning))
 
 
 async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
@@ -246,9 +248,10 @@ async def answer_translated(request: web.Request, turn, endpoint: str) -> web.St
 class ChatResponse(EndpointResponse):
     """``chat.completion`` bodies and ``chat.completion.chunk`` deltas."""
 
-    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict):
+    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, include_reasoning: bool = True):
         super().__init__(params, tokenizer, dict(head, object="chat.completion"),
                          dict(head, object="chat.completion.chunk"))
+        self.include_reasoning = include_reasoning
         # Per choice; "calls" holds OpenAI tool-call objects, position = the call's index.
         self.acc = [{"content": "", "reasoning": "", "calls": [], "lps": []} for _ in range(params.n)]
 
@@ -271,8 +274,8 @@ class ChatResponse(EndpointResponse):
 
     def chunk_choice(self, d: ChoiceDelta) -> dict:
         delta: dict = {}
-        if d.reasoning:
-            delta["reasoning_content"] = d.reasoning
+        if d.reasoning and self.include_reasoning:
+            delta["reasoning_content"] = delta["reasoning"] = d.reasoning
         if d.content:
             delta["content"] = d.content
         if d.tool_calls:
@@ -295,9 +298,10 @@ class ChatResponse(EndpointResponse):
             if d.content and not d.reasoning:
                 return b'{"index":%d,"delta":{"content":%b},"logprobs":null,"finish_reason":null}' % (
                     d.index, orjson.dumps(d.content))
-            if d.reasoning and not d.content:
-                return b'{"index":%d,"delta":{"reasoning_content":%b},"logprobs":null,"finish_reason":null}' % (
-                    d.index, orjson.dumps(d.reasoning))
+            if d.reasoning and not d.content and self.include_reasoning:
+                text = orjson.dumps(d.reasoning)
+                return (b'{"index":%d,"delta":{"reasoning_content":%b,"reasoning":%b},"logprobs":null,'
+                        b'"finish_reason":null}' % (d.index, text, text))
         return orjson.dumps(self.chunk_choice(d))
 
     def take(self, d: ChoiceDelta) -> None:
@@ -315,8 +319,8 @@ class ChatResponse(EndpointResponse):
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
         a = self.acc[index]
         message: dict = {"role": "assistant", "content": a["content"] if a["content"] or not a["calls"] else None}
-        if a["reasoning"]:
-            message["reasoning_content"] = a["reasoning"]
+        if a["reasoning"] and self.include_reasoning:
+            message["reasoning_content"] = message["reasoning"] = a["reasoning"]
         if a["calls"]:
             message["tool_calls"] = a["calls"]
         choice = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}

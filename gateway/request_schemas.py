@@ -139,6 +139,7 @@ CHAT_COMPLETIONS = _obj({
     "add_generation_prompt": _BOOL,
     "thinking_token_budget": {"type": "integer", "minimum": 0, "maximum": MAX_THINKING_BUDGET},
     "reasoning_effort": {"enum": list(EFFORTS)},
+    "include_reasoning": _BOOL,
 }, ("messages",))
 
 COMPLETIONS = _obj({

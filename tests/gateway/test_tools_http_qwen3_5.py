@@ -78,6 +78,24 @@ def test_two_typed_calls_with_reasoning_streamed(gw, client):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_goes_under_both_names_and_include_reasoning_false_leaves_it_out(gw, client, stream):
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+    for include in (True, False):
+        body = dict(thinking, include_reasoning=include)
+        if stream:
+            deltas, _ = streamed(gw, client, "Hm.\n</think>\n\nHi.", extra_body=body)
+            content = "".join(d.content or "" for d in deltas)
+            names = [(getattr(d, "reasoning_content", None), getattr(d, "reasoning", None)) for d in deltas]
+            names = [n for n in names if n != (None, None)]
+            both = ("".join(a for a, _ in names), "".join(b for _, b in names)) if names else (None, None)
+        else:
+            msg = create(gw, client, "Hm.\n</think>\n\nHi.", extra_body=body).choices[0].message
+            content, both = msg.content, (getattr(msg, "reasoning_content", None), getattr(msg, "reasoning", None))
+        assert content == "Hi."
+        assert both == (("Hm.\n", "Hm.\n") if include else (None, None))
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_parallel_tool_calls_false_answers_the_first_call_and_ends_there(gw, client, stream):
     text = TWO_CALLS + "\nTrailing words the client never sees."
     kw = dict(parallel_tool_calls=False, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
