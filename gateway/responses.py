@@ -7,6 +7,7 @@ error event (an OpenAI error object) followed by ``[DONE]``.
 Logprobs formats:
     chat        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
     completion  {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+                (each top_logprobs entry names the chosen token too: up to logprobs + 1 entries)
 
 A token is named by its text, or with vLLM's ``return_tokens_as_token_ids`` as
 "token_id:<id>" (``token_name``). Chat's ``bytes`` then stay as vLLM writes
@@ -106,6 +107,8 @@ class CompletionLogprobs:
             top = {}
             for i, v in r.top:
                 top.setdefault(token_name(tok, i, as_ids), json_logprob(v))
+            # the legacy API always names the chosen token too (up to logprobs + 1 entries), as vLLM does
+            top.setdefault(tokens[-1], lps[-1])
             tops.append(top)
             offsets.append(self.offset)
             self.offset += len(text)

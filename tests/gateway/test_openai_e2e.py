@@ -125,7 +125,9 @@ def test_logprobs_format(client, server):
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
     c = client.completions.create(model=server.model, prompt="Hello", max_tokens=3, temperature=0, logprobs=2)
     lp = c.choices[0].logprobs
-    assert len(lp.tokens) == 3 and len(lp.token_logprobs) == 3 and all(len(t) <= 2 for t in lp.top_logprobs)
+    assert len(lp.tokens) == 3 and len(lp.token_logprobs) == 3 and all(len(t) <= 3 for t in lp.top_logprobs)
+    # the legacy format names the chosen token in its top_logprobs too (logprobs + 1 entries at most)
+    assert all(top[tok] == v for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
 
 
 def test_tool_call_round_trip(client, server, demo_dir):

@@ -58,7 +58,9 @@ def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(server, demo_
     assert lp["tokens"][:n] == [demo_tokenizer.token_text(t) for t in ids]
     ref = hf_logprobs(ids, demo_tokenizer.vocab_size)
     check_scores(ref, ids, lp["token_logprobs"][1:n])
-    assert all(len(top) <= 2 for top in lp["top_logprobs"][1:])
+    assert all(len(top) <= 3 for top in lp["top_logprobs"][1:])
+    assert all(top[tok] == v for tok, v, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:],
+                                                     lp["top_logprobs"][1:]))  # the prompt's token named too
     offsets = lp["text_offset"]
     assert offsets[0] == 0 and offsets == sorted(offsets)
     assert offsets[n] == sum(len(t) for t in lp["tokens"][:n])  # the generated token goes on after the prompt
