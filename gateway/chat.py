@@ -253,7 +253,8 @@ class ChatResponse(EndpointResponse):
                          dict(head, object="chat.completion.chunk"))
         self.include_reasoning = include_reasoning
         # Per choice; "calls" holds OpenAI tool-call objects, position = the call's index.
-        self.acc = [{"content": "", "reasoning": "", "calls": [], "lps": []} for _ in range(params.n)]
+        self.acc = [{"content": "", "reasoning": "", "calls": [], "lps": [], "stop_reason": None}
+                    for _ in range(params.n)]
 
     def first_choices(self) -> list[dict]:
         return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -287,6 +288,8 @@ class ChatResponse(EndpointResponse):
                     calls.append(piece.to_json())
             delta["tool_calls"] = calls
         choice = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
+        if d.finish_reason is not None:
+            choice["stop_reason"] = d.stop_reason
         if self.params.logprobs and d.logprobs:
             choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, d.logprobs,
                                                            self.params.return_tokens_as_token_ids)}
@@ -315,6 +318,8 @@ class ChatResponse(EndpointResponse):
             else:
                 a["calls"][piece.index]["function"]["arguments"] += piece.arguments
         a["lps"].extend(d.logprobs)
+        if d.finish_reason is not None:
+            a["stop_reason"] = d.stop_reason
 
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
         a = self.acc[index]
@@ -323,7 +328,8 @@ class ChatResponse(EndpointResponse):
             message["reasoning_content"] = message["reasoning"] = a["reasoning"]
         if a["calls"]:
             message["tool_calls"] = a["calls"]
-        choice = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason,
+                  "stop_reason": a["stop_reason"]}
         if self.params.logprobs:
             choice["logprobs"] = {"content": chat_logprobs(self.tokenizer, a["lps"],
                                                            self.params.return_tokens_as_token_ids)}

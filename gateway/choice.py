@@ -48,6 +48,9 @@ class ChoiceDelta:
     finish_reason: str | None = None
     stop_sequence: str | None = None
     """The stop string that ended the choice (with ``finish_reason`` "stop")."""
+    stop_reason: str | int | None = None
+    """vLLM's ``stop_reason`` (with ``finish_reason``): the stop string that ended the choice, or the token
+    of the request's ``stop_token_ids`` that did; None for the model's end of turn, a length or a tool call."""
 
     @property
     def has_text(self) -> bool:
@@ -160,7 +163,10 @@ class ChoiceState:
                 self._apply(self.parser.finish(), delta)
         # abort / error pass through: the caller decides what the client sees.
         reason = "stop" if self.stopped_early else engine_reason
-        delta.stop_sequence = self.stops.matched
+        delta.stop_sequence = delta.stop_reason = self.stops.matched
+        if reason == "stop" and self.stops.matched is None and self.token_ids and (
+                self.token_ids[-1] in self.stop_token_ids):
+            delta.stop_reason = self.token_ids[-1]
         if reason == "stop" and self.parser is not None and self.parser.num_tool_calls:
             reason = "tool_calls"
         delta.finish_reason = reason

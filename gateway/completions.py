@@ -123,7 +123,7 @@ class CompletionResponse(EndpointResponse):
         self.echo_texts = echo_texts
         # One per choice: text offsets run on across every delta of the choice.
         self.lps = [CompletionLogprobs(as_ids=params.return_tokens_as_token_ids) for _ in echo_texts]
-        self.acc = [{"text": text, "lps": []} for text in echo_texts]
+        self.acc = [{"text": text, "lps": [], "stop_reason": None} for text in echo_texts]
         self.echo_lps: list[dict | None] = [None] * len(echo_texts)  # an echoed prompt's legacy logprobs
 
     def opened(self, gen: Generation) -> None:
@@ -149,14 +149,16 @@ class CompletionResponse(EndpointResponse):
 
     def chunk_choice(self, d: ChoiceDelta) -> dict:
         choice = {"index": d.index, "text": d.content, "logprobs": None, "finish_reason": d.finish_reason}
+        if d.finish_reason is not None:
+            choice["stop_reason"] = d.stop_reason
         if self.params.logprobs and d.logprobs:
             choice["logprobs"] = self.lps[d.index].add(self.tokenizer, d.logprobs)
         return choice
 
     def chunk_choice_bytes(self, d: ChoiceDelta) -> bytes:
-        if not (self.params.logprobs and d.logprobs):  # the bytes chunk_choice's dict serialises to
-            return b'{"index":%d,"text":%b,"logprobs":null,"finish_reason":%b}' % (
-                d.index, orjson.dumps(d.content), b"null" if d.finish_reason is None else orjson.dumps(d.finish_reason))
+        if d.finish_reason is None and not (self.params.logprobs and d.logprobs):
+            # the bytes chunk_choice's dict serialises to
+            return b'{"index":%d,"text":%b,"logprobs":null,"finish_reason":null}' % (d.index, orjson.dumps(d.content))
         return orjson.dumps(self.chunk_choice(d))
 
     def take(self, d: ChoiceDelta) -> None:
@@ -164,9 +166,12 @@ class CompletionResponse(EndpointResponse):
         a["text"] += d.content
         if self.params.logprobs and d.logprobs:
             a["lps"].append(self.lps[d.index].add(self.tokenizer, d.logprobs))
+        if d.finish_reason is not None:
+            a["stop_reason"] = d.stop_reason
 
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
         a = self.acc[index]
         logprobs = merge_completion_logprobs(a["lps"]) if self.params.logprobs else None
         return self._with_prompt_logprobs(
-            {"index": index, "text": a["text"], "logprobs": logprobs, "finish_reason": finish_reason}, index)
+            {"index": index, "text": a["text"], "logprobs": logprobs, "finish_reason": finish_reason,
+             "stop_reason": a["stop_reason"]}, index)

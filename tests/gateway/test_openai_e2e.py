@@ -106,12 +106,25 @@ def test_stop_string_from_the_greedy_output(client, server):
         if stream:
             chunks = list(r)
             got = "".join(c.choices[0].text for c in chunks if c.choices)
-            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-            assert reason == ["stop"]
+            last = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+            reason, named = [c.finish_reason for c in last], [c.model_extra["stop_reason"] for c in last]
+            assert reason == ["stop"] and named == [stop]  # vLLM's stop_reason names the stop string
         else:
             got, reason = r.choices[0].text, r.choices[0].finish_reason
             assert reason == "stop" and r.usage.completion_tokens < 40
+            assert r.choices[0].model_extra["stop_reason"] == stop
         assert got == text[:cut]
+    # a stop token of the request's own: its id; a length: null
+    ids = client.completions.create(model=server.model, prompt="The city of", temperature=0, max_tokens=40,
+                                    extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0]
+    assert ids.finish_reason == "length" and ids.model_extra["stop_reason"] is None
+    token = ids.model_extra["token_ids"][5]
+    r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=2, extra_body={"ignore_eos": True})
+    assert r.choices[0].model_extra["stop_reason"] is None
+    r = client.completions.create(model=server.model, prompt="The city of", temperature=0, max_tokens=40,
+                                  extra_body={"ignore_eos": True, "stop_token_ids": [token]})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == token
 
 
 def test_logprobs_format(client, server):
