@@ -3,7 +3,7 @@
 Each ``ExecStart`` is taken from its unit file and expanded with
 ``ignis.env.example`` (the model replaced by the demo, the runtime dir by a
 temporary one, the arena shrunk to fit this machine's memlock limit, the
-device the CPU, metrics ports free ones), then started as systemd would:
+device the CPU, metrics ports free ones, /var/cache/ignis a temporary dir), then started as systemd would:
 tierd, then the engine once tierd is READY, then the gateway. A
 conversation must resume from KV-RAM. Then tierd is killed with requests in
 flight: they complete, the engine keeps serving, and once tierd is started
@@ -95,7 +95,7 @@ class Units:
         self.tmp = tmp
         env = units_env()
         rewrite = {"/usr/local/bin/ignis": [sys.executable, "-m", "ignis.launcher.cli"],
-                   "/run/ignis": [str(tmp / "run")]}
+                   "/run/ignis": [str(tmp / "run")], "/var/cache/ignis/": [str(tmp / "cache")]}
         self.argv = {u: unit_argv(f"ignis-{u}.service", env, rewrite) for u in ("tierd", "engine", "gateway")}
         self.tierd = UnitProcess("tierd", self.argv["tierd"], tmp)
         self.engine = UnitProcess("engine", self.argv["engine"], tmp)
@@ -113,6 +113,7 @@ class Units:
 def units(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("units")
     (tmp / "run").mkdir(mode=0o700)  # RuntimeDirectory=ignis
+    (tmp / "cache").mkdir(mode=0o700)  # CacheDirectory=ignis (the tierd unit's KV-disk)
     started = Units(tmp)
     yield started
     codes = {p.unit: p.stop() for p in (started.gateway, started.engine, started.tierd)}
@@ -124,6 +125,7 @@ def test_the_engine_unit_is_wired_to_tierd_and_resumes_from_kv_ram(units):
     assert units.tierd.ready == f"ipc://{units.tmp / 'run'}/default-tierd.sock"
     assert units.tierd.metric("ignis:tierd_arena_locked_bytes") == ARENA  # --require-mlock on: locked whole
     assert "tierd connected" in units.engine.log()
+    assert f"KV-disk {units.tmp / 'cache'}/default-kv-disk " in units.tierd.log()  # the unit's --kv-disk-dir
     units.cold.update({i: content(ask(units.url, units.model, i)) for i in range(CONVERSATIONS)})
     done = resume_from_kv_ram(units.url, units.model, units.engine.err, units.cold)
     assert 0 < done["cached_tokens"] < done["prompt_tokens"]
