@@ -4,8 +4,10 @@ Some flags also answer to vLLM's and SGLang's names (``aliases``, ``shared.flags
 for their command lines: ``--speculative-config`` (``engine.speculative_config``),
 ``--gpu-memory-utilization``, ``--enforce-eager``, ``--language-model-only``, ``--log-requests``,
 ``--kv-cache-dtype`` (fp8 served in the ``--kv-format`` pages, with a warning), and, taken without
-effect, ``--tensor-parallel-size`` (1 only), ``--enable-lora`` and ``--trust-remote-code`` (no code is
-ever run from a checkpoint).
+effect, ``--tensor-parallel-size`` and ``--data-parallel-size`` (1 only), ``--enable-lora``,
+``--enable-expert-parallel``, ``--enable-chunked-prefill`` (prefill is always chunked; off is logged),
+``--disable-log-stats``, ``--mm-encoder-tp-mode`` and ``--trust-remote-code`` (no code is ever run from
+a checkpoint). SGLang's ``--random-seed`` is ``--seed``.
 """
 
 from __future__ import annotations
@@ -209,11 +211,27 @@ class EngineConfig:
     profile_dir: str | None = field(default=None, metadata=field_doc(
         "take POST /start_profile and /stop_profile (vLLM's): the torch profiler over served rounds, its Chrome "
         "trace and a table of the top operators written into this directory (default: off; engine.profiling)"))
-    seed: int = field(default=0, metadata=field_doc("seed of the engine's own generator (unseeded requests)"))
+    seed: int = field(default=0, metadata=field_doc("seed of the engine's own generator (unseeded requests)",
+                                                    aliases=("--random-seed",)))
     tensor_parallel_size: int = field(default=1, metadata=field_doc(
         "devices one model is split over (vLLM's flag): ignis runs a model on one device per engine, so only 1 "
         "is taken; for more throughput run an engine per device (docs/scale-out.md)",
         aliases=("-tp", "--tp-size", "--tp")))
+    data_parallel_size: int = field(default=1, metadata=field_doc(
+        "engines serving one model side by side (vLLM's flag): one engine per process here, so only 1 is taken; "
+        "run an engine per device behind a router instead (docs/scale-out.md)", aliases=("-dp", "--dp-size", "--dp")))
+    enable_expert_parallel: bool = field(default=False, metadata=field_doc(
+        "taken for vLLM command lines and without effect: a model runs on one device, which holds all its experts"))
+    enable_chunked_prefill: bool = field(default=True, metadata=field_doc(
+        "taken for vLLM command lines: ignis always splits a long prefill into chunks of "
+        "--max-prefill-tokens-per-round that share rounds with decodes; off is logged and changes nothing",
+        off_aliases=("--no-enable-chunked-prefill",)))
+    disable_log_stats: bool = field(default=False, metadata=field_doc(
+        "taken for vLLM command lines and without effect: the engine logs no periodic throughput lines (its "
+        "figures are on --metrics-port)"))
+    mm_encoder_tp_mode: str = field(default="weights", metadata=field_doc(
+        "taken for vLLM command lines and without effect: the vision encoder runs on the engine's one device",
+        choices=("weights", "data")))
     trust_remote_code: bool = field(default=False, metadata=field_doc(
         "taken for vLLM command lines and without effect: ignis never runs code from a checkpoint (the "
         "architectures it serves are its own)"))
@@ -306,6 +324,10 @@ class EngineConfig:
         if self.tensor_parallel_size != 1:
             raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size}: ignis runs a model on one device "
                              f"per engine (only 1 is taken); for more throughput run an engine per device "
+                             f"(docs/scale-out.md)")
+        if self.data_parallel_size != 1:
+            raise ValueError(f"--data-parallel-size {self.data_parallel_size}: an engine serves one model on one "
+                             f"device (only 1 is taken); run an engine per device behind a router "
                              f"(docs/scale-out.md)")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError(f"--kv-memory-fraction must be in (0, 1], got {self.kv_memory_fraction}")

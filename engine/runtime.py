@@ -9,12 +9,34 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 from dataclasses import dataclass
 
 from ignis.engine.config import EngineConfig
 from ignis.kernels.compile_watch import CompileWatch
 
 log = logging.getLogger("ignis.engine")
+
+LONG_CONTEXT_ENVS = ("IGNIS_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+"""Set to 1, either lets --max-model-len pass the checkpoint's max_position_embeddings (vLLM's variable too)."""
+
+
+def context_length(asked: int | None, model_positions: int, environ=None) -> int:
+    """The longest sequence served: ``asked`` (--max-model-len), else the checkpoint's
+    ``max_position_embeddings``. Asking for more than the model was trained on is refused (ValueError), as
+    vLLM refuses it, unless one of ``LONG_CONTEXT_ENVS`` is 1 (then a warning)."""
+    if asked is None:
+        return model_positions
+    if asked > model_positions:
+        env = os.environ if environ is None else environ
+        if not any(env.get(name) == "1" for name in LONG_CONTEXT_ENVS):
+            raise ValueError(f"--max-model-len {asked} is more than the checkpoint's max_position_embeddings "
+                             f"({model_positions}): positions past it were never trained and give wrong output; "
+                             f"set {LONG_CONTEXT_ENVS[0]}=1 to serve it anyway")
+        log.warning("--max-model-len %d passes the checkpoint's max_position_embeddings (%d), as %s=1 allows: "
+                    "output past that position may be wrong", asked, model_positions,
+                    next(name for name in LONG_CONTEXT_ENVS if env.get(name) == "1"))
+    return asked
 
 
 @dataclass
@@ -152,6 +174,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
 
         drafter_page_bytes = kv_page_bytes(cfg, ckpt.dtype, "bf16") // max(1, len(cfg.full_layers)) \
             * ckpt.drafter_layers
+    model_len = context_length(config.max_model_len, cfg.max_position_embeddings)  # refused before any allocation
     window = config.kv_exact_window if kv_format == "hq-e8-2b" else 0
     tiers_on = config.tierd_endpoint != "off"  # live eviction uses tierd with reuse off too
     staging = 1 if tiers_on else 0  # one host slot stages the images of evicted live sequences
@@ -166,7 +189,14 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
                                 device=device, kv_format=kv_format, exact_window=window, shared=tiers_on,
                                 scratch=graph_bs > 0)
     state.allocate_slots(device_slots, host_slots + staging)
-    max_len = min(config.max_model_len or cfg.max_position_embeddings, plan.tokens)
+    max_len = min(model_len, plan.tokens)
+    if config.max_model_len is not None and config.max_model_len > plan.tokens:
+        log.warning("--max-model-len %d is more than the KV pool holds: a sequence is capped at %d tokens "
+                    "(a larger pool: --kv-memory-fraction, --gpu-memory-utilization or --kv-pool-tokens)",
+                    config.max_model_len, plan.tokens)
+    if not config.enable_chunked_prefill:
+        log.warning("--enable-chunked-prefill off is taken and changes nothing: a long prefill is always split "
+                    "into chunks of --max-prefill-tokens-per-round (%d)", config.max_prefill_tokens_per_round)
     # the head's KV is made alongside a retained image; prompt lookup keeps nothing of its own
     stamp = f"{ckpt.structural_hash}:{kv_stamp(kv_format, window)}:drafter={1 if mtp_k else 0}"
     tiers, tier_client, staging_slot = NO_TIERS, None, None

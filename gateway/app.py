@@ -73,6 +73,7 @@ from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
 from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize, tokenizer_info
 from ignis.gateway.tokenizer import ModelFiles
+from ignis.shared.api_key import keys_of
 from ignis.shared.model_names import lora_specs, model_aliases
 from ignis.shared.runtime import default_runtime_dir
 
@@ -116,7 +117,7 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
         how = "'x-api-key: <key>'" if _anthropic(request) else "'Authorization: Bearer <key>'"
         raise ApiError(401, f"missing API key: send {how}", code="invalid_api_key")
     # either header may carry it (a client may send both, one of them stale); each compared in constant time
-    if not any([hmac.compare_digest(k.encode(), key.encode()) for k in given]):
+    if not any([hmac.compare_digest(k.encode(), want.encode()) for k in given for want in keys_of(key)]):
         raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
 

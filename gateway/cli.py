@@ -100,7 +100,7 @@ async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
     sdnotify.stopping()
     log.info("gateway stopping")
     StopDeadline(stop_deadline_s(config.shutdown_timeout), "gateway").start()
-    report = asyncio.create_task(_report_slow_stop(connections, SLOW_STOP_S))
+    report = asyncio.create_task(_report_slow_stop(connections, SLOW_STOP_S, config.shutdown_timeout))
     server.close()
     try:
         await runner.cleanup()
@@ -121,10 +121,19 @@ def _awaiting(coro, depth: int = 12) -> str:
     return " -> ".join(steps) or "not started"
 
 
-async def _report_slow_stop(connections: Connections, after_s: float) -> None:
-    """A stop still going ``after_s`` seconds on says what it waits for: the open connections and each
+async def _report_slow_stop(connections: Connections, after_s: float, drain_s: float) -> None:
+    """A stop still going ``after_s`` seconds on says so. While connections drain (aiohttp may take
+    ``drain_s``, the --shutdown-timeout, twice) that is one INFO line; a stop with nothing left to drain, or
+    one still going ``after_s`` past twice the drain, is not a drain: it logs a WARNING with what it waits for, each
     pending task's coroutine and where it is (a request in flight, a background run, a stuck close)."""
     await asyncio.sleep(after_s)
+    waited = after_s
+    if connections.open:
+        # aiohttp's cleanup may take the --shutdown-timeout twice (its handlers, then its connections)
+        log.info("the gateway is still stopping after %.0f s: draining %d connections (their handlers end "
+                 "by the --shutdown-timeout, %.0f s)", after_s, connections.open, drain_s)
+        await asyncio.sleep(2 * drain_s)
+        waited += 2 * drain_s
     me = asyncio.current_task()
     lines = []
     for task in asyncio.all_tasks():
@@ -132,13 +141,14 @@ async def _report_slow_stop(connections: Connections, after_s: float) -> None:
             continue
         lines.append(f"  {task.get_name()}: {_awaiting(task.get_coro())}")
     log.warning("the gateway is still stopping after %.0f s: %d connections open, %d tasks pending:\n%s",
-                after_s, connections.open, len(lines), "\n".join(lines))
+                waited, connections.open, len(lines), "\n".join(lines))
 
 
 def run(args) -> int:
     from ignis.shared.demo import DemoModelUnavailable
 
-    setup_logging("gateway")
+    level = getattr(args, "uvicorn_log_level", None)
+    setup_logging("gateway", "INFO" if level == "trace" else level)  # (uvicorn's trace: our info)
     try:
         key = resolve_api_key(args.api_key, args.api_key_file)
         config = from_args(GatewayConfig, args, api_key=key)

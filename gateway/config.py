@@ -18,9 +18,15 @@ from ignis.shared.model_names import DOWNLOAD_DIR_HELP, LORA_MODULES_HELP, LORA_
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
 TOOL_CALL_PARSERS = ("auto", "qwen3_xml", "hermes")
-TOOL_CALL_PARSER_ALIASES = {"qwen3_coder": "qwen3_xml"}
-"""vLLM's names of the formats ignis parses (its qwen3_coder parser reads Qwen3.5's XML calls)."""
+TOOL_CALL_PARSER_ALIASES = {"qwen3_coder": "qwen3_xml", "qwen25": "hermes", "qwen": "hermes"}
+"""vLLM's and SGLang's names of the formats ignis parses (qwen3_coder reads Qwen3.5's XML calls; SGLang's
+qwen25 and qwen read the JSON calls of Qwen2.5, Qwen3 and Qwen3-Next, vLLM's hermes)."""
 REASONING_PARSERS = ("auto", "qwen3", "deepseek_r1", "off")
+REASONING_PARSER_ALIASES = {"deepseek-r1": "deepseek_r1", "qwen3-thinking": "qwen3"}
+"""SGLang's names."""
+CONTENT_FORMATS = ("auto", "string", "openai")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "trace")
+"""uvicorn's log levels (its ``trace`` is logged as info)."""
 SCHEDULING_POLICIES = ("priority", "fcfs")
 
 
@@ -35,7 +41,8 @@ class GatewayConfig:
     enable_lora_updating: bool = field(default=False, metadata=field_doc(LORA_UPDATING_HELP))
     served_model_name: tuple[str, ...] = field(default=(), metadata=field_doc(SERVED_NAME_HELP, repeat=True,
                                                                               nargs="+"))
-    host: str = field(default="127.0.0.1", metadata=field_doc("address the HTTP server listens on"))
+    host: str = field(default="127.0.0.1", metadata=field_doc(
+        "address the HTTP server listens on (0.0.0.0: every interface; an empty value is refused)"))
     port: int = field(default=8000, metadata=field_doc("HTTP port (0 picks a free one, printed in the READY line)"))
     runtime_dir: str | None = field(default=None, metadata=field_doc(
         "directory of the ipc sockets (default: $XDG_RUNTIME_DIR/ignis or /tmp/ignis-$UID)"))
@@ -44,8 +51,9 @@ class GatewayConfig:
     engine_endpoint: str | None = field(default=None, metadata=field_doc(
         "ZeroMQ endpoint of the engine (default: ipc://RUNTIME_DIR/INSTANCE-engine.sock)"))
     api_key: str | None = field(default=None, metadata=field_doc(
-        "require 'Authorization: Bearer KEY' on every /v1 path; visible to local users in the process list, "
-        "prefer --api-key-file or IGNIS_API_KEY; default: no auth"))
+        "require 'Authorization: Bearer KEY' (or x-api-key) on every /v1 path; several keys (--api-key A B, "
+        "or the flag repeated) are each taken, as vLLM takes them; visible to local users in the process list, "
+        "prefer --api-key-file or IGNIS_API_KEY (one key per line); default: no auth", repeat=True, nargs="+"))
     ssl_keyfile: str | None = field(default=None, metadata=field_doc(
         "serve HTTPS: the server's private key (PEM), with --ssl-certfile (vLLM's flags; default: plain HTTP)"))
     ssl_certfile: str | None = field(default=None, metadata=field_doc(
@@ -91,11 +99,27 @@ class GatewayConfig:
         "leave the tools out of the prompt of a request whose tool_choice is none (vLLM's flag); by default "
         "they are rendered whatever the tool_choice, so the conversation's prompt, and its reuse, stay the same "
         "when a client turns tools off for one turn (no call is parsed either way)"))
+    max_logprobs: int = field(default=20, metadata=field_doc(
+        "most alternatives a request may ask for per token (top_logprobs, completions' logprobs, "
+        "prompt_logprobs), as vLLM's flag; 0 to 20 (the engine returns at most 20)"))
+    chat_template_content_format: str = field(default="auto", metadata=field_doc(
+        "how a message's content reaches the chat template (vLLM's flag): openai, a list of parts as sent; "
+        "string, a text-only list joined into one string (for templates that concatenate content); auto, as "
+        "sent (the Qwen templates read both)", choices=CONTENT_FORMATS))
+    uvicorn_log_level: str | None = field(default=None, metadata=field_doc(
+        "the gateway's log level (vLLM's HTTP server flag): debug, info, warning, error or critical "
+        "(default: IGNIS_LOG_LEVEL, else info)", choices=LOG_LEVELS))
+    enable_metrics: bool = field(default=True, metadata=field_doc(
+        "taken for SGLang command lines and without effect: the gateway always serves /metrics (the engine's "
+        "and tierd's are on --metrics-port and --tierd-metrics-port)"))
+    limit_mm_per_prompt_image: int | None = field(default=None, metadata=field_doc(
+        "vLLM's dotted form of --limit-mm-per-prompt's image count", flag="--limit-mm-per-prompt.image"))
     reasoning_parser: str = field(default="auto", metadata=field_doc(
         "how a model's reasoning is split from its answer: auto splits <think>...</think> into "
         "reasoning_content when the tokenizer has both tokens; qwen3 and deepseek_r1 (vLLM's names) do the same "
         "and stop the gateway at start when the model lacks them; off leaves the reasoning in the content, "
-        "as vLLM without a reasoning parser", choices=REASONING_PARSERS))
+        "as vLLM without a reasoning parser; SGLang's deepseek-r1 and qwen3-thinking are taken",
+        choices=REASONING_PARSERS + tuple(REASONING_PARSER_ALIASES)))
     chat_template: str | None = field(default=None, metadata=field_doc(
         "the chat template to render the default model's conversations with, instead of its checkpoint's "
         "(vLLM's flag): a file holding a Jinja template, or the template text itself; default: the "
@@ -172,6 +196,8 @@ class GatewayConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {self.scheduling_policy!r}")
+        object.__setattr__(self, "reasoning_parser",
+                           REASONING_PARSER_ALIASES.get(self.reasoning_parser, self.reasoning_parser))
         if self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
@@ -194,6 +220,23 @@ class GatewayConfig:
             raise ValueError(f"--watchdog-timeout must be seconds >= 0 (0: off), got {self.watchdog_timeout}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key must not be empty")
+        if not self.host.strip():
+            raise ValueError("--host is empty (an unset variable in a unit file?); give an address: 127.0.0.1 for "
+                             "this machine only, 0.0.0.0 for every interface")
+        if type(self.max_logprobs) is not int or not 0 <= self.max_logprobs <= 20:
+            raise ValueError(f"--max-logprobs must be an integer from 0 to 20 (the engine returns at most 20 "
+                             f"alternatives), got {self.max_logprobs!r}")
+        if self.chat_template_content_format not in CONTENT_FORMATS:
+            raise ValueError(f"--chat-template-content-format must be one of {', '.join(CONTENT_FORMATS)}, "
+                             f"got {self.chat_template_content_format!r}")
+        if self.limit_mm_per_prompt_image is not None:
+            if type(self.limit_mm_per_prompt_image) is not int or self.limit_mm_per_prompt_image < 0:
+                raise ValueError(f"--limit-mm-per-prompt.image must be an integer >= 0, got "
+                                 f"{self.limit_mm_per_prompt_image!r}")
+            given = parse_mm_limit(self.limit_mm_per_prompt) if self.limit_mm_per_prompt is not None else None
+            if given is not None and given != self.limit_mm_per_prompt_image:
+                raise ValueError("--limit-mm-per-prompt and --limit-mm-per-prompt.image disagree: give one")
+            object.__setattr__(self, "limit_mm_per_prompt", str(self.limit_mm_per_prompt_image))
         for name in ("header_read_timeout", "body_read_timeout", "keepalive_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")

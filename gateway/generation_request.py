@@ -116,6 +116,14 @@ class EndpointResponse:
         return None
 
 
+def _within_max_logprobs(f: Fields, p: CommonParams, most: int, kind: str) -> None:
+    """A request asking for more alternatives per token than ``--max-logprobs`` allows is a 400 naming the field."""
+    top = "logprobs" if kind == "completion" else "top_logprobs"
+    for name, value in ((top, p.top_logprobs), ("prompt_logprobs", p.prompt_logprobs)):
+        if value is not None and value > most:
+            raise f.error(name, f"must be at most {most} (the server's --max-logprobs), got {value}")
+
+
 @dataclass
 class GenerationRequest:
     """A request whose common fields are parsed, its model chosen."""
@@ -151,6 +159,7 @@ class GenerationRequest:
         else:
             p = parse_common(f, http.headers, kind)
         served = gw.select(p.model)
+        _within_max_logprobs(f, p, gw.config.max_logprobs, kind)
         p = p.for_model(f, served.tokenizer, served.sampling_defaults)
         if gw.config.scheduling_policy == "fcfs":
             p = p.first_come(f)

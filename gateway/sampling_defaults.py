@@ -3,7 +3,8 @@
 A checkpoint's ``generation_config.json`` may carry the sampling its makers
 recommend (Qwen3.5 and Qwen3-Next: temperature 0.6, top_p 0.95, top_k 20).
 As vLLM does by default, a request that leaves ``temperature``, ``top_p``,
-``top_k``, ``min_p`` or ``repetition_penalty`` out gets the model's value
+``top_k``, ``min_p``, ``repetition_penalty``, ``presence_penalty`` or
+``frequency_penalty`` out gets the model's value
 instead of OpenAI's default, and its ``max_new_tokens`` is the default
 completion length; a value the request gives always wins.
 
@@ -38,6 +39,8 @@ RANGES = {
     "top_k": (-1, None, False),
     "min_p": (0.0, 1.0, False),
     "repetition_penalty": (0.0, 100.0, True),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
     "max_new_tokens": (1, None, False),
 }
 INTEGER_KEYS = ("top_k", "max_new_tokens")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import json
 import os
 import signal
 import ssl
@@ -63,6 +64,8 @@ from ignis.shared.model_names import model_specs
 from ignis.shared.stop_request import StopRequest
 
 API_KEY_ENV = "IGNIS_API_KEY"
+LOG_LEVEL_ENV = "IGNIS_LOG_LEVEL"
+SERVE_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _TAIL_LINES = 40
 _PR_SET_PDEATHSIG = 1
 
@@ -78,6 +81,14 @@ class ServeConfig:
     tierd_metrics_port: int | None = field(default=None, metadata=field_doc(
         "serve tierd's Prometheus metrics on this port, on --metrics-host (0 picks a free one; default: off; "
         "--metrics-port is the engine's)"))
+    log_level: str | None = field(default=None, metadata=field_doc(
+        "log level of every child (SGLang's flag): debug, info, warning, error or critical (default: "
+        "IGNIS_LOG_LEVEL, else info)", choices=SERVE_LOG_LEVELS))
+    tokenizer: str | None = field(default=None, metadata=field_doc(
+        "vLLM's flag: ignis reads the tokenizer from the checkpoint, so only the model itself is taken here"))
+    hf_overrides: str | None = field(default=None, metadata=field_doc(
+        "vLLM's flag: only '{}' is taken; edit the checkpoint's config.json instead (an override there is "
+        "seen by every process that reads the checkpoint)"))
 
     def __post_init__(self):
         for name in ("start_timeout", "stop_timeout"):
@@ -85,6 +96,14 @@ class ServeConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.tierd_metrics_port is not None and not 0 <= self.tierd_metrics_port <= 65535:
             raise ValueError(f"--tierd-metrics-port must be in 0..65535, got {self.tierd_metrics_port}")
+        if self.hf_overrides is not None:
+            try:
+                overrides = json.loads(self.hf_overrides)
+            except ValueError:
+                overrides = None
+            if overrides != {}:
+                raise ValueError("--hf-overrides is not supported: ignis serves a checkpoint as its config.json "
+                                 "says; edit that file (a copy of the checkpoint directory) instead")
 
 
 @dataclass(frozen=True)
@@ -126,9 +145,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
                         help="the default model's checkpoint directory (or NAME=DIR), as vLLM's 'vllm serve MODEL' "
                              "takes it: the same as a first --model")
-    parser.add_argument("--api-key", dest="api_key", default=None,
-                        help="require 'Authorization: Bearer KEY' on the gateway's /v1 paths; visible to local users "
-                             f"in the process list, prefer --api-key-file or {API_KEY_ENV}")
+    parser.add_argument("--api-key", dest="api_key", default=None, nargs="+", action="extend", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' (or x-api-key) on the gateway's /v1 paths; several "
+                             "keys (--api-key A B, or the flag repeated) are each taken; visible to local users in "
+                             f"the process list, prefer --api-key-file or {API_KEY_ENV} (one key per line)")
 
 
 def _flag_value(value) -> str:
@@ -278,6 +298,16 @@ def _demo_model_problem() -> str | None:
     return None
 
 
+def _check_tokenizer(tokenizer: str | None, models: tuple[str, ...]) -> None:
+    """vLLM's ``--tokenizer``: taken when it names the default model itself (its tokenizer is the checkpoint's)."""
+    if tokenizer is None:
+        return
+    first = models[0] if models else ""
+    if tokenizer.rstrip("/") not in (first.rstrip("/"), first.partition("=")[2].rstrip("/")):
+        raise ValueError(f"--tokenizer {tokenizer}: ignis reads the tokenizer from the checkpoint it serves; "
+                         f"a different one is not supported (leave the flag out)")
+
+
 def take_model_tag(args) -> None:
     """vLLM's positional MODEL becomes the first ``--model``."""
     if getattr(args, "model_tag", None):
@@ -292,6 +322,7 @@ def run(args) -> int:
         key = resolve_api_key(args.api_key, args.api_key_file,
                               warn=lambda text: print(f"ignis serve: warning: {text}", file=sys.stderr, flush=True))
         from_args(GatewayConfig, args, api_key=key)  # checks the gateway's values before anything starts
+        _check_tokenizer(serve_cfg.tokenizer, engine_cfg.model)
         use_cache_dir(engine_cfg.download_dir)
         serves_demo = any(path is None for _, path in model_specs(engine_cfg.model, engine_cfg.served_model_name))
     except ValueError as exc:
@@ -305,20 +336,24 @@ def run(args) -> int:
 
     def on_signal(signum, _frame):
         stop.set()
-        for child in children:
-            child.signal(signum)
+        stop_signal.append(signum)
+        for child in children:  # a hangup stops the service as a SIGTERM does (the children drain)
+            child.signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_signal: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     env["PYTHONUNBUFFERED"] = "1"
+    if serve_cfg.log_level is not None:
+        env[LOG_LEVEL_ENV] = serve_cfg.log_level.upper()
     secrets = {API_KEY_ENV: "" if args.api_key_file else (key or "")}  # with a file, the gateway reads it
     ready: dict[str, str] = {}
     launches: list[tuple[list[str], dict]] = []  # each child's argv and environment, for a restart
     try:
         for spec in CHILDREN:
             if stop.is_set():
-                return _finish(children, serve_cfg, 0)
+                return _finish(children, serve_cfg, 0, stop_signal)
             argv = _ignis() + [spec.name] + child_argv(spec.config, args, spec.skip) + spec.handoff(ready)
             if spec.name == "tierd" and serve_cfg.tierd_metrics_port is not None:
                 argv += ["--metrics-port", str(serve_cfg.tierd_metrics_port), "--metrics-host", args.metrics_host]
@@ -333,7 +368,7 @@ def run(args) -> int:
         url = ready["gateway"]
     except ChildFailed as exc:
         if stop.is_set():
-            return _finish(children, serve_cfg, 0)
+            return _finish(children, serve_cfg, 0, stop_signal)
         print(f"ignis serve: {exc}", file=sys.stderr)
         return _finish(children, serve_cfg, 1)
     name = model_specs(engine_cfg.model, engine_cfg.served_model_name)[0][0]
@@ -354,7 +389,7 @@ def run(args) -> int:
                 print(f"ignis serve: {child.failure('while serving')}", file=sys.stderr)
                 return _finish(children, serve_cfg, 1)
         stop.wait(0.2)
-    return _finish(children, serve_cfg, 0)
+    return _finish(children, serve_cfg, 0, stop_signal)
 
 
 class Restarts:
@@ -412,6 +447,8 @@ class Restarts:
               file=sys.stderr, flush=True)
 
 
-def _finish(children: list[Child], cfg: ServeConfig, code: int) -> int:
+def _finish(children: list[Child], cfg: ServeConfig, code: int, stop_signal: list[int] | None = None) -> int:
+    if stop_signal:
+        print(f"ignis serve: stopping on {signal.Signals(stop_signal[0]).name}", file=sys.stderr, flush=True)
     stop_all(children, cfg.stop_timeout)
     return code

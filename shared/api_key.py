@@ -5,9 +5,12 @@ the environment, or (discouraged) the command line.
                           the file's mode gives nothing to group or others (0600 or stricter)
     IGNIS_API_KEY         the environment (systemd: an EnvironmentFile, or a credential read
                           through $CREDENTIALS_DIRECTORY by the unit's ExecStart)
-    --api-key KEY         works, with a warning: every local user can read it in the process list
+    --api-key KEY [KEY]   works, with a warning: every local user can read it in the process list
 
-At most one of them may be given. The key itself is never logged.
+At most one of them may be given. Each may hold several keys (one per line in
+the file and the variable, several values of the flag, as vLLM takes them);
+any of them is accepted. The resolved value holds the keys one per line
+(``keys_of`` splits it). A key itself is never logged.
 """
 
 from __future__ import annotations
@@ -49,9 +52,20 @@ def read_key_file(path: str) -> str:
     return key
 
 
-def resolve_api_key(flag: str | None, key_file: str | None, environ=os.environ, warn=log.warning) -> str | None:
-    """The key from whichever one source is given (none: no auth); ValueError for two or a bad file.
-    ``warn`` is told when the key came on the command line."""
+def keys_of(value: str | None) -> tuple[str, ...]:
+    """The keys of a resolved value (one per line, blank lines and surrounding whitespace dropped)."""
+    return tuple(k.strip() for k in (value or "").splitlines() if k.strip())
+
+
+def resolve_api_key(flag: str | list[str] | tuple[str, ...] | None, key_file: str | None, environ=os.environ,
+                    warn=log.warning) -> str | None:
+    """The keys from whichever one source is given, one per line (none: no auth); ValueError for two
+    sources, a bad file or a blank key on the command line. ``warn`` is told when keys came on the command
+    line."""
+    if isinstance(flag, (list, tuple)):
+        if any(not k.strip() or "\n" in k for k in flag):
+            raise ValueError("--api-key must not be empty")
+        flag = "\n".join(k.strip() for k in flag) or None
     env = environ.get(API_KEY_ENV) or None
     given = [name for name, v in (("--api-key", flag), ("--api-key-file", key_file), (API_KEY_ENV, env)) if v]
     if len(given) > 1:

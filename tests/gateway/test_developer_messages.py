@@ -6,7 +6,7 @@ import pytest
 
 from ignis.gateway.chat_template import ChatTemplate, TemplateRenderError
 from ignis.gateway.fields import Fields
-from ignis.gateway.messages import DEVELOPER_TURN_PREFIX, apply_developer_policy, parse_messages
+from ignis.gateway.messages import DEVELOPER_TURN_PREFIX, apply_developer_policy, content_as_strings, parse_messages
 from ignis.gateway.prompt import build_chat_prompt
 from ignis.gateway.tokenizer import load_model_files
 from tests.support.real_tokenizer import TemplateMissing, chat_template
@@ -86,3 +86,13 @@ def test_a_late_system_message_is_still_the_templates_refusal(official):
                       "in-place", template)
     with pytest.raises(TemplateRenderError, match="System message must be at the beginning"):
         build_chat_prompt(template, tok, messages, None)
+
+
+def test_string_content_format_joins_text_only_lists():
+    image = {"type": "image_url", "image_url": {"url": "data:x"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "user", "content": [{"type": "text", "text": "c"}, image]},
+                {"role": "assistant", "content": "d"}]
+    out = content_as_strings(messages)
+    assert out[0]["content"] == "a\nb" and out[1] == messages[1] and out[2] == messages[2]
+    assert isinstance(messages[0]["content"], list)  # the caller's messages are left as they were

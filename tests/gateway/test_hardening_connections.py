@@ -7,11 +7,14 @@ requests are served as usual. Short timeouts keep the test fast.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 
 import pytest
 
+from ignis.gateway.cli import _report_slow_stop
 from tests.gateway.conftest import http
 from tests.gateway.hardening_support import fake_gateway, is_closed, post_head, read_status, wait_until
 
@@ -91,9 +94,8 @@ def test_past_max_connections_a_new_connection_gets_503(tmp_path):
 
 
 def test_a_slow_stop_says_what_it_waits_for(tmp_path):
-    """SIGTERM with a request in flight that outlasts 5 s of the stop: the gateway logs its open connections
-    and the pending tasks, the request's handler among them, then ends the request at its
-    --shutdown-timeout and exits 0."""
+    """SIGTERM with a request in flight that outlasts 5 s of the stop: a drain, which the gateway says in one
+    INFO line (no task dump: it is not stuck), then it ends the request at its --shutdown-timeout and exits 0."""
     with fake_gateway(tmp_path, "--shutdown-timeout", "6") as g:
         body = json.dumps({"model": "ignis-demo", "messages": [{"role": "user", "content": "hi"}], "seed": 0,
                            "stream": True, "max_tokens": 50}).encode()
@@ -105,4 +107,27 @@ def test_a_slow_stop_says_what_it_waits_for(tmp_path):
             wait_until(lambda: "still stopping" in g.log(), 20, "no slow-stop report")
             assert g.proc.wait(30) == 0, g.log()
     log = g.log()
-    assert "1 connections open" in log and "_middleware" in log, log
+    assert "draining 1 connections" in log and "tasks pending" not in log, log
+
+
+class _Open:
+    def __init__(self, n):
+        self.open = n
+
+
+@pytest.mark.parametrize("open_connections", [0, 1])
+def test_a_stop_that_is_not_a_drain_dumps_what_it_waits_for(open_connections, caplog):
+    # nothing left to drain, or still going past the drain: a WARNING naming every pending task and its await chain
+    async def stuck():
+        await asyncio.Event().wait()
+
+    async def main():
+        task = asyncio.create_task(stuck(), name="stuck-close")
+        await _report_slow_stop(_Open(open_connections), 0.01, 0.01)
+        task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="ignis.gateway"):
+        asyncio.run(main())
+    assert ("draining 1 connections" in caplog.text) == bool(open_connections)
+    warning = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) == 1 and "stuck-close: stuck" in warning[0].getMessage()

@@ -14,6 +14,7 @@ import pytest
 
 from ignis.gateway.config import GatewayConfig
 from ignis.launcher import serve
+from ignis.shared.api_key import keys_of, resolve_api_key
 from tests.gateway.conftest import http
 from tests.gateway.hardening_support import fake_gateway
 
@@ -98,3 +99,27 @@ def test_serve_refuses_a_loose_key_file_before_starting_anything(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "serve", "--api-key-file", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "chmod 600" in r.stderr and "READY" not in r.stdout
+
+
+def test_several_keys_are_each_taken(tmp_path):
+    # vLLM's --api-key A B; the flag repeated; a file or the variable with one key per line
+    other = "second-key-for-hardening-tests"
+    for args, env in ((("--api-key", KEY, other), None), (("--api-key", other, "--api-key", KEY), None),
+                      ((), {"IGNIS_API_KEY": f"{other}\n{KEY}\n"})):
+        with fake_gateway(tmp_path, *args, env=env) as gw:
+            check_auth(gw)
+            assert gw.post(CHAT, OK, {"Authorization": f"Bearer {other}"}).status == 200
+            assert other not in gw.log()
+
+
+def test_serve_takes_several_keys_and_refuses_an_empty_one():
+    assert serve_args("--api-key", "a", "b", "--api-key", "c").api_key == ["a", "b", "c"]
+    assert keys_of(resolve_api_key(["a", "b"], None, environ={}, warn=lambda t: None)) == ("a", "b")
+    with pytest.raises(ValueError, match="empty"):
+        resolve_api_key(["a", " "], None, environ={}, warn=lambda t: None)
+
+
+def test_an_empty_host_is_refused():
+    # an unset variable in a unit file (--host ${IGNIS_HOST}) would otherwise listen on every interface
+    with pytest.raises(ValueError, match="--host is empty"):
+        GatewayConfig(host="")

@@ -111,6 +111,44 @@ def test_what_ignis_cannot_do_is_refused_naming_the_flag(argv, words):
     assert words in str(e.value)
 
 
+def test_common_vllm_and_sglang_flags_are_taken():
+    # flags seen in vLLM and SGLang recipes: each parses and reaches the child that acts on it
+    args = parse(["/m", "--uvicorn-log-level", "warning", "--disable-log-stats", "--no-enable-chunked-prefill",
+                  "--max-logprobs", "5", "--chat-template-content-format", "string", "--mm-encoder-tp-mode", "data",
+                  "--limit-mm-per-prompt.image", "2", "-dp", "1", "--enable-expert-parallel", "--random-seed", "7",
+                  "--enable-metrics", "--log-level", "debug", "--tool-call-parser", "qwen25",
+                  "--reasoning-parser", "deepseek-r1", "--tokenizer", "/m", "--hf-overrides", "{}",
+                  "--override-generation-config", '{"presence_penalty": 1.5, "temperature": 0.6}'])
+    engine, gateway, (ecfg, gcfg) = children(args)
+    assert (ecfg.seed, ecfg.enable_chunked_prefill, ecfg.disable_log_stats) == (7, False, True)
+    assert (gcfg.uvicorn_log_level, gcfg.max_logprobs, gcfg.chat_template_content_format) == ("warning", 5, "string")
+    assert (gcfg.tool_call_parser, gcfg.reasoning_parser, gcfg.limit_mm_per_prompt) == ("hermes", "deepseek_r1", "2")
+    scfg = from_args(serve.ServeConfig, args)
+    assert scfg.log_level == "debug"
+    serve._check_tokenizer(scfg.tokenizer, ecfg.model)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--max-logprobs", "50"], "--max-logprobs must be an integer from 0 to 20"),
+    (["--host", ""], "--host is empty"),
+    (["-dp", "2"], "--data-parallel-size 2"),
+    (["--hf-overrides", '{"rope_scaling": {}}'], "--hf-overrides is not supported"),
+    (["--limit-mm-per-prompt", '{"image": 3}', "--limit-mm-per-prompt.image", "2"], "disagree"),
+])
+def test_flags_ignis_cannot_honour_are_refused_naming_them(argv, words):
+    args = parse(argv)
+    with pytest.raises(ValueError) as e:
+        for cfg in (serve.ServeConfig, EngineConfig, GatewayConfig):
+            from_args(cfg, args)
+    assert words in str(e.value)
+
+
+def test_a_tokenizer_other_than_the_model_is_refused():
+    with pytest.raises(ValueError, match="reads the tokenizer from the checkpoint"):
+        serve._check_tokenizer("/other", ("/m",))
+    serve._check_tokenizer("/m/", ("name=/m",))
+
+
 def test_the_reasoning_parser_is_checked():
     with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
         GatewayConfig(reasoning_parser="granite")
@@ -154,7 +192,8 @@ def test_every_alias_sets_the_field_its_flag_sets(cfg):
             canonical = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
             value = {"model": "/m", "decode_lanes": "5", "max_prefill_tokens_per_round": "512",
                      "max_model_len": "4096", "gpu_memory_utilization": "0.5", "tensor_parallel_size": "1",
-                     "reuse_prompt": "off", "log_requests": "off", "speculative_algorithm": "NGRAM"}[f.name]
+                     "reuse_prompt": "off", "log_requests": "off", "speculative_algorithm": "NGRAM", "seed": "7",
+                     "data_parallel_size": "1"}[f.name]
             assert getattr(parse([alias, value]), f.name) == getattr(parse([canonical, value]), f.name), alias
         for off in f.metadata.get("off_aliases", ()):
             assert getattr(parse([off]), f.name) is False, off
