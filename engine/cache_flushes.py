@@ -14,7 +14,8 @@ are in use, SGLang's flush while requests run or wait):
 - an engine with no model loaded holds nothing: the reset is done at once.
 
 Each reset is answered ``CacheFlushed`` to the gateway that asked, logged and
-counted (``ignis:reuse_flushes_total``).
+counted (``ignis:reuse_flushes_total``); the engine's Stats snapshot is taken
+again before the answer goes, so a Stats asked after it shows the reset.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ WAIT_S = 10.0
 
 
 class CacheFlushes:
-    def __init__(self, send: Callable[[object, bytes], None], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, send: Callable[[object, bytes], None], clock: Callable[[], float] = time.monotonic,
+                 refresh: Callable[[], None] = lambda: None):
         self._send = send
+        self._refresh = refresh  # the engine's Stats snapshot taken again: a Stats after the answer sees the reset
         self._clock = clock
         self._pending: list[tuple[bytes, FlushCache, float]] = []
 
@@ -66,6 +69,7 @@ class CacheFlushes:
                     log.exception("prefix cache reset failed")
                     self._refuse(peer, msg, f"the reset failed: {exc}")
                     continue
+                self._refresh()
                 if told:
                     log.info("prefix cache reset: %d retained entries dropped in every tier", dropped)
                 else:

@@ -77,7 +77,7 @@ class EngineServer:
                                    notify=self._wake.set, answer_now=self._answer_stats)
         self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
         self.streams = TokenStreams(self.channel, self.metrics, done_lines=config.log_requests)
-        self.flushes = CacheFlushes(self.channel.send)
+        self.flushes = CacheFlushes(self.channel.send, refresh=self._update_gauges)
         self.profiler = RoundProfiler(config.profile_dir, config.instance, self.channel.send)
         self.lora_updates = LoraUpdates(config.enable_lora_updating, adapters or AdapterRegistry([]),
                                         config.max_lora_rank, self.models.dirs, self.channel.send)

@@ -4,7 +4,8 @@ Routes:
     POST /v1/chat/completions   gateway.chat
     POST /v1/completions        gateway.completions
     POST /v1/responses          gateway.responses_api (GET / DELETE /v1/responses/{id}: stored ones;
-                                POST /v1/responses/{id}/cancel: background ones)
+                                POST /v1/responses/{id}/cancel: background ones;
+                                GET /v1/responses/{id}/input_items: their input items)
     GET  /v1/models[/{id}]      the served model, OpenAI list format
     GET  /health                200 when the engine answers a Stats within 1 s, else 503 (no auth)
     GET  /metrics               the gateway's Prometheus metrics (no auth)
@@ -36,6 +37,7 @@ import logging
 import secrets
 import time
 
+import orjson
 from aiohttp import web
 
 from ignis.gateway.adapter_sync import keep_adapters
@@ -51,11 +53,13 @@ from ignis.gateway.generation import ClientGone, EngineFailed, api_error_of
 from ignis.gateway.listener import CONNECTIONS, Connections
 from ignis.gateway.lora_api import load_lora_adapter, unload_lora_adapter
 from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
+from ignis.gateway.messages_api import REQUEST_ID as MESSAGES_REQUEST_ID
 from ignis.gateway.messages_api import count_tokens, create_message
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.openapi import openapi, package_version
 from ignis.gateway.profiling_api import PROFILE_PATHS, start_profile, stop_profile
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
+from ignis.gateway.request_ids import HEADER as REQUEST_ID_HEADER
 from ignis.gateway.request_ids import echo_header
 from ignis.gateway.responses_api import (
     RESPONSES,
@@ -63,11 +67,14 @@ from ignis.gateway.responses_api import (
     create_response,
     delete_response,
     get_response,
+    list_input_items,
     responses_state,
     stop_background,
 )
 from ignis.gateway.responses import json_response
 from ignis.gateway.sampling_defaults import parse_override, sampling_defaults
+from ignis.gateway.server_info import GENERATING_PATHS
+from ignis.gateway.server_info import add_routes as add_server_info_routes
 from ignis.gateway.state import STATE, GatewayState, has_think_tokens
 from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
@@ -105,9 +112,36 @@ def _anthropic(request: web.Request) -> bool:
     return request.path == MESSAGES_PREFIX or request.path.startswith(MESSAGES_PREFIX + "/")
 
 
+def _anthropic_id(request: web.Request) -> str:
+    """A Messages request's id (its handler's, or one made here for an answer before it ran)."""
+    if MESSAGES_REQUEST_ID not in request:
+        request[MESSAGES_REQUEST_ID] = f"req_{secrets.token_hex(12)}"
+    return request[MESSAGES_REQUEST_ID]
+
+
+def _error(request: web.Request, err: ApiError) -> web.Response:
+    """``err`` answered; on the Messages routes in Anthropic's shape, with the request's id at the top level
+    (``request_id``, as Anthropic's bodies carry it; the same id is the ``request-id`` header)."""
+    if not _anthropic(request):
+        return err.response()
+    resp = err.response(True)
+    rid = resp.headers.get(REQUEST_ID_HEADER) or _anthropic_id(request)
+    resp.body = orjson.dumps(dict(err.anthropic_body(), request_id=rid))
+    return resp
+
+
+async def _anthropic_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every answer on the Messages routes carries Anthropic's ``request-id`` header
+    (the ``X-Request-Id`` one, which it gets too when it had none)."""
+    if _anthropic(request):
+        rid = response.headers.get(REQUEST_ID_HEADER) or _anthropic_id(request)
+        response.headers.setdefault(REQUEST_ID_HEADER, rid)
+        response.headers["request-id"] = rid
+
+
 def _auth(gw: GatewayState, request: web.Request) -> None:
     key = gw.config.api_key
-    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS
+    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS + GENERATING_PATHS
                            or request.path in BODYLESS_PATHS):
         return
     scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
@@ -123,7 +157,8 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
 
 def _bodyless(path: str) -> bool:
     """Whether a POST to ``path`` may come without a body (and so without a content type)."""
-    return path in BODYLESS_PATHS or (path.startswith("/v1/responses/") and path.endswith("/cancel"))
+    return path in BODYLESS_PATHS or path == "/ping" or (path.startswith("/v1/responses/")
+                                                         and path.endswith("/cancel"))
 
 
 def _json_post(request: web.Request) -> None:
@@ -136,8 +171,8 @@ def _json_post(request: web.Request) -> None:
 def _internal_error(request: web.Request) -> web.Response:
     rid = secrets.token_hex(8)
     log.exception("internal error, request id %s, on %s %s", rid, request.method, request.path)
-    return ApiError(500, f"internal error (request id {rid})", type="internal_error",
-                    headers={"X-Request-Id": rid}).response()
+    return _error(request, ApiError(500, f"internal error (request id {rid})", type="internal_error",
+                                    headers={"X-Request-Id": rid}))
 
 
 @web.middleware
@@ -159,15 +194,15 @@ async def _middleware(request: web.Request, handler):
         return resp
     except ApiError as e:
         status = e.status
-        return e.response(_anthropic(request))
+        return _error(request, e)
     except web.HTTPException as e:
         err = from_http_exception(e)
         status = err.status
-        return err.response(_anthropic(request))
+        return _error(request, err)
     except (EngineFailed, EngineUnavailable) as e:
         err = api_error_of(e)
         status = err.status
-        return err.response(_anthropic(request))
+        return _error(request, err)
     except (ClientGone, ConnectionResetError, asyncio.CancelledError):
         status = 499  # the client went away; nothing can be sent
         raise
@@ -280,10 +315,12 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)  # a name may hold slashes (a repo id)
     app.router.add_get("/health", health)
     app.router.add_get("/ping", health)  # vLLM's (and SageMaker's) name for the same check
+    add_server_info_routes(app, health)  # vLLM's and SGLang's operational routes (gateway.server_info)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
@@ -318,6 +355,7 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
 
     app.on_response_prepare.append(cors_headers)
     app.on_response_prepare.append(echo_header)
+    app.on_response_prepare.append(_anthropic_request_id)
     app.on_startup.append(start)
     app.on_shutdown.append(finish_background)
     app.on_cleanup.append(stop)

@@ -54,7 +54,18 @@ def _checked_body(raw: bytes, limits: RequestLimits) -> dict:
 
 
 async def read_request_body(http: web.Request) -> dict:
-    """The JSON object of a request body, within the context-sized limits (``gateway.request_limits``)."""
+    """The JSON object of a request body, within the context-sized limits (``gateway.request_limits``); read
+    once per request (a route that looks at the body before handing the request on reads it again here)."""
+    if _BODY in http:
+        return http[_BODY]
+    http[_BODY] = body = await _read_request_body(http)
+    return body
+
+
+_BODY = "ignis.body"
+
+
+async def _read_request_body(http: web.Request) -> dict:
     gw: GatewayState = http.app[STATE]
     limits = RequestLimits.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes)
     raw = await read_body(http, limits.body_bytes, gw.config.body_read_timeout)

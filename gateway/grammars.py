@@ -11,9 +11,15 @@
 
   (opener | what the grammar allows). XML parameters come in the schema's
   property order, each at most once, the required ones always; a parameter
-  of type string (or without a type) is raw text up to the first
-  ``\\n</parameter>``, an enum of strings one of its values, any other value
-  JSON valid under its schema. Hermes arguments are one JSON object valid
+  of type string (or without a type) is raw text up to ``\\n</parameter>``
+  (holding none of the markers the parser ends a value at: ``</parameter>``,
+  ``<parameter=``, ``</function>``) held to the schema's ``minLength``,
+  ``maxLength`` (characters, as JSON Schema counts them) and ``pattern`` (a
+  search, as JSON Schema's: anchored only by ``^``/``$``), an enum (or const)
+  of strings one of its values, any other value JSON valid under its schema.
+  What a raw value cannot hold (``format``, ``not``, ...; with ``lenient``, a
+  ``pattern`` the library cannot express) is left unenforced and named in
+  ``unenforced`` when the caller passes a list. Hermes arguments are one JSON object valid
   under the tool's ``parameters`` (after an optional space: the opener may
   end at ``"arguments":``).
 - ``any_tool_call_grammar(tools, parser)``: the rest of a required call
@@ -38,6 +44,7 @@ the model's vocabulary. No torch.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 
 import llguidance
 
@@ -54,11 +61,17 @@ LENIENT_JSON = JSON_OPTIONS | {"lenient": True}
 TOOL_PARSERS = ("xml", "hermes")
 TOOL_PARSER_ALIASES = {"qwen3_xml": "xml"}  # --tool-call-parser's name of the XML format
 
-# Raw text of an XML parameter: anything up to, and then including, the first "\n</parameter>\n".
-_XML_TERMINALS = r"""
-RAW_TEXT: /(.|\n)*/ & ~/(.|\n)*\n<\/parameter>(.|\n)*/
+# Raw text of an XML parameter: anything up to, and then including, the first "\n</parameter>\n", holding no
+# marker the parser ends a value at (so the value the grammar counts is the one the parser reads).
+_NO_MARKER = r"~/(.|\n)*(<\/parameter>|<parameter=|<\/function>)(.|\n)*/"
+_XML_TERMINALS = rf"""
+RAW_TEXT: /(.|\n)*/ & {_NO_MARKER}
 RAW_VALUE: RAW_TEXT "\n</parameter>\n"
 """
+_CLOSE_PARAM = '"\\n</parameter>\\n"'
+_RAW_UNENFORCED = ("format", "not", "if", "then", "else", "contentEncoding", "contentMediaType", "contentSchema",
+                   "dependentSchemas", "dependentRequired")
+"""Keywords that would constrain a raw XML value but are not held there: unenforced, and said so."""
 
 
 # Text without a call's opener, and text up to and including the opener (one lexeme each, so the lexer
@@ -98,6 +111,13 @@ def grammar_error(grammar: str) -> str:
     return messages[0] if is_error else ""
 
 
+def grammar_warnings(grammar: str) -> list[str]:
+    """The library's warnings for a grammar that compiles (with ``lenient``: each keyword it left unenforced,
+    such as ``Unimplemented keys: ["not"]`` or ``Unknown format: zzz``)."""
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return [] if is_error else [m.strip() for m in messages]
+
+
 def _lark_string(text: str) -> str:
     return json.dumps(text)  # a Lark string literal: JSON escapes are Lark escapes
 
@@ -106,17 +126,122 @@ def _json_rule(schema: object, options: dict = JSON_OPTIONS) -> str:
     return "%json " + json.dumps(_with_options(schema if isinstance(schema, dict) else {}, options))
 
 
-def _xml_value(schema: object, options: dict) -> str:
+def _count(schema: dict, key: str) -> int | None:
+    value = schema.get(key)
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and value >= 0 else None
+
+
+def _branches(regex: str) -> list[str]:
+    """``regex`` split at its top-level ``|`` (outside groups, classes and escapes)."""
+    out, depth, in_class, start, i = [], 0, 0, 0, 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            if c == "[":
+                in_class += 1
+            elif c == "]":
+                in_class -= 1
+        elif c == "[":
+            in_class = 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(regex[start:i])
+            start = i + 1
+        i += 1
+    return out + [regex[start:]]
+
+
+def _ends_with_anchor(branch: str) -> bool:
+    """Whether ``branch`` ends with an unescaped ``$``."""
+    if not branch.endswith("$"):
+        return False
+    slashes = len(branch) - 1 - len(branch[:-1].rstrip("\\"))
+    return slashes % 2 == 0
+
+
+def search_regex(pattern: str) -> str:
+    """A Lark regex body (anchored, as Lark's are) of the texts JSON Schema's ``pattern`` finds a match in: each
+    top-level branch anchored only where it starts with ``^`` or ends with ``$``. Raises ValueError when the
+    pattern cannot be read."""
+    lark = llguidance.regex_to_lark(pattern, "dw")  # JSON Schema's \\d and \\w are ASCII
+    anything = r"(.|\n)*"
+    parts = []
+    for branch in _branches(lark):
+        head = branch.startswith("^")
+        tail = _ends_with_anchor(branch[1:] if head else branch)
+        core = branch[1 if head else 0:len(branch) - 1 if tail else len(branch)]
+        parts.append(("" if head else anything) + f"(?:{core})" + ("" if tail else anything))
+    return "|".join(parts)
+
+
+@lru_cache(maxsize=256)
+def _search_regex_error(pattern: str) -> str:
+    """Why the library cannot hold ``pattern`` as a raw value's search regex ("" when it can)."""
+    try:
+        regex = search_regex(pattern)
+    except (ValueError, TypeError) as e:
+        return str(e) or "it cannot be read"
+    error = grammar_error(llguidance.LLMatcher.grammar_from_lark(f"start: T\nT: /{regex}/\n"))
+    return error.splitlines()[0] if error else ""
+
+
+class _Xml:
+    """What an XML call's rules need beyond ``options``: terminals of held raw values, and notes of keywords left
+    unenforced (``where: keyword``)."""
+
+    def __init__(self, options: dict, unenforced: list[str] | None):
+        self.options, self.lenient = options, bool(options.get("lenient"))
+        self.terminals: list[str] = []
+        self.unenforced = unenforced if unenforced is not None else []
+
+    def raw(self, schema: dict, rule: str, where: str) -> str:
+        """The body of a raw value (and its closing) held to ``schema``'s length bounds and pattern."""
+        self.unenforced += [f"{where}: {k}" for k in _RAW_UNENFORCED if k in schema]
+        low, high = _count(schema, "minLength"), _count(schema, "maxLength")
+        pattern = schema.get("pattern")
+        if pattern is not None and not isinstance(pattern, str):
+            raise ValueError(f"{where}: pattern must be a string")
+        error = _search_regex_error(pattern) if pattern is not None else ""
+        if error and not self.lenient:
+            raise ValueError(f"{where}: pattern {pattern!r} cannot be held: {error}")
+        if error:
+            self.unenforced.append(f"{where}: pattern")
+            pattern = None
+        if not low and high is None and pattern is None:
+            return "RAW_VALUE"
+        text = [f"/(.|\\n){{{low or 0},{'' if high is None else high}}}/", _NO_MARKER]
+        if pattern is not None:
+            text.append(f"/{search_regex(pattern)}/")
+        name = rule.upper()
+        self.terminals += [f"{name}_TEXT: {' & '.join(text)}", f"{name}_VALUE: {name}_TEXT {_CLOSE_PARAM}"]
+        return f"{name}_VALUE"
+
+
+def _xml_value(schema: object, xml: _Xml, rule: str, where: str) -> str:
     """The rule body of one parameter's value followed by its closing line."""
     schema = schema if isinstance(schema, dict) else {}
     enum = schema.get("enum")
+    if "const" in schema and isinstance(schema["const"], str) and not isinstance(enum, list):
+        enum = [schema["const"]]
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         options = " | ".join(_lark_string(v) for v in enum)
         return f'({options}) "\\n</parameter>\\n"'
     kind = schema.get("type")
-    if kind in (None, "string") and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "const")):
-        return "RAW_VALUE"
-    return f'{_json_rule(schema, options)} "\\n</parameter>\\n"'
+    # a nullable string (OpenAI's strict optional field, ["string", "null"]) is raw text as well: the parser
+    # reads such a value as written, and the bare word null as None (``tool_call_xml.typed_value``)
+    nullable = isinstance(kind, list) and "string" in kind and set(kind) <= {"string", "null"}
+    if (kind in (None, "string") or nullable) and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref",
+                                                                                   "const")):
+        return xml.raw(schema, rule, where)
+    return f'{_json_rule(schema, xml.options)} "\\n</parameter>\\n"'
 
 
 def _params(tool: object) -> tuple[str, dict]:
@@ -133,7 +258,7 @@ def _params(tool: object) -> tuple[str, dict]:
     return (name if isinstance(name, str) else ""), params
 
 
-def _xml_call(params: dict, prefix: str, options: dict) -> tuple[str, list[str]]:
+def _xml_call(params: dict, prefix: str, xml: _Xml, tool: str = "") -> tuple[str, list[str]]:
     """(the rule body of a call's parameters and its closing, the rules it names) for ``<function=...>``."""
     props = params.get("properties") or {}
     if not isinstance(props, dict):
@@ -143,7 +268,8 @@ def _xml_call(params: dict, prefix: str, options: dict) -> tuple[str, list[str]]
     for k, (name, schema) in enumerate(props.items()):
         if "\n" in name or ">" in name:
             raise ValueError(f"parameter name {name!r} cannot appear in a <parameter=...> tag")
-        rules.append(f"{prefix}{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {_xml_value(schema, options)}")
+        value = _xml_value(schema, xml, f"{prefix}{k}", f"{tool}.{name}" if tool else name)
+        rules.append(f"{prefix}{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {value}")
         parts.append(f"{prefix}{k}" if name in required else f"{prefix}{k}?")
     return " ".join(parts + ['"</function>\\n</tool_call>"']), rules
 
@@ -160,32 +286,36 @@ def _parser(parser: str) -> str:
     return parser
 
 
-def tool_call_grammar(tool: dict, parser: str, lenient: bool = False) -> str:
+def tool_call_grammar(tool: dict, parser: str, lenient: bool = False, unenforced: list[str] | None = None) -> str:
     """The grammar of what follows the opener of a forced call of ``tool`` (an OpenAI tool object).
 
     ``parser``: "xml" (also "qwen3_xml"; Qwen3.5) or "hermes" (Qwen3-Next).
     The hermes opener may end with or without the space after
     ``"arguments":``. Raises ValueError for a tool whose parameters cannot be
     written in that format. ``lenient``: schema keywords the library cannot
-    hold are left unenforced (``LENIENT_JSON``).
+    hold are left unenforced (``LENIENT_JSON``). ``unenforced``: a list that
+    gets a ``where: keyword`` note for each keyword of an XML raw value that
+    is not held (the library's own are its warnings: ``grammar_warnings``).
     """
     parser = _parser(parser)
     options = LENIENT_JSON if lenient else JSON_OPTIONS
-    _, params = _params(tool)
+    name, params = _params(tool)
     if parser == "xml":
-        body, rules = _xml_call(params, "p", options)
-        lark = "\n".join([f"start: {body}", *rules, _XML_TERMINALS])
+        xml = _Xml(options, unenforced)
+        body, rules = _xml_call(params, "p", xml, name)
+        lark = "\n".join([f"start: {body}", *rules, *xml.terminals, _XML_TERMINALS])
     else:
         lark = f"start: {_hermes_call(params, options)}\n"
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
-def _call_rules(tools: list[dict], parser: str, options: dict, held: set[str] | None = None
-                ) -> tuple[list[str], list[str]]:
+def _call_rules(tools: list[dict], parser: str, options: dict, held: set[str] | None = None,
+                unenforced: list[str] | None = None) -> tuple[list[str], list[str]]:
     """(the call rules' names, every rule) of what follows ``<tool_call>\\n`` for each of ``tools``: the
     function's name, then its arguments held to its schema, or (a tool not in ``held``, when given) any
     arguments in the format's shape, with its closing."""
     calls, rules = [], []
+    xml = _Xml(options, unenforced)
     for t, tool in enumerate(tools):
         name, params = _params(tool)
         if not name or (parser == "xml" and ("\n" in name or ">" in name)):
@@ -196,17 +326,18 @@ def _call_rules(tools: list[dict], parser: str, options: dict, held: set[str] | 
                 rules.append(f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} ANY_PARAM* "
                              f'"</function>\\n</tool_call>"')
             else:
-                body, params_rules = _xml_call(params, f"t{t}p", options)
+                body, params_rules = _xml_call(params, f"t{t}p", xml, name)
                 rules += [f"call{t}: {_lark_string(f'<function={name}>' + chr(10))} {body}", *params_rules]
         else:
             head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
             args = {"type": "object"} if free else params
             rules.append(f"call{t}: {_lark_string(head)} {_hermes_call(args, options)}")
         calls.append(f"call{t}")
-    return calls, rules
+    return calls, rules + xml.terminals
 
 
-def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False) -> str:
+def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False,
+                          unenforced: list[str] | None = None) -> str:
     """The grammar of what follows ``<tool_call>\\n`` when a call of one of ``tools`` is required.
 
     xml: ``<function=NAME>\\n`` and that tool's parameters; hermes:
@@ -216,12 +347,13 @@ def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False)
     options = LENIENT_JSON if lenient else JSON_OPTIONS
     if not tools:
         raise ValueError("a required call needs at least one tool")
-    calls, rules = _call_rules(tools, parser, options)
+    calls, rules = _call_rules(tools, parser, options, unenforced=unenforced)
     terminals = [_XML_TERMINALS] if parser == "xml" else []
     return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: {' | '.join(calls)}", *rules, *terminals]))
 
 
-def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: bool = False) -> str:
+def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: bool = False,
+                       unenforced: list[str] | None = None) -> str:
     """The grammar of an answer the model may write as it likes, calls included, where each call is of
     one of ``tools`` (with ``allowed_tools``: the allowed ones) and a tool named in ``held`` (``strict:
     true``) has its arguments held to its schema; any other's are free in the format's shape. Text runs free up to ``<tool_call>\\n``; after a call more text or calls may follow."""
@@ -229,7 +361,7 @@ def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: 
     options = LENIENT_JSON if lenient else JSON_OPTIONS
     if not tools:
         raise ValueError("tool calls need at least one tool")
-    calls, rules = _call_rules(tools, parser, options, held)
+    calls, rules = _call_rules(tools, parser, options, held, unenforced)
     lark = ["start: (OPEN call)* TEXT?", f"call: {' | '.join(calls)}", *rules, _FREE_TEXT]
     if parser == "xml":
         lark += [_XML_TERMINALS, _XML_ANY_PARAM]

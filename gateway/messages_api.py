@@ -9,7 +9,8 @@ grammars of forced calls, usage); only the answer's shape differs
     system (a string or text blocks)    one system message (blocks joined by newlines)
     messages, role user                 text and image blocks (base64 or url sources) -> content parts;
                                         tool_result blocks -> tool messages (tool_call_id = tool_use_id;
-                                        their text, or parts when they hold images), before the rest of that turn
+                                        their text, or parts when they hold images), before the rest of that turn;
+                                        is_error: true -> the text starts "Error: " (ERROR_MARK)
     messages, role assistant            text -> content, thinking -> reasoning_content,
                                         tool_use -> tool_calls (input as JSON arguments);
                                         a last assistant turn is a prefill: the answer continues
@@ -38,13 +39,16 @@ import re
 
 from aiohttp import web
 
-from ignis.gateway.chat import answer_translated
+from ignis.gateway.chat import answer_chat
+from ignis.gateway.engine_client import EngineUnavailable
 from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
-from ignis.gateway.generation_request import read_request_body
-from ignis.gateway.messages_output import MessagesResponse, message_id
+from ignis.gateway.generation import EngineFailed, Usage
+from ignis.gateway.generation_request import GenerationRequest, read_request_body
+from ignis.gateway.messages_output import EarlyStart, MessagesResponse, message_id
 from ignis.gateway.params import CommonParams
 from ignis.gateway.prompt_work import prompt_work
+from ignis.gateway.request_ids import client_request_id, remember
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tokenize_api import render_chat_ids
@@ -55,6 +59,12 @@ PATH_PREFIX = "/v1/messages"
 PASSED = ("model", "temperature", "top_p", "top_k", "stream", "max_tokens", "request_class", "seed")
 """Fields handed to the chat path as they are (same names, same checks)."""
 ROLES = ("user", "assistant")
+REQUEST_ID = "ignis_anthropic_request_id"
+"""Where a Messages request's id is kept on the aiohttp request: its ``request-id`` header and the
+``request_id`` of its error bodies (``gateway.app``)."""
+ERROR_MARK = "Error: "
+"""Put before the text of a tool_result with ``is_error: true`` that does not already start with "error"
+(the chat templates have no field for it)."""
 
 
 def _text_of(f: Fields, name: str, blocks: object) -> str:
@@ -86,7 +96,20 @@ def _image_part(bf: Fields) -> dict:
 
 
 def _tool_result(bf: Fields) -> str | list[dict]:
-    """A tool_result block's content: its text (text blocks joined by newlines), or parts when it holds images."""
+    """A tool_result block's content: its text (text blocks joined by newlines), or parts when it holds images;
+    with ``is_error: true``, marked as a failure (``ERROR_MARK``) unless its text already says so."""
+    content = _tool_content(bf)
+    if not bf.bool("is_error"):
+        return content
+    if isinstance(content, str):
+        return content if content.lstrip().lower().startswith("error") else (ERROR_MARK + content).rstrip()
+    first = next((p for p in content if p["type"] == "text"), None)
+    if first is not None and first["text"].lstrip().lower().startswith("error"):
+        return content
+    return [{"type": "text", "text": ERROR_MARK.rstrip()}] + content
+
+
+def _tool_content(bf: Fields) -> str | list[dict]:
     result = bf.raw("content")
     if result is None or isinstance(result, str) or not isinstance(result, list):
         return "" if result is None else _text_of(bf, "content", result)
@@ -269,14 +292,52 @@ class MessagesTurn:
                           "thinking_token_budget": "thinking.budget_tokens"}.get(param, param))
 
 
+class MessagesRequest(GenerationRequest):
+    """A Messages request on the chat path; streamed, its head goes out early when the first answer is slow
+    (``messages_output.EarlyStart``)."""
+
+    async def answer_prompts(self, endpoint: str, rid: str, prompts: list[tuple[list[int], int]],
+                             response: MessagesResponse, **kw) -> web.StreamResponse:
+        if not self.params.stream:
+            return await super().answer_prompts(endpoint, rid, prompts, response, **kw)
+        n = sum(len(ids) for ids, _ in prompts)
+        early = response.early = EarlyStart(self.http, lambda: response.opening(Usage(prompt_tokens=n)))
+        self.on_sent = early.arm
+        try:
+            return await super().answer_prompts(endpoint, rid, prompts, response, **kw)
+        except (ApiError, EngineFailed, EngineUnavailable) as exc:
+            if early.resp is None:  # nothing sent: the HTTP status says it
+                raise
+            return await early.fail(exc)
+        finally:
+            await early.settle()
+
+
+def _keep_request_id(http: web.Request, turn: MessagesTurn) -> None:
+    """The request's id: the client's ``X-Request-Id``, else the message's id (what the log names)."""
+    try:
+        client = client_request_id(http, Fields({}))
+    except ApiError:
+        client = None  # a bad header: answered as a 400 later, in the generation's own checks
+    http[REQUEST_ID] = client or turn.rid
+    remember(http, client or turn.rid)
+
+
 async def create_message(request: web.Request) -> web.StreamResponse:
     """Create a message (Anthropic's Messages API)."""
-    return await answer_translated(request, MessagesTurn(), ENDPOINT)
+    turn = MessagesTurn()
+    _keep_request_id(request, turn)
+    try:
+        req = await MessagesRequest.read(request, "chat", translate=turn.translate)
+        return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
+    except ApiError as e:
+        raise turn.remap(e) from None
 
 
 async def count_tokens(request: web.Request) -> web.Response:
     """Count the input tokens of a message request."""
     turn = MessagesTurn()
+    _keep_request_id(request, turn)
     try:
         chat = turn.translate(await read_request_body(request), counting=True)
         gw: GatewayState = request.app[STATE].select(chat.get("model"))

@@ -20,13 +20,21 @@ string that matched) or ``tool_use``. Usage::
     {"input_tokens": prompt tokens not read from reuse, "cache_read_input_tokens": those that were,
      "cache_creation_input_tokens": 0, "output_tokens"}
 
+message_start's usage is the prompt as ``input_tokens`` (cache reads are known only from the Finished;
+message_delta's usage has the split). ``ping`` events: every ``PING_S`` while the stream lasts, and a turn with
+no first answer ``START_AFTER_S`` after its engine request sends its headers, message_start and a ping then
+(``EarlyStart``; a refusal before that is still an HTTP status).
+
 A failure after the headers went out is an ``error`` event
 (``{"type": "error", "error": {"type", "message"}}``) and the stream ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import secrets
 from collections.abc import Callable
 
@@ -34,13 +42,14 @@ import orjson
 from aiohttp import web
 
 from ignis.gateway.choice import ChoiceDelta
-from ignis.gateway.errors import ApiError
-from ignis.gateway.event_stream import stream_events
-from ignis.gateway.generation import Generation, Usage
+from ignis.gateway.event_stream import SSE_HEADERS, stream_events
+from ignis.gateway.generation import ClientGone, Generation, Usage, api_error_of
 from ignis.gateway.generation_request import EndpointResponse
 from ignis.gateway.params import CommonParams
+from ignis.gateway.stream_writer import BoundedWriter
 from ignis.gateway.tokenizer import TextTokenizer
 
+log = logging.getLogger("ignis.gateway")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -152,12 +161,17 @@ class MessagesResponse(EndpointResponse):
 
     # ----- events ----------------------------------------------------------------------
 
+    def opening(self, usage: Usage) -> bytes:
+        """message_start: the prompt's tokens as ``input_tokens`` (what is known before the Finished)."""
+        start = self.message(usage, final=False)
+        start["usage"]["output_tokens"] = 0
+        return event_bytes({"type": "message_start", "message": start})
+
     async def stream(self, http: web.Request, gen: Generation, on_tokens: Callable[[int], None],
                      buffer_limit: int, on_stall: Callable[[], None]) -> web.StreamResponse:
-        def opening() -> bytes:
-            start = self.message(gen.usage, final=False)
-            start["usage"]["output_tokens"] = 0
-            return event_bytes({"type": "message_start", "message": start})
+        early = self.early
+        if early is not None:
+            await early.settle()  # its headers and message_start, when it sent them, are this stream's
 
         def closing() -> bytes:
             c = self.content
@@ -165,13 +179,79 @@ class MessagesResponse(EndpointResponse):
             return (event_bytes({"type": "message_delta", "usage": usage_json(gen.usage), "delta": delta})
                     + event_bytes({"type": "message_stop"}))
 
-        def failure(err: ApiError) -> bytes:
-            return event_bytes(err.anthropic_body())
-
         return await stream_events(http, gen, buffer_limit=buffer_limit, on_tokens=on_tokens, on_stall=on_stall,
-                                   name=f"message {self.body_head['id']}", opening=opening,
+                                   name=f"message {self.body_head['id']}", opening=lambda: self.opening(gen.usage),
                                    events_of=lambda d: [event_bytes(e) for e in self.content.feed(d)],
-                                   closing=closing, failure=failure)
+                                   closing=closing, failure=lambda err: event_bytes(err.anthropic_body()),
+                                   resp=early.resp if early is not None else None, background=_pings)
+
+    early: EarlyStart | None = None
+
+
+START_AFTER_S = 2.0
+"""A streamed turn with no first answer this long after its engine request went out sends its headers,
+message_start and a ping (a refusal later than this is an ``error`` event, no longer an HTTP status)."""
+PING_S = 5.0
+"""Then a ``ping`` event every this many seconds, until the stream ends (idle-timeout proxies and
+clients keep the connection)."""
+PING = event_bytes({"type": "ping"})
+
+
+class EarlyStart:
+    """The head of a streamed turn whose first answer is slow (a long prefill, a queue): ``arm()`` when the
+    engine request goes out; ``START_AFTER_S`` later, unless ``settle()`` came first, the headers,
+    message_start and pings go out. ``resp``: the response they went out on (None: nothing was sent)."""
+
+    def __init__(self, http: web.Request, opening: Callable[[], bytes]):
+        self.http = http
+        self.opening = opening
+        self.resp: web.StreamResponse | None = None
+        self._task: asyncio.Task | None = None
+
+    def arm(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        await asyncio.sleep(START_AFTER_S)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        self.resp = resp
+        await resp.prepare(self.http)
+        await resp.write(self.opening() + PING)
+        while True:
+            await asyncio.sleep(PING_S)
+            await resp.write(PING)
+
+    async def settle(self) -> None:
+        """Stop sending; what went out stays out."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionResetError, ClientGone):
+            await task
+
+    async def fail(self, exc: BaseException) -> web.StreamResponse:
+        """A failure (an engine refusal) after the headers went out: an ``error`` event, and the body ends."""
+        await self.settle()
+        err = api_error_of(exc)
+        log.warning("message stream failed before its first token: %s", err.message)
+        try:
+            await self.resp.write(event_bytes(err.anthropic_body()))
+            await self.resp.write_eof()
+        except ConnectionResetError:
+            raise ClientGone() from None
+        return self.resp
+
+
+async def _pings(writer: BoundedWriter) -> None:
+    """A ``ping`` every ``PING_S`` (each a whole event, written at once: it never splits another)."""
+    while True:
+        await asyncio.sleep(PING_S)
+        if writer.writes_now:
+            writer.write_now(PING)
+        else:
+            await writer.write(PING)
 
 
 def usage_json(usage: Usage) -> dict:

@@ -281,6 +281,11 @@ ANSWERS = {
     ("POST", "/v1/responses"): RESPONSE,
     ("GET", "/v1/responses/{response_id}"): RESPONSE,
     ("POST", "/v1/responses/{response_id}/cancel"): RESPONSE,
+    ("GET", "/v1/responses/{response_id}/input_items"): _obj(
+        {"object": {"const": "list"},
+         "data": {"type": "array", "items": _obj({"id": _STR, "type": _STR}, ("id", "type"))},
+         "first_id": _NULLABLE_STR, "last_id": _NULLABLE_STR, "has_more": _BOOL},
+        ("object", "data", "first_id", "last_id", "has_more")),
     ("DELETE", "/v1/responses/{response_id}"): _obj({"id": _STR, "object": _STR, "deleted": _BOOL},
                                                     ("id", "deleted")),
     ("GET", "/v1/models"): _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL},

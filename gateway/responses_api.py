@@ -43,6 +43,16 @@ sent (a bad body is still a 400 then, never a failed response). Afterwards::
                                                      answered as it is; one not made in the background: 400
     DELETE /v1/responses/{id}                        cancels it first
 
+A cancelled one keeps its output so far (the item being written closed as
+``incomplete``, its text kept) and ``usage`` of the tokens it used.
+
+    GET /v1/responses/{id}/input_items[?limit=&order=&after=&before=&include=]
+                                   the input items of a stored response (or a background one), as OpenAI
+                                   lists them: those of the whole conversation up to this response's
+                                   input (earlier responses' inputs and outputs, through
+                                   previous_response_id; never instructions), each with an id, newest
+                                   first unless order=asc, ``limit`` (1 to 100, 20) at a time
+
 A streamed create call is such a follower from the first event: a client that
 goes away loses nothing, it reconnects with the last sequence number it saw.
 """
@@ -68,7 +78,13 @@ from ignis.gateway.reasoning_seal import ReasoningSeal
 from ignis.gateway.responses import chat_logprobs, json_response
 from ignis.gateway.responses_background import BackgroundRun, BackgroundRuns
 from ignis.gateway.responses_events import ResponsesResponse
-from ignis.gateway.responses_items import Conversation, stored_call_ids, translate_input, translate_instructions
+from ignis.gateway.responses_items import (
+    Conversation,
+    listed_items,
+    stored_call_ids,
+    translate_input,
+    translate_instructions,
+)
 from ignis.gateway.responses_output import OutputItems, item_id
 from ignis.gateway.responses_store import ResponseStore
 from ignis.gateway.responses_tools import ToolNames, translate_tool_choice, translate_tools
@@ -119,6 +135,8 @@ class ResponsesTurn:
         self.origins: list[str] = []
         self.names = ToolNames()
         self.conversation = Conversation()
+        self.earlier_items: list[dict] = []  # the listed input items of the conversation before this input
+        self.input_items: list[dict] = []  # and with it (GET /v1/responses/{id}/input_items)
         self.echo: dict = {}
         self.store = True
         self.blob = False
@@ -170,6 +188,7 @@ class ResponsesTurn:
                 raise invalid(f"response {prev!r} is still {run.status}: continue from it once it has ended",
                               "previous_response_id", code="response_in_progress")
             raise _not_found(prev, "previous_response_id")
+        self.earlier_items = list(entry.items) + [dict(i) for i in entry.response.get("output", ())]
         messages = list(entry.messages)
         return Conversation(messages, ["previous_response_id"] * len(messages), stored_call_ids(messages))
 
@@ -191,6 +210,8 @@ class ResponsesTurn:
         choice = translate_tool_choice(f, self.names)
         earlier = self._earlier(f)
         self.conversation = translate_input(f, self.names, self.state.seal, earlier)
+        self.input_items = self.earlier_items + listed_items(
+            f.raw("input"), {i["id"] for i in self.earlier_items if isinstance(i.get("id"), str)})
         lead = translate_instructions(f, self.names, self.state.seal)
         self.origins = lead.origins + self.conversation.origins
         metadata = f.object("metadata")
@@ -235,7 +256,7 @@ class ResponsesTurn:
 
     def _done(self, response: dict, turn: dict) -> None:
         if self.store:
-            self.state.store.put(self.rid, self.conversation.messages + [turn], response)
+            self.state.store.put(self.rid, self.conversation.messages + [turn], response, self.input_items)
 
     def remap(self, e: ApiError) -> ApiError:
         """``e`` with a chat field in ``param`` (and its message) named as the Responses field."""
@@ -281,6 +302,7 @@ async def _start_background(req: GenerationRequest, turn: ResponsesTurn) -> Back
     that (a bad message, a prompt too long) is raised here: the client gets a 400, no run is kept."""
     runs = turn.state.runs
     run = turn.run = runs.new(turn.rid)
+    run.input_items = turn.input_items
     sent = asyncio.get_running_loop().create_future()
     req.detached = True
     req.on_sent = lambda: sent.done() or sent.set_result(None)
@@ -403,6 +425,69 @@ async def delete_response(request: web.Request) -> web.Response:
     if not state.store.delete(rid) and run is None:
         raise _not_found(rid)
     return json_response({"id": rid, "object": "response.deleted", "deleted": True})
+
+
+LIST_LIMIT = 100
+"""The most input items one page of GET /v1/responses/{id}/input_items holds (OpenAI's)."""
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    """The input items of a stored response (OpenAI's list: newest first by default, paged with after)."""
+    rid = request.match_info["response_id"]
+    q = request.query
+    raw = q.get("limit", "20")
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= LIST_LIMIT:
+        raise invalid(f"limit must be an integer from 1 to {LIST_LIMIT}, got {raw!r}", "limit")
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid(f"order must be 'asc' or 'desc', got {order!r}", "order")
+    include = set(q.getall("include", []) + q.getall("include[]", []))
+    state: ResponsesState = request.app[RESPONSES]
+    entry = state.store.get(rid)
+    run = state.runs.get(rid)
+    if entry is not None:
+        items = list(entry.items)
+    elif run is not None:
+        items = list(run.input_items)
+    else:
+        raise _not_found(rid)
+    if order == "desc":
+        items.reverse()
+    ids = [i["id"] for i in items]
+    start, end = 0, len(items)
+    for name in ("after", "before"):
+        cursor = q.get(name)
+        if cursor is None:
+            continue
+        if cursor not in ids:
+            raise invalid(f"{name} must be the id of one of response {rid!r}'s input items, got {cursor!r}",
+                          name)
+        if name == "after":
+            start = ids.index(cursor) + 1
+        else:
+            end = ids.index(cursor)
+    window = items[start:end]
+    # with before alone, the page is the items just before it
+    page = window[-limit:] if "before" in q and "after" not in q else window[:limit]
+    data = [_as_included(i, include) for i in page]
+    return json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                          "last_id": data[-1]["id"] if data else None, "has_more": len(window) > limit})
+
+
+def _as_included(item: dict, include: set[str]) -> dict:
+    """``item`` as listed: a reasoning blob only with include=reasoning.encrypted_content, output text
+    logprobs only with include=message.output_text.logprobs (as OpenAI's include of the create call)."""
+    out = dict(item)
+    if BLOB_INCLUDE not in include:
+        out.pop("encrypted_content", None)
+    if LOGPROBS_INCLUDE not in include and isinstance(out.get("content"), list):
+        out["content"] = [{k: v for k, v in p.items() if k != "logprobs"} if isinstance(p, dict) else p
+                          for p in out["content"]]
+    return out
 
 
 async def stop_background(app: web.Application, timeout_s: float) -> None:

@@ -39,6 +39,7 @@ class BackgroundRun:
         self.events: list[bytes] = []
         self.nbytes = 0
         self.task: asyncio.Task | None = None
+        self.input_items: list[dict] = []  # what GET .../input_items lists (its store entry's, once stored)
         self.ended_at: float | None = None
         self._final: dict | None = None
         self._snapshot: Callable[[str], dict] | None = None

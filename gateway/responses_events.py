@@ -25,11 +25,15 @@ A background response (``run``: gateway.responses_background) is generated as
 one body whose events go to its run instead of a connection: ``response.created``
 and ``response.queued`` (``status: queued``) once the prompt is sent, then
 ``response.in_progress`` and the rest as above; a failure ends it with
-``response.failed``, a cancel with no event (``status: cancelled``).
+``response.failed``, a cancel with the done events of the item it cut
+(``OutputItems.cut``) and no terminal event: ``status: cancelled``, the output
+so far, ``usage`` of the tokens used (null when cancelled while queued: no
+token was made).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -45,6 +49,8 @@ from ignis.gateway.params import CommonParams
 from ignis.gateway.responses_background import BackgroundRun
 from ignis.gateway.responses_output import OutputItems
 from ignis.gateway.tokenizer import TextTokenizer
+
+log = logging.getLogger("ignis.gateway")
 
 
 def event_bytes(event: dict) -> bytes:
@@ -63,6 +69,7 @@ class ResponsesResponse(EndpointResponse):
         self.created_at = int(time.time())
         self.seq = 0
         self.run = run
+        self.gen: Generation | None = None  # once opened
         if run is not None:
             run.describe_with(self.response)
             queued = self.response("queued")
@@ -104,6 +111,7 @@ class ResponsesResponse(EndpointResponse):
 
     def opened(self, gen: Generation) -> None:
         super().opened(gen)
+        self.gen = gen
         if self.run is not None:
             self.run.status = "in_progress"
             self._record({"type": "response.in_progress", "response": self.response("in_progress")})
@@ -115,7 +123,32 @@ class ResponsesResponse(EndpointResponse):
         self.run.end(failed)
 
     def cancelled(self) -> None:
-        self.run.end(self.response("cancelled"))
+        """The background run was cancelled: it keeps what was generated before (the open item closed by
+        ``OutputItems.cut``, its done events recorded) and the tokens used; no terminal event."""
+        usage = None
+        gen = self.gen
+        if gen is not None:
+            self._flush(gen)
+            usage = Usage(prompt_tokens=gen.usage.prompt_tokens, cached_tokens=gen.usage.cached_tokens,
+                          completion_tokens=sum(len(c.token_ids) for c in gen.choices))
+        for e in self.items.cut():
+            self._record(e)
+        self.run.end(self.response("cancelled", usage))
+
+    def _flush(self, gen: Generation) -> None:
+        """What ``gen`` received before the cancel and was not taken yet, and the text its choice held back
+        (a partial character, a possible stop string or tag), taken as output."""
+        try:
+            for d in gen.take():
+                self.take(d)
+        except Exception:  # a failure queued behind them: what came before is kept
+            log.debug("response %s: a failure queued at cancel", self.body_head["id"], exc_info=True)
+        try:
+            d = gen.choices[0].finish("abort")
+            d.finish_reason = None  # the output is cut, not finished: ``cancelled`` closes the open item
+            self.take(d)
+        except Exception:
+            log.warning("response %s: its held-back text was lost at cancel", self.body_head["id"], exc_info=True)
 
     # ----- one body --------------------------------------------------------------------
 

@@ -24,6 +24,9 @@ Parts: ``input_text``, ``output_text``, ``text`` and ``refusal`` are text;
 ``input[i].type``. ``instructions`` takes the same forms: a string is one
 system message, an array is items (not carried over by previous_response_id). Each message remembers the field it came from
 (``origins``), so a later 400 of the chat path names the Responses field.
+
+``listed_items`` gives the same ``input`` as OpenAI lists it afterwards
+(``GET /v1/responses/{id}/input_items``): normalized items, each with an id.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from ignis.gateway.fields import Fields
 from ignis.gateway.reasoning_seal import ReasoningSeal, SealError
+from ignis.gateway.responses_output import item_id
 from ignis.gateway.responses_tools import ToolNames
 
 MAX_ITEMS = 100_000
@@ -222,3 +226,69 @@ def _add_items(f: Fields, key: str, string_role: str, conv: Conversation, names:
 
 def stored_call_ids(messages) -> set[str]:
     return {c["id"] for m in messages for c in m.get("tool_calls", ()) if c.get("id")}
+
+
+# ----- the input items as listed (GET /v1/responses/{id}/input_items) ---------------------
+
+def listed_items(value: object, taken: set[str]) -> list[dict]:
+    """The body's ``input`` (already checked by ``translate_input``) as OpenAI lists a response's input
+    items, each with an ``id`` (the client's, else a new one; one already in ``taken``, a new one too):
+
+        a string                        {"type": "message", "role": "user", "content": [input_text], "status"}
+        message (system/developer/user) content as input parts (a string: one input_text part)
+        message (assistant)             content as output parts (output_text with annotations, refusal)
+        reasoning                       summary as summary_text parts (content, encrypted_content as sent)
+        function_call                   call_id, name, namespace?, arguments, status
+        function_call_output            call_id, output, status
+    """
+    raw = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
+    out = []
+    for item in raw:
+        listed = _listed(item)
+        given = item.get("id")
+        listed = {"id": given if isinstance(given, str) and given and given not in taken
+                  else item_id(_ID_PREFIX[listed["type"]]), **listed}
+        taken.add(listed["id"])
+        out.append(listed)
+    return out
+
+
+_ID_PREFIX = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
+
+
+def _listed(item: dict) -> dict:
+    kind = item.get("type") or "message"
+    if kind == "message":
+        role, content = item["role"], item["content"]
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        listed = [_output_part(p) if role == "assistant" else _input_part(p) for p in parts]
+        return {"type": "message", "role": role, "content": listed, "status": "completed"}
+    if kind == "reasoning":
+        out: dict = {"type": "reasoning", "summary": [{"type": "summary_text", "text": p.get("text", "")}
+                                                      for p in item.get("summary") or ()]}
+        if item.get("content"):
+            out["content"] = [{"type": "reasoning_text", "text": p.get("text", "")} for p in item["content"]]
+        if item.get("encrypted_content") is not None:
+            out["encrypted_content"] = item["encrypted_content"]
+        return out
+    if kind == "function_call":
+        out = {"type": "function_call", "call_id": item["call_id"], "name": item["name"],
+               "arguments": item["arguments"] if item["arguments"].strip() else "{}", "status": "completed"}
+        if item.get("namespace"):
+            out["namespace"] = item["namespace"]
+        return out
+    return {"type": "function_call_output", "call_id": item["call_id"], "output": item["output"],
+            "status": "completed"}
+
+
+def _input_part(part: dict) -> dict:
+    kind = part.get("type")
+    if kind == "input_image":
+        return {"type": "input_image", "image_url": part.get("image_url"), "detail": part.get("detail") or "auto"}
+    return {"type": "input_text", "text": part["refusal"] if kind == "refusal" else part.get("text", "")}
+
+
+def _output_part(part: dict) -> dict:
+    if part.get("type") == "refusal":
+        return {"type": "refusal", "refusal": part.get("refusal", "")}
+    return {"type": "output_text", "text": part.get("text", ""), "annotations": part.get("annotations") or []}

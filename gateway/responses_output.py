@@ -17,6 +17,10 @@ item, in order (``feed`` and ``close`` return them, without ``sequence_number``)
     call       output_item.added, function_call_arguments.delta*, function_call_arguments.done,
                output_item.done
 
+A cancelled run's open item is closed by ``cut``: a message ``incomplete``
+with its text so far, a call ``incomplete`` unless its arguments are already
+a whole JSON object, reasoning with its text so far.
+
 ``parallel_tool_calls: false`` keeps the first call only. The turn as the
 chat path takes it back (``assistant_turn``) uses the prompt's tool names.
 
@@ -28,11 +32,19 @@ delta of reasoning or call text alone reports none.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 
 from ignis.gateway.choice import ChoiceDelta, TokenRecord
 from ignis.gateway.responses_tools import ToolNames
+
+
+def _whole_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def item_id(prefix: str) -> str:
@@ -81,8 +93,8 @@ class OutputItems:
             return {"type": "response.output_text.delta", **where, "content_index": 0, "delta": text, "logprobs": []}
         return {"type": "response.function_call_arguments.delta", **where, "delta": text}
 
-    def close(self, status: str = "completed") -> list[dict]:
-        """Close the open item (if any); its done events."""
+    def close(self, status: str = "completed", call_status: str = "completed") -> list[dict]:
+        """Close the open item (if any); its done events. ``status``: a message's, ``call_status``: a call's."""
         if self.kind is None:
             return []
         item, index, text = self.items[-1], len(self.items) - 1, self.text
@@ -104,13 +116,23 @@ class OutputItems:
                         "logprobs": list(self.lps)},
                        {"type": "response.content_part.done", **where, "content_index": 0, "part": part}]
         else:
-            item.update(arguments=text, status="completed")
+            item.update(arguments=text, status=call_status)
             self.calls[-1]["function"]["arguments"] = text
             events.append({"type": "response.function_call_arguments.done", **where, "arguments": text,
                            "name": item["name"]})
         events.append({"type": "response.output_item.done", "output_index": index, "item": dict(item)})
         self.kind, self.text = None, ""
         return events
+
+    def cut(self) -> list[dict]:
+        """Close the open item as generation stopped before its end (a cancel); its done events. A message
+        is ``incomplete`` with its text so far; a call is ``completed`` when its arguments so far are a whole
+        JSON object (no prefix of one is), else ``incomplete``; reasoning keeps its text so far."""
+        if self.kind == "message":
+            return self.close("incomplete")
+        if self.kind == "call":
+            return self.close(call_status="completed" if _whole_object(self.text) else "incomplete")
+        return self.close()
 
     def _part(self, text: str) -> dict:
         part = {"type": "output_text", "text": text, "annotations": []}

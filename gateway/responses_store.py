@@ -4,10 +4,12 @@ An entry is what continuing a conversation needs: the chat messages of the
 whole conversation so far (the earlier turns, this request's input, and this
 response's assistant turn, reasoning included in plain text; never the
 request's ``instructions``, which OpenAI does not carry over) and the
-response object for ``GET /v1/responses/{id}``.
+response object for ``GET /v1/responses/{id}``, and the input items that
+``GET /v1/responses/{id}/input_items`` lists (the conversation's items up to
+this response's input, each with its id: gateway.responses_items.listed_items).
 
 Bounds: at most ``max_entries`` entries and ``max_chars`` characters of
-message text in all; the oldest go first. An entry older than ``ttl_s`` is
+message (and listed item) text in all; the oldest go first. An entry older than ``ttl_s`` is
 gone (``get`` answers None, as for an id never stored). Nothing survives a
 restart. Pure Python, one event loop: no locks.
 """
@@ -30,6 +32,7 @@ class StoredResponse:
     response: dict
     chars: int
     stored_at: float
+    items: tuple[dict, ...] = ()
 
 
 def _chars(messages) -> int:
@@ -51,12 +54,13 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, rid: str, messages: list[dict], response: dict) -> None:
-        chars = _chars(messages)
+    def put(self, rid: str, messages: list[dict], response: dict, items: list[dict] = ()) -> None:
+        """``items``: the input items listed for this response (counted in ``max_chars`` too)."""
+        chars = _chars(messages) + _chars(items)
         if chars > self.max_chars:
             return  # larger than the whole store: never kept
         self._drop(rid)
-        self._entries[rid] = StoredResponse(tuple(messages), response, chars, self._clock())
+        self._entries[rid] = StoredResponse(tuple(messages), response, chars, self._clock(), tuple(items))
         self._chars += chars
         while len(self._entries) > self.max_entries or self._chars > self.max_chars:
             self._drop(next(iter(self._entries)))

@@ -13,24 +13,35 @@
     auto otherwise, none            no grammar
 
 A tool schema the library cannot hold exactly (``not``, an unknown
-``format``, ...) is held leniently, those keywords unenforced: logged and
-counted (``ignis:gateway_grammar_lenient_total``), never refused; one that does
-not compile even so is a 400 naming the library's reason. These run on the
-prompt worker (tens of milliseconds for a large tool set), never on the loop.
+``format``, ...; in the XML format also a string parameter's ``format``, or a
+``pattern`` the library cannot express as raw text) is held leniently, those
+keywords unenforced: counted (``ignis:gateway_grammar_lenient_total``) each
+time, and logged once per grammar (so once per tool schema and choice) with
+each keyword named, never refused; one that does not compile even so is a 400
+naming the library's reason. These run on the prompt worker (tens of
+milliseconds for a large tool set), never on the loop.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 from ignis.gateway.errors import invalid
-from ignis.gateway.grammars import any_tool_call_grammar, tool_call_grammar, tool_calls_grammar
+from ignis.gateway.grammars import any_tool_call_grammar, grammar_warnings, tool_call_grammar, tool_calls_grammar
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.output_parser import ForcedCall
 from ignis.gateway.response_format import checked_grammar
 
 log = logging.getLogger("ignis.gateway")
+
+WARNED_GRAMMARS = 1024
+"""Lenient grammars remembered as already logged (the oldest forgotten first)."""
+_warned: OrderedDict[bytes, None] = OrderedDict()
+_warned_lock = threading.Lock()
 
 
 def allowed(tools: list[dict], names: tuple[str, ...] | None) -> list[dict]:
@@ -42,22 +53,44 @@ def strict_names(tools: list[dict]) -> set[str]:
     return {t["function"]["name"] for t in tools if t["function"].get("strict") is True}
 
 
-def _held(build: Callable[[bool], str], what: str, metrics: GatewayMetrics) -> str:
-    """``build(lenient)``'s grammar: exact when the library holds it, else lenient (logged, counted)."""
+def _first_time(grammar: str) -> bool:
+    """Whether ``grammar``'s leniency is logged now: the first time it is seen (of the last ``WARNED_GRAMMARS``)."""
+    key = hashlib.blake2b(grammar.encode(), digest_size=16).digest()
+    with _warned_lock:
+        if key in _warned:
+            _warned.move_to_end(key)
+            return False
+        _warned[key] = None
+        while len(_warned) > WARNED_GRAMMARS:
+            _warned.popitem(last=False)
+        return True
+
+
+def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMetrics) -> str:
+    """``build(lenient, unenforced)``'s grammar: exact when the library holds it, else lenient; a grammar that
+    leaves keywords unenforced (``unenforced``'s notes of the XML format's raw values, the library's warnings)
+    is counted, and logged once with each keyword named."""
+    notes: list[str] = []
     try:
-        grammar = build(False)
+        grammar = build(False, notes)
         error = checked_grammar(grammar)
-        if not error:
-            return grammar
-        grammar = build(True)
     except ValueError as e:
-        raise invalid(f"the {what} cannot be constrained: {e}", "tool_choice") from None
-    still = checked_grammar(grammar)
-    if still:
-        raise invalid(f"the {what} cannot be constrained: {still}", "tool_choice")
-    log.warning("%s: the tool schema is held leniently (unsupported keywords unenforced): %s", what,
-                error.splitlines()[0])
-    metrics.grammar_lenient.inc()
+        error = str(e)
+    if error:
+        notes = []
+        try:
+            grammar = build(True, notes)
+        except ValueError as e:
+            raise invalid(f"the {what} cannot be constrained: {e}", "tool_choice") from None
+        still = checked_grammar(grammar)
+        if still:
+            raise invalid(f"the {what} cannot be constrained: {still}", "tool_choice")
+        notes += grammar_warnings(grammar) or [error.splitlines()[0]]
+    if notes:
+        metrics.grammar_lenient.inc()
+        if _first_time(grammar):
+            log.warning("%s: the tool schema is held leniently, these keywords unenforced: %s", what,
+                        "; ".join(dict.fromkeys(notes)))
     return grammar
 
 
@@ -65,11 +98,11 @@ def forced_call_grammar(forced: ForcedCall, tools: list[dict], tool_format: str,
                         allowed_names: tuple[str, ...] | None = None) -> str:
     """The grammar of the rest of a forced call: the named tool's, or any (allowed) tool's for ``required``."""
 
-    def build(lenient: bool) -> str:
+    def build(lenient: bool, unenforced: list[str]) -> str:
         if forced.name is None:
-            return any_tool_call_grammar(allowed(tools, allowed_names), tool_format, lenient)
+            return any_tool_call_grammar(allowed(tools, allowed_names), tool_format, lenient, unenforced)
         tool = next(t for t in tools if t["function"]["name"] == forced.name)
-        return tool_call_grammar(tool, tool_format, lenient)
+        return tool_call_grammar(tool, tool_format, lenient, unenforced)
 
     return _held(build, f"tool_choice {forced.name or 'required'} call", metrics)
 
@@ -81,5 +114,5 @@ def auto_calls_grammar(tools: list[dict], tool_format: str, metrics: GatewayMetr
     if allowed_names is None and not held:
         return None
     callable_tools = allowed(tools, allowed_names)
-    return _held(lambda lenient: tool_calls_grammar(callable_tools, tool_format, held, lenient),
+    return _held(lambda lenient, notes: tool_calls_grammar(callable_tools, tool_format, held, lenient, notes),
                  "allowed_tools" if allowed_names is not None else "strict tools' calls", metrics)

@@ -35,6 +35,11 @@ Rules the engine's memory depends on:
   back-off is over, so a restarted tierd is found again without traffic.
   After its welcome every entry known below is gone (``session``): the
   reuse store forgets them, its device entries stay.
+- An idle engine still checks tierd: ``poll`` posts an empty lookup once
+  nothing was posted for ``keepalive_s``, so a tierd that restarted is told
+  hello (its not_ready answer) and one that died times out, within
+  ``keepalive_s`` + ``timeout_s`` of it, with traffic or without
+  (``ignis:tierd_connected`` follows).
 - ``bye`` (``Runtime.close``) is the one exchange that waits: the engine must
   know tierd let go of its memory before freeing it.
 """
@@ -74,6 +79,8 @@ log = logging.getLogger("ignis.engine.tiers")
 
 REPLIES = (Welcome, Detached, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, ErrorReply)
 QUARANTINE_S = 60.0
+KEEPALIVE_S = 5.0
+"""An idle engine's check that tierd is still the one that welcomed it (an empty lookup)."""
 
 
 @dataclass
@@ -85,7 +92,8 @@ class _Posted:
 class TierClient:
     def __init__(self, endpoint: str, stamp: str, family: str, block_bytes: int, blocks: list[BlockDesc],
                  unit: UnitLayout, timeout_s: float = 10.0, backoff_s: float = 5.0, sync=None,
-                 engine_id: str = "default", quarantine_s: float = QUARANTINE_S, clock=time.monotonic):
+                 engine_id: str = "default", quarantine_s: float = QUARANTINE_S, clock=time.monotonic,
+                 keepalive_s: float = KEEPALIVE_S):
         self.endpoint = endpoint
         self.engine_id = engine_id
         self.stamp = stamp
@@ -96,11 +104,14 @@ class TierClient:
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.quarantine_s = quarantine_s
+        self.keepalive_s = keepalive_s
         self.sync = sync  # waits for the engine's queued device work (None on the CPU)
         self.clock = clock
         self._synced = False
         self._req = 0
         self._down_until = 0.0
+        self._last_post = clock()
+        self._keepalive: tuple[int, float] | None = None  # (req, deadline) of the keep-alive in flight
         self.welcome: Welcome | None = None
         self.connects = 0  # accepted hellos: after each, tierd holds nothing of ours from before
         self._posted: dict[int, _Posted] = {}
@@ -156,7 +167,8 @@ class TierClient:
             self.sync()
             self._synced = True
         req = self._next()
-        self._posted[req] = _Posted(op, self.clock() + self.timeout_s)
+        self._last_post = self.clock()
+        self._posted[req] = _Posted(op, self._last_post + self.timeout_s)
         self.channel.send(make(req))
         return op
 
@@ -201,7 +213,17 @@ class TierClient:
         self._expire()
         if self.welcome is None:
             self.ready  # noqa: B018 - past the back-off, posts the next hello: an idle engine reconnects too
+        elif not self._posted and self._keepalive is None and self.clock() - self._last_post >= self.keepalive_s:
+            self._post_keepalive()
         return taken
+
+    def _post_keepalive(self) -> None:
+        """An empty lookup, outside ``in_flight`` (nothing waits on it, and a cache reset need not wait for it):
+        a restarted tierd answers not_ready, a dead one never answers (a timeout, as any exchange's)."""
+        req = self._next()
+        self._last_post = self.clock()
+        self._keepalive = (req, self._last_post + self.timeout_s)
+        self.channel.send(Lookup(req=req, stamp=self.stamp, keys=()))
 
     def _take(self, reply) -> None:
         if isinstance(reply, ErrorReply):
@@ -210,6 +232,12 @@ class TierClient:
         req = getattr(reply, "req", None)
         if req is not None and req == self._hello:
             return self._welcomed(reply)
+        if self._keepalive is not None and req == self._keepalive[0]:
+            self._keepalive = None
+            if isinstance(reply, TierRefused) and reply.reason == "not_ready" and self.welcome is not None:
+                log.warning("tierd does not know this engine (it restarted?): saying hello again")
+                self._lost("not_ready", backoff=False)
+            return
         late = self._quarantined.pop(req, None)
         if late is not None:  # the answer to a restore that timed out: tierd is done with its destination
             late[0].release()
@@ -251,6 +279,12 @@ class TierClient:
 
     def _expire(self) -> None:
         now = self.clock()
+        if self._keepalive is not None and now >= self._keepalive[1]:
+            self._keepalive = None
+            if self.welcome is not None:
+                log.warning("tierd did not answer a keep-alive in %.1fs: lower tiers off for %.0fs", self.timeout_s,
+                            self.backoff_s)
+                self._lost("timeout", backoff=True)
         if self._hello is not None and now >= self._hello_deadline:
             log.warning("tierd did not answer Hello in %.1fs: lower tiers off for %.0fs", self.timeout_s,
                         self.backoff_s)

@@ -140,7 +140,7 @@ def test_a_cache_reset_drops_entries_in_every_tier(tmp_path):
         answer = eng.flush_cache()
         assert answer.flushed and answer.entries == stats["retained_entries"] + stats["retained_lower_entries"]
         stats = eng.stats()
-        assert stats["retained_entries"] == 0 and stats["retained_lower_entries"] == 0 and held() == 0
+        assert stats["retained_entries"] == 0 and stats["retained_lower_entries"] == 0 and held() == 0, eng.log_text()
         assert stats["reuse_flushes_total"] == 1 and stats["pool_pages_free"] == stats["pool_pages_total"]
         cold = eng.run("a2", p, **marks)
         assert cold.finished.usage.cached_tokens == 0 and cold.tokens == first.tokens

@@ -124,3 +124,28 @@ def test_tools_keep_openais_key_order_so_both_apis_render_one_prompt():
     chat = MessagesTurn().translate({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": [
         {"input_schema": {"type": "object"}, "description": "d", "name": "f"}]})
     assert list(chat["tools"][0]["function"]) == ["name", "description", "parameters"]
+
+
+@pytest.mark.parametrize("content, want", [
+    ("file not found", "Error: file not found"),
+    ([{"type": "text", "text": "exit 1"}, {"type": "text", "text": "boom"}], "Error: exit 1\nboom"),
+    ("Error: already said", "Error: already said"),  # the tool's own words are not marked twice
+    ("<tool_use_error>no such file</tool_use_error>", "Error: <tool_use_error>no such file</tool_use_error>"),
+    (None, "Error:"),
+    ([{"type": "text", "text": "shot:"}, {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}],
+     [{"type": "text", "text": "Error:"}, {"type": "text", "text": "shot:"},
+      {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]),
+])
+def test_a_failed_tool_result_is_marked_as_an_error(content, want):
+    block = {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True}
+    if content is not None:
+        block["content"] = content
+    body = {"max_tokens": 4, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [block]}]}
+    tool = MessagesTurn().translate(body)["messages"][-1]
+    assert tool["role"] == "tool" and tool["content"] == want
+    plain = MessagesTurn().translate(dict(body, messages=body["messages"][:2] + [
+        {"role": "user", "content": [dict(block, is_error=False)]}]))["messages"][-1]["content"]
+    assert "Error:" not in json.dumps(plain) or "Error:" in json.dumps(content)  # unflagged: as given

@@ -104,6 +104,9 @@ def test_a_streamed_background_response_outlives_its_client_and_resumes(gw):
     assert seen.status == "in_progress" and seen.background is True
     cancelled = gw.client.responses.cancel(rid)
     assert cancelled.status == "cancelled"
+    # what was generated before the cancel is kept: the engine's one token, and its usage
+    assert cancelled.output_text == "_" and cancelled.output[0].status == "incomplete"
+    assert cancelled.usage.output_tokens == 1 and cancelled.usage.input_tokens > 0
     wait_until(lambda: aborted(gw, rid), 10, "the cancelled run's engine request was not aborted")
     assert gw.client.responses.cancel(rid).status == "cancelled"  # again: answered as it is
     assert status_of(gw, rid) == "cancelled"
@@ -111,6 +114,9 @@ def test_a_streamed_background_response_outlives_its_client_and_resumes(gw):
     types = [e["type"] for e in events]
     assert types[:3] == ["response.created", "response.queued", "response.in_progress"]
     assert "response.output_text.delta" in types and not any(t.endswith(("completed", "failed")) for t in types)
+    assert events[-1]["type"] == "response.output_item.done"  # the cut message, as GET answers it
+    assert events[-1]["item"] == gw.client.responses.retrieve(rid).model_dump(mode="json", exclude_unset=True)[
+        "output"][0]
     assert replay(gw, rid, after=2) == events[3:]
 
 

@@ -112,3 +112,46 @@ def test_tools_flattened_hosted_ignored_and_choices_mapped():
     with pytest.raises(ApiError) as e:
         translate_tools(Fields({"tools": [{"type": "function", "name": "a b"}]}), ignored.append)
     assert e.value.param == "tools[0].name"
+
+
+def test_a_cut_closes_the_open_item_as_far_as_it_was_written():
+    from ignis.gateway.choice import ChoiceDelta
+    from ignis.gateway.tool_call_split import ToolCallDelta
+    from ignis.gateway.responses_output import OutputItems
+
+    items = OutputItems(ToolNames())
+    items.feed(ChoiceDelta(0, reasoning="Think."))
+    items.feed(ChoiceDelta(0, content="Partial ans"))
+    done = items.cut()
+    assert [e["type"] for e in done][-1] == "response.output_item.done"
+    reasoning, message = items.items
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "Think."}]
+    assert message["status"] == "incomplete" and message["content"][0]["text"] == "Partial ans"
+    assert items.cut() == []  # nothing open
+    for args, status in (('{"city": "Os', "incomplete"), ('{"city": "Oslo"}', "completed")):
+        calls = OutputItems(ToolNames())
+        calls.feed(ChoiceDelta(0, tool_calls=[ToolCallDelta(0, id="c1", name="get_weather", arguments=args)]))
+        calls.cut()
+        assert calls.items[0]["status"] == status and calls.items[0]["arguments"] == args
+
+
+def test_input_items_are_listed_as_openai_lists_them():
+    from ignis.gateway.responses_items import listed_items
+
+    assert [(i["type"], i["role"], i["content"]) for i in listed_items("Hi", set())] == \
+        [("message", "user", [{"type": "input_text", "text": "Hi"}])]
+    items = listed_items([
+        {"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                     {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]},
+        {"type": "message", "role": "assistant", "id": "msg_given", "content": "Sure."},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "ig1.x"},
+        {"type": "function_call", "call_id": "c1", "name": "lookup", "namespace": "crm", "arguments": ""},
+        {"type": "function_call_output", "id": "msg_given", "call_id": "c1", "output": "ok"},
+    ], set())
+    assert items[0]["content"][1] == {"type": "input_image", "image_url": "data:image/png;base64,AA==",
+                                      "detail": "auto"}
+    assert items[1] == {"id": "msg_given", "type": "message", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": "Sure.", "annotations": []}]}
+    assert items[2]["id"].startswith("rs_") and items[2]["encrypted_content"] == "ig1.x"
+    assert items[3]["arguments"] == "{}" and items[3]["namespace"] == "crm" and items[3]["status"] == "completed"
+    assert items[4]["id"].startswith("fco_")  # an id already listed is not listed twice

@@ -183,6 +183,75 @@ def test_a_timed_out_demote_frees_its_memory_and_a_timed_out_restore_is_quaranti
         client.close()
 
 
+def test_an_idle_engine_checks_tierd_and_notices_one_that_is_gone(tmp_path):
+    from ignis.engine.tiers.client import TierClient
+    from ignis.shared.tier_layout import BlockDesc, UnitLayout
+
+    clock = FakeClock()
+    blocks = [BlockDesc("kv", "shm", "ignis-nobody-kv", 2, 4, 4096, 4 * 4096)]
+    client = TierClient(f"ipc://{tmp_path}/nobody.sock", "s", "qwen3_5", 4096, blocks, UnitLayout("kv", (), None),
+                        timeout_s=2.0, backoff_s=5.0, keepalive_s=5.0, clock=clock)
+    try:
+        client.welcome = object()  # welcomed once; the tierd that did so is gone, nobody answers
+        client.poll()
+        assert client.in_flight == 0  # traffic-free and within the keep-alive: nothing posted
+        clock.now += 5
+        client.poll()
+        assert client.in_flight == 0 and client._keepalive is not None and client.welcome is not None
+        clock.now += 2.5
+        client.poll()
+        assert client.welcome is None  # unanswered: tierd is marked down (ignis:tierd_connected 0)
+    finally:
+        client.close()
+
+
+def test_a_restarted_tierd_is_told_hello_without_traffic(tmp_path):
+    import threading
+
+    import zmq
+
+    from ignis.engine.tiers.client import TierClient
+    from ignis.shared.tier_layout import BlockDesc, UnitLayout
+    from ignis.shared.tier_wire import ENGINE_TIERD, TIER_PROTOCOL_VERSION, Hello, Lookup, TierRefused, Welcome
+
+    endpoint = f"ipc://{tmp_path}/fake-tierd.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    seen = []
+
+    def fake_tierd():  # a tierd that restarted: it refuses the keep-alive, then welcomes the new hello
+        for _ in range(2):
+            frames = router.recv_multipart()
+            peer, msg = frames[0], ENGINE_TIERD.decode(frames[1:])
+            seen.append(type(msg).__name__)
+            if isinstance(msg, Lookup):
+                reply = TierRefused(msg.req, "lookup", "", "not_ready", "no engine has said hello")
+            else:
+                assert isinstance(msg, Hello)
+                reply = Welcome(msg.req, TIER_PROTOCOL_VERSION, 1 << 20, 4, 4096, 0, 0)
+            router.send_multipart([peer] + ENGINE_TIERD.encode(reply))
+
+    clock = FakeClock()
+    blocks = [BlockDesc("kv", "shm", "ignis-nobody-kv", 2, 4, 4096, 4 * 4096)]
+    client = TierClient(endpoint, "s", "qwen3_5", 4096, blocks, UnitLayout("kv", (), None), timeout_s=10.0,
+                        keepalive_s=5.0, clock=clock)
+    thread = threading.Thread(target=fake_tierd, daemon=True)
+    thread.start()
+    try:
+        client.welcome = object()  # welcomed by the tierd before the restart
+        clock.now += 5
+        client.poll()  # posts the keep-alive
+        deadline = time.monotonic() + 10
+        while client.connects == 0 and time.monotonic() < deadline:
+            client.poll(wait_s=0.1)
+        assert seen == ["Lookup", "Hello"] and client.connects == 1 and client.ready
+    finally:
+        thread.join(10)
+        client.close()
+        router.close()
+
+
 # ----- pending restores, both families ----------------------------------------------------
 
 

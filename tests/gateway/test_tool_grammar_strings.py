@@ -1,0 +1,240 @@
+"""A tool's string parameters held to their schema's length bounds and pattern, in forced and strict calls.
+
+In the XML format (Qwen3.5) a string value is raw text up to ``\\n</parameter>``,
+not JSON, so the JSON Schema compiler never sees it: the grammar holds it to
+``minLength``/``maxLength`` (characters) and ``pattern`` itself. Hermes
+arguments are JSON, held by the library's compiler. Each case feeds a call
+token by token on Qwen3.5's real vocabulary: a value at the bound goes
+through, one character more is refused. What cannot be held (``format`` on a
+raw value, a pattern the library cannot express) is left unenforced, counted,
+and logged once per schema with the keyword named.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from ignis.engine.grammar_tokenizer import load_tokenizer
+from ignis.gateway.errors import ApiError
+from ignis.gateway.grammars import any_tool_call_grammar, grammar_error, tool_call_grammar, tool_calls_grammar
+from ignis.gateway.output_parser import ForcedCall
+from ignis.gateway.tool_call_xml import parse_xml_block, parameter_types
+from ignis.gateway.tool_grammars import auto_calls_grammar, forced_call_grammar
+from tests.support.real_tokenizer import token_ids
+
+llguidance = pytest.importorskip("llguidance")
+
+
+def tool(city: dict, name: str = "get_weather", **extra) -> dict:
+    return {"type": "function", "function": {"name": name, **extra, "parameters": {
+        "type": "object", "properties": {"city": city, "days": {"type": "integer"}}, "required": ["city"]}}}
+
+
+SHORT = tool({"type": "string", "maxLength": 20}, strict=True)
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.fixture(scope="module")
+def vocab(real_tokenizer_dir):
+    ids = token_ids("qwen3_5")
+    return load_tokenizer(real_tokenizer_dir("qwen3_5"), max(ids.values()) + 1,
+                          (ids["<|im_end|>"], ids["<|endoftext|>"]))
+
+
+def holds(vocab, grammar: str, text: str) -> bool:
+    """Whether ``grammar`` lets a model write ``text`` whole and stop there."""
+    assert grammar_error(grammar) == ""
+    matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
+    ids = vocab.tokenize_str(text, parse_special=True)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def xml_rest(city: str) -> str:
+    """A named XML call's rest after its opener."""
+    return f"<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>"
+
+
+def hermes_rest(city: str) -> str:
+    return ' {"city": ' + '"' + city + '"}}\n</tool_call>'
+
+
+REST = {"xml": xml_rest, "hermes": hermes_rest}
+
+
+@pytest.mark.parametrize("parser", ["xml", "hermes"])
+@pytest.mark.parametrize("city,ok", [("Paris", True), ("a" * 20, True), ("a" * 21, False), ("é" * 20, True),
+                                     ("é" * 21, False), ("x" * 300, False), ("", True)])
+def test_a_forced_calls_string_is_held_to_max_length(vocab, parser, city, ok):
+    assert holds(vocab, tool_call_grammar(SHORT, parser), REST[parser](city)) is ok
+
+
+@pytest.mark.parametrize("parser", ["xml", "hermes"])
+def test_the_21st_character_is_refused_token_by_token(vocab, parser):
+    """At 20 characters only the value's end may follow; a 21st character is not among the allowed tokens."""
+    grammar = tool_call_grammar(SHORT, parser)
+    head = "<parameter=city>\n" if parser == "xml" else ' {"city": "'
+    matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
+    ids = vocab.tokenize_str(head + "a" * 20, parse_special=True)
+    assert matcher.try_consume_tokens(ids) == len(ids)
+    assert not matcher.validate_tokens(vocab.tokenize_str("a", parse_special=True))
+    end = "\n" if parser == "xml" else '"'
+    assert matcher.validate_tokens(vocab.tokenize_str(end, parse_special=True))
+
+
+@pytest.mark.parametrize("parser", ["xml", "hermes"])
+def test_required_and_strict_auto_calls_hold_max_length_too(vocab, parser):
+    def call(city: str) -> str:
+        if parser == "xml":
+            return "<function=get_weather>\n" + xml_rest(city)
+        return '{"name": "get_weather", "arguments": {"city": "' + city + '"}}\n</tool_call>'
+
+    required = any_tool_call_grammar([SHORT, CLOCK], parser)
+    assert holds(vocab, required, call("a" * 20)) and not holds(vocab, required, call("a" * 21))
+    auto = tool_calls_grammar([SHORT, CLOCK], parser, {"get_weather"})
+    assert holds(vocab, auto, "Let me look.\n<tool_call>\n" + call("a" * 20))
+    assert not holds(vocab, auto, "Let me look.\n<tool_call>\n" + call("a" * 21))
+    free = tool_calls_grammar([SHORT, CLOCK], parser, set())  # not strict: not held
+    assert holds(vocab, free, "<tool_call>\n" + call("a" * 21))
+
+
+@pytest.mark.parametrize("parser", ["xml", "hermes"])
+@pytest.mark.parametrize("city,ok", [("Rome", True), ("Ro", False), ("a\nb", True), ("a" * 8, True)])
+def test_min_length_is_held(vocab, parser, city, ok):
+    if parser == "hermes":
+        city = city.replace("\n", "\\n")
+    grammar = tool_call_grammar(tool({"type": "string", "minLength": 3, "maxLength": 8}), parser)
+    assert holds(vocab, grammar, REST[parser](city)) is ok
+
+
+@pytest.mark.parametrize("parser", ["xml", "hermes"])
+@pytest.mark.parametrize("pattern,city,ok", [
+    (r"^[A-Z][a-z]+$", "Paris", True),
+    (r"^[A-Z][a-z]+$", "paris", False),
+    (r"^[A-Z][a-z]+$", "Paris2", False),
+    (r"\d", "Area 51", True),  # a search: the match may be anywhere
+    (r"\d", "Area", False),
+    (r"^a|b$", "ax", True),
+    (r"^a|b$", "xb", True),
+    (r"^a|b$", "xa", False),
+    (r"^\w+/\w+$", "Europe/Paris", True),
+    (r"^\w+/\w+$", "Europe Paris", False),
+])
+def test_pattern_is_held_as_a_search(vocab, parser, pattern, city, ok):
+    grammar = tool_call_grammar(tool({"type": "string", "pattern": pattern}), parser)
+    assert holds(vocab, grammar, REST[parser](city)) is ok
+
+
+def test_an_xml_value_holds_no_marker_the_parser_would_end_it_at(vocab):
+    """The grammar's value is the one the parser reads, so a bound counts what the client gets."""
+    grammar = tool_call_grammar(SHORT, "xml")
+    for city in ("a</parameter>b", "a<parameter=days>", "a</function>"):
+        assert not holds(vocab, grammar, xml_rest(city)), city
+    text = xml_rest("Saint <b>Malo</b>")
+    assert holds(vocab, grammar, text)
+    assert parse_xml_block("<function=get_weather>\n" + text.removesuffix("</tool_call>"),
+                           parameter_types([SHORT])) == ("get_weather", '{"city": "Saint <b>Malo</b>"}')
+
+
+def test_a_string_const_is_a_literal_in_xml(vocab):
+    grammar = tool_call_grammar(tool({"type": "string", "const": "Oslo"}), "xml")
+    assert holds(vocab, grammar, xml_rest("Oslo"))
+    assert not holds(vocab, grammar, xml_rest('"Oslo"')) and not holds(vocab, grammar, xml_rest("Rome"))
+
+
+def test_a_nullable_string_is_raw_text_and_parses_without_quotes(vocab):
+    # OpenAI's strict schemas make an optional field ["string", "null"]: a quoted JSON value would reach the
+    # client with its quotes, since the parser reads a string-typed value as written
+    nullable = tool({"type": ["string", "null"], "maxLength": 20}, strict=True)
+    grammar = tool_call_grammar(nullable, "xml")
+    for city, value in (("Paris", "Paris"), ("null", None)):
+        assert holds(vocab, grammar, xml_rest(city))
+        text = "<function=get_weather>\n" + xml_rest(city).removesuffix("</tool_call>")
+        assert parse_xml_block(text, parameter_types([nullable])) == ("get_weather", json.dumps({"city": value}))
+    assert not holds(vocab, grammar, xml_rest("a" * 21))
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def inc(self):
+        self.n += 1
+
+
+class Metrics:
+    def __init__(self):
+        self.grammar_lenient = Counter()
+
+
+def lenient_logs(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "held leniently" in r.getMessage()]
+
+
+@pytest.mark.parametrize("parser", ["xml", "hermes"])
+def test_an_unenforced_keyword_is_logged_once_per_schema_with_its_name_and_counted(vocab, parser, caplog):
+    odd = tool({"type": "string", "format": f"zzz-{parser}", "maxLength": 20}, name="odd")
+    metrics = Metrics()
+    with caplog.at_level(logging.WARNING, logger="ignis.gateway"):
+        for _ in range(3):
+            grammar = forced_call_grammar(ForcedCall("odd"), [odd], parser, metrics)
+    assert metrics.grammar_lenient.n == 3  # counted each time
+    logs = lenient_logs(caplog)
+    assert len(logs) == 1 and "format" in logs[0], logs  # logged once, naming the keyword
+    rest = REST[parser]
+    assert holds(vocab, grammar, rest("a" * 20)) and not holds(vocab, grammar, rest("a" * 21))  # the rest is held
+
+
+def test_a_strict_auto_tools_unenforced_keyword_is_logged_once_and_a_plain_schema_is_not(vocab, caplog):
+    odd = tool({"type": "string", "format": "email", "not": {"const": "x"}}, name="mail", strict=True)
+    metrics = Metrics()
+    with caplog.at_level(logging.WARNING, logger="ignis.gateway"):
+        auto_calls_grammar([odd, CLOCK], "xml", metrics)
+        auto_calls_grammar([odd, CLOCK], "xml", metrics)
+        forced_call_grammar(ForcedCall("get_weather"), [SHORT], "xml", metrics)
+    logs = lenient_logs(caplog)
+    assert len(logs) == 1 and "mail.city: format" in logs[0] and "mail.city: not" in logs[0], logs
+    assert metrics.grammar_lenient.n == 2
+
+
+def test_a_pattern_the_library_cannot_express_is_lenient_in_xml_and_refused_in_hermes(vocab, caplog):
+    look = tool({"type": "string", "pattern": "^a(?=b)", "maxLength": 5}, name="look")
+    metrics = Metrics()
+    with caplog.at_level(logging.WARNING, logger="ignis.gateway"):
+        grammar = forced_call_grammar(ForcedCall("look"), [look], "xml", metrics)
+    logs = lenient_logs(caplog)
+    assert len(logs) == 1 and "look.city: pattern" in logs[0], logs
+    assert holds(vocab, grammar, xml_rest("zz")) and not holds(vocab, grammar, xml_rest("a" * 6))
+    with pytest.raises(ApiError, match="look-around"):
+        forced_call_grammar(ForcedCall("look"), [look], "hermes", metrics)
+
+
+# ----- through HTTP: the grammar the engine is sent (Qwen3.5's template, a scripted engine) -----------------
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    from tests.gateway.tools_http_support import tools_gateway
+
+    yield from tools_gateway(tmp_path_factory, "qwen3_5", tools=[SHORT, CLOCK],
+                             messages=[{"role": "user", "content": "Weather in Paris?"}])
+
+
+def test_a_required_call_and_a_strict_auto_call_are_sent_with_max_length_held(gw, vocab):
+    from tests.gateway.tools_http_support import create
+
+    with gw.client() as client:
+        r = create(gw, client, "<function=get_weather>\n" + xml_rest("Paris"), tool_choice="required")
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert r.choices[0].message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+        required = gw.engine.generates[-1].grammar
+        create(gw, client, "Let me look.\n<tool_call>\n<function=get_weather>\n" + xml_rest("Paris"))
+        auto = gw.engine.generates[-1].grammar
+    opened = "<function=get_weather>\n"
+    assert holds(vocab, required, opened + xml_rest("a" * 20))
+    assert not holds(vocab, required, opened + xml_rest("a" * 21))
+    thought = "Looking.</think>\n\n<tool_call>\n" + opened
+    assert holds(vocab, auto, thought + xml_rest("a" * 20))
+    assert not holds(vocab, auto, thought + xml_rest("a" * 21))
