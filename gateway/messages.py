@@ -17,7 +17,7 @@ Developer messages (``apply_developer_policy``):
                    in-place makes where the template takes a system turn only first
 
 Tool-call ``arguments`` must be strings holding JSON objects (as OpenAI's API
-sends them); ``check_tool_results`` refuses a tool message that answers no
+sends them) or objects (as vLLM takes them); ``check_tool_results`` refuses a tool message that answers no
 earlier call.
 
 Tools go to the template unchanged, whatever the ``tool_choice``, as vLLM
@@ -121,13 +121,16 @@ def _tool_calls(f: Fields) -> list[dict]:
         if not name:
             raise fn.error("name", "is required")
         args = fn.raw("arguments")
-        if not isinstance(args, str):
-            raise fn.error("arguments", "must be a string holding a JSON object (as OpenAI's API sends it), "
-                                        f"got {type(args).__name__ if args is not None else 'null'}")
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise fn.error("arguments", "must be a JSON object encoded as a string; it is not valid JSON") from None
+        if isinstance(args, dict):
+            args = dict(args)  # an object as it is (vLLM takes it so too)
+        elif not isinstance(args, str):
+            raise fn.error("arguments", "must be a string holding a JSON object (as OpenAI's API sends it) or an "
+                                        f"object, got {type(args).__name__ if args is not None else 'null'}")
+        else:
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise fn.error("arguments", "must be a JSON object encoded as a string; it is not valid JSON") from None
         if not isinstance(args, dict):
             raise fn.error("arguments", "must encode a JSON object")
         entry = {"type": "function", "function": {"name": name, "arguments": args}}

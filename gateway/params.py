@@ -245,6 +245,12 @@ def _logprobs(f: Fields, kind: str) -> tuple[bool, int]:
     return want, top
 
 
+def _seed(f: Fields) -> int | None:
+    """vLLM's 64-bit ``seed``; a negative one taken modulo 2^63 (the engine's generators take 0 .. 2^63-1)."""
+    seed = f.int("seed", None, -MAX_SEED - 1, MAX_SEED)
+    return None if seed is None else seed % (MAX_SEED + 1)
+
+
 def _logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``{"token id": bias}`` object as ascending ``(id, bias)`` pairs."""
     value = f.raw("logit_bias")
@@ -325,7 +331,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         presence_penalty=f.number("presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=f.number("frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=f.number("repetition_penalty", 1.0, 0.0, 100.0, lo_open=True),
-        seed=f.int("seed", None, 0, MAX_SEED),
+        seed=_seed(f),
         ignore_eos=f.bool("ignore_eos"),
         logprobs=logprobs,
         top_logprobs=top_logprobs,

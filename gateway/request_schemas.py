@@ -78,7 +78,7 @@ SAMPLING = {
     "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
-    "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+    "seed": {"type": "integer", "minimum": -MAX_SEED - 1, "maximum": MAX_SEED},
     "ignore_eos": _BOOL,
     "return_token_ids": _BOOL,
     "request_class": {"enum": list(REQUEST_CLASSES)},

@@ -74,10 +74,15 @@ def test_tool_results_must_answer_an_earlier_call():
     assert e.value.param == "messages[2].tool_call_id"
 
 
-@pytest.mark.parametrize("arguments,words", [({"a": 1}, "must be a string"), (None, "got null"),
+@pytest.mark.parametrize("arguments,words", [(7, "must be a string"), (None, "got null"),
                                              ("[1, 2]", "JSON object"), ("{x", "not valid JSON")])
-def test_assistant_call_arguments_must_be_json_object_strings(arguments, words):
+def test_assistant_call_arguments_must_be_json_object_strings_or_objects(arguments, words):
     bad = {"type": "function", "function": {"name": "f", "arguments": arguments}}
     with pytest.raises(ApiError) as e:
         messages({"role": "assistant", "tool_calls": [bad]})
     assert e.value.param == "messages[1].tool_calls[0].function.arguments" and words in e.value.message
+
+
+def test_assistant_call_arguments_may_be_an_object_as_vllm_takes_them():
+    call = {"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+    assert messages({"role": "assistant", "tool_calls": [call]})[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}

@@ -252,7 +252,7 @@ BAD = [
                                               "function": {"name": "get_time", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_b", "content": "1"}]}, "messages[2].tool_call_id", "call_b"),
     ({"messages": ASK + [{"role": "assistant", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": {"a": 1}}}]}]},
+        {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": 7}}]}]},
      "messages[1].tool_calls[0].function.arguments", "must be a string"),
     ({"messages": ASK + [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": "{nope"}}]}]},
