@@ -155,7 +155,7 @@ def generate(model, fmt, prompt, steps, teacher=None):
 def test_end_to_end_against_bf16(model):
     rng = random.Random(0)
     prompt = [rng.randrange(VOCAB) for _ in range(300)]
-    steps = 256
+    steps = 128
     ref_first, ref_tokens, ref_rows = generate(model, "bf16", prompt, steps)
     hq_first, hq_tokens, _ = generate(model, HQ, prompt, steps)
     _, _, forced_rows = generate(model, HQ, prompt, steps, teacher=ref_tokens)
