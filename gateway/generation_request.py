@@ -62,7 +62,7 @@ async def read_request_body(http: web.Request) -> dict:
     return body
 
 
-_BODY = "ignis.body"
+_BODY = web.RequestKey("ignis_body", dict)
 
 
 async def _read_request_body(http: web.Request) -> dict:

@@ -59,7 +59,7 @@ PATH_PREFIX = "/v1/messages"
 PASSED = ("model", "temperature", "top_p", "top_k", "stream", "max_tokens", "request_class", "seed")
 """Fields handed to the chat path as they are (same names, same checks)."""
 ROLES = ("user", "assistant")
-REQUEST_ID = "ignis_anthropic_request_id"
+REQUEST_ID = web.RequestKey("ignis_anthropic_request_id", str)
 """Where a Messages request's id is kept on the aiohttp request: its ``request-id`` header and the
 ``request_id`` of its error bodies (``gateway.app``)."""
 ERROR_MARK = "Error: "
