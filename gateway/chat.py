@@ -44,9 +44,10 @@ from ignis.gateway.messages import (
     content_as_strings,
     image_urls,
     parse_messages,
-    prompt_tools,
     parse_tool_choice,
     parse_tools,
+    prompt_tools,
+    text_of,
 )
 from ignis.gateway.output_parser import ForcedCall, OutputParser
 from ignis.gateway.params import CommonParams
@@ -114,9 +115,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Create a chat completion."""
     req = await GenerationRequest.read(request, "chat")
     include_reasoning = req.fields.bool("include_reasoning", True)  # vLLM's: false leaves the reasoning out
+    echo = _echoed(req.fields)
     return await answer_chat(req, ENDPOINT, response_id("chatcmpl", req.client_id),
                              lambda p, tok, head: ChatResponse(p, tok, {"id": head["id"], "created": int(time.time()),
-                                                                     "model": head["model"]}, include_reasoning))
+                                                                     "model": head["model"]}, include_reasoning, echo))
+
+
+def _echoed(f: Fields) -> str:
+    """vLLM's ``echo``: with ``continue_final_message``, the answer's content starts with the text of the
+    assistant message it continues ("" otherwise)."""
+    if not f.bool("echo") or not f.bool("continue_final_message"):
+        return ""
+    messages = f.raw("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    return text_of(last.get("content")) if isinstance(last, dict) and last.get("role") == "assistant" else ""
 
 
 async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
@@ -251,17 +263,19 @@ async def answer_translated(request: web.Request, turn, endpoint: str) -> web.St
 class ChatResponse(EndpointResponse):
     """``chat.completion`` bodies and ``chat.completion.chunk`` deltas."""
 
-    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, include_reasoning: bool = True):
+    def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, include_reasoning: bool = True,
+                 echo: str = ""):
         super().__init__(params, tokenizer, dict(head, object="chat.completion"),
                          dict(head, object="chat.completion.chunk"))
         self.include_reasoning = include_reasoning
+        self.echo = echo  # opens every choice's content (vLLM's echo with continue_final_message)
         # Per choice; "calls" holds OpenAI tool-call objects, position = the call's index.
-        self.acc = [{"content": "", "reasoning": "", "calls": [], "lps": [], "stop_reason": None}
+        self.acc = [{"content": echo, "reasoning": "", "calls": [], "lps": [], "stop_reason": None}
                     for _ in range(params.n)]
 
     def first_choices(self) -> list[dict]:
-        return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                for i in range(self.params.n)]
+        return [{"index": i, "delta": {"role": "assistant", "content": self.echo}, "logprobs": None,
+                 "finish_reason": None} for i in range(self.params.n)]
 
     def _prompt_logprobs(self) -> dict:
         """vLLM's top-level ``prompt_logprobs`` (every choice shares the prompt), when asked."""

@@ -140,6 +140,7 @@ CHAT_COMPLETIONS = _obj({
     "thinking_token_budget": {"type": "integer", "minimum": 0, "maximum": MAX_THINKING_BUDGET},
     "reasoning_effort": {"enum": list(EFFORTS)},
     "include_reasoning": _BOOL,
+    "echo": _BOOL,
 }, ("messages",))
 
 COMPLETIONS = _obj({

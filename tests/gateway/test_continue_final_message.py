@@ -98,3 +98,19 @@ def test_what_cannot_be_continued_is_a_400_and_serving_goes_on(gw, messages, fie
     assert status == 400 and body["error"]["param"] == param, body
     status, _ = chat(gw, ASK, "Fine.")
     assert status == 200
+
+
+def test_echo_puts_the_continued_text_in_front_of_the_answer(gw):
+    # vLLM's echo with continue_final_message: the client gets the whole message, not only its continuation
+    prefill = "Yes, because"
+    messages = ASK + [{"role": "assistant", "content": prefill}]
+    status, body = chat(gw, messages, " of Rayleigh scattering.", continue_final_message=True, echo=True)
+    assert status == 200 and body["choices"][0]["message"]["content"] == prefill + " of Rayleigh scattering."
+    r = http("POST", gw.url + "/v1/chat/completions", json.dumps(
+        {"model": gw.model, "messages": messages, "max_tokens": 50, "seed": gw.say(" of it."), "stream": True,
+         "continue_final_message": True, "echo": True}).encode(), {"Content-Type": "application/json"})
+    chunks = [json.loads(line[6:]) for line in r.body.decode().splitlines()
+              if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == prefill + " of it."
+    status, body = chat(gw, ASK, "Yes.", echo=True)  # no final message continued: nothing to echo
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Yes."
