@@ -29,7 +29,7 @@ def check_image_count(count: int, vision: VisionSettings | None, limit: int) -> 
     if count and vision is None:
         raise invalid("this model takes no images (it has no vision encoder, or is served with --language-model-only)", "messages", code="images_not_supported")
     if count > limit:
-        raise invalid(f"the messages hold {count} images, at most {limit} allowed per prompt "
+        raise invalid(f"{count} images in the messages, at most {limit} allowed per prompt "
                       f"(--limit-mm-per-prompt)", "messages", code="too_many_images")
 
 

@@ -70,8 +70,13 @@ async def get_load(request: web.Request) -> web.Response:
 
 
 async def is_sleeping(request: web.Request) -> web.Response:
+    """Asks the engine now (the heartbeat's values may be a second old, across a load that just ended)."""
     gw: GatewayState = request.app[STATE]
-    return json_response({"is_sleeping": gw.client.stats_values.get("model_loaded", 1) == 0})
+    try:
+        stats = await gw.client.stats(timeout=1.0)
+    except EngineUnavailable:
+        stats = gw.client.stats_values
+    return json_response({"is_sleeping": stats.get("model_loaded", 1) == 0})
 
 
 async def get_model_info(request: web.Request) -> web.Response:
