@@ -85,9 +85,10 @@ class LaneTokens:
         self.length = end
 
     def propose(self, min_n: int, max_n: int, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
-        ``min_n`` to ``max_n`` tokens (among the last token's ``CANDIDATES`` most recent occurrences); []
-        when there is none."""
+        """``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
+        ``min_n`` to ``max_n`` tokens (among the last token's ``CANDIDATES`` most recent occurrences),
+        continued periodically when that occurrence ends fewer than ``k`` tokens before the end; [] when
+        there is none."""
         n_tokens = self.length
         if n_tokens < min_n + 1 or k < 1:
             return []
@@ -108,7 +109,11 @@ class LaneTokens:
             tried += 1
         if best_n < min_n:
             return []
-        return self.buf[best_end + 1: min(best_end + 1 + k, n_tokens)].tolist()
+        follow = self.buf[best_end + 1: min(best_end + 1 + k, n_tokens)].tolist()
+        # A match ending near the end leaves fewer than k tokens after it; the text it continues is then
+        # periodic (period len(follow)), and what follows the drafts is the drafts again: a run of one
+        # token drafts k of it, a loop of m tokens its next k.
+        return [follow[i % len(follow)] for i in range(k)]
 
 
 class NgramDrafter(DraftVerifier):

@@ -148,8 +148,10 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
         log.info("speculative decoding on: prompt lookup drafts up to %d tokens per step (n-grams of %d to %d "
                  "tokens)", spec_k, config.prompt_lookup_min, config.prompt_lookup_max)
     if ckpt.has_drafter:
-        log.info("multi-token-prediction drafter available: %s; speculative decoding %s", ckpt.drafter_note,
-                 f"on, {spec_k} draft tokens per step" if mtp_k else "off (--speculative-tokens K)")
+        use = (f"drafting {spec_k} tokens per step" if mtp_k else
+               "not used (prompt lookup drafts instead)" if spec_k else "not used (--speculative-tokens K drafts "
+               "with it)")
+        log.info("multi-token-prediction drafter available: %s; %s", ckpt.drafter_note, use)
     elif "mtp" in ckpt.set_aside:
         log.warning("mtp.* weights set aside: %s", ckpt.drafter_note)
     free, fraction = None, config.kv_memory_fraction

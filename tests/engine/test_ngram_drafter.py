@@ -35,8 +35,10 @@ def test_bounds_room_and_no_match():
     tokens = [1, 2, 3, 4, 8, 2, 3]
     assert look(tokens, 3, 4, 4) == []  # "8 2 3" never occurred before; 2 tokens is below the minimum
     assert look(tokens, 2, 4, 4) == [4, 8, 2, 3]  # "2 3" at 1-2, then what followed, up to the end
-    assert look(tokens, 2, 4, 9) == [4, 8, 2, 3]  # no further than the tokens known
-    assert look([4, 4, 4], 1, 5, 3) == [4]  # the longest earlier match ends at 1: only position 2 follows
+    # past the tokens known the text is periodic ("2 3 4 8" again), and the drafts go on with it
+    assert look(tokens, 2, 4, 9) == [4, 8, 2, 3, 4, 8, 2, 3, 4]
+    assert look([4, 4, 4], 1, 5, 3) == [4, 4, 4]  # a run of one token drafts k of it
+    assert look([1, 5, 6, 5, 6], 1, 4, 5) == [5, 6, 5, 6, 5]  # a loop of two: its next k
     assert look([7], 1, 3, 2) == [] and look([1, 2], 1, 3, 0) == []
 
 
@@ -66,7 +68,8 @@ def test_a_lookup_agrees_with_a_plain_search_and_tries_a_bounded_number_of_occur
         for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):  # longest first, most recent first
             ends = [e for e in range(n - 1, len(tokens) - 1) if tokens[e - n + 1: e + 1] == tokens[-n:]]
             if ends:
-                want = tokens[ends[-1] + 1: ends[-1] + 4]
+                follow = tokens[ends[-1] + 1: ends[-1] + 4]
+                want = [follow[i % len(follow)] for i in range(3)]
                 break
         assert look(tokens, min_n, max_n, 3) == want, (tokens, min_n, max_n)
     # a match older than the last token's CANDIDATES most recent occurrences is not tried

@@ -93,3 +93,11 @@ def test_startup_log_says_the_drafter_is_available(checkpoint_factory, caplog, t
         runtime = load_runtime(config, "m", str(path))
     runtime.close()
     assert "multi-token-prediction drafter available: a drafter of 1 multi-token-prediction layer(s)" in caplog.text
+    assert "not used (--speculative-tokens K drafts with it)" in caplog.text
+    caplog.clear()
+    lookup = EngineConfig(model=str(path), device="cpu", tierd_endpoint="off", runtime_dir=str(tmp_path),
+                          kv_pool_tokens=256, decode_lanes=2, speculative_method="ngram", speculative_tokens=3)
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        load_runtime(lookup, "m", str(path)).close()
+    # prompt lookup drafts: the head's line does not say speculation is off
+    assert "prompt lookup drafts up to 3 tokens" in caplog.text and "not used (prompt lookup drafts instead)" in caplog.text
