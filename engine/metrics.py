@@ -24,13 +24,17 @@ VLLM_NAMES = (
     "e2e_request_latency_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
     "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens")
 """Engine metrics whose meaning, type and labels are vLLM's ``vllm:<name>``."""
+VLLM_OLD_NAMES = {"kv_cache_usage_perc": "gpu_cache_usage_perc",
+                  "inter_token_latency_seconds": "time_per_output_token_seconds"}
+"""The older vLLM names of two of them, which vLLM's own example dashboard still reads: exported as well."""
 
 TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5)) + (1_000_000,)
 """Tokens per request: 1, 2, 5, 10, 20, 50, ... 500000, 1000000 (vLLM's 1-2-5 steps)."""
 
 
 class VllmNames:
-    """A collector that yields every family of ``inner`` and, for those in ``VLLM_NAMES``, a copy under ``vllm:``."""
+    """A collector that yields every family of ``inner`` and, for those in ``VLLM_NAMES``, a copy under ``vllm:``
+    (and one under its older vLLM name, ``VLLM_OLD_NAMES``)."""
 
     def __init__(self, inner: CollectorRegistry, prefix: str = "ignis:"):
         self.inner = inner
@@ -42,9 +46,13 @@ class VllmNames:
             short = family.name[len(self.prefix):] if family.name.startswith(self.prefix) else None
             if short not in VLLM_NAMES:
                 continue
-            twin = Metric("vllm:" + short, family.documentation, family.type, family.unit)
-            twin.samples = [s._replace(name="vllm:" + s.name[len(self.prefix):]) for s in family.samples]
-            yield twin
+            for name in (short, VLLM_OLD_NAMES.get(short)):
+                if name is None:
+                    continue
+                twin = Metric("vllm:" + name, family.documentation, family.type, family.unit)
+                cut = len(self.prefix) + len(short)  # a sample's name: the family's, then _total, _bucket, ...
+                twin.samples = [s._replace(name="vllm:" + name + s.name[cut:]) for s in family.samples]
+                yield twin
 
 
 class EngineMetrics(ProcessMetrics):

@@ -27,8 +27,8 @@ from ignis.shared.process_metrics import LATENCY_BUCKETS as PROCESS_BUCKETS
 from ignis.shared.process_metrics import ProcessMetrics
 from ignis.shared.wire_error_counts import WireErrorCounts
 
-LATENCY_BUCKETS = PROCESS_BUCKETS + (120.0,)
-"""Seconds: the shared buckets and one more at two minutes (a request's latency runs to its last byte)."""
+LATENCY_BUCKETS = PROCESS_BUCKETS
+"""Seconds: the shared buckets (to 7680 s: a request's latency runs to its last byte)."""
 
 
 class GatewayMetrics(ProcessMetrics):

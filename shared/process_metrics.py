@@ -35,13 +35,20 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-"""Seconds; the default buckets of every latency histogram."""
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+"""Seconds; the default buckets of every latency histogram (up to vLLM's longest, 7680 s: a long generation
+on a large model runs for minutes, and a quantile past the last bucket reads as that bucket)."""
+
+disable_created_metrics()
+"""No ``<name>_created`` series beside every counter and histogram (prometheus_client's default): they
+double the series Prometheus stores and no dashboard reads them. Process-wide, as each ignis process is."""
 
 
 class ProcessMetrics:

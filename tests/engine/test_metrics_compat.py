@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ignis.engine.metrics import VLLM_NAMES, EngineMetrics
+from ignis.engine.metrics import VLLM_NAMES, VLLM_OLD_NAMES, EngineMetrics
 
 
 def families(metrics: EngineMetrics) -> dict[str, object]:
@@ -19,13 +19,16 @@ def test_compat_exports_the_vllm_names_with_the_same_samples():
     m.running.set(2)
     m.reuse_hits.labels("qwen", "prompt_checkpoint", "device").inc()
     got = families(m)
-    vllm = {n for n in got if n.startswith("vllm:")}  # counters and histograms come with a *_created family
-    assert {n for n in vllm if not n.endswith("_created")} == {"vllm:" + n for n in VLLM_NAMES}
+    vllm = {n for n in got if n.startswith("vllm:")}
+    assert vllm == {"vllm:" + n for n in VLLM_NAMES} | {"vllm:" + n for n in VLLM_OLD_NAMES.values()}
+    assert not [n for n in got if n.endswith("_created")]  # no creation-time series beside each family
+    old = {v: k for k, v in VLLM_OLD_NAMES.items()}
     for name in vllm:
-        own = got["ignis:" + name.split(":", 1)[1]]
+        short = name.split(":", 1)[1]
+        own = got["ignis:" + old.get(short, short)]
         assert got[name].type == own.type
-        assert [(s.name.split(":", 1)[1], s.labels, s.value) for s in got[name].samples] == \
-               [(s.name.split(":", 1)[1], s.labels, s.value) for s in own.samples]
+        assert [(s.name.split(":", 1)[1].replace(short, old.get(short, short)), s.labels, s.value)
+                for s in got[name].samples] == [(s.name.split(":", 1)[1], s.labels, s.value) for s in own.samples]
     assert got["vllm:prompt_tokens"].samples[0].value == 7
     assert got["vllm:request_success"].samples[0].labels == {"model_name": "qwen", "finished_reason": "stop"}
     assert got["vllm:num_requests_running"].samples[0].value == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ignis.engine.metrics import EngineMetrics
+from ignis.engine.metrics import VLLM_OLD_NAMES, EngineMetrics
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.tierd.metrics import TierdMetrics
 
@@ -36,7 +36,9 @@ def exposed(vllm_compat: bool = False) -> dict[str, Exposed]:
     for process, metrics in registries(vllm_compat).items():
         for family in metrics.registry.collect():
             name = family.name + ("_total" if family.type == "counter" else "")
-            own = "ignis:" + family.name.split(":", 1)[1]  # a vllm: twin has its ignis: metric's labels
+            short = family.name.split(":", 1)[1]
+            short = {v: k for k, v in VLLM_OLD_NAMES.items()}.get(short, short)  # an older vLLM name's metric
+            own = "ignis:" + short  # a vllm: twin has its ignis: metric's labels
             out[name] = Exposed(name, process, family.type, _labels(metrics, own, family.type))
     return out
 
