@@ -11,6 +11,7 @@ loop turn.
 from __future__ import annotations
 
 from ignis.engine.metrics import EngineMetrics
+from ignis.engine.page_pool import PAGE_TOKENS
 
 
 def loaded_stats(runtime, model_index: int, wire_errors: int, started_unix: float, waiting_outside: int = 0) -> dict:
@@ -24,6 +25,7 @@ def loaded_stats(runtime, model_index: int, wire_errors: int, started_unix: floa
         "pool_pages_total": pool.num_pages,
         "pool_pages_free": pool.num_free,
         "pool_pages_used": pool.num_used,
+        "page_tokens": PAGE_TOKENS,
         "decode_lanes": scheduler.config.decode_lanes,
         "max_model_len": scheduler.config.max_model_len,
         "vocab_size": runtime.vocab_size,

@@ -233,7 +233,7 @@ def _xml_value(schema: object, xml: _Xml, rule: str, where: str) -> str:
         enum = [schema["const"]]
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         options = " | ".join(_lark_string(v) for v in enum)
-        return f'({options}) "\\n</parameter>\\n"'
+        return f"({options}) {_CLOSE_PARAM}"
     kind = schema.get("type")
     # a nullable string (OpenAI's strict optional field, ["string", "null"]) is raw text as well: the parser
     # reads such a value as written, and the bare word null as None (``tool_call_xml.typed_value``)
@@ -241,7 +241,7 @@ def _xml_value(schema: object, xml: _Xml, rule: str, where: str) -> str:
     if (kind in (None, "string") or nullable) and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref",
                                                                                    "const")):
         return xml.raw(schema, rule, where)
-    return f'{_json_rule(schema, xml.options)} "\\n</parameter>\\n"'
+    return f"{_json_rule(schema, xml.options)} {_CLOSE_PARAM}"
 
 
 def _params(tool: object) -> tuple[str, dict]:

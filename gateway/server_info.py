@@ -66,7 +66,7 @@ async def get_load(request: web.Request) -> web.Response:
     return json_response([{"dp_rank": 0, "num_reqs": int(stats.get("num_requests_running", 0))
                            + int(stats.get("num_requests_waiting", 0)),
                            "num_waiting_reqs": int(stats.get("num_requests_waiting", 0)),
-                           "num_tokens": int(stats.get("pool_pages_used", 0)) * 64}])
+                           "num_tokens": int(stats.get("pool_pages_used", 0)) * int(stats.get("page_tokens", 0))}])
 
 
 async def is_sleeping(request: web.Request) -> web.Response:

@@ -17,13 +17,12 @@ import logging
 
 import pytest
 
-from ignis.engine.grammar_tokenizer import load_tokenizer
 from ignis.gateway.errors import ApiError
-from ignis.gateway.grammars import any_tool_call_grammar, grammar_error, tool_call_grammar, tool_calls_grammar
+from ignis.gateway.grammars import any_tool_call_grammar, tool_call_grammar, tool_calls_grammar
 from ignis.gateway.output_parser import ForcedCall
 from ignis.gateway.tool_call_xml import parse_xml_block, parameter_types
 from ignis.gateway.tool_grammars import auto_calls_grammar, forced_call_grammar
-from tests.support.real_tokenizer import token_ids
+from tests.gateway.tools_http_support import holds, vocab  # noqa: F401 (vocab: a fixture)
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -35,21 +34,6 @@ def tool(city: dict, name: str = "get_weather", **extra) -> dict:
 
 SHORT = tool({"type": "string", "maxLength": 20}, strict=True)
 CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
-
-
-@pytest.fixture(scope="module")
-def vocab(real_tokenizer_dir):
-    ids = token_ids("qwen3_5")
-    return load_tokenizer(real_tokenizer_dir("qwen3_5"), max(ids.values()) + 1,
-                          (ids["<|im_end|>"], ids["<|endoftext|>"]))
-
-
-def holds(vocab, grammar: str, text: str) -> bool:
-    """Whether ``grammar`` lets a model write ``text`` whole and stop there."""
-    assert grammar_error(grammar) == ""
-    matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
-    ids = vocab.tokenize_str(text, parse_special=True)
-    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
 
 
 def xml_rest(city: str) -> str:

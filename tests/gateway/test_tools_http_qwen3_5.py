@@ -13,10 +13,8 @@ import json
 import openai
 import pytest
 
-from ignis.engine.grammar_tokenizer import load_tokenizer
 from tests.gateway.conftest import http
-from tests.gateway.tools_http_support import assemble, create, streamed, tools_gateway
-from tests.support.real_tokenizer import token_ids
+from tests.gateway.tools_http_support import assemble, create, holds, streamed, tools_gateway, vocab  # noqa: F401 (vocab: a fixture)
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -279,20 +277,6 @@ WEATHER_CALL = "Let me check.\n" + xml_call("get_weather", city="Paris", days="2
 CLOCK_CALL = xml_call("get_time")
 ONLY_CLOCK = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
     {"type": "function", "function": {"name": "get_time"}}]}}
-
-
-@pytest.fixture(scope="module")
-def vocab(real_tokenizer_dir):
-    ids = token_ids("qwen3_5")
-    return load_tokenizer(real_tokenizer_dir("qwen3_5"), max(ids.values()) + 1,
-                          (ids["<|im_end|>"], ids["<|endoftext|>"]))
-
-
-def holds(vocab, grammar: str, text: str) -> bool:
-    """Whether ``grammar`` lets a model write ``text`` whole and stop there."""
-    matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
-    ids = vocab.tokenize_str(text, parse_special=True)
-    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
 
 
 def test_allowed_tools_auto_keeps_every_tool_in_the_prompt_and_holds_calls_to_the_allowed(gw, client, vocab):

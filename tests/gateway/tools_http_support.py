@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from ignis.engine.grammar_tokenizer import load_tokenizer
+from ignis.gateway.grammars import grammar_error
 from ignis.gateway.tokenizer import TextTokenizer, load_model_files
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.test_engine_errors import start_gateway, stop
-from tests.support.real_tokenizer import TemplateMissing, chat_template, write_real_tokenizer
+from tests.support.real_tokenizer import TemplateMissing, chat_template, token_ids, write_real_tokenizer
 
 _SEEDS = itertools.count(1000)
 
@@ -100,3 +102,21 @@ def assemble(deltas):
                 calls[tc.index]["arguments"] += tc.function.arguments
                 fragments[tc.index] += 1
     return calls, fragments
+
+
+@pytest.fixture(scope="module")
+def vocab(real_tokenizer_dir):
+    """Qwen3.5's real vocabulary as the engine's grammars see it (import it into a module to use it)."""
+    ids = token_ids("qwen3_5")
+    return load_tokenizer(real_tokenizer_dir("qwen3_5"), max(ids.values()) + 1,
+                          (ids["<|im_end|>"], ids["<|endoftext|>"]))
+
+
+def holds(vocab, grammar: str, text: str) -> bool:
+    """Whether ``grammar`` (which must compile) lets a model write ``text`` whole and stop there."""
+    import llguidance
+
+    assert grammar_error(grammar) == ""
+    matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
+    ids = vocab.tokenize_str(text, parse_special=True)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()

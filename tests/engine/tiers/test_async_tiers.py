@@ -183,6 +183,17 @@ def test_a_timed_out_demote_frees_its_memory_and_a_timed_out_restore_is_quaranti
         client.close()
 
 
+def fake_tierd_socket(tmp_path):
+    """(endpoint, ROUTER bound at it): where a test's scripted tierd answers the client."""
+    import zmq
+
+    endpoint = f"ipc://{tmp_path}/fake-tierd.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    return endpoint, router
+
+
 def test_an_idle_engine_checks_tierd_and_notices_one_that_is_gone(tmp_path):
     from ignis.engine.tiers.client import TierClient
     from ignis.shared.tier_layout import BlockDesc, UnitLayout
@@ -208,16 +219,11 @@ def test_an_idle_engine_checks_tierd_and_notices_one_that_is_gone(tmp_path):
 def test_a_restarted_tierd_is_told_hello_without_traffic(tmp_path):
     import threading
 
-    import zmq
-
     from ignis.engine.tiers.client import TierClient
     from ignis.shared.tier_layout import BlockDesc, UnitLayout
     from ignis.shared.tier_wire import ENGINE_TIERD, TIER_PROTOCOL_VERSION, Hello, Lookup, TierRefused, Welcome
 
-    endpoint = f"ipc://{tmp_path}/fake-tierd.sock"
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(endpoint)
+    endpoint, router = fake_tierd_socket(tmp_path)
     seen = []
 
     def fake_tierd():  # a tierd that restarted: it refuses the keep-alive, then welcomes the new hello
@@ -398,16 +404,11 @@ def test_tierd_killed_mid_demote_the_pages_come_back_and_the_engine_serves_on(tm
 def test_garbage_from_tierd_is_counted_dropped_and_the_real_reply_still_lands(tmp_path):
     import threading
 
-    import zmq
-
     from ignis.engine.tiers.client import TierClient
     from ignis.shared.tier_layout import BlockDesc, UnitLayout
     from ignis.shared.tier_wire import ENGINE_TIERD, TIER_PROTOCOL_VERSION, Hello, Welcome
 
-    endpoint = f"ipc://{tmp_path}/fake-tierd.sock"
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(endpoint)
+    endpoint, router = fake_tierd_socket(tmp_path)
 
     def fake_tierd():  # answers the hello with three kinds of garbage first, then a welcome
         frames = router.recv_multipart()
