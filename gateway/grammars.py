@@ -16,7 +16,11 @@
   ``<parameter=``, ``</function>``) held to the schema's ``minLength``,
   ``maxLength`` (characters, as JSON Schema counts them) and ``pattern`` (a
   search, as JSON Schema's: anchored only by ``^``/``$``), an enum (or const)
-  of strings one of its values, any other value JSON valid under its schema.
+  of scalars one of its values (strings as written, the rest as JSON), a
+  type list with ``string`` raw text that never reads as one of its other
+  types or else one of those as JSON (``["string", "null"]``: text, or
+  ``null``; the numbers' bounds unenforced), any other value JSON valid under
+  its schema: always as ``tool_call_xml.typed_value`` reads it back.
   What a raw value cannot hold (``format``, ``not``, ...; with ``lenient``, a
   ``pattern`` the library cannot express) is left unenforced and named in
   ``unenforced`` when the caller passes a list. Hermes arguments are one JSON object valid
@@ -47,6 +51,8 @@ import json
 from functools import lru_cache
 
 import llguidance
+
+from ignis.gateway.tool_call_xml import scalar_values
 
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
 """Whitespace allowed at each place JSON allows it: up to 8 spaces, newlines or tabs."""
@@ -202,8 +208,9 @@ class _Xml:
         self.terminals: list[str] = []
         self.unenforced = unenforced if unenforced is not None else []
 
-    def raw(self, schema: dict, rule: str, where: str) -> str:
-        """The body of a raw value (and its closing) held to ``schema``'s length bounds and pattern."""
+    def raw(self, schema: dict, rule: str, where: str, excluded: tuple[str, ...] = ()) -> str:
+        """The body of a raw value (and its closing) held to ``schema``'s length bounds and pattern, and never
+        the JSON text of one of the ``excluded`` types (such text is that type's value to the parser)."""
         self.unenforced += [f"{where}: {k}" for k in _RAW_UNENFORCED if k in schema]
         low, high = _count(schema, "minLength"), _count(schema, "maxLength")
         pattern = schema.get("pattern")
@@ -215,32 +222,74 @@ class _Xml:
         if error:
             self.unenforced.append(f"{where}: pattern")
             pattern = None
-        if not low and high is None and pattern is None:
+        if not low and high is None and pattern is None and not excluded:
             return "RAW_VALUE"
         text = [f"/(.|\\n){{{low or 0},{'' if high is None else high}}}/", _NO_MARKER]
         if pattern is not None:
             text.append(f"/{search_regex(pattern)}/")
+        if excluded:
+            forms = "|".join(_JSON_FORMS[k] for k in excluded)
+            text.append(f"~/{_JSON_SPACE}({forms}){_JSON_SPACE}/")
         name = rule.upper()
         self.terminals += [f"{name}_TEXT: {' & '.join(text)}", f"{name}_VALUE: {name}_TEXT {_CLOSE_PARAM}"]
         return f"{name}_VALUE"
 
 
+_STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format", "contentEncoding", "contentMediaType",
+                    "contentSchema")
+_JSON_SPACE = r"[ \t\n\r]*"
+_JSON_FORMS = {
+    "null": "null",
+    "boolean": "true|false",
+    "integer": r"-?(0|[1-9][0-9]*)",
+    "number": r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?",
+    "object": r"\{(.|\n)*",
+    "array": r"\[(.|\n)*",
+}
+"""The text, as a regex, that the parser reads as a value of each JSON type rather than as a string."""
+_SCALAR_TYPES = ("null", "boolean", "integer", "number")
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+"""A number's keywords that a type list with string leaves unenforced (its number is a plain JSON number)."""
+
+
 def _xml_value(schema: object, xml: _Xml, rule: str, where: str) -> str:
-    """The rule body of one parameter's value followed by its closing line."""
+    """The rule body of one parameter's value followed by its closing line, written as
+    ``tool_call_xml.typed_value`` reads it back (``schema_types``)."""
     schema = schema if isinstance(schema, dict) else {}
-    enum = schema.get("enum")
-    if "const" in schema and isinstance(schema["const"], str) and not isinstance(enum, list):
-        enum = [schema["const"]]
-    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-        options = " | ".join(_lark_string(v) for v in enum)
-        return f"({options}) {_CLOSE_PARAM}"
+    values = scalar_values(schema)
+    if values is not None:  # an enum (or const) of scalars: one of them, a string as itself, the rest as JSON
+        written = dict.fromkeys(v if isinstance(v, str) else json.dumps(v) for v in values)
+        return f"({' | '.join(map(_lark_string, written))}) {_CLOSE_PARAM}"
+    if any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "const")):
+        return f"{_json_rule(schema, xml.options)} {_CLOSE_PARAM}"
     kind = schema.get("type")
-    # a nullable string (OpenAI's strict optional field, ["string", "null"]) is raw text as well: the parser
-    # reads such a value as written, and the bare word null as None (``tool_call_xml.typed_value``)
-    nullable = isinstance(kind, list) and "string" in kind and set(kind) <= {"string", "null"}
-    if (kind in (None, "string") or nullable) and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref",
-                                                                                   "const")):
+    if kind in (None, "string"):
         return xml.raw(schema, rule, where)
+    if isinstance(kind, list) and "string" in kind:
+        # raw text for the string, JSON for the other types (["string", "null"]: OpenAI's strict optional
+        # field; the bare word null is None); the string is never text that reads as one of the others
+        others = tuple(dict.fromkeys(k for k in kind if k != "string"))
+        if not others:
+            return xml.raw(schema, rule, where)
+        unknown = [k for k in others if k not in _JSON_FORMS]
+        if unknown:
+            raise ValueError(f"{where}: unknown type {unknown[0]!r}")
+        options = [xml.raw(schema, rule, where, excluded=others)]
+        scalars = [k for k in others if k in _SCALAR_TYPES]
+        if scalars:
+            # one lexeme with its closing: as a token of its own, "null" would lose to the raw text the lexer
+            # still sees growing past it (the longest match wins)
+            name = f"{rule.upper()}_SCALAR"
+            xml.terminals.append(f"{name}: /{'|'.join(_JSON_FORMS[k] for k in scalars)}/ {_CLOSE_PARAM}")
+            options.append(name)
+            if {"integer", "number"} & set(scalars):
+                xml.unenforced += [f"{where}: {k}" for k in _NUMBER_BOUNDS if k in schema]
+        structured = [k for k in others if k not in _SCALAR_TYPES]
+        if structured:  # the raw text never starts as an object or array does, so no lexeme races these
+            rest = {k: v for k, v in schema.items() if k not in _STRING_KEYWORDS}
+            rest["type"] = structured[0] if len(structured) == 1 else structured
+            options.append(f"{_json_rule(rest, xml.options)} {_CLOSE_PARAM}")
+        return f"({' | '.join(options)})"
     return f"{_json_rule(schema, xml.options)} {_CLOSE_PARAM}"
 
 

@@ -18,15 +18,21 @@ parameters is ignored. A body that does not start with ``<function=NAME>`` is
 not a call (``close`` returns None, and the caller shows it as content).
 
 One newline at each end of a value is the format's, not the value's. A value
-is typed by the tool's JSON schema (``parameters.properties[P].type``):
+is typed by the tool's JSON schema (``parameters.properties[P].type``, or,
+without one, the types of its ``enum``/``const`` values: ``schema_types``):
 strings stay strings; numbers, booleans, null, objects and arrays are parsed
 as JSON, falling back to the string when that fails; a parameter the schema
-does not know stays a string. Pure Python.
+does not know stays a string. Where the types hold ``string`` and others
+(``["string", "null"]``, ``["integer", "string"]``), text that is JSON of one
+of the others is that value (``null`` is None, ``5`` is 5) and any other text
+the string: ``grammars`` writes such a value by the same rule. JSON's
+``NaN``/``Infinity`` are never numbers here (they are not JSON). Pure Python.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -43,30 +49,88 @@ def xml_opener(name: str | None) -> str:
     return "\n" if name is None else f"\n{FUNCTION_OPEN}{name}>\n"
 
 
+def schema_types(schema: object) -> set[str]:
+    """The JSON types a parameter's schema allows (empty: any): its ``type``, or without one the types of
+    its ``enum`` (or ``const``) values when they are all scalars."""
+    if not isinstance(schema, dict):
+        return set()
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return {k for k in kind if isinstance(k, str)}
+    values = scalar_values(schema)
+    return {json_type(v) for v in values} if values else set()
+
+
+def scalar_values(schema: dict) -> list | None:
+    """The values a schema's ``enum`` (or ``const``) allows when each is a JSON scalar; None otherwise."""
+    values = schema.get("enum")
+    if not isinstance(values, list):
+        values = [schema["const"]] if "const" in schema else None
+    if not values or not all(v is None or isinstance(v, (str, int, float, bool)) for v in values):
+        return None
+    return values
+
+
+def json_type(value: object) -> str:
+    """The JSON Schema type name of a parsed JSON value (an int is "integer")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "")
+
+
+def _fits(value: object, types: set[str]) -> bool:
+    kind = json_type(value)
+    return kind in types or (kind == "integer" and "number" in types)
+
+
 def parameter_types(tools: list[dict] | None) -> dict[str, dict[str, set[str]]]:
     """function name -> parameter name -> the JSON types its schema allows (empty: any)."""
     out: dict[str, dict[str, set[str]]] = {}
     for tool in tools or ():
         fn = tool.get("function") or {}
         props = (fn.get("parameters") or {}).get("properties") or {}
-        types: dict[str, set[str]] = {}
-        for pname, schema in props.items() if isinstance(props, dict) else ():
-            kind = schema.get("type") if isinstance(schema, dict) else None
-            types[pname] = {kind} if isinstance(kind, str) else set(k for k in kind or () if isinstance(k, str))
-        out[fn.get("name")] = types
+        out[fn.get("name")] = {pname: schema_types(schema)
+                               for pname, schema in (props.items() if isinstance(props, dict) else ())}
     return out
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _json(raw: str) -> object:
+    """``raw`` as strict JSON (no NaN or Infinity, no number that overflows to one); ValueError otherwise."""
+    value = json.loads(raw, parse_constant=_not_json)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
 
 
 def typed_value(raw: str, types: set[str] | None) -> object:
     """``raw`` as the schema types it; ``types`` None: the parameter is unknown (a string)."""
-    if types is None or "string" in types:
-        if types and raw == "null" and "null" in types:
-            return None
+    if types is None:
         return raw
+    if "string" in types:
+        others = types & _JSON_TYPES
+        if not others:
+            return raw
+        try:
+            value = _json(raw)
+        except ValueError:
+            return raw
+        return value if _fits(value, others) else raw
     if types and not types & _JSON_TYPES:
         return raw
     try:
-        return json.loads(raw)
+        return _json(raw)
     except ValueError:
         if "boolean" in types and raw.strip() in ("True", "False"):
             return raw.strip() == "True"

@@ -140,6 +140,68 @@ def test_a_nullable_string_is_raw_text_and_parses_without_quotes(vocab):
     assert not holds(vocab, grammar, xml_rest("a" * 21))
 
 
+def _parsed(schema: dict, city: str) -> object:
+    text = "<function=get_weather>\n" + xml_rest(city).removesuffix("</tool_call>")
+    name, args = parse_xml_block(text, parameter_types([tool(schema)]))
+    return json.loads(args)["city"]
+
+
+REFUSED = object()
+
+
+@pytest.mark.parametrize("schema,cases", [
+    # a type list with string and others: raw text for the string, JSON for the rest; the string is never
+    # text that reads as one of the others, so the value the parser gives is valid under the schema
+    ({"type": ["integer", "string"], "maxLength": 3}, [(")==", ")=="), ("5", 5), ("-12", -12), ("abc", "abc"),
+                                                      ('"5"', '"5"'), ("1234", 1234), ("abcd", REFUSED)]),
+    ({"type": ["string", "integer"]}, [("10", 10), ("ten", "ten"), ("1.5", "1.5"), (" 10", REFUSED)]),
+    ({"type": ["string", "null"], "maxLength": 2}, [("null", None), ("ab", "ab"), (" null", REFUSED),
+                                                    ("abc", REFUSED)]),
+    ({"type": ["number", "string", "null"]}, [("2.5e3", 2500.0), ("null", None), ("NaN", "NaN"), ("x y", "x y"),
+                                              ("true", "true")]),
+    ({"type": ["boolean", "string"]}, [("true", True), ("false", False), ("True", "True")]),
+    ({"type": ["array", "string"]}, [("[1, 2]", [1, 2]), ("[1, 2", REFUSED), ("note [1]", "note [1]")]),
+])
+def test_a_type_list_with_string_writes_what_the_parser_reads_as_valid(vocab, schema, cases):
+    grammar = tool_call_grammar(tool(schema, strict=True), "xml")
+    for city, value in cases:
+        if value is REFUSED:
+            assert not holds(vocab, grammar, xml_rest(city)), city
+            continue
+        assert holds(vocab, grammar, xml_rest(city)), city
+        assert _parsed(schema, city) == value, city
+
+
+def test_a_type_lists_number_bounds_are_named_unenforced():
+    notes: list[str] = []
+    tool_call_grammar(tool({"type": ["integer", "string"], "maximum": 10}), "xml", unenforced=notes)
+    assert notes == ["get_weather.city: maximum"]
+
+
+@pytest.mark.parametrize("schema,allowed,refused", [
+    ({"type": ["string", "null"], "enum": ["celsius", "fahrenheit", None]},
+     {"celsius": "celsius", "null": None}, ["kelvin", '"celsius"', ""]),
+    ({"enum": ["low", 1, 2]}, {"low": "low", "1": 1, "2": 2}, ["3", '"low"', "high"]),  # pydantic's Literal["low", 1, 2]
+    ({"enum": ["1", "2"]}, {"1": "1", "2": "2"}, ["3"]),  # strings that look like numbers stay strings
+    ({"const": 7}, {"7": 7}, ["8", '"7"']),
+    ({"type": "boolean", "enum": [True]}, {"true": True}, ["false"]),
+])
+def test_an_enum_of_any_scalars_is_one_of_its_values_in_xml(vocab, schema, allowed, refused):
+    grammar = tool_call_grammar(tool(schema, strict=True), "xml")
+    for city, value in allowed.items():
+        assert holds(vocab, grammar, xml_rest(city)), city
+        assert _parsed(schema, city) == value, city
+    for city in refused:
+        assert not holds(vocab, grammar, xml_rest(city)), city
+
+
+def test_nan_and_infinity_are_never_numbers_in_arguments():
+    """JSON has no NaN or Infinity: a number parameter written so stays text, and the arguments stay JSON."""
+    for city in ("NaN", "Infinity", "-Infinity", "1e999"):
+        value = _parsed({"type": "number"}, city)
+        assert value == city
+
+
 class Counter:
     def __init__(self):
         self.n = 0
