@@ -194,7 +194,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if forced is not None:
         # The call opener goes after the generation prompt: the model continues inside the call, and a
         # grammar holds the rest of it to the tool's parameters.
-        grammar = await work.run(forced_call_grammar, forced, call_tools, tool_format, gw.metrics, choice.allowed)
+        grammar = await work.run(forced_call_grammar, forced, call_tools, tool_format, gw.metrics, choice.allowed,
+                                 max_calls is None)
         req.params = p = dataclasses.replace(p, grammar=grammar)
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)

@@ -28,7 +28,7 @@
   end at ``"arguments":``).
 - ``any_tool_call_grammar(tools, parser)``: the rest of a required call
   (any of ``tools``) after ``<tool_call>\\n``: the function's name, then its
-  arguments as above.
+  arguments as above; with ``several``, more such calls after it.
 - ``regex_grammar(pattern)``, ``choice_grammar(choices)``, ``lark_grammar(text)``:
   output the whole of which ``pattern`` matches, output that is exactly one of
   ``choices`` (each a Lark string literal, JSON-escaped), output that llguidance's
@@ -386,11 +386,13 @@ def _call_rules(tools: list[dict], parser: str, options: dict, held: set[str] | 
 
 
 def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False,
-                          unenforced: list[str] | None = None) -> str:
+                          unenforced: list[str] | None = None, several: bool = False) -> str:
     """The grammar of what follows ``<tool_call>\\n`` when a call of one of ``tools`` is required.
 
     xml: ``<function=NAME>\\n`` and that tool's parameters; hermes:
-    ``{"name": "NAME", "arguments": {...}}`` and the closing.
+    ``{"name": "NAME", "arguments": {...}}`` and the closing. ``several``: more
+    calls may follow, each after ``\\n<tool_call>\\n`` (OpenAI's ``required`` is
+    one call or more; with ``parallel_tool_calls: false`` it is one).
     """
     parser = _parser(parser)
     options = LENIENT_JSON if lenient else JSON_OPTIONS
@@ -398,7 +400,10 @@ def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False,
         raise ValueError("a required call needs at least one tool")
     calls, rules = _call_rules(tools, parser, options, unenforced=unenforced)
     terminals = [_XML_TERMINALS] if parser == "xml" else []
-    return llguidance.LLMatcher.grammar_from_lark("\n".join([f"start: {' | '.join(calls)}", *rules, *terminals]))
+    start = ["start: call (NEXT_CALL call)*", "NEXT_CALL: \"\\n<tool_call>\\n\"", f"call: {' | '.join(calls)}"]
+    if not several:
+        start = [f"start: {' | '.join(calls)}"]
+    return llguidance.LLMatcher.grammar_from_lark("\n".join([*start, *rules, *terminals]))
 
 
 def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: bool = False,

@@ -269,6 +269,8 @@ class MessagesTurn:
         choice = self._tool_choice(f)
         if choice is not None:
             chat["tool_choice"] = choice
+        if not self.parallel:  # a required call's grammar then ends after one call
+            chat["parallel_tool_calls"] = False
         thinking = f.object("thinking")
         if thinking is not None:
             kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))

@@ -4,7 +4,8 @@
 
     required, named                 the prompt ends with the call's opener; ``forced_call_grammar``
                                     holds the rest of it to the named tool's parameters (required:
-                                    any tool's, or, with OpenAI's ``allowed_tools``, an allowed one's)
+                                    any tool's, or, with OpenAI's ``allowed_tools``, an allowed one's,
+                                    and then more such calls unless ``parallel_tool_calls`` is false)
     auto with ``allowed_tools``     ``auto_calls_grammar``: the model writes as it likes, but a call
                                     names an allowed tool (all tools stay in the prompt, so its prefix
                                     is the same whichever subset a turn allows: prompt reuse holds)
@@ -95,12 +96,13 @@ def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMe
 
 
 def forced_call_grammar(forced: ForcedCall, tools: list[dict], tool_format: str, metrics: GatewayMetrics,
-                        allowed_names: tuple[str, ...] | None = None) -> str:
-    """The grammar of the rest of a forced call: the named tool's, or any (allowed) tool's for ``required``."""
+                        allowed_names: tuple[str, ...] | None = None, several: bool = False) -> str:
+    """The grammar of the rest of a forced call: the named tool's, or any (allowed) tool's for ``required``,
+    then (``several``: parallel calls allowed) more calls of them as the model likes."""
 
     def build(lenient: bool, unenforced: list[str]) -> str:
         if forced.name is None:
-            return any_tool_call_grammar(allowed(tools, allowed_names), tool_format, lenient, unenforced)
+            return any_tool_call_grammar(allowed(tools, allowed_names), tool_format, lenient, unenforced, several)
         tool = next(t for t in tools if t["function"]["name"] == forced.name)
         return tool_call_grammar(tool, tool_format, lenient, unenforced)
 

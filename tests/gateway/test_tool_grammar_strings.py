@@ -284,3 +284,33 @@ def test_a_required_call_and_a_strict_auto_call_are_sent_with_max_length_held(gw
     thought = "Looking.</think>\n\n<tool_call>\n" + opened
     assert holds(vocab, auto, thought + xml_rest("a" * 20))
     assert not holds(vocab, auto, thought + xml_rest("a" * 21))
+
+
+def test_required_is_one_call_or_more_unless_parallel_calls_are_off(gw, vocab):
+    """OpenAI's and vLLM's ``required``: at least one call; ``parallel_tool_calls: false``: exactly one."""
+    from tests.gateway.tools_http_support import create
+
+    opened = "<function=get_weather>\n"
+    two = opened + xml_rest("Paris") + "\n<tool_call>\n" + opened + xml_rest("Oslo")
+    with gw.client() as client:
+        r = create(gw, client, two, tool_choice="required")
+        several = gw.engine.generates[-1].grammar
+        create(gw, client, opened + xml_rest("Paris"), tool_choice="required", parallel_tool_calls=False)
+        single = gw.engine.generates[-1].grammar
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.arguments for c in calls] == ['{"city": "Paris"}', '{"city": "Oslo"}']
+    assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+    assert holds(vocab, several, two) and holds(vocab, several, opened + xml_rest("Paris"))
+    assert not holds(vocab, several, two + "\nDone.")
+    assert holds(vocab, single, opened + xml_rest("Paris")) and not holds(vocab, single, two)
+
+
+
+def test_a_required_hermes_call_may_be_followed_by_more(vocab):
+    first = '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    second = '{"name": "get_time", "arguments": {}}\n</tool_call>'
+    several = any_tool_call_grammar([SHORT, CLOCK], "hermes", several=True)
+    single = any_tool_call_grammar([SHORT, CLOCK], "hermes")
+    both = first + "\n<tool_call>\n" + second
+    assert holds(vocab, several, first) and holds(vocab, several, both)
+    assert holds(vocab, single, first) and not holds(vocab, single, both)
