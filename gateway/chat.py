@@ -100,7 +100,7 @@ def rendering_errors():
                       "of range)", "messages", code="template_failed") from None
 
 
-def _with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[int]:
+def with_suffix(tok: TextTokenizer, prompt: ChatPrompt, suffix: str) -> list[int]:
     """The prompt's ids with ``suffix`` appended, tokenized with the prompt's text as one text (so
     ``<think>\n`` + ``\n</think>`` gives the one "\n\n" token a whole prompt has), unless that changes
     a token before a capture mark; then the suffix is tokenized alone."""
@@ -198,7 +198,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
                                  max_calls is None)
         req.params = p = dataclasses.replace(p, grammar=grammar)
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
-        prompt_ids = await work.run(_with_suffix, gw.tokenizer, prompt, suffix)
+        prompt_ids = await work.run(with_suffix, gw.tokenizer, prompt, suffix)
     marks = {"system_end": prompt.system_end, "opener_start": prompt.opener_start, "last_is_user": prompt.last_is_user,
              "mark_missing": prompt.marks.missing_text, "part_end": part}
     images = ()

@@ -23,6 +23,9 @@ grammars of forced calls, usage); only the answer's shape differs
     thinking.budget_tokens (enabled)     thinking_token_budget (any positive integer; Anthropic's own floor of
                                         1,024 and its bound below max_tokens are not enforced)
     stop_sequences                      stop (at most 64)
+    output_config.format {type: json_schema, schema}   response_format json_schema, strict: the text is JSON
+                                        valid under the schema (structured outputs; the beta's top-level
+                                        output_format the same); output_config.effort taken, not acted on
     max_tokens (required), temperature, top_p, top_k, stream     as given
     metadata, service_tier, container, cache_control on blocks   ignored
 
@@ -58,6 +61,8 @@ ENDPOINT = "messages"
 PATH_PREFIX = "/v1/messages"
 PASSED = ("model", "temperature", "top_p", "top_k", "stream", "max_tokens", "request_class", "seed")
 """Fields handed to the chat path as they are (same names, same checks)."""
+EFFORTS = ("low", "medium", "high", "max")
+"""``output_config.effort`` values taken (and not acted on: the model's thinking is on or off, ``thinking``)."""
 ROLES = ("user", "assistant")
 REQUEST_ID = web.RequestKey("ignis_anthropic_request_id", str)
 """Where a Messages request's id is kept on the aiohttp request: its ``request-id`` header and the
@@ -135,6 +140,7 @@ class MessagesTurn:
         self.rid = message_id()
         self.origins: list[str] = []  # the Anthropic field each chat message came from
         self.parallel = True
+        self.format_field = ""  # where the structured-output format came from (output_config.format, output_format)
 
     def _user(self, mf: Fields, content: object, out: list[dict]) -> None:
         if isinstance(content, str):
@@ -249,6 +255,24 @@ class MessagesTurn:
             return {"type": "function", "function": {"name": choice.str("name") or ""}}
         return {"auto": "auto", "any": "required", "none": "none", None: None}[kind]
 
+    def _output_format(self, f: Fields) -> dict | None:
+        """Anthropic's structured outputs, ``output_config.format`` (or the beta's top-level ``output_format``):
+        a ``json_schema`` format becomes chat's strict ``response_format``."""
+        config = f.object("output_config")
+        if config is not None:
+            config.str("effort", choices=EFFORTS)
+        fmt, self.format_field = (config.object("format"), "output_config.format") if config is not None else (None, "")
+        if fmt is None and f.has("output_format"):
+            fmt, self.format_field = f.object("output_format"), "output_format"
+        if fmt is None:
+            return None
+        if fmt.str("type", choices=("json_schema",)) is None:
+            raise fmt.error("type", "is required")
+        schema = fmt.object("schema")
+        if schema is None:
+            raise fmt.error("schema", "is required")
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema.obj, "strict": True}}
+
     def translate(self, body: dict, *, counting: bool = False) -> dict:
         """The chat completions body of a Messages body (``counting``: for count_tokens, no max_tokens)."""
         f = Fields(body)
@@ -271,6 +295,9 @@ class MessagesTurn:
             chat["tool_choice"] = choice
         if not self.parallel:  # a required call's grammar then ends after one call
             chat["parallel_tool_calls"] = False
+        output_format = self._output_format(f)
+        if output_format is not None:
+            chat["response_format"] = output_format
         thinking = f.object("thinking")
         if thinking is not None:
             kind = thinking.str("type", choices=("enabled", "disabled", "adaptive"))
@@ -290,6 +317,8 @@ class MessagesTurn:
         if m and int(m.group(1)) < len(self.origins):
             tail = ".tool_use_id" if m.group(2) == ".tool_call_id" else m.group(2)  # the field as Anthropic names it
             return e.renamed(self.origins[int(m.group(1))] + tail)
+        if param.startswith("response_format") and self.format_field:
+            return e.renamed(self.format_field + ".schema")
         return e.renamed({"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name",
                           "thinking_token_budget": "thinking.budget_tokens"}.get(param, param))
 
@@ -343,7 +372,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     try:
         chat = turn.translate(await read_request_body(request), counting=True)
         gw: GatewayState = request.app[STATE].select(chat.get("model"))
-        ids = await prompt_work(request).run(render_chat_ids, gw, Fields(chat))
+        ids = await prompt_work(request).run(render_chat_ids, gw, Fields(chat), True)
     except ApiError as e:
         raise turn.remap(e) from None
     return json_response({"input_tokens": len(ids)})

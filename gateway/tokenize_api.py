@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ignis.gateway.chat import rendering_errors, template_kwargs
+from ignis.gateway.chat import rendering_errors, template_kwargs, with_suffix
 from ignis.gateway.continuation import continued_text
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
@@ -43,16 +43,20 @@ from ignis.gateway.messages import (
     parse_tools,
     prompt_tools,
 )
+from ignis.gateway.prompt import build_chat_prompt
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
+from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
 
 KEYED_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 """Paths outside /v1 that take the API key like /v1 routes."""
 
 
-def render_chat_ids(gw: GatewayState, f: Fields) -> list[int]:
-    """The prompt ids of a chat-shaped body's ``messages``, ``tools`` and template kwargs."""
+def render_chat_ids(gw: GatewayState, f: Fields, forced_call: bool = False) -> list[int]:
+    """The prompt ids of a chat-shaped body's ``messages``, ``tools`` and template kwargs; ``forced_call``:
+    with the call opener a required or named ``tool_choice`` ends the prompt with, as the chat path sends it
+    (Anthropic's count_tokens counts it; vLLM's /tokenize renders the template alone)."""
     if gw.template is None:
         raise invalid("this model has no chat template; tokenize a prompt instead", "messages",
                       code="no_chat_template")
@@ -68,7 +72,14 @@ def render_chat_ids(gw: GatewayState, f: Fields) -> list[int]:
     messages = apply_developer_policy(messages, gw.config.server_developer_message_policy,
                                       gw.template.takes_late_system)
     tools = parse_tools(f)
-    tools = prompt_tools(tools, parse_tool_choice(f, tools), gw.config.exclude_tools_when_tool_choice_none)
+    choice = parse_tool_choice(f, tools)
+    rendered = prompt_tools(tools, choice, gw.config.exclude_tools_when_tool_choice_none)
+    if forced_call and tools and choice.mode in ("required", "named") and not continuing:
+        with rendering_errors():
+            prompt = build_chat_prompt(gw.template, gw.tokenizer, messages, rendered, template_kwargs(f))
+        fmt = resolve_format(gw.config.tool_call_parser, gw.template.source)
+        return with_suffix(gw.tokenizer, prompt, forced_call_suffix(fmt, choice.name, prompt.starts_in_reasoning))
+    tools = rendered
     with rendering_errors():
         if continuing:
             text = continued_text(gw.template, messages, tools, template_kwargs(f))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import pytest
 
@@ -90,6 +91,17 @@ def test_a_forced_tool_call_is_a_tool_use_block_and_its_result_goes_back(claude,
     assert answered.usage.input_tokens + answered.usage.cache_read_input_tokens == tokenized["count"]
 
 
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+@pytest.mark.parametrize("thinking", [{"type": "disabled"}, {"type": "enabled", "budget_tokens": 64}])
+def test_count_tokens_counts_a_forced_calls_opener_as_the_turn_bills_it(claude, server, choice, thinking):
+    ask = [{"role": "user", "content": "Weather in Köln?"}]
+    kw = dict(model=server.model, messages=ask, tools=[TOOL], tool_choice=choice, thinking=thinking)
+    counted = claude.messages.count_tokens(**kw)
+    answered = claude.messages.create(max_tokens=2, extra_body=GREEDY, **kw)
+    assert counted.input_tokens == answered.usage.input_tokens + answered.usage.cache_read_input_tokens
+
+
 def test_a_stop_sequence_ends_the_turn_and_is_named(claude, server):
     kw = dict(model=server.model, max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": "Go"}],
               thinking={"type": "disabled"})
@@ -121,6 +133,14 @@ def test_a_stop_sequence_ends_the_turn_and_is_named(claude, server):
      "messages[2].content"),
     ({"max_tokens": 4, "messages": [{"role": "user", "content": ""}]}, 400, "invalid_request_error",
      "messages[0].content"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+      "output_config": {"format": {"type": "json_schema"}}}, 400, "invalid_request_error", "output_config.format.schema"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}}, 400,
+     "invalid_request_error", "output_config.format.schema"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+      "output_config": {"format": {"type": "xml", "schema": {}}}}, 400, "invalid_request_error",
+     "output_config.format.type"),
     ({"max_tokens": 4, "messages": [
         {"role": "user", "content": "x"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
@@ -188,3 +208,28 @@ def test_anthropic_clients_list_and_retrieve_the_served_model(claude, client, se
     one = claude.models.retrieve(server.model)
     assert one.type == "model" and one.display_name == server.model and one.created_at.year >= 2024
     assert [m.id for m in client.models.list().data] == [server.model]  # OpenAI's clients read the same answer
+
+
+def test_structured_outputs_hold_the_text_to_the_schema(claude, server):
+    """Anthropic's structured outputs (``output_config.format``, as the SDK's ``messages.parse`` sends it, and
+    the beta's ``output_format``): the text is JSON valid under the schema, also with thinking on."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Order(pydantic.BaseModel):  # bounded, so the random model's answer ends inside max_tokens (the SDK
+        item: Literal["lamp", "desk"]  # moves length and range bounds into descriptions, as Anthropic wants)
+        quantity: Literal[1, 2, 3]
+        rush: bool
+
+    ask = [{"role": "user", "content": "Order two lamps"}]
+    for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 8}):
+        m = claude.messages.parse(model=server.model, max_tokens=200, messages=ask, output_format=Order,
+                                  thinking=thinking, extra_body={"temperature": 0, "seed": 1})
+        assert m.stop_reason == "end_turn", m
+        assert isinstance(m.parsed_output, Order)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
+              "additionalProperties": False}
+    r = post(server, "/v1/messages", {"max_tokens": 60, "messages": ask, "temperature": 0,
+                                      "output_format": {"type": "json_schema", "schema": schema}})
+    assert r.status == 200, r.body
+    text = "".join(b["text"] for b in r.json()["content"] if b["type"] == "text")
+    assert set(json.loads(text)) == {"n"} and isinstance(json.loads(text)["n"], int)
