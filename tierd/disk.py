@@ -135,7 +135,10 @@ def prepare_dir(path: str | os.PathLike) -> Path:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ForeignFilesError(f"KV-disk path {path} is not a plain directory; refusing to use it")
-    names = os.listdir(path)
+    try:
+        names = os.listdir(path)
+    except OSError as e:
+        raise ForeignFilesError(f"cannot read the KV-disk directory {path}: {e}") from None
     foreign = sorted(n for n in names if not _ours(n) or not (path / n).is_file() or (path / n).is_symlink())
     if foreign:
         raise ForeignFilesError(
@@ -146,26 +149,43 @@ def prepare_dir(path: str | os.PathLike) -> Path:
         raise ForeignFilesError(
             f"KV-disk directory {path} holds {len(names)} file(s) but no {MARKER} marker, so they are not "
             f"this tierd's; refusing to wipe it. Point --kv-disk-dir at an empty or tierd-owned directory")
-    wipe_dir(path, remove=False)
-    os.chmod(path, 0o700)
-    (path / MARKER).write_text("KV-disk of an ignis tierd; wiped at its start and exit\n")
+    error = wipe_dir(path, remove=False)
+    try:
+        if error:
+            raise OSError(error)
+        os.chmod(path, 0o700)
+        (path / MARKER).write_text("KV-disk of an ignis tierd; wiped at its start and exit\n")
+    except OSError as e:
+        raise ForeignFilesError(f"cannot prepare the KV-disk directory {path} (tierd must be able to write "
+                                f"and delete files in it): {e}") from None
     return path
 
 
-def wipe_dir(path: str | os.PathLike, remove: bool = True) -> None:
-    """Remove tierd's files (and with ``remove`` the marker and the directory, if then empty)."""
+def wipe_dir(path: str | os.PathLike, remove: bool = True) -> str:
+    """Remove tierd's files (and with ``remove`` the marker and the directory, if then empty): "" when every
+    file went, else the first error (a directory made read-only or immutable keeps its files; never raised,
+    so a stop or a new session goes on)."""
     path = Path(path)
-    if not path.is_dir():
-        return
-    for name in os.listdir(path):
-        if name != MARKER and _ours(name) and (path / name).is_file():
-            (path / name).unlink(missing_ok=True)
-    if remove:
-        (path / MARKER).unlink(missing_ok=True)
+    try:
+        if not path.is_dir():
+            return ""
+        names = os.listdir(path)
+    except OSError as e:
+        return str(e)
+    error = ""
+    for name in names:
         try:
+            if name != MARKER and _ours(name) and (path / name).is_file():
+                (path / name).unlink(missing_ok=True)
+        except OSError as e:
+            error = error or str(e)
+    if remove and not error:
+        try:
+            (path / MARKER).unlink(missing_ok=True)
             path.rmdir()
         except OSError:
             pass  # someone put a file there meanwhile; it stays, and so does the directory
+    return error
 
 
 def encode_header(key: str, stamp: str, nbytes: int, shape: tuple[str, ...]) -> bytes:
@@ -416,14 +436,37 @@ class DiskTier:
             raise ValueError(f"releasing {nbytes} KV-disk bytes, only {self.used} in use")
         self.used -= nbytes
 
-    def remove(self, key: str) -> None:
-        self.file_path(key).unlink(missing_ok=True)
-        self.file_path(key).with_name(f"{key}{PART}").unlink(missing_ok=True)
+    def remove(self, key: str) -> OSError | None:
+        """Unlink an entry's files; the error when that failed (the directory replaced, made read-only or
+        immutable): KV-disk then takes no writes for ``retry_after_s``, and the caller forgets the entry
+        all the same (its bytes leave the ceiling; a file left behind goes at the next wipe)."""
+        try:
+            self.file_path(key).unlink(missing_ok=True)
+            self.file_path(key).with_name(f"{key}{PART}").unlink(missing_ok=True)
+        except OSError as e:
+            self.failed()
+            return e
+        return None
+
+    def vanished(self) -> bool:
+        """The directory is gone (removed, or replaced by something that is not a directory)."""
+        try:
+            return not stat.S_ISDIR(os.lstat(self.path).st_mode)
+        except OSError:
+            return True
+
+    def recreate(self) -> str:
+        """Make a vanished directory again, empty but for the marker: "" when done, else why not."""
+        try:
+            prepare_dir(self.path)
+        except (ForeignFilesError, OSError) as e:
+            return str(e)
+        return ""
 
     def files(self) -> list[str]:
         """Names of the entry files in the directory now (none if the directory is gone)."""
         try:
             names = os.listdir(self.path)
-        except FileNotFoundError:
+        except OSError:  # gone, or replaced by something that is not a directory
             return []
         return sorted(n for n in names if n.endswith(SUFFIX) or n.endswith(PART))

@@ -11,7 +11,7 @@
 The loop checks every request before anything moves: a hello must come
 first and from the same peer, the tier protocol must match, one engine is
 served at a time (a hello naming another engine is refused; the same engine
-from a new connection is a restart and reclaims its entries), a request's
+from a new connection is a restart: it keeps the arena mapped, its entries dropped), a request's
 stamp must be the hello's, refs must fit the exported blocks. An engine's
 ``Bye`` (idle unload, model switch, stop) drops its entries and gives the
 arena's memory back (``Arena.release``: unlocked, unmapped); the next hello
@@ -163,7 +163,10 @@ class TierServer:
         self.store.close()
         self.store = None
         if self.disk_dir is not None:
-            kvdisk.wipe_dir(self.disk_dir, remove=False)
+            error = kvdisk.wipe_dir(self.disk_dir, remove=False)
+            if error:
+                log.error("cannot wipe the KV-disk directory %s: %s (its files stay until a wipe succeeds)",
+                          self.disk_dir, error)
         self._gauges()
 
     # ----- requests --------------------------------------------------------------
@@ -231,9 +234,10 @@ class TierServer:
         if attached is not None and peer != self.peer and self._reclaims(msg):
             self._wait_in_flight(_STOP_WAIT_S)
             if self.store.can_rebind(memory):
-                self.store.rebind(memory)
+                dropped = self.store.rebind(memory)
                 self.hello, self.peer = msg, peer
-                log.info("engine %r restarted: it reclaims %d entries", msg.engine_id, len(self.store.entries))
+                log.info("engine %r restarted: the arena stays mapped, its %d entries are dropped (the new "
+                         "process has no record of their tokens to find them by)", msg.engine_id, dropped)
                 return self._welcome(peer, msg, self.store.disk.ceiling if self.store.disk else 0)
         disk_bytes = self.config.resolve_disk_bytes(msg.family)  # disk_dir is None only for an explicit 0
         self._end_session(_STOP_WAIT_S)  # a new session frees everything the last one left
@@ -247,15 +251,20 @@ class TierServer:
                 return self._refuse(peer, msg.req, "hello", "", "no_room", f"cannot take the arena back: {e}")
             log.info("arena mapped again: %d bytes (%d locked)", self.arena.nbytes, self.arena.locked_bytes)
         try:
-            if disk_bytes:
-                disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes, self.mac_key)
-            elif self.disk_dir is not None:
-                kvdisk.wipe_dir(self.disk_dir, remove=True)
             if memory.uses_cuda:
                 self.arena.pin_for_cuda()
-        except (kvdisk.ForeignFilesError, OSError, ImportError) as e:
+        except (OSError, ImportError) as e:
             memory.close()
             return self._refuse(peer, msg.req, "hello", "", "bad_layout", str(e))
+        if disk_bytes:
+            try:
+                disk = kvdisk.DiskTier(kvdisk.prepare_dir(self.disk_dir), disk_bytes, self.mac_key)
+            except (kvdisk.ForeignFilesError, OSError, ImportError) as e:
+                # KV-RAM serves without it: a disk problem never costs the arena
+                self.metrics.disk_write_failed("io_error")
+                log.error("KV-disk is off for this engine's session: %s", e)
+        elif self.disk_dir is not None:
+            kvdisk.wipe_dir(self.disk_dir, remove=True)
         self.store = TierStore(arena=self.arena, block_bytes=msg.block_bytes, memory=memory, disk=disk,
                                stamp=msg.stamp, ttl=float(self.config.reuse_retained_interactive_ttl),
                                metrics=self.metrics, post=self.post, reply=self._reply, again=self.handle)

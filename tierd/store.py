@@ -205,9 +205,21 @@ class TierStore:
         if e.disk.state is S.RESIDENT:
             e.disk.move(S.FREE)
             self.disk.release(e.file_bytes)
-            self.disk.remove(e.key)
+            self._unlink(e.key)
         del self.entries[e.key]
         self._settle(e)
+
+    def _unlink(self, key: str) -> None:
+        """Delete an entry's file; one that cannot be deleted is forgotten all the same (logged and counted
+        once a retry period: KV-disk then takes no writes for a while)."""
+        healthy = self.disk.healthy
+        err = self.disk.remove(key)
+        if err is None:
+            return
+        self.metrics.disk_write_failed(_write_failure_reason(err))
+        if healthy:
+            log.error("cannot delete KV-disk file of %s (%s); KV-disk takes no writes for %.0f s, then tries "
+                      "again", key, err, self.disk.retry_after_s)
 
     def _settle(self, e: Entry) -> None:
         waiting, e.waiting = e.waiting, []
@@ -282,7 +294,33 @@ class TierStore:
                   e.key, err, self.disk.retry_after_s)
         e.disk.move(S.FREE)
         self.disk.release(e.file_bytes)
-        self.disk.remove(e.key)
+        self._unlink(e.key)
+        if self.disk.vanished():
+            self._disk_vanished()
+
+    def _disk_vanished(self) -> None:
+        """The KV-disk directory went away while serving: its entries are forgotten (their files went with
+        it), and the directory is made again, so KV-disk comes back after its retry period."""
+        gone = [x for x in self.entries.values() if x.disk.state is S.RESIDENT and not x.busy and x.tier == "disk"]
+        for x in gone:
+            self.metrics.missing("gone")
+            self.metrics.discarded("disk", x.kind)
+            x.disk.move(S.FREE)
+            self.disk.release(x.file_bytes)
+            del self.entries[x.key]
+            self._settle(x)
+        for x in self.entries.values():  # entries in both tiers keep their arena copy
+            if x.disk.state is S.RESIDENT and not x.busy:
+                x.disk.move(S.FREE)
+                self.disk.release(x.file_bytes)
+        why = self.disk.recreate()
+        if why:
+            log.error("the KV-disk directory %s is gone (%d entries forgotten) and cannot be made again: %s; "
+                      "KV-disk tries again in %.0f s", self.disk.path, len(gone), why, self.disk.retry_after_s)
+        else:
+            log.error("the KV-disk directory %s was removed while serving: %d entries forgotten, the directory "
+                      "made again; KV-disk writes again in %.0f s", self.disk.path, len(gone),
+                      self.disk.retry_after_s)
 
     def _spill(self, e: Entry) -> None:
         e.arena.move(S.SPILLING)
@@ -364,18 +402,24 @@ class TierStore:
                 if set(self.disk.files()) != on_disk:
                     raise RuntimeError("KV-disk files do not match the entries held on disk")
 
-    def rebind(self, memory: EngineMemory) -> None:
-        """The engine restarted with new memory of the same layout: entries stay, copies go to ``memory``.
+    def rebind(self, memory: EngineMemory) -> int:
+        """The engine restarted with new memory of the same layout: copies go to ``memory`` from now on, and
+        every entry is dropped (live sequences died with the old process, and the new one finds retained
+        entries only through records of their tokens, which died with it too); returns how many went.
         Only with no copy in flight (the server waits for them first)."""
         if self.in_flight or self.room:
             raise RuntimeError("rebind with copies in flight or demotes waiting for room")
         if memory.cuda_device != self.memory.cuda_device:
             raise ValueError("the restarted engine's memory is on another device")
+        dropped = 0
         for e in list(self.entries.values()):
-            if e.kind == "live" and not e.busy:  # a live sequence died with the engine that ran it
+            if not e.busy:
+                self.metrics.discarded(e.idle_in or "ram", e.kind)
                 self._remove(e)
+                dropped += 1
         self.memory.close()
         self.memory = memory
+        return dropped
 
     def can_rebind(self, memory: EngineMemory) -> bool:
         return not self.in_flight and not self.room and memory.cuda_device == self.memory.cuda_device

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from ignis.shared.tier_wire import Demote, Demoted, Drop, Dropped, Restore, Restored, TierRefused, UnitLayout
+from ignis.shared.tier_wire import Demote, Demoted, Drop, Dropped, Missing, Restore, Restored, TierRefused, UnitLayout
 from tests.tierd.fake_engine import PAGE_BYTES, STAMP, key, make_blocks
 from ignis.tierd.arena import Arena
 from ignis.tierd.disk import DiskTier, prepare_dir
@@ -145,3 +145,48 @@ def test_a_restore_waits_for_its_entry_to_finish_spilling(h):
     replies = h.settle()  # the fill and the disk read run on different threads: either may finish first
     assert sorted((type(m).__name__, m.tier) for m in replies) == [("Demoted", "ram"), ("Restored", "disk")]
     assert h.read(DST) == want
+
+
+def _on_disk(h, n: int) -> None:
+    """Entries 1..n demoted; the arena holds 3 blocks, so the older ones spill to KV-disk."""
+    for i in range(1, n + 1):
+        h.send(Demote, key(i), STAMP, SRC, kind="retained", last_used=float(i))
+        h.settle()
+    assert h.store.entries[key(1)].tier == "disk"
+
+
+def test_a_kv_disk_directory_replaced_by_a_file_fails_restores_at_once_and_keeps_ram(h, tmp_path):
+    """A file that cannot be read or deleted (the directory replaced, made read-only or immutable) is an
+    answered miss, never a stall: the entry is forgotten, and KV-RAM serves on."""
+    _on_disk(h, 2)
+    (tmp_path / "kv").rename(tmp_path / "moved")
+    (tmp_path / "kv").write_text("not a directory")
+    h.send(Restore, key(1), STAMP, DST)
+    (reply,) = h.settle()
+    assert isinstance(reply, Missing) and reply.reason == "io_error"
+    assert key(1) not in h.store.entries and not h.store.disk.healthy
+    h.send(Restore, key(2), STAMP, DST)
+    assert [type(m) for m in h.settle()] == [Restored]
+    h.store.close()  # a stop with the directory still broken goes through
+    h.store.close = lambda: None
+
+
+def test_a_kv_disk_directory_removed_while_serving_is_made_again(h, tmp_path):
+    now = [100.0]
+    h.store.disk._clock = lambda: now[0]
+    _on_disk(h, 2)
+    used = h.store.disk.used
+    assert used > 0
+    for f in (tmp_path / "kv").iterdir():
+        f.unlink()
+    (tmp_path / "kv").rmdir()
+    h.send(Demote, key(3), STAMP, (("kv", 9), ("kv", 10), ("ssm", 2), ("conv", 2)), kind="retained",
+           last_used=3.0)  # room for it spills key 2, whose write fails: the directory is gone
+    h.settle()
+    assert (tmp_path / "kv" / ".ignis-kv-disk").exists()  # made again, with its marker
+    assert key(1) not in h.store.entries and h.store.disk.used == 0  # the vanished file's entry is forgotten
+    now[0] += h.store.disk.retry_after_s
+    h.send(Demote, key(4), STAMP, (("kv", 11), ("kv", 12), ("ssm", 3), ("conv", 3)), kind="retained",
+           last_used=4.0)
+    assert [type(m) for m in h.settle()] == [Demoted]
+    assert any(e.tier == "disk" for e in h.store.entries.values())  # KV-disk takes writes again

@@ -262,7 +262,8 @@ def test_a_bad_layout_hello_while_attached_changes_nothing(engine, tierd):
     assert isinstance(restore(engine, 41), Restored) and engine.read(DST) == want
 
 
-def test_the_same_engine_restarted_reclaims_its_entries(tierd):
+def test_the_same_engine_restarted_takes_over_with_its_entries_dropped(tierd):
+    """A new engine process has no record of the old one's entries (their tokens), so none is kept for it."""
     first = FakeEngine(tierd.endpoint, seed=5)
     restarted = FakeEngine(tierd.endpoint, seed=6)
     try:
@@ -272,8 +273,9 @@ def test_the_same_engine_restarted_reclaims_its_entries(tierd):
         first.chan.close()  # the engine died without a word
         first.attached = False
         assert isinstance(restarted.hello(), Welcome)
-        assert lookup(restarted, 42, 43) == ["ram", None]  # retained entries stay, live sequences died with it
-        assert isinstance(restore(restarted, 42), Restored) and restarted.read(DST) == want
+        assert lookup(restarted, 42, 43) == [None, None]
+        _, again = demote(restarted, 44)  # the session goes on in the arena it kept
+        assert isinstance(restore(restarted, 44), Restored) and restarted.read(DST) == again
     finally:
         restarted.close()
         for b in first.blocks.values():

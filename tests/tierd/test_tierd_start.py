@@ -93,3 +93,28 @@ def test_kv_disk_without_the_cryptography_package_exits_naming_it(tmp_path):
     assert "pip install cryptography, or --kv-disk-bytes 0" in proc.log_text()
     off = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "64K", "--kv-disk-bytes", "0", metrics=False, env=env)
     assert off.stop() == 0
+
+
+def test_a_kv_disk_directory_broken_after_start_costs_kv_disk_only_and_the_stop_still_exits_0(tmp_path):
+    """The directory replaced by a file before an engine's hello: that session runs with KV-disk off (logged,
+    counted) and KV-RAM serves; a stop whose wipe fails still exits 0."""
+    from tests.tierd.fake_engine import FakeEngine
+    from tests.tierd.test_tierd_process import demote, lookup, restore
+    from ignis.shared.tier_wire import Restored, Welcome
+
+    disk = tmp_path / "kv"
+    proc = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "1M", "--kv-disk-bytes", "1M",
+                        "--kv-disk-dir", str(disk))
+    os.rename(disk, tmp_path / "moved")
+    disk.write_text("not a directory")
+    eng = FakeEngine(proc.endpoint)
+    try:
+        welcome = eng.hello()
+        assert isinstance(welcome, Welcome) and welcome.disk_bytes == 0
+        demote(eng, 1)
+        assert lookup(eng, 1) == ["ram"] and isinstance(restore(eng, 1), Restored)
+        assert proc.metric("ignis:tierd_disk_write_failures_total", reason="io_error") >= 1
+        assert "KV-disk is off for this engine's session" in proc.log_text()
+    finally:
+        eng.close()
+    assert proc.stop() == 0
