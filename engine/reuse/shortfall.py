@@ -9,6 +9,8 @@ of the shared prefix, the reason is one of:
     no_mark    the earlier request planned no capture point inside the shared prefix
     slot_busy  it planned one, but the capture was skipped (no free slot or page)
     evicted    the capture was made, then released for room (or by a restart or unload)
+    tier_failed  the capture went to KV-RAM or KV-disk and its restore failed there (tierd refused
+               it, timed out, or its file was bad or gone): the request computed instead
     budget     the capture was made, then dropped by its conversation's two-checkpoint budget
     not_ready  the capture was planned but not taken yet (the earlier request is still
                prefilling towards it)
@@ -23,11 +25,12 @@ from collections import OrderedDict
 
 from ignis.engine.reuse.lower_index import content_key
 
-REASONS = ("unseen", "no_mark", "slot_busy", "evicted", "budget", "not_ready")
+REASONS = ("unseen", "no_mark", "slot_busy", "evicted", "tier_failed", "budget", "not_ready")
 
 
 class Fates:
-    """Bounded map: content key of a capture's tokens -> "slot_busy" | "evicted" | "budget" (newest kept)."""
+    """Bounded map: content key of a capture's tokens -> "slot_busy" | "evicted" | "tier_failed" | "budget"
+    (newest kept)."""
 
     def __init__(self, limit: int = 4096):
         self.limit = limit

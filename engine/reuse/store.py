@@ -261,6 +261,7 @@ class RetainedStore:
         if rejected:
             self.restore_rejections += 1
         self.lower.forget(r.key)
+        self.fates.note(tuple(r.tokens), "tier_failed")  # the request that waited for it says so (shortfall)
 
     def claim_rejections(self, tokens: tuple[int, ...]) -> int:
         """Restores of prefixes of ``tokens`` refused for non-finite bytes since a request was last told."""

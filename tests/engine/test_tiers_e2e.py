@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 import random
 import subprocess
@@ -196,6 +198,14 @@ def test_damaged_disk_file_is_a_miss_with_correct_output(tmp_path, damage):
         again = eng.run(f"{damage}-2", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
         assert again.finished.reuse.tier != "kv_disk"
         assert again.tokens == first.tokens
+        # no silent fallback: the done line names the failed restore as the reason it reused less (the line
+        # is written just after the answer goes out)
+        deadline, done = time.monotonic() + 30, []
+        while not done and time.monotonic() < deadline:
+            done = [json.loads(line[line.index("{"):]) for line in eng.log_path.read_text().splitlines()
+                    if '"event":"done"' in line and f'"{damage}-2"' in line]
+            time.sleep(0.05)
+        assert [d["shortfall"] for d in done] == ["tier_failed"], done
     finally:
         assert eng.stop() == 0
         tierd.stop()
