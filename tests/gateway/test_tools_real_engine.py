@@ -77,14 +77,27 @@ def test_forced_calls_follow_the_tools_schema(served, tool_choice):
     s, client, _ = served
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (BOOKING, ALARM)}
     for seed in range(4):
+        # one call (a required choice allows more unless parallel calls are off: see below)
         r = client.chat.completions.create(model=s.model, messages=ASK, tools=[BOOKING, ALARM], max_tokens=64,
-                                           temperature=1.0, seed=seed, tool_choice=tool_choice)
+                                           temperature=1.0, seed=seed, tool_choice=tool_choice,
+                                           parallel_tool_calls=False)
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         [call] = choice.message.tool_calls
         if tool_choice != "required":
             assert call.function.name == "book"
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    if tool_choice == "required":  # one call or more: each whole call valid (the last may be cut by max_tokens)
+        for seed in range(4):
+            r = client.chat.completions.create(model=s.model, messages=ASK, tools=[BOOKING, ALARM], max_tokens=64,
+                                               temperature=1.0, seed=seed, tool_choice=tool_choice)
+            choice = r.choices[0]
+            assert choice.finish_reason in ("tool_calls", "length"), choice
+            calls = choice.message.tool_calls
+            whole = calls if choice.finish_reason == "tool_calls" else calls[:-1]
+            assert calls and not choice.message.content
+            for call in whole:
+                jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
 def test_response_format_with_a_forced_call_is_refused(served):
