@@ -8,8 +8,10 @@ response object for ``GET /v1/responses/{id}``, and the input items that
 ``GET /v1/responses/{id}/input_items`` lists (the conversation's items up to
 this response's input, each with its id: gateway.responses_items.listed_items).
 
-Bounds: at most ``max_entries`` entries and ``max_chars`` characters of
-message (and listed item) text in all; the oldest go first. An entry older than ``ttl_s`` is
+Bounds: at most ``max_entries`` entries and ``max_chars`` characters in all,
+counting an entry's message text, its listed items and its response object
+as JSON (which echoes the request's ``instructions``, ``tools`` and
+``metadata``: none of them is in the messages); the oldest go first. An entry older than ``ttl_s`` is
 gone (``get`` answers None, as for an id never stored). Nothing survives a
 restart. Pure Python, one event loop: no locks.
 """
@@ -20,6 +22,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import orjson
 
 DEFAULT_ENTRIES = 1024
 DEFAULT_CHARS = 64 << 20
@@ -55,8 +59,9 @@ class ResponseStore:
         return len(self._entries)
 
     def put(self, rid: str, messages: list[dict], response: dict, items: list[dict] = ()) -> None:
-        """``items``: the input items listed for this response (counted in ``max_chars`` too)."""
-        chars = _chars(messages) + _chars(items)
+        """``items``: the input items listed for this response (counted in ``max_chars`` too, as is the
+        response object: its JSON's bytes, at least its characters)."""
+        chars = _chars(messages) + _chars(items) + len(orjson.dumps(response))
         if chars > self.max_chars:
             return  # larger than the whole store: never kept
         self._drop(rid)

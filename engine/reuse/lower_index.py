@@ -13,7 +13,8 @@ ties go to the tier above.
 The index is bounded: tierd discards entries on its own (its arena or disk
 full, a TTL) and the engine only hears of it when it asks about that key, so
 records of entries nobody asks for again would pile up. At most ``limit``
-records are kept (``MAX_RECORDS``), the least recently added or used going
+records (``MAX_RECORDS``) holding at most ``token_limit`` tokens in all
+(``MAX_RECORD_TOKENS``) are kept, the least recently added or used going
 first; forgetting one loses nothing but the chance to restore that entry
 (tierd still holds it until its own policy drops it). A record keeps its
 tokens as int32 (4 bytes a token, where a tuple of ints takes ~36).
@@ -38,6 +39,9 @@ TIERS = ("ram", "disk")
 MAX_RECORDS = 4096
 """Records the engine keeps of entries in tierd. A 27B state image is ~147 MiB, so a 64 GiB arena holds
 ~440 entries; small models' entries are tiny, and past this many the oldest are forgotten here."""
+MAX_RECORD_TOKENS = 32 << 20
+"""Tokens all records keep together (128 MiB as int32): 4,096 agent prompts of 100K tokens would
+otherwise hold 1.6 GB of the engine's memory; past this the oldest records are forgotten too."""
 WIRE_TIER = {"ram": "kv_ram", "disk": "kv_disk"}
 
 
@@ -70,7 +74,8 @@ class LowerRecord:
 
 
 class LowerIndex:
-    def __init__(self, floors: dict[str, int], blocks=NO_BLOCK_EVENTS, limit: int = MAX_RECORDS):
+    def __init__(self, floors: dict[str, int], blocks=NO_BLOCK_EVENTS, limit: int = MAX_RECORDS,
+                 token_limit: int = MAX_RECORD_TOKENS):
         for tier in TIERS:
             if floors.get(tier, 0) < 0:
                 raise ValueError(f"restore floor of {tier} must be >= 0")
@@ -80,6 +85,8 @@ class LowerIndex:
         self._records: OrderedDict[str, LowerRecord] = OrderedDict()  # oldest first
         self.blocks = blocks
         self.limit = limit
+        self.token_limit = token_limit
+        self.tokens_held = 0  # tokens all records keep
         self.forgotten = 0  # records dropped here for the bound (tierd may still hold them)
 
     def __len__(self) -> int:
@@ -89,23 +96,28 @@ class LowerIndex:
         old = self._records.get(record.key)
         if old is not None:
             self.blocks.dropped(old.tokens, TIER_MEDIUM[old.tier])
+            self.tokens_held -= old.num_tokens
         self._records[record.key] = record
         self._records.move_to_end(record.key)
+        self.tokens_held += record.num_tokens
         self.blocks.held(record.tokens, TIER_MEDIUM[record.tier])
-        while len(self._records) > self.limit:
+        while len(self._records) > self.limit or (self.tokens_held > self.token_limit and len(self._records) > 1):
             _, oldest = self._records.popitem(last=False)
+            self.tokens_held -= oldest.num_tokens
             self.blocks.dropped(oldest.tokens, TIER_MEDIUM[oldest.tier])
             self.forgotten += 1
 
     def forget(self, key: str) -> None:
         record = self._records.pop(key, None)
         if record is not None:
+            self.tokens_held -= record.num_tokens
             self.blocks.dropped(record.tokens, TIER_MEDIUM[record.tier])
 
     def clear(self) -> None:
         for record in self._records.values():
             self.blocks.dropped(record.tokens, TIER_MEDIUM[record.tier])
         self._records.clear()
+        self.tokens_held = 0
 
     def move(self, key: str, tier: str) -> None:
         record = self._records.get(key)
@@ -117,11 +129,17 @@ class LowerIndex:
             record.tier = tier
 
     def matches(self, tokens: tuple[int, ...], limit: int, longer_than: int = 0) -> list[LowerRecord]:
-        """Records that are a prefix of ``tokens``, at most ``limit`` and more than ``longer_than`` long."""
+        """Records that are a prefix of ``tokens``, at most ``limit`` and more than ``longer_than`` long.
+
+        The prompt becomes an int32 array once; a record is compared whole (in C) only when its last token
+        is the prompt's at that position, which most records sharing only a system prompt fail at once:
+        thousands of long records cost milliseconds, where a copy per record cost seconds."""
+        prompt = array("i", tokens)
         out = []
         for r in self._records.values():
-            n = r.num_tokens
-            if longer_than < n <= limit and r.is_prefix_of(tokens):
+            rt = r.tokens
+            n = len(rt)
+            if longer_than < n <= limit and n <= len(prompt) and prompt[n - 1] == rt[n - 1] and prompt[:n] == rt:
                 out.append(r)
         return out
 

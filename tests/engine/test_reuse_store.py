@@ -447,6 +447,33 @@ def test_the_lower_index_is_bounded_and_keeps_what_was_used_last():
     assert [r.key for r in index.matches(toks(75) + (999,) + toks(20, 76), 96)] == ["k0"]  # differs at 75
 
 
+def test_the_lower_index_bounds_the_tokens_its_records_keep():
+    from ignis.engine.reuse.lower_index import LowerIndex
+
+    index = LowerIndex({"ram": 0, "disk": 0}, token_limit=250)
+    for i in range(4):
+        index.add(lower_record(f"k{i}", 100 + i, "ram"))
+    assert [r.key for r in index.matches(toks(200), 200)] == ["k2", "k3"] and index.tokens_held == 205
+    index.forget("k2")
+    assert index.tokens_held == 103 and index.forgotten == 2
+    index.add(lower_record("huge", 300, "ram"))  # larger than the bound alone: kept, as the newest
+    assert [r.key for r in index.matches(toks(400), 400)] == ["huge"] and index.tokens_held == 300
+    index.clear()
+    assert index.tokens_held == 0 and len(index) == 0
+
+
+def test_lower_matches_need_every_token_not_only_the_last():
+    from ignis.engine.reuse.lower_index import LowerIndex
+
+    index = LowerIndex({"ram": 0, "disk": 0})
+    index.add(lower_record("k", 50, "ram"))
+    prompt = toks(60)
+    assert [r.key for r in index.matches(prompt, 59)] == ["k"]
+    changed = prompt[:10] + (prompt[10] + 1,) + prompt[11:]  # same last token of the record, one earlier differs
+    assert index.matches(changed, 59) == [] and index.matches(prompt[:50], 50) == [index._records["k"]]
+    assert index.matches(prompt[:49], 49) == []
+
+
 def test_the_engine_asks_tierd_where_its_matches_are_before_it_picks():
     asked = []
     where = {"a" * 32: "disk", "b" * 32: None}

@@ -45,18 +45,28 @@ def test_the_install_key_file_is_created_private_and_reused(tmp_path):
 
 def test_store_bounds_entries_characters_and_age():
     now = [0.0]
-    store = ResponseStore(max_entries=2, max_chars=100, ttl_s=10, clock=lambda: now[0])
-    store.put("a", [{"role": "user", "content": "x" * 40}], {"id": "a"})
-    store.put("b", [{"role": "user", "content": "y" * 40}], {"id": "b"})
-    store.put("c", [{"role": "user", "content": "z" * 10}], {"id": "c"})
+    store = ResponseStore(max_entries=2, max_chars=130, ttl_s=10, clock=lambda: now[0])
+    # an entry counts its messages' text (role included) and its response object's JSON ({"id":"a"}: 10)
+    store.put("a", [{"role": "user", "content": "x" * 40}], {"id": "a"})  # 54
+    store.put("b", [{"role": "user", "content": "y" * 40}], {"id": "b"})  # 54
+    store.put("c", [{"role": "user", "content": "z" * 10}], {"id": "c"})  # 24
     assert store.get("a") is None and store.get("b") and store.get("c") and len(store) == 2
-    store.put("d", [{"role": "user", "content": "w" * 60}], {"id": "d"})  # 40 + 10 + 60 > 100: b goes
+    store.put("d", [{"role": "user", "content": "w" * 60}], {"id": "d"})  # 54 + 24 + 74 > 130: b goes
     assert store.get("b") is None and store.get("c") and store.get("d")
-    store.put("huge", [{"role": "user", "content": "h" * 101}], {"id": "huge"})
+    store.put("huge", [{"role": "user", "content": "h" * 131}], {"id": "huge"})
     assert store.get("huge") is None and store.get("d")
     now[0] = 11
     assert store.get("c") is None and store.get("d") is None and len(store) == 0
     assert not store.delete("d")
+
+
+def test_instructions_tools_and_metadata_count_against_the_store():
+    """The response object echoes what the messages never hold (``instructions`` are not carried over): a
+    client sending long instructions cannot grow the store past its bound."""
+    store = ResponseStore(max_entries=100, max_chars=10_000)
+    for i in range(10):
+        store.put(f"r{i}", [{"role": "user", "content": "hi"}], {"id": f"r{i}", "instructions": "i" * 3000})
+    assert store.get("r9") and store.get("r6") is None and len(store) == 3
 
 
 def test_items_become_one_assistant_turn_with_reasoning_and_calls():
