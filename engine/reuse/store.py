@@ -220,8 +220,10 @@ class RetainedStore:
         if where is WAIT:
             self._wait_below = (tokens, max(r.num_tokens for r in records))
             return None
-        if where is None:
-            return None  # tierd cannot answer: a restore would not either
+        if where is None:  # tierd cannot answer: a restore would not either; the request says so (shortfall)
+            for r in records:
+                self.fates.note(tuple(r.tokens), "tier_failed")
+            return None
         self.lower.update(where)
         records = [r for r in records if where.get(r.key) is not None]
         return self.lower.choose(records, device_match)

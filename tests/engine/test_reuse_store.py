@@ -507,6 +507,7 @@ def test_lower_tiers_are_skipped_while_tierd_cannot_say_where_entries_are():
     store.lower.add(tier.hold(lower_record("a" * 32, 200, "ram")))
     assert store.lookup(toks(260)) is None and tier.fetched == []
     assert len(store.lower) == 1  # not forgotten: tierd may be back next time
+    assert store.fates.of(toks(200)) == "tier_failed"  # the request's done line says why it computed
     store.release_all()
 
 
