@@ -56,9 +56,10 @@ def kernel_path(info: dict) -> str:
     return "mixed" if info.get("kernel_twin_ops") else "triton"
 
 
-def set_gauges(metrics: EngineMetrics, runtime, waiting_outside: int) -> None:
+def set_gauges(metrics: EngineMetrics, runtime, waiting_outside: int, store: dict | None = None) -> None:
     """Gauges from ``runtime`` (None: no model loaded); ``waiting_outside`` requests wait before the
-    scheduler (for a model load or switch, or for their grammar's compile) and count as waiting."""
+    scheduler (for a model load or switch, or for their grammar's compile) and count as waiting. ``store``:
+    the scheduler's stats of this turn when the caller has them (``loaded_stats`` holds them all)."""
     if runtime is None:
         metrics.running.set(0)
         metrics.waiting.set(waiting_outside)
@@ -73,7 +74,7 @@ def set_gauges(metrics: EngineMetrics, runtime, waiting_outside: int) -> None:
     path = kernel_path(runtime.info)
     for name in KERNEL_PATHS:
         metrics.kernel_path.labels(metrics.model_name, name).set(1 if name == path else 0)
-    store = scheduler.stats()
+    store = scheduler.stats() if store is None else store
     metrics.sync_store(store)
     metrics.sync_compiles(runtime.compiles)
     metrics.live_evicting.set(store["live_evicting"])

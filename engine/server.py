@@ -332,7 +332,8 @@ class EngineServer:
 
     def _update_gauges(self) -> None:
         self._stats_snapshot = self.stats()  # replaced whole: the I/O thread reads it as it is
-        set_gauges(self.metrics, self.runtime, self.intake.num_waiting)
+        set_gauges(self.metrics, self.runtime, self.intake.num_waiting,
+                   self._stats_snapshot if self.loaded else None)  # the scheduler's stats, taken once a turn
 
     def stats(self) -> dict:
         wire_errors = self.channel.garbage_count
