@@ -52,7 +52,7 @@ from functools import lru_cache
 
 import llguidance
 
-from ignis.gateway.tool_call_xml import scalar_values
+from ignis.gateway.tool_call_xml import scalar_values, schema_types, typed_value
 
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
 """Whitespace allowed at each place JSON allows it: up to 8 spaces, newlines or tabs."""
@@ -247,6 +247,13 @@ _JSON_FORMS = {
     "array": r"\[(.|\n)*",
 }
 """The text, as a regex, that the parser reads as a value of each JSON type rather than as a string."""
+_WRITTEN_NUMBERS = {
+    "integer": r"-?(0|[1-9][0-9]{0,199})",
+    "number": r"-?(0|[1-9][0-9]{0,199})(\.[0-9]{1,200})?([eE][+-]?[0-9]{1,2})?",
+}
+"""The numbers a type list lets the model write: at most 200 digits before the point and a two-digit exponent,
+so each is a finite float or an int Python converts (a longer one would read back as a string the string's
+own bounds never held; such text is neither a number nor a string there)."""
 _SCALAR_TYPES = ("null", "boolean", "integer", "number")
 _NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 """A number's keywords that a type list with string leaves unenforced (its number is a plain JSON number)."""
@@ -257,9 +264,18 @@ def _xml_value(schema: object, xml: _Xml, rule: str, where: str) -> str:
     ``tool_call_xml.typed_value`` reads it back (``schema_types``)."""
     schema = schema if isinstance(schema, dict) else {}
     values = scalar_values(schema)
-    if values is not None:  # an enum (or const) of scalars: one of them, a string as itself, the rest as JSON
-        written = dict.fromkeys(v if isinstance(v, str) else json.dumps(v) for v in values)
-        return f"({' | '.join(map(_lark_string, written))}) {_CLOSE_PARAM}"
+    if values is not None:
+        # an enum (or const) of scalars: one of them, a string as itself, the rest as JSON; each written as the
+        # parser reads it back as that value (an enum string "5" beside a number reads as 5, a value the
+        # declared type does not allow reads as something else: such values cannot be written), and each
+        # with its closing, so one value that begins another ("x", "x\n") is still whole
+        types = schema_types(schema)
+        written = [text for v in values
+                   for text in [v if isinstance(v, str) else json.dumps(v)]
+                   if json.dumps(typed_value(text, types)) == json.dumps(v)]
+        if not written:
+            raise ValueError(f"{where}: no value of its enum can be written in the XML format as itself")
+        return "(" + " | ".join(_lark_string(t + "\n</parameter>\n") for t in dict.fromkeys(written)) + ")"
     if any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "const")):
         return f"{_json_rule(schema, xml.options)} {_CLOSE_PARAM}"
     kind = schema.get("type")
@@ -280,7 +296,8 @@ def _xml_value(schema: object, xml: _Xml, rule: str, where: str) -> str:
             # one lexeme with its closing: as a token of its own, "null" would lose to the raw text the lexer
             # still sees growing past it (the longest match wins)
             name = f"{rule.upper()}_SCALAR"
-            xml.terminals.append(f"{name}: /{'|'.join(_JSON_FORMS[k] for k in scalars)}/ {_CLOSE_PARAM}")
+            forms = "|".join(_WRITTEN_NUMBERS.get(k, _JSON_FORMS[k]) for k in scalars)
+            xml.terminals.append(f"{name}: /{forms}/ {_CLOSE_PARAM}")
             options.append(name)
             if {"integer", "number"} & set(scalars):
                 xml.unenforced += [f"{where}: {k}" for k in _NUMBER_BOUNDS if k in schema]

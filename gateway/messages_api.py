@@ -38,6 +38,7 @@ the prompt the same body would send, as /tokenize counts it.
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 from aiohttp import web
@@ -57,6 +58,7 @@ from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tokenize_api import render_chat_ids
 from ignis.gateway.tokenizer import TextTokenizer
 
+log = logging.getLogger("ignis.gateway")
 ENDPOINT = "messages"
 PATH_PREFIX = "/v1/messages"
 PASSED = ("model", "temperature", "top_p", "top_k", "stream", "max_tokens", "request_class", "seed")
@@ -131,6 +133,17 @@ def _tool_content(bf: Fields) -> str | list[dict]:
         else:
             raise cf.error("type", "only text and image blocks are taken in a tool_result")
     return parts
+
+
+_format_with_tools_warned = False
+
+
+def _warn_format_with_tools() -> None:
+    global _format_with_tools_warned
+    if not _format_with_tools_warned:
+        _format_with_tools_warned = True
+        log.warning("output_config.format with callable tools: the tools stay callable and the format is not "
+                    "enforced (this is said once)")
 
 
 class MessagesTurn:
@@ -296,7 +309,11 @@ class MessagesTurn:
         if not self.parallel:  # a required call's grammar then ends after one call
             chat["parallel_tool_calls"] = False
         output_format = self._output_format(f)
-        if output_format is not None:
+        if output_format is not None and tools and chat.get("tool_choice") != "none":
+            # one grammar cannot hold both "a call" and "JSON under the schema" as the whole answer: the
+            # tools stay callable and the format is not enforced (logged once; docs/api.md says so)
+            _warn_format_with_tools()
+        elif output_format is not None:
             chat["response_format"] = output_format
         thinking = f.object("thinking")
         if thinking is not None:

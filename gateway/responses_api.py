@@ -235,6 +235,8 @@ class ResponsesTurn:
             chat["tools"] = tools
         if choice is not None:
             chat["tool_choice"] = choice
+        if not self.parallel:  # a required call's grammar then ends after one call
+            chat["parallel_tool_calls"] = False
         self.echo.update(
             instructions=f.raw("instructions"), metadata=metadata.obj if metadata is not None else {},
             parallel_tool_calls=self.parallel, tool_choice=f.raw("tool_choice") or "auto",

@@ -456,10 +456,20 @@ class DiskTier:
             return True
 
     def recreate(self) -> str:
-        """Make a vanished directory again, empty but for the marker: "" when done, else why not."""
+        """Make a vanished directory again with its marker: "" when done, else why not. Nothing is wiped (a
+        write in flight on a disk thread may already have its file there); a directory someone else made
+        meanwhile with files not ours in it is refused."""
         try:
-            prepare_dir(self.path)
-        except (ForeignFilesError, OSError) as e:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(self.path).st_mode):
+                return f"KV-disk path {self.path} is not a plain directory"
+            foreign = [n for n in os.listdir(self.path) if not _ours(n)]
+            if foreign:
+                return f"KV-disk directory {self.path} now holds files tierd did not create ({foreign[0]}, ...)"
+            marker = self.path / MARKER
+            if not marker.exists():
+                marker.write_text("KV-disk of an ignis tierd; wiped at its start and exit\n")
+        except OSError as e:
             return str(e)
         return ""
 

@@ -210,8 +210,8 @@ class TierStore:
         self._settle(e)
 
     def _unlink(self, key: str) -> None:
-        """Delete an entry's file; one that cannot be deleted is forgotten all the same (logged and counted
-        once a retry period: KV-disk then takes no writes for a while)."""
+        """Delete an entry's file; one that cannot be deleted is forgotten all the same (each failure counted,
+        logged once a retry period: KV-disk then takes no writes for a while)."""
         healthy = self.disk.healthy
         err = self.disk.remove(key)
         if err is None:
@@ -303,7 +303,6 @@ class TierStore:
         it), and the directory is made again, so KV-disk comes back after its retry period."""
         gone = [x for x in self.entries.values() if x.disk.state is S.RESIDENT and not x.busy and x.tier == "disk"]
         for x in gone:
-            self.metrics.missing("gone")
             self.metrics.discarded("disk", x.kind)
             x.disk.move(S.FREE)
             self.disk.release(x.file_bytes)

@@ -16,7 +16,7 @@ import pytest
 from tests.gateway.conftest import http
 from tests.gateway.responses_support import check_events, collapsed, item_events, raw_events
 from tests.gateway.test_tools_http_qwen3_5 import xml_call
-from tests.gateway.tools_http_support import tools_gateway
+from tests.gateway.tools_http_support import holds, tools_gateway, vocab  # noqa: F401 (vocab: a fixture)
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city", "strict": False,
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -93,10 +93,16 @@ def test_reasoning_text_and_two_calls_streamed_in_order(gw, client):
     assert collapsed(seen) == collapsed(types)
 
 
-def test_parallel_tool_calls_false_answers_the_first_call(gw, client):
+def test_parallel_tool_calls_false_answers_the_first_call(gw, client, vocab):
     text = xml_call("get_weather", city="Paris") + "\n" + xml_call("get_weather", city="Oslo")
     r = create(gw, client, text, input=ASK, tools=[WEATHER], parallel_tool_calls=False)
     assert [json.loads(i.arguments) for i in r.output] == [{"city": "Paris"}]
+    # a required call is one call then: its grammar ends after it (more would be generated, billed, dropped)
+    create(gw, client, text.removeprefix("<tool_call>\n"), input=ASK, tools=[WEATHER], parallel_tool_calls=False,
+           tool_choice="required")
+    grammar = gw.engine.generates[-1].grammar
+    assert holds(vocab, grammar, xml_call("get_weather", city="Paris").removeprefix("<tool_call>\n"))
+    assert not holds(vocab, grammar, text.removeprefix("<tool_call>\n"))
 
 
 def test_namespace_tools_flattened_and_mapped_back_hosted_tools_left_out(gw, client):

@@ -195,6 +195,40 @@ def test_an_enum_of_any_scalars_is_one_of_its_values_in_xml(vocab, schema, allow
         assert not holds(vocab, grammar, xml_rest(city)), city
 
 
+@pytest.mark.parametrize("schema,refused,allowed", [
+    # an enum string that reads back as another allowed type cannot be written as itself: left out
+    ({"enum": ["5", 6]}, ["5"], {"6": 6}),
+    ({"enum": ["true", False]}, ["true"], {"false": False}),
+    ({"type": ["string", "null"], "enum": ["null", "a"]}, ["null"], {"a": "a"}),
+    ({"type": ["string", "integer"], "enum": ["5", "x"]}, ["5"], {"x": "x"}),
+    ({"type": "string", "enum": ["a", 1]}, ["1"], {"a": "a"}),  # 1 is not a string: the type rules it out
+    ({"enum": ["x", "x\n"]}, [], {"x": "x", "x\n": "x\n"}),  # one value beginning another: both whole
+])
+def test_enum_values_are_written_only_as_the_parser_reads_them_back(vocab, schema, refused, allowed):
+    jsonschema = pytest.importorskip("jsonschema")
+    grammar = tool_call_grammar(tool(schema, strict=True), "xml")
+    for city in refused:
+        assert not holds(vocab, grammar, xml_rest(city)), city
+    for city, value in allowed.items():
+        assert holds(vocab, grammar, xml_rest(city)), city
+        assert _parsed(schema, city) == value
+        jsonschema.validate(value, schema)
+
+
+def test_an_enum_that_cannot_be_written_is_a_clear_error():
+    with pytest.raises(ValueError, match="no value of its enum"):
+        tool_call_grammar(tool({"type": ["string", "integer"], "enum": ["5"]}), "xml")
+
+
+@pytest.mark.parametrize("city", ["1e400", "1" * 250, "-" + "9" * 5000, "1e999"])
+def test_a_type_lists_number_is_finite_and_convertible(vocab, city):
+    """Under a type list with string, a number that would overflow (or that Python will not convert) is neither
+    a number nor a string: it would read back as a string the string's bounds never held."""
+    grammar = tool_call_grammar(tool({"type": ["number", "string"], "maxLength": 3}, strict=True), "xml")
+    assert not holds(vocab, grammar, xml_rest(city))
+    assert holds(vocab, grammar, xml_rest("9" * 199 + "e99"))
+
+
 def test_nan_and_infinity_are_never_numbers_in_arguments():
     """JSON has no NaN or Infinity: a number parameter written so stays text, and the arguments stay JSON."""
     for city in ("NaN", "Infinity", "-Infinity", "1e999"):
