@@ -58,6 +58,14 @@ class SamplerState:
     bad_words: BadWords | None = field(default=None, repr=False)
     recent: deque = field(default_factory=deque, repr=False)  # the latest output tokens bad_words look at
     thinking: ThinkingBudget | None = field(default=None, repr=False)  # where a thinking budget stands
+    # the penalties' indexes, kept as the output grows (a rebuild a step cost milliseconds at long prompts):
+    _seen: set | None = field(default=None, repr=False)  # prompt and output ids (repetition_penalty)
+    _seen_idx: torch.Tensor | None = field(default=None, repr=False)
+    _seen_new: list = field(default_factory=list, repr=False)  # ids seen since the index was last grown
+    _out_pos: dict | None = field(default=None, repr=False)  # output id -> its place in _out_idx
+    _out_idx: torch.Tensor | None = field(default=None, repr=False)
+    _out_counts: torch.Tensor | None = field(default=None, repr=False)  # float32, parallel to _out_idx
+    _out_new: list = field(default_factory=list, repr=False)  # output ids not in _out_idx yet
 
     def __post_init__(self):
         if self.generator is None:
@@ -121,6 +129,15 @@ class SamplerState:
 
     def record(self, token: int) -> None:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
+        if self._seen is not None and token not in self._seen:
+            self._seen.add(token)
+            self._seen_new.append(token)
+        if self._out_pos is not None:
+            pos = self._out_pos.get(token)
+            if pos is not None:
+                self._out_counts[pos] += 1
+            elif token not in self._out_new:
+                self._out_new.append(token)
         self.produced += 1
         if self.recent.maxlen:
             self.recent.append(token)
@@ -137,8 +154,38 @@ class SamplerState:
             "thinking": None if self.thinking is None else self.thinking.state(),
         }
 
+    def seen_index(self) -> torch.Tensor:
+        """The prompt's and output's distinct ids (repetition_penalty), grown as new ids come out."""
+        if self._seen is None:
+            self._seen = set(self.prompt_tokens) | set(self.output_counts)
+            self._seen_idx = torch.tensor(sorted(self._seen), dtype=torch.long)
+            self._seen_new = []
+        elif self._seen_new:
+            self._seen_idx = torch.cat([self._seen_idx, torch.tensor(self._seen_new, dtype=torch.long)])
+            self._seen_new = []
+        return self._seen_idx
+
+    def output_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the output's distinct ids, how often each came out) for presence and frequency penalties."""
+        if self._out_pos is None:
+            ids = list(self.output_counts)
+            self._out_pos = {t: i for i, t in enumerate(ids)}
+            self._out_idx = torch.tensor(ids, dtype=torch.long)
+            self._out_counts = torch.tensor([float(self.output_counts[t]) for t in ids], dtype=torch.float32)
+            self._out_new = []
+        elif self._out_new:
+            new = self._out_new
+            for t in new:
+                self._out_pos[t] = len(self._out_pos)
+            self._out_idx = torch.cat([self._out_idx, torch.tensor(new, dtype=torch.long)])
+            self._out_counts = torch.cat([self._out_counts,
+                                          torch.tensor([float(self.output_counts[t]) for t in new])])
+            self._out_new = []
+        return self._out_idx, self._out_counts
+
     def restore(self, snap: dict) -> None:
         self.generator.set_state(snap["rng"])
+        self._seen = self._out_pos = None  # the indexes are made again from the restored counts
         self.output_counts = dict(snap["output_counts"])
         self.produced = snap["produced"]
         self.recent = deque(snap["recent"], maxlen=self.recent.maxlen)
@@ -178,14 +225,13 @@ def _adjust(row: torch.Tensor, st: SamplerState) -> None:
 def _apply_penalties(row: torch.Tensor, st: SamplerState) -> None:
     rp = st.params.repetition_penalty
     if rp != 1.0:
-        seen = st.prompt_tokens | set(st.output_counts)
-        if seen:
-            idx = torch.tensor(sorted(seen), dtype=torch.long, device=row.device)
+        idx = st.seen_index().to(row.device)
+        if idx.numel():
             vals = row[idx]
             row[idx] = torch.where(vals > 0, vals / rp, vals * rp)
     if st.output_counts and (st.params.presence_penalty or st.params.frequency_penalty):
-        idx = torch.tensor(list(st.output_counts), dtype=torch.long, device=row.device)
-        counts = torch.tensor(list(st.output_counts.values()), dtype=row.dtype, device=row.device)
+        idx, counts = st.output_index()
+        idx, counts = idx.to(row.device), counts.to(row.device, row.dtype)
         row[idx] -= st.params.frequency_penalty * counts + st.params.presence_penalty
 
 

@@ -180,3 +180,28 @@ def test_a_snapshot_keeps_where_the_thinking_budget_stands():
     seeded.record(4)
     seeded.restore(snap)
     assert [sample_batch(logits.clone(), [seeded], [None])[0][0] for _ in range(2)] == [5, 4]
+
+
+def test_penalty_indexes_kept_as_the_output_grows_equal_a_fresh_rebuild():
+    """The penalties' indexes grow with the output instead of being rebuilt each step: at every step (and
+    after a snapshot's restore) the penalised row equals one from a state built afresh with those counts."""
+    from ignis.engine.sampling import _apply_penalties
+
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 50, (40,), generator=gen).tolist()
+    params = dict(repetition_penalty=1.3, presence_penalty=0.7, frequency_penalty=0.4, temperature=1.0)
+    st = state(prompt, **params)
+    snap = None
+    for step in range(120):
+        row = torch.randn(64, generator=gen)
+        fresh = state(prompt, **params)
+        fresh.output_counts = dict(st.output_counts)
+        got, want = row.clone(), row.clone()
+        _apply_penalties(got, st)
+        _apply_penalties(want, fresh)
+        assert torch.equal(got, want), step
+        st.record(int(torch.randint(0, 64, (1,), generator=gen)))
+        if step == 60:
+            snap = st.snapshot()
+        if step == 90:
+            st.restore(snap)
