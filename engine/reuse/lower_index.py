@@ -134,6 +134,8 @@ class LowerIndex:
         The prompt becomes an int32 array once; a record is compared whole (in C) only when its last token
         is the prompt's at that position, which most records sharing only a system prompt fail at once:
         thousands of long records cost milliseconds, where a copy per record cost seconds."""
+        if not self._records:
+            return []
         prompt = array("i", tokens)
         out = []
         for r in self._records.values():

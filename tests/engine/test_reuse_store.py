@@ -572,3 +572,26 @@ def test_without_lower_tiers_nothing_moves_down():
     assert store.demotions == 0 and len(store.lower) == 0
     assert store.lookup(toks(230)) is None
     pool.integrity_check()
+
+
+def test_remembered_page_chains_equal_fresh_ones():
+    """Chains are remembered by the tuple they were made of (a waiting prompt is hashed every round) and a
+    prefix of a remembered tuple reads its chain: every answer equals a fresh computation."""
+    from ignis.engine.reuse import hashing
+
+    def fresh(tokens, pt, limit=None):
+        full = len(tokens) // pt if limit is None else min(len(tokens) // pt, limit)
+        return hashing._chain_of(tokens, pt, full)
+
+    prompt = toks(1000, 7)
+    assert hashing.page_chain(prompt, 64) == fresh(prompt, 64)
+    assert hashing.page_chain(prompt, 64, 5) == fresh(prompt, 64, 5)  # remembered, cut at the limit
+    assert hashing.page_chain(prompt, 16) == fresh(prompt, 16)  # another page size: not the same chain
+    assert hashing.page_chain(prompt[:300], 64) == fresh(prompt[:300], 64)  # a prefix of a remembered tuple
+    other = prompt[:300] + (99999,) * 700  # same length as the prompt, equal only up to 300
+    assert hashing.page_chain(other, 64) == fresh(other, 64) != fresh(prompt, 64)
+    assert hashing.page_chain(list(prompt), 64) == fresh(prompt, 64)  # lists are never remembered
+    got = hashing.page_chain(prompt, 64)
+    got.append(b"x")  # a caller's list is its own
+    assert hashing.page_chain(prompt, 64) == fresh(prompt, 64)
+    assert len(hashing._memo) <= hashing.MEMO_CHAINS
