@@ -68,18 +68,23 @@ class ContentBlocks:
         self.parallel_calls = parallel_calls  # false: the first tool call only
         self.blocks: list[dict] = []
         self.kind: str | None = None  # of the open block: thinking | text | tool_use
-        self.text = ""  # of the open block (a tool call's: its arguments' JSON)
+        self._pieces: list[str] = []  # the open block's text (a tool call's: its arguments' JSON)
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
 
+    @property
+    def text(self) -> str:
+        """The open one's text so far."""
+        return "".join(self._pieces)
+
     def _open(self, block: dict) -> list[dict]:
-        self.kind, self.text = block["type"], ""
+        self.kind, self._pieces = block["type"], []
         self.blocks.append(block)
         start = dict(block, input={}) if block["type"] == "tool_use" else dict(block)
         return [{"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": start}]
 
     def _delta(self, text: str) -> dict:
-        self.text += text
+        self._pieces.append(text)  # joined once, at the close (no copy of the whole per delta)
         kind = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text"),
                 "tool_use": ("input_json_delta", "partial_json")}[self.kind]
         return {"type": "content_block_delta", "index": len(self.blocks) - 1,
@@ -93,7 +98,7 @@ class ContentBlocks:
             block["input"] = _arguments(self.text)
         else:
             block[self.kind] = self.text
-        self.kind, self.text = None, ""
+        self.kind, self._pieces = None, []
         return [{"type": "content_block_stop", "index": len(self.blocks) - 1}]
 
     def _switch(self, block: dict) -> list[dict]:

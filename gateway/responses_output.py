@@ -61,7 +61,7 @@ class OutputItems:
         self.seal = seal  # makes a reasoning item's encrypted_content, when asked for
         self.items: list[dict] = []
         self.kind: str | None = None  # of the open item: reasoning | message | call
-        self.text = ""  # of the open item
+        self._pieces: list[str] = []  # the open item's text
         self.reasoning = ""
         self.content = ""
         self.calls: list[dict] = []  # chat tool calls, prompt names
@@ -69,8 +69,13 @@ class OutputItems:
 
     # ----- events ----------------------------------------------------------------------
 
+    @property
+    def text(self) -> str:
+        """The open one's text so far."""
+        return "".join(self._pieces)
+
     def _open(self, kind: str, item: dict) -> list[dict]:
-        self.kind, self.text = kind, ""
+        self.kind, self._pieces = kind, []
         self.items.append(item)
         events = [{"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)}]
         where = {"item_id": item["id"], "output_index": len(self.items) - 1}
@@ -84,7 +89,7 @@ class OutputItems:
         return events
 
     def _delta(self, text: str) -> dict:
-        self.text += text
+        self._pieces.append(text)  # joined once, at the close (no copy of the whole per delta)
         item, index = self.items[-1], len(self.items) - 1
         where = {"item_id": item["id"], "output_index": index}
         if self.kind == "reasoning":
@@ -121,7 +126,7 @@ class OutputItems:
             events.append({"type": "response.function_call_arguments.done", **where, "arguments": text,
                            "name": item["name"]})
         events.append({"type": "response.output_item.done", "output_index": index, "item": dict(item)})
-        self.kind, self.text = None, ""
+        self.kind, self._pieces = None, []
         return events
 
     def cut(self) -> list[dict]:
