@@ -265,8 +265,10 @@ async def get_model(request: web.Request) -> web.Response:
     return json_response(_model_card(gw.select(name), name))
 
 
-def _template(files: ModelFiles):
-    return ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map()) if files.chat_template else None
+def _template(files: ModelFiles, content_format: str = "auto"):
+    if not files.chat_template:
+        return None
+    return ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map(), content_format)
 
 
 def _vision(files: ModelFiles, config: GatewayConfig):
@@ -283,14 +285,15 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     if config.reasoning_parser not in ("auto", "off") and not has_think_tokens(files.tokenizer):
         raise ValueError(f"--reasoning-parser {config.reasoning_parser}: {model_name}'s tokenizer has no <think> "
                          f"and </think> tokens (auto or off serve it)")
-    template = _template(files)
+    template = _template(files, config.chat_template_content_format)
     vision = _vision(files, config)
     override = parse_override(config.override_generation_config)
     defaults = sampling_defaults(config.generation_config, files.generation_config, override, model_name)
     models = {model_name: (files.tokenizer, template, vision, defaults)}
     for name, other in (more_models or {}).items():
         source = "vllm" if config.generation_config == "vllm" else "auto"  # a directory is the default model's
-        models[name] = (other.tokenizer, _template(other), _vision(other, config),
+        models[name] = (other.tokenizer, _template(other, config.chat_template_content_format),
+                        _vision(other, config),
                         sampling_defaults(source, other.generation_config, override, name))
     for name, (*_, d) in models.items():
         if d.values:

@@ -41,7 +41,6 @@ from ignis.gateway.image_sources import MediaPolicy
 from ignis.gateway.messages import (
     apply_developer_policy,
     check_tool_results,
-    content_as_strings,
     image_urls,
     parse_messages,
     parse_tool_choice,
@@ -141,8 +140,6 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if gw.template is None:
         raise invalid("this model has no chat template; use /v1/completions", code="no_chat_template")
     messages = parse_messages(f)
-    if gw.config.chat_template_content_format == "string":
-        messages = content_as_strings(messages)
     check_tool_results(messages)
     messages = apply_developer_policy(messages, gw.config.server_developer_message_policy,
                                       gw.template.takes_late_system)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -92,8 +93,12 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _template_message(message: dict) -> dict:
+def _template_message(message: dict, join_parts: bool = False) -> dict:
     out = {k: v for k, v in message.items() if v is not None}
+    content = out.get("content")
+    if join_parts and isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                                        for p in content):
+        out["content"] = "\n".join(p["text"] for p in content)  # vLLM's string content format
     reasoning = next((out[k] for k in _REASONING_FIELDS if out.get(k) is not None), None)
     if reasoning is not None:
         out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
@@ -123,10 +128,27 @@ def template_option(value: str) -> str:
     raise ValueError(f"--chat-template {value!r}: no such file, and not template text (no '{{{{' or '{{%')")
 
 
+def _names_content(node) -> bool:
+    """``node`` reads a content: ``content``, ``x.content``, ``x['content']`` (through filters too)."""
+    nodes = jinja2.nodes
+    if isinstance(node, nodes.Name):
+        return node.name == "content"
+    if isinstance(node, nodes.Getattr):
+        return node.attr == "content"
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+    if isinstance(node, (nodes.Filter, nodes.Test)):
+        return node.node is not None and _names_content(node.node)
+    return False
+
+
 class ChatTemplate:
     """One compiled chat template and the special tokens it is rendered with."""
 
-    def __init__(self, source: str, special_tokens: dict[str, str] | None = None):
+    def __init__(self, source: str, special_tokens: dict[str, str] | None = None, content_format: str = "auto"):
+        """``content_format`` (vLLM's ``--chat-template-content-format``): "openai" renders a content list
+        as sent, "string" joins a text-only one into one string first, "auto" does what ``content_format``
+        detects the template reads."""
         if not isinstance(source, str) or not source.strip():
             raise ValueError("the chat template is empty")
         try:
@@ -135,12 +157,15 @@ class ChatTemplate:
             raise ValueError(f"the chat template does not compile: {e}") from None
         self.source = source
         self.special_tokens = dict(special_tokens or {})
+        self.joins_parts = (content_format == "string"
+                            or (content_format == "auto" and self.content_format == "string"))
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, *, add_generation_prompt: bool = True,
                extra: dict | None = None) -> str:
         """The prompt text for ``messages`` (plain JSON-like dicts)."""
         variables = {**self.special_tokens, **(extra or {})}
-        variables.update(messages=[_template_message(m) for m in messages], tools=tools, documents=None,
+        variables.update(messages=[_template_message(m, self.joins_parts) for m in messages], tools=tools,
+                         documents=None,
                          add_generation_prompt=add_generation_prompt)
         try:
             return self._template.render(**variables)
@@ -148,6 +173,17 @@ class ChatTemplate:
             raise TemplateRenderError(f"the chat template cannot render this conversation: {e}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise TemplateRenderError(f"the chat template failed on this conversation: {e}") from None
+
+    @cached_property
+    def content_format(self) -> str:
+        """How this template reads a message's content, as vLLM's ``--chat-template-content-format auto``
+        detects it: "openai" when it loops over a content (a list of parts, as Qwen3.5's does), else "string"
+        (Qwen3-Next's renders a content that is not a string as nothing: its parts are joined for it)."""
+        try:
+            tree = _environment().parse(self.source)
+        except jinja2.exceptions.TemplateSyntaxError:
+            return "openai"
+        return "openai" if any(_names_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For)) else "string"
 
     @cached_property
     def takes_late_system(self) -> bool:

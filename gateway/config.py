@@ -104,8 +104,9 @@ class GatewayConfig:
         "prompt_logprobs), as vLLM's flag; 0 to 20 (the engine returns at most 20)"))
     chat_template_content_format: str = field(default="auto", metadata=field_doc(
         "how a message's content reaches the chat template (vLLM's flag): openai, a list of parts as sent; "
-        "string, a text-only list joined into one string (for templates that concatenate content); auto, as "
-        "sent (the Qwen templates read both)", choices=CONTENT_FORMATS))
+        "string, a text-only list joined into one string by newlines (for templates that read content as a "
+        "string); auto, as vLLM detects it: openai when the template loops over a content (Qwen3.5's), else "
+        "string (Qwen3-Next's renders a content list as nothing)", choices=CONTENT_FORMATS))
     uvicorn_log_level: str | None = field(default=None, metadata=field_doc(
         "the gateway's log level (vLLM's HTTP server flag): debug, info, warning, error or critical "
         "(default: IGNIS_LOG_LEVEL, else info)", choices=LOG_LEVELS))

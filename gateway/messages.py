@@ -90,18 +90,6 @@ def _image_part(pf: Fields) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def content_as_strings(messages: list[dict]) -> list[dict]:
-    """vLLM's ``--chat-template-content-format string``: a content list of text parts only becomes their
-    texts joined by newlines (a list holding an image stays a list: the template places the image)."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            m = dict(m, content="\n".join(p["text"] for p in content))
-        out.append(m)
-    return out
-
-
 def image_urls(messages: list[dict]) -> list[str]:
     """The URLs of the image parts of ``messages``, in the order the template renders them."""
     return [part["image_url"]["url"] for m in messages if isinstance(m.get("content"), list)

@@ -6,7 +6,7 @@ words as the final text part. Everything before that final part repeats on
 the next run, so the engine captures a state image there.
 
     full     = prompt_ids                        (rendered with every part)
-    stripped = tokens(render(messages with that final text part removed,
+    stripped = tokens(render(messages up to that one, its final text part removed,
                              no generation prompt))
     part_end = len(common token prefix of full and stripped)
 
@@ -41,7 +41,10 @@ def part_end(template: ChatTemplate, tok: TextTokenizer, messages: list[dict], t
     at = newest_multipart_user(messages)
     if at is None:
         return None
-    stripped = list(messages)
+    # the messages after it are left out: they render after the point where the two texts part, so they
+    # cannot move it, and an agent's first message is often its only multi-part one, ahead of a 100K-token
+    # history that was rendered and tokenized a second time for nothing
+    stripped = list(messages[:at + 1])
     stripped[at] = dict(messages[at], content=messages[at]["content"][:-1])
     try:
         text = template.render(stripped, tools, add_generation_prompt=False, extra=extra)

@@ -36,7 +36,6 @@ from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import read_request_body
 from ignis.gateway.messages import (
     apply_developer_policy,
-    content_as_strings,
     image_urls,
     parse_messages,
     parse_tool_choice,
@@ -64,8 +63,6 @@ def render_chat_ids(gw: GatewayState, f: Fields, forced_call: bool = False) -> l
     if continuing and f.bool("add_generation_prompt", False):
         raise f.error("add_generation_prompt", "cannot be true with continue_final_message")
     messages = parse_messages(f)
-    if gw.config.chat_template_content_format == "string":
-        messages = content_as_strings(messages)
     if image_urls(messages):
         raise f.error("messages", "image parts cannot be tokenized here (their token count depends on the "
                                   "picture); send the text parts alone")

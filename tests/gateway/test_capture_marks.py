@@ -187,3 +187,31 @@ def test_tools_orjson_cannot_encode_still_get_a_cached_block(demo_files):
     second = build_chat_prompt(template, tok, [SYSTEM, {"role": "user", "content": "b"}], huge)
     assert template.renders == renders + 1
     assert first.system_end == second.system_end == expected_marks(tok, second.text)[0]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "demo"])
+def test_the_part_mark_from_the_messages_up_to_it_equals_the_mark_from_them_all(families, family):
+    """``part_end`` renders only the messages up to the multi-part one: the mark equals the one a render of
+    the whole conversation gives (later turns, reasoning and calls included), under every template (the
+    Qwen3-Next-style one reads content as a string: the parts are joined for it, as vLLM's auto format does)."""
+    from ignis.gateway.part_marks import part_end
+    from ignis.gateway.turn_boundaries import common_prefix_len
+
+    source, tok = families[family]
+    template = ChatTemplate(source, tok.special_tokens_map())
+    parts = {"role": "user", "content": [{"type": "text", "text": "<system-reminder>skills</system-reminder>"},
+                                         {"type": "text", "text": "list the files"}]}
+    later = [{"role": "assistant", "content": "", "reasoning_content": "look first",
+              "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "a.py b.py"},
+             {"role": "assistant", "content": "Two files.", "reasoning_content": "done"},
+             {"role": "user", "content": "and now?"}]
+    for messages in ([SYSTEM, parts], [SYSTEM, parts, *later], [parts, *later]):
+        prompt = build_chat_prompt(template, tok, messages, TOOLS)
+        assert "skills</system-reminder>" in prompt.text and "list the files" in prompt.text  # never dropped
+        mark = part_end(template, tok, messages, TOOLS, None, prompt.ids, prompt.opener_start)
+        whole = list(messages)
+        whole[messages.index(parts)] = dict(parts, content=parts["content"][:-1])
+        n = common_prefix_len(prompt.ids, tok.encode(template.render(whole, TOOLS, add_generation_prompt=False)))
+        assert mark == (n if 0 < n < len(prompt.ids) and n <= prompt.opener_start else None), (family, len(messages))
+        assert mark is not None

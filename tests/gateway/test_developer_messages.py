@@ -6,7 +6,7 @@ import pytest
 
 from ignis.gateway.chat_template import ChatTemplate, TemplateRenderError
 from ignis.gateway.fields import Fields
-from ignis.gateway.messages import DEVELOPER_TURN_PREFIX, apply_developer_policy, content_as_strings, parse_messages
+from ignis.gateway.messages import DEVELOPER_TURN_PREFIX, apply_developer_policy, parse_messages
 from ignis.gateway.prompt import build_chat_prompt
 from ignis.gateway.tokenizer import load_model_files
 from tests.support.real_tokenizer import TemplateMissing, chat_template
@@ -89,10 +89,31 @@ def test_a_late_system_message_is_still_the_templates_refusal(official):
 
 
 def test_string_content_format_joins_text_only_lists():
+    from ignis.gateway.chat_template import ChatTemplate
+
+    source = ("{%- for m in messages %}[{{ m.role }}:{% if m.content is string %}{{ m.content }}"
+              "{% else %}{% for p in m.content %}<{{ p.type }}>{% endfor %}{% endif %}]{%- endfor %}")
     image = {"type": "image_url", "image_url": {"url": "data:x"}}
     messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                 {"role": "user", "content": [{"type": "text", "text": "c"}, image]},
                 {"role": "assistant", "content": "d"}]
-    out = content_as_strings(messages)
-    assert out[0]["content"] == "a\nb" and out[1] == messages[1] and out[2] == messages[2]
+    joined = ChatTemplate(source, content_format="string").render(messages, add_generation_prompt=False)
+    assert joined == "[user:a\nb][user:<text><image_url>][assistant:d]"  # a list with an image stays a list
+    assert ChatTemplate(source, content_format="openai").render(messages).startswith("[user:<text><text>]")
     assert isinstance(messages[0]["content"], list)  # the caller's messages are left as they were
+
+
+@pytest.mark.parametrize("source, detected", [
+    ("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{{ '' }}{% endif %}{% endfor %}",
+     "string"),  # Qwen3-Next's: a content that is not a string renders as nothing
+    ("{% for m in messages %}{% for part in m['content'] %}{{ part.text }}{% endfor %}{% endfor %}", "openai"),
+    ("{% macro r(content) %}{% for item in content %}{{ item.text }}{% endfor %}{% endmacro %}"
+     "{% for m in messages %}{{ r(m.content) }}{% endfor %}", "openai"),  # Qwen3.5's render_content
+])
+def test_auto_detects_how_a_template_reads_content_as_vllm_does(source, detected):
+    from ignis.gateway.chat_template import ChatTemplate
+
+    template = ChatTemplate(source)
+    assert template.content_format == detected and template.joins_parts == (detected == "string")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}]
+    assert "hello" in template.render(parts, add_generation_prompt=False)  # never rendered as nothing
