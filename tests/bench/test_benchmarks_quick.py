@@ -39,6 +39,8 @@ def run_quick(script: str, *args: str, timeout: float = 300) -> str:
                                            "outputs_equal")),
     ("images.py", "images", ("encode_ms_256", "encode_ms_512", "encode_ms_768", "cache_hit_ratio",
                              "warm_cold_image_turn")),
+    ("loop_costs.py", "loop_costs", ("head_wait_ms", "head_wait_base_ms", "lower_match_ms", "rep_penalty_ms",
+                                     "stats_ms")),
 ])
 def test_quick_mode_prints_bench_line(script, name, keys, real_checkpoint):
     # agent_replay serves the session's real-tokenizer checkpoint instead of building its own
