@@ -295,7 +295,10 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
         models[name] = (other.tokenizer, _template(other, config.chat_template_content_format),
                         _vision(other, config),
                         sampling_defaults(source, other.generation_config, override, name))
-    for name, (*_, d) in models.items():
+    for name, (_, tpl, _, d) in models.items():
+        if tpl is not None and tpl.joins_parts:  # said once: a message's parts reach this template as one string
+            log.info("the chat template of %s reads a message's content as a string: text parts are joined by "
+                     "newlines for it (--chat-template-content-format %s)", name, config.chat_template_content_format)
         if d.values:
             log.info("sampling defaults of %s from %s: %s (a request's own values win; --generation-config vllm "
                      "turns them off)", name, d.source, d.describe())

@@ -131,3 +131,20 @@ def test_a_tool_schema_the_grammar_cannot_hold_exactly_is_forced_leniently_and_c
     with pytest.raises(openai.BadRequestError) as e:
         create(gw, client, "x", tools=[broken], tool_choice="required")
     assert e.value.body["param"] == "tool_choice" and "nowhere" in e.value.body["message"]
+
+
+def test_a_multi_part_message_reaches_the_qwen3_next_template_as_its_joined_text(gw, client):
+    """The template reads content as a string (a list renders as nothing): the parts are joined for it, as
+    vLLM's auto content format does, on chat and through the Messages API."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>skills</system-reminder>"},
+                                          {"type": "text", "text": "Weather in Rome?"}]}]
+    create(gw, client, "Sunny.", messages=parts)
+    assert "<system-reminder>skills</system-reminder>\nWeather in Rome?<|im_end|>" in gw.last_prompt()
+    from tests.gateway.conftest import http
+
+    body = {"model": gw.model, "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "first block"}, {"type": "text", "text": "second block"}]}],
+        "metadata": {"user_id": "u"}, "temperature": 0, "seed": gw.say("Hi.")}
+    r = http("POST", gw.url + "/v1/messages", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    assert r.status == 200, r.body
+    assert "first block\nsecond block<|im_end|>" in gw.last_prompt()
