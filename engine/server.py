@@ -297,7 +297,7 @@ class EngineServer:
 
     def _round(self) -> None:
         plan = self.scheduler.schedule()
-        self.streams.admitted(plan.started, time.monotonic())
+        self.streams.admitted(plan.started, time.monotonic(), self.scheduler)
         if plan.preempted:
             self.metrics.preemptions.inc(len(plan.preempted))
         for ev in plan.finished:

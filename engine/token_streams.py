@@ -1,6 +1,8 @@
 """Output fan-out: the requests the scheduler accepted, as the gateways that sent them see them.
 
 Per request: who asked and when, and when it was admitted and streamed.
+A request's first admission goes back as ``Admitted`` (how much of its prompt
+was resumed, before any token: Anthropic's ``message_start`` reports it).
 Each round's tokens go back as one ``TokenBatch`` per gateway, after the
 ``PromptLogprobs`` of requests that score their prompt; a request's end
 goes back as ``Finished`` (usage, reuse, timings) followed by one ``done`` line
@@ -19,6 +21,7 @@ import orjson
 
 from ignis.engine.metrics import EngineMetrics
 from ignis.shared.wire import (
+    Admitted,
     Finished,
     Generate,
     ReuseInfo,
@@ -69,13 +72,17 @@ class TokenStreams:
                                        mark_missing=msg.mark_missing, salted=msg.cache_salt is not None,
                                        adapter=msg.adapter)
 
-    def admitted(self, started, now: float) -> None:
-        """Requests that took a lane this round (``plan.started``); a resume keeps its first admission."""
+    def admitted(self, started, now: float, scheduler) -> None:
+        """Requests that took a lane this round (``plan.started``); a resume keeps its first admission. A
+        first admission tells the gateway how much of the prompt was resumed."""
         for s in started:
             t = self.tracked.get(s.req_id)
             if t is not None and t.admitted is None:
                 t.admitted = now
                 self.metrics.queue_time.observe(now - t.arrived)
+                req = scheduler.get(s.req_id)
+                if req is not None:
+                    self.channel.send(Admitted(s.req_id, req.cached_tokens), t.peer)
 
     def send_tokens(self, result, logprobs: dict, scheduler) -> None:
         """One round's sampled tokens, batched per gateway; a request already ending sends none. Prompt

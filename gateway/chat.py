@@ -48,7 +48,7 @@ from ignis.gateway.messages import (
     prompt_tools,
     text_of,
 )
-from ignis.gateway.output_parser import ForcedCall, OutputParser
+from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams
 from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
@@ -62,6 +62,7 @@ from ignis.gateway.request_ids import response_id
 from ignis.gateway.responses import chat_logprobs
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
+from ignis.gateway.tool_call_split import forced_call
 from ignis.gateway.tool_grammars import auto_calls_grammar, forced_call_grammar
 
 log = logging.getLogger("ignis.gateway")
@@ -150,7 +151,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     render_tools = prompt_tools(tools, choice, gw.config.exclude_tools_when_tool_choice_none)
     call_tools = None if choice.mode == "none" else tools  # the tools a call may name: none under "none"
     tool_format = resolve_format(gw.config.tool_call_parser, gw.template.source) if call_tools else None
-    forced = ForcedCall(choice.name) if call_tools and choice.mode in ("required", "named") else None
+    forced = forced_call(choice, call_tools)
     if call_tools and p.grammar is not None and (forced is not None or choice.allowed is not None):
         raise invalid("response_format cannot be combined with a required, named or allowed_tools tool_choice: "
                       "the calls' arguments follow the tools' parameters schemas", "response_format")

@@ -4,7 +4,7 @@
         TokenBatch  -> read as columns (``TokenColumns``: no object per stream; one without logprobs
                        by ``plain_token_columns``, a few checks and no generic decode); each stream's
                        share onto its request's inbox as (engine id, token ids, logprobs or None)
-        PromptLogprobs -> onto the inbox as (engine id, message, None)
+        PromptLogprobs, Admitted -> onto the inbox as (engine id, message, None)
         Finished / Refused -> onto the inbox as (engine id, message, None), and the route is dropped
         StatsReply  -> the oldest waiting ``stats()`` call (the engine answers in order)
         CacheFlushed, AdapterUpdated, Profiled, AdapterList -> the ``flush_cache()`` / ``update_adapter()`` /
@@ -47,6 +47,7 @@ from ignis.shared.wire import (
     Abort,
     AdapterList,
     AdapterUpdated,
+    Admitted,
     CacheFlushed,
     FlushCache,
     ListAdapters,
@@ -295,7 +296,7 @@ class EngineClient:
             q = self._routes.pop(msg.id, None)
             if q is not None:
                 q.put_nowait((msg.id, msg, None))
-        elif isinstance(msg, PromptLogprobs):
+        elif isinstance(msg, (PromptLogprobs, Admitted)):
             q = self._routes.get(msg.id)
             if q is not None:
                 q.put_nowait((msg.id, msg, None))

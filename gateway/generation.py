@@ -3,7 +3,10 @@
     open()    send one Generate per choice; wait until every choice has its first answer
               (a Refused anywhere aborts the rest and raises the matching ApiError); a
               choice's prompt scores (``PromptLogprobs``, before its first tokens) go to
-              its ``ChoiceState.prompt_scores`` as they arrive, so they are all there then
+              its ``ChoiceState.prompt_scores`` as they arrive, so they are all there then;
+              a choice's ``Admitted`` (also before its first tokens) puts its prompt's cached
+              tokens in ``usage`` (an Anthropic ``message_start`` reports them), and its Finished
+              confirms them
     deltas()  yields ChoiceDelta as tokens arrive, then each choice's final delta
     close()   aborts every choice the engine has not finished (client gone, error, stop string)
 
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from ignis.gateway.choice import ChoiceDelta, ChoiceState
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import RETRY_AFTER_S, ApiError, engine_unavailable, from_refusal
-from ignis.shared.wire import Finished, Generate, PromptLogprobs, Refused, TokenLogprobs
+from ignis.shared.wire import Admitted, Finished, Generate, PromptLogprobs, Refused, TokenLogprobs
 
 POLL_S = 0.5
 
@@ -53,7 +56,7 @@ class StreamInbox:
     """One request's engine answers in arrival order; the engine client puts, the request awaits.
 
     An item is ``(engine id, token ids, TokenLogprobs or None)`` for a stream's tokens of one round, or
-    ``(engine id, PromptLogprobs | Finished | Refused, None)``. A wait costs one future; ``fail`` wakes a waiter with an
+    ``(engine id, PromptLogprobs | Admitted | Finished | Refused, None)``. A wait costs one future; ``fail`` wakes a waiter with an
     exception. With a pump (``pump_with``), arrivals call it instead, once per turn of the loop that
     brought any (after the engine reader's turn, so one turn's items go together), and the waiter is
     left for the pump to ``wake`` or ``fail``."""
@@ -169,6 +172,9 @@ class Generation:
             if type(item) is PromptLogprobs:
                 self._scored(engine_id, item)
                 continue
+            if type(item) is Admitted:
+                self._admitted(engine_id, item)
+                continue
             waiting.discard(engine_id)
             self._early.append((engine_id, item, lp))
 
@@ -215,6 +221,10 @@ class Generation:
                 src.popleft()
                 self._scored(engine_id, item)
                 continue
+            if type(item) is Admitted:  # the same
+                src.popleft()
+                self._admitted(engine_id, item)
+                continue
             if type(item) is tuple:  # token ids
                 src.popleft()
                 if src is items and items and items[0][0] == engine_id:  # more of this stream queued behind
@@ -247,6 +257,15 @@ class Generation:
         choice = self.by_id.get(engine_id)
         if choice is not None:
             choice.prompt_scores.append(scores)
+
+    def _admitted(self, engine_id: str, msg: Admitted) -> None:
+        """The cached part of a prompt, known at admission (its Finished says it again)."""
+        choice = self.by_id.get(engine_id)
+        if choice is None or choice.index not in self._counts_prompt:
+            return
+        prompt_tokens, _ = self._prompt_usage[choice.prompt_index]
+        self._prompt_usage[choice.prompt_index] = (prompt_tokens, min(msg.cached_tokens, prompt_tokens))
+        self.usage.cached_tokens = sum(c for _, c in self._prompt_usage.values())
 
     @staticmethod
     def _fails(choice: ChoiceState, item: object) -> bool:

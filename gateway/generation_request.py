@@ -148,8 +148,9 @@ class GenerationRequest:
     """The client's id for the request (``X-Request-Id`` or ``request_id``; ``gateway.request_ids``)."""
     detached: bool = False
     """The generation goes on when the HTTP client goes (a background response's)."""
-    on_sent: Callable[[], None] | None = None
-    """Called once the engine requests are about to be sent: the prompt is made, nothing more can be a 400."""
+    on_sent: Callable[[Generation], None] | None = None
+    """Called once the engine requests are about to be sent, with their ``Generation`` (its ``usage`` grows
+    as the engine answers): the prompt is made, nothing more can be a 400."""
     fit_context: bool = False
     """A chat past the context loses its earliest turns instead of failing (the Responses API's
     ``truncation: "auto"``; ``gateway.conversation_fit``)."""
@@ -214,7 +215,7 @@ class GenerationRequest:
         try:
             async with Generation(gw.client, gens, choices, self._client_gone) as gen:
                 if self.on_sent is not None:
-                    self.on_sent()
+                    self.on_sent(gen)
                 await gen.open()
                 gw.metrics.first_token(endpoint, time.monotonic() - self.started)
                 response.opened(gen)

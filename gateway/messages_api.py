@@ -47,7 +47,7 @@ from ignis.gateway.chat import answer_chat
 from ignis.gateway.engine_client import EngineUnavailable
 from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
-from ignis.gateway.generation import EngineFailed, Usage
+from ignis.gateway.generation import EngineFailed
 from ignis.gateway.generation_request import GenerationRequest, read_request_body
 from ignis.gateway.messages_output import EarlyStart, MessagesResponse, message_id
 from ignis.gateway.params import CommonParams
@@ -348,9 +348,8 @@ class MessagesRequest(GenerationRequest):
                              response: MessagesResponse, **kw) -> web.StreamResponse:
         if not self.params.stream:
             return await super().answer_prompts(endpoint, rid, prompts, response, **kw)
-        n = sum(len(ids) for ids, _ in prompts)
-        early = response.early = EarlyStart(self.http, lambda: response.opening(Usage(prompt_tokens=n)))
-        self.on_sent = early.arm
+        early = response.early = EarlyStart(self.http)
+        self.on_sent = lambda gen: early.arm(lambda: response.opening(gen.usage))
         try:
             return await super().answer_prompts(endpoint, rid, prompts, response, **kw)
         except (ApiError, EngineFailed, EngineUnavailable) as exc:

@@ -20,8 +20,9 @@ string that matched) or ``tool_use``. Usage::
     {"input_tokens": prompt tokens not read from reuse, "cache_read_input_tokens": those that were,
      "cache_creation_input_tokens": 0, "output_tokens"}
 
-message_start's usage is the prompt as ``input_tokens`` (cache reads are known only from the Finished;
-message_delta's usage has the split). ``ping`` events: every ``PING_S`` while the stream lasts, and a turn with
+message_start's usage has the split the engine reported when it admitted the turn (``Admitted``; a
+message_start sent early, before the admission, counts the whole prompt as ``input_tokens``);
+message_delta's usage, from the Finished, repeats it with the output. ``ping`` events: every ``PING_S`` while the stream lasts, and a turn with
 no first answer ``START_AFTER_S`` after its engine request sends its headers, message_start and a ping then
 (``EarlyStart``; a refusal before that is still an HTTP status).
 
@@ -167,7 +168,7 @@ class MessagesResponse(EndpointResponse):
     # ----- events ----------------------------------------------------------------------
 
     def opening(self, usage: Usage) -> bytes:
-        """message_start: the prompt's tokens as ``input_tokens`` (what is known before the Finished)."""
+        """message_start: the prompt's usage as known so far (its cache reads once the engine admitted it)."""
         start = self.message(usage, final=False)
         start["usage"]["output_tokens"] = 0
         return event_bytes({"type": "message_start", "message": start})
@@ -207,14 +208,16 @@ class EarlyStart:
     engine request goes out; ``START_AFTER_S`` later, unless ``settle()`` came first, the headers,
     message_start and pings go out. ``resp``: the response they went out on (None: nothing was sent)."""
 
-    def __init__(self, http: web.Request, opening: Callable[[], bytes]):
+    def __init__(self, http: web.Request):
         self.http = http
-        self.opening = opening
+        self.opening: Callable[[], bytes] | None = None
         self.resp: web.StreamResponse | None = None
         self._task: asyncio.Task | None = None
 
-    def arm(self) -> None:
+    def arm(self, opening: Callable[[], bytes]) -> None:
+        """``opening``: the message_start to send then (read at that moment: what usage is known by then)."""
         if self._task is None:
+            self.opening = opening
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:

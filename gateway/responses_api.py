@@ -307,7 +307,7 @@ async def _start_background(req: GenerationRequest, turn: ResponsesTurn) -> Back
     run.input_items = turn.input_items
     sent = asyncio.get_running_loop().create_future()
     req.detached = True
-    req.on_sent = lambda: sent.done() or sent.set_result(None)
+    req.on_sent = lambda _gen: sent.done() or sent.set_result(None)
 
     async def generate() -> None:
         try:

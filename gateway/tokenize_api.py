@@ -47,6 +47,7 @@ from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
+from ignis.gateway.tool_call_split import forced_call as forced_call_of
 
 KEYED_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 """Paths outside /v1 that take the API key like /v1 routes."""
@@ -71,7 +72,7 @@ def render_chat_ids(gw: GatewayState, f: Fields, forced_call: bool = False) -> l
     tools = parse_tools(f)
     choice = parse_tool_choice(f, tools)
     rendered = prompt_tools(tools, choice, gw.config.exclude_tools_when_tool_choice_none)
-    if forced_call and tools and choice.mode in ("required", "named") and not continuing:
+    if forced_call and forced_call_of(choice, tools) is not None and not continuing:
         with rendering_errors():
             prompt = build_chat_prompt(gw.template, gw.tokenizer, messages, rendered, template_kwargs(f))
         fmt = resolve_format(gw.config.tool_call_parser, gw.template.source)

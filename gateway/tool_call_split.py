@@ -37,6 +37,12 @@ class ForcedCall:
     name: str | None = None
 
 
+def forced_call(choice, tools) -> ForcedCall | None:
+    """The call a ``tool_choice`` makes the prompt open (``required``: any tool, a named choice: that one),
+    or None: no tools to call, or a choice that leaves the model free."""
+    return ForcedCall(choice.name) if tools and choice.mode in ("required", "named") else None
+
+
 @dataclass(frozen=True)
 class ToolCallDelta:
     """A piece of call ``index``: its first piece has ``id`` and ``name``; ``arguments`` is a fragment."""

@@ -17,7 +17,7 @@ malformed message cannot be sent either.
 
 Directions:
     gateway -> engine   Generate, Abort, Stats
-    engine -> gateway   TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply
+    engine -> gateway   Admitted, TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply
 
 ``n`` (several choices) is not a field: the gateway fans a request out into
 one Generate per choice. The gateway reads a TokenBatch as its columns
@@ -39,6 +39,7 @@ from ignis.shared.sampling import SamplingParams
 from ignis.shared.wire_codec import MAX_HEADER_BYTES, ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_FRAME_TOKENS,
+    MAX_INT,
     MAX_GRAMMAR_CHARS,
     MAX_TEXT_CHARS,
     TokenFrame,
@@ -58,7 +59,7 @@ from ignis.shared.wire_values import check_field_names
 
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
-    "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Finished", "Refused",
+    "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Admitted", "Finished", "Refused",
     "ErrorReply", "StatsReply", "FlushCache", "CacheFlushed", "LoadAdapter",
     "UnloadAdapter", "AdapterUpdated", "ListAdapters", "AdapterList", "Profile", "Profiled", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
@@ -422,6 +423,23 @@ class PromptLogprobs:
 
 @GATEWAY_ENGINE.message
 @dataclass(frozen=True)
+class Admitted:
+    """A stream took a lane for the first time: ``cached_tokens`` of its prompt were resumed from retained
+    state (what its Finished will report), known before its first token. Sent once, before its first
+    tokens; a stream refused, or ended before it was admitted, gets none."""
+
+    TYPE: ClassVar[str] = "admitted"
+
+    id: str
+    cached_tokens: int
+
+    def __post_init__(self):
+        _check_id(self.id)
+        check_int("cached_tokens", self.cached_tokens, 0, MAX_INT)
+
+
+@GATEWAY_ENGINE.message
+@dataclass(frozen=True)
 class Finished:
     """The last message of a stream: why it ended, what it cost, what it reused."""
 
@@ -612,7 +630,7 @@ class AdapterList:
 
 
 GATEWAY_TO_ENGINE = (Generate, Abort, Stats, FlushCache, LoadAdapter, UnloadAdapter, Profile, ListAdapters)
-ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply, CacheFlushed,
+ENGINE_TO_GATEWAY = (TokenBatch, PromptLogprobs, Admitted, Finished, Refused, ErrorReply, StatsReply, CacheFlushed,
                      AdapterUpdated, Profiled, AdapterList)
 
 encode = GATEWAY_ENGINE.encode

@@ -112,7 +112,7 @@ class RetainedStore:
         self._entries: dict[int, Entry] = {}
         self._by_hash: dict[bytes, list[Entry]] = {}
         self._entries_version = 0  # bumped whenever an entry comes or goes (``_pages_held``)
-        self._held_key: tuple[int, int] = (-1, -1)
+        self._held_key = -1  # the _entries_version _held was counted at
         self._held = 0
         self._next_id = 0
         self._clock = 0
@@ -488,10 +488,9 @@ class RetainedStore:
         """Distinct pages the retained entries hold (entries share pages), counted again only when an entry
         came or went: the gauges read it every loop turn, and a walk of every page of 32 entries of 120K-token
         prompts costs a millisecond."""
-        key = (self._entries_version, len(self._entries))
-        if key != self._held_key:
+        if self._entries_version != self._held_key:
             self._held = len({p for e in self._entries.values() for p in e.pages.pages})
-            self._held_key = key
+            self._held_key = self._entries_version
         return self._held
 
     def stats(self) -> dict[str, int]:

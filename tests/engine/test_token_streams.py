@@ -139,3 +139,24 @@ def test_done_lines_go_to_debug_with_log_requests_off(caplog):
         streams.finish(FinishEvent("b", "length", 3, 1), "m")
     assert [r.levelname for r in caplog.records if '"event":"done"' in r.getMessage()] == ["DEBUG"]
     assert 'ignis:request_success_total{finished_reason="length",model_name="m"} 2.0' in metrics.render().decode()
+
+
+def test_a_first_admission_tells_the_gateway_the_cached_prompt_once():
+    from types import SimpleNamespace
+
+    from ignis.shared.wire import Admitted
+
+    class Admitting(Scheduler):
+        def get(self, rid):
+            return SimpleNamespace(cached_tokens={"warm": 128, "cold": 0}[rid])
+
+    chan, sched = Channel(), Admitting()
+    streams = TokenStreams(chan, EngineMetrics("m"))
+    for rid in ("warm", "cold"):
+        streams.tracked[rid] = Tracked(peer=b"gw-" + rid.encode(), request_class="agent", prompt_tokens=200,
+                                       arrived=0.0)
+    lanes = [SimpleNamespace(req_id="warm"), SimpleNamespace(req_id="cold")]
+    streams.admitted(lanes, 1.0, sched)
+    assert chan.sent == [(b"gw-warm", Admitted("warm", 128)), (b"gw-cold", Admitted("cold", 0))]
+    streams.admitted(lanes[:1], 2.0, sched)  # resumed after a preemption: its first admission stands
+    assert len(chan.sent) == 2 and streams.tracked["warm"].admitted == 1.0

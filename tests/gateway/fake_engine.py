@@ -3,7 +3,8 @@
     seed 0   one token, then nothing until an Abort (answered with Finished abort)
     seed 1   Refused queue_full          seed 4   Refused shutting_down
     seed 2   Refused too_long            seed 5   two tokens, then Finished error
-    seed 3   Refused unknown_model       other    ``max_tokens`` tokens (``UNDERSCORE``), then Finished stop
+    seed 3   Refused unknown_model       seed 6   Admitted (one cached token), then nothing until an Abort
+    other    Admitted (one cached token), ``max_tokens`` tokens (``UNDERSCORE``), then Finished stop (cached 1)
 
 Stats are answered with a small max_model_len and the demo model's vocab_size. Every Abort is recorded.
 A profiler start or stop (``Profile``) is refused as by an engine without ``--profile-dir``.
@@ -28,6 +29,7 @@ from ignis.shared.wire import (
     GATEWAY_TO_ENGINE,
     Abort,
     AdapterList,
+    Admitted,
     CacheFlushed,
     Finished,
     FlushCache,
@@ -122,12 +124,16 @@ class FakeEngine:
             self._held[msg.id] = (peer, len(msg.prompt_ids))
         elif seed in REFUSALS:
             self.channel.send(Refused(msg.id, REFUSALS[seed], f"scripted {REFUSALS[seed]}"), peer)
+        elif seed == 6:  # admitted, its prefill never ends
+            self.channel.send(Admitted(msg.id, 1), peer)
+            self._held[msg.id] = (peer, len(msg.prompt_ids))
         elif seed == 5:
             for _ in range(2):
                 self.channel.send(TokenBatch((StreamTokens(msg.id, (UNDERSCORE,)),)), peer)
             self.channel.send(Finished(msg.id, "error", usage, message="scripted failure"), peer)
         else:
             n = msg.sampling.max_tokens
+            self.channel.send(Admitted(msg.id, 1), peer)
             for _ in range(n):
                 self.channel.send(TokenBatch((StreamTokens(msg.id, (UNDERSCORE,)),)), peer)
             self.channel.send(Finished(msg.id, "stop", Usage(len(msg.prompt_ids), n, 1)), peer)

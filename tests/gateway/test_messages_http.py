@@ -183,6 +183,12 @@ def test_a_second_turn_reads_the_shared_system_and_tools_from_reuse_and_answers_
     assert [b.model_dump() for b in again.content] == [b.model_dump() for b in cold.content]
     assert again.usage.input_tokens + again.usage.cache_read_input_tokens == \
         cold.usage.input_tokens + cold.usage.cache_read_input_tokens
+    # streamed, message_start already has the split (the engine says it at admission), as message_delta does
+    with claude.messages.stream(messages=[{"role": "user", "content": "third question"}], **kw) as stream:
+        start = next(e for e in stream if e.type == "message_start").message.usage
+        final = stream.get_final_message().usage
+    assert start.cache_read_input_tokens >= 1000 and start.output_tokens == 0
+    assert (start.input_tokens, start.cache_read_input_tokens) == (final.input_tokens, final.cache_read_input_tokens)
 
 
 def test_a_streamed_tool_call_arrives_as_input_json_deltas(claude, server):

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from ignis.gateway.messages_output import PING_S
+from ignis.gateway.messages_output import PING_S, START_AFTER_S
 from tests.gateway.conftest import http
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.test_engine_errors import start_gateway, stop
@@ -37,6 +37,63 @@ def body(seed=None, stream=False, **kw):
 def post(url, payload, headers=None):
     return http("POST", url + "/v1/messages", json.dumps(payload).encode(),
                 {"Content-Type": "application/json", **(headers or {})})
+
+
+def _events(resp, until: str, deadline_s: float) -> list[tuple[str, dict]]:
+    """The stream's (event, data) pairs up to and including the first ``until`` event."""
+    out, name, started = [], None, time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        line = resp.fp.readline().decode()
+        if line.startswith("event: "):
+            name = line[7:].strip()
+        elif line.startswith("data: "):
+            out.append((name, json.loads(line[6:])))
+            if name == until:
+                return out
+    raise AssertionError(f"no {until} event in {deadline_s} s: {out}")
+
+
+def _start_usage(url: str, payload: dict, deadline_s: float) -> tuple[dict, list]:
+    u = urlparse(url)
+    conn = HTTPConnection(u.hostname, u.port, timeout=deadline_s)
+    try:
+        conn.request("POST", "/v1/messages", json.dumps(payload), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        events = _events(resp, "message_start", deadline_s)
+        return events[-1][1]["message"]["usage"], events
+    finally:
+        conn.close()
+
+
+def test_message_start_reports_the_cached_prompt_the_engine_admitted(fake):
+    """The scripted engine admits with one cached token before its first: message_start's usage has the
+    split (what Anthropic sends and what clients reading message_start's input count take), and
+    message_delta's, from the Finished, agrees."""
+    _, url = fake
+    payload = body(seed=7, stream=True, max_tokens=2)
+    u = urlparse(url)
+    conn = HTTPConnection(u.hostname, u.port, timeout=30)
+    try:
+        conn.request("POST", "/v1/messages", json.dumps(payload), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        events = _events(resp, "message_stop", 30)
+    finally:
+        conn.close()
+    start = events[0][1]["message"]["usage"]
+    final = next(d for e, d in events if e == "message_delta")["usage"]
+    assert start["cache_read_input_tokens"] == 1 and start["input_tokens"] >= 1, start
+    assert (start["input_tokens"], start["cache_read_input_tokens"]) == (
+        final["input_tokens"], final["cache_read_input_tokens"]), (start, final)
+
+
+def test_an_early_message_start_reports_the_cached_prompt_too(fake):
+    """Seed 6: admitted, then no first token: the head and message_start go out early, with the split."""
+    _, url = fake
+    started = time.monotonic()
+    usage, _ = _start_usage(url, body(seed=6, stream=True, max_tokens=5), START_AFTER_S + 20)
+    assert time.monotonic() - started >= START_AFTER_S - 0.5
+    assert usage["cache_read_input_tokens"] == 1 and usage["output_tokens"] == 0, usage
 
 
 def test_a_held_stream_sends_ping_events(fake):

@@ -37,6 +37,7 @@ from ignis.shared.wire import (
     TokenBatch,
     TokenColumns,
     PromptLogprobs,
+    Admitted,
     TokenLogprobs,
     Usage,
     WireError,
@@ -94,6 +95,8 @@ MESSAGES = [
     Profiled(id="prof-3", ok=False, message="not profiling"),
     ListAdapters(id="ask-1"),
     AdapterList(id="ask-1", version=3, names=("sql", "chat"), paths=("/srv/a/sql", "/srv/a/chat")),
+    Admitted(id="r5", cached_tokens=64),
+    Admitted(id="r7", cached_tokens=0),
 ]
 
 
@@ -175,6 +178,9 @@ GEN = MESSAGES[1]
     ([orjson.dumps({"type": 3, "v": PROTOCOL_VERSION})], "unknown message type"),
     (_header(Abort("x"), id=_DROP), "missing field 'id'"),
     (_header(Abort("x"), id=5), "id must be a string"),
+    (_header(Admitted("x", 3), cached_tokens=-1), "cached_tokens"),
+    (_header(Admitted("x", 3), cached_tokens=2.5), "cached_tokens"),
+    (_header(Admitted("x", 3), cached_tokens=_DROP), "missing field 'cached_tokens'"),
     (_header(Abort("x"), id=""), "must not be empty"),
     (_header(Abort("x"), extra=1), "unknown field"),
     ([*encode(Abort("x")), b""], "expected 1"),
