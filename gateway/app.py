@@ -303,6 +303,7 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
             log.info("sampling defaults of %s from %s: %s (a request's own values win; --generation-config vllm "
                      "turns them off)", name, d.source, d.describe())
     set_source_limit(config.max_image_source_pixels)
+    files.tokenizer.longest_token_chars  # read once here, not in the first request (a vocabulary walk)
     aliases = {alias: model_name for alias in model_aliases(config.model, config.served_model_name)}
     adapters = dict(lora_specs(config.lora_modules, list(models) + list(aliases)))
     gw = GatewayState(config=config, model_name=model_name, tokenizer=files.tokenizer, template=template,

@@ -1,6 +1,7 @@
 """vLLM's ``truncate_prompt_tokens``: keep only a prompt's last tokens (left truncation).
 
-``k`` >= 1 keeps the last ``k`` tokens; -1 keeps the last ``max_model_len``
+``k`` >= 1 keeps the last ``k`` tokens (at most ``max_model_len``: more is a
+400, as in vLLM); -1 keeps the last ``max_model_len``
 (the most the model takes; the completion then needs room of its own, as
 without truncation). A chat prompt is cut after rendering, so what is lost is
 the start of the rendered conversation (its system block first). Capture
@@ -19,7 +20,10 @@ PARAM = "truncate_prompt_tokens"
 
 
 def kept_tokens(requested: int, max_model_len: int) -> int:
-    """How many tokens ``truncate_prompt_tokens`` keeps."""
+    """How many tokens ``truncate_prompt_tokens`` keeps; more than the model's length is a 400 (vLLM's)."""
+    if requested > max_model_len:
+        raise invalid(f"{PARAM} value ({requested}) is greater than max_model_len ({max_model_len}): request a "
+                      f"smaller truncation size, or -1 for the model's length", PARAM)
     return max_model_len if requested == -1 else requested
 
 

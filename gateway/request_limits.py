@@ -3,9 +3,14 @@
 Every bound follows from the context length C (tokens) the engine reports:
 
     body bytes      16 * C + 64 KiB   (--max-request-bytes overrides; checked while reading, gateway.body)
-    characters      8 * C             every string of the body together, keys included: a prompt of
-                                      more characters cannot fit in C tokens (an image part's data: URL is
-                                      not text: it is bounded by the body bytes and --max-image-bytes)
+    characters      4 * L * C         every string of the body together, keys included, where L is the
+                                      vocabulary's longest token in characters (Qwen3.5's: 128, a rule of
+                                      dashes) and 4 the most code points Unicode's normalization composes
+                                      into one character: a text of more cannot fit in C tokens, so it is
+                                      refused before it is rendered or tokenized (a body raised past the
+                                      default by --max-request-bytes, e.g. 10 MB, costs no tokenizer time;
+                                      an image part's data: URL is not text: the body bytes and
+                                      --max-image-bytes bound it)
     messages        C // 4            a chat turn renders to at least 4 tokens
     content parts   C // 4            of all messages together
     tools           min(C // 16, 1024)
@@ -15,6 +20,13 @@ Every bound follows from the context length C (tokens) the engine reports:
 
 A body past one is a 400 whose ``param`` names the field and whose message
 names the bound. The walk is iterative: no input can exhaust the stack here.
+
+Whether a prompt fits is decided in tokens once it is rendered (as vLLM
+decides it); the character bound only refuses what no tokenization could fit.
+A tighter guess (a few characters a token) refused prompts that fit (a table
+of rules is 80 characters a token) and the over-long prompts that
+``truncate_prompt_tokens`` and the Responses API's ``truncation: "auto"`` are
+there to cut.
 """
 
 from __future__ import annotations
@@ -27,7 +39,10 @@ from ignis.gateway.errors import ApiError, invalid
 
 BYTES_PER_TOKEN = 16
 BODY_SLACK_BYTES = 64 << 10
-CHARS_PER_TOKEN = 8
+NORMALIZATION_FACTOR = 4
+"""The most code points Unicode normalization (NFC, NFKC) composes into one character (Greek ᾅ)."""
+DEFAULT_TOKEN_CHARS = 128
+"""The longest token assumed when the tokenizer does not say (Qwen3.5's vocabulary's longest)."""
 MAX_DEPTH = 32
 MAX_TOOLS = 1024
 FALLBACK_CONTEXT = 262_144
@@ -53,11 +68,13 @@ class RequestLimits:
     depth: int = MAX_DEPTH
 
     @classmethod
-    def for_context(cls, context: int | None, max_request_bytes: int | None = None) -> RequestLimits:
+    def for_context(cls, context: int | None, max_request_bytes: int | None = None,
+                    token_chars: int = DEFAULT_TOKEN_CHARS) -> RequestLimits:
+        """``token_chars``: the longest token of the vocabulary, in characters."""
         c = int(context) if context else FALLBACK_CONTEXT
         body = max_request_bytes if max_request_bytes is not None else BYTES_PER_TOKEN * c + BODY_SLACK_BYTES
-        return cls(context=c, body_bytes=body, chars=CHARS_PER_TOKEN * c, messages=max(c // 4, 1),
-                   content_parts=max(c // 4, 1), tools=max(min(c // 16, MAX_TOOLS), 1))
+        return cls(context=c, body_bytes=body, chars=NORMALIZATION_FACTOR * token_chars * c,
+                   messages=max(c // 4, 1), content_parts=max(c // 4, 1), tools=max(min(c // 16, MAX_TOOLS), 1))
 
 
 def _walk(value: object) -> tuple[int, int]:
@@ -151,8 +168,9 @@ def check_body(body: dict, limits: RequestLimits) -> None:
         if deep is None and d > limits.depth:
             deep = _too_deep(key, d, limits)
     if chars > limits.chars:
-        raise invalid(f"the request holds {chars} characters of text, at most {limits.chars} allowed "
-                      f"({CHARS_PER_TOKEN} per token of the {limits.context}-token context): it cannot fit",
+        raise invalid(f"the request holds {chars} characters of text, more than any prompt of the "
+                      f"{limits.context}-token context can hold ({limits.chars}: "
+                      f"{limits.chars // limits.context} per token at most): it cannot fit",
                       None, code="context_length_exceeded")
     if deep is not None:
         raise deep

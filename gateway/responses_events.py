@@ -195,9 +195,12 @@ class ResponsesResponse(EndpointResponse):
 
 def _error_of(err: ApiError) -> dict:
     """A failed response's ``error``, its ``code`` one of OpenAI's: a full queue is ``rate_limit_exceeded``,
-    a prompt the engine refuses (too long for the context) ``invalid_prompt``, anything else ``server_error``."""
+    a prompt past the context ``context_length_exceeded`` (what Codex reads to compact its history), another
+    prompt the engine refuses ``invalid_prompt``, anything else ``server_error``."""
     if err.status == 429:
         code = "rate_limit_exceeded"
+    elif err.code == "context_length_exceeded":
+        code = err.code
     elif 400 <= err.status < 500:
         code = "invalid_prompt"
     else:

@@ -12,6 +12,8 @@ printable alphabet, mapped back here; added tokens are their UTF-8 content.
 
 from __future__ import annotations
 
+import functools
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,12 @@ class TextTokenizer:
         # hours adds only the bytes objects of tokens seen, never the growth of a hash table
         self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
         self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()} if self.byte_level else {}
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters one token stands for: its vocabulary string's length (byte-level BPE spells
+        each byte as one character, so this bounds what the token decodes to), added tokens included."""
+        return max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids

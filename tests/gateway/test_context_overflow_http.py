@@ -100,8 +100,21 @@ def test_messages_says_anthropics_words_with_the_counts(gw):
     assert ok.stop_reason in ("max_tokens", "end_turn")
 
 
-def test_a_request_past_the_character_budget_is_a_prompt_too_long_for_anthropic_clients(gw):
-    huge = "x" * 40000  # past 8 characters per token of the context: refused before it is tokenized
+def test_a_prompt_of_long_tokens_that_fits_is_served(gw):
+    """A table of rules is about 80 characters a token: a prompt of many characters may still fit (a
+    guess of a few characters a token refused it, on /tokenize and count_tokens too)."""
+    table = ("+" + "-" * 78 + "+\n") * 420
+    n = chat_prompt_tokens(gw, table)
+    assert len(table) > 8 * MAX_MODEL_LEN and n < MAX_MODEL_LEN, (len(table), n)
+    ok = gw.openai.chat.completions.create(model="ignis-demo", messages=[{"role": "user", "content": table}],
+                                           max_tokens=2)
+    assert ok.usage.prompt_tokens == n
+    counted = gw.claude.messages.count_tokens(model="ignis-demo", messages=[{"role": "user", "content": table}])
+    assert counted.input_tokens == n
+
+
+def test_a_long_text_past_the_context_is_a_prompt_too_long_for_anthropic_clients(gw):
+    huge = "x" * 40000
     with pytest.raises(anthropic.BadRequestError) as e:
         gw.claude.messages.create(model="ignis-demo", max_tokens=16, messages=[{"role": "user", "content": huge}])
     assert e.value.body["error"]["message"].startswith("prompt is too long: "), e.value.body

@@ -1,7 +1,7 @@
 """Bounded work before expensive work: huge bodies, text past the context, deep schemas, many messages.
 
 A real gateway before the scripted engine (context 4096 tokens: body limit
-128 KiB, 32,768 characters). Probes of issue #26: two 10 MB bodies at once
+128 KiB, 2,097,152 characters: 4 x the longest token's 128 a token). Probes of issue #26: two 10 MB bodies at once
 must each be answered 4xx within 1 s while ``/health`` keeps answering and
 the gateway's RSS barely moves; a tool schema nested ~1,010 levels is a 400
 naming the field, not a 500.
@@ -109,10 +109,12 @@ def test_past_a_raised_body_limit_the_character_budget_refuses_before_rendering(
     # each 10 MB body is parsed (about 50 ms holding the interpreter) before its characters are counted
     assert worst_health < 0.5, worst_health
     assert gw_big.rss_kb("VmHWM") - base < 200 << 10
-    r = gw_big.post(CHAT, {"messages": [{"role": "user", "content": "y" * 40_000}]})
+    # past 4 x 128 characters a token (the vocabulary's longest token, times Unicode's composition): no
+    # tokenization could fit it
+    r = gw_big.post(CHAT, {"messages": [{"role": "user", "content": "y" * (4 * 128 * 4096)}]})
     assert r.status == 400
     err = r.json()["error"]
-    assert err["code"] == "context_length_exceeded" and "at most 32768" in err["message"], err
+    assert err["code"] == "context_length_exceeded" and "(2097152: 512 per token at most)" in err["message"], err
     assert not gw_big.engine.generates
 
 

@@ -141,7 +141,7 @@ def test_failures_after_the_prompt_was_sent_end_the_run_as_failed(gw):
     assert events[-1]["type"] == "response.failed" and events[-1]["response"]["error"]["code"] == "server_error"
     refused = create(gw, 2)  # refused by the engine as too long
     wait_until(lambda: status_of(gw, refused.id) == "failed", 10, "the refused run did not fail")
-    assert gw.client.responses.retrieve(refused.id).error.code == "invalid_prompt"
+    assert gw.client.responses.retrieve(refused.id).error.code == "context_length_exceeded"  # what Codex reads
     full = create(gw, 1)  # refused by the engine: its queue is full
     wait_until(lambda: status_of(gw, full.id) == "failed", 10, "the refused run did not fail")
     assert gw.client.responses.retrieve(full.id).error.code == "rate_limit_exceeded"
