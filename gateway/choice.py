@@ -66,10 +66,10 @@ class ChoiceState:
 
     def __init__(self, index: int, tokenizer: TextTokenizer, *, stops: tuple[str, ...] = (),
                  stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None, min_tokens: int = 0,
-                 prompt_index: int = 0, include_stop: bool = False):
+                 prompt_index: int = 0, include_stop: bool = False, skip_special_tokens: bool = True):
         self.index = index
         self.prompt_index = prompt_index  # which prompt of a request with several (/v1/completions)
-        self.detok = IncrementalDetokenizer(tokenizer)
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self.stops = StopMatcher(stops, include_stop)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.parser = parser
@@ -155,7 +155,7 @@ class ChoiceState:
         if self.parser is None or not self.parser.past_max_calls:  # else what is held opens a call left out
             text = ""
             if not self.stops.stopped:
-                text = self.stops.push(self.detok.finish())
+                text = self.stops.push(self.detok.finish(stopped=engine_reason == "stop"))
                 if not self.stops.stopped:
                     text += self.stops.finish()
             self._parse(text, delta)

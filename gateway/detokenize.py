@@ -9,9 +9,13 @@ window and only the stable part is emitted:
     text = decode(ids[prefix_offset:]);  emitted part = decode(ids[prefix_offset:read_offset])
     delta = text[len(emitted part):]     held back while it ends in U+FFFD (an incomplete character)
 
-Special tokens (``<|im_end|>``, ``<|endoftext|>``) decode to nothing.
-``finish()`` flushes whatever is held back, so the concatenated deltas equal
-``decode(all ids)``. Plain Python over ``gateway.tokenizer.TextTokenizer``.
+Special tokens (``<|im_end|>``, ``<|endoftext|>``) decode to nothing, unless
+``skip_special_tokens=False`` (vLLM's request field) asks for their text: then
+a special token that is the last one so far is held until the next arrives,
+since it may be the token the output stopped on, whose text vLLM leaves out
+(``finish(stopped=True)`` drops it). ``finish()`` flushes whatever is held
+back, so the concatenated deltas equal ``decode(all ids)`` (less that stop
+token). Plain Python over ``gateway.tokenizer.TextTokenizer``.
 
 Fast path, for a tokenizer whose decoder is byte-level BPE alone (Qwen's) and
 whose added tokens are ASCII: decoding is then the concatenation of each
@@ -61,9 +65,27 @@ class IncrementalDetokenizer:
         self._byte_path = byte_path and bytes_decodable(tokenizer)
         self._held = b""  # the byte path's incomplete UTF-8 character at the end, waiting for its last bytes
         self._skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self._special = frozenset() if skip_special_tokens else tokenizer.special_ids
+        self._held_special: int | None = None  # a shown special token at the end, held: it may be the stop
 
     def push(self, token_ids) -> str:
         """Add tokens; return the newly stable text (may be empty)."""
+        if self._special:
+            token_ids = self._hold(token_ids)
+            if not token_ids:
+                return ""
+        return self._push(token_ids)
+
+    def _hold(self, token_ids) -> list[int]:
+        ids = list(token_ids)
+        if self._held_special is not None:
+            ids.insert(0, self._held_special)
+            self._held_special = None
+        if ids and ids[-1] in self._special:
+            self._held_special = ids.pop()
+        return ids
+
+    def _push(self, token_ids) -> str:
         self.ids.extend(token_ids)
         if self._byte_path:
             piece, skipped = self._tok.token_bytes, self._skipped
@@ -81,8 +103,15 @@ class IncrementalDetokenizer:
             return text
         return self._step(final=False)
 
-    def finish(self) -> str:
-        """All tokens are in: return the text still held back."""
+    def finish(self, stopped: bool = False) -> str:
+        """All tokens are in: return the text still held back. ``stopped``: the output ended on a stop token
+        (end of sequence, a ``stop_token_ids`` id), so a shown special token held at the end is that one,
+        left out."""
+        held, self._held_special = self._held_special, None
+        text = self._push((held,)) if held is not None and not stopped else ""
+        return text + self._flush()
+
+    def _flush(self) -> str:
         if self._byte_path:
             held, self._held = self._held, b""
             return _utf8_decode(held, "replace", True)[0]

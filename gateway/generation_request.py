@@ -210,7 +210,8 @@ class GenerationRequest:
                 choices.append(ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                                            parser=parser() if parser is not None else None,
                                            min_tokens=p.min_tokens, prompt_index=k,
-                                           include_stop=p.include_stop_str_in_output))
+                                           include_stop=p.include_stop_str_in_output,
+                                           skip_special_tokens=p.skip_special_tokens))
         prompt_ids = list(prompts[0][0]) if len(prompts) == 1 else [list(ids) for ids, _ in prompts]
         gw.metrics.active.inc()
         try:

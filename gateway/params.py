@@ -8,7 +8,7 @@ takes any number), n up to
 128, top_logprobs up to 20, logit_bias of token ids to [-100, 100]) plus vLLM's
 extensions (top_k with -1 or 0 for off, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output,
-return_token_ids, return_tokens_as_token_ids, prompt_logprobs: 0 to 20
+skip_special_tokens, return_token_ids, return_tokens_as_token_ids, prompt_logprobs: 0 to 20
 alternatives per scored prompt token; chat only: thinking_token_budget,
 ``gateway.thinking_budget``). Token ids are checked against
 the served model's vocabulary, bad words tokenized by its tokenizer and the
@@ -105,6 +105,8 @@ class CommonParams:
     """``bad_words`` as the served model's token sequences (``for_model``)."""
     include_stop_str_in_output: bool = False
     """vLLM's: the stop string that ends a choice stays at the end of its text."""
+    skip_special_tokens: bool = True
+    """vLLM's: false shows special tokens' text in the output (all but the stop token it ended on)."""
     return_tokens_as_token_ids: bool = False
     """vLLM's: logprobs name tokens "token_id:<id>" instead of by their text."""
     truncate_prompt_tokens: int | None = None
@@ -169,6 +171,13 @@ def _allowed_ids(f: Fields) -> tuple[int, ...]:
     if len(value) > MAX_ALLOWED_TOKEN_IDS:
         raise f.error("allowed_token_ids", f"has {len(value)} ids, at most {MAX_ALLOWED_TOKEN_IDS} allowed")
     return tuple(sorted(set(value)))
+
+
+def _skip_special_tokens(f: Fields) -> bool:
+    """vLLM's ``skip_special_tokens``; its ``spaces_between_special_tokens`` is taken and checked, and changes
+    nothing: a fast tokenizer's decoding puts no spaces between special tokens (vLLM's with one neither)."""
+    f.bool("spaces_between_special_tokens", True)
+    return f.bool("skip_special_tokens", True)
 
 
 def _truncation(f: Fields) -> int | None:
@@ -319,6 +328,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
         allowed_token_ids=_allowed_ids(f),
         bad_words=parse_bad_words(f),
         include_stop_str_in_output=f.bool("include_stop_str_in_output"),
+        skip_special_tokens=_skip_special_tokens(f),
         return_tokens_as_token_ids=f.bool("return_tokens_as_token_ids"),
         n=f.int("n", 1, 1, MAX_N),
         stops=_stops(f),

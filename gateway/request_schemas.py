@@ -96,6 +96,8 @@ SAMPLING = {
     "bad_words": {"type": "array", "maxItems": MAX_BAD_WORDS,
                   "items": {"type": "string", "minLength": 1, "maxLength": MAX_BAD_WORD_CHARS, "pattern": "\\S"}},
     "include_stop_str_in_output": _BOOL,
+    "skip_special_tokens": _BOOL,
+    "spaces_between_special_tokens": _BOOL,
     "return_tokens_as_token_ids": _BOOL,
     "truncate_prompt_tokens": {"oneOf": [{"const": -1}, {"type": "integer", "minimum": 1}]},
     **STRUCTURED_OUTPUTS,

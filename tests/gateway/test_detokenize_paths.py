@@ -54,3 +54,26 @@ def test_random_ids_both_paths_equal_the_full_decode(demo_tokenizer):
         full = demo_tokenizer.decode(ids)
         assert "".join(streamed(demo_tokenizer, ids, sizes, True)) == full
         assert "".join(streamed(demo_tokenizer, ids, sizes, False)) == full
+
+
+@pytest.mark.parametrize("byte_path", [True, False])
+def test_shown_special_tokens_stream_whole_less_the_stop_token(demo_tokenizer, byte_path):
+    """``skip_special_tokens=False``: every token's text, in any chunking; a special token last is held, and
+    left out when the output stopped on it (the end-of-sequence token, as vLLM leaves it out)."""
+    tok = demo_tokenizer
+    rng = random.Random(5)
+    specials = sorted(tok.special_ids)
+    end = tok.token_id("<|im_end|>")
+    for _ in range(40):
+        ids = [rng.choice(specials) if rng.random() < 0.2 else rng.randrange(tok.vocab_size)
+               for _ in range(rng.randrange(1, 40))] + [end]
+        for stopped in (True, False):
+            d = IncrementalDetokenizer(tok, skip_special_tokens=False, byte_path=byte_path)
+            out, at = [], 0
+            for n in chunks(rng, len(ids)):
+                out.append(d.push(ids[at:at + n]))
+                at += n
+                assert not out[-1].endswith("<|im_end|>") or at < len(ids)  # the last one waits
+            out.append(d.finish(stopped=stopped))
+            kept = ids[:-1] if stopped else ids
+            assert "".join(out) == tok.decode(kept, skip_special_tokens=False)

@@ -98,3 +98,36 @@ def test_chat_logprobs_name_tokens_by_id_and_keep_vllms_bytes(client, server):
                                                         stream=True, **asked) if c.choices]
     streamed = [e.token for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert streamed == [c.token for c in content]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_skip_special_tokens_false_shows_their_text(client, server, demo_tokenizer, stream):
+    """Sampling only among two special tokens and two plain ones: with vLLM's ``skip_special_tokens: false``
+    the text is the tokenizer's decoding of every token, specials included; by default they are left out."""
+    tok = demo_tokenizer
+    specials = [tok.token_id("<|endoftext|>"), tok.token_id("<|vision_start|>")]
+    allowed = sorted(specials + tok.encode("a") + tok.encode(" b"))
+    kw = dict(model=server.model, prompt="Go", max_tokens=12, temperature=1.0, seed=3, stream=stream)
+
+    def ask(**extra):
+        body = {"ignore_eos": True, "allowed_token_ids": allowed, "return_token_ids": True, "top_k": -1, **extra}
+        if not stream:
+            choice = client.completions.create(**kw, extra_body=body).choices[0]
+            return choice.text, choice.token_ids, choice.finish_reason
+        text, ids, reason = "", [], None
+        for chunk in client.completions.create(**kw, extra_body=body):
+            for c in chunk.choices:
+                text += c.text
+                ids += getattr(c, "token_ids", None) or []
+                reason = c.finish_reason or reason
+        return text, ids, reason
+
+    shown, ids, reason = ask(skip_special_tokens=False, spaces_between_special_tokens=False)
+    assert reason == "length" and set(ids) & set(specials), ids  # a special token came out (seeded)
+    assert shown == tok.decode(ids, skip_special_tokens=False)
+    skipped, same_ids, _ = ask()
+    assert same_ids == ids and skipped == tok.decode(ids) and skipped != shown
+    bad = client.completions.with_raw_response  # a non-boolean is a 400 naming the field
+    with pytest.raises(Exception) as e:
+        bad.create(model=server.model, prompt="Go", max_tokens=1, extra_body={"skip_special_tokens": "no"})
+    assert "skip_special_tokens" in str(e.value)
