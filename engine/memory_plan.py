@@ -139,8 +139,9 @@ def gdn_scratch_bytes(cfg: ModelConfig, dtype: str, tokens: int, seqs: int) -> i
 
 
 # SamplerWorkspace (engine/sampling_steps.py), per vocabulary entry: four fp32 rows, an int64 sort
-# permutation, a bool mask and two fp64 rows; host memory, held for the runner's life.
-SAMPLER_WORKSPACE_BYTES_PER_ENTRY = 4 * 4 + 8 + 1 + 2 * 8
+# permutation, a bool mask, an fp64 row and three int64 rows (the draw's ids and hashes); host memory, held for
+# the runner's life.
+SAMPLER_WORKSPACE_BYTES_PER_ENTRY = 4 * 4 + 8 + 1 + 8 + 3 * 8
 
 
 def sampler_workspace_bytes(vocab: int) -> int:

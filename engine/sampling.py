@@ -3,9 +3,13 @@
 Each request owns a :class:`SamplerState`: its torch generator (seeded from
 ``seed`` or from the OS), and the counts of the tokens it produced. The
 generator advances by exactly one uniform draw per sampled token, whatever
-the batch around it, so a seeded request is reproducible across runs and
-batch mixes, and its generator state can be saved and restored with the rest
-of the sequence state (``snapshot`` / ``restore``).
+the batch around it, and its generator state can be saved and restored with
+the rest of the sequence state (``snapshot`` / ``restore``). That uniform keys
+a Gumbel-max race over the row (``sampling_steps.draw``): logits that differ
+by a rounding error (a batch of another size, a prompt resumed from reuse)
+change the pick only where its two best scores tie that closely, so a seeded
+request gives the same tokens across runs, batch mixes and cache hits but for
+such near ties.
 
 Before the filters a row may be adjusted, in this order: ids outside the
 request's ``allowed_token_ids`` are set to -inf, and so are the ids its

@@ -1,7 +1,8 @@
 """The vocabulary-wide steps of sampling one row, done in place in a workspace reused across rows and rounds.
 
 Temperature, top-k, min-p and top-p set disallowed tokens of a working row to
--inf; ``draw`` takes one fp64 inverse-cdf draw from what is left. Every step
+-inf; ``draw`` picks from what is left by a Gumbel-max race keyed by one
+uniform of the request's generator (below). Every step
 writes into :class:`SamplerWorkspace` buffers of the vocabulary's width, so
 sampling a row at a 248K-token vocabulary allocates nothing of that width.
 Each step gives the same bits as its plain form in
@@ -34,13 +35,15 @@ class SamplerWorkspace:
         self.cum = torch.empty(vocab)  # top-p: cumulative mass, then mass before each sorted entry
         self.order = torch.empty(vocab, dtype=torch.int64)  # top-p: sort permutation
         self.mask = torch.empty(vocab, dtype=torch.bool)
-        self.dist = torch.empty(vocab, dtype=torch.float64)  # the draw: the row in fp64, then its cdf
-        self.probs64 = torch.empty(vocab, dtype=torch.float64)
+        self.dist = torch.empty(vocab, dtype=torch.float64)  # the draw: each id's race score
+        self.ids = torch.arange(vocab, dtype=torch.int64)  # the draw: every token id, once
+        self.bits = torch.empty(vocab, dtype=torch.int64)  # the draw: each id's hash
+        self.shifted = torch.empty(vocab, dtype=torch.int64)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.row, self.probs, self.sorted, self.cum, self.order,
-                                                          self.mask, self.dist, self.probs64))
+                                                          self.mask, self.dist, self.ids, self.bits, self.shifted))
 
 
 def first_max(row: torch.Tensor) -> int:
@@ -177,17 +180,52 @@ def filter_row(row: torch.Tensor, params: SamplingParams, ws: SamplerWorkspace) 
     return kept
 
 
+# splitmix64's constants as signed int64 (torch has no uint64 arithmetic; int64 products wrap the same bits)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+_STEPS = ((30, _MIX1), (27, _MIX2), (31, None))
+
+
+def race_uniforms(key: int, ids: torch.Tensor, out: torch.Tensor | None = None,
+                  bits: torch.Tensor | None = None, shifted: torch.Tensor | None = None) -> torch.Tensor:
+    """One uniform in (0, 1), fp64, per token id: splitmix64 of ``key + id * golden``, a pure function of
+    the two (so an id's uniform does not depend on which other ids are in the race). ``out``, ``bits``,
+    ``shifted``: buffers shaped as ``ids`` (else fresh tensors)."""
+    x = torch.mul(ids, _GOLDEN, out=bits) if bits is not None else ids * _GOLDEN
+    x.add_(key)
+    t = shifted if shifted is not None else torch.empty_like(x)
+    for shift, mult in _STEPS:
+        torch.bitwise_right_shift(x, shift, out=t)
+        t.bitwise_and_((1 << (64 - shift)) - 1)  # a logical shift: the sign bits the arithmetic one copies, off
+        x.bitwise_xor_(t)
+        if mult is not None:
+            x.mul_(mult)
+    torch.bitwise_right_shift(x, 11, out=t)
+    t.bitwise_and_((1 << 53) - 1)
+    u = out if out is not None else torch.empty(ids.shape, dtype=torch.float64)
+    u.copy_(t)
+    return u.add_(0.5).mul_(2.0 ** -53)
+
+
 def draw(row: torch.Tensor, generator: torch.Generator, kept: Kept, ws: SamplerWorkspace) -> int:
-    """One inverse-cdf draw from softmax(row) in fp64: exactly one uniform from ``generator``."""
-    vocab = row.shape[-1]
-    ws.dist.copy_(row)
-    torch.softmax(ws.dist, dim=-1, out=ws.probs64)
+    """One draw from softmax(row): the id of the largest ``row[i] + g_i``, ``g_i = -log(-log(u_i))`` a
+    Gumbel variable from ``race_uniforms`` (the Gumbel-max race: exactly softmax's distribution), keyed by
+    exactly one uniform from ``generator``.
+
+    A race, not an inverse-cdf draw over the row in token-id order: a logit that moves by a rounding error
+    (a resumed prefill sums in another order, a batch of another size) changes the pick only when the two
+    best scores are that close, where an inverse-cdf walk over 248K ids moved a boundary across the uniform
+    about once in a hundred tokens of a broad distribution (a seeded answer then differed warm and cold).
+    """
+    key = int(torch.rand((), generator=generator, dtype=torch.float64) * 2.0 ** 53)
     if kept is None:
-        cdf = torch.cumsum(ws.probs64, -1, out=ws.dist)
-    else:
-        cdf = ws.probs64[kept].cumsum(-1)  # the whole row's cdf at the kept ids: the ids between add exact zeros
-    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
-    j = int(torch.searchsorted(cdf, u.reshape(1), right=True)[0])
+        torch.gt(row, float("-inf"), out=ws.mask)
+        if int(ws.mask.sum()) * 4 < row.shape[-1]:  # a filter left few: race those alone (the same winner)
+            kept = ws.mask.nonzero().squeeze(1)
     if kept is None:
-        return min(j, vocab - 1)
-    return int(kept[j]) if j < kept.shape[0] else vocab - 1  # past the end: the whole row's search clamps there
+        score = race_uniforms(key, ws.ids, ws.dist, ws.bits, ws.shifted)
+        score.log_().neg_().log_().neg_().add_(row)  # -inf entries stay -inf
+        return first_max(score)
+    score = race_uniforms(key, kept).log_().neg_().log_().neg_().add_(row[kept])
+    return int(kept[first_max(score)])

@@ -255,9 +255,10 @@ def _logprobs(f: Fields, kind: str) -> tuple[bool, int]:
 
 
 def _seed(f: Fields) -> int | None:
-    """vLLM's 64-bit ``seed``; a negative one taken modulo 2^63 (the engine's generators take 0 .. 2^63-1)."""
+    """vLLM's 64-bit ``seed``: -1 is no seed (vLLM's: a UI's "random"), another negative one is taken modulo
+    2^63 (the engine's generators take 0 .. 2^63-1)."""
     seed = f.int("seed", None, -MAX_SEED - 1, MAX_SEED)
-    return None if seed is None else seed % (MAX_SEED + 1)
+    return None if seed is None or seed == -1 else seed % (MAX_SEED + 1)
 
 
 def _logit_bias(f: Fields) -> tuple[tuple[int, float], ...]:

@@ -1,4 +1,5 @@
-"""The model's structural config, read from a checkpoint's config.json.
+"""The model's structural config, read from a checkpoint's config.json (and the end ids its
+generation_config.json adds).
 
 One frozen dataclass covers both hybrid families:
 
@@ -15,7 +16,7 @@ plans memory needs the same numbers.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ignis.engine.models.checkpoint_error import CheckpointError
@@ -277,4 +278,21 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    return config_from_dict(raw)
+    cfg = config_from_dict(raw)
+    more = generation_eos_ids(Path(model_dir))
+    if any(e not in cfg.eos_token_ids for e in more):
+        cfg = replace(cfg, eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + more)))
+    return cfg
+
+
+def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
+    """The end ids ``generation_config.json`` lists (Qwen3.5's: ``<|im_end|>`` and ``<|endoftext|>``, where
+    config.json names the first alone); every one ends a choice, as vLLM adds them to its stop ids. A
+    missing or unreadable file, or a malformed entry, adds none (the gateway reports a bad file)."""
+    try:
+        gen = json.loads((model_dir / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return ()
+    eos = gen.get("eos_token_id") if isinstance(gen, dict) else None
+    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    return tuple(e for e in ids if type(e) is int and e >= 0)

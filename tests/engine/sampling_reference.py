@@ -3,7 +3,8 @@
 The engine's sampler must draw exactly what this draws, bit for bit, from the
 same logits and the same generators. It is the straightforward form of the
 rules in ``engine/sampling.py``: penalties, temperature, top-k, min-p, top-p
-(ties in token-id order), one fp64 inverse-cdf draw, logprobs of the raw rows.
+(ties in token-id order), a Gumbel-max race over the whole row keyed by one uniform, logprobs of the raw
+rows.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ignis.engine.sampling import SamplerState, TokenLogprobs
+from ignis.engine.sampling_steps import race_uniforms
 
 
 def _penalise(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
@@ -52,11 +54,9 @@ def reference_row(logits: torch.Tensor, st: SamplerState) -> int:
     if st.greedy:
         return int(torch.argmax(row))
     row = _filter(row, st)
-    probs = torch.softmax(row, dim=-1, dtype=torch.float64)
-    cdf = probs.cumsum(-1)
-    u = torch.rand((), generator=st.generator, dtype=torch.float64) * cdf[-1]
-    token = int(torch.searchsorted(cdf, u.reshape(1), right=True)[0])
-    return min(token, int(probs.shape[-1]) - 1)
+    key = int(torch.rand((), generator=st.generator, dtype=torch.float64) * 2.0 ** 53)
+    gumbel = -torch.log(-torch.log(race_uniforms(key, torch.arange(row.shape[-1]))))
+    return int(torch.argmax(row.double() + gumbel))  # the Gumbel-max race, over the whole row
 
 
 def reference_batch(logits: torch.Tensor, states: list[SamplerState],

@@ -86,17 +86,17 @@ def test_27b_config_only(tmp_path, capsys, multimodal):
     assert r["weights"] == {"source": "estimated from config", "bytes": 2 * params_27b(), "dtype": "bfloat16"}
     assert r["pool"]["bytes"] == 16 * GiB
     assert r["pool"]["max_context_tokens"] == {"bf16": 262_144, "hq-e8-2b": pool_context(16 * GiB, 9_216)}
-    # 16 lanes (the engine's default) x 248,320 logits in bf16 plus their fp32 copy; the sampler: 41 B per entry
+    # 16 lanes (the engine's default) x 248,320 logits in bf16 plus their fp32 copy; the sampler: 57 B per entry
     assert r["vocabulary"] == {"vocab_size": 248_320, "dtype": "bfloat16", "tied": False,
                                "embedding_bytes": 248_320 * 5120 * 2, "lm_head_bytes": 248_320 * 5120 * 2,
-                               "lanes": 16, "logits_bytes": 16 * 248_320 * 6, "sampler_workspace_bytes": 248_320 * 41}
+                               "lanes": 16, "logits_bytes": 16 * 248_320 * 6, "sampler_workspace_bytes": 248_320 * 57}
 
     rc, text = inspect_text(d, capsys)
     assert rc == 0
     assert "vocabulary (bfloat16)" in text
     assert "2.37 GiB (2,542,796,800 bytes)" in text
     assert "22.73 MiB (23,838,720 bytes) per round (16 rows x 248,320 in bfloat16 and their fp32 copy)" in text
-    assert "9.71 MiB (10,181,120 bytes) host memory" in text
+    assert "13.5 MiB (14,154,240 bytes) host memory" in text
     assert "48 linear_attention + 16 full_attention" in text
     assert "64 KiB (65,536 bytes)" in text and "9 KiB (9,216 bytes)" in text
     assert "144 MiB (150,994,944 bytes)" in text

@@ -374,3 +374,20 @@ def test_language_model_only_runtime_takes_no_images(multimodal_checkpoint, tmp_
         assert "vision tower of m not loaded (--language-model-only)" in caplog.text
     finally:
         runtime.close()
+
+
+def test_generation_config_end_ids_join_the_configs(qwen35_checkpoint, copy_checkpoint):
+    """Qwen3.5 names <|im_end|> in config.json and adds <|endoftext|> in generation_config.json: both end a
+    choice (vLLM stops on both); a generation config that cannot be read adds nothing."""
+    path = copy_checkpoint(qwen35_checkpoint.path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "eos_token_id": 9}))
+    base = load_config(path).eos_token_ids
+    assert base == (9,)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 11], "top_k": 20}))
+    assert load_config(path).eos_token_ids == (9, 11)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert load_config(path).eos_token_ids == (9, 7)
+    for bad in ("{not json", json.dumps({"eos_token_id": ["x", -1]}), json.dumps([1, 2])):
+        (path / "generation_config.json").write_text(bad)
+        assert load_config(path).eos_token_ids == base

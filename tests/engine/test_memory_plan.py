@@ -62,7 +62,7 @@ def test_explicit_budgets_are_the_pools_alone():
 
 
 def test_the_sampler_workspace_figure_is_the_workspace():
-    assert sampler_workspace_bytes(248_320) == 248_320 * 41 == 10_181_120
+    assert sampler_workspace_bytes(248_320) == 248_320 * 57 == 14_154_240
     assert SamplerWorkspace(248_320).nbytes == sampler_workspace_bytes(248_320)
 
 

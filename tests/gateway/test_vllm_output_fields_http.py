@@ -131,3 +131,17 @@ def test_skip_special_tokens_false_shows_their_text(client, server, demo_tokeniz
     with pytest.raises(Exception) as e:
         bad.create(model=server.model, prompt="Go", max_tokens=1, extra_body={"skip_special_tokens": "no"})
     assert "skip_special_tokens" in str(e.value)
+
+
+def test_every_end_id_of_the_generation_config_ends_a_completion(client, server, demo_tokenizer):
+    """The demo checkpoint's generation_config.json lists <|im_end|> and <|endoftext|> (as Qwen3.5's does; its
+    config.json names the first): a raw completion that writes <|endoftext|> stops there, as in vLLM."""
+    eot = demo_tokenizer.token_id("<|endoftext|>")
+    r = client.completions.create(model=server.model, prompt="The quick brown fox", max_tokens=12, temperature=0,
+                                  logit_bias={str(eot): 100}, extra_body={"return_token_ids": True})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and choice.token_ids == [eot] and choice.text == ""
+    held = client.completions.create(model=server.model, prompt="The quick brown fox", max_tokens=3, temperature=0,
+                                     logit_bias={str(eot): 100}, extra_body={"return_token_ids": True,
+                                                                             "ignore_eos": True})
+    assert held.choices[0].finish_reason == "length" and held.choices[0].token_ids == [eot] * 3
