@@ -3,7 +3,8 @@
 Every wrapper runs on meta tensors at the 27B shapes (bf16) and the largest
 test shapes (fp32); the launches are captured instead of run, and each
 distinct one is compiled for sm_90 the way the JIT would specialise it. A
-compile error, or shared memory above the H200's 227 KB, is a failure.
+compile error, or shared memory above the H200's 227 KB, is a failure. The
+compiles run in forked workers, one per core.
 
 Imported by ``bench/gpu_check.py`` once it has cleared ``TRITON_INTERPRET`` and called ``use_checkout()``:
 compiling needs real JIT functions, not interpreted ones.
@@ -107,10 +108,6 @@ def _signature(fn, args: tuple, kwargs: dict):
 
 def run_compile_only(rep: Report) -> int:
     """Compile every captured launch for sm_90; returns the number that compiled."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     captured = []
     kernels = _kernels()
     for k in kernels:
@@ -123,7 +120,7 @@ def run_compile_only(rep: Report) -> int:
     finally:
         for k in kernels:
             del k.run
-    target, seen, ok = GPUTarget("cuda", 90, 32), set(), 0
+    seen, jobs = set(), []
     for fn, args, kwargs in captured:
         sig, consts, attrs, options = _signature(fn, args, dict(kwargs))
         key = (fn.__name__, repr(sorted(sig.items())), repr(sorted(map(str, consts.items()))), repr(options))
@@ -131,16 +128,51 @@ def run_compile_only(rep: Report) -> int:
             continue
         seen.add(key)
         what = fn.__name__ + " " + " ".join(f"{k}={v}" for k, v in consts.items() if k.isupper())
-        try:
-            compiled = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target,
-                                      options=options)
-        except Exception as exc:
-            rep.fail(f"compile {what}: {type(exc).__name__}: {str(exc)[-600:]}")
+        jobs.append((fn, sig, consts, attrs, options, what))
+    ok = 0
+    for (_, _, _, _, options, what), (shared, error) in zip(jobs, _compile_all(jobs)):
+        if error is not None:
+            rep.fail(f"compile {what}: {error}")
             continue
-        shared = compiled.metadata.shared
         rep.say(f"compile {what} {options}: shared {shared} B")
         if shared > SM90_SHARED:
             rep.fail(f"compile {what}: {shared} B of shared memory exceeds {SM90_SHARED}")
         else:
             ok += 1
     return ok
+
+
+_JOBS: list = []
+"""The launches to compile, read by forked workers (a JIT function does not pickle; a fork inherits it)."""
+
+
+def _compile_all(jobs: list) -> list[tuple[int | None, str | None]]:
+    """(shared memory bytes, None) or (None, the error) per job, in order: on every core (forked workers each
+    compile some: one compile is a second or more of single-threaded MLIR passes), serially where fork is not
+    available."""
+    import multiprocessing
+    import os
+
+    _JOBS[:] = jobs
+    workers = min(len(jobs), os.cpu_count() or 1, 8)
+    try:
+        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                return pool.map(_compile_one, range(len(jobs)), chunksize=1)
+        return [_compile_one(i) for i in range(len(jobs))]
+    finally:
+        _JOBS.clear()
+
+
+def _compile_one(i: int) -> tuple[int | None, str | None]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, sig, consts, attrs, options, _ = _JOBS[i]
+    try:
+        compiled = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                                  options=options)
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {str(exc)[-600:]}"
+    return compiled.metadata.shared, None
