@@ -56,8 +56,8 @@ class StreamInbox:
     """One request's engine answers in arrival order; the engine client puts, the request awaits.
 
     An item is ``(engine id, token ids, TokenLogprobs or None)`` for a stream's tokens of one round, or
-    ``(engine id, PromptLogprobs | Admitted | Finished | Refused, None)``. A wait costs one future; ``fail`` wakes a waiter with an
-    exception. With a pump (``pump_with``), arrivals call it instead, once per turn of the loop that
+    ``(engine id, PromptLogprobs | Admitted | Finished | Refused, None)``. A wait costs one future; ``fail``
+    wakes a waiter with an exception. With a pump (``pump_with``), arrivals call it instead, once per turn of the loop that
     brought any (after the engine reader's turn, so one turn's items go together), and the waiter is
     left for the pump to ``wake`` or ``fail``."""
 

@@ -22,9 +22,9 @@ string that matched) or ``tool_use``. Usage::
 
 message_start's usage has the split the engine reported when it admitted the turn (``Admitted``; a
 message_start sent early, before the admission, counts the whole prompt as ``input_tokens``);
-message_delta's usage, from the Finished, repeats it with the output. ``ping`` events: every ``PING_S`` while the stream lasts, and a turn with
-no first answer ``START_AFTER_S`` after its engine request sends its headers, message_start and a ping then
-(``EarlyStart``; a refusal before that is still an HTTP status).
+message_delta's usage, from the Finished, repeats it with the output. ``ping`` events: every ``PING_S``
+while the stream lasts, and a turn with no first answer ``START_AFTER_S`` after its engine request sends its
+headers, message_start and a ping then (``EarlyStart``; a refusal before that is still an HTTP status).
 
 A failure after the headers went out is an ``error`` event
 (``{"type": "error", "error": {"type", "message"}}``) and the stream ends.

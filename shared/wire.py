@@ -39,8 +39,8 @@ from ignis.shared.sampling import SamplingParams
 from ignis.shared.wire_codec import MAX_HEADER_BYTES, ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_FRAME_TOKENS,
-    MAX_INT,
     MAX_GRAMMAR_CHARS,
+    MAX_INT,
     MAX_TEXT_CHARS,
     TokenFrame,
     WireError,
@@ -59,7 +59,8 @@ from ignis.shared.wire_values import check_field_names
 
 __all__ = [
     "PROTOCOL_VERSION", "WireError", "SamplingParams", "TokenLogprobs", "StreamTokens", "Usage",
-    "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Admitted", "Finished", "Refused",
+    "Timings", "ReuseInfo", "Generate", "Abort", "Stats", "TokenBatch", "PromptLogprobs", "Admitted", "Finished",
+    "Refused",
     "ErrorReply", "StatsReply", "FlushCache", "CacheFlushed", "LoadAdapter",
     "UnloadAdapter", "AdapterUpdated", "ListAdapters", "AdapterList", "Profile", "Profiled", "TokenColumns", "TOKEN_COLUMNS", "plain_token_columns", "GATEWAY_TO_ENGINE",
     "ENGINE_TO_GATEWAY", "GATEWAY_ENGINE", "encode", "decode",
