@@ -264,7 +264,12 @@ class Generation:
         if choice is None or choice.index not in self._counts_prompt:
             return
         prompt_tokens, _ = self._prompt_usage[choice.prompt_index]
-        self._prompt_usage[choice.prompt_index] = (prompt_tokens, min(msg.cached_tokens, prompt_tokens))
+        self._count_prompt(choice, prompt_tokens, min(msg.cached_tokens, prompt_tokens))
+
+    def _count_prompt(self, choice: ChoiceState, prompt_tokens: int, cached_tokens: int) -> None:
+        """What the engine says of ``choice``'s prompt, summed into ``usage`` over the prompts."""
+        self._prompt_usage[choice.prompt_index] = (prompt_tokens, cached_tokens)
+        self.usage.prompt_tokens = sum(n for n, _ in self._prompt_usage.values())
         self.usage.cached_tokens = sum(c for _, c in self._prompt_usage.values())
 
     @staticmethod
@@ -280,12 +285,9 @@ class Generation:
         if fin.finish_reason == "abort" and not choice.stopped_early:
             raise EngineFailed(fin.message or "the engine ended the request", status=503)
         delta = choice.finish(fin.finish_reason)
-        u = self.usage
         if choice.index in self._counts_prompt:
-            self._prompt_usage[choice.prompt_index] = (fin.usage.prompt_tokens, fin.usage.cached_tokens)
-            u.prompt_tokens = sum(n for n, _ in self._prompt_usage.values())
-            u.cached_tokens = sum(c for _, c in self._prompt_usage.values())
-        u.completion_tokens += len(choice.token_ids) if choice.stopped_early else fin.usage.completion_tokens
+            self._count_prompt(choice, fin.usage.prompt_tokens, fin.usage.cached_tokens)
+        self.usage.completion_tokens += len(choice.token_ids) if choice.stopped_early else fin.usage.completion_tokens
         return delta
 
     def _same_stream(self, engine_id: str, token_ids: tuple[int, ...], lp

@@ -53,15 +53,15 @@ def _events(resp, until: str, deadline_s: float) -> list[tuple[str, dict]]:
     raise AssertionError(f"no {until} event in {deadline_s} s: {out}")
 
 
-def _start_usage(url: str, payload: dict, deadline_s: float) -> tuple[dict, list]:
+def _stream(url: str, payload: dict, until: str, deadline_s: float) -> list[tuple[str, dict]]:
+    """A streamed /v1/messages turn's (event, data) pairs up to and including the first ``until``."""
     u = urlparse(url)
     conn = HTTPConnection(u.hostname, u.port, timeout=deadline_s)
     try:
         conn.request("POST", "/v1/messages", json.dumps(payload), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200
-        events = _events(resp, "message_start", deadline_s)
-        return events[-1][1]["message"]["usage"], events
+        return _events(resp, until, deadline_s)
     finally:
         conn.close()
 
@@ -71,15 +71,7 @@ def test_message_start_reports_the_cached_prompt_the_engine_admitted(fake):
     split (what Anthropic sends and what clients reading message_start's input count take), and
     message_delta's, from the Finished, agrees."""
     _, url = fake
-    payload = body(seed=7, stream=True, max_tokens=2)
-    u = urlparse(url)
-    conn = HTTPConnection(u.hostname, u.port, timeout=30)
-    try:
-        conn.request("POST", "/v1/messages", json.dumps(payload), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        events = _events(resp, "message_stop", 30)
-    finally:
-        conn.close()
+    events = _stream(url, body(seed=7, stream=True, max_tokens=2), "message_stop", 30)
     start = events[0][1]["message"]["usage"]
     final = next(d for e, d in events if e == "message_delta")["usage"]
     assert start["cache_read_input_tokens"] == 1 and start["input_tokens"] >= 1, start
@@ -91,8 +83,9 @@ def test_an_early_message_start_reports_the_cached_prompt_too(fake):
     """Seed 6: admitted, then no first token: the head and message_start go out early, with the split."""
     _, url = fake
     started = time.monotonic()
-    usage, _ = _start_usage(url, body(seed=6, stream=True, max_tokens=5), START_AFTER_S + 20)
+    events = _stream(url, body(seed=6, stream=True, max_tokens=5), "message_start", START_AFTER_S + 20)
     assert time.monotonic() - started >= START_AFTER_S - 0.5
+    usage = events[-1][1]["message"]["usage"]
     assert usage["cache_read_input_tokens"] == 1 and usage["output_tokens"] == 0, usage
 
 
