@@ -32,6 +32,8 @@ MAX_BAD_WORD_TOKENS = 64  # tokens in one sequence
 MAX_THINKING_END_TOKENS = 16  # tokens of the forced end of a thinking block
 MAX_THINKING_BUDGET = 2**31 - 1  # tokens a thinking block may take
 LOGIT_BIAS_LIMIT = 100.0  # |bias|, as OpenAI's API bounds it
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's)
+MIN_TEMPERATURE = 1e-2  # any other under this is raised to it (vLLM's): logits / 1e-39 overflow to inf
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class SamplingParams:
     """How to pick each next token and when to stop."""
 
     temperature: float = 1.0
-    """0 means greedy; otherwise logits are divided by it. Range [0, 100]."""
+    """0 means greedy; otherwise logits are divided by it. Range [0, 100]; as in vLLM, a temperature
+    under 1e-5 is taken as 0 and one in [1e-5, 0.01) as 0.01 (a tiny divisor overflows the logits)."""
     top_p: float = 1.0
     """Nucleus mass kept, in (0, 1]; 1 keeps everything."""
     top_k: int = 0
@@ -96,7 +99,7 @@ class SamplingParams:
 
     def __post_init__(self):
         set_ = object.__setattr__
-        set_(self, "temperature", check_float("temperature", self.temperature, 0.0, 100.0))
+        set_(self, "temperature", _effective_temperature(check_float("temperature", self.temperature, 0.0, 100.0)))
         set_(self, "top_p", check_float("top_p", self.top_p, 0.0, 1.0))
         if self.top_p == 0.0:
             raise ValueError("top_p must be in (0, 1], got 0")
@@ -147,6 +150,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _effective_temperature(t: float) -> float:
+    if t < GREEDY_BELOW:
+        return 0.0
+    return max(t, MIN_TEMPERATURE)
 
 
 def check_logit_bias(value: object) -> tuple[tuple[int, float], ...]:

@@ -20,6 +20,16 @@ def test_greedy_takes_the_argmax_and_reports_raw_logprobs():
     assert lps[0].top[0][0] == 1 and lps[1] is None
 
 
+def test_a_tiny_temperature_picks_the_argmax_as_vllm_takes_it():
+    # logits / 1e-39 overflow to inf: the race among several inf entries took the lowest id, not the largest
+    logits = torch.tensor([[1.0, 2.0, 30.0, 29.0]])
+    for t in (1e-39, 1e-7, 1e-3):
+        for seed in range(10):
+            assert sample_batch(logits.clone(), [state(temperature=t, seed=seed)], [None])[0] == [2]
+    assert SamplingParams(temperature=1e-6).greedy and SamplingParams(temperature=1e-3).temperature == 0.01
+    assert SamplingParams(temperature=0.5).temperature == 0.5
+
+
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     # token 0 (3.0, in the prompt) falls to 1.0 under penalty 3, below token 2 (2.0)
     st = state(prompt=[0, 1], temperature=0, repetition_penalty=3.0)
