@@ -339,7 +339,9 @@ class ChatResponse(EndpointResponse):
 
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
         a = self.acc[index]
-        message: dict = {"role": "assistant", "content": a["content"] if a["content"] or not a["calls"] else None}
+        # vLLM's: no content beside reasoning or calls is null, not ""
+        content = a["content"] or (None if a["calls"] or a["reasoning"] else "")
+        message: dict = {"role": "assistant", "content": content}
         if a["reasoning"] and self.include_reasoning:
             message["reasoning_content"] = message["reasoning"] = a["reasoning"]
         if a["calls"]:

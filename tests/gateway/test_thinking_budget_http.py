@@ -66,6 +66,11 @@ def test_the_budget_ends_the_block_after_its_tokens_and_the_answer_runs_on(qwen)
     assert not free["message"]["content"] and free["finish_reason"] == "length"
 
 
+def test_an_answer_all_reasoning_has_null_content_as_in_vllm(qwen):
+    message = chat(qwen, max_tokens=6)["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"] is None
+
+
 def test_a_budget_of_zero_closes_the_block_at_once(qwen):
     choice = chat(qwen, thinking_token_budget=0, max_tokens=6)["choices"][0]
     assert choice["token_ids"][:3] == qwen.tokenizer.encode("\n</think>\n\n")
