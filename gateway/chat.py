@@ -54,7 +54,7 @@ from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
 from ignis.gateway.prompt_logprobs import prompt_logprobs_json
-from ignis.gateway.conversation_fit import fit_messages
+from ignis.gateway.conversation_fit import answer_room, fit_messages
 from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.reasoning_effort import EFFORTS, with_effort
@@ -167,7 +167,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
         prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs,
                                 continuing)
         if req.fit_context and not continuing:
-            budget = await gw.max_model_len() - (p.max_tokens or 1)
+            max_len = await gw.max_model_len()
+            budget = max_len - (p.max_tokens or answer_room(max_len))
             if len(prompt.ids) > budget:
                 messages, prompt = await work.run(_fitted, gw, messages, render_tools, kwargs, budget, prompt)
                 urls = image_urls(messages)

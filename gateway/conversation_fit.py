@@ -12,6 +12,11 @@ truncation (``context_length_exceeded``). The instructions and the tools stay,
 so the retained prefix prompt reuse keeps (the system + tools block) still
 serves the cut conversation.
 
+The cut leaves room for the answer: ``max_output_tokens`` when the request
+gives it, else ``answer_room`` (an eighth of the context, at most 8,192
+tokens): cut to leave one token free, an agent's next turn would stop at once
+with ``incomplete``.
+
 Pure Python over a ``length_of(messages)`` callback (the rendered prompt's
 token count).
 """
@@ -21,6 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 LEADING = ("system", "developer")
+
+
+def answer_room(max_model_len: int) -> int:
+    """The tokens a cut leaves free for an answer whose length the request does not bound."""
+    return max(1, min(8192, max_model_len // 8))
 
 
 def cut_points(messages: list[dict]) -> tuple[int, list[int]]:

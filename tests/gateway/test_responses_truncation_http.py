@@ -45,6 +45,14 @@ def test_auto_drops_the_earliest_turns_until_the_input_fits(gw):
     assert kept == list(range(kept[0], 8)), kept  # a run of the newest, whole turns
 
 
+def test_auto_with_no_output_bound_leaves_room_for_an_answer(gw):
+    # cut to the last token's room, the answer would stop at once (incomplete); an eighth of the context is kept
+    r = gw.client.responses.create(model="ignis-demo", input=conversation(), truncation="auto",
+                                   extra_body={"seed": 7})
+    assert 2048 < r.usage.input_tokens <= 4096 - 4096 // 8, r.usage
+    assert "marker7" in prompt_text(gw) and "marker0" not in prompt_text(gw)
+
+
 def test_disabled_is_a_context_error_and_a_fitting_conversation_is_not_cut(gw):
     with pytest.raises(openai.BadRequestError) as e:
         gw.client.responses.create(model="ignis-demo", input=conversation(), max_output_tokens=8,
