@@ -23,6 +23,11 @@ from collections.abc import Callable
 DEFAULT_CACHE_SIZE = 64
 
 
+def first_line(error: str) -> str:
+    """The library's complaint without the parser state dump it appends."""
+    return error.strip().split("\n", 1)[0][:500]
+
+
 class GrammarError(ValueError):
     """A grammar the library cannot compile; the message is the library's."""
 
@@ -90,5 +95,11 @@ class GrammarCache:
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
+        # The library builds its lexer lazily: a grammar that can derive nothing (an empty regex class, a rule
+        # that only derives itself, a schema that only refers to itself) fails at its first mask, not here.
+        first = matcher.deep_copy()
+        first.compute_bitmask()
+        if first.is_error():
+            raise GrammarError(f"it allows no output ({first_line(first.get_error())})")
         self.compiles += 1
         return matcher

@@ -13,7 +13,10 @@ forward: on a worker thread while an accelerator runs the forward
 (there the fill's threads would only slow it); ``apply`` waits for the fill
 and masks the logits; ``advance`` feeds each sampled token to its matcher. Once the
 grammar is complete only the end-of-sequence tokens are allowed, so the
-request ends with "stop"; a matcher that fails allows only them too. A round
+request ends with "stop". A matcher that fails (the library's lexer can
+give up mid-output, e.g. on a regex of a million repeats) ends its request
+with "error": ``advance`` names it and the round ends it, so no answer that
+broke its grammar is given as complete. A round
 without a constrained row touches nothing here.
 
 A constrained request drafts under ``--speculative-tokens``. A greedy one's
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ignis.engine.grammar_cache import GrammarCache, GrammarError
+from ignis.engine.grammar_cache import GrammarCache, GrammarError, first_line
 from ignis.engine.grammar_masks import GrammarMasks
 from ignis.engine.grammar_tokenizer import load_tokenizer
 
@@ -189,15 +192,21 @@ class GrammarLanes:
     def _feed(matcher, token: int) -> bool:
         if matcher.consume_token(token):
             return True
-        log.warning("grammar matcher failed on token %d: %s", token, matcher.get_error())
+        log.warning("grammar matcher failed on token %d: %s", token, first_line(matcher.get_error()))
         return False
 
-    def advance(self, rnd: RoundMasks, tokens: list[int]) -> None:
-        """Feed each constrained row's sampled token to its matcher."""
+    def advance(self, rnd: RoundMasks, tokens: list[int]) -> dict[int, str]:
+        """Feed each constrained row's sampled token to its matcher; returns {row: error} for the rows whose
+        matcher failed (its lexer gave up mid-output, or it refused the token): those requests end with an
+        error, not with an answer the grammar no longer holds."""
         pairs = [(m, tokens[i]) for m, i in zip(rnd.matchers, rnd.rows)]
-        for (m, tok), ok in zip(pairs, self.masks.executor.consume_token_par(pairs)):
-            if not ok:
-                log.warning("grammar matcher failed on token %d: %s", tok, m.get_error())
+        failed = {}
+        for (m, tok), ok, row in zip(pairs, self.masks.executor.consume_token_par(pairs), rnd.rows):
+            if not ok or m.is_error():
+                error = first_line(m.get_error())
+                log.warning("grammar matcher failed on token %d: %s", tok, error)
+                failed[row] = f"the grammar failed: {error}"
+        return failed
 
 
 def grammar_lanes(model_dir, vocab: int, eos_ids, device: str) -> GrammarLanes:

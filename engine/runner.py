@@ -292,7 +292,9 @@ class ModelRunner:
             self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
             tokens, lps, errors = sample_isolated(picked, ids, states, wants, self.workspace)
         if masks is not None:
-            self.grammars.advance(masks, tokens)  # a failed row's placeholder too: that request ends now
+            # a failed row's placeholder too: that request ends now; a matcher that fails ends its request
+            for row, error in self.grammars.advance(masks, tokens).items():
+                errors.setdefault(ids[row], error)
         result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors, prompt_logprobs=prompt_logprobs)
         if spec is not None:
             result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers,

@@ -275,7 +275,12 @@ def _xml_value(schema: object, xml: _Xml, rule: str, where: str) -> str:
                    if json.dumps(typed_value(text, types)) == json.dumps(v)]
         if not written:
             raise ValueError(f"{where}: no value of its enum can be written in the XML format as itself")
-        return "(" + " | ".join(_lark_string(t + "\n</parameter>\n") for t in dict.fromkeys(written)) + ")"
+        # one lexeme (the lexer's automaton), not a rule of alternatives: the parser keeps an item per
+        # alternative that is still open, and gives up past 2,000 (an enum of that many sharing a prefix)
+        name = f"{rule.upper()}_ENUM"
+        xml.terminals.append(f"{name}: " + " | ".join(_lark_string(t + "\n</parameter>\n")
+                                                      for t in dict.fromkeys(written)))
+        return name
     if any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "const")):
         return f"{_json_rule(schema, xml.options)} {_CLOSE_PARAM}"
     kind = schema.get("type")
@@ -445,8 +450,15 @@ def regex_grammar(pattern: str) -> str:
 
 
 def choice_grammar(choices: list[str]) -> str:
-    """The grammar of exactly one of ``choices`` (any strings, the empty one included)."""
-    return "start: " + " | ".join(_lark_string(c) for c in choices) + "\n"
+    """The grammar of exactly one of ``choices`` (any strings, the empty one included): the non-empty ones
+    as one lexeme, which the lexer's automaton matches whatever their number (as alternatives of the rule,
+    the parser gives up once more than 2,000 of them are open at once: 2,000 choices sharing a prefix)."""
+    words = [c for c in dict.fromkeys(choices) if c]
+    alternatives = (["CHOICE"] if words else []) + (['""'] if "" in choices else [])
+    grammar = "start: " + " | ".join(alternatives) + "\n"
+    if words:
+        grammar += "CHOICE: " + " | ".join(_lark_string(c) for c in words) + "\n"
+    return grammar
 
 
 def lark_grammar(text: str) -> str:

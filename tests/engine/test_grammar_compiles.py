@@ -236,7 +236,7 @@ def test_a_lane_decodes_on_while_a_large_grammar_compiles(engine):
     assert during >= 10, f"the free lane got {during} tokens while a large grammar compiled"
     done = engine.wait(["large", "same", "bad", "gone"])
     for rid in ("large", "same"):
-        assert done[rid].finished.finish_reason == "stop" and done[rid].tokens[-1] in EOS_IDS
+        assert done[rid].finished.finish_reason == "stop" and done[rid].tokens[-1] in EOS_IDS, (rid, done[rid].finished)
     assert done["bad"].refused.reason == "bad_request" and "missing_rule" in done["bad"].refused.message
     assert done["gone"].finished.finish_reason == "abort" and done["gone"].tokens == []
     engine.abort("free")

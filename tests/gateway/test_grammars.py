@@ -16,6 +16,7 @@ from ignis.engine.grammar_tokenizer import load_tokenizer
 from ignis.gateway.grammars import (
     after_reasoning,
     any_tool_call_grammar,
+    choice_grammar,
     grammar_error,
     json_schema_grammar,
     tool_call_grammar,
@@ -229,3 +230,24 @@ def test_allowed_tools_leave_the_others_out_of_auto_calls(vocab):
     n, total, matcher = consumed(vocab, grammar, "I could call <tool_call> anything here.</think>\n\n"
                                                  + XML_WEATHER_CALL)
     assert n == total and matcher.is_accepting()
+
+
+def test_thousands_of_choices_sharing_a_prefix_are_held_whole(vocab):
+    # as alternatives of a rule, the parser gave up on the first token once 2,000 of them were open
+    # ("Current row has 20001 items"): the matcher failed and the request was ended as if complete
+    many = [f"entry {i} of a long list" for i in range(3000)]
+    for text in (many[0], many[2999]):
+        done, total, m = consumed(vocab, choice_grammar(many), text)
+        assert done == total and only_eos_left(vocab, m), m.get_error()
+    done, total, m = consumed(vocab, choice_grammar(many), "entry 3000 of a long list")
+    assert done < total
+    for text, ok in (("", True), ("a", True), ("ab", True), ("b", False)):
+        done, total, m = consumed(vocab, choice_grammar(["", "a", "ab"]), text)
+        assert (done == total and m.is_accepting()) == ok, text
+    enum = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"item": {"enum": many}}, "required": ["item"]}}}
+    call = f"<parameter=item>\n{many[2999]}\n</parameter>\n</function>\n</tool_call>"
+    done, total, m = consumed(vocab, tool_call_grammar(enum, "xml"), call)
+    assert done == total and only_eos_left(vocab, m), m.get_error()
+    done, total, m = consumed(vocab, tool_call_grammar(enum, "xml"), call.replace("2999", "3999"))
+    assert done < total

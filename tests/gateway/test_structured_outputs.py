@@ -179,3 +179,27 @@ def test_with_thinking_the_choice_is_the_answer_after_the_reasoning_block(client
                                                    "chat_template_kwargs": {"enable_thinking": True}})
     for c in r.choices:
         assert c.finish_reason == "stop" and c.message.content.strip() in [x.strip() for x in CHOICES], c.message
+
+
+def test_a_grammar_that_allows_nothing_is_a_400_and_one_that_fails_mid_output_an_error(client, served):
+    # The library builds its lexer lazily: an empty language fails at the first mask (refused before any
+    # token), a regex of a million repeats when the lexer grows past its bound after the first token. Either
+    # was answered 200 "stop" with text outside the grammar.
+    import openai
+
+    for extra in ({"guided_regex": "[^\\s\\S]"}, {"guided_grammar": "start: start"},
+                  {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=served.model, messages=MESSAGES, max_tokens=10,
+                                           extra_body=NO_THINKING | extra)
+        assert "allows no output" in e.value.body["message"], e.value.body
+    for stream in (False, True):
+        with pytest.raises(openai.APIError) as e:
+            r = client.chat.completions.create(model=served.model, messages=MESSAGES, max_tokens=30, temperature=0,
+                                               stream=stream, extra_body=NO_THINKING | {"guided_regex": "(a{1000}){1000}"})
+            if stream:
+                list(r)
+        assert "the grammar failed" in str(e.value), e.value
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=0, max_tokens=20,
+                                       extra_body=NO_THINKING | {"guided_regex": CODE})
+    assert r.choices[0].finish_reason == "stop" and re.fullmatch(CODE, r.choices[0].message.content)
