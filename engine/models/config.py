@@ -140,6 +140,18 @@ class ModelConfig:
         return (pool_bytes // per_page) * PAGE_TOKENS
 
 
+FAMILY_DEFAULTS: dict[str, dict] = {
+    "qwen3_5": {"vocab_size": 248320, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 16,
+                "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 12288},
+    "qwen3_next": {"vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+                   "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 5632, "num_experts": 512,
+                   "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+                   "shared_expert_intermediate_size": 512},
+}
+"""What a config.json that leaves a field out means: the family's configuration class defaults in transformers
+(a checkpoint that loads there loads here; the keys both families default alike are defaulted where read)."""
+
+
 def _layer_types(text: dict, num_layers: int) -> tuple[str, ...]:
     types = text.get("layer_types")
     if types is None:
@@ -204,7 +216,7 @@ def config_from_dict(raw: dict) -> ModelConfig:
         )
     family = FAMILY_BY_ARCHITECTURE[arch]
     multimodal = "text_config" in raw
-    text = dict(raw.get("text_config") or raw)
+    text = FAMILY_DEFAULTS[family] | {k: v for k, v in dict(raw.get("text_config") or raw).items() if v is not None}
     try:
         num_layers = int(text["num_hidden_layers"])
         num_heads = int(text["num_attention_heads"])
@@ -212,6 +224,9 @@ def config_from_dict(raw: dict) -> ModelConfig:
         head_dim = int(text.get("head_dim") or hidden // num_heads)
         theta, factor = _rope(text)
         is_moe = family == "qwen3_next" and int(text.get("num_experts", 0)) > 0
+        if is_moe and not 1 <= int(text["num_experts_per_tok"]) <= int(text["num_experts"]):
+            raise CheckpointError(f"config.json: num_experts_per_tok must be in [1, num_experts="
+                                  f"{text['num_experts']}], got {text['num_experts_per_tok']}")
         cfg = ModelConfig(
             family=family,
             architecture=arch,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ from ignis.engine.models.weights_spec import (
     keeps_float32,
     read_header,
 )
+
+log = logging.getLogger("ignis.engine")
 
 if TYPE_CHECKING:
     import torch
@@ -402,6 +405,10 @@ def load_checkpoint(model_dir: str | Path, dtype: str | None = None, device: str
     if files is None:
         raise CheckpointError(f"{model_dir}: no weights ({SINGLE_FILE} or {INDEX_FILE})")
     plan = plan_load(cfg, read_inventory(files), files)
+    if plan.ignored:
+        log.warning("config.json ties the LM head to the embeddings (tie_word_embeddings): the checkpoint's own "
+                    "%s is not used, as vLLM does not use it (set tie_word_embeddings to false to serve it)",
+                    ", ".join(plan.ignored))
     tensors = _read_tensors(cfg, plan.direct, plan.experts, expected_tensors(cfg),
                             getattr(torch, dtype_name), dev, progress, "weights", plan.scales)
     head = {}

@@ -137,11 +137,13 @@ def test_tied_embeddings(checkpoint_factory, family):
     assert loaded.structural_hash != untied.structural_hash
 
 
-def test_tied_checkpoint_with_lm_head_ignores_it(checkpoint_factory, copy_checkpoint):
+def test_tied_checkpoint_with_lm_head_ignores_it_and_says_so(checkpoint_factory, copy_checkpoint, caplog):
     path = copy_checkpoint(checkpoint_factory("qwen3_5", tie=True).path)
     rewrite(path / "model.safetensors", lambda t: t.update({"lm_head.weight": torch.zeros(128, 64)}))
-    loaded = load_checkpoint(path)
+    with caplog.at_level("WARNING", logger="ignis.engine"):
+        loaded = load_checkpoint(path)
     assert "lm_head.weight" not in loaded.tensors
+    assert any("lm_head.weight is not used" in r.getMessage() for r in caplog.records)  # not silently
 
 
 def test_multimodal_tied(checkpoint_factory):
