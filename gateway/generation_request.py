@@ -17,6 +17,7 @@ Every streamed choice and every body choice gets ``token_ids`` last, when asked.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,7 +92,10 @@ class EndpointResponse:
     def opened(self, gen: Generation) -> None:
         """Every choice has its first answer, and with it its prompt scores, if asked
         (``ChoiceState.prompt_scores``); called before any delta is taken."""
-        self.prompts = [(m.prompt_ids, c.prompt_scores) for m, c in zip(gen.messages, gen.choices)]
+        scored = {}  # a prompt's scores come with its first choice (``answer_prompts`` asks that one only)
+        for c in gen.choices:
+            scored.setdefault(c.prompt_index, c.prompt_scores)
+        self.prompts = [(m.prompt_ids, scored[c.prompt_index]) for m, c in zip(gen.messages, gen.choices)]
 
     def first_choices(self) -> list[dict]:
         """The choices of the SSE chunk sent before any token; none: no such chunk."""
@@ -202,7 +206,10 @@ class GenerationRequest:
         for k, (ids, max_tokens) in enumerate(prompts):
             for j in range(p.n):
                 i = k * p.n + j
-                gens.append(Generate(id=f"{base}-{i}", prompt_ids=tuple(ids), sampling=sampling_for(p, max_tokens, j),
+                sampling = sampling_for(p, max_tokens, j)
+                if j and sampling.prompt_logprobs is not None:  # a prompt is scored once, by its first choice
+                    sampling = dataclasses.replace(sampling, prompt_logprobs=None)
+                gens.append(Generate(id=f"{base}-{i}", prompt_ids=tuple(ids), sampling=sampling,
                                      request_class=p.request_class, model=gw.engine_model, grammar=p.grammar,
                                      cache_family=p.cache_family, cache_salt=p.cache_salt, adapter=gw.adapter,
                                      images=images,

@@ -171,3 +171,22 @@ def test_scores_that_miss_part_of_the_prompt_give_none():
         assert prompt_logprobs_json(ids, scores, Tok) is None
         assert echo_logprobs(ids, scores, Tok, CompletionLogprobs()) is None
     assert prompt_logprobs_json([5], [], Tok) == [None]
+
+
+def test_a_prompt_is_scored_once_whatever_n(tmp_path):
+    # every choice asked the engine to score the whole prompt again, from nothing (n=16: 16 prefills)
+    from tests.gateway.hardening_support import fake_gateway
+
+    with fake_gateway(tmp_path) as gw:
+        for path, body in (("/v1/completions", {"prompt": ["one two three", "four five"]}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+            r = gw.post(path, dict(body, model="ignis-demo", n=3, max_tokens=2, prompt_logprobs=1))
+            assert r.status == 200, r
+            prompts = len(body.get("prompt", [0]))
+            sent = gw.engine.generates[-3 * prompts:]
+            assert [g.sampling.prompt_logprobs for g in sent] == [1, None, None] * prompts
+            choices = r.json()["choices"]
+            if path == "/v1/completions":  # each choice carries its prompt's scores
+                assert all(c["prompt_logprobs"] == choices[3 * (c["index"] // 3)]["prompt_logprobs"] for c in choices)
+            else:
+                assert "prompt_logprobs" in r.json()
