@@ -68,8 +68,9 @@ TOOL_PARSERS = ("xml", "hermes")
 TOOL_PARSER_ALIASES = {"qwen3_xml": "xml"}  # --tool-call-parser's name of the XML format
 
 # Raw text of an XML parameter: anything up to, and then including, the first "\n</parameter>\n", holding no
-# marker the parser ends a value at (so the value the grammar counts is the one the parser reads).
-_NO_MARKER = r"~/(.|\n)*(<\/parameter>|<parameter=|<\/function>)(.|\n)*/"
+# marker the parser ends a value at (so the value the grammar counts is the one the parser reads), nor the
+# block's close, where the splitter ends the call (``gateway.tool_call_split``).
+_NO_MARKER = r"~/(.|\n)*(<\/parameter>|<parameter=|<\/function>|<\/tool_call>)(.|\n)*/"
 _XML_TERMINALS = rf"""
 RAW_TEXT: /(.|\n)*/ & {_NO_MARKER}
 RAW_VALUE: RAW_TEXT "\n</parameter>\n"

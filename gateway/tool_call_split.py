@@ -14,7 +14,9 @@ call, whitespace before another call or the end of the output is dropped.
 required or named), so the output starts in a block body; the opener is not
 part of the output, so a body that fails is returned without it.
 
-Markers are matched on text, so a tail that may be the start of one is held
+A hermes block's ``</tool_call>`` inside one of its JSON strings is that
+string's text, not the block's end (a held call's string may hold it: the
+grammar cannot keep it out of JSON). Markers are matched on text, so a tail that may be the start of one is held
 back until the next push decides it; ``finish`` flushes (a block still open
 then is decided as it stands, a parameter value cut off is dropped). Pure
 Python.
@@ -67,6 +69,19 @@ def new_tool_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+def json_string_state(text: str, state: tuple[bool, bool] = (False, False)) -> tuple[bool, bool]:
+    """(inside a JSON string, just after its escaping backslash) once ``text`` follows ``state``."""
+    inside, escaped = state
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif inside and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            inside = not inside
+    return inside, escaped
+
+
 class ToolCallSplitter:
     """One choice's content / tool-call split. Events: ("content", text), ("tool_call", ToolCallDelta)."""
 
@@ -76,6 +91,7 @@ class ToolCallSplitter:
         self._buf = ""
         self._block = None
         self._body: list[str] = []  # the open block's text as written, in pieces
+        self._json = (False, False)  # hermes: where the open block's text stands in a JSON string
         self._forced_open = False
         self._pending_ws = ""  # text after a call, held while it is only whitespace
         self.num_calls = 0
@@ -114,6 +130,9 @@ class ToolCallSplitter:
             self._buf = buf[len(buf) - keep:]
             return False
         at = buf.find(TOOL_CLOSE)
+        if self._fmt == "hermes":  # a close inside one of the call's JSON strings is the string's text
+            while at >= 0 and json_string_state(buf[:at], self._json)[0]:
+                at = buf.find(TOOL_CLOSE, at + 1)
         if at >= 0:
             self._feed(events, buf[:at])
             self._buf = buf[at + len(TOOL_CLOSE):]
@@ -127,11 +146,14 @@ class ToolCallSplitter:
     def _open_block(self, forced_name: str | None, forced_open: bool) -> None:
         self._block = block_parser(self._fmt, self._types, forced_name)
         self._body = []
+        self._json = (False, False)
         self._forced_open = forced_open
 
     def _feed(self, events: list, text: str) -> None:
         if text:
             self._body.append(text)
+            if self._fmt == "hermes":
+                self._json = json_string_state(text, self._json)
             self._calls(events, self._block.push(text))
 
     def _close_block(self, events: list, closed: bool) -> None:

@@ -69,6 +69,8 @@ XML_BAD = [
     "<parameter=city>\nParis\n</parameter>\n<parameter=days>\nthree\n</parameter>\n",  # not an integer
     "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n9\n</parameter>\n",  # above the maximum
     "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=mood>\nok\n",  # unknown
+    "<parameter=city>\nParis</tool_call>\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+    "</tool_call>",  # the block's close inside a value, where the splitter ends the call
 ]
 HERMES_OK = ['{"city": "Paris", "days": 3}}\n</tool_call>', ' {"city": "Paris", "days": 3}}\n</tool_call>',
              '{"city": "Saint-Malo", "unit": "f", "days": 1, "where": {"lat": 48.6}}}\n</tool_call>']

@@ -86,3 +86,16 @@ def test_forced_any_call():
     assert r["calls"] == [{"name": "get_weather", "arguments": '{"days": 1}'}]
     r = hermes("no call here</tool_call> then text", forced=ForcedCall())
     assert r["calls"] == [] and r["content"] == "no call here</tool_call> then text"
+
+
+def test_a_close_marker_inside_a_json_string_is_the_strings_text():
+    # a held call's JSON string may hold "</tool_call>" (the grammar cannot keep it out); the block ended there
+    # and the call came back as {} or as content
+    args = {"city": 'a</tool_call> "quoted\\" </tool_call>', "days": 2}
+    text = f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(args)}}}\n</tool_call>\nAfter.'
+    r = hermes(text)
+    assert [c["name"] for c in r["calls"]] == ["get_weather"] and json.loads(r["calls"][0]["arguments"]) == args
+    assert r["content"] == "\nAfter."
+    forced = every_split(f'{json.dumps(args)}}}\n</tool_call>',
+                         tool_format="hermes", tools=TOOLS, forced=ForcedCall("get_weather"))
+    assert json.loads(forced["calls"][0]["arguments"]) == args
