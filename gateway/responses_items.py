@@ -16,7 +16,10 @@ an assistant message, function calls) is one assistant turn, the reasoning
 given to it as ``reasoning_content``: a reasoning blob (``encrypted_content``,
 gateway.reasoning_seal) is opened to the reasoning text it carries (a blob
 this install did not seal is a 400 naming it); without one, the summary or
-content text is used. Reasoning with no assistant item after it is dropped.
+content text is used. Reasoning followed by a user, system or tool item
+rather than an assistant one (an output cut while it still reasoned) is an
+assistant turn of its own with empty content, as ``previous_response_id``
+stores that output; reasoning that ends the input is dropped.
 Parts: ``input_text``, ``output_text``, ``text`` and ``refusal`` are text;
 ``input_image`` (its ``image_url``, in a user message) becomes a chat
 ``image_url`` part, read as the chat path reads images; ``input_file`` and
@@ -143,8 +146,15 @@ class _Builder:
         return self.turn
 
     def other(self, message: dict, origin: str) -> None:
-        self.turn, self.reasoning = None, []
+        self.flush(origin)
+        self.turn = None
         self.conv.add(message, origin)
+
+    def flush(self, origin: str) -> None:
+        """Reasoning not yet given to a turn is an assistant turn of its own (an output cut while it still
+        reasoned: ``previous_response_id`` keeps that turn, so a resent history must too)."""
+        if self.reasoning:
+            self.assistant(origin)
 
     def item(self, f: Fields) -> None:
         kind = f.str("type", "message")

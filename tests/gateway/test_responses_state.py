@@ -69,6 +69,19 @@ def test_instructions_tools_and_metadata_count_against_the_store():
     assert store.get("r9") and store.get("r6") is None and len(store) == 3
 
 
+def test_reasoning_cut_before_any_answer_stays_a_turn_as_previous_response_id_keeps_it():
+    # resent with store false, an output that was only reasoning vanished: two user turns in a row, where
+    # previous_response_id renders the empty assistant turn between them
+    body = {"input": [
+        {"role": "user", "content": "go"},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking, cut"}]},
+        {"role": "user", "content": "go on"}]}
+    conv = translate_input(Fields(body), ToolNames(), ReasoningSeal(key=b"k" * 32), Conversation())
+    assert conv.messages == [{"role": "user", "content": "go"},
+                             {"role": "assistant", "content": "", "reasoning_content": "thinking, cut"},
+                             {"role": "user", "content": "go on"}]
+
+
 def test_items_become_one_assistant_turn_with_reasoning_and_calls():
     seal = ReasoningSeal(key=b"k" * 32)
     names = ToolNames()
