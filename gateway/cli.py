@@ -27,6 +27,7 @@ from ignis.gateway.app import build_app
 from ignis.gateway.chat_template import template_option
 from ignis.gateway.config import GatewayConfig
 from ignis.gateway.listener import CONNECTIONS, LINGER_S, Connections, listen
+from ignis.gateway.protocol_errors_log import quiet_protocol_errors
 from ignis.gateway.state import STATE
 from ignis.gateway.tls import server_context
 from ignis.gateway.tokenizer import load_model_files
@@ -149,6 +150,7 @@ def run(args) -> int:
 
     level = getattr(args, "uvicorn_log_level", None)
     setup_logging("gateway", "INFO" if level == "trace" else level)  # (uvicorn's trace: our info)
+    quiet_protocol_errors()
     try:
         key = resolve_api_key(args.api_key, args.api_key_file)
         config = from_args(GatewayConfig, args, api_key=key)

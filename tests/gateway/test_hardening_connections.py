@@ -55,6 +55,21 @@ def test_200_half_sent_requests_are_closed_while_others_are_served(gw):
     assert chat_latency(gw) < max(0.5, 20 * usual)
 
 
+def test_malformed_http_is_a_warning_line_not_a_traceback_each(gw):
+    # aiohttp logged every request its parser refused at ERROR with a traceback: a journal any client fills
+    before = gw.log()
+    for _ in range(60):
+        with gw.connect() as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                      b"Content-Length: 3\r\n\r\n{}")
+            assert read_status(s, 10) == 400
+    assert chat_latency(gw) < 30  # and it serves
+    wait_until(lambda: "malformed HTTP request refused with 400" in gw.log()[len(before):], 10, "the warning line")
+    new = gw.log()[len(before):]
+    assert "Traceback" not in new and "Error handling request" not in new, new[-3000:]
+    assert 1 <= new.count("malformed HTTP request refused") <= 20  # the budget: 10 at once, then 1 a second
+
+
 def test_headers_that_stop_arriving_close_the_connection(gw):
     s = gw.connect()
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
