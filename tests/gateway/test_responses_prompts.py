@@ -52,6 +52,16 @@ def post(gw, body: dict):
                 {"Content-Type": "application/json"})
 
 
+def test_metadata_past_openais_bounds_is_a_400(gw):
+    # stored and echoed, it held whatever a client sent: 1,000 keys of 500 characters were taken
+    for metadata, fragment in (({f"k{i}": "v" for i in range(17)}, "at most 16"), ({"k" * 65: "v"}, "64 characters"),
+                               ({"k": "v" * 513}, "512 characters"), ({"k": 5}, "must be a string")):
+        r = post(gw, {"input": "hi", "metadata": metadata})
+        assert r.status == 400 and fragment in r.json()["error"]["message"], r.body
+        assert r.json()["error"]["param"].startswith("metadata"), r.body
+    assert post(gw, {"input": "hi", "metadata": {f"k{i}": "v" * 512 for i in range(16)}}).status == 200
+
+
 def test_plain_text_turn(gw, client):
     r = create(gw, client, "Sunny.", input="Weather in Paris?", instructions="Be brief.", metadata={"k": "v"})
     assert gw.last_prompt().startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather in Paris?")
