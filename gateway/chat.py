@@ -78,6 +78,9 @@ def _media_policy(config) -> MediaPolicy:
 def template_kwargs(f: Fields) -> dict:
     """``chat_template_kwargs`` as extra template variables (the server's own names refused), with what
     OpenAI's ``reasoning_effort`` says where they are silent (``gateway.reasoning_effort``)."""
+    if f.raw("chat_template") is not None:  # vLLM refuses one too, unless told to trust requests' templates
+        raise f.error("chat_template", "is not taken from a request: the server renders with its model's template "
+                                       "(or the one --chat-template names)")
     effort = f.str("reasoning_effort", choices=EFFORTS)
     extra = f.object("chat_template_kwargs")
     if extra is None:

@@ -92,6 +92,7 @@ def test_an_anthropic_prefill_is_continued(gw):
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
      {"continue_final_message": True}, "messages[2].tool_calls"),
     (ASK + [{"role": "assistant", "content": "Yes"}], {"continue_final_message": "yes"}, "continue_final_message"),
+    (ASK, {"chat_template": "{{ messages[0].content }}"}, "chat_template"),  # was silently ignored; vLLM refuses
 ])
 def test_what_cannot_be_continued_is_a_400_and_serving_goes_on(gw, messages, fields, param):
     status, body = chat(gw, messages, "x", **fields)
