@@ -60,6 +60,14 @@ def shortfall_reason(tokens: tuple[int, ...], matched: int, shared: int, earlier
         return "unseen"
     if shared - matched < page_tokens:
         return "none"
+    # A conversation's checkpoint sits at its generation opener, inside the page ``shared`` rounds down
+    # to: past ``shared``, but shared when the capture's own tokens begin this prompt, which its fate's
+    # content key says.
+    for c in sorted((c for c in earlier_cuts if shared < c < min(shared + page_tokens, len(tokens) + 1)),
+                    reverse=True):
+        fate = fates.of(tuple(tokens[:c]))
+        if fate is not None:
+            return fate
     inside = [c for c in earlier_cuts if matched < c <= shared]
     if not inside:
         return "no_mark"

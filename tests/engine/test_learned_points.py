@@ -154,6 +154,11 @@ def test_shortfall_reasons():
     assert shortfall_reason(p, 0, 256, (100, 250), fates, PT) == "budget"
     fates.note(p[:100], "slot_busy")
     assert shortfall_reason(p, 0, 256, (100,), fates, PT) == "slot_busy"
+    # a checkpoint at a generation opener, mid-page past the whole pages shared: its fate, not no_mark
+    fates.note(p[:290], "evicted")
+    assert shortfall_reason(p, 0, 256, (290,), fates, PT) == "evicted"
+    assert shortfall_reason(p[:270] + (0,) * 129, 0, 256, (290,), fates, PT) == "no_mark"  # not this prompt's
+    assert shortfall_reason(p, 0, 256, (330,), fates, PT) == "no_mark"  # a page past: not known to be shared
     with pytest.raises(ValueError):
         fates.note(p, "lost")
 
