@@ -67,7 +67,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
                 return  # its copies are on their way back (or wait for room): nothing overtakes it
             if req.state is RequestState.PREFILLING:
                 budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
-                                    sched.config.capture_inside_chunks)
+                                    sched.config.capture_inside_chunks, sched.config.scored_row_cost)
             continue
         tokens = req.key_prefix(req.num_tokens)  # images as their digests (engine.reuse.image_keys)
         # a request scoring its prompt computes every prompt row: it resumes from nothing and waits for no one
@@ -105,7 +105,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
                                       restore_slot=hit.slot if hit else None, adapter=req.adapter_slot))
         budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
-                            sched.config.capture_inside_chunks)
+                            sched.config.capture_inside_chunks, sched.config.scored_row_cost)
 
 
 def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> bool:

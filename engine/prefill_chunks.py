@@ -35,11 +35,16 @@ from ignis.engine.schedule import PrefillChunk, RoundPlan
 
 
 def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, page_tokens: int,
-              waiting: Mapping[str, deque[Request]] | None = None, inside: bool = False) -> int:
+              waiting: Mapping[str, deque[Request]] | None = None, inside: bool = False,
+              scored_row_cost: int = 1) -> int:
     """Plan ``req``'s next chunk (and its captures: the marks it crosses when ``inside``, the one it
-    ends on); returns its size. ``waiting``: the queue, whose requests may be waiting to read a retained
+    ends on); returns the budget it takes: its size, or for a request scoring its prompt its size times
+    ``scored_row_cost`` (a scored row also runs the LM head and a vocabulary-wide log-softmax: on a model
+    whose layers are small beside its head, a chunk of scored rows took many rounds' time at once and
+    stalled every other lane). ``waiting``: the queue, whose requests may be waiting to read a retained
     prefix captured here."""
-    chunk = next_chunk(req, budget, cut=not inside)
+    scored = scored_row_cost > 1 and req.sampling.prompt_logprobs is not None
+    chunk = next_chunk(req, max(1, budget // scored_row_cost) if scored else budget, cut=not inside)
     keeps = []
     for point in req.must_cut_at:
         if point <= chunk.start or point > chunk.end:
@@ -52,7 +57,7 @@ def add_chunk(plan: RoundPlan, req: Request, budget: int, store: RetainedStore, 
             order = replace(order, kept_in_forward=True)
         plan.captures.append(order)
     plan.prefills.append(replace(chunk, keeps=tuple(keeps)) if keeps else chunk)
-    return chunk.num_tokens
+    return min(budget, chunk.num_tokens * scored_row_cost) if scored else chunk.num_tokens
 
 
 def _capture(req: Request, point: int, store: RetainedStore, page_tokens: int,

@@ -119,6 +119,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     from ignis.engine.grammar_lanes import grammar_lanes
     from ignis.engine.runner import ModelRunner
     from ignis.engine.scheduler import Scheduler, SchedulerConfig
+    from ignis.engine.scheduler_config import scored_row_cost
     from ignis.engine.tier_port import NO_TIERS
     from ignis.engine.load_choices import kv_stamp, resolve_device, resolve_kv_format
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
@@ -220,7 +221,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
         max_model_len=max_len, eos_token_ids=tuple(cfg.eos_token_ids), speculative_tokens=spec_k,
         image_token_id=ckpt.vision.image_token_id if ckpt.vision is not None else None,
         image_factor=ckpt.vision.patch_size * ckpt.vision.spatial_merge_size if ckpt.vision is not None else 32,
-        capture_inside_chunks=kv_format == "bf16"),
+        capture_inside_chunks=kv_format == "bf16",
+        scored_row_cost=scored_row_cost(cfg.vocab_size, cfg.hidden_size, params, cfg.tie_word_embeddings)),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt, stamp=stamp,
         tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
         evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,

@@ -245,7 +245,7 @@ class Scheduler:
             if budget == 0:
                 break
             budget -= add_chunk(plan, req, budget, self.store, self.config.page_tokens, self.waiting,
-                                self.config.capture_inside_chunks)
+                                self.config.capture_inside_chunks, self.config.scored_row_cost)
         if not plan.preempted:
             admit(self, plan, budget)
         if not self.lanes.any_free:

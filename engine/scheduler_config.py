@@ -27,6 +27,9 @@ class SchedulerConfig:
         "the model's image placeholder token (None: the model takes no images)", cli=False))
     image_factor: int = field(default=32, metadata=field_doc(
         "pixels per image placeholder token along each side (patch size x merge size)", cli=False))
+    scored_row_cost: int = field(default=1, metadata=field_doc(
+        "prefill budget a prompt row that is scored (prompt_logprobs) takes, in prompt tokens: 1 plus the LM "
+        "head's share of a token's work", cli=False))
     capture_inside_chunks: bool = field(default=True, metadata=field_doc(
         "a prefill chunk crosses capture marks, the forward keeping the state image at each (False: chunks "
         "end on the marks; the hq-e8-2b pool, whose exact window is lane state, needs it)", cli=False))
@@ -35,7 +38,7 @@ class SchedulerConfig:
         for name, flag in (("decode_lanes", "--decode-lanes"), ("num_pages", "num_pages"),
                            ("max_prefill_tokens_per_round", "--max-prefill-tokens-per-round"),
                            ("max_queue", "--max-queue"), ("max_model_len", "--max-model-len"),
-                           ("page_tokens", "page_tokens")):
+                           ("page_tokens", "page_tokens"), ("scored_row_cost", "scored_row_cost")):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
@@ -48,3 +51,13 @@ class SchedulerConfig:
         if any(type(t) is not int or not 0 <= t <= MAX_TOKEN_ID for t in eos):
             raise ValueError(f"eos_token_ids must be token ids, got {eos!r}")
         object.__setattr__(self, "eos_token_ids", eos)
+
+
+def scored_row_cost(vocab_size: int, hidden_size: int, weights: int, tied: bool) -> int:
+    """The prefill budget a scored prompt row takes: 1 (its pass through the layers) plus the LM head's work
+    over the layers' (multiply-accumulates per row: the head's vocabulary x hidden against the weights less
+    the embedding and the untied head), rounded. 1 on the real models (the 27B's head is 5% of a token's
+    work); about 10 on the demo model, whose head is most of it."""
+    head = vocab_size * hidden_size
+    layers = max(1, weights - head * (1 if tied else 2))
+    return 1 + round(head / layers)

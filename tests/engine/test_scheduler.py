@@ -141,6 +141,31 @@ def test_single_request_exact_plan():
     assert_drained(s)
 
 
+def test_a_scored_prompt_takes_its_rows_cost_from_the_round_budget():
+    # each scored row also runs the LM head: charged as one token, a 2,048-row chunk of them held every lane
+    # for many rounds' time
+    s = Scheduler(config(scored_row_cost=10, num_pages=16))
+    s.add(request("scored", 300, prompt_logprobs=0))
+    s.add(request("plain", 100, first=1000))
+    plan = s.schedule()
+    assert [(c.req_id, c.end - c.start) for c in plan.prefills] == [("scored", 25), ("plain", 6)]
+    s.update(RoundResult({}))
+    plan = s.schedule()
+    assert [(c.req_id, c.end - c.start) for c in plan.prefills] == [("scored", 25), ("plain", 6)]
+    plain = Scheduler(config(scored_row_cost=10, num_pages=16))
+    plain.add(request("a", 300))
+    assert [(c.req_id, c.end - c.start) for c in plain.schedule().prefills] == [("a", 256)]
+
+
+def test_the_scored_row_cost_is_the_heads_share_of_a_rows_work():
+    from ignis.engine.scheduler_config import scored_row_cost
+
+    assert scored_row_cost(248320, 5120, 27_000_000_000, tied=False) == 1  # the 27B: its head is 5% of a token
+    assert scored_row_cost(248320, 64, 16_558_512, tied=True) == 25  # the demo model: its head is most of it
+    with pytest.raises(ValueError, match="scored_row_cost"):
+        config(scored_row_cost=0)
+
+
 def test_pages_grow_one_at_a_time_during_decode():
     s = Scheduler(config())
     s.add(request("a", 127, max_tokens=70))
