@@ -225,8 +225,14 @@ def parse_tools(f: Fields) -> list[dict] | None:
         fn = tf.object("function")
         if fn is None:
             raise tf.error("function", "is required")
-        if not fn.str("name"):
+        name = fn.str("name", max_chars=256)
+        if not name:
             raise fn.error("name", "is required")
+        if any(c.isspace() or c in "<>" or not c.isprintable() for c in name):
+            # the model writes the name inside the call's markup (<function=NAME>, <tool_call>): such a name
+            # could end it early, and a required call held to it could never be parsed as a call
+            raise fn.error("name", f"{name[:64]!r} holds whitespace, '<' or '>' (a name is written inside the "
+                                   "call's markup); OpenAI's names are [a-zA-Z0-9_-]")
         fn.str("description")
         fn.object("parameters")
     return tools

@@ -249,7 +249,11 @@ class MessagesTurn:
             schema = tf.object("input_schema")
             # OpenAI's key order (name, description, parameters): the template writes each tool as JSON, so
             # the same tools sent through either API render the same prompt and share its reuse
-            fn = {"name": tf.str("name")}
+            name = tf.str("name", max_chars=256)
+            if name and any(c.isspace() or c in "<>" or not c.isprintable() for c in name):  # as the chat path
+                raise tf.error("name", f"{name[:64]!r} holds whitespace, '<' or '>' (a name is written inside "
+                                       "the call's markup); Anthropic's names are [a-zA-Z0-9_-]")
+            fn = {"name": name}
             if tf.has("description"):
                 fn["description"] = tf.str("description")
             fn["parameters"] = schema.obj if schema is not None else {"type": "object"}

@@ -146,6 +146,9 @@ def test_a_stop_sequence_ends_the_turn_and_is_named(claude, server):
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "r"}]}]}, 400,
      "invalid_request_error", "messages[2].content[0].tool_use_id 'toolu_2'"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],  # markup in a name ends the call early
+      "tools": [{"name": "f\n<tool_call>", "input_schema": {"type": "object"}}]}, 400, "invalid_request_error",
+     "tools[0].name"),
 ])
 def test_bad_requests_answer_anthropic_errors(server, body, status, kind, where):
     r = post(server, "/v1/messages", body)
