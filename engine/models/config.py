@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ignis.engine.models.checkpoint_error import CheckpointError
 from ignis.engine.models.fp8_blocks import parse_quantization
+from ignis.engine.models.yarn import Yarn, parse_yarn
 from ignis.engine.page_pool import PAGE_TOKENS  # noqa: F401 - sizes below are in whole pages
 
 FAMILY_BY_ARCHITECTURE = {
@@ -63,6 +64,8 @@ class ModelConfig:
     max_position_embeddings: int
     dtype: str = "float32"
     attention_bias: bool = False
+    # YaRN rope scaling (``rope_type: yarn``): None for plain rope; structural when set
+    yarn: Yarn | None = None
     # MoE (qwen3_next); num_experts == 0 means dense MLPs everywhere.
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -171,14 +174,15 @@ def _layer_types(text: dict, num_layers: int) -> tuple[str, ...]:
     return types
 
 
-def _rope(text: dict) -> tuple[float, float]:
+def _rope(text: dict) -> tuple[float, float, Yarn | None]:
     rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
     factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
     rtype = rope.get("rope_type", rope.get("type", "default"))
-    if rtype not in ("default", "mrope"):
-        raise CheckpointError(f"config.json: rope type {rtype!r} is not supported")
-    return float(theta), float(factor)
+    if rtype not in ("default", "mrope", "yarn"):
+        raise CheckpointError(f"config.json: rope type {rtype!r} is not supported (default, mrope and yarn are)")
+    yarn = parse_yarn(rope, int(text.get("max_position_embeddings", 32768))) if rtype == "yarn" else None
+    return float(theta), float(factor), yarn
 
 
 def _eos_ids(raw: dict, text: dict) -> tuple[int, ...]:
@@ -222,7 +226,7 @@ def config_from_dict(raw: dict) -> ModelConfig:
         num_heads = int(text["num_attention_heads"])
         hidden = int(text["hidden_size"])
         head_dim = int(text.get("head_dim") or hidden // num_heads)
-        theta, factor = _rope(text)
+        theta, factor, yarn = _rope(text)
         is_moe = family == "qwen3_next" and int(text.get("num_experts", 0)) > 0
         if is_moe and not 1 <= int(text["num_experts_per_tok"]) <= int(text["num_experts"]):
             raise CheckpointError(f"config.json: num_experts_per_tok must be in [1, num_experts="
@@ -239,6 +243,7 @@ def config_from_dict(raw: dict) -> ModelConfig:
             head_dim=head_dim,
             rotary_dim=int(head_dim * factor),
             rope_theta=theta,
+            yarn=yarn,
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             intermediate_size=int(text.get("intermediate_size", 0)),
             linear_num_key_heads=int(text.get("linear_num_key_heads", 16)),

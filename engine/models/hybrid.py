@@ -45,7 +45,7 @@ class HybridModel(nn.Module):
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = PartialRotary(cfg.rotary_dim, cfg.rope_theta)
+        self.rotary = PartialRotary(cfg.rotary_dim, cfg.rope_theta, cfg.yarn)
         # layer index -> index into the KV pool (full) or the state pools (linear)
         self._full_slot = {layer: i for i, layer in enumerate(cfg.full_layers)}
         self._linear_slot = {layer: i for i, layer in enumerate(cfg.linear_layers)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ignis.engine.models.yarn import Yarn
 from ignis.kernels.backend import REFERENCE, Ops
 
 
@@ -56,25 +57,34 @@ class GatedRMSNorm(nn.Module):
 
 
 class PartialRotary(nn.Module):
-    """Rotary tables for the first ``rotary_dim`` channels of each head (half-split form).
+    """Rotary tables for the first ``rotary_dim`` channels of each head (half-split form), YaRN-scaled when
+    the config asks (``engine.models.yarn``).
 
     The rotation itself runs fused with the q/k norm (``ZeroCenteredRMSNorm.rotary``).
     """
 
-    def __init__(self, rotary_dim: int, theta: float):
+    def __init__(self, rotary_dim: int, theta: float, yarn: Yarn | None = None):
         super().__init__()
         self.rotary_dim = rotary_dim
         self.theta = theta
+        self.yarn = yarn
         self.register_buffer("inv_freq", self.frequencies(), persistent=False)
 
     def frequencies(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        if self.yarn is not None:
+            return self.yarn.inv_freq(self.rotary_dim, self.theta, device)
         steps = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device)
         return 1.0 / (self.theta ** (steps / self.rotary_dim))
 
+    def _tables(self, emb: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = emb.cos(), emb.sin()
+        if self.yarn is not None and self.yarn.attention_factor != 1.0:
+            cos, sin = cos * self.yarn.attention_factor, sin * self.yarn.attention_factor
+        return cos.to(dtype), sin.to(dtype)
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return self._tables(torch.cat([freqs, freqs], dim=-1), dtype)
 
     def mrope_cos_sin(self, positions: torch.Tensor, section: tuple[int, int, int],
                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +97,7 @@ class PartialRotary(nn.Module):
         for axis in (1, 2):
             picked = slice(axis, 3 * section[axis], 3)
             mixed[..., picked] = freqs[axis][..., picked]
-        emb = torch.cat([mixed, mixed], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return self._tables(torch.cat([mixed, mixed], dim=-1), dtype)
 
 
 class SwiGLU(nn.Module):

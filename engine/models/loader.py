@@ -347,6 +347,10 @@ def structural_hash(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...], 
     text-only load hashes as it always did.
     """
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.compare}
+    if fields.get("yarn") is None:
+        fields.pop("yarn", None)  # plain rope hashes as it did before YaRN was read
+    else:
+        fields["yarn"] = dataclasses.asdict(fields["yarn"])
     table = [[name, list(shape), dtype] for name, (shape, dtype) in sorted(tensors.items())]
     body = {"config": fields, "tensors": table}
     if vision is not None:

@@ -177,6 +177,16 @@ SHAPES = {
         head_dim=64, num_attention_heads=2, num_key_value_heads=2, linear_key_head_dim=64,
         linear_value_head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2, linear_conv_kernel_dim=2,
         rope_parameters=dict(rope_type="default", rope_theta=5e5, partial_rotary_factor=1.0))),
+    # YaRN as the model cards extend the context (factor 4 past the trained length), the trained length
+    # shrunk so the test's positions run past it; and DeepSeek's mscale form of the attention factor
+    "yarn_as_the_card_says": ("qwen3_5", dict(
+        max_position_embeddings=512, rope_parameters=dict(
+            rope_type="yarn", rope_theta=1e7, partial_rotary_factor=0.25, factor=4.0,
+            original_max_position_embeddings=64))),
+    "yarn_mscale_next": ("qwen3_next", dict(
+        max_position_embeddings=256, rope_parameters=dict(
+            rope_type="yarn", rope_theta=1e4, partial_rotary_factor=0.5, factor=2.0, beta_fast=16.0,
+            original_max_position_embeddings=48, mscale=1.0, mscale_all_dim=0.5))),
 }
 
 

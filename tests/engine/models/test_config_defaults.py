@@ -43,3 +43,20 @@ def test_experts_a_token_past_the_experts_is_refused_at_load():
     for k in (0, 9):
         with pytest.raises(CheckpointError, match="num_experts_per_tok"):
             config_from_dict({"architectures": ["Qwen3NextForCausalLM"], "num_experts": 8, "num_experts_per_tok": k})
+
+
+def test_yarn_is_read_and_is_part_of_the_structure():
+    from ignis.engine.models.loader import structural_hash
+
+    base = {"architectures": ["Qwen3_5ForCausalLM"], "max_position_embeddings": 1_010_000}
+    card = dict(base, rope_parameters={"rope_type": "yarn", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                       "factor": 4.0, "original_max_position_embeddings": 262144})
+    cfg = config_from_dict(card)
+    assert cfg.yarn.factor == 4.0 and abs(cfg.yarn.attention_factor - (0.1 * __import__("math").log(4) + 1)) < 1e-12
+    plain = config_from_dict(base)
+    assert plain.yarn is None and structural_hash(cfg, {}) != structural_hash(plain, {})
+    no_original = dict(base, rope_parameters={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(CheckpointError, match="original_max_position_embeddings"):
+        config_from_dict(no_original)
+    with pytest.raises(CheckpointError, match="not supported"):
+        config_from_dict(dict(base, rope_parameters={"rope_type": "longrope"}))
