@@ -150,7 +150,8 @@ def test_a_regex_sent_again_is_not_checked_again():
     ({"guided_choice": ["a", 1]}, "guided_choice", "item 1 must be a string"),
     ({"guided_choice": ["a"] * (MAX_CHOICES + 1)}, "guided_choice", f"at most {MAX_CHOICES}"),
     ({"guided_choice": ["a", "x" * (MAX_CHOICE_CHARS + 1)]}, "guided_choice", f"item 1 is {MAX_CHOICE_CHARS + 1}"),
-    ({"guided_choice": ["\x01" * MAX_CHOICE_CHARS] * MAX_CHOICES}, "guided_choice", f"at most {MAX_GRAMMAR_CHARS}"),
+    ({"guided_choice": [f"{i:04d}" + "\x01" * (MAX_CHOICE_CHARS - 4) for i in range(MAX_CHOICES)]}, "guided_choice",
+     f"at most {MAX_GRAMMAR_CHARS}"),  # distinct: repeated choices are written once
     ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
     ({"guided_json": "[1]"}, "guided_json", "JSON Schema object"),
     ({"guided_json": 3}, "guided_json", "JSON Schema object"),
