@@ -57,7 +57,7 @@ def scored_row_cost(vocab_size: int, hidden_size: int, weights: int, tied: bool)
     """The prefill budget a scored prompt row takes: 1 (its pass through the layers) plus the LM head's work
     over the layers' (multiply-accumulates per row: the head's vocabulary x hidden against the weights less
     the embedding and the untied head), rounded. 1 on the real models (the 27B's head is 5% of a token's
-    work); about 10 on the demo model, whose head is most of it."""
+    work); 25 on the demo model, whose head is most of it."""
     head = vocab_size * hidden_size
     layers = max(1, weights - head * (1 if tied else 2))
     return 1 + round(head / layers)

@@ -215,6 +215,12 @@ def apply_developer_policy(messages: list[dict], policy: str, late_system: bool 
     raise ValueError(f"unknown developer message policy {policy!r}")
 
 
+def breaks_call_markup(name: str) -> bool:
+    """Whether a tool name holds what would end the call's markup the model writes it in (whitespace, '<',
+    '>', an unprintable character): such a name is a 400 on every API that takes tools."""
+    return any(c.isspace() or c in "<>" or not c.isprintable() for c in name)
+
+
 def parse_tools(f: Fields) -> list[dict] | None:
     tools = f.list("tools")
     if not tools:
@@ -228,7 +234,7 @@ def parse_tools(f: Fields) -> list[dict] | None:
         name = fn.str("name", max_chars=256)
         if not name:
             raise fn.error("name", "is required")
-        if any(c.isspace() or c in "<>" or not c.isprintable() for c in name):
+        if breaks_call_markup(name):
             # the model writes the name inside the call's markup (<function=NAME>, <tool_call>): such a name
             # could end it early, and a required call held to it could never be parsed as a call
             raise fn.error("name", f"{name[:64]!r} holds whitespace, '<' or '>' (a name is written inside the "

@@ -49,6 +49,7 @@ from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import EngineFailed
 from ignis.gateway.generation_request import GenerationRequest, read_request_body
+from ignis.gateway.messages import breaks_call_markup
 from ignis.gateway.messages_output import EarlyStart, MessagesResponse, message_id
 from ignis.gateway.params import CommonParams
 from ignis.gateway.prompt_work import prompt_work
@@ -250,7 +251,7 @@ class MessagesTurn:
             # OpenAI's key order (name, description, parameters): the template writes each tool as JSON, so
             # the same tools sent through either API render the same prompt and share its reuse
             name = tf.str("name", max_chars=256)
-            if name and any(c.isspace() or c in "<>" or not c.isprintable() for c in name):  # as the chat path
+            if name and breaks_call_markup(name):
                 raise tf.error("name", f"{name[:64]!r} holds whitespace, '<' or '>' (a name is written inside "
                                        "the call's markup); Anthropic's names are [a-zA-Z0-9_-]")
             fn = {"name": name}
