@@ -133,6 +133,7 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
     sched.lanes.take(req)
     req.evicted = None
     if status == "ready":
+        req.live_resumes += 1
         req.page_table.adopt(sched.evictor.take(req, record))  # the restored pages and the room after them
         req.page_table.ensure_capacity(req.num_tokens + 1)
         req.num_computed_tokens = record.computed
@@ -143,6 +144,7 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
     else:
         req.page_table.ensure_capacity(req.num_tokens + 1)
         req.num_computed_tokens = 0
+        req.num_preemptions += 1  # counted as a recompute (the live eviction was not)
         req.state = RequestState.PREFILLING  # the lower copy is gone: recompute instead
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids,
                                       tuple(req.output_ids), adapter=req.adapter_slot))

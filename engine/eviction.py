@@ -25,16 +25,26 @@ is recomputed. The staging slot has one user at a time. If a demote is refused (
 the eviction is abandoned and the sequence decodes on; if a restore misses,
 the sequence recomputes its tokens instead, as it does when the restored
 bytes are not finite (``TierPort.check_restored``). Either way, once a sequence is
-resumed, abandoned or ended, every copy it had below is dropped.
+resumed, abandoned or ended, every copy it had below is dropped. After an
+abandoned eviction no other starts for a waiting request for a while
+(``may_start``: 50 ms, doubling with each abandon in a row up to 2 s, cleared
+by an eviction that lands), so a full tier is not asked again every round
+(a decode short of a page preempts by recompute after a refusal instead).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ignis.engine.sequence_pages import SequencePages
 from ignis.engine.tier_ops import PageHold, TierOp, as_op
 from ignis.engine.tier_port import TierPort
+
+
+RETRY_AFTER_S = (0.05, 2.0)
+"""After an abandoned eviction: the first wait before another starts, and the most it doubles to."""
 
 
 @dataclass
@@ -77,7 +87,8 @@ class Evictor:
     The staging slot has one user at a time (``staging_user``): an image on its
     way down, or one on its way back until the round that loads it into a lane."""
 
-    def __init__(self, tiers: TierPort, window_pages: int, staging_slot: int | None):
+    def __init__(self, tiers: TierPort, window_pages: int, staging_slot: int | None,
+                 clock: Callable[[], float] = time.monotonic):
         if window_pages < 1:
             raise ValueError(f"--evict-window-pages must be >= 1, got {window_pages}")
         self.tiers = tiers
@@ -93,10 +104,17 @@ class Evictor:
         self.abandoned = 0
         self.restore_rejections = 0
         self._abandoned_seen = 0
+        self.clock = clock
+        self._retry_wait = 0.0  # after the last abandon in a row (0: none)
+        self._retry_at = 0.0
 
     @property
     def enabled(self) -> bool:
         return self.staging_slot is not None
+
+    def may_start(self) -> bool:
+        """Whether a new eviction may start: on, and not backing off after an abandoned one."""
+        return self.enabled and (self._retry_wait == 0.0 or self.clock() >= self._retry_at)
 
     @property
     def copies_in_flight(self) -> int:
@@ -129,6 +147,7 @@ class Evictor:
                 if rec.image:
                     rec.computed = req.num_computed_tokens  # the round in flight at the start has been applied
                     self.evictions += 1
+                    self._retry_wait = 0.0
                     return "done"
             if posted and rec.next_page < len(pages):
                 return "more"  # one window a round
@@ -182,6 +201,9 @@ class Evictor:
         if rec is not None:
             self.drop(req.req_id, rec)
             self.abandoned += 1
+            first, most = RETRY_AFTER_S
+            self._retry_wait = min(most, self._retry_wait * 2 or first)
+            self._retry_at = self.clock() + self._retry_wait
 
     # ----- back up ---------------------------------------------------------------------
 

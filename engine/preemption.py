@@ -125,7 +125,7 @@ def evict_windows(sched: SchedulerState, plan: RoundPlan) -> None:
 
 def maybe_evict(sched: SchedulerState, head: Request) -> None:
     """``head`` cannot fit: start evicting the lowest-ranked decoding sequence ranked below it."""
-    if not sched.evictor.enabled or sched.evictor.evicting:
+    if not sched.evictor.may_start() or sched.evictor.evicting:
         return
     below = [r for r in sched.lanes.holders() if r.state is RequestState.DECODING
              and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]

@@ -95,7 +95,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list, init=False)
     lane: int | None = field(default=None, init=False)
     page_table: SequencePages | None = field(default=None, init=False, repr=False)  # while it holds a lane
-    num_preemptions: int = field(default=0, init=False)
+    num_preemptions: int = field(default=0, init=False)  # preempted to recompute (no lower tier took it)
+    live_resumes: int = field(default=0, init=False)  # evicted down a tier and resumed where it stopped
     pending_end: tuple[str, str] | None = field(default=None, init=False)  # (reason, message) of an abort
     finish_reason: str | None = field(default=None, init=False)
     cached_tokens: int = field(default=0, init=False)  # prompt tokens resumed from a retained entry

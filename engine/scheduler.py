@@ -203,10 +203,14 @@ class Scheduler:
 
     def _learn(self, req: Request) -> None:
         """What ``req`` shares with earlier prompts; past its own capture points, it captures where they diverge."""
-        seen = self.learned.observe(req.key_prefix(len(req.prompt_ids)), req.must_cut_at)
-        req.shared_tokens, req.earlier_cuts = seen.shared_tokens, seen.earlier_cuts
-        learned_at = walk_back(seen.learned_at, req.image_keys) if seen.learned_at is not None else None
-        if learned_at:  # a point inside an image moves before it (none is left at the prompt's start)
+        # a point inside an image moves before it (none is left at the prompt's start)
+        seen = self.learned.observe(req.key_prefix(len(req.prompt_ids)), req.must_cut_at,
+                                    place=lambda point: walk_back(point, req.image_keys))
+        # what it shares ends where a resume could: before an image the shared pages end inside
+        req.shared_tokens = walk_back(seen.shared_tokens, req.image_keys)
+        req.earlier_cuts = seen.earlier_cuts
+        learned_at = seen.learned_at
+        if learned_at:
             req.learned_at = learned_at
             req.must_cut_at = tuple(sorted({*req.must_cut_at, learned_at}))
             share_ahead(learned_at, req, self.waiting, self.lanes.holders())
@@ -309,6 +313,10 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request, reason: str, message: str = "") -> FinishEvent:
+        if reason in ("abort", "error"):  # the captures it had not reached will not be (engine.reuse.shortfall)
+            for point in req.must_cut_at:
+                if point > req.num_computed_tokens:
+                    self.store.fates.note(req.key_prefix(point), "aborted")
         self.evictor.forget(req.req_id, req.evicted)
         req.evicted = None
         if req.has_lane:
@@ -319,7 +327,8 @@ class Scheduler:
         return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
                            reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
-                           shortfall=req.shortfall, restore_rejected=req.restore_rejected)
+                           shortfall=req.shortfall, restore_rejected=req.restore_rejected,
+                           live_resumes=req.live_resumes, recomputed=req.num_preemptions)
 
     def _check_result(self, plan: RoundPlan, result: RoundResult) -> None:
         if not isinstance(result, RoundResult):

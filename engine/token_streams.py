@@ -198,6 +198,8 @@ class TokenStreams:
         if t.drafted_at:  # speculative decoding: drafted and accepted tokens, acceptance per draft position
             done["spec"] = {"drafted": sum(t.drafted_at), "accepted": sum(t.accepted_at),
                             "accept_rate_per_pos": [round(a / d, 3) for a, d in zip(t.accepted_at, t.drafted_at)]}
+        if ev.live_resumes or ev.recomputed:  # it gave up its lane while running (docs/operations.md)
+            done["preempted"] = {"resumed_live": ev.live_resumes, "recomputed": ev.recomputed}
         if ev.restore_rejected:  # ignis:reuse_restore_rejected_total{reason="non_finite"} counts them too
             done["restore_rejected"] = {"non_finite": ev.restore_rejected}
         if t.mark_missing:

@@ -1,4 +1,4 @@
-"""POST /v1/completions: raw prompts (text or token ids), no template, no marks, no parsing.
+"""POST /v1/completions: raw prompts (text or token ids), no template, no parsing.
 
 ``prompt`` is a string, an array of token ids, or an array of those (up to
 ``MAX_PROMPTS``; prompt k's j-th choice has index ``k * n + j``, as OpenAI
@@ -9,6 +9,9 @@ logprobs start with the prompt's tokens (the first with a null logprob), as
 OpenAI's legacy API gives them (what ``lm-eval``'s loglikelihood requests read).
 vLLM's ``prompt_logprobs`` adds each choice's ``prompt_logprobs`` list.
 Responses are ``text_completion`` objects, with the legacy logprobs format.
+A raw prompt has one capture mark, its checkpoint before its last token
+(``raw_prompt_marks``), so a retry, a second choice or a prompt that goes on
+from it resumes there (one token left to compute).
 Generating and answering is ``GenerationRequest.answer_prompts``'s.
 """
 
@@ -42,6 +45,12 @@ MAX_PROMPTS = 256
 MAX_CHOICES = 256
 """Prompts times ``n`` in one request; each choice is an engine request, so past ``--max-queue`` waiting ones
 a batch is refused (429)."""
+
+
+def raw_prompt_marks(ids: list[int]) -> dict:
+    """A raw prompt hands over to the model at its last token: its checkpoint is there. It counts as
+    made after a real user turn, so the conversation budget keeps it beside a longer prompt's."""
+    return {"opener_start": len(ids) - 1, "last_is_user": True}
 
 
 def _prompt_values(f: Fields) -> list[str | list[int]]:
@@ -110,7 +119,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rid = response_id("cmpl", req.client_id)
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}
     response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)])
-    return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response)
+    return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response, marks=raw_prompt_marks)
 
 
 class CompletionResponse(EndpointResponse):

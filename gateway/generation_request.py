@@ -193,17 +193,20 @@ class GenerationRequest:
                                          parser=parser, images=images)
 
     async def answer_prompts(self, endpoint: str, rid: str, prompts: list[tuple[list[int], int]],
-                             response: EndpointResponse, *, marks: dict | None = None,
+                             response: EndpointResponse, *,
+                             marks: dict | Callable[[list[int]], dict] | None = None,
                              parser: Callable[[], OutputParser] | None = None,
                              images: tuple[ImageInput, ...] = ()) -> web.StreamResponse:
         """``answer`` for several ``(prompt ids, max_tokens)``: ``n`` choices each, prompt k's j-th choice
         at index ``k * n + j`` with choice j's seed; usage sums the prompts; ``prompt_token_ids`` is one
-        list per prompt when there are several."""
+        list per prompt when there are several. ``marks``: the same for every prompt, or each prompt's
+        from its ids."""
         gw, p = self.gw, self.params
         remember(self.http, self.client_id or rid)
         base = engine_base(rid, self.client_id)
         gens, choices = [], []
         for k, (ids, max_tokens) in enumerate(prompts):
+            prompt_marks = marks(ids) if callable(marks) else marks
             for j in range(p.n):
                 i = k * p.n + j
                 sampling = sampling_for(p, max_tokens, j)
@@ -213,7 +216,7 @@ class GenerationRequest:
                                      request_class=p.request_class, model=gw.engine_model, grammar=p.grammar,
                                      cache_family=p.cache_family, cache_salt=p.cache_salt, adapter=gw.adapter,
                                      images=images,
-                                     **(marks or {})))
+                                     **(prompt_marks or {})))
                 choices.append(ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                                            parser=parser() if parser is not None else None,
                                            min_tokens=p.min_tokens, prompt_index=k,

@@ -31,7 +31,7 @@ Pure Python, no torch.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ignis.engine.reuse.hashing import page_chain
@@ -86,14 +86,19 @@ class LearnedPoints:
             return 0, ()
         return lo, self._records[self._owner[hashes[lo]]].cuts
 
-    def observe(self, tokens: Sequence[int], cuts: Sequence[int]) -> Observation:
-        """Look ``tokens`` up, plan its learned point, and record it with its capture points."""
+    def observe(self, tokens: Sequence[int], cuts: Sequence[int],
+                place: Callable[[int], int] | None = None) -> Observation:
+        """Look ``tokens`` up, plan its learned point, and record it with its capture points.
+        ``place`` moves a point where a capture can be (before an image it falls inside; 0: none),
+        so the index records the point the request will plan."""
         pt = self.page_tokens
         hashes = page_chain(tokens, pt)
         k, earlier = self.shared(hashes)
         shared = k * pt
         best = max((c for c in (*cuts, *earlier) if c <= shared), default=0)
         learned = shared if shared - best >= pt and shared < len(tokens) else None
+        if learned is not None and place is not None:
+            learned = place(learned) or None
         if learned is not None:
             self.learned += 1
         self._record(hashes, tuple(sorted({*cuts, *(() if learned is None else (learned,))})))

@@ -12,6 +12,9 @@ of the shared prefix, the reason is one of:
     tier_failed  the capture went to KV-RAM or KV-disk and its restore failed there (tierd refused
                it, timed out, or its file was bad or gone): the request computed instead
     budget     the capture was made, then dropped by its conversation's two-checkpoint budget
+    no_room    the capture sits in KV-RAM or KV-disk, but the device had no free pages (or host
+               slot) to restore it into, and none were on their way: the request computed it
+    aborted    the earlier request ended (aborted, or an error) before it reached the capture
     not_ready  the capture was planned but not taken yet (the earlier request is still
                prefilling towards it)
 
@@ -25,12 +28,13 @@ from collections import OrderedDict
 
 from ignis.engine.reuse.lower_index import content_key
 
-REASONS = ("unseen", "no_mark", "slot_busy", "evicted", "tier_failed", "budget", "not_ready")
+REASONS = ("unseen", "no_mark", "slot_busy", "evicted", "tier_failed", "budget", "no_room", "aborted",
+           "not_ready")
 
 
 class Fates:
     """Bounded map: content key of a capture's tokens -> "slot_busy" | "evicted" | "tier_failed" | "budget"
-    (newest kept)."""
+    | "no_room" | "aborted" (newest kept)."""
 
     def __init__(self, limit: int = 4096):
         self.limit = limit

@@ -243,9 +243,12 @@ class RetainedStore:
         if needed > self.pool.num_free:
             if self.pool.num_free + self.moves.pages_landing >= needed:
                 self._wait_below = (tokens, n)  # room on its way: ask again next round
+            else:
+                self.fates.note(tuple(r.tokens), "no_room")  # the request computes it (its shortfall says so)
             return
         slot = self._slot_for(r.request_class, host_only=True)  # tierd writes images into host slots only
         if slot is None:
+            self.fates.note(tuple(r.tokens), "no_room")
             return
         owner = SequencePages(self.pool, f"restored-{self._next_id}-{r.key[:8]}")
         try:
@@ -253,6 +256,7 @@ class RetainedStore:
         except PoolExhausted:
             owner.release()
             self.slots.give_back(slot)
+            self.fates.note(tuple(r.tokens), "no_room")
             return
         self.moves.restore(r, owner, slot, self._restored, self._missed)
 

@@ -94,6 +94,7 @@ class Harness:
                                staging_slot=staging if evict else None)
         self.runner = ModelRunner(model, self.state, vocab_limit=TOKENIZER_SIZE)
         self.tokens: dict[str, list[int]] = {}
+        self.finished = {}  # req_id -> FinishEvent
         self.rounds = 0
 
     def submit(self, rid, prompt, cls, **sampling):
@@ -110,6 +111,7 @@ class Harness:
         for rid, tok in result.tokens.items():
             self.tokens.setdefault(rid, []).append(tok)
         for ev in self.sched.update(result):
+            self.finished[ev.req_id] = ev
             self.runner.release(ev.req_id)
         self.rounds += 1
 
@@ -156,6 +158,9 @@ def test_agents_evicted_window_by_window_resume_bit_exact(model, kv_format):
     assert saw_evicting
     assert stats["live_evictions_total"] >= 2 and stats["live_resumes_total"] == stats["live_evictions_total"]
     assert h.tier.windows >= 2 * 3  # three pages each, one window per round
+    # each finish says how often its request was evicted and resumed (the done line's "preempted")
+    assert sum(ev.live_resumes for ev in h.finished.values()) == stats["live_resumes_total"]
+    assert all(ev.recomputed == 0 for ev in h.finished.values())
     for i in range(4):
         assert h.tokens[f"agent{i}"] == undisturbed(model, i, kv_format), i
     assert len(h.tokens["user0"]) == 5 and len(h.tokens["user1"]) == 5
@@ -202,5 +207,31 @@ def test_decode_pressure_without_a_tier_preempts_as_before(model):
         h.submit(f"agent{i}", prompt(150 + 10 * i, i), "agent", **AGENT_SAMPLING[i])
     h.run()
     assert h.sched.stats()["num_preemptions_total"] >= 1
+    assert sum(ev.recomputed for ev in h.finished.values()) == h.sched.stats()["num_preemptions_total"]
     for i in range(4):
         assert h.tokens[f"agent{i}"] == undisturbed(model, i), i
+
+
+def test_an_abandoned_eviction_backs_off_before_the_next_one_starts():
+    """A waiting request behind a full tier does not ask it again every round: 50 ms, doubling, then clear."""
+    from types import SimpleNamespace
+
+    from ignis.engine.eviction import RETRY_AFTER_S, Evictor
+
+    now = [100.0]
+    evictor = Evictor(NullTierPort(), window_pages=1, staging_slot=0, clock=lambda: now[0])
+    agent = SimpleNamespace(req_id="agent", num_computed_tokens=10)
+    assert evictor.may_start()
+    waits = []
+    for _ in range(8):
+        evictor.start(agent)
+        evictor.abandon(agent)
+        assert not evictor.may_start()
+        start = now[0]
+        while not evictor.may_start():
+            now[0] += 0.01
+        waits.append(round(now[0] - start, 2))
+    assert waits[0] == RETRY_AFTER_S[0] and waits[1] == 2 * RETRY_AFTER_S[0]
+    assert max(waits) == RETRY_AFTER_S[1] and waits == sorted(waits)
+    assert evictor.abandoned == 8
+    assert not Evictor(NullTierPort(), window_pages=1, staging_slot=None).may_start()  # off without a staging slot

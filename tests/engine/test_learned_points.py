@@ -252,6 +252,47 @@ def test_an_evicted_capture_is_named():
     assert_drained(s)
 
 
+def test_a_capture_its_request_never_reached_is_named_aborted():
+    """The planner of a capture aborted mid-prefill: the next sharer says ``aborted``, not ``not_ready``."""
+    s = sched(max_prefill_tokens_per_round=64)
+    a = req("a", prompt(200, 50, 1), cuts=(192,))
+    a.part_end = 192
+    s.add(a)
+    plan = s.schedule()
+    s.update(RoundResult({r: 5 for r in plan.sampled_ids()}))
+    assert a.num_computed_tokens == 64
+    s.abort("a")
+    s.add(req("b", prompt(200, 50, 2)))
+    _, done, _ = run_all(s)
+    assert done["a"].reason == "abort"
+    assert (done["b"].cached_tokens, done["b"].shortfall) == (0, "aborted")
+    s.store.release_all()
+    assert_drained(s)
+
+
+def test_a_learned_point_inside_an_image_is_recorded_where_it_moved():
+    """The index keeps the point the request plans (before the image), so the next sharer's reason is
+    about that point, and it resumes there."""
+    from ignis.engine.reuse.image_keys import ImageKey
+
+    def with_image(tag):
+        r = req(f"r{tag}", prompt(200, 50, tag))
+        r.place_images((ImageKey(62, 206, b"picture"),), PT)
+        return r
+
+    s = sched()
+    for tag in (1, 2):
+        s.add(with_image(tag))
+        run_all(s)
+    (entry,) = [e for e in s.store.entries() if e.kind == "learned_point"]
+    assert entry.num_tokens == 62  # 192, the page where they part, is inside the picture
+    s.add(with_image(3))
+    _, done, _ = run_all(s)
+    assert (done["r3"].cached_tokens, done["r3"].shortfall) == (62, "none")
+    s.store.release_all()
+    assert_drained(s)
+
+
 # ----- what the operator sees ----------------------------------------------------------------------
 
 

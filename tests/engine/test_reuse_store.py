@@ -350,6 +350,22 @@ def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
     pool.integrity_check()
 
 
+def test_a_restore_without_room_is_skipped_and_named_no_room():
+    """Every page held by a running sequence and nothing landing: the request computes, and says why."""
+    tier = FakeTier()
+    pool, store = with_lower(tier, pages=8)
+    store.lower.add(tier.hold(lower_record("a" * 32, 200, "ram")))
+    running = live_seq(pool, 6 * 64)  # 6 of 8 pages: the 4 the restore needs are not there
+    assert store.lookup(toks(260)) is None and tier.fetched == []
+    assert store.fates.of(toks(200)) == "no_room"
+    running.release()
+    hit = store.lookup(toks(260))  # room again: restored
+    assert (hit.num_tokens, hit.tier) == (200, "kv_ram")
+    round_applied(store)
+    store.release_all()
+    pool.integrity_check()
+
+
 def test_restore_floor_and_ties_go_to_the_tier_above():
     tier = FakeTier()
     pool, store = with_lower(tier, {"ram": 64, "disk": 256})

@@ -136,6 +136,32 @@ def test_cold_burst_of_subagents_gives_cold_outputs_and_reads_the_block_once(reu
     assert prefilled <= floor + sum(p - floor for p in prompts) + 64 * len(tasks), (prefilled, floor, prompts)
 
 
+def test_completion_retry_choices_and_continuation_resume_before_the_last_token(reuse_server, cold_server,
+                                                                               demo_tokenizer):
+    """A raw prompt's checkpoint is before its last token: a retry, the other choices of ``n`` and a prompt
+    that goes on from it resume there, with the cold answer."""
+    server, client = reuse_server
+    cold, cold_client = cold_server
+    prompt = demo_tokenizer.encode("Raw completion retried. " + text(200, 31))
+
+    def complete(api, model, prompt, n=1):
+        return api.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, n=n)
+
+    first, retry = complete(client, server.model, prompt), complete(client, server.model, prompt)
+    n_prompt = first.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert retry.usage.prompt_tokens_details.cached_tokens == n_prompt - 1
+    longer = prompt + demo_tokenizer.encode(" " + text(40, 32))
+    two = complete(client, server.model, longer, n=2)
+    assert two.usage.prompt_tokens_details.cached_tokens >= n_prompt - 1
+    for got, want in ((first, prompt), (retry, prompt), (two, longer)):
+        ref = complete(cold_client, cold.model, want)
+        for choice in got.choices:
+            assert choice.text == ref.choices[0].text
+            diffs = [abs(a - b) for a, b in zip(choice.logprobs.token_logprobs, ref.choices[0].logprobs.token_logprobs)]
+            assert len(diffs) == 6 and max(diffs) < LOGPROB_TOL
+
+
 def test_volatile_system_prompt_misses_and_stable_one_hits(reuse_server):
     server, client = reuse_server
     user = {"role": "user", "content": "Summarise the plan. " + text(20, 9)}
@@ -210,9 +236,9 @@ def test_cache_salt_on_completions_and_responses(reuse_server):
         return client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0,
                                          extra_body={"cache_salt": salt})
 
-    # a completion prompt has no marks: the second one learns where it shares the first, the third resumes
+    # a completion prompt's checkpoint is before its last token: the second send resumes there
     runs = [complete("s1") for _ in range(3)] + [complete("s2")]
-    assert [r.usage.prompt_tokens_details.cached_tokens > 0 for r in runs] == [False, False, True, False]
+    assert [r.usage.prompt_tokens_details.cached_tokens > 0 for r in runs] == [False, True, True, False]
     assert len({r.choices[0].text for r in runs}) == 1
     instructions = "Salted responses. " + SYSTEM
     cached = []

@@ -153,3 +153,9 @@ def test_with_reuse_off_live_agents_are_evicted_to_tierd_and_resume_exactly(tmp_
     assert sample(tierd, "ignis:tierd_demotions_total", kind="live") >= 1
     assert sample(tierd, "ignis:tierd_restores_total", kind="live") >= 1
     assert sample(engine, "ignis:reuse_hits_total") == 0
+    # the evicted agents' done lines say they resumed live; nothing was recomputed
+    done = [json.loads(line[line.index("{"):]) for line in server.err.read_text().splitlines()
+            if '"event":"done"' in line]
+    resumed = [d["preempted"] for d in done if "preempted" in d]
+    assert sum(p["resumed_live"] for p in resumed) == sample(engine, "ignis:live_resumes_total") >= 1
+    assert all(p["recomputed"] == 0 for p in resumed)
