@@ -55,8 +55,10 @@ class TierPort(Protocol):
         ``restore_retained`` use; the tier it landed in ("ram" / "disk"), or None when it did not move.
         ``last_used``: when the entry was last used (unix s; None: now), where tierd's TTL counts from."""
 
-    def restore_retained(self, key: str, pages: Sequence[int], slot: int) -> str | None:
-        """Copy the entry under ``key`` into ``pages`` and ``slot``; the tier it was read from, or None."""
+    def restore_retained(self, key: str, pages: Sequence[int], slot: int, skip: int = 0) -> str | None:
+        """Copy the entry under ``key`` into ``pages`` and ``slot``, but for its first ``skip`` pages
+        (shared from a device entry instead: ``pages`` are those after them); the tier it was read
+        from, or None."""
 
     def locate(self, keys: list[str]):
         """Where each key is now: a handle (or plain value) of a dict "ram" / "disk" / None (gone) per key;
@@ -105,7 +107,7 @@ class NullTierPort:
     def demote_retained(self, tokens, pages, slot, request_class, last_used=None) -> None:
         return None
 
-    def restore_retained(self, key, pages, slot) -> None:
+    def restore_retained(self, key, pages, slot, skip=0) -> None:
         return None
 
     def locate(self, keys) -> None:

@@ -52,7 +52,7 @@ ENGINE_TIERD = WireProtocol("engine-tierd", version=1)
 so a tierd of another version that can read the Hello refuses it in words (TierRefused, reason "protocol")."""
 ENGINE_TIERD.add(Stats, StatsReply)
 
-TIER_PROTOCOL_VERSION = 3
+TIER_PROTOCOL_VERSION = 4
 """Version of the engine <-> tierd contract; checked at ``Hello``, bumped on any incompatible change."""
 
 FAMILIES = ("qwen3_5", "qwen3_next")
@@ -166,7 +166,9 @@ class Demote:
 @ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Restore:
-    """Copy entry ``key`` into ``dest`` (same blocks, in the same order, as its source)."""
+    """Copy entry ``key`` into ``dest`` (same blocks, in the same order, as its source), all but its
+    first ``skip`` page items: the engine shares those pages from a device entry it holds already,
+    so ``dest`` names the source's items from ``skip`` on."""
 
     TYPE: ClassVar[str] = "tier_restore"
 
@@ -174,12 +176,14 @@ class Restore:
     key: str
     stamp: str
     dest: tuple[tuple[str, int], ...]
+    skip: int = 0
 
     def __post_init__(self):
         _check_req(self.req)
         check_key(self.key)
         _check_stamp(self.stamp)
         object.__setattr__(self, "dest", check_refs("dest", self.dest))
+        check_int("skip", self.skip, 0, MAX_INT)
 
 
 @ENGINE_TIERD.message

@@ -67,13 +67,15 @@ class Span:
         return self.n_items * self.item_nbytes
 
 
-def plan_spans(items: Sequence[tuple[MappedBlock, int]], host_blocks: Sequence[int], block_bytes: int) -> list[Span]:
-    """Spans copying ``items`` (payload order) to or from ``host_blocks`` of ``block_bytes`` each."""
-    total = sum(b.item_total for b, _ in items)
+def plan_spans(items: Sequence[tuple[MappedBlock, int]], host_blocks: Sequence[int], block_bytes: int,
+               start: int = 0) -> list[Span]:
+    """Spans copying ``items`` (payload order, from payload byte ``start``: the bytes of the items a
+    restore skips come first) to or from ``host_blocks`` of ``block_bytes`` each."""
+    total = start + sum(b.item_total for b, _ in items)
     if len(host_blocks) * block_bytes < total:
         raise ValueError(f"{len(host_blocks)} host blocks of {block_bytes} bytes cannot hold {total} bytes")
     spans: list[Span] = []
-    p = 0  # payload offset of the current item
+    p = start  # payload offset of the current item
     for block, item in items:
         width = block.item_bytes
         a = 0
@@ -365,15 +367,16 @@ def make_backend(cuda_device: int | None, threads: int = 1):
     return PausingBackend(backend, pause) if pause > 0 else backend
 
 
-def plan_copy(items: Sequence[tuple[MappedBlock, int]], host_blocks: Sequence[int], block_bytes: int) -> list[Span]:
+def plan_copy(items: Sequence[tuple[MappedBlock, int]], host_blocks: Sequence[int], block_bytes: int,
+              start: int = 0) -> list[Span]:
     """``plan_spans``, coalesced: what the backends are given."""
-    return coalesce(plan_spans(items, host_blocks, block_bytes))
+    return coalesce(plan_spans(items, host_blocks, block_bytes, start))
 
 
-def _by_chunk(items, nbytes: int, chunk: int) -> dict[int, list[Span]]:
-    """The copy of payload chunk ``i`` (host offsets from the chunk's start) for every ``i``."""
+def _by_chunk(items, nbytes: int, chunk: int, start: int = 0) -> dict[int, list[Span]]:
+    """The copy of payload chunk ``i`` (host offsets from the chunk's start) for every ``i`` it touches."""
     groups: dict[int, list[Span]] = {}
-    for s in plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk):
+    for s in plan_spans(items, range(kvdisk.chunk_count(nbytes, chunk)), chunk, start):
         i = s.host // chunk
         groups.setdefault(i, []).append(replace(s, host=s.host - i * chunk))
     return {i: coalesce(g) for i, g in groups.items()}
@@ -387,11 +390,18 @@ def write_from_engine(backend, items, path, header: bytes, nbytes: int, io: disk
                               mac_key, io.chunk, io)
 
 
-def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_io.DiskIO, mac_key: bytes) -> None:
-    """KV-disk file -> engine memory; each chunk is verified before it is copied on (disk thread)."""
-    groups = _by_chunk(items, nbytes, io.chunk)
-    kvdisk.read_entry(path, header, nbytes, lambda offset, view: backend.scatter(groups[offset // io.chunk], view),
-                      mac_key, io.chunk, io)
+def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_io.DiskIO, mac_key: bytes,
+                     start: int = 0) -> None:
+    """KV-disk file -> engine memory, from payload byte ``start`` (``items`` hold what follows); each chunk
+    is verified before it is copied on, the skipped ones too (disk thread)."""
+    groups = _by_chunk(items, nbytes, io.chunk, start)
+
+    def scatter(offset: int, view) -> None:
+        spans = groups.get(offset // io.chunk)
+        if spans:
+            backend.scatter(spans, view)
+
+    kvdisk.read_entry(path, header, nbytes, scatter, mac_key, io.chunk, io)
 
 
 class Worker:

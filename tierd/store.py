@@ -115,19 +115,22 @@ class TierStore:
         if e.busy:
             e.waiting.append((peer, msg))
             return
-        if resolved.shape != e.shape:
+        skipped = e.shape[:msg.skip]
+        if resolved.shape != e.shape[msg.skip:] or any(name != self.memory.unit.pages for name in skipped):
             return self._refuse(peer, msg, "bad_request",
-                                f"dest names blocks {_brief(resolved.shape)}; the entry was demoted from "
-                                f"{_brief(e.shape)} (same blocks, same order needed)")
+                                f"dest names blocks {_brief(resolved.shape)} after skipping {msg.skip}; the entry "
+                                f"was demoted from {_brief(e.shape)} (same blocks, same order needed; only page "
+                                f"items may be skipped)")
+        start = sum(self.memory.blocks[name].item_total for name in skipped)  # payload bytes not copied
         if e.arena.state is S.RESIDENT:
             e.arena.move(S.READING)
-            spans = plan_copy(resolved.items, e.blocks, self.block_bytes)
+            spans = plan_copy(resolved.items, e.blocks, self.block_bytes, start)
             self.copier.submit(lambda: self.backend.scatter(spans, self.arena.view),
                                lambda r, err, s: self._restored(peer, msg, e, "ram", err, s))
         else:
             e.disk.move(S.READING)
             job = partial(read_into_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
-                          e.nbytes, self.disk_files, self.disk.mac_key)
+                          e.nbytes, self.disk_files, self.disk.mac_key, start)
             self.disk_io.submit(job, lambda r, err, s: self._restored(peer, msg, e, "disk", err, s))
 
     def drop(self, peer: bytes, msg: Drop) -> None:

@@ -154,11 +154,15 @@ class LowerMoves:
 
     def restore(self, record: LowerRecord, owner: SequencePages, slot: int,
                 landed: Callable[[LowerRecord, SequencePages, int, str], None],
-                missed: Callable[[LowerRecord, bool], None]) -> None:
-        """Post the restore of ``record`` into ``owner``'s pages and ``slot``. When it lands and its bytes
-        are finite: ``landed(record, owner, slot, tier)`` (the store registers it). Otherwise
-        ``missed(record, rejected)``, and the pages and slot are freed once tierd no longer writes them."""
-        op = as_op("restore", self.tiers.restore_retained(record.key, owner.pages, slot))
+                missed: Callable[[LowerRecord, bool], None], shared: int = 0) -> None:
+        """Post the restore of ``record`` into ``owner``'s pages and ``slot`` (its first ``shared`` pages
+        already hold the record's prefix, shared from a device entry: they are not copied). When it lands
+        and its bytes are finite: ``landed(record, owner, slot, tier)`` (the store registers it).
+        Otherwise ``missed(record, rejected)``, and the pages and slot are freed once tierd no longer
+        writes them."""
+        pages = owner.pages[shared:]
+        op = as_op("restore", self.tiers.restore_retained(record.key, pages, slot, shared) if shared
+                   else self.tiers.restore_retained(record.key, pages, slot))
         r = _Restoring(record, owner, slot, op)
         self.restoring[record.key] = r
         op.when_done(lambda o: self._restored(r, landed, missed))

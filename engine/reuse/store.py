@@ -233,11 +233,15 @@ class RetainedStore:
 
     def _promote(self, r: LowerRecord, keep: Entry | None, tokens: tuple[int, ...]) -> None:
         """Post the copy of a lower-tier entry back into fresh pages and a slot; it is a device entry
-        again once it lands (now, for a port that answers at once; else in a later round's poll)."""
+        again once it lands (now, for a port that answers at once; else in a later round's poll).
+        The whole pages of the device match (a prefix of the entry) are shared, not copied: only the
+        pages past them are taken and read."""
+        shared = 0
         if keep is not None:
             keep.pinned = True  # the device match stays usable if the restore misses
+            shared = keep.num_tokens // self.pool.page_tokens
         n = len(r.tokens)
-        needed = self.pool.pages_for(n)
+        needed = self.pool.pages_for(n) - shared
         if needed > self.pool.num_free:
             self.reclaim_pages(needed)
         if needed > self.pool.num_free:
@@ -252,13 +256,15 @@ class RetainedStore:
             return
         owner = SequencePages(self.pool, f"restored-{self._next_id}-{r.key[:8]}")
         try:
+            if shared:
+                owner.fork_from(keep.pages.pages, shared * self.pool.page_tokens)  # whole pages: no copy
             owner.ensure_capacity(n)
         except PoolExhausted:
             owner.release()
             self.slots.give_back(slot)
             self.fates.note(tuple(r.tokens), "no_room")
             return
-        self.moves.restore(r, owner, slot, self._restored, self._missed)
+        self.moves.restore(r, owner, slot, self._restored, self._missed, shared)
 
     def _restored(self, r: LowerRecord, owner: SequencePages, slot: int, read_from: str) -> None:
         self.restores += 1

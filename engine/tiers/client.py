@@ -179,11 +179,12 @@ class TierClient:
             req=req, key=key, stamp=self.stamp, source=tuple(source), target="auto", kind=kind,
             request_class=request_class, last_used=last_used), copy=True)
 
-    def restore(self, key: str, dest: list[tuple[str, int]]) -> TierOp:
-        """Copy an entry back into ``dest``; the handle's value is the tier it was read from. A miss fails
-        it (the destination is then unused, and free once ``memory_free``)."""
-        return self._post("restore", lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest)),
-                          copy=True)
+    def restore(self, key: str, dest: list[tuple[str, int]], skip: int = 0) -> TierOp:
+        """Copy an entry back into ``dest``, all but its first ``skip`` page items; the handle's value is
+        the tier it was read from. A miss fails it (the destination is then unused, and free once
+        ``memory_free``)."""
+        return self._post("restore", lambda req: Restore(req=req, key=key, stamp=self.stamp, dest=tuple(dest),
+                                                         skip=skip), copy=True)
 
     def lookup(self, keys: list[str]) -> TierOp:
         """Where tierd holds each key now: the value maps each to "ram", "disk" or None (gone)."""

@@ -163,10 +163,10 @@ class TierClientPort:
                                                   kind="retained", request_class=request_class,
                                                   last_used=time.time() if last_used is None else last_used))
 
-    def restore_retained(self, key, pages, slot) -> TierOp | None:
+    def restore_retained(self, key, pages, slot, skip=0) -> TierOp | None:
         if slot < self.device_slots:
             return None
-        op = as_op("restore", self.client.restore(key, _page_refs(pages) + self._slot_refs(slot)))
+        op = as_op("restore", self.client.restore(key, _page_refs(pages) + self._slot_refs(slot), skip))
         op.when_done(lambda o: self._maybe_poison(slot) if o.ok else None)
         return op
 

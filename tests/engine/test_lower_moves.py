@@ -32,8 +32,8 @@ class LaterTier(NullTierPort):
     def demote_retained(self, tokens, pages, slot, request_class, last_used=None):
         return self._post("demote", content_key(tokens), tuple(pages), slot)
 
-    def restore_retained(self, key, pages, slot):
-        return self._post("restore", key, tuple(pages), slot)
+    def restore_retained(self, key, pages, slot, skip=0):
+        return self._post("restore", key, tuple(pages), slot, *((skip,) if skip else ()))
 
     def locate(self, keys):
         return self._post("lookup", tuple(keys))

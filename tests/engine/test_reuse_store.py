@@ -287,7 +287,7 @@ class FakeTier(NullTierPort):
     def __init__(self, tier="ram", fail_fetch=False, where=None, read_from=None):
         self.tier, self.fail_fetch, self.read_from = tier, fail_fetch, read_from
         self.where = where
-        self.demoted, self.fetched = [], []
+        self.demoted, self.fetched, self.skipped = [], [], []
         self.last_used: dict[tuple, float | None] = {}  # tokens -> last_used sent with the demote
         self.held: dict[str, str] = {}  # key -> tier
         self.session = 1
@@ -303,8 +303,9 @@ class FakeTier(NullTierPort):
         self.held[content_key(tokens)] = self.tier
         return self.tier
 
-    def restore_retained(self, key, pages, slot):
+    def restore_retained(self, key, pages, slot, skip=0):
         self.fetched.append((key, tuple(pages), slot))
+        self.skipped.append(skip)
         return None if self.fail_fetch else (self.read_from or self.held.get(key))
 
     def locate(self, keys):
@@ -347,6 +348,30 @@ def test_lazy_demotion_on_reclaim_then_restore_past_the_floor():
     round_applied(store)
     store.release_all()
     assert pool.num_free == 8 and len(store.lower) == 0
+    pool.integrity_check()
+
+
+def test_a_restore_shares_the_device_matchs_whole_pages_and_reads_only_the_rest():
+    """A system block retained on the device, a conversation over it in KV-RAM: the restored entry holds
+    the block's pages in place (no second copy in the pool) and tierd is asked for the pages after them."""
+    tier = FakeTier()
+    pool, store = with_lower(tier, pages=16)
+    seq = live_seq(pool, 130)
+    store.capture(toks(130), seq, 0, "retained_prefix", "interactive", False)
+    seq.release()
+    round_applied(store)
+    (block,) = store.entries()
+    store.lower.add(tier.hold(lower_record("c" * 32, 400, "ram")))
+    free = pool.num_free
+    hit = store.lookup(toks(430))
+    assert (hit.num_tokens, hit.tier) == (400, "kv_ram")
+    assert tier.skipped == [2]  # 130 tokens: two whole pages shared, the third (partial) is read
+    assert len(tier.fetched[0][1]) == pool.pages_for(400) - 2
+    assert list(hit.pages[:2]) == list(block.pages.pages[:2])
+    assert free - pool.num_free == pool.pages_for(400) - 2
+    round_applied(store)
+    store.release_all()
+    assert pool.num_free == 16
     pool.integrity_check()
 
 

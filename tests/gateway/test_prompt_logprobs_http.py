@@ -114,7 +114,13 @@ def test_chat_prompt_logprobs_compute_the_whole_prompt_every_time(server, demo_t
     assert all(len(e) == 1 for e in scored["prompt_logprobs"][1:])  # the prompt token alone at 0 alternatives
     assert all(c["message"]["content"] == first["choices"][0]["message"]["content"] for c in scored["choices"])
     again = post(server, "/v1/chat/completions", dict(base, prompt_logprobs=0))[1]
-    assert again["prompt_logprobs"] == scored["prompt_logprobs"]
+    # the same tokens; the logprobs to the last bits (a round's chunks depend on what runs beside, and so
+    # may the rank among near-ties of a random model's vocabulary)
+    assert len(again["prompt_logprobs"]) == len(scored["prompt_logprobs"]) and again["prompt_logprobs"][0] is None
+    for a, b in zip(again["prompt_logprobs"][1:], scored["prompt_logprobs"][1:]):
+        assert a.keys() == b.keys()
+        for tok in a:
+            assert abs(a[tok]["logprob"] - b[tok]["logprob"]) < 1e-4
 
 
 def test_streamed_echo_carries_the_prompt_logprobs_first(client, server, demo_tokenizer):

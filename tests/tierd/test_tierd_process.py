@@ -99,6 +99,32 @@ def test_host_slot_image_and_direct_disk_round_trip(engine):
     assert lookup(engine, 2) == ["disk"]  # a restore keeps the file (lazy)
 
 
+@pytest.mark.parametrize("target", ["ram", "disk"])
+def test_a_restore_that_skips_its_first_pages_copies_only_the_rest(engine, target):
+    """The engine shares the first pages from a device entry: tierd writes only the items after them,
+    from the right place in the payload, and nothing else in engine memory."""
+    src = (("kv", 5), ("kv", 6), ("kv", 7), ("host_slots", 1))
+    reply, want = demote(engine, 20 if target == "ram" else 21, src=src, target=target)
+    assert isinstance(reply, Demoted) and reply.tier == target
+    page = len(engine.read((("kv", 0),)))
+    dst = (("kv", 12), ("kv", 13), ("host_slots", 2))
+    engine.scramble()
+    others = tuple(("kv", i) for i in range(32) if i not in (12, 13)) + (("host_slots", 1), ("host_slots", 3))
+    before = engine.read(others)
+    got = engine.ask(Restore(engine.next_req(), reply.key, STAMP, dst, skip=1))
+    assert isinstance(got, Restored) and got.tier == target
+    assert engine.read(dst) == want[page:]
+    assert engine.read(others) == before
+    # every page may be skipped: the image alone comes back
+    assert isinstance(engine.ask(Restore(engine.next_req(), reply.key, STAMP, (("host_slots", 3),), skip=3)),
+                      Restored)
+    assert engine.read((("host_slots", 3),)) == want[3 * page:]
+    # what is left must be the rest of the source
+    for skip, dest in ((2, dst), (1, (("kv", 12), ("host_slots", 2))), (0, dst)):
+        bad = engine.ask(Restore(engine.next_req(), reply.key, STAMP, dest, skip=skip))
+        assert isinstance(bad, TierRefused) and bad.reason == "bad_request", (skip, bad)
+
+
 def test_restore_must_name_the_same_blocks(engine):
     demote(engine, 3)
     before = engine.snapshot()

@@ -77,8 +77,8 @@ class RecordingClient:
         self.calls.append(("demote", key, source, kind))
         return "ram"
 
-    def restore(self, key, dest):
-        self.calls.append(("restore", key, dest))
+    def restore(self, key, dest, skip=0):
+        self.calls.append(("restore", key, dest) + ((skip,) if skip else ()))
         return "ram"
 
     def drop(self, key):
@@ -104,6 +104,8 @@ def test_the_port_names_pages_and_host_slot_items_and_never_exports_a_device_slo
                                 [("kv", 4), ("kv", 5), ("slot_ssm", 1), ("slot_conv", 1)], "retained")
     assert port.restore_retained("k", [7], slot=2).value == "ram"
     assert client.calls[-1] == ("restore", "k", [("kv", 7), ("slot_ssm", 0), ("slot_conv", 0)])
+    assert port.restore_retained("k", [8], slot=2, skip=3).value == "ram"  # pages 0..2 shared on the device
+    assert client.calls[-1] == ("restore", "k", [("kv", 8), ("slot_ssm", 0), ("slot_conv", 0)], 3)
     assert port.demote_window("r", 0, [8, 9], "agent").ok and port.demote_image("r", lane=1, request_class="agent").ok
     assert saved == [(1, 6)]  # the image is staged in the staging slot before it moves
     window, image = client.calls[-2:]
