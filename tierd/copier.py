@@ -392,8 +392,8 @@ def write_from_engine(backend, items, path, header: bytes, nbytes: int, io: disk
 
 def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_io.DiskIO, mac_key: bytes,
                      start: int = 0) -> None:
-    """KV-disk file -> engine memory, from payload byte ``start`` (``items`` hold what follows); each chunk
-    is verified before it is copied on, the skipped ones too (disk thread)."""
+    """KV-disk file -> engine memory, from payload byte ``start`` (``items`` hold what follows; the chunks
+    before the one holding it are not read); each chunk is verified before it is copied on (disk thread)."""
     groups = _by_chunk(items, nbytes, io.chunk, start)
 
     def scatter(offset: int, view) -> None:
@@ -401,7 +401,7 @@ def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_
         if spans:
             backend.scatter(spans, view)
 
-    kvdisk.read_entry(path, header, nbytes, scatter, mac_key, io.chunk, io)
+    kvdisk.read_entry(path, header, nbytes, scatter, mac_key, io.chunk, io, start)
 
 
 class Worker:

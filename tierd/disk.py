@@ -322,8 +322,9 @@ def _load(fd: int, buf: np.ndarray, s: int, n: int, offset: int, direct: bool, k
 
 
 def read_entry(path: Path, header: bytes, nbytes: int, consume: Callable[[int, np.ndarray], None], mac_key: bytes,
-               chunk: int = CHUNK_BYTES, io: disk_io.DiskIO | None = None) -> None:
-    """Read and verify ``path``; ``consume(payload_offset, chunk_view)`` gets each good chunk, in order.
+               chunk: int = CHUNK_BYTES, io: disk_io.DiskIO | None = None, start: int = 0) -> None:
+    """Read and verify ``path``; ``consume(payload_offset, chunk_view)`` gets each good chunk, in order,
+    from the one holding payload byte ``start`` (each chunk has its own tag: those before are not read).
 
     I/O threads read and verify up to ``io.threads`` chunks ahead; a chunk
     is handed on only once it and every chunk before it passed. Raises
@@ -365,9 +366,10 @@ def read_entry(path: Path, header: bytes, nbytes: int, consume: Callable[[int, n
                                                    disk_mac.chunk_key(mac_key, nonce, header, i), want, path.name,
                                                    i)))
 
-        for i in range(min(k, io.threads)):
+        first = min(start // chunk, k)
+        for i in range(first, min(k, first + io.threads)):
             submit(i)
-        for i in range(k):
+        for i in range(first, k):
             buf, n, job = pending.popleft()
             try:
                 job.result()

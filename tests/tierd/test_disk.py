@@ -76,6 +76,24 @@ def test_a_flipped_byte_is_caught_in_its_chunk_and_later_chunks_are_not_handed_o
     assert read.handed_on == [0, CHUNK]
 
 
+def test_a_read_from_an_offset_skips_the_chunks_before_it(tmp_path):
+    """A restore that shares its first pages reads from the chunk holding the rest: a damaged chunk before
+    it is not read, one after it is still caught."""
+    payload = bytes(range(256)) * 64  # 4 chunks
+    path, header = write(tmp_path, payload)
+    data = bytearray(path.read_bytes())
+    chunk0 = len(data) - trailer_bytes(len(payload), CHUNK) - 4 * CHUNK
+    data[chunk0 + 7] ^= 1  # inside chunk 0
+    path.write_bytes(bytes(data))
+    got = {}
+    read_entry(path, header, len(payload), lambda o, v: got.__setitem__(o, v.tobytes()), MAC, CHUNK,
+               start=CHUNK + 100)
+    assert sorted(got) == [CHUNK, 2 * CHUNK, 3 * CHUNK]
+    assert b"".join(got[o] for o in sorted(got)) == payload[CHUNK:]
+    with pytest.raises(CorruptFile, match=r"chunk 0"):
+        read_entry(path, header, len(payload), lambda o, v: None, MAC, CHUNK, start=CHUNK - 1)
+
+
 def test_truncation_other_headers_and_missing_files_are_corrupt(tmp_path):
     payload = b"x" * 5000
     path, header = write(tmp_path, payload)
