@@ -40,10 +40,10 @@ async def load_images(urls: list[str], vision: VisionSettings, policy: MediaPoli
     for k, url in enumerate(urls):
         try:
             if isinstance(url, str) and url[:5].lower() == "data:":  # base64 of a big image: off the event loop
-                data = await work.run(data_url_bytes, url, policy.max_bytes)
+                data = await work.run_image(data_url_bytes, url, policy.max_bytes)
             else:
                 data = await image_bytes(url, policy)
-            out.append(await work.run(decode_image, data, vision, max_source_pixels))
+            out.append(await work.run_image(decode_image, data, vision, max_source_pixels))
         except ImageError as e:
             raise invalid(f"image {k + 1} of the messages: {e}", "messages", code="invalid_image") from None
     return tuple(out)
