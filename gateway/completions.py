@@ -11,7 +11,9 @@ vLLM's ``prompt_logprobs`` adds each choice's ``prompt_logprobs`` list.
 Responses are ``text_completion`` objects, with the legacy logprobs format.
 A raw prompt has one capture mark, its checkpoint before its last token
 (``raw_prompt_marks``), so a retry, a second choice or a prompt that goes on
-from it resumes there (one token left to compute).
+from it resumes there (one token left to compute). A scored prompt (an
+evaluation's loglikelihood request) has none: it is computed whole and
+rarely sent again, so its image would only take a slot.
 Generating and answering is ``GenerationRequest.answer_prompts``'s.
 """
 
@@ -119,7 +121,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rid = response_id("cmpl", req.client_id)
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": gw.model_name}
     response = CompletionResponse(p, gw.tokenizer, head, [t for t in echo_texts for _ in range(p.n)])
-    return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response, marks=raw_prompt_marks)
+    marks = None if req.params.prompt_logprobs is not None else raw_prompt_marks
+    return await req.answer_prompts(ENDPOINT, rid, list(zip(prompts, limits)), response, marks=marks)
 
 
 class CompletionResponse(EndpointResponse):

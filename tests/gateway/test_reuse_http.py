@@ -154,6 +154,11 @@ def test_completion_retry_choices_and_continuation_resume_before_the_last_token(
     longer = prompt + demo_tokenizer.encode(" " + text(40, 32))
     two = complete(client, server.model, longer, n=2)
     assert two.usage.prompt_tokens_details.cached_tokens >= n_prompt - 1
+    # a scored prompt (an evaluation's loglikelihood request) leaves no checkpoint behind
+    scored_prompt = demo_tokenizer.encode("Scored once. " + text(120, 33))
+    client.completions.create(model=server.model, prompt=scored_prompt, max_tokens=1, echo=True, logprobs=1)
+    after = client.completions.create(model=server.model, prompt=scored_prompt, max_tokens=1)
+    assert after.usage.prompt_tokens_details.cached_tokens == 0
     for got, want in ((first, prompt), (retry, prompt), (two, longer)):
         ref = complete(cold_client, cold.model, want)
         for choice in got.choices:
