@@ -49,6 +49,7 @@ from ignis.gateway.config import GatewayConfig
 from ignis.gateway.cors import add_origin_headers, is_preflight, preflight
 from ignis.gateway.engine_client import EngineClient, EngineUnavailable
 from ignis.gateway.errors import ApiError, from_http_exception
+from ignis.gateway.expect_continue import expect_continue
 from ignis.gateway.generation import ClientGone, EngineFailed, api_error_of
 from ignis.gateway.listener import CONNECTIONS, Connections
 from ignis.gateway.lora_api import load_lora_adapter, unload_lora_adapter
@@ -316,9 +317,10 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app[PROMPT_WORK] = PromptWork()
     app[CONNECTIONS] = Connections(config.max_connections, config.header_read_timeout)
     app[RESPONSES] = responses_state(config.runtime_dir or default_runtime_dir(), config.instance)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/responses", create_response)
+    expect = expect_continue(_error)  # a declared body past the limit: 413 before it is sent
+    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect)
+    app.router.add_post("/v1/responses", create_response, expect_handler=expect)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
@@ -331,10 +333,10 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
-    app.router.add_post(MESSAGES_PREFIX, create_message)
-    app.router.add_post(MESSAGES_PREFIX + "/count_tokens", count_tokens)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
+    app.router.add_post(MESSAGES_PREFIX, create_message, expect_handler=expect)
+    app.router.add_post(MESSAGES_PREFIX + "/count_tokens", count_tokens, expect_handler=expect)
+    app.router.add_post("/tokenize", tokenize, expect_handler=expect)
+    app.router.add_post("/detokenize", detokenize, expect_handler=expect)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_post("/flush_cache", reset_prefix_cache)
     app.router.add_get("/flush_cache", reset_prefix_cache)

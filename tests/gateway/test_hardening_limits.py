@@ -156,3 +156,48 @@ def test_too_many_messages_are_refused_by_count(gw):
     assert r.status == 400
     err = r.json()["error"]
     assert err["param"] == "messages" and err["code"] == "too_many_messages" and "1024" in err["message"], err
+
+
+def _expect_head(length: int, path: str = CHAT) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n"
+            f"Expect: 100-continue\r\n\r\n").encode()
+
+
+def _read_head(sock, timeout: float = 10) -> bytes:
+    """Bytes up to the end of the first response head on ``sock``."""
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_an_announced_body_past_the_limit_is_refused_before_it_is_sent(gw):
+    """curl asks first (Expect: 100-continue) for big bodies: the answer is the 413, not a go-ahead."""
+    for path in (CHAT, "/v1/messages"):
+        sock = gw.connect()
+        sock.sendall(_expect_head(TEN_MB, path))
+        head = _read_head(sock)
+        assert head.startswith(b"HTTP/1.1 413"), head
+        sock.settimeout(10)
+        rest = b""
+        while b"request_too_large" not in rest and b"request_too_large" not in head:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            rest += chunk
+        assert b"request_too_large" in head + rest
+        sock.close()
+
+
+def test_an_announced_body_within_the_limit_is_asked_for_and_answered(gw):
+    body = json.dumps({"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    sock = gw.connect()
+    sock.sendall(_expect_head(len(body)))
+    assert _read_head(sock).startswith(b"HTTP/1.1 100 Continue"), "no go-ahead"
+    sock.sendall(body)
+    assert read_status(sock, 30) == 200
+    sock.close()
