@@ -126,12 +126,12 @@ class TierStore:
             e.arena.move(S.READING)
             spans = plan_copy(resolved.items, e.blocks, self.block_bytes, start)
             self.copier.submit(lambda: self.backend.scatter(spans, self.arena.view),
-                               lambda r, err, s: self._restored(peer, msg, e, "ram", err, s))
+                               lambda r, err, s: self._restored(peer, msg, e, "ram", err, s, start))
         else:
             e.disk.move(S.READING)
             job = partial(read_into_engine, self.disk_backend, resolved.items, self.disk.file_path(e.key), e.header,
                           e.nbytes, self.disk_files, self.disk.mac_key, start)
-            self.disk_io.submit(job, lambda r, err, s: self._restored(peer, msg, e, "disk", err, s))
+            self.disk_io.submit(job, lambda r, err, s: self._restored(peer, msg, e, "disk", err, s, start))
 
     def drop(self, peer: bytes, msg: Drop) -> None:
         e = self.entries.get(msg.key)
@@ -354,14 +354,16 @@ class TierStore:
     # ----- copies out ------------------------------------------------------------
 
     def _restored(self, peer: bytes, msg: Restore, e: Entry, tier: str, err: BaseException | None,
-                  seconds: float) -> None:
+                  seconds: float, skipped: int = 0) -> None:
+        """A restore ended; ``skipped``: the payload bytes of the page items it did not copy."""
         slot = e.arena if tier == "ram" else e.disk
         slot.move(S.RESIDENT)
         if err is None:
             e.last_used = max(e.last_used, self.clock())
-            self.metrics.copied("ram_to_engine" if tier == "ram" else "disk_to_engine", e.nbytes, seconds)
+            copied = e.nbytes - skipped
+            self.metrics.copied("ram_to_engine" if tier == "ram" else "disk_to_engine", copied, seconds)
             self.metrics.restored(tier, e.kind)
-            self.reply(peer, Restored(msg.req, e.key, tier, e.nbytes))
+            self.reply(peer, Restored(msg.req, e.key, tier, copied))
             return self._settle(e)
         if isinstance(err, (kvdisk.CorruptFile, OSError)):
             reason = "corrupt" if isinstance(err, kvdisk.CorruptFile) else "io_error"

@@ -113,6 +113,7 @@ def test_a_restore_that_skips_its_first_pages_copies_only_the_rest(engine, targe
     before = engine.read(others)
     got = engine.ask(Restore(engine.next_req(), reply.key, STAMP, dst, skip=1))
     assert isinstance(got, Restored) and got.tier == target
+    assert got.nbytes == reply.nbytes - page  # what was copied
     assert engine.read(dst) == want[page:]
     assert engine.read(others) == before
     # every page may be skipped: the image alone comes back
