@@ -21,7 +21,10 @@ lowest-ranked running request (agent before interactive, latest arrival
 first) gives up its pages and lane and goes back to the FRONT of its class's
 queue; its output so far stays, and on readmission it prefills prompt +
 output and goes on sampling where it stopped. It keeps its arrival, hence
-its rank. Pure Python, no torch.
+its rank. The same happens for the head of the queue (``preempt_for_head``)
+when it finds no free lane, a decoding request ranks below it, and the tier
+refused the last live eviction with no KV-disk behind it (with KV-disk on,
+no live sequence is pushed out: the head waits). Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -121,6 +124,23 @@ def evict_windows(sched: SchedulerState, plan: RoundPlan) -> None:
             req.evicted = record
             sched.waiting[req.request_class].appendleft(req)
             plan.preempted.append(Preempted(req.req_id, lane))
+
+
+def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
+    """Before decodes are planned: the head of the queue finds no free lane, the tier refused the last
+    live eviction (backing off) and keeps nothing on KV-disk: the lowest-ranked decoding request ranked
+    below the head gives up its lane to recompute later, so the head is admitted next round."""
+    evictor = sched.evictor
+    if (sched.lanes.any_free or not evictor.enabled or evictor.evicting or evictor.may_start()
+            or evictor.tiers.live_on_disk):
+        return
+    head = next((q[0] for q in sched.waiting.values() if q), None)
+    if head is None:
+        return
+    below = [r for r in sched.lanes.holders() if r.state is RequestState.DECODING and r.pending_end is None
+             and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]
+    if below:
+        plan.preempted.append(preempt(sched, max(below, key=_rank)))
 
 
 def maybe_evict(sched: SchedulerState, head: Request) -> None:

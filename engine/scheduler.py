@@ -46,7 +46,7 @@ from ignis.engine.decode_lanes import DecodeLanes
 from ignis.engine.eviction import Evictor
 from ignis.engine.image_layout import image_layout
 from ignis.engine.page_pool import PagePool
-from ignis.engine.preemption import evict_windows, maybe_evict, plan_decodes
+from ignis.engine.preemption import evict_windows, maybe_evict, plan_decodes, preempt_for_head
 from ignis.engine.prefill_chunks import add_chunk
 from ignis.engine.reuse.image_keys import ImageKey, walk_back
 from ignis.engine.scheduler_config import SchedulerConfig
@@ -243,6 +243,7 @@ class Scheduler:
         for req in [r for r in self.lanes.holders() if r.pending_end is not None]:
             plan.finished.append(self._finish(req, *req.pending_end))
         evict_windows(self, plan)
+        preempt_for_head(self, plan)
         plan_decodes(self, plan)
         budget = self.config.max_prefill_tokens_per_round
         for req in sorted((r for r in self.lanes.holders() if r.state is RequestState.PREFILLING), key=_rank):

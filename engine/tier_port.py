@@ -37,6 +37,11 @@ class TierPort(Protocol):
     def session(self) -> int:
         """Accepted hellos so far (0 before the first)."""
 
+    @property
+    def live_on_disk(self) -> bool:
+        """KV-disk is on below: no evicted live sequence is discarded there, so when every tier refuses
+        one, a request ranked above it waits rather than push it out."""
+
     def poll(self, wait_s: float = 0.0) -> int:
         """Complete the handles whose replies arrived (waiting up to ``wait_s`` for one while any is in
         flight); how many replies were taken."""
@@ -97,6 +102,7 @@ class NullTierPort:
 
     session = 0
     in_flight = 0
+    live_on_disk = False
 
     def poll(self, wait_s: float = 0.0) -> int:
         return 0

@@ -137,6 +137,11 @@ class TierClientPort:
     def session(self) -> int:
         return self.client.connects
 
+    @property
+    def live_on_disk(self) -> bool:
+        welcome = self.client.welcome
+        return welcome is not None and welcome.disk_bytes > 0
+
     def poll(self, wait_s: float = 0.0) -> int:
         return self.client.poll(wait_s)
 

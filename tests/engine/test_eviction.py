@@ -183,6 +183,34 @@ def test_refused_demote_abandons_the_eviction_and_the_agent_decodes_on(model):
     h.sched.pool.integrity_check()
 
 
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_refused_eviction_without_kv_disk_preempts_for_the_waiting_head(model, on_disk):
+    """The tier refuses the agent: with no KV-disk behind it the agent gives up its lane to recompute,
+    so the interactive request is served now; with KV-disk on nothing is pushed out and it waits."""
+    h = Harness(model, lanes=1, window=1, refuse_after=0)
+    h.tier.live_on_disk = on_disk
+    h.submit("agent0", prompt(150, 0), "agent", **AGENT_SAMPLING[0])
+    for _ in range(5):
+        h.step()
+    h.submit("user", prompt(40, 9), "interactive", max_tokens=3)
+    user_done_at = agent_tokens_then = None
+    for _ in range(500):
+        if not h.sched.has_work:
+            break
+        h.step()
+        if user_done_at is None and "user" in h.finished:
+            user_done_at, agent_tokens_then = h.rounds, len(h.tokens["agent0"])
+    stats = h.sched.stats()
+    assert stats["live_evictions_abandoned_total"] >= 1
+    assert h.tokens["agent0"] == undisturbed(model, 0) and len(h.tokens["user"]) == 3
+    if on_disk:
+        assert stats["num_preemptions_total"] == 0 and agent_tokens_then == 30  # it waited for the agent
+    else:
+        assert stats["num_preemptions_total"] == 1 and agent_tokens_then < 30
+        assert h.finished["agent0"].recomputed == 1
+    h.sched.pool.integrity_check()
+
+
 def test_decode_pressure_evicts_a_live_sequence_instead_of_recomputing_it(model):
     """Four agents whose growth outruns the pool: a decode short of a page moves the lowest-ranked
     sequence down a tier (a window a round) and waits; nothing is preempted, every output is bit-exact."""
