@@ -24,7 +24,8 @@ output and goes on sampling where it stopped. It keeps its arrival, hence
 its rank. The same happens for the head of the queue (``preempt_for_head``)
 when it finds no free lane, a decoding request ranks below it, and the tier
 refused the last live eviction with no KV-disk behind it (with KV-disk on,
-no live sequence is pushed out: the head waits). Pure Python, no torch.
+no live sequence is pushed out: the head waits). A head short of pages (a
+lane free) still waits for them. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def _evict_for_pages(sched: SchedulerState, scheduled: set[str]) -> bool:
         return False
     if evictor.evicting:
         return True
+    if not evictor.may_start():
+        return False  # backing off after a refusal: the caller preempts by recompute
     candidates = [r for r in sched.lanes.holders()
                   if r.state is RequestState.DECODING and r.req_id not in scheduled]
     if not candidates:

@@ -317,7 +317,9 @@ class Scheduler:
         if reason in ("abort", "error"):  # the captures it had not reached will not be (engine.reuse.shortfall)
             for point in req.must_cut_at:
                 if point > req.num_computed_tokens:
-                    self.store.fates.note(req.key_prefix(point), "aborted")
+                    key = req.key_prefix(point)
+                    if self.store.fates.of(key) is None:  # one it made before a preemption keeps its own fate
+                        self.store.fates.note(key, "aborted")
         self.evictor.forget(req.req_id, req.evicted)
         req.evicted = None
         if req.has_lane:

@@ -38,6 +38,7 @@ def expect_continue(answer: Callable[[web.Request, ApiError], web.Response]
             return resp
         if request.version >= (1, 1):
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the response proper has not started (as aiohttp's own handler)
         return None
 
     return handle

@@ -263,3 +263,38 @@ def test_an_abandoned_eviction_backs_off_before_the_next_one_starts():
     assert max(waits) == RETRY_AFTER_S[1] and waits == sorted(waits)
     assert evictor.abandoned == 8
     assert not Evictor(NullTierPort(), window_pages=1, staging_slot=None).may_start()  # off without a staging slot
+
+
+def test_decode_pressure_respects_the_backoff(model):
+    """With the clock frozen inside the back-off, a decode short of a page preempts by recompute instead of
+    starting another eviction the full tier would refuse."""
+    now = [0.0]
+    h = Harness(model, lanes=4, pages=10, window=1, refuse_after=0)
+    h.sched.evictor.clock = lambda: now[0]
+    for i in range(4):
+        h.submit(f"agent{i}", prompt(100 + 10 * i, i), "agent", **{**AGENT_SAMPLING[i], "max_tokens": 120})
+    h.run()
+    assert h.sched.evictor.abandoned == 1
+    assert h.sched.stats()["num_preemptions_total"] >= 1
+    h.sched.pool.integrity_check()
+
+
+def test_aborting_a_preempted_request_keeps_the_fate_of_the_captures_it_made(model):
+    from ignis.engine.preemption import preempt
+    from ignis.engine.request import RequestState
+
+    h = Harness(model, lanes=2, pages=32, evict=False)
+    sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=50)
+    assert h.sched.add(Request("r", tuple(prompt(200, 3)), sp, request_class="agent", must_cut_at=(128,),
+                               system_end=130)) is None
+    req = h.sched._requests["r"]
+    while req.state is not RequestState.DECODING:
+        h.step()
+    store = h.sched.store
+    assert len(store) == 1  # the capture at 128 was taken
+    store.release_all()  # then released for room: its fate is "evicted"
+    key = req.key_prefix(128)
+    assert store.fates.of(key) == "evicted"
+    preempt(h.sched, req)  # waits to recompute, nothing computed
+    h.sched.abort("r")
+    assert store.fates.of(key) == "evicted"
