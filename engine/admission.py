@@ -86,8 +86,10 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
             sched.store.reclaim_pages(needed)
         if needed > sched.pool.num_free:
             if sched.pool.num_free + sched.store.moves.pages_landing < needed:
+                req.pages_wanted = needed  # engine.preemption.preempt_for_head reads it
                 maybe_evict(sched, req)
             return  # head of line waits (for pages, or for demotes in flight to land); nothing overtakes it
+        req.pages_wanted = 0
         queue.popleft()
         sched.lanes.take(req)
         req.num_computed_tokens = 0

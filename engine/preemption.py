@@ -24,8 +24,8 @@ output and goes on sampling where it stopped. It keeps its arrival, hence
 its rank. The same happens for the head of the queue (``preempt_for_head``)
 when it finds no free lane, a decoding request ranks below it, and the tier
 refused the last live eviction with no KV-disk behind it (with KV-disk on,
-no live sequence is pushed out: the head waits). A head short of pages (a
-lane free) still waits for them. Pure Python, no torch.
+no live sequence is pushed out: the head waits), and likewise when it found
+too few free pages. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -130,15 +130,18 @@ def evict_windows(sched: SchedulerState, plan: RoundPlan) -> None:
 
 
 def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
-    """Before decodes are planned: the head of the queue finds no free lane, the tier refused the last
-    live eviction (backing off) and keeps nothing on KV-disk: the lowest-ranked decoding request ranked
-    below the head gives up its lane to recompute later, so the head is admitted next round."""
+    """Before decodes are planned: the head of the queue finds no free lane (or too few free pages, as
+    its last admission try found), the tier refused the last live eviction (backing off) and keeps
+    nothing on KV-disk: the lowest-ranked decoding request ranked below the head gives up its lane and
+    pages to recompute later (one a round), so the head is admitted."""
     evictor = sched.evictor
-    if (sched.lanes.any_free or not evictor.enabled or evictor.evicting or evictor.may_start()
-            or evictor.tiers.live_on_disk):
+    if not evictor.enabled or evictor.evicting or evictor.may_start() or evictor.tiers.live_on_disk:
         return
     head = next((q[0] for q in sched.waiting.values() if q), None)
     if head is None:
+        return
+    short_of_pages = head.pages_wanted > sched.pool.num_free + sched.store.moves.pages_landing
+    if sched.lanes.any_free and not short_of_pages:
         return
     below = [r for r in sched.lanes.holders() if r.state is RequestState.DECODING and r.pending_end is None
              and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]

@@ -260,7 +260,10 @@ class TierClient:
             op.finish(reply.held)
         else:
             if isinstance(reply, (Missing, TierRefused)):
-                log.info("tierd: %s of %s: %s", op.what, getattr(reply, "key", ""), reply.reason)
+                # a full tier answers no_room to every demote it cannot take (tierd counts them:
+                # ignis:tierd_refusals_total): routine under pressure, so not a line each
+                level = logging.DEBUG if reply.reason == "no_room" else logging.INFO
+                log.log(level, "tierd: %s of %s: %s", op.what, getattr(reply, "key", ""), reply.reason)
             op.fail(getattr(reply, "reason", "unexpected reply"))
 
     def _welcomed(self, reply) -> None:

@@ -298,3 +298,27 @@ def test_aborting_a_preempted_request_keeps_the_fate_of_the_captures_it_made(mod
     preempt(h.sched, req)  # waits to recompute, nothing computed
     h.sched.abort("r")
     assert store.fates.of(key) == "evicted"
+
+
+def test_a_head_short_of_pages_with_a_lane_free_is_served_before_the_agent_ends(model):
+    """A lane is free but the pages are the agent's: with the tier refusing and no KV-disk, the agent
+    gives up its pages to recompute, and the interactive request does not wait for its 40 tokens."""
+    h = Harness(model, lanes=2, pages=6, window=1, refuse_after=0)
+    h.submit("agent0", prompt(300, 0), "agent", max_tokens=40)  # 5 of 6 pages
+    for _ in range(5):
+        h.step()
+    h.submit("user", prompt(100, 9), "interactive", max_tokens=3)  # needs 2 pages, 1 free
+    agent_tokens_then = None
+    for _ in range(500):
+        if not h.sched.has_work:
+            break
+        h.step()
+        if agent_tokens_then is None and "user" in h.finished:
+            agent_tokens_then = len(h.tokens["agent0"])
+    assert agent_tokens_then < 40 and len(h.tokens["user"]) == 3
+    assert h.finished["agent0"].recomputed >= 1
+    undisturbed_agent = Harness(model, evict=False)
+    undisturbed_agent.submit("agent0", prompt(300, 0), "agent", max_tokens=40)
+    undisturbed_agent.run()
+    assert h.tokens["agent0"] == undisturbed_agent.tokens["agent0"]
+    h.sched.pool.integrity_check()
