@@ -143,19 +143,23 @@ def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
     short_of_pages = head.pages_wanted > sched.pool.num_free + sched.store.moves.pages_landing
     if sched.lanes.any_free and not short_of_pages:
         return
-    below = [r for r in sched.lanes.holders() if r.state is RequestState.DECODING and r.pending_end is None
-             and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]
-    if below:
-        plan.preempted.append(preempt(sched, max(below, key=_rank)))
+    victim = _lowest_below(sched, head)
+    if victim is not None:
+        plan.preempted.append(preempt(sched, victim))
 
 
 def maybe_evict(sched: SchedulerState, head: Request) -> None:
     """``head`` cannot fit: start evicting the lowest-ranked decoding sequence ranked below it."""
     if not sched.evictor.may_start() or sched.evictor.evicting:
         return
-    below = [r for r in sched.lanes.holders() if r.state is RequestState.DECODING
-             and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]
-    if below:
-        victim = max(below, key=_rank)
+    victim = _lowest_below(sched, head)
+    if victim is not None:
         victim.state = RequestState.EVICTING
         sched.evictor.start(victim)
+
+
+def _lowest_below(sched: SchedulerState, head: Request) -> Request | None:
+    """The lowest-ranked decoding request of a class ranked below ``head``'s (None: none)."""
+    below = [r for r in sched.lanes.holders() if r.state is RequestState.DECODING
+             and CLASS_RANK[r.request_class] > CLASS_RANK[head.request_class]]
+    return max(below, key=_rank, default=None)

@@ -29,8 +29,7 @@ def expect_continue(answer: Callable[[web.Request, ApiError], web.Response]
         if expect.lower() != "100-continue":
             raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
         gw: GatewayState = request.app[STATE]
-        limits = RequestLimits.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes,
-                                           gw.tokenizer.longest_token_chars)
+        limits = RequestLimits.of(gw)
         length = request.content_length
         if length is not None and length > limits.body_bytes:
             resp = answer(request, too_large(length, limits.body_bytes))

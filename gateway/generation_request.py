@@ -68,8 +68,7 @@ _BODY = web.RequestKey("ignis_body", dict)
 
 async def _read_request_body(http: web.Request) -> dict:
     gw: GatewayState = http.app[STATE]
-    limits = RequestLimits.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes,
-                                       gw.tokenizer.longest_token_chars)
+    limits = RequestLimits.of(gw)
     raw = await read_body(http, limits.body_bytes, gw.config.body_read_timeout)
     if len(raw) > _INLINE_BODY_BYTES:  # parsing and walking a big body: off the event loop
         return await prompt_work(http).run(_checked_body, raw, limits)

@@ -76,6 +76,13 @@ class RequestLimits:
         return cls(context=c, body_bytes=body, chars=NORMALIZATION_FACTOR * token_chars * c,
                    messages=max(c // 4, 1), content_parts=max(c // 4, 1), tools=max(min(c // 16, MAX_TOOLS), 1))
 
+    @classmethod
+    def of(cls, gw) -> RequestLimits:
+        """The bounds a gateway (``GatewayState``) holds a request to now: its engine's context, its
+        ``--max-request-bytes`` and its tokenizer's longest token."""
+        return cls.for_context(gw.client.stats_values.get("max_model_len"), gw.config.max_request_bytes,
+                               gw.tokenizer.longest_token_chars)
+
 
 def _walk(value: object) -> tuple[int, int]:
     """(characters of every string and key, nesting depth) of a parsed JSON value; a scalar has depth 0."""

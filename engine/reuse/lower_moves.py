@@ -160,9 +160,7 @@ class LowerMoves:
         and its bytes are finite: ``landed(record, owner, slot, tier)`` (the store registers it).
         Otherwise ``missed(record, rejected)``, and the pages and slot are freed once tierd no longer
         writes them."""
-        pages = owner.pages[shared:]
-        op = as_op("restore", self.tiers.restore_retained(record.key, pages, slot, shared) if shared
-                   else self.tiers.restore_retained(record.key, pages, slot))
+        op = as_op("restore", self.tiers.restore_retained(record.key, owner.pages[shared:], slot, shared))
         r = _Restoring(record, owner, slot, op)
         self.restoring[record.key] = r
         op.when_done(lambda o: self._restored(r, landed, missed))
