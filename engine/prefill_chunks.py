@@ -14,7 +14,9 @@ next round continues from there). The end of system + tools rounded down to whol
 "retained_prefix", the generation opener a "prompt_checkpoint", the start of
 the newest multi-part user message's final text part a "part_boundary", and
 the request's learned point a "learned_point" (where marks coincide, that
-order decides). Nothing is captured while the store is disabled.
+order decides). Nothing is captured while the store is disabled. A request
+aborted mid-prefill leaves the tokens it reached as an "aborted_prefill"
+(``capture_aborted``).
 
 A retained prefix or learned point that requests already waiting in the
 queue share (the siblings of a subagent burst, held back to resume from it)
@@ -29,7 +31,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ignis.engine.request import Request
+from ignis.engine.request import Request, RequestState
+from ignis.engine.reuse.image_keys import walk_back
 from ignis.engine.reuse.store import RetainedStore
 from ignis.engine.schedule import PrefillChunk, RoundPlan
 
@@ -72,6 +75,37 @@ def _capture(req: Request, point: int, store: RetainedStore, page_tokens: int,
         claim = "interactive"
     return store.capture(tokens, req.page_table, req.lane, kind, req.request_class, req.last_is_user,
                          claim_as=claim, family=req.cache_family)
+
+
+ABORT_CAPTURE_MIN_PAGES = 8
+"""An aborted prefill is kept only when it got at least this many pages past the last point it could
+resume from or planned a capture at (a retry recomputes less than this from there)."""
+
+
+def capture_aborted(plan: RoundPlan, req: Request, store: RetainedStore, page_tokens: int) -> bool:
+    """Keep what an aborted request's prefill computed, as a retained entry at the tokens it reached.
+
+    A client that times out or is cancelled mid-prefill often sends the same prompt again, or the same
+    conversation with a message more; on a long prompt the first try's work would be lost, since the
+    marks it was heading for lie ahead. The lane's state is exact at the end of its last chunk, so that
+    point takes an image like a mark (kind ``aborted_prefill``, ranked as the request's class), made
+    before anything else in this round (``CaptureOrder.before_round``): the request's lane is free for
+    this round's admissions (the scheduler holds its pages until the round is applied). Not at a point inside a picture, and not for a prefill that
+    got less than ``ABORT_CAPTURE_MIN_PAGES`` pages past the point it resumed from or the last mark it
+    passed. Returns whether a capture was planned."""
+    n = req.num_computed_tokens
+    if (not store.enabled or req.state is not RequestState.PREFILLING or n >= len(req.prompt_ids)
+            or walk_back(n, req.image_keys) != n):
+        return False
+    covered = max([req.cached_tokens, *(p for p in req.must_cut_at if p <= n)])
+    if n - covered < ABORT_CAPTURE_MIN_PAGES * page_tokens:
+        return False
+    order = store.capture(req.key_prefix(n), req.page_table, req.lane, "aborted_prefill", req.request_class,
+                          req.last_is_user, family=req.cache_family)
+    if order is None:
+        return False
+    plan.captures.append(replace(order, before_round=True))
+    return True
 
 
 def has_waiting_reader(waiting: Mapping[str, deque[Request]], prefix: tuple[int, ...]) -> bool:

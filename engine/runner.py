@@ -171,6 +171,7 @@ class ModelRunner:
     def _start(self, plan: RoundPlan) -> None:
         for ev in plan.finished:
             self.release(ev.req_id)
+        self._capture(plan, before_round=True)  # an aborted prefill's lane and pages may be reused below
         for src, dst in plan.copies_before:
             self.state.copy_page(src, dst)
         if self.spec is not None:
@@ -197,10 +198,13 @@ class ModelRunner:
                 self.want_logprobs[s.req_id] = s.sampling.top_logprobs if s.sampling.logprobs else None
             self.scoring.start(s.req_id, s.prompt_ids, s.sampling.prompt_logprobs)
 
-    def _capture(self, plan: RoundPlan) -> None:
+    def _capture(self, plan: RoundPlan, before_round: bool = False) -> None:
         """After the forward: fill this round's new retained entries (pages, then images: those of marks
-        inside a chunk the forward kept as it passed them)."""
+        inside a chunk the forward kept as it passed them). ``before_round``: the orders made before
+        anything else in the round instead."""
         for order in plan.captures:
+            if order.before_round != before_round:
+                continue
             for src, dst in order.page_copies:
                 self.state.copy_page(src, dst)
             if not order.kept_in_forward:
@@ -238,7 +242,7 @@ class ModelRunner:
         token, for a request that drafted)."""
         self._start(plan)
         self.last_logits = {}
-        if plan.is_empty:
+        if not plan.computes:
             return RoundResult(), {}
         chunks = [SeqChunk([d.token_id], d.position, list(d.pages), d.lane, rope_offset=d.rope_delta)
                   for d in plan.decodes]

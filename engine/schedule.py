@@ -133,12 +133,19 @@ class RoundPlan:
     copies_before: list[tuple[int, int]] = field(default_factory=list)
     """KV page copies (src, dst) to make before the forward: private copies of resumed partial pages."""
     captures: list = field(default_factory=list)
-    """``CaptureOrder``s to carry out after the forward: page copies, then lane -> slot image copies."""
+    """``CaptureOrder``s to carry out after the forward (those ``before_round``: before anything else):
+    page copies, then lane -> slot image copies."""
 
     @property
     def is_empty(self) -> bool:
-        """Nothing to compute (``finished`` and ``preempted`` may still be non-empty)."""
-        return not self.decodes and not self.prefills
+        """Nothing to run: no forward and no capture (``finished`` and ``preempted`` may still be
+        non-empty). A plan that only captures is run and updated like one that computes."""
+        return not self.decodes and not self.prefills and not self.captures
+
+    @property
+    def computes(self) -> bool:
+        """Whether the round has a forward (a decode or a prefill chunk)."""
+        return bool(self.decodes or self.prefills)
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -47,7 +47,7 @@ from ignis.engine.eviction import Evictor
 from ignis.engine.image_layout import image_layout
 from ignis.engine.page_pool import PagePool
 from ignis.engine.preemption import evict_windows, maybe_evict, plan_decodes, preempt_for_head
-from ignis.engine.prefill_chunks import add_chunk
+from ignis.engine.prefill_chunks import add_chunk, capture_aborted
 from ignis.engine.reuse.image_keys import ImageKey, walk_back
 from ignis.engine.scheduler_config import SchedulerConfig
 from ignis.engine.request import REQUEST_CLASSES, Request, RequestState
@@ -55,6 +55,7 @@ from ignis.engine.reuse.entries import SlotPool
 from ignis.engine.reuse.learned_points import LearnedPoints
 from ignis.engine.reuse.store import RetainedStore
 from ignis.engine.schedule import FinishEvent, RoundPlan, RoundResult
+from ignis.engine.sequence_pages import SequencePages
 from ignis.engine.tier_port import NO_TIERS, TierPort
 from ignis.shared.wire_fields import MAX_TOKEN_ID
 
@@ -91,6 +92,7 @@ class Scheduler:
         self.lanes = DecodeLanes(config.decode_lanes, self.pool)
         self._requests: dict[str, Request] = {}  # every live (not finished) request
         self._in_flight: RoundPlan | None = None
+        self._held_pages: list[SequencePages] = []  # aborted prefills' pages, until their capture is made
         self._arrivals = 0
         self.num_preemptions = 0
 
@@ -241,6 +243,12 @@ class Scheduler:
         self.store.moves.round_start()
         self.tiers.poll()  # replies that arrived: demotes landed free their pages, restores land pinned
         for req in [r for r in self.lanes.holders() if r.pending_end is not None]:
+            if req.pending_end[0] == "abort" and capture_aborted(plan, req, self.store, self.config.page_tokens):
+                # its pages stay out of the pool until the round is applied: one the capture copies from
+                # must not be handed to a tierd restore, which writes before the round starts
+                held = SequencePages(self.pool, f"aborted-{req.req_id}")
+                held.adopt(req.page_table)
+                self._held_pages.append(held)
             plan.finished.append(self._finish(req, *req.pending_end))
         evict_windows(self, plan)
         preempt_for_head(self, plan)
@@ -271,6 +279,9 @@ class Scheduler:
         self._in_flight = None
         self.store.mark_filled(order.entry_id for order in plan.captures)
         self.store.unpin_all()
+        for held in self._held_pages:
+            held.release()
+        self._held_pages.clear()
         for req_id, message in result.errors.items():  # ends at the next round boundary; its token is dropped
             req = self._requests.get(req_id)
             if req is not None and req.pending_end is None:

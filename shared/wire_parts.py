@@ -21,7 +21,7 @@ from ignis.shared.wire_fields import (
 )
 
 MAX_STREAM_ID_CHARS = 256
-REUSE_KINDS = ("none", "retained_prefix", "prompt_checkpoint", "part_boundary", "learned_point")
+REUSE_KINDS = ("none", "retained_prefix", "prompt_checkpoint", "part_boundary", "learned_point", "aborted_prefill")
 REUSE_TIERS = ("none", "device", "kv_ram", "kv_disk")
 MAX_MS = 1e12
 

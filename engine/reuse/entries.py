@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 from ignis.engine.sequence_pages import SequencePages
 
-KINDS = ("retained_prefix", "prompt_checkpoint", "part_boundary", "learned_point")
+KINDS = ("retained_prefix", "prompt_checkpoint", "part_boundary", "learned_point", "aborted_prefill")
 """retained_prefix: end of system + tools; prompt_checkpoint: the generation opener; part_boundary: before the
-final text part of the newest multi-part user message; learned_point: where two served prompts diverged."""
+final text part of the newest multi-part user message; learned_point: where two served prompts diverged;
+aborted_prefill: how far a prefill had come when its request was aborted (``prefill_chunks.capture_aborted``)."""
 
 
 @dataclass(eq=False)

@@ -85,6 +85,9 @@ class CaptureOrder:
     kept_in_forward: bool = False
     """The forward keeps the image as it passes the point (a mark inside the chunk): after it, only the
     page copies are left to make."""
+    before_round: bool = False
+    """Made before anything else in the round (an aborted prefill's: its lane is free for this round's
+    admissions, ``prefill_chunks.capture_aborted``)."""
 
 
 @dataclass(frozen=True)
