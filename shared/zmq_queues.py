@@ -242,8 +242,13 @@ class Channel:
                 return  # high-water mark: retry when the socket is writable
             except zmq.ZMQError as e:  # e.g. ROUTER_MANDATORY and an unknown peer
                 if self._router and e.errno == zmq.EHOSTUNREACH:
-                    self.unreachable.add(self._pending[0][0])
-                log.warning("%s: send failed: %s", self.name, e)
+                    peer = self._pending[0][0]
+                    # one line when a peer goes, not one per message queued for it (a gone gateway's streams)
+                    (log.debug if peer in self.unreachable else log.warning)(
+                        "%s: send failed: %s (peer %r)", self.name, e, peer)
+                    self.unreachable.add(peer)
+                else:
+                    log.warning("%s: send failed: %s", self.name, e)
             self._pending.popleft()
 
 

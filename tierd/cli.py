@@ -17,6 +17,8 @@ from ignis.shared.logs import setup_logging
 log = logging.getLogger("ignis.tierd")
 
 EXIT_CONFIG = 2
+LOCK_WAIT_S = 30.0
+"""How long a tierd waits for a predecessor still holding its socket (or its KV-disk directory)."""
 EXIT_MLOCK = 3
 
 
@@ -33,6 +35,7 @@ def _fail(code: int, message: str) -> int:
 
 
 def run(args) -> int:
+    from ignis.shared.process_lock import hold_directory, hold_endpoint
     from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
     from ignis.tierd import disk as kvdisk
     from ignis.tierd import disk_mac
@@ -46,7 +49,10 @@ def run(args) -> int:
         config = from_args(TierdConfig, args)
         runtime = ensure_runtime_dir(config.runtime_dir)
         endpoint = config.endpoint or endpoints(runtime, config.instance).tierd
-    except (ValueError, RuntimeDirError) as e:
+        # before the arena or KV-disk is touched: a second tierd of this instance is refused, one still
+        # draining (its supervisor killed) is waited for (shared.process_lock)
+        hold_endpoint(endpoint, f"the tierd socket of instance {config.instance!r}", wait_s=LOCK_WAIT_S)
+    except (ValueError, RuntimeDirError, OSError) as e:
         return _fail(EXIT_CONFIG, str(e))
     try:
         arena = Arena(config.reuse_kv_host_pool_bytes, lock="require" if config.require_mlock else "try")
@@ -73,6 +79,8 @@ def run(args) -> int:
     mac_key = b""
     try:
         if disk_dir is not None:
+            kvdisk.make_dir(disk_dir)  # the lock is taken before the wipe
+            hold_directory(disk_dir, f"the KV-disk directory {disk_dir}", wait_s=LOCK_WAIT_S)
             kvdisk.prepare_dir(disk_dir)
             mac_key = kvdisk.load_mac_key(config.disk_key_file(runtime))
             disk_mac.poly1305()

@@ -125,8 +125,8 @@ def _ours(name: str) -> bool:
     return name == MARKER or name.endswith(SUFFIX) or name.endswith(PART)
 
 
-def prepare_dir(path: str | os.PathLike) -> Path:
-    """Create or wipe the KV-disk directory and leave only the marker in it."""
+def make_dir(path: str | os.PathLike) -> Path:
+    """Create the KV-disk directory if it is missing; refuse a path that is not a plain directory."""
     path = Path(os.path.abspath(path))
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
@@ -135,6 +135,12 @@ def prepare_dir(path: str | os.PathLike) -> Path:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ForeignFilesError(f"KV-disk path {path} is not a plain directory; refusing to use it")
+    return path
+
+
+def prepare_dir(path: str | os.PathLike) -> Path:
+    """Create or wipe the KV-disk directory and leave only the marker in it."""
+    path = make_dir(path)
     try:
         names = os.listdir(path)
     except OSError as e:

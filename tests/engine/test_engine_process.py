@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -221,3 +223,18 @@ def test_stats_are_answered_while_a_long_round_runs(tmp_path):
         assert order[0] == "stats", order
     finally:
         assert eng.stop() == 0
+
+
+def test_a_metrics_port_in_use_is_a_one_line_start_error(tmp_path):
+    """docs/operations.md: a metrics port in use fails the start with exit code 2 and one line (as tierd)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "engine", "--runtime-dir", str(tmp_path),
+                              "--metrics-port", str(port)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"ignis engine: cannot serve metrics on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -153,3 +153,20 @@ def test_many_messages_keep_order(ctx, endpoint):
             engine.send(TokenBatch(streams=(StreamTokens(f"r{i}", (i,)),)), peer=peer)
         got = [gateway.get(timeout=TIMEOUT).message.streams[0].token_ids[0] for _ in range(2000)]
         assert got == list(range(2000))
+
+
+def test_a_gone_peer_is_one_warning_not_one_per_message(ctx, endpoint, caplog):
+    """A gateway that died with streams open: every token batch queued for it fails to send; the log says
+    so once (the engine's gateway watch acts on ``unreachable``), the rest at debug level."""
+    with bind_router(ctx, endpoint, GATEWAY_TO_ENGINE, name="engine") as engine, \
+            connect_dealer(ctx, endpoint, ENGINE_TO_GATEWAY, name="gateway") as gateway:
+        gateway.send(Abort("hello"))
+        peer = engine.get(timeout=TIMEOUT).peer
+        with caplog.at_level("DEBUG", logger="ignis.shared.zmq_queues"):
+            for i in range(5):
+                engine.send(TokenBatch(streams=(StreamTokens(f"r{i}", (i,)),)), peer=b"gone-gateway")
+            engine.send(TokenBatch(streams=(StreamTokens("live", (7,)),)), peer=peer)
+            assert gateway.get(timeout=TIMEOUT).message.streams[0].id == "live"  # sent after the five failed
+        failed = [r for r in caplog.records if "send failed" in r.getMessage()]
+        assert [r.levelname for r in failed] == ["WARNING"] + ["DEBUG"] * 4
+        assert b"gone-gateway" in engine.unreachable

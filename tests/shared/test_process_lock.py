@@ -1,0 +1,118 @@
+"""shared.process_lock: one holder at a time, a bounded wait for a holder that exits, the holder's pid
+in the refusal, and a directory lock taken again when its holder removed the directory as it exited."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ignis.shared import process_lock
+from ignis.shared.process_lock import LockBusy, hold_directory, hold_endpoint, hold_file
+
+HOLDER = textwrap.dedent("""
+    import os, sys
+    from ignis.shared.process_lock import hold_directory, hold_file
+    kind, path = sys.argv[1], sys.argv[2]
+    (hold_directory if kind == "dir" else hold_file)(path, "the thing", wait_s=0)
+    print("HELD", flush=True)
+    sys.stdin.readline()  # until the test closes our stdin
+    if kind == "dir":
+        os.rmdir(path)  # as tierd removes its KV-disk directory as it exits
+""")
+
+
+class Holder:
+    """A process holding a lock until ``release``."""
+
+    def __init__(self, kind: str, path):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, kind, str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "HELD"
+
+    def release(self) -> None:
+        self.proc.stdin.close()
+        assert self.proc.wait(30) == 0
+
+
+@pytest.fixture(autouse=True)
+def forget_held():
+    """Each test's locks are dropped at its end (a process keeps them for its life)."""
+    yield
+    while process_lock._held:
+        os.close(process_lock._held.pop())
+
+
+def test_a_held_file_is_refused_at_once_with_the_holders_pid(tmp_path):
+    path = tmp_path / "x.lock"
+    holder = Holder("file", path)
+    try:
+        with pytest.raises(LockBusy) as e:
+            hold_file(path, "instance 'x'", wait_s=0)
+        assert f"instance 'x' is in use by pid {holder.proc.pid}" in str(e.value)
+        assert isinstance(e.value, OSError)
+    finally:
+        holder.release()
+    hold_file(path, "instance 'x'", wait_s=0)  # free once its holder is gone
+    assert path.read_text() == f"{os.getpid()}\n"
+
+
+def test_a_waiter_gets_the_lock_when_its_holder_exits(tmp_path):
+    path = tmp_path / "x.lock"
+    holder = Holder("file", path)
+    waiter = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from ignis.shared.process_lock import hold_file; "
+                               "hold_file(sys.argv[1], 'x', wait_s=60); print('GOT', flush=True)", str(path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the waiter says once that it waits (and who holds the lock), then takes it as the holder exits
+        said = waiter.stderr.readline()
+        assert f"in use by pid {holder.proc.pid}" in said and "waiting up to 60 s" in said
+        holder.release()
+        assert waiter.stdout.readline().strip() == "GOT"
+        assert waiter.wait(30) == 0
+    finally:
+        waiter.kill()
+
+
+def test_a_wait_past_its_bound_is_refused(tmp_path):
+    path = tmp_path / "x.lock"
+    holder = Holder("file", path)
+    try:
+        with pytest.raises(LockBusy, match=r"after waiting 0\.3 s"):
+            hold_file(path, "x", wait_s=0.3)
+    finally:
+        holder.release()
+
+
+def test_an_ipc_endpoint_locks_beside_its_socket_and_tcp_needs_nothing(tmp_path):
+    hold_endpoint(f"ipc://{tmp_path}/a-engine.sock", "the engine socket", wait_s=0)
+    assert (tmp_path / "a-engine.sock.lock").exists()
+    hold_endpoint("tcp://127.0.0.1:5555", "the engine socket", wait_s=0)
+    assert sorted(os.listdir(tmp_path)) == ["a-engine.sock.lock"]
+
+
+def test_a_directory_removed_by_its_holder_is_locked_again_where_it_is_now(tmp_path):
+    d = tmp_path / "kv"
+    d.mkdir()
+    holder = Holder("dir", d)
+    with pytest.raises(LockBusy):
+        hold_directory(d, "the KV-disk directory", wait_s=0)
+    waiter = subprocess.Popen([sys.executable, "-c",
+                               "import sys, os; from ignis.shared.process_lock import hold_directory; "
+                               "hold_directory(sys.argv[1], 'x', wait_s=60); "
+                               "print(os.stat(sys.argv[1]).st_ino, flush=True); sys.stdin.readline()", str(d)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "waiting up to 60 s" in waiter.stderr.readline()  # it holds the directory that goes away
+        holder.release()  # removes the directory as it exits
+        ino = int(waiter.stdout.readline())
+        assert d.is_dir() and d.stat().st_ino == ino  # the waiter made it again and holds the new one
+        with pytest.raises(LockBusy):
+            hold_directory(d, "the KV-disk directory", wait_s=0)
+    finally:
+        waiter.stdin.close()
+        waiter.wait(30)
