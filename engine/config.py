@@ -156,7 +156,8 @@ class EngineConfig:
         "with --reuse-prompt on: also capture where a prompt diverges from a recent one past its marks "
         "(docs/reuse.md, learned points)"))
     reuse_device_slots: int = field(default=0, metadata=field_doc(
-        "retained state slots reserved on the device"))
+        "retained state slots reserved on the device (faster to claim than a host slot, but an entry in "
+        "one is dropped, not moved to KV-RAM or KV-disk, when its pages are needed)"))
     reuse_host_slots_per_lane: int = field(default=2, metadata=field_doc(
         "retained state slots per decode lane, reserved in one pinned host block"))
     tierd_endpoint: str = field(default="off", metadata=field_doc(

@@ -139,7 +139,7 @@ class ModelState:
         self.slot_conv = (d_conv, h_conv.tensor)
         self.host_blocks = (h_ssm, h_conv)
         win = self.window
-        if win is not None:
+        if win is not None and win.numel():  # an exact window of 0 tokens has nothing to keep
             win_shape = (win.shape[0], 0, *win.shape[2:])
             d_win = torch.zeros(shape(win_shape, device_slots), dtype=win.dtype, device=dev)
             h_win = HostBlock(shape(win_shape, host_slots), win.dtype, dev.type, "slots-window")

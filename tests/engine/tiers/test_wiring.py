@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from ignis.engine.tiers.wiring import _device_sync, exported_blocks
@@ -60,6 +61,26 @@ def test_a_real_cpu_state_exports_shared_memory_and_needs_no_sync():
         assert [b.kind for b in blocks] == ["shm"] * 3
         assert blocks[0].items == 8 and blocks[1].items == 3
         assert _device_sync(state) is None
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize("window", [0, 16])
+def test_an_hq_pool_exports_its_window_slots_only_when_it_keeps_a_window(window):
+    """``--kv-format hq-e8-2b --kv-exact-window 0``: no window to keep, and the tiers stay on (a
+    zero-size window block has no shared memory, and was taken for a slot tierd cannot map)."""
+    from ignis.shared.demo import ensure_demo_model
+    from ignis.engine.models.config import load_config
+    from ignis.engine.models.state import ModelState
+
+    cfg = load_config(ensure_demo_model())
+    state = ModelState.allocate(cfg, num_pages=8, lanes=2, dtype=torch.float32, shared=True, kv_format="hq-e8-2b",
+                                exact_window=window)
+    state.allocate_slots(device_slots=0, host_slots=3)
+    try:
+        blocks, unit = exported_blocks(state)
+        expected = ("slot_ssm", "slot_conv") + (("slot_window",) if window else ())
+        assert unit.lane == expected and [b.kind for b in blocks] == ["shm"] * (1 + len(expected))
     finally:
         state.close()
 
