@@ -54,6 +54,28 @@ def test_partial_last_page_is_checked_only_where_written(model):
     state.close()
 
 
+def test_many_pages_are_checked_a_group_at_a_time_and_each_group_counts(model, monkeypatch):
+    """A long restore is gathered ``CHECK_PAGES`` pages at a time (a bounded temporary); a bad row in
+    any group, the last included, fails the check."""
+    from ignis.engine.tiers import restore_check
+
+    monkeypatch.setattr(restore_check, "CHECK_PAGES", 3)
+    gathered = []
+    real = torch.Tensor.index_select
+    monkeypatch.setattr(torch.Tensor, "index_select", lambda t, dim, idx: gathered.append(len(idx)) or real(t, dim, idx))
+    state = ModelState.allocate(model.cfg, num_pages=12, lanes=1, dtype=torch.float32, fill=float("nan"))
+    pages = [9, 0, 4, 7, 2, 11, 5, 1]
+    for p in pages:
+        state.pages[:, :, p] = 0.0
+    assert finite_pages(state, pages, 8 * 64)
+    assert gathered == [3, 3, 2]
+    for bad in (9, 7, 1):  # in the first, a middle and the last group
+        state.pages[1, 0, bad, 5, 0, 0] = float("nan")
+        assert not finite_pages(state, pages, 8 * 64)
+        state.pages[1, 0, bad, 5, 0, 0] = 0.0
+    state.close()
+
+
 class RejectingTier(NullTierPort):
     """A lower tier whose live copies come back at once, but not finite."""
 
