@@ -63,6 +63,7 @@ class MemoryPlan:
     logits_bytes: int = 0  # one round's logits at ``lanes`` rows, set aside from a free-memory budget
     gdn_scratch_bytes: int = 0  # one layer's chunked GDN prefill scratch at a full round, set aside likewise
     prefill_tokens: int = 0  # the round's prefill token budget the scratch is sized for
+    spec_snapshot_bytes: int = 0  # speculative decoding: every lane's state before a verify (engine.spec_decode)
 
     @property
     def tokens(self) -> int:
@@ -82,7 +83,9 @@ class MemoryPlan:
                 f"({self.host_slots * self.slot_bytes} bytes); with the weights: embedding {self.embedding_bytes} "
                 f"bytes, LM head {head}; logits {self.logits_bytes} bytes ({self.logits_bytes / 2**20:.1f} MiB) "
                 f"per round for {self.lanes} rows; GDN prefill scratch {self.gdn_scratch_bytes} bytes "
-                f"({self.gdn_scratch_bytes / 2**20:.1f} MiB) for {self.prefill_tokens} tokens per round")
+                f"({self.gdn_scratch_bytes / 2**20:.1f} MiB) for {self.prefill_tokens} tokens per round"
+                + (f"; speculative snapshot {self.spec_snapshot_bytes} bytes "
+                   f"({self.spec_snapshot_bytes / 2**20:.1f} MiB)" if self.spec_snapshot_bytes else ""))
 
 
 def kv_page_bytes(cfg: ModelConfig, dtype: str, kv_format: str = "bf16") -> int:
@@ -164,17 +167,20 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
                 kv_memory_bytes: int | None = None, free_device_bytes: int | None = None,
                 fraction: float = 0.85, device_slots: int = 0, host_slots: int = 0,
                 kv_format: str = "bf16", exact_window: int = 0, prefill_tokens: int = 0,
-                drafter_page_bytes: int = 0) -> MemoryPlan:
+                drafter_page_bytes: int = 0, speculating: bool = False) -> MemoryPlan:
     """Pages and lanes for a model; ``free_device_bytes`` is CUDA's free memory after weights,
     ``prefill_tokens`` the most prompt tokens one round prefills, ``drafter_page_bytes`` what each
-    page costs again in the drafter's own KV (``engine.spec_decode``), taken from the same budget."""
+    page costs again in the drafter's own KV (``engine.spec_decode``), taken from the same budget;
+    ``speculating``: a drafter keeps every lane's state (and the scratch lane's) from before each verify
+    forward, set aside likewise."""
     page = kv_page_bytes(cfg, dtype, kv_format)
     image = lane_bytes(cfg, dtype, kv_format, exact_window)
     live = lanes * image
     logits = logits_bytes(cfg, dtype, lanes)
     scratch = gdn_scratch_bytes(cfg, dtype, prefill_tokens, lanes)
+    snapshot = (lanes + 1) * image if speculating else 0
     if free_device_bytes is not None:
-        free_device_bytes -= device_slots * image + logits + scratch
+        free_device_bytes -= device_slots * image + logits + scratch + snapshot
     if kv_pool_tokens is not None:
         pages = -(-kv_pool_tokens // PAGE_TOKENS)
     else:
@@ -198,4 +204,5 @@ def plan_memory(cfg: ModelConfig, dtype: str, lanes: int, kv_pool_tokens: int | 
     return MemoryPlan(pages=pages, page_bytes=page, lanes=lanes, live_state_bytes=live, kv_dtype=dtype,
                       device_slots=device_slots, host_slots=host_slots, slot_bytes=image, kv_format=kv_format,
                       embedding_bytes=embedding_bytes(cfg, dtype), lm_head_bytes=lm_head_bytes(cfg, dtype),
-                      logits_bytes=logits, gdn_scratch_bytes=scratch, prefill_tokens=prefill_tokens)
+                      logits_bytes=logits, gdn_scratch_bytes=scratch, prefill_tokens=prefill_tokens,
+                      spec_snapshot_bytes=snapshot)

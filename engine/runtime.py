@@ -185,7 +185,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
                        free_device_bytes=free, fraction=fraction,
                        device_slots=device_slots, host_slots=host_slots + staging, kv_format=kv_format,
                        exact_window=window, prefill_tokens=config.max_prefill_tokens_per_round,
-                       drafter_page_bytes=drafter_page_bytes)
+                       drafter_page_bytes=drafter_page_bytes, speculating=bool(spec_k))
     log.info(plan.describe())
     graph_bs = min(config.cuda_graph_max_bs, plan.lanes) if device == "cuda" and not config.enforce_eager else 0
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],

@@ -47,6 +47,7 @@ and drafts attending to head KV of an earlier holder of a page may be worse
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -128,6 +129,9 @@ class DraftVerifier:
         self.workspace = SamplerWorkspace(model.cfg.vocab_size)
         self.draft_probs: dict[str, list] = {}  # this round's sampled drafts: q of each (None: a point mass)
         self.disable_at: int | None = None  # decoding lanes from which a round does not speculate
+        # the snapshot's memory, made at the first snapshot and kept (the memory plan sets it aside): a clone
+        # per round would ask the allocator for every drafting lane's state again, gigabytes on a 27B
+        self._saved: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def begin(self, lane: int, tokens: tuple[int, ...]) -> None:
         """A request takes ``lane``: ``tokens``, its prompt and any output so far."""
@@ -150,9 +154,18 @@ class DraftVerifier:
 
     # ----- verification and rollback --------------------------------------------------
     def snapshot(self, lanes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The recurrent and conv state of ``lanes`` before the verify forward."""
-        idx = torch.tensor(lanes, device=self.state.ssm.device)
-        return self.state.ssm[:, idx].clone(), self.state.conv[:, idx].clone()
+        """The recurrent and conv state of ``lanes`` before the verify forward, copied into memory made
+        at start (valid until the next snapshot)."""
+        ssm, conv = self.state.ssm, self.state.conv
+        if self._saved is None:
+            self._saved = (torch.empty(ssm.numel(), dtype=ssm.dtype, device=ssm.device),
+                           torch.empty(conv.numel(), dtype=conv.dtype, device=conv.device))
+        idx = torch.tensor(lanes, device=ssm.device)
+        out = []
+        for live, flat in zip((ssm, conv), self._saved):
+            shape = (live.shape[0], len(lanes), *live.shape[2:])
+            out.append(torch.index_select(live, 1, idx, out=flat[:math.prod(shape)].view(shape)))
+        return out[0], out[1]
 
     def rollback(self, lanes: list[int], saved: tuple[torch.Tensor, torch.Tensor],
                  redo: list[tuple[SeqChunk, int]], record: RecurrenceInputs) -> None:
@@ -165,12 +178,12 @@ class DraftVerifier:
         dev = self.state.ssm.device
         chunks = [c for c, _ in redo]
         ssm, conv = saved
-        idx = torch.tensor([c.slot for c in chunks], device=dev)
-        pick = torch.tensor([lanes.index(c.slot) for c in chunks], device=dev)
         rows = torch.tensor([r + i for c, r in redo for i in range(len(c.tokens))], device=dev)
         with torch.inference_mode():
-            self.state.ssm[:, idx] = ssm[:, pick]
-            self.state.conv[:, idx] = conv[:, pick]
+            for c in chunks:  # lane by lane: a gather of the rejecting lanes would be one more copy of them
+                j = lanes.index(c.slot)
+                self.state.ssm[:, c.slot].copy_(ssm[:, j])
+                self.state.conv[:, c.slot].copy_(conv[:, j])
             self.model.advance_linear(ForwardBatch.build(chunks, dev), self.state, record.pick(rows))
 
 

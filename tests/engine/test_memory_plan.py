@@ -106,3 +106,16 @@ def test_lanes_that_leave_no_room_for_the_pool_are_named():
     with pytest.raises(ValueError, match=r"256 decode lanes' live state takes .* lower --decode-lanes \(--max-num-seqs\)"):
         plan_memory(QWEN35_27B, "bfloat16", 256, free_device_bytes=200 * image)
     assert plan_memory(QWEN35_27B, "bfloat16", 16, free_device_bytes=200 * image).pages > 0
+
+
+def test_speculating_sets_every_lanes_snapshot_aside():
+    """A drafter keeps each lane's state (and the scratch lane's) from before the verify forward: on a
+    free-memory budget that comes out of the pool, and the plan says so."""
+    image = lane_bytes(QWEN35_27B, "bfloat16")
+    plain = plan_memory(QWEN35_27B, "bfloat16", 16, free_device_bytes=40 << 30)
+    spec = plan_memory(QWEN35_27B, "bfloat16", 16, free_device_bytes=40 << 30, speculating=True)
+    assert spec.spec_snapshot_bytes == 17 * image and plain.spec_snapshot_bytes == 0
+    assert (plain.pages - spec.pages) * spec.page_bytes >= int(17 * image * 0.85) - spec.page_bytes
+    assert "speculative snapshot" in spec.describe() and "speculative snapshot" not in plain.describe()
+    explicit = plan_memory(QWEN35_27B, "bfloat16", 16, kv_pool_tokens=6400, speculating=True)
+    assert explicit.pages == 100  # an explicit pool is the pool alone

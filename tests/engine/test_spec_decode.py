@@ -176,6 +176,29 @@ def test_speculative_runtime_stamps_drafter_1(checkpoint_factory, tmp_path):
     assert stamps[0].rsplit(":", 1)[0] == stamps[2].rsplit(":", 1)[0]
 
 
+def test_the_snapshot_reuses_memory_made_once_and_holds_the_lanes_state(checkpoint_factory, tmp_path):
+    """The pre-verify snapshot is copied into one buffer made at the first snapshot (the memory plan
+    sets it aside), never a fresh allocation per round."""
+    from ignis.engine.config import EngineConfig
+    from ignis.engine.runtime import load_runtime
+
+    path = checkpoint_factory("qwen3_5", mtp="full").path
+    config = EngineConfig(model=(str(path),), device="cpu", tierd_endpoint="off", runtime_dir=str(tmp_path),
+                          kv_pool_tokens=256, decode_lanes=3, speculative_tokens=2)
+    runtime = load_runtime(config, "m", str(path))
+    spec, state = runtime.runner.spec, runtime.runner.state
+    try:
+        state.ssm.normal_()
+        state.conv.normal_()
+        ssm, conv = spec.snapshot([2, 0])
+        assert torch.equal(ssm, state.ssm[:, [2, 0]]) and torch.equal(conv, state.conv[:, [2, 0]])
+        first = (ssm.data_ptr(), conv.data_ptr())
+        ssm, conv = spec.snapshot([1])
+        assert (ssm.data_ptr(), conv.data_ptr()) == first and torch.equal(ssm, state.ssm[:, [1]])
+    finally:
+        runtime.close()
+
+
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 def test_requests_resumed_from_retained_state_equal_cold_ones(fitted, family):
     """Prompt reuse with a drafter: later requests resume from the first one's retained prefix (the head
