@@ -243,9 +243,10 @@ class CupyBackend:
     """CUDA copies on tierd's own stream: cudaMemcpy2DAsync between device blocks and pinned host memory.
 
     Spans over host blocks (the engine's pinned shm slots) are plain numpy
-    copies; only spans over ``cuda_ipc`` blocks go to the device. A span whose
-    run stride is wider than the device's largest 2D pitch (a BF16 pool of
-    a few million tokens has runs of several GB) goes as one 1D copy per row.
+    copies; only spans over ``cuda_ipc`` blocks go to the device, as the
+    fewest 2D rectangles their shape allows (``_device_rects``). A rectangle
+    whose pitch is wider than the device's largest 2D pitch (one item's runs
+    at the stride of a pool of more than 16K pages) goes as one 1D copy per row.
     ``runtime`` and ``stream`` are cupy's unless given (tests pass a
     host-memory stand-in to check the pitch arithmetic on the CPU)."""
 
@@ -279,20 +280,19 @@ class CupyBackend:
         stream = self._stream.ptr
         with self._use_device():  # the thread's current device: the one the blocks live on
             for s in on_device:
-                for dev, hst, rows, cols in _device_rects(s, base):
-                    pitch = s.block.run_stride
-                    if rows > 1 and pitch <= self.max_pitch:
+                for dev, dev_pitch, hst, host_pitch, width, rows in _device_rects(s, base):
+                    if rows > 1 and max(dev_pitch, host_pitch) <= self.max_pitch:
                         if to_host:
-                            self._rt.memcpy2DAsync(hst, cols, dev, pitch, cols, rows, kind, stream)
+                            self._rt.memcpy2DAsync(hst, host_pitch, dev, dev_pitch, width, rows, kind, stream)
                         else:
-                            self._rt.memcpy2DAsync(dev, pitch, hst, cols, cols, rows, kind, stream)
+                            self._rt.memcpy2DAsync(dev, dev_pitch, hst, host_pitch, width, rows, kind, stream)
                         continue
                     for r in range(rows):  # one row, or a pitch too wide for a 2D copy
-                        d, h = dev + r * pitch, hst + r * cols
+                        d, h = dev + r * dev_pitch, hst + r * host_pitch
                         if to_host:
-                            self._rt.memcpyAsync(h, d, cols, kind, stream)
+                            self._rt.memcpyAsync(h, d, width, kind, stream)
                         else:
-                            self._rt.memcpyAsync(d, h, cols, kind, stream)
+                            self._rt.memcpyAsync(d, h, width, kind, stream)
             self._stream.synchronize()  # the reply goes out only once the bytes are there
 
     def gather(self, spans: Sequence[Span], host: np.ndarray) -> None:
@@ -306,15 +306,23 @@ class CupyBackend:
 
 
 def _device_rects(s: Span, host_base: int):
-    """(device address, host address, rows, cols) rectangles of a device span: one for a run of whole
-    one-row items (contiguous on both sides), else one per item."""
+    """(device address, device pitch, host address, host pitch, width, rows) rectangles of a device span,
+    as few as its shape allows. Whole one-row items: one contiguous row. One item: its runs, one row each
+    at the run stride. Several items: one rectangle per run whose rows are the items (at the item size on
+    the device, at each item's host bytes on the host): as many copies as the item has runs (32 on the
+    27B) whatever the span's length, and pitches of a page, never the run stride, which passes the
+    largest 2D pitch (2 GB) on a pool of more than 16K pages and would cost one copy per item and run."""
     rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
     dev = s.block.device_ptr + s.run_lo * s.block.run_stride + s.item * s.block.item_bytes + s.col_lo
-    if s.n_items == 1 or (rows == 1 and cols == s.block.item_bytes):
-        yield dev, host_base + s.host, rows, cols * s.n_items if rows == 1 else cols
+    host = host_base + s.host
+    if rows == 1 and (s.n_items == 1 or cols == s.block.item_bytes):
+        yield dev, s.block.run_stride, host, cols, cols * s.n_items, 1
         return
-    for j in range(s.n_items):
-        yield dev + j * s.block.item_bytes, host_base + s.host + j * s.item_nbytes, rows, cols
+    if s.n_items == 1:
+        yield dev, s.block.run_stride, host, cols, cols, rows
+        return
+    for r in range(rows):
+        yield dev + r * s.block.run_stride, s.block.item_bytes, host + r * cols, s.item_nbytes, cols, s.n_items
 
 
 FAULT_PAUSE_ENV = "IGNIS_TIERD_FAULT_PAUSE_S"

@@ -154,3 +154,23 @@ def test_coalesced_device_spans_of_several_items_move_the_same_bytes(data):
     pages.raw[:] = 0
     cuda.scatter(spans, host)
     assert payload(items) == want
+
+
+def test_a_long_span_on_a_pool_wider_than_the_largest_pitch_is_one_copy_per_run():
+    """A pool of more than 16K pages has runs wider than cudaDevAttrMaxPitch: a span of many pages goes
+    as one 2D copy per run (rows: its pages, at a page's pitch), not one 1D copy per page and run."""
+    pages = FakeDeviceBlock("kv", 4, 10, 16, pad=3)
+    pages.raw[:] = np.random.default_rng(5).integers(0, 256, pages.raw.size, dtype=np.uint8)
+    items = [(pages, p) for p in range(2, 9)]
+    spans = coalesce(plan_spans(items, [0], 7 * pages.item_total))
+    assert [s.n_items for s in spans] == [7]
+    runtime, stream = HostRuntime(pages.run_stride - 1), Stream()
+    cuda = CupyBackend(runtime=runtime, stream=stream, max_pitch=pages.run_stride - 1)
+    host = np.zeros(7 * pages.item_total, dtype=np.uint8)
+    cuda.gather(spans, host)
+    assert host.tobytes() == payload(items)
+    assert (runtime.calls, runtime.row_calls) == (4, 0)
+    want = payload(items)
+    pages.raw[:] = 0
+    cuda.scatter(spans, host)
+    assert payload(items) == want and (runtime.calls, runtime.row_calls) == (8, 0)
