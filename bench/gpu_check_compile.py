@@ -25,6 +25,7 @@ TL_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"
 
 def _kernels() -> list:
     from ignis.kernels.causal_conv import triton_conv
+    from ignis.kernels.fused import triton_norms, triton_pointwise
     from ignis.kernels.gated_delta_rule import triton_chunk, triton_recurrent, triton_wy
     from ignis.kernels.hq_e8 import triton_decode as hq_decode
     from ignis.kernels.hq_e8 import triton_prefill as hq_prefill
@@ -36,7 +37,8 @@ def _kernels() -> list:
             triton_chunk._chunk_out_kernel,
             triton_recurrent._recurrent_kernel, triton_conv._conv_varlen_kernel, triton_conv._conv_update_kernel,
             hq_write._quantize_kernel, hq_write._window_write_kernel, hq_decode._decode_split_kernel,
-            hq_prefill._prefill_kernel]
+            hq_prefill._prefill_kernel, triton_norms._rms_norm_kernel, triton_norms._gated_norm_kernel,
+            triton_norms._norm_rotary_kernel, triton_pointwise._gate_mul_kernel, triton_pointwise._gdn_gating_kernel]
 
 
 def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
@@ -66,6 +68,24 @@ def _launch_all(s: Shapes, dtype: torch.dtype) -> None:
     triton_conv.causal_conv1d_varlen(x, w, conv_pool, slots[:1], cu)
     triton_conv.causal_conv1d_update(x[:bsz], w, conv_pool, slots)
     _launch_hq(s, dtype, e, n, ctx, bsz, cu, table, lens)
+    _launch_fused(s, e, n)
+
+
+def _launch_fused(s: Shapes, e, n: int) -> None:
+    """The fused norms and gates every layer runs (at the end-to-end model's hidden and MLP sizes)."""
+    from ignis.kernels.fused import triton_norms, triton_pointwise
+
+    cfg = s.e2e.get("model", {})
+    hidden, inter = cfg.get("hidden_size", s.hq * s.d), cfg.get("intermediate_size", 4 * s.hq * s.d)
+    w = e(hidden)
+    triton_norms.rms_norm(e(n, hidden), w, 1e-6)
+    triton_norms.add_rms_norm(e(n, hidden), e(n, hidden), w, 1e-6)
+    triton_norms.gated_rms_norm(e(n, s.hv, s.dv), e(n, s.hv, s.dv), e(s.dv), 1e-6)
+    qg = e(n, s.hq, 2 * s.d)  # query and gate of a gated attention layer, one projection
+    triton_norms.norm_rotary(qg[..., :s.d], e(s.d), e(n, s.d // 4), e(n, s.d // 4), 1e-6)
+    triton_pointwise.silu_mul(e(n, inter), e(n, inter))
+    triton_pointwise.sigmoid_mul(e(n, s.hq, s.d), qg[..., s.d:])
+    triton_pointwise.gdn_gating(e(n, s.hv), e(n, s.hv), e(s.hv, dt=torch.float32), e(s.hv, dt=torch.float32))
 
 
 def _launch_hq(s: Shapes, dtype: torch.dtype, e, n: int, ctx: int, bsz: int, cu, table, lens) -> None:

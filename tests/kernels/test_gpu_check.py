@@ -69,5 +69,9 @@ def test_a_section_that_fails_is_reported_and_the_others_still_run(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None,
                     reason="this triton has no CUDA backend to compile with")
 def test_every_kernel_compiles_for_sm90():
-    got = fields(run_script("--compile-only"))
+    out = run_script("--compile-only")
+    got = fields(out)
     assert int(got["compiled"]) >= 9 and got["compile_failed"] == "0"
+    for kernel in ("_rms_norm_kernel", "_gated_norm_kernel", "_norm_rotary_kernel", "_gate_mul_kernel",
+                   "_gdn_gating_kernel"):  # the fused kernels every layer runs, in every graph
+        assert f"compile {kernel} " in out
