@@ -204,7 +204,14 @@ async def _middleware(request: web.Request, handler):
         err = api_error_of(e)
         status = err.status
         return _error(request, err)
-    except (ClientGone, ConnectionResetError, asyncio.CancelledError):
+    except (ClientGone, ConnectionResetError):
+        # the client went away mid-answer: nothing can be sent, and nothing is wrong here (raised on, aiohttp
+        # would log an unhandled error with its traceback); this reply's write fails quietly in aiohttp
+        status = 499
+        resp = web.Response(status=499)
+        resp.force_close()
+        return resp
+    except asyncio.CancelledError:
         status = 499  # the client went away; nothing can be sent
         raise
     except Exception:

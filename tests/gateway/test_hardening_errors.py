@@ -60,3 +60,34 @@ def test_a_template_that_recurses_on_the_input_is_a_400_not_a_500(demo_files, tm
     status, body = asyncio.run(go("x" * 5000))
     assert status == 400, body
     assert body["error"]["param"] == "messages" and body["error"]["code"] == "template_failed", body
+
+
+def test_a_client_gone_mid_answer_is_a_499_and_no_error_in_the_log(demo_files, tmp_path, caplog):
+    """A stream's first write can meet a transport the client already closed (aiohttp's
+    ClientConnectionResetError): a client going away is no gateway error, it is counted as a 499."""
+    from aiohttp.client_exceptions import ClientConnectionResetError
+
+    from ignis.gateway.generation import ClientGone
+
+    app = build_app(GatewayConfig(), demo_files, "ignis-demo", f"ipc://{tmp_path}/none.sock")
+
+    async def reset(request: web.Request) -> web.Response:
+        raise ClientConnectionResetError("Cannot write to closing transport")
+
+    async def gone(request: web.Request) -> web.Response:
+        raise ClientGone()
+
+    app.router.add_get("/v1/reset", reset)
+    app.router.add_get("/v1/gone", gone)
+
+    async def go():
+        async with TestClient(TestServer(app)) as client:
+            statuses = [(await client.get(path)).status for path in ("/v1/reset", "/v1/gone")]
+            metrics = await (await client.get("/metrics")).text()
+            return statuses, metrics
+
+    with caplog.at_level(logging.DEBUG):
+        statuses, metrics = asyncio.run(go())
+    assert statuses == [499, 499]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    assert 'ignis:gateway_requests_total{endpoint="other",model_name="ignis-demo",status="499"} 2.0' in metrics
