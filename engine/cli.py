@@ -66,6 +66,7 @@ def run(args) -> int:
     from ignis.kernels.backend import KernelPathError
     from ignis.shared import sdnotify
     from ignis.shared.demo import DemoModelUnavailable
+    from ignis.shared.runtime import RuntimeDirError
 
     setup_logging("engine")
     try:
@@ -77,7 +78,7 @@ def run(args) -> int:
         sdnotify.status("loading model")
         sdnotify.extend_timeout(600)
         server = build_server(config)
-    except (ValueError, OSError, DemoModelUnavailable, KernelPathError) as exc:
+    except (ValueError, OSError, RuntimeDirError, DemoModelUnavailable, KernelPathError) as exc:
         log.error("engine cannot start: %s", exc)
         print(f"ignis engine: {exc}", file=sys.stderr)
         return 2

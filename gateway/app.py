@@ -206,8 +206,11 @@ async def _middleware(request: web.Request, handler):
         return _error(request, err)
     except (ClientGone, ConnectionResetError):
         # the client went away mid-answer: nothing can be sent, and nothing is wrong here (raised on, aiohttp
-        # would log an unhandled error with its traceback); this reply's write fails quietly in aiohttp
+        # would log an unhandled error with its traceback); this reply's write fails quietly in aiohttp. An
+        # answer already under way is cut instead: never a second status line inside its body
         status = 499
+        if request.transport is not None and getattr(request.writer, "output_size", 0):
+            request.transport.abort()
         resp = web.Response(status=499)
         resp.force_close()
         return resp

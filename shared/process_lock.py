@@ -6,9 +6,12 @@ tierd started on the same ``--runtime-dir`` and ``--instance`` (a second
 drain after their supervisor was killed) would silently take the first one's
 sockets over, and a second tierd on the same KV-disk directory would wipe the
 first one's files. So each of them first takes an exclusive ``flock``: on
-``<socket path>.lock`` beside an ipc socket, on the directory itself for
-KV-disk, on ``<runtime-dir>/<instance>-serve.lock`` for ``ignis serve``. The
-holder writes its pid into a lock file, for the message a loser gets.
+``<socket path>.lock`` beside an ipc socket (an abstract ``ipc://@name`` needs
+none: a second bind of it fails by itself), on ``<directory>.lock`` beside the
+KV-disk directory (which tierd removes and makes again while it holds it; on
+the directory itself where its parent takes no file), on
+``<runtime-dir>/<instance>-serve.lock`` for ``ignis serve``. The holder writes
+its pid into a lock file, for the message a loser gets.
 
 A lock held by another process is waited for up to ``wait_s`` (the previous
 children of a killed supervisor exit within their shutdown timeout), with one
@@ -45,10 +48,10 @@ class LockBusy(OSError):
 
 
 def hold_endpoint(endpoint: str, what: str, wait_s: float) -> None:
-    """Lock ``<path>.lock`` for an ``ipc://<path>`` endpoint (other transports: nothing to do, a second
-    bind of a TCP port fails by itself)."""
-    if endpoint.startswith("ipc://"):
-        hold_file(endpoint[len("ipc://"):] + ".lock", what, wait_s)
+    """Lock ``<path>.lock`` for an ``ipc://<path>`` endpoint (other transports, and abstract ``ipc://@name``
+    sockets: nothing to do, a second bind fails by itself)."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        hold_file(os.path.abspath(endpoint[len("ipc://"):]) + ".lock", what, wait_s)
 
 
 def hold_file(path: str | os.PathLike, what: str, wait_s: float) -> None:
@@ -60,6 +63,22 @@ def hold_file(path: str | os.PathLike, what: str, wait_s: float) -> None:
 
 
 def hold_directory(path: str | os.PathLike, what: str, wait_s: float) -> None:
+    """Lock ``<path>.lock`` beside the directory at ``path`` (it outlives the directory, which its holder
+    may remove and make again); where the parent directory takes no new file, the directory itself."""
+    path = os.path.abspath(path)
+    try:
+        hold_file(path.rstrip("/") + ".lock", what, wait_s)
+    except (PermissionError, IsADirectoryError) as e:
+        log.info("no lock file beside %s (%s): locking the directory itself", path, e)
+        _hold_inode(path, what, wait_s)
+    except OSError as e:
+        if e.errno != errno.EROFS:
+            raise
+        log.info("no lock file beside %s (%s): locking the directory itself", path, e)
+        _hold_inode(path, what, wait_s)
+
+
+def _hold_inode(path: str, what: str, wait_s: float) -> None:
     """Lock the directory at ``path`` itself (nothing is written into it). A holder that removes it as
     it exits leaves the lock on a directory no longer there: taken again on the one at ``path`` now."""
     deadline = time.monotonic() + max(0.0, wait_s)

@@ -280,7 +280,7 @@ class CupyBackend:
         stream = self._stream.ptr
         with self._use_device():  # the thread's current device: the one the blocks live on
             for s in on_device:
-                for dev, dev_pitch, hst, host_pitch, width, rows in _device_rects(s, base):
+                for dev, dev_pitch, hst, host_pitch, width, rows in _device_rects(s, base, self.max_pitch):
                     if rows > 1 and max(dev_pitch, host_pitch) <= self.max_pitch:
                         if to_host:
                             self._rt.memcpy2DAsync(hst, host_pitch, dev, dev_pitch, width, rows, kind, stream)
@@ -305,13 +305,15 @@ class CupyBackend:
         pass
 
 
-def _device_rects(s: Span, host_base: int):
+def _device_rects(s: Span, host_base: int, max_pitch: int = _DEFAULT_MAX_PITCH):
     """(device address, device pitch, host address, host pitch, width, rows) rectangles of a device span,
     as few as its shape allows. Whole one-row items: one contiguous row. One item: its runs, one row each
-    at the run stride. Several items: one rectangle per run whose rows are the items (at the item size on
-    the device, at each item's host bytes on the host): as many copies as the item has runs (32 on the
-    27B) whatever the span's length, and pitches of a page, never the run stride, which passes the
-    largest 2D pitch (2 GB) on a pool of more than 16K pages and would cost one copy per item and run."""
+    at the run stride. Several items: one rectangle per item (its runs at the run stride) when there are
+    fewer items than runs and the run stride is a legal pitch; else one rectangle per run whose rows are
+    the items (at the item size on the device, at each item's host bytes on the host): as many copies as
+    an item has runs (32 on the 27B) whatever the span's length, at a page's pitch, where the run stride
+    passes the largest 2D pitch (2 GB, a pool of more than 16K pages) and would cost a copy per item and
+    run."""
     rows, cols = s.run_hi - s.run_lo, s.col_hi - s.col_lo
     dev = s.block.device_ptr + s.run_lo * s.block.run_stride + s.item * s.block.item_bytes + s.col_lo
     host = host_base + s.host
@@ -320,6 +322,10 @@ def _device_rects(s: Span, host_base: int):
         return
     if s.n_items == 1:
         yield dev, s.block.run_stride, host, cols, cols, rows
+        return
+    if s.n_items < rows and s.block.run_stride <= max_pitch:
+        for j in range(s.n_items):
+            yield dev + j * s.block.item_bytes, s.block.run_stride, host + j * s.item_nbytes, cols, cols, rows
         return
     for r in range(rows):
         yield dev + r * s.block.run_stride, s.block.item_bytes, host + r * cols, s.item_nbytes, cols, s.n_items

@@ -238,3 +238,10 @@ def test_a_metrics_port_in_use_is_a_one_line_start_error(tmp_path):
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"ignis engine: cannot serve metrics on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_runtime_dir_that_cannot_be_made_is_a_one_line_start_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "engine", "--runtime-dir",
+                          str(tmp_path / "missing" / "rt")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "ignis engine: cannot create runtime dir" in out.stderr and "Traceback" not in out.stderr

@@ -91,3 +91,34 @@ def test_a_client_gone_mid_answer_is_a_499_and_no_error_in_the_log(demo_files, t
     assert statuses == [499, 499]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
     assert 'ignis:gateway_requests_total{endpoint="other",model_name="ignis-demo",status="499"} 2.0' in metrics
+
+
+def test_a_client_gone_after_the_answer_started_cuts_it_without_a_second_status_line(demo_files, tmp_path):
+    """Raised once a stream is under way (its client still connected), the 499 must not be written into
+    the body as a second response: the connection is cut where the stream stopped."""
+    from ignis.gateway.generation import ClientGone
+
+    app = build_app(GatewayConfig(), demo_files, "ignis-demo", f"ipc://{tmp_path}/none.sock")
+
+    async def streamed(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: one\n\n")
+        raise ClientGone()
+
+    app.router.add_get("/v1/streamed", streamed)
+
+    async def go():
+        async with TestServer(app) as server:
+            reader, writer = await asyncio.open_connection(server.host, server.port)
+            writer.write(b"GET /v1/streamed HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            data = b""
+            while chunk := await asyncio.wait_for(reader.read(65536), 30):
+                data += chunk
+            writer.close()
+            return data
+
+    data = asyncio.run(go())
+    assert data.startswith(b"HTTP/1.1 200") and b"data: one" in data
+    assert data.count(b"HTTP/1.1") == 1, data

@@ -15,12 +15,13 @@ from ignis.shared.process_lock import LockBusy, hold_directory, hold_endpoint, h
 
 HOLDER = textwrap.dedent("""
     import os, sys
-    from ignis.shared.process_lock import hold_directory, hold_file
+    from ignis.shared import process_lock
     kind, path = sys.argv[1], sys.argv[2]
-    (hold_directory if kind == "dir" else hold_file)(path, "the thing", wait_s=0)
+    take = {"dir": process_lock.hold_directory, "inode": process_lock._hold_inode, "file": process_lock.hold_file}
+    take[kind](path, "the thing", wait_s=0)
     print("HELD", flush=True)
     sys.stdin.readline()  # until the test closes our stdin
-    if kind == "dir":
+    if kind != "file" and os.path.isdir(path):
         os.rmdir(path)  # as tierd removes its KV-disk directory as it exits
 """)
 
@@ -95,15 +96,48 @@ def test_an_ipc_endpoint_locks_beside_its_socket_and_tcp_needs_nothing(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["a-engine.sock.lock"]
 
 
-def test_a_directory_removed_by_its_holder_is_locked_again_where_it_is_now(tmp_path):
+def test_a_directory_lock_outlives_the_directory(tmp_path):
+    """tierd removes its KV-disk directory when a session has no disk and makes it again later: the lock
+    is a file beside the directory, so a second tierd is refused all the same (naming the holder)."""
     d = tmp_path / "kv"
     d.mkdir()
-    holder = Holder("dir", d)
+    holder = Holder("dir", d)  # holds, and removes the directory as it exits
+    try:
+        assert (tmp_path / "kv.lock").exists()
+        d.rmdir()  # removed mid-life
+        d.mkdir()
+        with pytest.raises(LockBusy, match=f"in use by pid {holder.proc.pid}"):
+            hold_directory(d, "the KV-disk directory", wait_s=0)
+        d.rmdir()
+    finally:
+        d.mkdir()
+        holder.release()
+    hold_directory(d, "the KV-disk directory", wait_s=0)  # free once its holder is gone
+
+
+def test_where_no_file_can_go_beside_it_the_directory_itself_is_locked(tmp_path, monkeypatch):
+    d = tmp_path / "kv"
+    d.mkdir()
+
+    def read_only(path, what, wait_s):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(process_lock, "hold_file", read_only)
+    hold_directory(d, "the KV-disk directory", wait_s=0)
+    assert not (tmp_path / "kv.lock").exists()
+    with pytest.raises(LockBusy):  # another descriptor of the same directory: refused
+        process_lock._hold_inode(str(d), "the KV-disk directory", wait_s=0)
+
+
+def test_an_inode_lock_removed_by_its_holder_is_taken_again_where_the_directory_is_now(tmp_path):
+    d = tmp_path / "kv"
+    d.mkdir()
+    holder = Holder("inode", d)
     with pytest.raises(LockBusy):
-        hold_directory(d, "the KV-disk directory", wait_s=0)
+        process_lock._hold_inode(str(d), "the KV-disk directory", wait_s=0)
     waiter = subprocess.Popen([sys.executable, "-c",
-                               "import sys, os; from ignis.shared.process_lock import hold_directory; "
-                               "hold_directory(sys.argv[1], 'x', wait_s=60); "
+                               "import sys, os; from ignis.shared import process_lock; "
+                               "process_lock._hold_inode(sys.argv[1], 'x', wait_s=60); "
                                "print(os.stat(sys.argv[1]).st_ino, flush=True); sys.stdin.readline()", str(d)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -112,7 +146,18 @@ def test_a_directory_removed_by_its_holder_is_locked_again_where_it_is_now(tmp_p
         ino = int(waiter.stdout.readline())
         assert d.is_dir() and d.stat().st_ino == ino  # the waiter made it again and holds the new one
         with pytest.raises(LockBusy):
-            hold_directory(d, "the KV-disk directory", wait_s=0)
+            process_lock._hold_inode(str(d), "the KV-disk directory", wait_s=0)
     finally:
         waiter.stdin.close()
         waiter.wait(30)
+
+
+def test_an_abstract_or_relative_ipc_endpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hold_endpoint("ipc://@ignis-test-abstract", "the engine socket", wait_s=0)  # nothing on disk
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "rel").mkdir()
+    hold_endpoint("ipc://rel/e.sock", "the engine socket", wait_s=0)
+    assert (tmp_path / "rel" / "e.sock.lock").exists()
+    with pytest.raises(LockBusy):  # the same file, named absolutely
+        hold_file(tmp_path / "rel" / "e.sock.lock", "the engine socket", wait_s=0)

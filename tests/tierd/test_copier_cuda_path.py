@@ -174,3 +174,18 @@ def test_a_long_span_on_a_pool_wider_than_the_largest_pitch_is_one_copy_per_run(
     pages.raw[:] = 0
     cuda.scatter(spans, host)
     assert payload(items) == want and (runtime.calls, runtime.row_calls) == (8, 0)
+
+
+def test_a_short_span_takes_one_copy_per_page_where_the_run_stride_is_a_legal_pitch():
+    """Fewer pages than runs (a fragmented pool's short spans): one 2D copy per page over its runs."""
+    pages = FakeDeviceBlock("kv", 6, 10, 16, pad=3)
+    pages.raw[:] = np.random.default_rng(6).integers(0, 256, pages.raw.size, dtype=np.uint8)
+    items = [(pages, p) for p in range(4, 7)]
+    spans = coalesce(plan_spans(items, [0], 3 * pages.item_total))
+    assert [s.n_items for s in spans] == [3]
+    for max_pitch, calls, row_calls in ((2**31 - 1, 3, 0), (pages.run_stride - 1, 6, 0)):
+        runtime, stream = HostRuntime(max_pitch), Stream()
+        host = np.zeros(3 * pages.item_total, dtype=np.uint8)
+        CupyBackend(runtime=runtime, stream=stream, max_pitch=max_pitch).gather(spans, host)
+        assert host.tobytes() == payload(items)
+        assert (runtime.calls, runtime.row_calls) == (calls, row_calls)
