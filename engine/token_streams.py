@@ -190,7 +190,9 @@ class TokenStreams:
             "event": "done", "id": ev.req_id, "class": t.request_class, "prompt_tokens": t.prompt_tokens,
             "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
             "reuse_kind": ev.reuse_kind, "tier": ev.reuse_tier, "slot": ev.reuse_slot, "queue_ms": timings.queue_ms,
-            "prefill_ms": timings.prefill_ms, "ttft_ms": timings.ttft_ms,
+            # null where there was no such phase: never admitted (no prefill), or no token (no first token)
+            "prefill_ms": timings.prefill_ms if t.admitted is not None else None,
+            "ttft_ms": timings.ttft_ms if first is not None else None,
             "decode_tokens_per_s": round((t.tokens - 1) / decode_s, 2) if decode_s > 0 and t.tokens > 1 else 0.0,
             "finish_reason": ev.reason,
             "shortfall": ev.shortfall,  # why it reused less than it shares with an earlier prompt (or "none")

@@ -160,3 +160,25 @@ def test_a_first_admission_tells_the_gateway_the_cached_prompt_once():
     assert chan.sent == [(b"gw-warm", Admitted("warm", 128)), (b"gw-cold", Admitted("cold", 0))]
     streams.admitted(lanes[:1], 2.0, sched)  # resumed after a preemption: its first admission stands
     assert len(chan.sent) == 2 and streams.tracked["warm"].admitted == 1.0
+
+
+def test_a_request_ended_before_its_first_token_has_no_ttft_in_its_done_line(caplog):
+    """Aborted in its queue: neither prefill nor first token (null, not the time it waited); aborted while
+    prefilling: the prefill it did, and no first token."""
+    import json
+
+    from ignis.engine.schedule import FinishEvent
+    from ignis.shared.sampling import SamplingParams
+    from ignis.shared.wire import Generate
+
+    streams = TokenStreams(Channel(), EngineMetrics("m"))
+    for rid in ("queued", "prefilling"):
+        streams.track(b"gw", Generate(rid, (1, 2, 3), SamplingParams()))
+    streams.tracked["prefilling"].admitted = time.monotonic()
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("queued", "abort", 3, 0), "m")
+        streams.finish(FinishEvent("prefilling", "abort", 3, 0), "m")
+    queued, prefilling = [json.loads(r.getMessage()) for r in caplog.records
+                          if '"event":"done"' in r.getMessage()]
+    assert queued["ttft_ms"] is None and queued["prefill_ms"] is None and queued["queue_ms"] >= 0
+    assert prefilling["ttft_ms"] is None and prefilling["prefill_ms"] >= 0
