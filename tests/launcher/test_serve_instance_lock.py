@@ -57,24 +57,29 @@ def test_a_second_serve_of_the_same_instance_is_refused_and_the_first_serves_on(
 @pytest.mark.timeout(300)
 def test_after_serve_is_killed_the_next_ones_children_wait_for_the_old_ones(tmp_path):
     proc, old = start(tmp_path, "--shutdown-timeout", "8")
-    url = serving_url(tmp_path)
-    assert chat(url).status == 200
-    streaming = threading.Event()
-    threading.Thread(target=stream_long, args=(url, streaming), daemon=True).start()
-    assert streaming.wait(60)  # the old engine drains it (up to its shutdown timeout) after serve is gone
-    proc.kill()  # its children get SIGTERM (PR_SET_PDEATHSIG) and drain
-    proc.wait(30)
-    first = tmp_path / "first"
-    first.mkdir()
-    for name in ("serve.out", "serve.err"):
-        os.replace(tmp_path / name, first / name)
-    again, new = start(tmp_path)  # at once: the old children may still hold their sockets
+    again = None
     try:
+        url = serving_url(tmp_path)
+        assert chat(url).status == 200
+        streaming = threading.Event()
+        threading.Thread(target=stream_long, args=(url, streaming), daemon=True).start()
+        assert streaming.wait(60)  # the old engine drains it (up to its shutdown timeout) after serve is gone
+        proc.kill()  # its children get SIGTERM (PR_SET_PDEATHSIG) and drain
+        proc.wait(30)
+        first = tmp_path / "first"
+        first.mkdir()
+        for name in ("serve.out", "serve.err"):
+            os.replace(tmp_path / name, first / name)
+        again, new = start(tmp_path)  # at once: the old children may still hold their sockets
         assert all(gone(k) for k in old) and not set(old) & set(new)
         assert chat(serving_url(tmp_path)).status == 200
         err = (tmp_path / "serve.err").read_text()
         assert f"is in use by pid {old[1]}" in err and "waiting up to 45 s" in err, err[-3000:]  # the old engine
         assert "does not know this engine" not in err, err[-3000:]  # no old engine saying hello to the new tierd
     finally:
-        again.send_signal(signal.SIGTERM)
-        assert again.wait(60) == 0
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        if again is not None:
+            again.send_signal(signal.SIGTERM)
+            assert again.wait(60) == 0
