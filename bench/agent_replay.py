@@ -28,9 +28,10 @@ off (goal <= 1.05). ``--quick``: the first two runs with every long text cut
 to an eighth and two tools (the same shape, about a tenth of the tokens),
 fewer tax trials, measured on the reuse-on server that replayed (three
 servers, not four). Each pair of servers (the trio with ``--quick``) starts
-at once. ``--model DIR``: serve that checkpoint (the real Qwen3.5
-tokenizer; its own template unless ``--template demo``) instead of building
-the tiny one.
+at once. ``--model DIR``: serve that checkpoint (either family, with its
+own tokenizer, and its own template unless ``--template demo``) instead of
+building the tiny one. The ideal is in whole pages and a resume may end
+inside one (a prompt checkpoint, a part boundary), so A can pass 1 a little.
 """
 
 from __future__ import annotations
@@ -135,16 +136,19 @@ def main(argv=None) -> int:
     ap.add_argument("--learned-off-url", help="with --url: the same server with --reuse-learned-points off")
     ap.add_argument("--api-key", default=API_KEY)
     ap.add_argument("--template", choices=("official", "demo"), default="official")
-    ap.add_argument("--model", help="serve this checkpoint (real Qwen3.5 tokenizer; its own template unless "
-                                    "--template demo) instead of building the tiny one")
+    ap.add_argument("--model", help="serve this checkpoint (either family, with its own tokenizer, and its own "
+                                    "template unless --template demo) instead of building the tiny one")
     ap.add_argument("--max-tokens", type=int, default=8, help="cap on each request's max_tokens")
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (in trace order)")
-    ap.add_argument("--timed", action="store_true", help="send each request at its recorded time 't'")
+    ap.add_argument("--timed", action="store_true", help="send each request at its recorded time 't' (a trace "
+                                                         "that records them; the recorded concurrency)")
     ap.add_argument("--tax-trials", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="the first two runs, shrunk; fewer tax trials")
     args = ap.parse_args(argv)
     key = args.api_key if args.url else API_KEY
     trace = load_trace(args.trace)
+    if args.timed and any(r.t is None for r in trace):  # before any server starts
+        ap.error(f"--timed: {args.trace} records no time 't' on some requests (the Qwen Code trace has none)")
     if args.quick:
         trace = shrink([r for r in trace if r.run < 2], factor=8, max_tools=2)
         args.tax_trials = 3

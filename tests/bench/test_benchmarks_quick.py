@@ -79,3 +79,10 @@ def test_soak_quick_loses_nothing_and_leaks_nothing():
     assert f["errors_5xx"] == "0" and f["failed"] == "0" and f["alive"] == "1" and f["idle"] == "1", last
     assert f["leaked_pages"] == "0" and f["leaked_slots"] == "0", last
     assert int(f["hits_device"]) + int(f["hits_kv_ram"]) + int(f["hits_kv_disk"]) > 0, last
+
+
+def test_agent_replay_refuses_timed_on_a_trace_without_times_before_starting_anything():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_replay.py"), "--timed"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--timed:" in proc.stderr and "records no time" in proc.stderr
+    assert "Traceback" not in proc.stderr and "serve" not in proc.stdout
