@@ -15,6 +15,13 @@ LOCK_MARGIN_S = 15.0
 """How much longer than its own shutdown timeout an engine waits for a predecessor still holding its socket."""
 
 
+def _cannot_start(message: str) -> int:
+    """A start error: one line in the log and on stderr, exit code 2."""
+    log.error("engine cannot start: %s", message)
+    print(f"ignis engine: {message}", file=sys.stderr)
+    return 2
+
+
 def add_arguments(parser) -> None:
     add_flags(parser, EngineConfig)
 
@@ -79,19 +86,14 @@ def run(args) -> int:
         sdnotify.extend_timeout(600)
         server = build_server(config)
     except (ValueError, OSError, RuntimeDirError, DemoModelUnavailable, KernelPathError) as exc:
-        log.error("engine cannot start: %s", exc)
-        print(f"ignis engine: {exc}", file=sys.stderr)
-        return 2
+        return _cannot_start(str(exc))
     server.install_signal_handlers()
     if config.metrics_port is not None:
         try:
             port = server.metrics.serve(config.metrics_port, config.metrics_host)
         except OSError as exc:
-            message = f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}"
-            log.error("engine cannot start: %s", message)
-            print(f"ignis engine: {message}", file=sys.stderr)
             server.channel.close()
-            return 2
+            return _cannot_start(f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}")
         log.info("engine metrics on http://%s:%d/metrics", config.metrics_host, port)
         print(f"METRICS {port}", flush=True)
     if server.kv_events is not None:

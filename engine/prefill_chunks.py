@@ -90,9 +90,9 @@ def capture_aborted(plan: RoundPlan, req: Request, store: RetainedStore, page_to
     marks it was heading for lie ahead. The lane's state is exact at the end of its last chunk, so that
     point takes an image like a mark (kind ``aborted_prefill``, ranked as the request's class), made
     before anything else in this round (``CaptureOrder.before_round``): the request's lane is free for
-    this round's admissions (the scheduler holds its pages until the round is applied). Not at a point inside a picture, and not for a prefill that
-    got less than ``ABORT_CAPTURE_MIN_PAGES`` pages past the point it resumed from or the last mark it
-    passed. Returns whether a capture was planned."""
+    this round's admissions (the scheduler holds its pages until the round is applied). Not at a point
+    inside a picture, and not for a prefill that got less than ``ABORT_CAPTURE_MIN_PAGES`` pages past
+    the point it resumed from or the last mark it passed. Returns whether a capture was planned."""
     n = req.num_computed_tokens
     if (not store.enabled or req.state is not RequestState.PREFILLING or n >= len(req.prompt_ids)
             or walk_back(n, req.image_keys) != n):

@@ -171,7 +171,7 @@ class ModelRunner:
     def _start(self, plan: RoundPlan) -> None:
         for ev in plan.finished:
             self.release(ev.req_id)
-        self._capture(plan, before_round=True)  # an aborted prefill's lane and pages may be reused below
+        self._capture(plan, before_round=True)  # an aborted prefill's lane may be reset or loaded below
         for src, dst in plan.copies_before:
             self.state.copy_page(src, dst)
         if self.spec is not None:

@@ -68,11 +68,8 @@ def hold_directory(path: str | os.PathLike, what: str, wait_s: float) -> None:
     path = os.path.abspath(path)
     try:
         hold_file(path.rstrip("/") + ".lock", what, wait_s)
-    except (PermissionError, IsADirectoryError) as e:
-        log.info("no lock file beside %s (%s): locking the directory itself", path, e)
-        _hold_inode(path, what, wait_s)
-    except OSError as e:
-        if e.errno != errno.EROFS:
+    except OSError as e:  # LockBusy among them: only a parent that takes no file falls back
+        if not isinstance(e, (PermissionError, IsADirectoryError)) and e.errno != errno.EROFS:
             raise
         log.info("no lock file beside %s (%s): locking the directory itself", path, e)
         _hold_inode(path, what, wait_s)
