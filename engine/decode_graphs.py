@@ -23,7 +23,8 @@ state's scratch lane and scratch page (``ModelState.scratch_lane`` /
 a live sequence reads. Their logits are dropped.
 
 Capture happens once, after the warm-up (every kernel compiled), largest
-bucket first, all buckets in one memory pool. A capture that fails (an op in
+bucket first, all buckets in one memory pool, for batches whose forward never
+waits on the host (``capturable_batch``). A capture that fails (an op in
 the forward that syncs with the host, say) leaves the engine eager and says
 why (``status``); it never stops the engine.
 
@@ -47,6 +48,22 @@ def buckets_up_to(max_bs: int) -> list[int]:
     """The batch sizes a graph is captured for: 1, 2, 4, 8, 16, 24, ... up to ``max_bs`` (always included)."""
     sizes = [b for b in (1, 2, 4) if b < max_bs] + list(range(8, max_bs, 8))
     return sorted(set(sizes + [max_bs])) if max_bs > 0 else []
+
+
+def capturable_batch(model, dtype: torch.dtype, device: torch.device, wanted: int) -> int:
+    """``wanted`` lowered to the most sequences whose decode forward never waits on the host (said in the log).
+
+    Qwen3-Next's experts read a group size on the host beyond a few sequences
+    where the grouped GEMM does not run (``SparseMoE.sync_free_tokens``): the
+    graphs stop below that, and larger decode rounds run eagerly.
+    """
+    limit = model.sync_free_tokens(dtype, device)
+    if limit is None or limit >= wanted:
+        return wanted
+    log.warning("decode CUDA graphs for up to %d sequences, not %d: above that the MoE experts read their group "
+                "sizes on the host (the grouped GEMM runs in bf16 on sm90 only) and those decode rounds run eagerly",
+                limit, wanted)
+    return limit
 
 
 class DecodeGraphs:

@@ -188,6 +188,10 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
                        drafter_page_bytes=drafter_page_bytes, speculating=bool(spec_k))
     log.info(plan.describe())
     graph_bs = min(config.cuda_graph_max_bs, plan.lanes) if device == "cuda" and not config.enforce_eager else 0
+    if graph_bs:
+        from ignis.engine.decode_graphs import capturable_batch
+
+        graph_bs = capturable_batch(model, TORCH_DTYPES[ckpt.dtype], torch.device(device), graph_bs)
     state = ModelState.allocate(cfg, num_pages=plan.pages, lanes=plan.lanes, dtype=TORCH_DTYPES[ckpt.dtype],
                                 device=device, kv_format=kv_format, exact_window=window, shared=tiers_on,
                                 scratch=graph_bs > 0)

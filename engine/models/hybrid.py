@@ -62,6 +62,13 @@ class HybridModel(nn.Module):
             self.ops = select_ops(device.type)
         return self.ops
 
+    def sync_free_tokens(self, dtype: torch.dtype, device: torch.device) -> int | None:
+        """The most tokens a forward takes without waiting on the host, so a CUDA graph can hold it (None: any)."""
+        limits = [layer.mlp.sync_free_tokens(dtype, device) for layer in self.layers
+                  if hasattr(layer.mlp, "sync_free_tokens")]
+        limits = [n for n in limits if n is not None]
+        return min(limits) if limits else None
+
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 

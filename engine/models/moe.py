@@ -57,12 +57,18 @@ def _sm90(index: int) -> bool:
 
 def grouped_mm_ok(x: torch.Tensor, inter: int) -> bool:
     """Whether ``torch._grouped_mm`` runs the experts for ``x`` without a host sync."""
-    if not hasattr(torch, "_grouped_mm") or (x.shape[-1] * x.element_size()) % 16 or (inter * x.element_size()) % 16:
+    return grouped_mm_runs(x.dtype, x.device, x.shape[-1], inter)
+
+
+def grouped_mm_runs(dtype: torch.dtype, device: torch.device, hidden: int, inter: int) -> bool:
+    """Whether ``torch._grouped_mm`` runs experts of these sizes for activations of ``dtype`` on ``device``."""
+    size = torch.empty((), dtype=dtype).element_size()
+    if not hasattr(torch, "_grouped_mm") or (hidden * size) % 16 or (inter * size) % 16:
         return False
-    if x.device.type == "cuda":
-        return x.dtype == torch.bfloat16 and _sm90(x.device.index if x.device.index is not None
-                                                  else torch.cuda.current_device())
-    return x.device.type == "cpu" and _TORCH >= (2, 9)
+    if device.type == "cuda":
+        return dtype == torch.bfloat16 and _sm90(device.index if device.index is not None
+                                                else torch.cuda.current_device())
+    return device.type == "cpu" and _TORCH >= (2, 9)
 
 
 def sort_pairs(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -136,6 +142,18 @@ class SparseMoE(nn.Module):
         self.experts = StackedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def sync_free_tokens(self, dtype: torch.dtype, device: torch.device) -> int | None:
+        """The most tokens this layer takes without waiting on the host (None: any number).
+
+        Beyond ``DECODE_PAIRS // top_k`` tokens, where the grouped GEMM does not
+        run, the padded form reads its group size on the host: a CUDA graph
+        cannot hold that forward.
+        """
+        experts = self.experts
+        if grouped_mm_runs(dtype, device, experts.down_proj.shape[1], experts.down_proj.shape[2]):
+            return None
+        return DECODE_PAIRS // self.top_k
 
     def forward(self, x: torch.Tensor, ops: Ops = REFERENCE) -> torch.Tensor:
         logits = self.gate(x)

@@ -117,3 +117,37 @@ def test_page_tables_follow_their_lanes_across_rounds(model):
         want = model(ForwardBatch.build(chunks), plain)
         torch.testing.assert_close(graphs.run(chunks), want, rtol=1e-5, atol=1e-5)
     assert graphs.lane_table[4, :4].tolist() == tables[3] and graphs.lane_table[1, :2].tolist() == tables[4][:2]
+
+
+def test_graphs_stop_where_the_experts_would_wait_on_the_host(model, monkeypatch, caplog):
+    """Where the grouped GEMM does not run (a GPU other than sm90, or not bf16), Qwen3-Next's experts read a
+    group size on the host above DECODE_PAIRS pairs: the graphs are captured only up to the batch below that
+    (the rounds above it eager, said in the log) instead of every graph failing at the first such bucket."""
+    from ignis.engine.decode_graphs import capturable_batch
+    from ignis.engine.models import moe
+    from tests.engine.checkpoints import TINY_MOE, TINY_TEXT, layer_types
+
+    text = dict(TINY_TEXT, **TINY_MOE, model_type="qwen3_next", layer_types=layer_types("interval4", 4))
+    torch.manual_seed(0)
+    next_model = HybridModel(config_from_dict(text)).eval()
+    cuda = torch.device("cuda")  # fp32 on CUDA never takes the grouped GEMM: no device is touched
+    limit = moe.DECODE_PAIRS // TINY_MOE["num_experts_per_tok"]
+    assert next_model.sync_free_tokens(torch.float32, cuda) == limit
+    with caplog.at_level("WARNING", logger="ignis.engine"):
+        assert capturable_batch(next_model, torch.float32, cuda, 64) == limit
+    assert f"up to {limit} sequences, not 64" in caplog.text
+    assert capturable_batch(next_model, torch.float32, cuda, 8) == 8
+    assert model.sync_free_tokens(torch.float32, cuda) is None, "a dense model never waits on the host"
+    assert capturable_batch(model, torch.float32, cuda, 64) == 64
+
+    # the limit is where the layer's form changes: at it nothing is read on the host, one more token reads it
+    monkeypatch.setattr(moe, "grouped_mm_ok", lambda x, inter: False)
+    layer = next(m for m in next_model.modules() if isinstance(m, moe.SparseMoE))
+    reads = []
+    real_item = torch.Tensor.__int__
+    monkeypatch.setattr(torch.Tensor, "__int__", lambda t: reads.append(1) or real_item(t))
+    with torch.no_grad():
+        layer(torch.randn(limit, TINY_TEXT["hidden_size"]))
+        assert not reads
+        layer(torch.randn(limit + 1, TINY_TEXT["hidden_size"]))
+    assert reads, "the padded form reads its group size on the host"
