@@ -17,7 +17,13 @@ File layout (little endian)::
     | "IGNISKV3" (8) | header_len u32 (4) | chunk_bytes u32 (4) | header JSON | payload |
     | nonce (16) | tag 0 (16) | ... | tag k-1 (16) |
 
-The header JSON holds key, stamp, payload bytes and the block of every ref.
+The header JSON holds key, stamp, payload bytes, the block of every ref and
+the id of the tierd session that wrote the file (``DiskTier.session``, drawn
+at random for each): file names come from content, so another tierd on the
+same directory (a bind mount of it, say, with the same install key) writes
+the same names, and a same-shaped model has the same stamp; its files, and an
+earlier session's, fail the header check instead of restoring another
+model's state.
 The payload is checked in chunks of ``chunk_bytes`` (16 MiB by default):
 tag i (16 bytes) is Poly1305 of payload chunk i under a one-time key derived
 with HMAC-SHA256 from the install's key, the file's nonce (16 random bytes
@@ -62,6 +68,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 import struct
 import time
@@ -194,10 +201,11 @@ def wipe_dir(path: str | os.PathLike, remove: bool = True) -> str:
     return error
 
 
-def encode_header(key: str, stamp: str, nbytes: int, shape: tuple[str, ...]) -> bytes:
+def encode_header(key: str, stamp: str, nbytes: int, shape: tuple[str, ...], session: str = "") -> bytes:
     import orjson  # noqa: PLC0415 - here, so the copy path imports without it (bench/gpu_tiers.py)
 
-    return orjson.dumps({"key": key, "stamp": stamp, "payload_bytes": nbytes, "shape": list(shape)})
+    return orjson.dumps({"key": key, "stamp": stamp, "payload_bytes": nbytes, "shape": list(shape),
+                         "session": session})
 
 
 def chunk_count(nbytes: int, chunk: int = CHUNK_BYTES) -> int:
@@ -411,6 +419,9 @@ class DiskTier:
         self.chunk = chunk
         self.direct = disk_io.direct_io_works(self.path) if direct is None else direct
         """Files are opened with O_DIRECT (None: when a probe file in the directory takes it)."""
+        self.session = secrets.token_hex(8)
+        """In every file header this tier writes: a file under one of its names that another tierd (or an
+        earlier session) wrote fails the header check."""
         self.used = 0
         self.retry_after_s = retry_after_s
         self.failures = 0

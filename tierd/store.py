@@ -96,7 +96,8 @@ class TierStore:
         if msg.target == "disk" and self._disk_view() is None:
             return self._refuse(peer, msg, "no_disk", "target disk, but KV-disk is off (or failed) on this tierd")
         self._seq += 1
-        header = kvdisk.encode_header(msg.key, self.stamp, resolved.nbytes, resolved.shape)
+        header = kvdisk.encode_header(msg.key, self.stamp, resolved.nbytes, resolved.shape,
+                                      self.disk.session if self.disk else "")
         chunk = self.disk.chunk if self.disk else kvdisk.CHUNK_BYTES
         e = Entry(msg.key, resolved.shape, resolved.nbytes, msg.kind, msg.request_class, msg.last_used, self._seq,
                   header=header, file_bytes=kvdisk.file_bytes(header, resolved.nbytes, chunk))

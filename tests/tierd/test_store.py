@@ -190,3 +190,28 @@ def test_a_kv_disk_directory_removed_while_serving_is_made_again(h, tmp_path):
            last_used=4.0)
     assert [type(m) for m in h.settle()] == [Demoted]
     assert any(e.tier == "disk" for e in h.store.entries.values())  # KV-disk takes writes again
+
+
+def test_a_file_another_tierd_wrote_under_the_same_name_is_not_restored(tmp_path):
+    """Two tierds on one KV-disk directory (a bind mount of it, with one install key: the lock beside each
+    path differs) write the same file names for the same content key and stamp. The file the second one
+    wrote over the first's is refused by the first's header check (each session's id is in its headers):
+    a miss, never the other model's bytes."""
+    a = Harness(tmp_path, arena_blocks=3, disk_bytes=1 << 20)
+    try:
+        _on_disk(a, 4)
+        b = Harness(tmp_path, arena_blocks=3, disk_bytes=1 << 20)  # wipes the directory, as a tierd start does
+        try:
+            for block in b.blocks.values():
+                block.array()[...] ^= 0xFF  # another model's state under the same key
+            _on_disk(b, 4)
+            assert (tmp_path / "kv" / f"{key(1)}.kv").exists()
+            assert a.store.disk.session != b.store.disk.session
+            a.send(Restore, key(1), STAMP, DST)
+            (reply,) = a.settle()
+            assert isinstance(reply, Missing) and reply.reason == "corrupt", reply
+            assert a.read(DST) != b.read(SRC)
+        finally:
+            b.close()
+    finally:
+        a.close()
