@@ -419,15 +419,25 @@ def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_
 
 
 class Worker:
-    """One thread running submitted jobs in order; ``post`` delivers each outcome to the server's loop."""
+    """One thread running submitted jobs in order; ``post`` delivers each outcome to the server's loop.
+
+    Once closed, outcomes of jobs still running (abandoned when their session
+    ended) are logged and dropped: their ``done`` belongs to a closed store.
+    """
 
     def __init__(self, name: str, post: Callable[[Callable[[], None]], None]):
         self.name = name
         self._post = post
         self._jobs: queue.Queue = queue.Queue()
         self.in_flight = 0  # touched by the server's loop only (submit and the posted callbacks)
+        self.closed = False
         self._thread = threading.Thread(target=self._run, name=f"tierd-{name}", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """The thread is still alive (after ``close``: a job it was running has not returned yet)."""
+        return self._thread.is_alive()
 
     def submit(self, job: Callable[[], object], done: Callable[[object, BaseException | None, float], None]) -> None:
         """Run ``job()`` on the thread; then ``done(result, error, seconds)`` runs on the server's loop."""
@@ -435,6 +445,10 @@ class Worker:
 
         def finish(result, error, seconds):
             self.in_flight -= 1
+            if self.closed:
+                log.warning("a %s job abandoned when its session ended has returned after %.1f s%s; nothing of it "
+                            "is kept", self.name, seconds, f" ({type(error).__name__})" if error else "")
+                return
             done(result, error, seconds)
 
         self._jobs.put((job, finish))
@@ -454,5 +468,6 @@ class Worker:
             self._post(lambda f=finish, r=result, e=error, s=seconds: f(r, e, s))
 
     def close(self, timeout: float = 5.0) -> None:
+        self.closed = True
         self._jobs.put(None)
         self._thread.join(timeout)

@@ -74,6 +74,7 @@ class TierServer:
         self.disk_dir = disk_dir
         self.metrics = metrics
         self.store: TierStore | None = None
+        self._abandoned: TierStore | None = None  # an ended session whose copies outlasted the wait
         self.hello: Hello | None = None
         self.peer: bytes | None = None
         self._posted: queue.SimpleQueue = queue.SimpleQueue()
@@ -161,6 +162,10 @@ class TierServer:
             log.error("%d copies still in flight after %.0f s; their entries are abandoned",
                       self.store.in_flight, wait_s)
         self.store.close()
+        if self.store.copies_running:
+            self._abandoned = self.store
+            log.error("an abandoned copy is still running: the arena goes to no new session (a hello is refused "
+                      "as busy) until it returns")
         self.store = None
         if self.disk_dir is not None:
             error = kvdisk.wipe_dir(self.disk_dir, remove=False)
@@ -242,6 +247,11 @@ class TierServer:
         disk_bytes = self.config.resolve_disk_bytes(msg.family)  # disk_dir is None only for an explicit 0
         self._end_session(_STOP_WAIT_S)  # a new session frees everything the last one left
         self.hello = self.peer = None
+        if self._copies_left():
+            memory.close()
+            return self._refuse(peer, msg.req, "hello", "", "busy",
+                                "the last session's abandoned copies are still running and may still write into "
+                                "the arena: no new session until they return (the engine says hello again)")
         disk = None
         if not self.arena.mapped:
             try:
@@ -289,10 +299,20 @@ class TierServer:
         log.info("engine %r detached: %d entries dropped", self.hello.engine_id, entries)
         self._end_session(_STOP_WAIT_S)
         self.hello = self.peer = None
-        self.arena.release()  # no engine: no locked memory until the next hello
-        log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
-                 self.arena.nbytes)
+        if self._copies_left():
+            log.warning("arena kept mapped: an abandoned copy may still write into it")
+        else:
+            self.arena.release()  # no engine: no locked memory until the next hello
+            log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
+                     self.arena.nbytes)
         self.channel.send(Detached(msg.req, entries), peer)
+
+    def _copies_left(self) -> bool:
+        """A copy abandoned at the end of a session still runs."""
+        if self._abandoned is not None and not self._abandoned.copies_running:
+            log.info("the abandoned copies have returned: the arena is free for a new session")
+            self._abandoned = None
+        return self._abandoned is not None
 
     def _reply(self, peer: bytes, msg) -> None:
         self.channel.send(msg, peer)

@@ -429,6 +429,12 @@ class TierStore:
     def can_rebind(self, memory: EngineMemory) -> bool:
         return not self.in_flight and not self.room and memory.cuda_device == self.memory.cuda_device
 
+    @property
+    def copies_running(self) -> bool:
+        """After ``close``: a copy abandoned by the server's wait still runs, and may still write into the
+        arena or the KV-disk directory (neither is handed to a new session until it returns)."""
+        return self.copier.running or (self.disk_io is not None and self.disk_io.running)
+
     def close(self) -> None:
         """Drop every entry and stop the workers (the server waits for in-flight copies first)."""
         for e in list(self.entries.values()):
