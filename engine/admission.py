@@ -85,10 +85,11 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
         if needed > sched.pool.num_free:
-            if sched.pool.num_free + sched.store.moves.pages_landing < needed:
-                req.pages_wanted = needed  # engine.preemption.preempt_for_head reads it
+            short = sched.pool.num_free + sched.pages_coming() < needed
+            req.pages_wanted = needed if short else 0  # engine.preemption.preempt_for_head reads it
+            if short:
                 maybe_evict(sched, req)
-            return  # head of line waits (for pages, or for demotes in flight to land); nothing overtakes it
+            return  # head of line waits (for pages, or for pages on their way back); nothing overtakes it
         req.pages_wanted = 0
         queue.popleft()
         sched.lanes.take(req)

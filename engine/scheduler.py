@@ -233,6 +233,12 @@ class Scheduler:
 
     # ----- a round ------------------------------------------------------------------
 
+    def pages_coming(self) -> int:
+        """Pages that go back to the free list by the next round without anyone giving any up: those of
+        demotes in flight, and those of aborted prefills held until their capture is made (so a request
+        waits a round for them rather than evicting or preempting another)."""
+        return self.store.moves.pages_landing + sum(held.sole() for held in self._held_pages)
+
     def schedule(self) -> RoundPlan:
         """Plan the next round. The previous non-empty plan must have been ``update``d."""
         if self._in_flight is not None:

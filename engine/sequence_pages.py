@@ -48,6 +48,10 @@ class SequencePages:
     def owned_pages(self) -> Sequence[int]:
         return self._pages
 
+    def sole(self) -> int:
+        """Pages that go back to the free list when this table is released (no one else holds them)."""
+        return sum(1 for p in self._pages if self.pool.refcount(p) == 1)
+
     def pages_needed(self, num_tokens: int) -> int:
         """New pages ``ensure_capacity(num_tokens)`` would allocate (0 if it already fits)."""
         return max(0, self.pool.pages_for(num_tokens) - len(self._pages))

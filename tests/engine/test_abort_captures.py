@@ -86,3 +86,27 @@ def test_reuse_off_keeps_no_aborted_prefill(model):
     eng.run()
     assert not list(eng.sched.store.entries())
     eng.check_drained()
+
+
+def test_a_request_waits_a_round_for_the_held_pages_instead_of_counting_itself_short(model):
+    """The aborted prefill's pages come back when the round is applied: a head of the queue that fits with
+    them waits that round without asking for an eviction or a preemption (``pages_wanted`` stays 0)."""
+    eng = Engine(model, pages=24, lanes=2, prefill_budget=100)
+    eng.submit("a", prompt(900, 35), opener_start=897)
+    prefill_until(eng, "a", 600)
+    eng.submit("c", prompt(700, 36), opener_start=697)  # 11 pages: more than are free beside a's
+    c = eng.sched.get("c")
+    eng.sched.abort("a")
+    plan = eng.sched.schedule()
+    held = eng.sched.pages_coming()
+    assert [ev.req_id for ev in plan.finished] == ["a"] and not plan.started
+    assert eng.sched.pool.num_free < 11 <= eng.sched.pool.num_free + held  # a's pages past its capture
+    assert c.state is RequestState.WAITING and c.pages_wanted == 0 and not plan.preempted
+    eng.finished.update((ev.req_id, ev) for ev in eng.sched.update(eng.runner.run(plan)[0]))
+    assert eng.sched.pages_coming() == 0
+    plan = eng.sched.schedule()
+    assert [s.req_id for s in plan.started] == ["c"]
+    eng.finished.update((ev.req_id, ev) for ev in eng.sched.update(eng.runner.run(plan)[0]))
+    eng.run()
+    assert eng.finished["c"].reason in ("stop", "length")
+    eng.check_drained()
