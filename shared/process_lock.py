@@ -8,8 +8,9 @@ sockets over, and a second tierd on the same KV-disk directory would wipe the
 first one's files. So each of them first takes an exclusive ``flock``: on
 ``<socket path>.lock`` beside an ipc socket (an abstract ``ipc://@name`` needs
 none: a second bind of it fails by itself), on ``<directory>.lock`` beside the
-KV-disk directory (which tierd removes and makes again while it holds it; on
-the directory itself where its parent takes no file), on
+KV-disk directory (which tierd removes and makes again while it holds it) and
+on the directory itself (the same directory reached by another path, a bind
+mount, has another file beside it), on
 ``<runtime-dir>/<instance>-serve.lock`` for ``ignis serve``. The holder writes
 its pid into a lock file, for the message a loser gets.
 
@@ -64,7 +65,9 @@ def hold_file(path: str | os.PathLike, what: str, wait_s: float) -> None:
 
 def hold_directory(path: str | os.PathLike, what: str, wait_s: float) -> None:
     """Lock ``<path>.lock`` beside the directory at ``path`` (it outlives the directory, which its holder
-    may remove and make again); where the parent directory takes no new file, the directory itself."""
+    may remove and make again), then the directory itself: another path to it (a bind mount) has
+    another file beside it but the same directory. Where the parent takes no new file, the directory
+    only."""
     path = os.path.abspath(path)
     try:
         hold_file(path.rstrip("/") + ".lock", what, wait_s)
@@ -72,7 +75,7 @@ def hold_directory(path: str | os.PathLike, what: str, wait_s: float) -> None:
         if not isinstance(e, (PermissionError, IsADirectoryError)) and e.errno != errno.EROFS:
             raise
         log.info("no lock file beside %s (%s): locking the directory itself", path, e)
-        _hold_inode(path, what, wait_s)
+    _hold_inode(path, what, wait_s)
 
 
 def _hold_inode(path: str, what: str, wait_s: float) -> None:

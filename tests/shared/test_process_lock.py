@@ -161,3 +161,32 @@ def test_an_abstract_or_relative_ipc_endpoint(tmp_path, monkeypatch):
     assert (tmp_path / "rel" / "e.sock.lock").exists()
     with pytest.raises(LockBusy):  # the same file, named absolutely
         hold_file(tmp_path / "rel" / "e.sock.lock", "the engine socket", wait_s=0)
+
+
+BIND_MOUNT_CHECK = textwrap.dedent("""
+    import sys
+    from ignis.shared.process_lock import LockBusy, hold_directory
+    hold_directory(sys.argv[1], "the KV-disk directory", wait_s=0)
+    try:
+        hold_directory(sys.argv[2], "the KV-disk directory", wait_s=0)
+    except LockBusy as e:
+        print("REFUSED", e)
+    else:
+        print("TAKEN")
+""")
+
+
+def test_one_directory_reached_by_another_path_is_refused(tmp_path):
+    """A bind mount of a KV-disk directory has its own file beside it; the directory itself is one: a
+    second tierd on it is refused (it would wipe the first one's files)."""
+    a, b = tmp_path / "a" / "kv", tmp_path / "b" / "kv"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    inner = f"mount --bind {a} {b} && exec {sys.executable} -c '{BIND_MOUNT_CHECK}' {a} {b}"
+    try:
+        out = subprocess.run(["unshare", "-rm", "sh", "-c", inner], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if out.returncode != 0 and "REFUSED" not in out.stdout and "TAKEN" not in out.stdout:
+        pytest.skip(f"no bind mount in a user namespace here: {out.stderr.strip()[:200]}")
+    assert out.stdout.startswith("REFUSED") and "the KV-disk directory is in use" in out.stdout, out
