@@ -102,7 +102,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
                 req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
         if req.num_preemptions == 0 and sched.learned is not None and not scores:
             req.shortfall = shortfall_reason(tokens, matched, req.shared_tokens, req.earlier_cuts,
-                                             sched.store.fates, page_tokens)
+                                             sched.store.fates, page_tokens, tuple(req.must_cut_at))
         req.page_table.ensure_capacity(req.num_tokens + 1)
         req.state = RequestState.PREFILLING
         plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),

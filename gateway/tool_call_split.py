@@ -18,8 +18,10 @@ A hermes block's ``</tool_call>`` inside one of its JSON strings is that
 string's text, not the block's end (a held call's string may hold it: the
 grammar cannot keep it out of JSON). Markers are matched on text, so a tail that may be the start of one is held
 back until the next push decides it; ``finish`` flushes (a block still open
-then is decided as it stands, a parameter value cut off is dropped). Pure
-Python.
+then is decided as it stands, a parameter value cut off is dropped; after a
+call, a block cut off before it names its function is dropped too, as vLLM's
+parsers do, rather than returned as content the client would send back in
+front of the calls). Pure Python.
 """
 
 from __future__ import annotations
@@ -165,6 +167,9 @@ class ToolCallSplitter:
             rest = [("header", other[0]), ("args", other[1])] if other is not None else None
         if rest is not None:
             self._calls(events, rest)
+            return
+        if not closed and self.num_calls:
+            self._pending_ws = ""  # the output ended inside another call's opener: a cut call, not content
             return
         self._content(events, ("" if self._forced_open else TOOL_OPEN) + body + (TOOL_CLOSE if closed else ""))
 

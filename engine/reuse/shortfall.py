@@ -57,9 +57,12 @@ class Fates:
 
 
 def shortfall_reason(tokens: tuple[int, ...], matched: int, shared: int, earlier_cuts: tuple[int, ...],
-                     fates: Fates, page_tokens: int) -> str:
+                     fates: Fates, page_tokens: int, own_cuts: tuple[int, ...] = ()) -> str:
     """The reason a prompt ``tokens`` resumed at ``matched`` while sharing ``shared`` (see above),
-    or "none" when it fell short by less than a page."""
+    or "none" when it fell short by less than a page. ``own_cuts``: where this prompt plans its own
+    captures; a capture an earlier identical prefix made there has a fate too (a turn sent again after
+    its conversation went on, whose checkpoint the two-checkpoint budget dropped), though the newest
+    prompt sharing those pages (``earlier_cuts``) planned none there."""
     if matched == 0 and shared == 0:
         return "unseen"
     if shared - matched < page_tokens:
@@ -67,8 +70,10 @@ def shortfall_reason(tokens: tuple[int, ...], matched: int, shared: int, earlier
     # A conversation's checkpoint sits at its generation opener, inside the page ``shared`` rounds down
     # to: past ``shared``, but shared when the capture's own tokens begin this prompt, which its fate's
     # content key says.
-    for c in sorted((c for c in earlier_cuts if shared < c < min(shared + page_tokens, len(tokens) + 1)),
-                    reverse=True):
+    near = min(shared + page_tokens, len(tokens) + 1)
+    for c in sorted({c for c in (*earlier_cuts, *own_cuts) if matched < c < near}, reverse=True):
+        if c <= shared and c not in own_cuts:
+            continue  # an earlier prompt's cut inside the shared prefix: read below
         fate = fates.of(tuple(tokens[:c]))
         if fate is not None:
             return fate

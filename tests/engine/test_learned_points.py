@@ -159,6 +159,12 @@ def test_shortfall_reasons():
     assert shortfall_reason(p, 0, 256, (290,), fates, PT) == "evicted"
     assert shortfall_reason(p[:270] + (0,) * 129, 0, 256, (290,), fates, PT) == "no_mark"  # not this prompt's
     assert shortfall_reason(p, 0, 256, (330,), fates, PT) == "no_mark"  # a page past: not known to be shared
+    # a turn sent again after its conversation went on: the newest prompt sharing its pages planned no cut
+    # there, but this prompt's own opener is where its earlier send's checkpoint was, dropped by the budget
+    fates.note(p[:295], "budget")
+    assert shortfall_reason(p, 0, 256, (), fates, PT) == "no_mark"
+    assert shortfall_reason(p, 0, 256, (), fates, PT, own_cuts=(295,)) == "budget"
+    assert shortfall_reason(p, 0, 256, (), fates, PT, own_cuts=(200,)) == "no_mark"  # no fate noted there
     with pytest.raises(ValueError):
         fates.note(p, "lost")
 

@@ -99,3 +99,12 @@ def test_a_close_marker_inside_a_json_string_is_the_strings_text():
     forced = every_split(f'{json.dumps(args)}}}\n</tool_call>',
                          tool_format="hermes", tools=TOOLS, forced=ForcedCall("get_weather"))
     assert json.loads(forced["calls"][0]["arguments"]) == args
+
+
+def test_a_block_cut_off_after_a_call_is_dropped():
+    """The output ends inside a second call's JSON (max_tokens): the first call stands, and the cut one
+    is neither a call nor content (content a client sends back would render in front of the calls)."""
+    first = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    for cut in ('\n<tool_call>\n{"name": "get_wea', "\n<tool_call>", '\n<tool_call>\n{"name": "get_weather", "argu'):
+        r = hermes("On it." + first + cut)
+        assert r["calls"] == [{"name": "get_time", "arguments": "{}"}] and r["content"] == "On it.", cut

@@ -112,6 +112,10 @@ def test_output_ending_inside_a_call():
     assert r["calls"] == [{"name": "get_weather", "arguments": "{}"}]  # the value cut off is dropped
     r = xml("<tool_call>\n<function=get_we")
     assert r["calls"] == [] and r["content"] == "<tool_call>\n<function=get_we"
+    # after a call, another cut off before its name is a cut call, not content sent back before the calls
+    for cut in ("\n<tool_call>\n<function", "\n<tool_call>", "\n<tool_call>\n<function=get_we"):
+        r = xml("Sure." + call("get_time") + cut)
+        assert r["calls"] == [{"name": "get_time", "arguments": "{}"}] and r["content"] == "Sure.", cut
 
 
 def test_forced_named_call_starts_inside_the_call():
