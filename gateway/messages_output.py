@@ -54,6 +54,11 @@ log = logging.getLogger("ignis.gateway")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
+def tool_use_id(call_id: str) -> str:
+    """A call's id as Anthropic spells tool_use ids (``toolu_...``): the same random part."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def message_id() -> str:
     return f"msg_{secrets.token_hex(12)}"
 
@@ -119,7 +124,8 @@ class ContentBlocks:
             if piece.index > 0 and not self.parallel_calls:
                 continue
             if piece.id is not None:
-                events += self._switch({"type": "tool_use", "id": piece.id, "name": piece.name, "input": {}})
+                events += self._switch({"type": "tool_use", "id": tool_use_id(piece.id), "name": piece.name,
+                                        "input": {}})
             if piece.arguments:
                 events.append(self._delta(piece.arguments))
         if d.finish_reason:

@@ -207,7 +207,7 @@ def test_a_streamed_tool_call_arrives_as_input_json_deltas(claude, server):
     assert json.loads("".join(d.partial_json for d in deltas)) == whole.content[0].input
     same = [b.model_dump(exclude={"id"}) for b in whole.content]
     assert [b.model_dump(exclude={"id"}) for b in final.content] == same
-    assert final.content[0].id.startswith("call_") and final.stop_reason == "tool_use"
+    assert final.content[0].id.startswith("toolu_") and final.stop_reason == "tool_use"
 
 
 def test_anthropic_clients_list_and_retrieve_the_served_model(claude, client, server):

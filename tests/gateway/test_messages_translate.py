@@ -107,13 +107,13 @@ def test_deltas_make_blocks_and_events_and_parallel_false_keeps_the_first_call()
     events += blocks.feed(ChoiceDelta(0, finish_reason="tool_calls"))
     assert blocks.blocks == [{"type": "thinking", "thinking": "think", "signature": ""},
                              {"type": "text", "text": "Hi"},
-                             {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}}]
+                             {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]
     assert [e["type"] for e in events] == ["content_block_start", "content_block_delta", "content_block_stop",
                                            "content_block_start", "content_block_delta", "content_block_stop",
                                            "content_block_start", "content_block_delta", "content_block_delta",
                                            "content_block_stop"]
     assert events[7]["delta"] == {"type": "input_json_delta", "partial_json": '{"a"'}
-    assert events[6]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}
+    assert events[6]["content_block"] == {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
     assert blocks.stop_reason == "tool_use"
     stopped = ContentBlocks()
     stopped.feed(ChoiceDelta(0, content="x", finish_reason="stop", stop_sequence="END"))
