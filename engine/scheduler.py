@@ -236,8 +236,8 @@ class Scheduler:
     def pages_coming(self) -> int:
         """Pages that go back to the free list by the next round without anyone giving any up: those of
         demotes in flight, and those of aborted prefills held until their capture is made (so a request
-        waits a round for them rather than evicting or preempting another)."""
-        return self.store.moves.pages_landing + sum(held.sole() for held in self._held_pages)
+        waits a round for them rather than evicting a retained entry or a sequence)."""
+        return self.store.pages_coming
 
     def schedule(self) -> RoundPlan:
         """Plan the next round. The previous non-empty plan must have been ``update``d."""
@@ -255,6 +255,7 @@ class Scheduler:
                 held = SequencePages(self.pool, f"aborted-{req.req_id}")
                 held.adopt(req.page_table)
                 self._held_pages.append(held)
+                self.store.pages_returning += held.sole()
             plan.finished.append(self._finish(req, *req.pending_end))
         evict_windows(self, plan)
         preempt_for_head(self, plan)
@@ -288,6 +289,7 @@ class Scheduler:
         for held in self._held_pages:
             held.release()
         self._held_pages.clear()
+        self.store.pages_returning = 0
         for req_id, message in result.errors.items():  # ends at the next round boundary; its token is dropped
             req = self._requests.get(req_id)
             if req is not None and req.pending_end is None:

@@ -78,6 +78,12 @@ def hold_directory(path: str | os.PathLike, what: str, wait_s: float) -> None:
     _hold_inode(path, what, wait_s)
 
 
+def hold_directory_itself(path: str | os.PathLike, what: str, wait_s: float) -> None:
+    """Lock the directory at ``path`` itself: for one made again while its holder serves (it was removed
+    from under it), so another path to it is refused as before."""
+    _hold_inode(os.path.abspath(path), what, wait_s)
+
+
 def _hold_inode(path: str, what: str, wait_s: float) -> None:
     """Lock the directory at ``path`` itself (nothing is written into it). A holder that removes it as
     it exits leaves the lock on a directory no longer there: taken again on the one at ``path`` now."""

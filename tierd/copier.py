@@ -421,8 +421,9 @@ def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_
 class Worker:
     """One thread running submitted jobs in order; ``post`` delivers each outcome to the server's loop.
 
-    Once closed, outcomes of jobs still running (abandoned when their session
-    ended) are logged and dropped: their ``done`` belongs to a closed store.
+    Once closed, the jobs still queued are not started, and the outcome of one
+    still running (abandoned when its session ended) is logged and dropped:
+    their ``done`` belongs to a closed store.
     """
 
     def __init__(self, name: str, post: Callable[[Callable[[], None]], None]):
@@ -460,10 +461,13 @@ class Worker:
                 return
             job, finish = item
             t0 = time.perf_counter()
-            try:
-                result, error = job(), None
-            except BaseException as e:  # reported to the loop, which decides what it means
-                result, error = None, e
+            if self.closed:  # queued behind a stalled job when its session ended: never started
+                result, error = None, RuntimeError("not started: its session ended")
+            else:
+                try:
+                    result, error = job(), None
+                except BaseException as e:  # reported to the loop, which decides what it means
+                    result, error = None, e
             seconds = time.perf_counter() - t0
             self._post(lambda f=finish, r=result, e=error, s=seconds: f(r, e, s))
 

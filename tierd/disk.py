@@ -79,6 +79,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ignis.shared.process_lock import hold_directory_itself
 from ignis.shared.secret_file import load_secret
 from ignis.tierd import disk_io, disk_mac
 
@@ -482,6 +483,7 @@ class DiskTier:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
             if not stat.S_ISDIR(os.lstat(self.path).st_mode):
                 return f"KV-disk path {self.path} is not a plain directory"
+            hold_directory_itself(self.path, f"the KV-disk directory {self.path}", wait_s=0)
             foreign = [n for n in os.listdir(self.path) if not _ours(n)]
             if foreign:
                 return f"KV-disk directory {self.path} now holds files tierd did not create ({foreign[0]}, ...)"

@@ -113,6 +113,8 @@ class TierServer:
                 self._wake.clear()
                 self._run_posted()
                 self._drain_inbox()
+                if self._abandoned is not None:
+                    self._copies_left()
             self._end_session(_STOP_WAIT_S)
         finally:
             time.sleep(0.05)  # let the last replies leave
@@ -247,7 +249,7 @@ class TierServer:
         disk_bytes = self.config.resolve_disk_bytes(msg.family)  # disk_dir is None only for an explicit 0
         self._end_session(_STOP_WAIT_S)  # a new session frees everything the last one left
         self.hello = self.peer = None
-        if self._copies_left():
+        if self._copies_left(release_arena=False):
             memory.close()
             return self._refuse(peer, msg.req, "hello", "", "busy",
                                 "the last session's abandoned copies are still running and may still write into "
@@ -273,8 +275,8 @@ class TierServer:
                 # KV-RAM serves without it: a disk problem never costs the arena
                 self.metrics.disk_write_failed("io_error")
                 log.error("KV-disk is off for this engine's session: %s", e)
-        elif self.disk_dir is not None:
-            kvdisk.wipe_dir(self.disk_dir, remove=True)
+        elif self.disk_dir is not None:  # the directory stays (empty) until exit: its lock is on it
+            kvdisk.wipe_dir(self.disk_dir, remove=False)
         self.store = TierStore(arena=self.arena, block_bytes=msg.block_bytes, memory=memory, disk=disk,
                                stamp=msg.stamp, ttl=float(self.config.reuse_retained_interactive_ttl),
                                metrics=self.metrics, post=self.post, reply=self._reply, again=self.handle)
@@ -307,11 +309,17 @@ class TierServer:
                      self.arena.nbytes)
         self.channel.send(Detached(msg.req, entries), peer)
 
-    def _copies_left(self) -> bool:
-        """A copy abandoned at the end of a session still runs."""
+    def _copies_left(self, release_arena: bool = True) -> bool:
+        """A copy abandoned at the end of a session still runs. Once none does, what it held is closed,
+        and (``release_arena``) the arena is released if no engine is attached, as a bye does."""
         if self._abandoned is not None and not self._abandoned.copies_running:
-            log.info("the abandoned copies have returned: the arena is free for a new session")
+            self._abandoned.close_resources()
             self._abandoned = None
+            log.info("the abandoned copies have returned: the arena is free for a new session")
+            if release_arena and self.hello is None and self.store is None and self.arena.mapped:
+                self.arena.release()
+                log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
+                         self.arena.nbytes)
         return self._abandoned is not None
 
     def _reply(self, peer: bytes, msg) -> None:

@@ -436,13 +436,21 @@ class TierStore:
         return self.copier.running or (self.disk_io is not None and self.disk_io.running)
 
     def close(self) -> None:
-        """Drop every entry and stop the workers (the server waits for in-flight copies first)."""
+        """Drop every entry and stop the workers (the server waits for in-flight copies first). A copy
+        still running keeps what it copies with open (the engine's mapped memory, the copy and disk
+        threads): ``close_resources`` once it has returned (``copies_running`` False)."""
         for e in list(self.entries.values()):
             if not e.busy:
                 self._remove(e)
         self.copier.close()
         if self.disk_io is not None:
             self.disk_io.close()
+        if not self.copies_running:
+            self.close_resources()
+
+    def close_resources(self) -> None:
+        """Close the copy backends, the disk threads and the engine's mapped memory (no copy runs)."""
+        if self.disk_io is not None:
             self.disk_files.close()
         self.backend.close()
         self.memory.close()

@@ -124,6 +124,9 @@ class RetainedStore:
         self._lower = LowerIndex(restore_floors or {}, blocks)
         self._lower_session = tiers.session
         self.moves = LowerMoves(pool, slots, tiers)
+        self.pages_returning = 0
+        """Pages the scheduler holds for one round and frees when it is applied (an aborted prefill's,
+        kept for its capture): counted with the pages of demotes landing as room on its way."""
         self._wait_below: tuple[tuple[int, ...], int] = ((), 0)  # a lookup's lower match on its way
         self.demotions = 0
         self.restores = 0
@@ -248,7 +251,7 @@ class RetainedStore:
         if needed > self.pool.num_free:
             self.reclaim_pages(needed)
         if needed > self.pool.num_free:
-            if self.pool.num_free + self.moves.pages_landing >= needed:
+            if self.pool.num_free + self.pages_coming >= needed:
                 self._wait_below = (tokens, n)  # room on its way: ask again next round
             else:
                 self.fates.note(tuple(r.tokens), "no_room")  # the request computes it (its shortfall says so)
@@ -312,7 +315,7 @@ class RetainedStore:
         owner = SequencePages(self.pool, f"retained-{self._next_id}")
         try:
             if self.pool.pages_for(n) and n % self.pool.page_tokens and self.pool.num_free < 1:
-                self.reclaim_pages(1)
+                self.reclaim_pages(1, now=True)
             copies = owner.fork_from(live.pages, n)
         except PoolExhausted:
             owner.release()
@@ -401,11 +404,18 @@ class RetainedStore:
             return None
         return min(candidates, key=lambda e: (CLASS_KEEP[e.request_class], e.last_used))
 
-    def reclaim_pages(self, needed_free: int) -> int:
-        """Release entries, lowest-ranked first, until ``needed_free`` pages are free
-        (or nothing more can go). Returns how many entries were released."""
+    @property
+    def pages_coming(self) -> int:
+        """Pages that go back to the free list by the next round without anyone giving any up: those of
+        demotes in flight, and those the scheduler returns when the round is applied."""
+        return self.moves.pages_landing + self.pages_returning
+
+    def reclaim_pages(self, needed_free: int, now: bool = False) -> int:
+        """Release entries, lowest-ranked first, until ``needed_free`` pages are free or on their way
+        (``pages_coming``; with ``now``, those the scheduler returns after this round do not count), or
+        nothing more can go. Returns how many entries were released."""
         released = 0
-        while self.pool.num_free + self.moves.pages_landing < needed_free:
+        while self.pool.num_free + self.moves.pages_landing + (0 if now else self.pages_returning) < needed_free:
             victim = self._lowest(exclude=None)
             if victim is None:
                 break

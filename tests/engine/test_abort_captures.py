@@ -110,3 +110,26 @@ def test_a_request_waits_a_round_for_the_held_pages_instead_of_counting_itself_s
     eng.run()
     assert eng.finished["c"].reason in ("stop", "length")
     eng.check_drained()
+
+
+def test_the_held_pages_spare_a_retained_entry_the_head_would_otherwise_evict(model):
+    """Room on its way counts before retained entries are reclaimed: with the held pages enough for the
+    head, an unrelated retained entry stays (it served its conversation's next turn)."""
+    eng = Engine(model, pages=24, lanes=2, prefill_budget=100)
+    eng.submit("b", prompt(140, 40), opener_start=137, max_tokens=2)
+    eng.run()
+    kept = {e.tokens for e in eng.sched.store.entries()}
+    assert kept
+    eng.submit("a", prompt(900, 35), opener_start=897)
+    prefill_until(eng, "a", 600)
+    eng.submit("c", prompt(700, 36), opener_start=697)
+    eng.sched.abort("a")
+    plan = eng.sched.schedule()
+    c = eng.sched.get("c")
+    assert c.state is RequestState.WAITING and c.pages_wanted == 0 and not plan.started
+    assert eng.sched.pool.num_free < 11 <= eng.sched.pool.num_free + eng.sched.pages_coming()
+    assert kept <= {e.tokens for e in eng.sched.store.entries()}, "reclaimed though the held pages cover it"
+    eng.finished.update((ev.req_id, ev) for ev in eng.sched.update(eng.runner.run(plan)[0]))
+    eng.run()
+    assert eng.finished["c"].reason in ("stop", "length")
+    eng.check_drained()

@@ -15,6 +15,7 @@ import pytest
 from ignis.shared.tier_wire import Demote, Demoted, Drop, Dropped, Missing, Restore, Restored, TierRefused, UnitLayout
 from tests.tierd.fake_engine import PAGE_BYTES, STAMP, key, make_blocks
 from ignis.tierd.arena import Arena
+from ignis.shared.process_lock import LockBusy, hold_directory_itself
 from ignis.tierd.disk import DiskTier, prepare_dir
 from ignis.tierd.memory_map import EngineMemory
 from ignis.tierd.metrics import TierdMetrics
@@ -184,6 +185,8 @@ def test_a_kv_disk_directory_removed_while_serving_is_made_again(h, tmp_path):
            last_used=3.0)  # room for it spills key 2, whose write fails: the directory is gone
     h.settle()
     assert (tmp_path / "kv" / ".ignis-kv-disk").exists()  # made again, with its marker
+    with pytest.raises(LockBusy):  # and locked again: another path to the new directory is refused
+        hold_directory_itself(tmp_path / "kv", "the KV-disk directory", wait_s=0)
     assert key(1) not in h.store.entries and h.store.disk.used == 0  # the vanished file's entry is forgotten
     now[0] += h.store.disk.retry_after_s
     h.send(Demote, key(4), STAMP, (("kv", 11), ("kv", 12), ("ssm", 3), ("conv", 3)), kind="retained",

@@ -241,10 +241,13 @@ def test_disk_auto_follows_the_family_and_a_new_hello_drops_everything(engine, t
     dense = engine.hello(family="qwen3_5")
     assert dense.disk_bytes == 0
     assert lookup(engine, 20) == [None] and stats(engine)["arena_blocks_free"] == dense.arena_blocks
-    assert not (tierd.runtime_dir / "default-kv-disk").exists()
+    kv_dir = tierd.runtime_dir / "default-kv-disk"
+    inode = kv_dir.stat().st_ino
+    assert [p.name for p in kv_dir.iterdir()] == [".ignis-kv-disk"]  # wiped; kept (its lock is on it) until exit
     got = engine.ask(Demote(engine.next_req(), key(21), STAMP, SRC, target="disk"))
     assert isinstance(got, TierRefused) and got.reason == "no_disk"
     assert engine.hello(family="qwen3_next").disk_bytes == 4 << 30
+    assert kv_dir.stat().st_ino == inode
 
 
 def test_metrics_count_tiers_and_copies(engine, tierd):
