@@ -71,13 +71,15 @@ def shortfall_reason(tokens: tuple[int, ...], matched: int, shared: int, earlier
     # to: past ``shared``, but shared when the capture's own tokens begin this prompt, which its fate's
     # content key says.
     near = min(shared + page_tokens, len(tokens) + 1)
-    for c in sorted({c for c in (*earlier_cuts, *own_cuts) if matched < c < near}, reverse=True):
-        if c <= shared and c not in own_cuts:
-            continue  # an earlier prompt's cut inside the shared prefix: read below
+    for c in sorted({c for c in (*earlier_cuts, *own_cuts) if shared < c < near}, reverse=True):
         fate = fates.of(tuple(tokens[:c]))
         if fate is not None:
             return fate
     inside = [c for c in earlier_cuts if matched < c <= shared]
-    if not inside:
-        return "no_mark"
-    return fates.of(tuple(tokens[:max(inside)])) or "not_ready"
+    if inside:
+        return fates.of(tuple(tokens[:max(inside)])) or "not_ready"
+    for c in sorted((c for c in own_cuts if matched < c <= shared), reverse=True):
+        fate = fates.of(tuple(tokens[:c]))
+        if fate is not None:
+            return fate
+    return "no_mark"

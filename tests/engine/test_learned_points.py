@@ -165,6 +165,9 @@ def test_shortfall_reasons():
     assert shortfall_reason(p, 0, 256, (), fates, PT) == "no_mark"
     assert shortfall_reason(p, 0, 256, (), fates, PT, own_cuts=(295,)) == "budget"
     assert shortfall_reason(p, 0, 256, (), fates, PT, own_cuts=(200,)) == "no_mark"  # no fate noted there
+    fates.note(p[:120], "evicted")  # an own cut inside the shared prefix: read where no earlier prompt cut
+    assert shortfall_reason(p, 0, 256, (), fates, PT, own_cuts=(120,)) == "evicted"
+    assert shortfall_reason(p, 0, 256, (150,), fates, PT, own_cuts=(120,)) == "not_ready"  # the earlier's first
     with pytest.raises(ValueError):
         fates.note(p, "lost")
 
