@@ -95,6 +95,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         sched.lanes.take(req)
         req.num_computed_tokens = 0
         if hit is not None:
+            sched.store.resumed(hit)
             plan.copies_before.extend(req.page_table.fork_from(hit.pages, hit.num_tokens))
             req.num_computed_tokens = hit.num_tokens
             if req.num_preemptions == 0:

@@ -77,6 +77,7 @@ class TierStore:
         self.disk_io = Worker("disk", post) if disk is not None else None
         self.entries: dict[str, Entry] = {}
         self.room: deque[_Waiting] = deque()
+        self._told_too_large: set[str] = set()  # tiers whose too-large refusal was logged this session
         self._seq = 0
         # the disk thread's staging windows and I/O threads, touched now and reused for every file
         self.disk_files = kvdisk_io.DiskIO(disk.chunk, copy_threads(), disk.direct) if disk is not None else None
@@ -145,10 +146,16 @@ class TierStore:
         self.reply(peer, Dropped(msg.req, msg.key, True))
 
     def lookup(self, msg: Lookup) -> LookupReply:
+        """Where ``msg.keys`` are. A key looked up is one a waiting request may restore next: it is ranked
+        as used now, so room made for that restore (the engine demotes others to free the pages it
+        needs) is not taken from the very entry being restored."""
         tiers, sizes = [], []
+        now = self.clock()
         for k in msg.keys:
             e = self.entries.get(k)
             tier = e.tier if e is not None else None
+            if tier is not None:
+                e.last_used = max(e.last_used, now)
             tiers.append(tier)
             sizes.append(e.nbytes if tier else 0)
         return LookupReply(msg.req, msg.keys, tuple(tiers), tuple(sizes))
@@ -183,6 +190,10 @@ class TierStore:
                 self.room.popleft()
                 if w.msg.target == "auto" and self._disk_view() is not None:
                     self._to_disk(w.peer, w.msg, w.entry, w.resolved)
+                elif w.need > self.alloc.n:
+                    self._refuse_new(w.peer, w.msg, w.entry, "no_room", self._too_large(
+                        "KV-RAM", w.need * self.block_bytes, self.alloc.n * self.block_bytes,
+                        "--reuse-kv-host-pool-bytes"))
                 else:
                     where = "" if self._disk_view() else " (KV-disk off)"
                     self._refuse_new(w.peer, w.msg, w.entry, "no_room",
@@ -235,6 +246,16 @@ class TierStore:
         op = "demote" if isinstance(msg, Demote) else "restore"
         self.reply(peer, TierRefused(msg.req, op, msg.key, reason, message))
 
+    def _too_large(self, tier: str, nbytes: int, whole: int, flag: str) -> str:
+        """The refusal of an entry larger than the whole tier (it can never be kept there); logged once a
+        session per tier, as an operator can act on it."""
+        message = (f"an entry of {nbytes} bytes is larger than the whole {tier} ({whole} bytes): no entry "
+                   f"that size is ever kept there (raise {flag})")
+        if tier not in self._told_too_large:
+            self._told_too_large.add(tier)
+            log.warning("%s", message)
+        return message
+
     def _refuse_new(self, peer: bytes, msg: Demote, e: Entry, reason: str, message: str) -> None:
         del self.entries[e.key]
         self._refuse(peer, msg, reason, message)
@@ -267,6 +288,9 @@ class TierStore:
         self._refuse_new(w.peer, w.msg, e, "copy_failed", f"copy into KV-RAM failed: {err}")
 
     def _to_disk(self, peer: bytes, msg: Demote, e: Entry, resolved: Resolved) -> None:
+        if e.file_bytes > self.disk.ceiling:
+            return self._refuse_new(peer, msg, e, "no_room", self._too_large(
+                "KV-disk", e.file_bytes, self.disk.ceiling, "--kv-disk-bytes"))
         plan = plan_disk_room(self._disk_view(), e.file_bytes, self._rank(e), self.clock(), self.ttl)
         if plan is None:
             return self._refuse_new(peer, msg, e, "no_room",

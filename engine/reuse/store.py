@@ -209,12 +209,19 @@ class RetainedStore:
         if e is None:
             return None
         tier = WIRE_TIER[e.restored_from] if e.restored_from else "device"
-        e.restored_from = None  # the request that waited for the restore names the tier; later hits are device hits
         e.last_used = self._tick()
         e.used_at = self.clock()
         e.pinned = True
         self.hits += 1
         return ResumePoint(e.entry_id, e.num_tokens, e.slot, e.pages.pages, e.kind, self.slots.tier_of(e.slot), tier)
+
+    def resumed(self, point: ResumePoint) -> None:
+        """A request was admitted at ``point``: the tier a restored entry came from is named by that
+        request only (it waited for the restore; a later hit is a device hit). A lookup whose request
+        still waits (for pages, or for a capture ahead) leaves it for the one admitted."""
+        e = self._entries.get(point.entry_id)
+        if e is not None:
+            e.restored_from = None
 
     def _lower_choice(self, tokens: tuple[int, ...], device_match: int) -> LowerRecord | None:
         """The lower-tier record worth restoring for ``tokens``, after asking tierd where its matches are now."""

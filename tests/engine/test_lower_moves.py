@@ -103,6 +103,7 @@ def test_a_lower_match_is_looked_up_then_restored_then_resumed_in_later_rounds()
     tier.answer("restore")
     hit = store.lookup(prompt)
     assert (hit.num_tokens, hit.tier) == (200, "kv_ram") and store.pending_prefix(prompt) == 0
+    store.resumed(hit)  # admitted with it
     round_applied(store)
     assert store.lookup(prompt).tier == "device"  # later hits are device hits
     store.release_all()

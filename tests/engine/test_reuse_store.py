@@ -73,6 +73,24 @@ def test_lookup_takes_the_longest_prefix_leaving_one_token_and_never_consumes():
     pool.integrity_check()
 
 
+def test_a_restored_entry_names_its_tier_to_the_request_admitted_with_it():
+    """A request whose restore landed may wait rounds more before it is admitted (pages on their way, a
+    capture ahead): every lookup until then names the lower tier; the hit of the one admitted clears it."""
+    pool, store = make()
+    seq = live_seq(pool, 300)
+    store.capture(toks(200), seq, 0, "prompt_checkpoint", "interactive", True)
+    round_applied(store)
+    (entry,) = store.entries()
+    entry.restored_from = "disk"  # as the restore's landing leaves it
+    assert store.lookup(toks(260)).tier == "kv_disk"
+    hit = store.lookup(toks(260))  # the head was not admitted: it asks again next round
+    assert hit.tier == "kv_disk"
+    store.resumed(hit)
+    assert store.lookup(toks(260)).tier == "device"
+    seq.release()
+    store.release_all()
+
+
 def test_a_pending_capture_is_never_a_resume_point_until_its_round_is_applied():
     pool, store = make()
     seq = live_seq(pool, 300)

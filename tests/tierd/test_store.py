@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from ignis.shared.tier_wire import Demote, Demoted, Drop, Dropped, Missing, Restore, Restored, TierRefused, UnitLayout
+from ignis.shared.tier_wire import (Demote, Demoted, Drop, Dropped, Lookup, Missing, Restore, Restored, TierRefused,
+                                    UnitLayout)
 from tests.tierd.fake_engine import PAGE_BYTES, STAMP, key, make_blocks
 from ignis.tierd.arena import Arena
 from ignis.shared.process_lock import LockBusy, hold_directory_itself
@@ -218,3 +219,40 @@ def test_a_file_another_tierd_wrote_under_the_same_name_is_not_restored(tmp_path
             b.close()
     finally:
         a.close()
+
+
+def test_room_for_the_demotes_before_a_restore_is_not_taken_from_the_entry_looked_up(tmp_path):
+    """The engine looks a key up, then demotes device entries to free the pages its restore needs: the
+    room those demotes take comes from the entry ranked lowest after the lookup, not the one about to be
+    restored (it was the least recently used before it was looked up)."""
+    h = Harness(tmp_path, arena_blocks=6, disk_bytes=1 << 20)  # two entries in KV-RAM
+    try:
+        for i in (1, 2):
+            h.send(Demote, key(i), STAMP, SRC, kind="retained", last_used=float(i))
+            h.settle()
+        reply = h.store.lookup(Lookup(99, STAMP, (key(1), key(7))))
+        assert reply.tiers == ("ram", None)
+        h.send(Demote, key(3), STAMP, (("kv", 9), ("kv", 10), ("ssm", 2), ("conv", 2)), kind="retained",
+               last_used=3.0)
+        h.settle()
+        assert {k: h.store.entries[key(k)].tier for k in (1, 2, 3)} == {1: "ram", 2: "disk", 3: "ram"}
+    finally:
+        h.close()
+
+
+def test_an_entry_larger_than_a_whole_tier_is_refused_as_such_and_logged_once(tmp_path, caplog):
+    ram_only = Harness(tmp_path / "a", arena_blocks=1, disk_bytes=0)
+    disk_small = Harness(tmp_path / "b", arena_blocks=1, disk_bytes=4096)
+    try:
+        with caplog.at_level("WARNING", logger="ignis.tierd"):
+            for h, tier, target in ((ram_only, "KV-RAM", "auto"), (ram_only, "KV-RAM", "auto"),
+                                    (disk_small, "KV-disk", "disk"), (disk_small, "KV-disk", "auto")):
+                h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=1.0, target=target)
+                (reply,) = h.settle()
+                assert isinstance(reply, TierRefused) and reply.reason == "no_room"
+                assert f"larger than the whole {tier}" in reply.message, reply.message
+        assert caplog.text.count("larger than the whole KV-RAM") == 1
+        assert caplog.text.count("larger than the whole KV-disk") == 1
+    finally:
+        ram_only.close()
+        disk_small.close()
