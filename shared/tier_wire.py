@@ -204,7 +204,8 @@ class Drop:
 @ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Lookup:
-    """Which of ``keys`` are held, and where."""
+    """Which of ``keys`` are held, and where. Listed longest first: the first held in each tier is the
+    one a restore would take, and tierd ranks it as used now."""
 
     TYPE: ClassVar[str] = "tier_lookup"
 

@@ -163,8 +163,7 @@ class TierServer:
         if self.store.in_flight:
             log.error("%d copies still in flight after %.0f s; their entries are abandoned",
                       self.store.in_flight, wait_s)
-        self.store.close()
-        if self.store.copies_running:
+        if not self.store.close():
             self._abandoned = self.store
             log.error("an abandoned copy is still running: the arena goes to no new session (a hello is refused "
                       "as busy) until it returns")
@@ -320,6 +319,7 @@ class TierServer:
                 self.arena.release()
                 log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
                          self.arena.nbytes)
+                self._gauges()
         return self._abandoned is not None
 
     def _reply(self, peer: bytes, msg) -> None:

@@ -78,6 +78,7 @@ class TierStore:
         self.entries: dict[str, Entry] = {}
         self.room: deque[_Waiting] = deque()
         self._told_too_large: set[str] = set()  # tiers whose too-large refusal was logged this session
+        self._resources_closed = False
         self._seq = 0
         # the disk thread's staging windows and I/O threads, touched now and reused for every file
         self.disk_files = kvdisk_io.DiskIO(disk.chunk, copy_threads(), disk.direct) if disk is not None else None
@@ -146,15 +147,19 @@ class TierStore:
         self.reply(peer, Dropped(msg.req, msg.key, True))
 
     def lookup(self, msg: Lookup) -> LookupReply:
-        """Where ``msg.keys`` are. A key looked up is one a waiting request may restore next: it is ranked
-        as used now, so room made for that restore (the engine demotes others to free the pages it
-        needs) is not taken from the very entry being restored."""
+        """Where ``msg.keys`` are. The engine lists them longest first, so the first held in each tier is
+        the one a waiting request would restore from there: it is ranked as used now, so room made for
+        that restore (the engine demotes others to free the pages it needs) is not taken from the very
+        entry being restored, among entries of its kind and class. The shorter ones (a conversation's
+        earlier checkpoints) keep their rank."""
         tiers, sizes = [], []
         now = self.clock()
+        touched: set[str] = set()
         for k in msg.keys:
             e = self.entries.get(k)
             tier = e.tier if e is not None else None
-            if tier is not None:
+            if tier is not None and tier not in touched:
+                touched.add(tier)
                 e.last_used = max(e.last_used, now)
             tiers.append(tier)
             sizes.append(e.nbytes if tier else 0)
@@ -459,21 +464,26 @@ class TierStore:
         arena or the KV-disk directory (neither is handed to a new session until it returns)."""
         return self.copier.running or (self.disk_io is not None and self.disk_io.running)
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Drop every entry and stop the workers (the server waits for in-flight copies first). A copy
         still running keeps what it copies with open (the engine's mapped memory, the copy and disk
-        threads): ``close_resources`` once it has returned (``copies_running`` False)."""
+        threads): False, and ``close_resources`` once it has returned (``copies_running`` False)."""
         for e in list(self.entries.values()):
             if not e.busy:
                 self._remove(e)
         self.copier.close()
         if self.disk_io is not None:
             self.disk_io.close()
-        if not self.copies_running:
-            self.close_resources()
+        if self.copies_running:
+            return False
+        self.close_resources()
+        return True
 
     def close_resources(self) -> None:
-        """Close the copy backends, the disk threads and the engine's mapped memory (no copy runs)."""
+        """Close the copy backends, the disk threads and the engine's mapped memory (no copy runs; once)."""
+        if self._resources_closed:
+            return
+        self._resources_closed = True
         if self.disk_io is not None:
             self.disk_files.close()
         self.backend.close()

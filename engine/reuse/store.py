@@ -232,7 +232,8 @@ class RetainedStore:
         if restoring > device_match:
             self._wait_below = (tokens, restoring)
             return None
-        where = self.moves.where(tuple(r.key for r in records))
+        records = sorted(records, key=lambda r: -r.num_tokens)  # longest first: tierd ranks the first it
+        where = self.moves.where(tuple(r.key for r in records))  # holds in each tier as used now
         if where is WAIT:
             self._wait_below = (tokens, max(r.num_tokens for r in records))
             return None

@@ -222,16 +222,19 @@ def test_a_file_another_tierd_wrote_under_the_same_name_is_not_restored(tmp_path
 
 
 def test_room_for_the_demotes_before_a_restore_is_not_taken_from_the_entry_looked_up(tmp_path):
-    """The engine looks a key up, then demotes device entries to free the pages its restore needs: the
-    room those demotes take comes from the entry ranked lowest after the lookup, not the one about to be
-    restored (it was the least recently used before it was looked up)."""
+    """The engine looks keys up (longest first), then demotes device entries to free the pages its restore
+    needs: the room those demotes take comes from the entry ranked lowest after the lookup, not the one
+    about to be restored (it was the least recently used before it was looked up), and the shorter keys
+    looked up with it are not ranked as used."""
     h = Harness(tmp_path, arena_blocks=6, disk_bytes=1 << 20)  # two entries in KV-RAM
     try:
         for i in (1, 2):
             h.send(Demote, key(i), STAMP, SRC, kind="retained", last_used=float(i))
             h.settle()
-        reply = h.store.lookup(Lookup(99, STAMP, (key(1), key(7))))
-        assert reply.tiers == ("ram", None)
+        # longest first: key 1 is the one a restore would take; key 2 (say, an earlier checkpoint of the same
+        # conversation) keeps its rank, and so is the one room is made from
+        reply = h.store.lookup(Lookup(99, STAMP, (key(7), key(1), key(2))))
+        assert reply.tiers == (None, "ram", "ram")
         h.send(Demote, key(3), STAMP, (("kv", 9), ("kv", 10), ("ssm", 2), ("conv", 2)), kind="retained",
                last_used=3.0)
         h.settle()
