@@ -300,7 +300,7 @@ class TierServer:
         log.info("engine %r detached: %d entries dropped", self.hello.engine_id, entries)
         self._end_session(_STOP_WAIT_S)
         self.hello = self.peer = None
-        if self._copies_left():
+        if self._copies_left(release_arena=False):
             log.warning("arena kept mapped: an abandoned copy may still write into it")
         else:
             self.arena.release()  # no engine: no locked memory until the next hello
