@@ -85,7 +85,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
         if needed > sched.pool.num_free:
-            short = sched.pool.num_free + sched.pages_coming() < needed
+            short = sched.pool.num_free + sched.store.pages_coming < needed
             req.pages_wanted = needed if short else 0  # engine.preemption.preempt_for_head reads it
             if short:
                 maybe_evict(sched, req)

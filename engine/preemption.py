@@ -50,7 +50,7 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
         short = req.page_table.pages_needed(position + 1)
-        if short > sched.pool.num_free and (sched.pool.num_free + sched.pages_coming() >= short
+        if short > sched.pool.num_free and (sched.pool.num_free + sched.store.pages_coming >= short
                                             or _evict_for_pages(sched, scheduled)):
             continue  # pages are on their way down a tier: this decode waits a round, nothing recomputes
         while req.page_table.pages_needed(position + 1) > sched.pool.num_free:
@@ -140,7 +140,7 @@ def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
     head = next((q[0] for q in sched.waiting.values() if q), None)
     if head is None:
         return
-    short_of_pages = head.pages_wanted > sched.pool.num_free + sched.pages_coming()
+    short_of_pages = head.pages_wanted > sched.pool.num_free + sched.store.pages_coming
     if sched.lanes.any_free and not short_of_pages:
         return
     victim = _lowest_below(sched, head)

@@ -233,12 +233,6 @@ class Scheduler:
 
     # ----- a round ------------------------------------------------------------------
 
-    def pages_coming(self) -> int:
-        """Pages that go back to the free list by the next round without anyone giving any up: those of
-        demotes in flight, and those of aborted prefills held until their capture is made (so a request
-        waits a round for them rather than evicting a retained entry or a sequence)."""
-        return self.store.pages_coming
-
     def schedule(self) -> RoundPlan:
         """Plan the next round. The previous non-empty plan must have been ``update``d."""
         if self._in_flight is not None:
@@ -255,7 +249,7 @@ class Scheduler:
                 held = SequencePages(self.pool, f"aborted-{req.req_id}")
                 held.adopt(req.page_table)
                 self._held_pages.append(held)
-                self.store.pages_returning += held.sole()
+                self.store.pages_returning += held.sole()  # a request short of pages waits a round for them
             plan.finished.append(self._finish(req, *req.pending_end))
         evict_windows(self, plan)
         preempt_for_head(self, plan)

@@ -27,6 +27,3 @@ class SchedulerState(Protocol):
     lanes: DecodeLanes
     waiting: dict[str, deque[Request]]  # by request class, in admission order
     num_preemptions: int
-
-    def pages_coming(self) -> int:
-        """Pages that go back to the free list by the next round without anyone giving any up."""

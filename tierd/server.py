@@ -303,9 +303,7 @@ class TierServer:
         if self._copies_left(release_arena=False):
             log.warning("arena kept mapped: an abandoned copy may still write into it")
         else:
-            self.arena.release()  # no engine: no locked memory until the next hello
-            log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
-                     self.arena.nbytes)
+            self._release_arena()
         self.channel.send(Detached(msg.req, entries), peer)
 
     def _copies_left(self, release_arena: bool = True) -> bool:
@@ -316,11 +314,15 @@ class TierServer:
             self._abandoned = None
             log.info("the abandoned copies have returned: the arena is free for a new session")
             if release_arena and self.hello is None and self.store is None and self.arena.mapped:
-                self.arena.release()
-                log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
-                         self.arena.nbytes)
-                self._gauges()
+                self._release_arena()
         return self._abandoned is not None
+
+    def _release_arena(self) -> None:
+        """No engine attached: no locked memory until the next hello."""
+        self.arena.release()
+        log.info("arena released (%d bytes unlocked and unmapped) until the next engine says hello",
+                 self.arena.nbytes)
+        self._gauges()
 
     def _reply(self, peer: bytes, msg) -> None:
         self.channel.send(msg, peer)

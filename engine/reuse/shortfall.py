@@ -71,15 +71,19 @@ def shortfall_reason(tokens: tuple[int, ...], matched: int, shared: int, earlier
     # to: past ``shared``, but shared when the capture's own tokens begin this prompt, which its fate's
     # content key says.
     near = min(shared + page_tokens, len(tokens) + 1)
-    for c in sorted({c for c in (*earlier_cuts, *own_cuts) if shared < c < near}, reverse=True):
-        fate = fates.of(tuple(tokens[:c]))
-        if fate is not None:
-            return fate
+    fate = _deepest_fate(tokens, {c for c in (*earlier_cuts, *own_cuts) if shared < c < near}, fates)
+    if fate is not None:
+        return fate
     inside = [c for c in earlier_cuts if matched < c <= shared]
     if inside:
         return fates.of(tuple(tokens[:max(inside)])) or "not_ready"
-    for c in sorted((c for c in own_cuts if matched < c <= shared), reverse=True):
+    return _deepest_fate(tokens, {c for c in own_cuts if matched < c <= shared}, fates) or "no_mark"
+
+
+def _deepest_fate(tokens: tuple[int, ...], cuts: set[int], fates: Fates) -> str | None:
+    """The fate of the capture at the deepest of ``cuts`` that has one (None: none has)."""
+    for c in sorted(cuts, reverse=True):
         fate = fates.of(tuple(tokens[:c]))
         if fate is not None:
             return fate
-    return "no_mark"
+    return None

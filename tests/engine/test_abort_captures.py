@@ -98,12 +98,12 @@ def test_a_request_waits_a_round_for_the_held_pages_instead_of_counting_itself_s
     c = eng.sched.get("c")
     eng.sched.abort("a")
     plan = eng.sched.schedule()
-    held = eng.sched.pages_coming()
+    held = eng.sched.store.pages_coming
     assert [ev.req_id for ev in plan.finished] == ["a"] and not plan.started
     assert eng.sched.pool.num_free < 11 <= eng.sched.pool.num_free + held  # a's pages past its capture
     assert c.state is RequestState.WAITING and c.pages_wanted == 0 and not plan.preempted
     eng.finished.update((ev.req_id, ev) for ev in eng.sched.update(eng.runner.run(plan)[0]))
-    assert eng.sched.pages_coming() == 0
+    assert eng.sched.store.pages_coming == 0
     plan = eng.sched.schedule()
     assert [s.req_id for s in plan.started] == ["c"]
     eng.finished.update((ev.req_id, ev) for ev in eng.sched.update(eng.runner.run(plan)[0]))
@@ -127,7 +127,7 @@ def test_the_held_pages_spare_a_retained_entry_the_head_would_otherwise_evict(mo
     plan = eng.sched.schedule()
     c = eng.sched.get("c")
     assert c.state is RequestState.WAITING and c.pages_wanted == 0 and not plan.started
-    assert eng.sched.pool.num_free < 11 <= eng.sched.pool.num_free + eng.sched.pages_coming()
+    assert eng.sched.pool.num_free < 11 <= eng.sched.pool.num_free + eng.sched.store.pages_coming
     assert kept <= {e.tokens for e in eng.sched.store.entries()}, "reclaimed though the held pages cover it"
     eng.finished.update((ev.req_id, ev) for ev in eng.sched.update(eng.runner.run(plan)[0]))
     eng.run()
