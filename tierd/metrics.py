@@ -35,6 +35,9 @@ class TierdMetrics(ProcessMetrics):
         self._restores = self.counter("restores", "completed restores by the tier read and kind", ("tier", "kind"))
         self._discards = self.counter("discards", "entries discarded to make room, by tier and kind", ("tier", "kind"))
         self._spills = self.counter("spills", "entries moved from KV-RAM to KV-disk, by kind", ("kind",))
+        self._promotions = self.counter("promotions", "entries resting on KV-disk filled back into KV-RAM from "
+                                        "the engine's copy (a demote of a key held on disk only), by kind",
+                                        ("kind",))
         self._refusals = self.counter("refusals", "requests refused, by reason", ("reason",))
         self._missing = self.counter("missing", "restores answered missing, by reason", ("reason",))
         self._copy_bytes = self.counter("copy_bytes", "bytes copied, by direction", ("direction",))
@@ -72,6 +75,9 @@ class TierdMetrics(ProcessMetrics):
 
     def spilled(self, kind: str) -> None:
         self._spills.labels(self.instance, kind).inc()
+
+    def promoted(self, kind: str) -> None:
+        self._promotions.labels(self.instance, kind).inc()
 
     def refused(self, reason: str) -> None:
         self._refusals.labels(self.instance, reason).inc()

@@ -8,6 +8,9 @@ read and write) and come back as callbacks on the loop. Flows:
            -> arena RESERVED -> FILLING -> RESIDENT          -> Demoted(ram)
            or (target disk, or auto and no arena room)
            -> disk  RESERVED -> FILLING -> RESIDENT          -> Demoted(disk)
+    demote of a key resting on KV-disk, with free arena room (the engine let go of the copy it restored)
+           -> arena RESERVED -> FILLING -> RESIDENT, file deleted -> Demoted(ram)
+           or no free room: nothing moves                    -> Demoted(disk)
     restore -> arena RESIDENT -> READING -> RESIDENT          -> Restored(ram)
             or disk RESIDENT -> READING -> verify chunk, copy -> Restored(disk) | Missing(corrupt)
     drop    -> every slot FREE                                -> Dropped
@@ -54,6 +57,7 @@ class _Waiting:
     resolved: Resolved
     need: int
     spills: set[str] = field(default_factory=set)
+    promote: bool = False  # the entry is on KV-disk already: filled into the arena from the engine's copy
 
 
 class TierStore:
@@ -91,8 +95,13 @@ class TierStore:
             if e.busy:
                 e.waiting.append((peer, msg))
                 return
-            # Same key, same content: nothing moves; the latest ranking is kept.
+            # Same key, same content: the latest ranking is kept, and nothing moves unless the entry rests
+            # on KV-disk and free arena room can take it (the engine's copy is as good as the file, and a
+            # read from KV-RAM is the faster one).
             e.kind, e.request_class, e.last_used = msg.kind, msg.request_class, max(e.last_used, msg.last_used)
+            if self._may_promote(msg, e, resolved):
+                e.pending = True
+                return self._fill(_Waiting(peer, msg, e, resolved, self._blocks_for(e), promote=True))
             self.reply(peer, Demoted(msg.req, e.key, e.tier, e.nbytes))
             return
         if msg.target == "disk" and self._disk_view() is None:
@@ -106,8 +115,7 @@ class TierStore:
         self.entries[msg.key] = e
         if msg.target == "disk":
             return self._to_disk(peer, msg, e, resolved)
-        need = -(-resolved.nbytes // self.block_bytes)
-        self.room.append(_Waiting(peer, msg, e, resolved, need))
+        self.room.append(_Waiting(peer, msg, e, resolved, self._blocks_for(e)))
         self._pump()
 
     def restore(self, peer: bytes, msg: Restore, resolved: Resolved) -> None:
@@ -268,6 +276,24 @@ class TierStore:
 
     # ----- copies in -------------------------------------------------------------
 
+    def _blocks_for(self, e: Entry) -> int:
+        return -(-e.nbytes // self.block_bytes)
+
+    def _may_promote(self, msg: Demote, e: Entry, resolved: Resolved) -> bool:
+        """Whether a demote of idle ``e``, held on KV-disk only, fills it back into the arena: only into
+        free room no demote waits for. A promotion never pushes another entry down: over a working set
+        larger than the arena, that would make every restore a KV-disk read and every demote a KV-disk
+        write (each entry coming up would push out the next one to be read)."""
+        return (e.tier == "disk" and msg.target != "disk" and resolved.shape == e.shape
+                and resolved.nbytes == e.nbytes and not self.room
+                and self.alloc.free_count >= self._blocks_for(e))
+
+    def _stays_on_disk(self, w: _Waiting) -> None:
+        """A promotion whose fill failed: the entry rests on KV-disk as before."""
+        w.entry.pending = False
+        self.reply(w.peer, Demoted(w.msg.req, w.entry.key, "disk", w.entry.nbytes))
+        self._settle(w.entry)
+
     def _fill(self, w: _Waiting) -> None:
         e = w.entry
         e.blocks = self.alloc.allocate(w.need)
@@ -282,6 +308,11 @@ class TierStore:
         if err is None:
             e.arena.move(S.RESIDENT)
             e.pending = False
+            if w.promote:  # one tier holds an idle entry: the file goes
+                e.disk.move(S.FREE)
+                self.disk.release(e.file_bytes)
+                self._unlink(e.key)
+                self.metrics.promoted(e.kind)
             self.metrics.copied("engine_to_ram", e.nbytes, seconds)
             self.metrics.demoted("ram", e.kind)
             self.reply(w.peer, Demoted(w.msg.req, e.key, "ram", e.nbytes))
@@ -290,6 +321,8 @@ class TierStore:
         e.arena.move(S.FREE)
         self.alloc.free(e.blocks)
         e.blocks = []
+        if w.promote:
+            return self._stays_on_disk(w)
         self._refuse_new(w.peer, w.msg, e, "copy_failed", f"copy into KV-RAM failed: {err}")
 
     def _to_disk(self, peer: bytes, msg: Demote, e: Entry, resolved: Resolved) -> None:

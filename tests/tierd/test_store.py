@@ -259,3 +259,56 @@ def test_an_entry_larger_than_a_whole_tier_is_refused_as_such_and_logged_once(tm
     finally:
         ram_only.close()
         disk_small.close()
+
+
+
+OTHER = (("kv", 9), ("kv", 10), ("ssm", 2), ("conv", 2))
+
+
+def test_a_key_demoted_again_while_on_kv_disk_comes_back_into_free_kv_ram(h, tmp_path):
+    """The engine restored an entry from KV-disk and lets go of its copy again while the arena has room
+    (the entry that pushed it down is gone): tierd fills the arena from that copy and deletes the file, so
+    the next restore reads KV-RAM; a restore asked meanwhile waits for the fill."""
+    want = h.read(SRC)
+    _on_disk(h, 2)  # key 1 spilled by key 2
+    h.send(Drop, key(2))
+    h.settle()
+    h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=3.0)
+    assert h.store.entries[key(1)].busy  # neither restored nor discarded while it comes up
+    h.send(Restore, key(1), STAMP, DST)
+    replies = h.settle()
+    assert [(type(m).__name__, m.tier) for m in replies] == [("Demoted", "ram"), ("Restored", "ram")]
+    assert h.read(DST) == want
+    assert h.store.entries[key(1)].tier == "ram" and not (tmp_path / "kv" / f"{key(1)}.kv").exists()
+    assert h.store.metrics._promotions.labels("t", "retained")._value.get() == 1
+
+
+def test_a_key_on_kv_disk_stays_there_rather_than_push_another_entry_down(h, tmp_path):
+    """However the two rank, a promotion takes free room only: over a working set larger than the arena,
+    each entry coming up would push out the next one to be read."""
+    _on_disk(h, 2)
+    h.send(Demote, key(1), STAMP, SRC, kind="live", last_used=9.0)  # ranks above key 2 now
+    assert [(type(m).__name__, m.tier) for m in h.settle()] == [("Demoted", "disk")]
+    assert h.store.entries[key(2)].tier == "ram" and (tmp_path / "kv" / f"{key(1)}.kv").exists()
+    h.send(Drop, key(2))
+    h.settle()
+    h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=10.0, target="disk")
+    assert [(type(m).__name__, m.tier) for m in h.settle()] == [("Demoted", "disk")]  # asked for disk: stays
+
+
+def test_a_failed_fill_back_into_kv_ram_leaves_the_entry_on_kv_disk(h, tmp_path, monkeypatch):
+    want = h.read(SRC)
+    _on_disk(h, 2)
+    h.send(Drop, key(2))
+    h.settle()
+
+    def broken(spans, host):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(h.store.backend, "gather", broken)
+    h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=3.0)
+    assert [(type(m).__name__, m.tier) for m in h.settle()] == [("Demoted", "disk")]
+    assert h.store.entries[key(1)].tier == "disk" and h.store.alloc.free_count == 3
+    h.send(Restore, key(1), STAMP, DST)
+    assert [(type(m).__name__, m.tier) for m in h.settle()] == [("Restored", "disk")]
+    assert h.read(DST) == want
