@@ -73,6 +73,7 @@ def run(args) -> int:
     from ignis.kernels.backend import KernelPathError
     from ignis.shared import sdnotify
     from ignis.shared.demo import DemoModelUnavailable
+    from ignis.shared.process_lock import remove_socket_file
     from ignis.shared.runtime import RuntimeDirError
 
     setup_logging("engine")
@@ -110,3 +111,4 @@ def run(args) -> int:
         stuck.stop()
         watchdog.stop()
         sdnotify.stopping()
+        remove_socket_file(server.endpoint)

@@ -20,7 +20,10 @@ log line saying who holds it; then ``LockBusy`` (an ``OSError``, so a start
 fails with the usual exit code 2 and one line). ``ignis serve`` does not wait:
 another live supervisor of the same instance is a mistake to report at once.
 The kernel drops a lock when its process exits, however it exits (kill -9
-included); the lock files stay, harmless. Locks are held for the life of the
+included); the lock files stay, harmless (deleting one would let a second
+process lock a new file while a third still waits on the old one). A socket
+file is the holder's to delete on its way out (``remove_socket_file``, still
+under the lock, so never a successor's socket). Locks are held for the life of the
 process (their descriptors are kept here, closed on exec). No torch.
 """
 
@@ -30,6 +33,7 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 import time
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,20 @@ def hold_endpoint(endpoint: str, what: str, wait_s: float) -> None:
     sockets: nothing to do, a second bind fails by itself)."""
     if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
         hold_file(os.path.abspath(endpoint[len("ipc://"):]) + ".lock", what, wait_s)
+
+
+def remove_socket_file(endpoint: str) -> None:
+    """Delete the socket file of an ``ipc://<path>`` endpoint this process bound and locked, on its way out
+    (libzmq leaves it behind); anything else at that path, or nothing, is left alone."""
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
+        return
+    path = os.path.abspath(endpoint[len("ipc://"):])
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            log.warning("cannot delete the socket file %s: %s", path, e)
 
 
 def hold_file(path: str | os.PathLike, what: str, wait_s: float) -> None:

@@ -35,7 +35,7 @@ def _fail(code: int, message: str) -> int:
 
 
 def run(args) -> int:
-    from ignis.shared.process_lock import hold_directory, hold_endpoint
+    from ignis.shared.process_lock import hold_directory, hold_endpoint, remove_socket_file
     from ignis.shared.runtime import RuntimeDirError, endpoints, ensure_runtime_dir
     from ignis.tierd import disk as kvdisk
     from ignis.tierd import disk_mac
@@ -123,6 +123,7 @@ def run(args) -> int:
         finally:
             watchdog.stop()
             sdnotify.stopping()
+            remove_socket_file(endpoint)
     finally:
         if disk_dir is not None:
             kvdisk.wipe_dir(disk_dir, remove=True)

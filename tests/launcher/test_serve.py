@@ -153,9 +153,12 @@ def gone(pid: int) -> bool:
 @pytest.mark.timeout(180)
 def test_sigterm_stops_every_child(tmp_path):
     proc, kids = start(tmp_path)
+    sockets = sorted(p.name for p in (tmp_path / "rt").glob("*.sock"))
+    assert sockets == ["default-engine.sock", "default-tierd.sock"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     assert all(gone(k) for k in kids)
+    assert not list((tmp_path / "rt").glob("*.sock"))  # each process deleted the socket it bound
 
 
 def chat(url: str, timeout: float = 60):

@@ -190,3 +190,21 @@ def test_one_directory_reached_by_another_path_is_refused(tmp_path):
     if out.returncode != 0 and "REFUSED" not in out.stdout and "TAKEN" not in out.stdout:
         pytest.skip(f"no bind mount in a user namespace here: {out.stderr.strip()[:200]}")
     assert out.stdout.startswith("REFUSED") and "the KV-disk directory is in use" in out.stdout, out
+
+
+def test_the_socket_file_of_an_ipc_endpoint_is_deleted_and_nothing_else(tmp_path):
+    import socket
+
+    from ignis.shared.process_lock import remove_socket_file
+
+    path = tmp_path / "x-engine.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()
+    remove_socket_file(f"ipc://{path}")
+    assert not path.exists()
+    remove_socket_file(f"ipc://{path}")  # nothing there: nothing to do
+    path.write_text("not a socket")
+    remove_socket_file(f"ipc://{path}")
+    remove_socket_file("tcp://127.0.0.1:5555")
+    assert path.read_text() == "not a socket"
