@@ -418,6 +418,10 @@ def read_into_engine(backend, items, path, header: bytes, nbytes: int, io: disk_
     kvdisk.read_entry(path, header, nbytes, scatter, mac_key, io.chunk, io, start)
 
 
+class NotStarted(RuntimeError):
+    """The outcome of a job queued behind a stalled one when its session ended: it never ran."""
+
+
 class Worker:
     """One thread running submitted jobs in order; ``post`` delivers each outcome to the server's loop.
 
@@ -447,8 +451,9 @@ class Worker:
         def finish(result, error, seconds):
             self.in_flight -= 1
             if self.closed:
-                log.warning("a %s job abandoned when its session ended has returned after %.1f s%s; nothing of it "
-                            "is kept", self.name, seconds, f" ({type(error).__name__})" if error else "")
+                if not isinstance(error, NotStarted):
+                    log.warning("a %s job abandoned when its session ended has returned after %.1f s%s; nothing "
+                                "of it is kept", self.name, seconds, f" ({type(error).__name__})" if error else "")
                 return
             done(result, error, seconds)
 
@@ -462,7 +467,7 @@ class Worker:
             job, finish = item
             t0 = time.perf_counter()
             if self.closed:  # queued behind a stalled job when its session ended: never started
-                result, error = None, RuntimeError("not started: its session ended")
+                result, error = None, NotStarted("not started: its session ended")
             else:
                 try:
                     result, error = job(), None

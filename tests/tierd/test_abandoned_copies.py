@@ -74,8 +74,9 @@ def loop(tmp_path, monkeypatch):
     harness.close()
 
 
-def test_an_abandoned_copy_keeps_the_arena_from_a_new_session(loop):
+def test_an_abandoned_copy_keeps_the_arena_from_a_new_session(loop, caplog):
     release = threading.Event()
+    caplog.set_level("WARNING", logger="ignis.tierd")
     try:
         assert isinstance(loop.hello(1, b"a"), Welcome)
         copier = loop.server.store.copier
@@ -94,6 +95,7 @@ def test_an_abandoned_copy_keeps_the_arena_from_a_new_session(loop):
         release.set()
         loop.turn_until_returned()
         assert queued == [], "a copy queued behind the stalled one started after its session ended"
+        assert caplog.text.count("abandoned when its session ended has returned") == 1  # the one that ran
         assert isinstance(loop.hello(4, b"b"), Welcome)
         assert loop.server.store is not None
     finally:
