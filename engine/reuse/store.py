@@ -323,7 +323,7 @@ class RetainedStore:
         owner = SequencePages(self.pool, f"retained-{self._next_id}")
         try:
             if self.pool.pages_for(n) and n % self.pool.page_tokens and self.pool.num_free < 1:
-                self.reclaim_pages(1, now=True)
+                self._free_pages_now(1)
             copies = owner.fork_from(live.pages, n)
         except PoolExhausted:
             owner.release()
@@ -418,18 +418,32 @@ class RetainedStore:
         demotes in flight, and those the scheduler returns when the round is applied."""
         return self.moves.pages_landing + self.pages_returning
 
-    def reclaim_pages(self, needed_free: int, now: bool = False) -> int:
+    def reclaim_pages(self, needed_free: int) -> int:
         """Release entries, lowest-ranked first, until ``needed_free`` pages are free or on their way
-        (``pages_coming``; with ``now``, those the scheduler returns after this round do not count), or
-        nothing more can go. Returns how many entries were released."""
+        (``pages_coming``), or nothing more can go. Returns how many entries were released."""
         released = 0
-        while self.pool.num_free + self.moves.pages_landing + (0 if now else self.pages_returning) < needed_free:
+        while self.pool.num_free + self.pages_coming < needed_free:
             victim = self._lowest(exclude=None)
             if victim is None:
                 break
             self._release(victim, demote=True)
             released += 1
         return released
+
+    def _free_pages_now(self, needed_free: int) -> None:
+        """Release entries, lowest-ranked first, until ``needed_free`` pages are free in the pool now (a
+        capture's partial last page cannot wait for a later round). Pages a demote's copy still reads are
+        not free: that copy is waited for, as a capture waits for a slot (``SLOT_WAIT_S``); one that does
+        not land in time ends the attempt (the capture is then skipped)."""
+        while self.pool.num_free < needed_free:
+            victim = self._lowest(exclude=None)
+            if victim is None:
+                return
+            slot, landing = victim.slot, self.moves.pages_landing
+            if self._release(victim, demote=True) or self.moves.pages_landing == landing:
+                continue  # its pages are free now, or were all shared with others
+            if not self.moves.wait_for_slot(slot, SLOT_WAIT_S):
+                return
 
     def _release(self, e: Entry, keep_slot: bool = False, demote: bool = False, fate: str = "evicted") -> bool:
         """Free an entry's pages and slot. ``demote``: the device needs the room, so the

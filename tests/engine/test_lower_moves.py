@@ -144,3 +144,41 @@ def test_a_capture_never_takes_the_slot_of_an_entry_whose_demote_is_in_flight():
     other.release()
     assert pool.num_free == 16
     pool.integrity_check()
+
+
+class CopyingTier(LaterTier):
+    """A tier whose port can wait for an exchange (as the engine's does): the copy lands while it waits."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, op, timeout_s):
+        self.waits += 1
+        self.answer("demote")
+        return op
+
+
+def test_a_capture_short_of_its_last_page_waits_for_the_demote_that_frees_one():
+    """The pool is full and the capture needs one page of its own (its tokens end inside a page): the
+    lowest entry is demoted, and the capture waits for that copy to land rather than count its pages as
+    free and be skipped (before, it was skipped as slot_busy, and the victim had left the device for
+    nothing)."""
+    tier = CopyingTier()
+    pool = PagePool(8)
+    store = RetainedStore(pool, SlotPool(0, 3), tiers=tier, restore_floors={"ram": 64, "disk": 64})
+    first = live_seq(pool, 200)  # 4 pages of 64 tokens: 200 tokens end inside the last one
+    store.capture(toks(200), first, 0, "prompt_checkpoint", "interactive", True)
+    first.release()
+    round_applied(store)
+    assert pool.num_free == 4
+    seq = live_seq(pool, 250, name="other")  # 4 pages: the pool is full
+    assert pool.num_free == 0
+    order = store.capture(toks(250, base=7), seq, 1, "prompt_checkpoint", "interactive", True)
+    assert order is not None and tier.waits == 1, "skipped although the demoted entry's pages were coming"
+    assert store.captures_skipped == 0 and len(store.lower) == 1  # the victim went to KV-RAM
+    seq.release()
+    round_applied(store)
+    store.release_all()
+    assert pool.num_free == 8
+    pool.integrity_check()
