@@ -27,7 +27,10 @@ chat path takes it back (``assistant_turn``) uses the prompt's tool names.
 With ``logprobs_of`` (the request asked for ``message.output_text.logprobs``),
 each ``output_text.delta`` carries the logprobs of its delta's tokens, and
 ``output_text.done`` and the message's ``output_text`` part all of them; a
-delta of reasoning or call text alone reports none.
+delta of reasoning or call text alone reports none. The tokens of a delta
+with no text at all (the parser held it back: leading whitespace could still
+open a ``<think>`` block) are reported with the next text: with its content
+when that is content, not at all when it is reasoning or a call.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class OutputItems:
         self.names = names
         self.logprobs_of = logprobs_of
         self.lps: list[dict] = []  # of the open message
+        self._held: list[TokenRecord] = []  # tokens of deltas with no text yet
         self.parallel_calls = parallel_calls
         self.seal = seal  # makes a reasoning item's encrypted_content, when asked for
         self.items: list[dict] = []
@@ -154,6 +158,9 @@ class OutputItems:
         """The events of one delta of choice 0 (text in the order the parser gave it: reasoning, content,
         calls)."""
         events: list[dict] = []
+        held, self._held = self._held, []
+        if not (d.reasoning or d.content or d.tool_calls):
+            self._held = held + list(d.logprobs or ())
         if d.reasoning:
             if self.kind != "reasoning":
                 events += self._switch("reasoning", {"id": item_id("rs"), "type": "reasoning", "summary": []})
@@ -163,8 +170,9 @@ class OutputItems:
                 events += self._switch("message", {"id": item_id("msg"), "type": "message", "status": "in_progress",
                                                    "role": "assistant", "content": []})
             event = self._delta(d.content)
-            if self.logprobs_of is not None and d.logprobs:
-                event["logprobs"] = self.logprobs_of(d.logprobs)
+            tokens = held + list(d.logprobs or ())
+            if self.logprobs_of is not None and tokens:
+                event["logprobs"] = self.logprobs_of(tokens)
                 self.lps += event["logprobs"]
             events.append(event)
         for piece in d.tool_calls:
