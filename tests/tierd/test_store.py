@@ -312,3 +312,16 @@ def test_a_failed_fill_back_into_kv_ram_leaves_the_entry_on_kv_disk(h, tmp_path,
     h.send(Restore, key(1), STAMP, DST)
     assert [(type(m).__name__, m.tier) for m in h.settle()] == [("Restored", "disk")]
     assert h.read(DST) == want
+
+
+def test_with_kv_ram_off_a_demote_is_refused_as_such_and_nothing_is_logged(tmp_path, caplog):
+    h = Harness(tmp_path, arena_blocks=0, disk_bytes=0)
+    try:
+        with caplog.at_level("WARNING", logger="ignis.tierd"):
+            h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=1.0)
+            (reply,) = h.settle()
+        assert isinstance(reply, TierRefused) and reply.reason == "no_room"
+        assert reply.message == "KV-RAM is off (--reuse-kv-host-pool-bytes 0)"
+        assert "larger than the whole" not in caplog.text
+    finally:
+        h.close()
