@@ -315,6 +315,12 @@ class RetainedStore:
             same.family = same.family or family
             return None
         request_class = claim_as or request_class
+        if kind == "prompt_checkpoint" and not self.slots.num_free:
+            # the checkpoints this one puts past its conversation's budget give up their slots first,
+            # rather than another conversation's entry (each capture would otherwise push out one)
+            for p in self._over_budget(self._parent_checkpoint(tokens)):
+                if not p.pinned:
+                    self._release(p, fate="budget")
         slot = self._slot_for(request_class)
         if slot is None:
             self.captures_skipped += 1
@@ -371,22 +377,29 @@ class RetainedStore:
         """``e`` is the conversation's latest checkpoint; of its ancestors only the nearest one made
         right after a real user message stays (where a regenerate, or a fork from the last user
         turn, resumes), so a conversation holds at most two."""
-        parent = self._find(e.tokens, e.num_tokens - 1, kinds=("prompt_checkpoint",), filled=None)
-        e.parent = parent
-        chain = []
-        p = parent
-        while p is not None:
-            chain.append(p)
-            p = p.parent
-        kept_user = False
-        for p in chain:
-            if p.after_user and not kept_user:
-                kept_user = True
-                continue
+        e.parent = self._parent_checkpoint(e.tokens)
+        for p in self._over_budget(e.parent):
             if p.pinned:  # read or filled this round: it goes once the round is applied
                 self._superseded.append(p)
             else:
                 self._release(p, fate="budget")
+
+    def _parent_checkpoint(self, tokens: tuple[int, ...]) -> Entry | None:
+        return self._find(tokens, len(tokens) - 1, kinds=("prompt_checkpoint",), filled=None)
+
+    @staticmethod
+    def _over_budget(parent: Entry | None) -> list[Entry]:
+        """The checkpoints a new one under ``parent`` puts past the budget: every ancestor but the nearest
+        one made right after a real user message."""
+        out, kept_user = [], False
+        p = parent
+        while p is not None:
+            if p.after_user and not kept_user:
+                kept_user = True
+            else:
+                out.append(p)
+            p = p.parent
+        return out
 
     # ----- ranking and release --------------------------------------------------
 

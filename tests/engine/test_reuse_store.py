@@ -195,6 +195,26 @@ def test_conversation_resuming_each_turn_keeps_at_most_two_checkpoints():
     pool.integrity_check()
 
 
+def test_a_checkpoint_past_its_conversations_budget_gives_its_slot_to_the_next_one():
+    """Two conversations fill the four slots with two checkpoints each: a new tool-result turn of one
+    takes the slot of the checkpoint it puts past the budget, not one of the other conversation's."""
+    pool, store = make(pages=64, host=4)
+    seq = live_seq(pool, 1000)
+    for base in (0, 5000):
+        for n, after_user in ((100, True), (200, False)):
+            store.capture(toks(n, base), seq, 0, "prompt_checkpoint", "interactive", after_user)
+            round_applied(store)
+    assert store.slots.num_free == 0
+    # conversation 0's entries are the least recently used: before, the new capture pushed one out
+    store.capture(toks(300, 5000), seq, 0, "prompt_checkpoint", "interactive", False)  # conversation 1 goes on
+    round_applied(store)
+    assert sorted(e.tokens[0] + e.num_tokens for e in store.entries()) == [100, 200, 5100, 5300]
+    assert store.captures_skipped == 0
+    seq.release()
+    store.release_all()
+    pool.integrity_check()
+
+
 def test_a_request_of_a_cache_family_keeps_that_familys_entries_over_idle_ones():
     pool, store = make(host=2)
     seq = live_seq(pool, 400)
