@@ -148,15 +148,36 @@ class GrammarLanes:
                 break
         return targets
 
-    def held_sampled(self, req_id: str, first: int, rows: list[torch.Tensor], drafts: list[int], q_rows: list,
-                     params, workspace, vocab_limit: int | None, generator: torch.Generator) -> list[int]:
-        """The tokens of a sampling request under its grammar that drafted: rejection sampling
-        (``engine.spec_sampling``) where row i (``rows``: the round's first row, then the verify rows) is
-        masked by the matcher after the tokens before it. ``first``, the token sampled before the drafts were
-        verified, is taken back from the matcher and drawn again here; every token output is fed to it."""
-        from ignis.engine.spec_sampling import processed_probs, verify_sampled
+    def held_sampled(self, req_id: str, first: int, rows: list[torch.Tensor], drafts: list[int],
+                     q_rows: list | None, params, workspace, vocab_limit: int | None,
+                     generator: torch.Generator) -> list[int]:
+        """The tokens of a sampling request under its grammar that drafted, where row i (``rows``: the
+        round's first row, then the verify rows) is masked by the matcher after the tokens before it.
+        Seeded (``q_rows`` None): ``first``, which the matcher has taken, stays, and the races of the plain
+        sampler decide the rest (``spec_sampling.verify_raced``). Unseeded: rejection sampling
+        (``engine.spec_sampling``); ``first`` is taken back from the matcher and drawn again. Every token
+        output is fed to the matcher."""
+        from ignis.engine.spec_sampling import processed_probs, verify_raced, verify_sampled
 
         matcher = self.matchers[req_id]
+        if q_rows is None:
+            taken = [1]  # output tokens of this step the matcher has taken (``first``, by ``advance``)
+
+            def row_at(i: int):  # token i-1 equals its draft: the matcher takes it, then masks row i
+                if i > taken[0]:
+                    if not self._feed(matcher, drafts[i - 1]):
+                        return None
+                    taken[0] = i
+                if matcher.is_error() or matcher.is_stopped():
+                    return None
+                row = self._masked(matcher, rows[i], vocab_limit)
+                return row[0] if torch.isfinite(row).any() else None
+
+            out = verify_raced(first, row_at, drafts, params, workspace, generator, vocab_limit)
+            for n, token in enumerate(out[taken[0]:], start=taken[0]):
+                if not self._feed(matcher, token):
+                    return out[:n]
+            return out
         matcher.rollback(1)
         fed = [0]  # output tokens the matcher has taken
 

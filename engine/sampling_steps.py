@@ -208,17 +208,35 @@ def race_uniforms(key: int, ids: torch.Tensor, out: torch.Tensor | None = None,
     return u.add_(0.5).mul_(2.0 ** -53)
 
 
+def race_key(generator: torch.Generator) -> int:
+    """The key of one race: exactly one uniform of ``generator``, as 53 bits."""
+    return int(torch.rand((), generator=generator, dtype=torch.float64) * 2.0 ** 53)
+
+
+def peek_race_keys(generator: torch.Generator, n: int) -> list[int]:
+    """The keys of ``generator``'s next ``n`` races, leaving it where it was (a drafter races under the keys
+    the request's next tokens will be drawn with)."""
+    state = generator.get_state()
+    keys = [race_key(generator) for _ in range(n)]
+    generator.set_state(state)
+    return keys
+
+
 def draw(row: torch.Tensor, generator: torch.Generator, kept: Kept, ws: SamplerWorkspace) -> int:
     """One draw from softmax(row): the id of the largest ``row[i] + g_i``, ``g_i = -log(-log(u_i))`` a
     Gumbel variable from ``race_uniforms`` (the Gumbel-max race: exactly softmax's distribution), keyed by
-    exactly one uniform from ``generator``.
+    exactly one uniform from ``generator`` (``race_key``; ``draw_keyed`` runs the race).
 
     A race, not an inverse-cdf draw over the row in token-id order: a logit that moves by a rounding error
     (a resumed prefill sums in another order, a batch of another size) changes the pick only when the two
     best scores are that close, where an inverse-cdf walk over 248K ids moved a boundary across the uniform
     about once in a hundred tokens of a broad distribution (a seeded answer then differed warm and cold).
     """
-    key = int(torch.rand((), generator=generator, dtype=torch.float64) * 2.0 ** 53)
+    return draw_keyed(row, race_key(generator), kept, ws)
+
+
+def draw_keyed(row: torch.Tensor, key: int, kept: Kept, ws: SamplerWorkspace) -> int:
+    """The winner of the race over softmax(row) under ``key`` (``draw``)."""
     if kept is None:
         torch.gt(row, float("-inf"), out=ws.mask)
         if int(ws.mask.sum()) * 4 < row.shape[-1]:  # a filter left few: race those alone (the same winner)

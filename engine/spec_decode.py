@@ -32,7 +32,9 @@ is on (``--speculative-tokens K``):
 Only requests that are unpenalised and unconstrained draft
 (``ModelRunner.speculates``); the others step as before in the same forward.
 A drafting request's logprobs come from the verify forward's rows.
-A greedy request's drafts are the head's argmax; a sampled request's are
+A greedy request's drafts are the head's argmax; a seeded one's are the
+races of the head's rows under the keys its next tokens will be drawn with,
+verified by the target's races under those keys; an unseeded one's are
 drawn from the head's distribution under its own sampling settings, kept in
 ``draft_probs`` for the rejection sampling that verifies them
 (``engine.spec_sampling``).
@@ -56,8 +58,8 @@ from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.models.deltanet import RecurrenceInputs
 from ignis.engine.models.state import ModelState
 from ignis.engine.page_pool import PAGE_TOKENS
-from ignis.engine.sampling_steps import SamplerWorkspace
-from ignis.engine.spec_sampling import draw_from, processed_probs
+from ignis.engine.sampling_steps import SamplerWorkspace, peek_race_keys
+from ignis.engine.spec_sampling import draw_from, processed_probs, race_row, raced
 
 
 @dataclass
@@ -214,14 +216,23 @@ class SpecDecoder(DraftVerifier):
         self.pending[lane] = Pending(start, hidden, list(tokens))
 
     # ----- drafting ------------------------------------------------------------------
-    def _pick(self, logits: torch.Tensor, asks: list[DraftAsk]) -> list[int]:
-        """One draft per ask from the head's logits rows: argmax, or a draw under the request's settings."""
+    def _pick(self, logits: torch.Tensor, asks: list[DraftAsk], step: int) -> list[int]:
+        """Draft ``step`` of each ask from the head's logits rows: argmax; for a seeded request the race
+        under the key its token at that position will be drawn with (``spec_sampling.verify_raced``);
+        for an unseeded one a draw under its settings, its distribution kept for the rejection sampling."""
         greedy = [a.sampler is None for a in asks]
         best = self.argmax(logits) if any(greedy) else [0] * len(asks)
         out = []
         for i, a in enumerate(asks):
             if greedy[i]:
                 out.append(best[i])
+                continue
+            if raced(a.sampler):
+                keys = self._keys.get(a.req_id)
+                if keys is None:
+                    keys = self._keys[a.req_id] = peek_race_keys(a.sampler.generator, a.room)
+                out.append(race_row(logits[i].float(), a.sampler.params, self.workspace, keys[step],
+                                    self.vocab_limit))
                 continue
             q = processed_probs(logits[i].float(), a.sampler.params, self.workspace, self.vocab_limit)
             self.draft_probs.setdefault(a.req_id, []).append(q)
@@ -236,6 +247,7 @@ class SpecDecoder(DraftVerifier):
         first step) drafts nothing this round; its rows start with this round's forward."""
         chunks, hidden, drafting = [], [], []
         self.draft_probs = {}
+        self._keys: dict[str, list[int]] = {}  # seeded asks: the keys of their next tokens' races
         for c in catch_ups:
             p = self.pending.pop(c.lane, None)
             if p is None or p.end != c.start or len(p.tokens) != p.end - p.start - 1:
@@ -264,7 +276,7 @@ class SpecDecoder(DraftVerifier):
         rows = [sampled_lanes.index(a.lane) for a in drafting]
         out_rows = last[rows]
         drafts = {a.req_id: [t] for a, t in zip(drafting, self._pick(self.head.logits(self.model, out_rows),
-                                                                         drafting))}
+                                                                         drafting, 0))}
         for step in range(1, max(a.room for a in drafting)):
             going = [(i, a) for i, a in enumerate(drafting) if a.room > step]
             if not going:
@@ -273,7 +285,8 @@ class SpecDecoder(DraftVerifier):
                                                  a.lane) for _, a in going], dev)
             step_out = self.head(self.model, batch, out_rows[[i for i, _ in going]],
                                  self.kv[step % self.head.num_layers], step=step)
-            for (i, a), t in zip(going, self._pick(self.head.logits(self.model, step_out), [a for _, a in going])):
+            for (i, a), t in zip(going, self._pick(self.head.logits(self.model, step_out), [a for _, a in going],
+                                                   step)):
                 drafts[a.req_id].append(t)
             out_rows = out_rows.clone()
             out_rows[[i for i, _ in going]] = step_out

@@ -6,8 +6,9 @@ and the prefill chunks are as before, and the one forward returns the
 logits of the round's sampled rows (in ``plan.sampled_ids()`` order, which
 the runner samples as always: a lane's first row gives its first token) and
 of every drafted position. ``finish`` runs after the runner sampled: greedy
-acceptance per lane (rejection sampling for sampled requests, whose first
-token it draws anew: ``engine.spec_sampling``), rollback of the lanes that
+acceptance per lane (for a seeded request the races its plain decode would
+run; rejection sampling for an unseeded one, whose first token it draws
+anew: ``engine.spec_sampling``), rollback of the lanes that
 rejected a draft, and the rows the head takes in next round.
 """
 
@@ -21,7 +22,7 @@ from ignis.engine.forward_batch import ForwardBatch, SeqChunk
 from ignis.engine.models.deltanet import RecurrenceInputs
 from ignis.engine.schedule import RoundPlan
 from ignis.engine.spec_decode import DraftAsk, HeadCatchUp, SpecDecoder, accepted_count
-from ignis.engine.spec_sampling import processed_probs, verify_sampled
+from ignis.engine.spec_sampling import processed_probs, raced, verify_raced, verify_sampled
 
 
 @dataclass
@@ -116,11 +117,15 @@ def finish(spec: SpecDecoder, plan: RoundPlan, rnd: SpecRound, tokens: dict[str,
         st = samplers.get(rid)
         if drafts and rid not in errors and st is not None and not st.greedy:
             rows = [rnd.logits[rnd.sampled_row[rid]], *rnd.verify[rid]]
-            targets = held_sampled(rid, tokens[rid], rows, drafts, spec.draft_probs[rid], st) \
+            q_rows = None if raced(st) else spec.draft_probs[rid]
+            targets = held_sampled(rid, tokens[rid], rows, drafts, q_rows, st) \
                 if held_sampled is not None else None
-            if targets is None:
+            if targets is None and q_rows is None:  # seeded: the plain sampler's races, whatever was drafted
+                targets = verify_raced(tokens[rid], lambda i: rows[i].float(), drafts, st.params, spec.workspace,
+                                       st.generator, spec.vocab_limit)
+            elif targets is None:
                 ps = [processed_probs(r.float(), st.params, spec.workspace, spec.vocab_limit) for r in rows]
-                targets = verify_sampled(ps, spec.draft_probs[rid], drafts, st.generator)
+                targets = verify_sampled(ps, q_rows, drafts, st.generator)
             tokens[rid] = targets[0]
             n = len(targets) - 1
         elif drafts and rid not in errors and held is not None and (

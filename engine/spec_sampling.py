@@ -11,16 +11,30 @@ kept, one more token is drawn from the last position's p. Every token
 emitted is then distributed exactly as p at its position (the standard
 speculative-sampling argument), so the output distribution is unchanged.
 
-Every draw uses the request's own generator, so a seeded request is
-reproducible for a given ``--speculative-tokens`` (its draws differ from a
-plain decode's, so its tokens do too).
+Every draw uses the request's own generator; how many uniforms a step
+takes depends on its drafts, which depend on what the head has seen (a
+resumed prompt, the batch's room), so this is for unseeded requests only.
+
+A seeded request is verified by the race instead (``verify_raced``): plain
+decode draws output token n as the winner of a Gumbel-max race over the
+processed row under the key of its generator's n-th uniform
+(``sampling_steps.draw``). The head drafts position n by the same race over
+its own processed row under that same key (``peek_race_keys``), and
+verification keeps a draft exactly when it is the target's winner there;
+the first position whose draft is not, or the one after the last draft,
+gives the target's winner. Each token emitted takes one uniform, as in plain
+decode, and is the token plain decode would draw: a seeded request gives the
+same tokens with speculation on or off, whatever was drafted (but for the
+near ties the plain sampler has too). The price is acceptance: a draft is
+kept with the probability that the two races agree, at most the
+min(p, q) mass that rejection sampling keeps.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ignis.engine.sampling_steps import SamplerWorkspace, filter_row
+from ignis.engine.sampling_steps import SamplerWorkspace, draw_keyed, filter_row, race_key
 from ignis.shared.sampling import SamplingParams
 
 
@@ -33,6 +47,39 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams, ws: SamplerWor
         row[vocab_limit:] = float("-inf")
     filter_row(row, params, ws)
     return torch.softmax(row.double(), dim=-1)
+
+
+def raced(sampler) -> bool:
+    """Whether a sampling request's drafts are verified by the race (seeded) or by rejection sampling."""
+    return sampler.params.seed is not None
+
+
+def race_row(logits: torch.Tensor, params: SamplingParams, ws: SamplerWorkspace, key: int,
+             vocab_limit: int | None = None) -> int:
+    """The winner of the race under ``key`` over one row of logits processed as the plain sampler does."""
+    row = ws.row
+    row.copy_(logits)
+    if vocab_limit is not None and vocab_limit < row.shape[0]:
+        row[vocab_limit:] = float("-inf")
+    kept = filter_row(row, params, ws)
+    return draw_keyed(row, key, kept, ws)
+
+
+def verify_raced(first: int, row_at, drafts: list[int], params: SamplingParams, ws: SamplerWorkspace,
+                 generator: torch.Generator, vocab_limit: int | None = None) -> list[int]:
+    """A seeded request's tokens this step: ``first``, drawn from the round's first row by the plain sampler,
+    then while the last token equals its draft, the race winner of the next verify row under the next
+    uniform of ``generator`` (one per token emitted). ``row_at(i)``: the logits of row i >= 1 (masked as
+    the plain sampler's would be), or None: the output ends there (a grammar ended)."""
+    out = [first]
+    for i, d in enumerate(drafts):
+        if d != out[-1]:
+            break
+        row = row_at(i + 1)
+        if row is None:
+            break
+        out.append(race_row(row, params, ws, race_key(generator), vocab_limit))
+    return out
 
 
 def draw_from(probs: torch.Tensor, generator: torch.Generator) -> int:

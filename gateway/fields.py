@@ -52,6 +52,9 @@ class Fields:
         if value is None:
             return default
         if type(value) is float and value.is_integer():
+            if abs(value) >= 2.0 ** 53:  # not exact: an integer past int64 that the JSON parser made a float
+                where = f"in [{lo}, {hi}]" if lo is not None and hi is not None else "of at most 53 bits as a float"
+                raise self.error(name, f"must be an integer {where}, got {value:g}")
             value = int(value)
         if type(value) is not int:
             raise self.error(name, f"must be an integer, got {_kind(value)}")

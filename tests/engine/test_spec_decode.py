@@ -216,18 +216,41 @@ def test_requests_resumed_from_retained_state_equal_cold_ones(fitted, family):
     assert sum(accepted) > 0
 
 
-def test_sampled_requests_draft_and_a_fixed_seed_repeats(fitted):
-    """Sampled requests verify their drafts by rejection sampling (engine.spec_sampling, whose distribution
-    test is tests/engine/test_spec_sampling.py): they accept drafts, and a seed gives the same tokens twice."""
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_seeded_sampled_requests_draft_and_give_plain_decodes_tokens(fitted, family):
+    """A seeded request's drafts are verified by the races of plain decode (engine.spec_sampling): it
+    accepts drafts, and its tokens are plain decode's with that seed whatever K, the batch, the room left
+    by max_tokens, or a resume from retained state (where the head has no rows for the prefix)."""
+    path, ps = fitted(family)
+    model, head = load(path)
+    sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 1234}
+    plain, _ = generate(model, head, ps, k=0, max_tokens=30, sampling=sampling)
+    accepted_any = 0
+    for k, lanes in ((1, 8), (2, 8), (3, 2)):
+        got, accepted = generate(model, head, ps, k=k, max_tokens=30, sampling=sampling, lanes=lanes)
+        assert got == plain, (k, lanes)
+        accepted_any += sum(accepted)
+    assert accepted_any > 0
+    short, _ = generate(model, head, ps, k=2, max_tokens=7, sampling=sampling)
+    assert all(short[rid] == plain[rid][:7] for rid in plain)  # a cut is a prefix
+    base = ps[5] + ps[3] + ps[2] + ps[4] + ps[1]
+    shared = [base + [5, 9], base + [5, 9, 11], base + [77]]
+    cold, _ = generate(model, head, shared, k=0, max_tokens=30, sampling=sampling, lanes=1)
+    events = {}
+    warm, _ = generate(model, head, shared, k=2, max_tokens=30, sampling=sampling, lanes=1, reuse_slots=4,
+                       events=events)
+    assert warm == cold and any(ev.cached_tokens for ev in events.values())
+    other, _ = generate(model, head, ps, k=2, max_tokens=30, sampling=dict(sampling, seed=99))
+    assert other != plain
+
+
+def test_unseeded_sampled_requests_draft_by_rejection_sampling(fitted):
+    """An unseeded sampled request's drafts are verified by rejection sampling (whose distribution test is
+    tests/engine/test_spec_sampling.py): it accepts drafts."""
     path, ps = fitted("qwen3_5")
     model, head = load(path)
-    sampling = {"temperature": 0.7, "top_p": 0.95, "seed": 1234}
-    first, accepted = generate(model, head, ps, k=2, max_tokens=30, sampling=sampling)
-    again, _ = generate(model, head, ps, k=2, max_tokens=30, sampling=sampling)
-    assert first == again
+    _, accepted = generate(model, head, ps, k=2, max_tokens=30, sampling={"temperature": 0.7, "top_p": 0.95})
     assert sum(accepted) > 0
-    other, _ = generate(model, head, ps, k=2, max_tokens=30, sampling=dict(sampling, seed=99))
-    assert other != first
 
 
 TEMPERATURE = 0.5

@@ -135,3 +135,36 @@ def test_rows_masked_by_the_tokens_before_them_keep_the_constrained_distribution
             counts[out[0] * V + out[1]] += 1
         assert chi_square(counts[joint > 0], joint[joint > 0]) < CHI2_DF15_P001, (point, counts.tolist())
         assert counts[joint == 0].sum() == 0  # a banned token never comes out
+
+
+def test_the_race_verification_gives_plain_decodes_tokens_whatever_was_drafted():
+    """verify_raced over rows p_0 .. p_K: the tokens are those plain decode draws one by one with the same
+    generator (each the race of its row under the next uniform), drafts only decide how many come out, and
+    the generator ends where plain decode's would after that many tokens."""
+    from ignis.engine.sampling_steps import SamplerWorkspace, peek_race_keys, race_key
+    from ignis.engine.spec_sampling import race_row, verify_raced
+    from ignis.shared.sampling import SamplingParams
+
+    V, K = 64, 3
+    params = SamplingParams(temperature=0.9, top_p=0.9)
+    ws = SamplerWorkspace(V)
+    rows = torch.randn(K + 1, V, generator=torch.Generator().manual_seed(3)) * 3
+    for seed in range(40):
+        plain_gen = torch.Generator().manual_seed(seed)
+        plain = [race_row(rows[i], params, ws, race_key(plain_gen)) for i in range(K + 1)]
+        gen = torch.Generator().manual_seed(seed)
+        keys = peek_race_keys(gen, K)
+        drafted = [race_row(rows[i] + torch.randn(V, generator=torch.Generator().manual_seed(seed + i)) * 0.5,
+                            params, ws, keys[i]) for i in range(K)]  # a head close to the target
+        for drafts in (drafted, plain[:K], [plain[0], (plain[1] + 1) % V, plain[2]], []):
+            g = torch.Generator().manual_seed(seed)
+            first = race_row(rows[0], params, ws, race_key(g))  # the runner's draw of the first token
+            out = verify_raced(first, lambda i: rows[i], drafts, params, ws, g)
+            n = 0
+            while n < len(drafts) and drafts[n] == plain[n]:
+                n += 1
+            assert out == plain[:n + 1], (seed, drafts)
+            again = torch.Generator().manual_seed(seed)
+            for _ in out:
+                race_key(again)
+            assert torch.equal(g.get_state(), again.get_state())  # one uniform per token out

@@ -171,8 +171,14 @@ def test_a_seed_is_any_64_bit_integer_as_vllm_takes_it(seed, taken):
     assert parse_common(Fields({"seed": seed}), {}, "chat").seed == taken
 
 
-@pytest.mark.parametrize("seed", [2**63, -2**63 - 1, 1.5])
+@pytest.mark.parametrize("seed", [2**63, -2**63 - 1, 1.5, "-9223372036854775809", "1e19"])
 def test_a_seed_past_64_bits_is_a_400(seed):
+    """Also as the JSON parser reads one: an integer past int64 comes out a float, which may round into
+    range (-2^63 - 1 reads as -2^63)."""
+    import orjson
+
+    if isinstance(seed, str):
+        seed = orjson.loads(seed)
     with pytest.raises(ApiError) as e:
         parse_common(Fields({"seed": seed}), {}, "chat")
     assert e.value.param == "seed"
