@@ -152,7 +152,9 @@ def _auth(gw: GatewayState, request: web.Request) -> None:
         how = "'x-api-key: <key>'" if _anthropic(request) else "'Authorization: Bearer <key>'"
         raise ApiError(401, f"missing API key: send {how}", code="invalid_api_key")
     # either header may carry it (a client may send both, one of them stale); each compared in constant time
-    if not any([hmac.compare_digest(k.encode(), want.encode()) for k in given for want in keys_of(key)]):
+    # a header's bytes that are not UTF-8 come as surrogates: compared as the bytes sent (never a match)
+    if not any([hmac.compare_digest(k.encode("utf-8", "surrogateescape"), want.encode())
+                for k in given for want in keys_of(key)]):
         raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
 
@@ -171,7 +173,8 @@ def _json_post(request: web.Request) -> None:
 
 def _internal_error(request: web.Request) -> web.Response:
     rid = secrets.token_hex(8)
-    log.exception("internal error, request id %s, on %s %s", rid, request.method, request.path)
+    # the path as a repr: a client's decoded path may hold newlines or escape codes
+    log.exception("internal error, request id %s, on %s %r", rid, request.method, request.path)
     return _error(request, ApiError(500, f"internal error (request id {rid})", type="internal_error",
                                     headers={"X-Request-Id": rid}))
 

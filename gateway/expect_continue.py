@@ -26,8 +26,11 @@ def expect_continue(answer: Callable[[web.Request, ApiError], web.Response]
 
     async def handle(request: web.Request) -> web.StreamResponse | None:
         expect = request.headers.get("Expect", "")
-        if expect.lower() != "100-continue":
-            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        if expect.lower() != "100-continue":  # its value is not echoed: it may not even be text
+            resp = answer(request, ApiError(417, "the only expectation understood is 'Expect: 100-continue'",
+                                            code="expectation_failed"))
+            resp.force_close()  # the client waits to send its body: nothing more is read on this connection
+            return resp
         gw: GatewayState = request.app[STATE]
         limits = RequestLimits.of(gw)
         length = request.content_length
