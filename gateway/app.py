@@ -74,7 +74,7 @@ from ignis.gateway.responses_api import (
 )
 from ignis.gateway.responses import json_response
 from ignis.gateway.sampling_defaults import parse_override, sampling_defaults
-from ignis.gateway.server_info import GENERATING_PATHS
+from ignis.gateway.server_info import GENERATING_PATHS, SETTINGS_PATHS
 from ignis.gateway.server_info import add_routes as add_server_info_routes
 from ignis.gateway.state import STATE, GatewayState, has_think_tokens
 from ignis.gateway.stream_writer import STALLED
@@ -142,7 +142,7 @@ async def _anthropic_request_id(request: web.Request, response: web.StreamRespon
 
 def _auth(gw: GatewayState, request: web.Request) -> None:
     key = gw.config.api_key
-    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS + GENERATING_PATHS
+    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS + GENERATING_PATHS + SETTINGS_PATHS
                            or request.path in BODYLESS_PATHS):
         return
     scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
@@ -352,7 +352,7 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app.router.add_post("/detokenize", detokenize, expect_handler=expect)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_post("/flush_cache", reset_prefix_cache)
-    app.router.add_get("/flush_cache", reset_prefix_cache)
+    app.router.add_get("/flush_cache", reset_prefix_cache, allow_head=False)  # a HEAD must not flush
     app.router.add_post("/start_profile", start_profile)
     app.router.add_post("/stop_profile", stop_profile)
     if config.enable_tokenizer_info_endpoint:
