@@ -20,6 +20,7 @@ import atexit
 import itertools
 import logging
 import os
+import secrets
 from multiprocessing import shared_memory
 
 import torch
@@ -61,7 +62,8 @@ class HostBlock:
         if numel == 0:
             self.tensor = torch.zeros(shape, dtype=dtype)
             return
-        name = f"ignis-{os.getpid()}-{next(_SERIAL)}-{tag}"  # shm_blocks.ENGINE_BLOCK: reclaimable by pid
+        # shm_blocks.ENGINE_BLOCK (reclaimable by pid); the random part: a name nobody can take first
+        name = f"ignis-{os.getpid()}-{next(_SERIAL)}-{secrets.token_hex(4)}-{tag}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
         _BLOCKS.append(shm)
         self._shm = shm

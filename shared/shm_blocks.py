@@ -75,7 +75,7 @@ def _free_text() -> str:
 
 
 ENGINE_BLOCK = re.compile(r"^ignis-(\d+)-\d+-[\w.-]+$")
-"""The name of an engine's host block (``engine.host_memory``): ``ignis-<creator pid>-<serial>-<tag>``."""
+"""The name of an engine's host block (``engine.host_memory``): ``ignis-<creator pid>-<serial>-<random>-<tag>``."""
 
 
 def unlink_orphans(shm_dir: str = SHM_DIR) -> list[str]:

@@ -25,6 +25,19 @@ def test_a_host_block_is_named_shared_memory_of_its_size():
     assert not os.path.exists(path)
 
 
+def test_a_host_blocks_name_cannot_be_taken_first_and_is_still_reclaimable_by_pid():
+    """Another local user who creates ``ignis-<pid>-0-kv`` ahead of an engine must not stop it from starting:
+    the name has a random part (and the orphan sweep still reads the creator's pid from it)."""
+    block = HostBlock((2, 2), torch.float32, "cpu", "kv")
+    try:
+        m = shm_blocks.ENGINE_BLOCK.match(block.shm_name)
+        assert m is not None and int(m.group(1)) == os.getpid()
+        pid, serial, rand, tag = block.shm_name[len("ignis-"):].split("-", 3)
+        assert len(rand) == 8 and tag == "kv", block.shm_name
+    finally:
+        block.release()
+
+
 def test_too_small_shared_memory_gives_a_private_block_and_a_warning(monkeypatch, caplog):
     def no_room(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
