@@ -183,7 +183,8 @@ class EngineConfig:
         "instance name; socket names and metrics are per instance"))
     endpoint: str | None = field(default=None, metadata=field_doc(
         "ZeroMQ endpoint the engine binds for gateways (default: ipc://RUNTIME_DIR/INSTANCE-engine.sock; "
-        "tcp://HOST:PORT for split hosts)"))
+        "tcp://HOST:PORT for split hosts, on a trusted network only: ZeroMQ takes no credentials, and a bind "
+        "beyond loopback is warned about)"))
     metrics_port: int | None = field(default=None, metadata=field_doc(
         "serve the engine's Prometheus metrics on this port (0 picks a free one; default: off)"))
     metrics_host: str = field(default="127.0.0.1", metadata=field_doc("address of the metrics endpoint"))

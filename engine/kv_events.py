@@ -38,6 +38,7 @@ import msgpack
 import zmq
 
 from ignis.engine.reuse.block_events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
+from ignis.shared.zmq_queues import open_to_network
 
 log = logging.getLogger("ignis.engine")
 
@@ -93,6 +94,10 @@ class KvEventPublisher:
                 self._pub.bind(endpoint)
             else:
                 self._pub.connect(endpoint)
+            for where in (endpoint, replay_endpoint or ""):
+                if binds(where) and open_to_network(where):
+                    log.warning("KV events at %s go to anyone who can reach it (no authentication): they hold "
+                                "every prompt's token ids; keep it on a trusted network", where)
             if replay_endpoint:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)

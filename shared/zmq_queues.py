@@ -269,6 +269,15 @@ def _configure(sock: zmq.Socket) -> zmq.Socket:
     return sock
 
 
+def open_to_network(endpoint: str) -> bool:
+    """Whether ``endpoint`` is a tcp one reachable from beyond this host (a wildcard, a name or an address
+    that is not loopback): ZeroMQ sockets take no credentials, so whoever reaches it is served."""
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
+    return not (host == "localhost" or host == "::1" or host.startswith("127."))
+
+
 def bind_router(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], **kwargs) -> Channel:
     """A serving channel bound at ``endpoint``; it answers garbage with ErrorReply."""
     sock = _configure(ctx.socket(zmq.ROUTER))
@@ -277,6 +286,9 @@ def bind_router(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], **kwa
     except zmq.ZMQError as e:
         sock.close()
         raise OSError(f"cannot bind {endpoint}: {e}") from None
+    if open_to_network(endpoint):
+        log.warning("%s takes requests from anyone who can reach it: ZeroMQ sockets have no authentication "
+                    "(the gateway's --api-key does not cover them); keep it on a trusted network", endpoint)
     return Channel(sock, accept, **kwargs)
 
 

@@ -170,3 +170,27 @@ def test_a_gone_peer_is_one_warning_not_one_per_message(ctx, endpoint, caplog):
         failed = [r for r in caplog.records if "send failed" in r.getMessage()]
         assert [r.levelname for r in failed] == ["WARNING"] + ["DEBUG"] * 4
         assert b"gone-gateway" in engine.unreachable
+
+
+@pytest.mark.parametrize("endpoint, exposed", [
+    ("tcp://*:5557", True), ("tcp://0.0.0.0:5557", True), ("tcp://10.0.0.4:5557", True), ("tcp://host:5557", True),
+    ("tcp://[::]:5557", True), ("tcp://127.0.0.1:5557", False), ("tcp://localhost:5557", False),
+    ("tcp://[::1]:5557", False), ("ipc:///run/ignis/x.sock", False), ("inproc://x", False)])
+def test_a_tcp_endpoint_beyond_loopback_is_open_to_the_network(endpoint, exposed):
+    from ignis.shared.zmq_queues import open_to_network
+
+    assert open_to_network(endpoint) is exposed
+
+
+def test_a_router_bound_beyond_loopback_says_it_takes_anyone(ctx, caplog):
+    import socket
+
+    from ignis.shared.zmq_queues import bind_router
+
+    with socket.socket() as s:  # a free port
+        s.bind(("0.0.0.0", 0))
+        port = s.getsockname()[1]
+    with caplog.at_level("WARNING"):
+        ch = bind_router(ctx, f"tcp://0.0.0.0:{port}", GATEWAY_TO_ENGINE)
+    ch.close()
+    assert "no authentication" in caplog.text
