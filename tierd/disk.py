@@ -143,7 +143,18 @@ def make_dir(path: str | os.PathLike) -> Path:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ForeignFilesError(f"KV-disk path {path} is not a plain directory; refusing to use it")
+    if st.st_uid != os.geteuid():  # its owner could swap it for a link to files of ours at any time
+        raise ForeignFilesError(f"KV-disk directory {path} is owned by uid {st.st_uid}, not by this process's "
+                                f"({os.geteuid()}); refusing to use it")
     return path
+
+
+def _write_marker(path: Path, exclusive: bool = False) -> None:
+    """The marker file, never through a link planted in its place."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path / MARKER, flags, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("KV-disk of an ignis tierd; wiped at its start and exit\n")
 
 
 def prepare_dir(path: str | os.PathLike) -> Path:
@@ -168,7 +179,7 @@ def prepare_dir(path: str | os.PathLike) -> Path:
         if error:
             raise OSError(error)
         os.chmod(path, 0o700)
-        (path / MARKER).write_text("KV-disk of an ignis tierd; wiped at its start and exit\n")
+        _write_marker(path)
     except OSError as e:
         raise ForeignFilesError(f"cannot prepare the KV-disk directory {path} (tierd must be able to write "
                                 f"and delete files in it): {e}") from None
@@ -180,25 +191,35 @@ def wipe_dir(path: str | os.PathLike, remove: bool = True) -> str:
     file went, else the first error (a directory made read-only or immutable keeps its files; never raised,
     so a stop or a new session goes on)."""
     path = Path(path)
-    try:
-        if not path.is_dir():
-            return ""
-        names = os.listdir(path)
+    try:  # through the directory itself, never a link put in its place (whose target's files are not ours)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return ""
     except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return f"KV-disk path {path} is no longer a plain directory; nothing in it was deleted"
         return str(e)
     error = ""
-    for name in names:
-        try:
-            if name != MARKER and _ours(name) and (path / name).is_file():
-                (path / name).unlink(missing_ok=True)
-        except OSError as e:
-            error = error or str(e)
-    if remove and not error:
-        try:
-            (path / MARKER).unlink(missing_ok=True)
-            path.rmdir()
-        except OSError:
-            pass  # someone put a file there meanwhile; it stays, and so does the directory
+    try:
+        for name in os.listdir(fd):
+            try:
+                if name != MARKER and _ours(name) and stat.S_ISREG(
+                        os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                error = error or str(e)
+        if remove and not error:
+            try:
+                os.unlink(MARKER, dir_fd=fd)
+                os.rmdir(path)
+            except OSError:
+                pass  # someone put a file there meanwhile; it stays, and so does the directory
+    except OSError as e:
+        error = error or str(e)
+    finally:
+        os.close(fd)
     return error
 
 
@@ -487,9 +508,8 @@ class DiskTier:
             foreign = [n for n in os.listdir(self.path) if not _ours(n)]
             if foreign:
                 return f"KV-disk directory {self.path} now holds files tierd did not create ({foreign[0]}, ...)"
-            marker = self.path / MARKER
-            if not marker.exists():
-                marker.write_text("KV-disk of an ignis tierd; wiped at its start and exit\n")
+            if MARKER not in os.listdir(self.path):
+                _write_marker(self.path, exclusive=True)
         except OSError as e:
             return str(e)
         return ""

@@ -325,3 +325,36 @@ def test_every_write_draws_a_fresh_nonce_so_no_one_time_key_tags_two_payloads(tm
     path.write_bytes(bytes(changed))
     with pytest.raises(CorruptFile, match="chunk 0"):
         read(path, header, len(payload))
+
+
+def test_a_kv_disk_directory_swapped_for_a_link_keeps_the_links_files(tmp_path):
+    """Whoever can rename the KV-disk directory cannot make tierd's wipe delete ``.kv`` files elsewhere: the
+    wipe goes through the directory itself, never a link put in its place."""
+    from ignis.tierd.disk import prepare_dir, wipe_dir
+
+    kv = prepare_dir(tmp_path / "kv")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data.kv").write_bytes(b"not tierd's")
+    kv.rename(tmp_path / "kv-aside")
+    (tmp_path / "kv").symlink_to(victim)
+    assert "no longer a plain directory" in wipe_dir(tmp_path / "kv")
+    assert (victim / "data.kv").read_bytes() == b"not tierd's"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_kv_disk_directory_or_key_file_of_another_user_is_refused(tmp_path):
+    from ignis.shared.secret_file import load_secret
+    from ignis.tierd.disk import ForeignFilesError, make_dir
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ForeignFilesError, match="owned by uid 65534"):
+        make_dir(theirs)
+    key = tmp_path / "key"
+    key.write_bytes(bytes(32))
+    key.chmod(0o600)
+    os.chown(key, 65534, 65534)
+    with pytest.raises(ValueError, match="owned by uid 65534"):
+        load_secret(key, 32, "the KV-disk key file")
