@@ -22,11 +22,20 @@ only between forwards):
   waiting, or waiting before the scheduler) names it, and for an unknown
   name. State it retained stays scoped to its name and files' digest: a later
   adapter under the name resumes none of it unless its files are the same.
+
+Names and paths come from API clients: log lines print them with ``%r``, so
+a newline or an escape sequence in one cannot forge or dress a line.
+
+``FAULT_STALL_LOAD_ENV`` (tests only) holds the engine loop that many
+seconds in each run-time load, as a read on a hung mount would: the loop
+watchdog's test uses it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 
 from ignis.shared.wire import AdapterList, AdapterUpdated, ListAdapters, LoadAdapter, UnloadAdapter
@@ -50,6 +59,9 @@ class AdapterRegistry:
         return {n for n, _ in self.flagged} | set(self.added)
 
 
+FAULT_STALL_LOAD_ENV = "IGNIS_ENGINE_FAULT_STALL_LORA_LOAD_S"
+
+
 class LoraUpdates:
     def __init__(self, enabled: bool, registry: AdapterRegistry, max_rank: int, model_names,
                  send: Callable[[object, bytes], None]):
@@ -70,6 +82,11 @@ class LoraUpdates:
         return self._unload(peer, msg, runtime if default_loaded else None, users)
 
     def _load(self, peer: bytes, msg: LoadAdapter, runtime) -> None:
+        stall = float(os.environ.get(FAULT_STALL_LOAD_ENV, "0") or 0)
+        if stall > 0:
+            log.warning("FAULT INJECTION: %s=%g holds the engine loop in this adapter load (for tests only)",
+                        FAULT_STALL_LOAD_ENV, stall)
+            time.sleep(stall)
         from ignis.engine.models.checkpoint_error import CheckpointError
         from ignis.engine.models.lora import LoraSet, read_adapter
 
@@ -90,7 +107,7 @@ class LoraUpdates:
             model.lora.add(adapter)
         self.registry.added[msg.name] = msg.path
         self.registry.version += 1
-        log.info("LoRA adapter %s loaded at run time: rank %d, scale %g, %d layers, from %s", adapter.name,
+        log.info("LoRA adapter %r loaded at run time: rank %d, scale %g, %d layers, from %r", adapter.name,
                  adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
         self._answer(peer, msg, True, f"LoRA adapter {msg.name!r} added")
 
@@ -106,7 +123,7 @@ class LoraUpdates:
         self.registry.flagged = [(n, p) for n, p in self.registry.flagged if n != msg.name]
         self.registry.added.pop(msg.name, None)
         self.registry.version += 1
-        log.info("LoRA adapter %s unloaded", msg.name)
+        log.info("LoRA adapter %r unloaded", msg.name)
         self._answer(peer, msg, True, f"LoRA adapter {msg.name!r} removed")
 
     def list(self, peer: bytes, msg: ListAdapters) -> None:
@@ -117,5 +134,5 @@ class LoraUpdates:
 
     def _answer(self, peer: bytes, msg, ok: bool, message: str, missing: bool = False) -> None:
         if not ok:
-            log.info("LoRA adapter %s: %s", msg.name, message)
+            log.info("LoRA adapter %r refused: %r", msg.name, message)
         self._send(AdapterUpdated(msg.id, ok, message, missing), peer)

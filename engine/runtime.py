@@ -80,7 +80,8 @@ class Runtime:
 def _attach_adapters(config: EngineConfig, name: str, model, adapters: list | None) -> None:
     """The default model's LoRA adapters: ``adapters`` ((name, path, required) from an
     ``engine.lora_updates.AdapterRegistry``; None: ``--lora-modules``). A required one that is bad raises
-    (CheckpointError naming it); one loaded at run time whose files went bad is dropped with a warning."""
+    (CheckpointError naming it, or OSError); one loaded at run time whose files went bad is dropped with a
+    warning, never failing the load."""
     from ignis.shared.model_names import lora_specs, model_specs
 
     models = model_specs(config.model, config.served_model_name)
@@ -88,20 +89,19 @@ def _attach_adapters(config: EngineConfig, name: str, model, adapters: list | No
         adapters = [(n, p, True) for n, p in lora_specs(config.lora_modules, [n for n, _ in models])]
     if not adapters or name != models[0][0]:
         return
-    from ignis.engine.models.checkpoint_error import CheckpointError
     from ignis.engine.models.lora import LoraSet, read_adapter
 
     read = []
     for n, p, required in adapters:
         try:
             read.append(read_adapter(n, p, model, config.max_lora_rank))
-        except CheckpointError as exc:
-            if required:
+        except (OSError, ValueError) as exc:  # CheckpointError is a ValueError
+            if required:  # a --lora-modules adapter fails the load (at start: exit code 2, one line)
                 raise
-            log.warning("LoRA adapter %s (loaded at run time) is dropped: %s", n, exc)
+            log.warning("LoRA adapter %r (loaded at run time) is dropped: %r", n, str(exc))
     lora = LoraSet(model, read)
     for a in lora.adapters:
-        log.info("LoRA adapter %s: rank %d, scale %g, %d layers, from %s", a.name, a.rank, a.scale,
+        log.info("LoRA adapter %r: rank %d, scale %g, %d layers, from %r", a.name, a.rank, a.scale,
                  len(a.weights), a.path)
 
 

@@ -8,9 +8,16 @@ loaded, the adapter still in use); a 404 for unloading an adapter that is not
 served. On success the gateway's list of adapters (``/v1/models``, the names
 requests may give) follows at once. Without the flag the routes are not
 served (404).
+
+A name to load is 1 to ``MAX_NAME`` printable ASCII characters without
+spaces, as a request id is (else a 400): it reaches the engine's log and
+every gateway's model list. An unload takes any name, since only a served
+one matches.
 """
 
 from __future__ import annotations
+
+import re
 
 from aiohttp import web
 
@@ -23,6 +30,7 @@ from ignis.shared.wire import MAX_PATH_CHARS as MAX_PATH
 from ignis.shared.wire import LoadAdapter, UnloadAdapter
 
 MAX_BODY = 64 << 10
+_LOADABLE_NAME = re.compile(r"[!-~]{1,%d}" % MAX_NAME)
 
 
 async def _fields(request: web.Request) -> Fields:
@@ -51,6 +59,8 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     gw: GatewayState = request.app[STATE]
     f = await _fields(request)
     name = _name(f)
+    if not _LOADABLE_NAME.fullmatch(name):
+        raise invalid(f"lora_name must be 1 to {MAX_NAME} printable ASCII characters without spaces", "lora_name")
     path = f.str("lora_path", None, max_chars=MAX_PATH)
     if not path:
         raise invalid("lora_path is required: the adapter's directory", "lora_path")

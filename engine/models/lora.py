@@ -15,11 +15,17 @@ loaded at start and stays resident (one slot each); the targeted
 untouched, so a request without an adapter runs exactly the base model).
 
 What is refused at load, naming the adapter: a missing or unreadable file,
-weights as a pickle (``adapter_model.bin``), DoRA, bias training,
-``modules_to_save``, a rank above ``--max-lora-rank``, a tensor for a module
-the model does not have or that is not a linear layer (the MoE experts are
-stacked tensors, not layers: an adapter of experts is refused), shapes that
-do not fit, an A without its B, the embeddings or the LM head as targets.
+one that is not a regular file (a FIFO, a device, a directory; symlinks are
+followed), a config over ``MAX_CONFIG_BYTES`` or one that does not parse
+(nested too deep included), a weights file larger than any valid adapter of
+the model can be (``max_weights_bytes``), weights as a pickle
+(``adapter_model.bin``), DoRA, bias training, ``modules_to_save``, a rank
+above ``--max-lora-rank``, a tensor for a module the model does not have or
+that is not a linear layer (the MoE experts are stacked tensors, not layers:
+an adapter of experts is refused), shapes that do not fit, an A without its
+B, the embeddings or the LM head as targets, a tensor holding NaN or Inf in
+the model's dtype. Each file is opened once and read through that descriptor,
+checked and bounded before a byte is read.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +47,11 @@ from ignis.engine.models.weights_spec import classify
 PEFT_PREFIX = "base_model.model."
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
+MAX_CONFIG_BYTES = 1 << 20
+HEADER_BYTES_PER_LAYER = 1024
+"""Room in the safetensors header for one layer's two entries (name, dtype, shape, offsets)."""
+HEADER_BYTES = 1 << 20
+"""Room in the safetensors header besides its entries (``__metadata__``, padding)."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +80,10 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
 
     path = Path(path)
     where = f"LoRA adapter {name} ({path})"
+    config = _read_regular_file(path / CONFIG_FILE, MAX_CONFIG_BYTES, where)
     try:
-        cfg = json.loads((path / CONFIG_FILE).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        cfg = json.loads(config)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError; nesting too deep
         raise CheckpointError(f"{where}: cannot read {CONFIG_FILE} ({exc})") from None
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{where}: {CONFIG_FILE} is not a JSON object")
@@ -88,17 +102,19 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
         raise CheckpointError(f"{where}: per-module ranks (rank_pattern, alpha_pattern) are not supported")
     scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
     file = path / WEIGHTS_FILE
-    if not file.is_file():
-        pickle = " (weights as a pickle, adapter_model.bin, are not read: convert them to safetensors)" \
-            if (path / "adapter_model.bin").is_file() else ""
-        raise CheckpointError(f"{where}: no {WEIGHTS_FILE}{pickle}")
+    if not file.exists() and (path / "adapter_model.bin").is_file():
+        raise CheckpointError(f"{where}: no {WEIGHTS_FILE} (weights as a pickle, adapter_model.bin, are not read: "
+                              "convert them to safetensors)")
+    data = _read_regular_file(file, max_weights_bytes(model, max_rank), where)  # read once: loaded and hashed
     try:
-        data = file.read_bytes()  # read once: loaded and hashed
         raw = load(data)
-    except (SafetensorError, OSError) as exc:
+    except SafetensorError as exc:
         raise CheckpointError(f"{where}: cannot read {WEIGHTS_FILE} ({exc})") from None
+    dtype = next(model.parameters()).dtype  # what LoraSet.add serves the tensors in
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in raw.items():
+        if not torch.isfinite(t.to(dtype)).all():
+            raise CheckpointError(f"{where}: {key} holds NaN or infinite values (in the model's {dtype})")
         stem = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
         for part in ("lora_A", "lora_B"):
             suffix = f".{part}.weight"
@@ -132,8 +148,43 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
             raise CheckpointError(f"{where}: {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
                                   f"a rank-{rank} adapter of a {base.in_features} -> {base.out_features} layer")
         weights[module] = (a, b)
-    digest = hashlib.sha256((path / CONFIG_FILE).read_bytes() + data).hexdigest()
+    digest = hashlib.sha256(config + data).hexdigest()
     return LoraAdapter(name, str(path), rank, float(scale), weights, digest)
+
+
+def max_weights_bytes(model: nn.Module, max_rank: int) -> int:
+    """The largest ``adapter_model.safetensors`` a valid adapter of ``model`` can be: rank ``max_rank`` on
+    every linear layer but the LM head, its A [r, in] and B [out, r] at 4 bytes an element, plus header room."""
+    layers = [m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
+    elements = sum(max_rank * (m.in_features + m.out_features) for m in layers)
+    return 4 * elements + HEADER_BYTES_PER_LAYER * len(layers) + HEADER_BYTES
+
+
+def _read_regular_file(file: Path, limit: int, where: str) -> bytes:
+    """The bytes of ``file`` (symlinks followed), read through the one descriptor that was checked: anything
+    but a regular file (a FIFO, a device, a directory) or more than ``limit`` bytes is refused unread."""
+    try:
+        # O_NONBLOCK: opening a FIFO returns at once (blocking, it waits for a writer); a regular file ignores it
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"{where}: no {file.name}") from None
+    except OSError as exc:
+        raise CheckpointError(f"{where}: cannot read {file.name} ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{where}: {file.name} is not a regular file")
+        if info.st_size > limit:
+            raise CheckpointError(f"{where}: {file.name} is {info.st_size} bytes, over its limit of {limit}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise CheckpointError(f"{where}: cannot read {file.name} ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # it grew after the check
+        raise CheckpointError(f"{where}: {file.name} is over its limit of {limit} bytes")
+    return data
 
 
 class LoraRows:

@@ -241,7 +241,7 @@ def read_header(path: str | Path) -> dict[str, HeaderEntry]:
         raise CheckpointError(f"{path}: cannot read ({exc})") from None
     try:
         table = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError; nesting too deep
         raise CheckpointError(f"{path}: corrupt safetensors header ({exc})") from None
     if not isinstance(table, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")

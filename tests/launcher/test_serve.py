@@ -208,15 +208,16 @@ def test_a_killed_engine_is_restarted_and_the_gateway_answers_503_meanwhile(tmp_
 
 
 @pytest.mark.timeout(240)
-def test_a_stuck_engine_loop_is_aborted_with_its_stacks_and_restarted(tmp_path):
-    """A read that never returns on the engine's loop (an adapter whose config is a pipe nobody writes, as a
-    hung network mount would hold it): the engine's watchdog aborts it, serve starts it again."""
+def test_a_stuck_engine_loop_is_aborted_with_its_stacks_and_restarted(tmp_path, monkeypatch):
+    """A turn of the engine's loop that never ends (an adapter load held as a read on a hung network mount
+    would hold it: the engine's fault hook): the engine's watchdog aborts it, serve starts it again."""
+    from ignis.engine.lora_updates import FAULT_STALL_LOAD_ENV
     from tests.gateway.conftest import http
 
     adapter = tmp_path / "stuck-adapter"
-    adapter.mkdir()
-    os.mkfifo(adapter / "adapter_config.json")
+    monkeypatch.setenv(FAULT_STALL_LOAD_ENV, "3600")
     proc, (_tierd, engine, gateway) = start(tmp_path, "--enable-lora-updating", "--watchdog-timeout", "2")
+    # (the restarted engine inherits the hook too; it is asked for no adapter load)
     try:
         url = re.search(r"^ignis serving ignis-demo on (\S+)$", (tmp_path / "serve.out").read_text(), re.M).group(1)
         assert chat(url).status == 200
