@@ -225,7 +225,7 @@ DETOKENIZE = _obj({"model": SAMPLING["model"], "tokens": {"type": "array", "item
                   ("tokens",))
 
 LORA_NAME = {"type": "string", "minLength": 1, "maxLength": 256}
-LOAD_LORA = _obj({"lora_name": LORA_NAME, "lora_path": {"type": "string", "minLength": 1, "maxLength": 4096}},
+LOAD_LORA = _obj({"lora_name": dict(LORA_NAME, pattern="^[!-~]+$"), "lora_path": {"type": "string", "minLength": 1, "maxLength": 4096}},
                  ("lora_name", "lora_path"))
 UNLOAD_LORA = _obj({"lora_name": LORA_NAME}, ("lora_name",))
 
