@@ -24,9 +24,11 @@ first token is sampled under its mask as always, then ``held_targets`` takes
 the verify rows one at a time, each masked by the matcher's state after the
 tokens before it, and feeds the matcher every token the round outputs, so the
 invariant above holds and the output is plain constrained decode's. A
-sampling one's tokens come from rejection sampling over rows masked the same
-way (``held_sampled``: its first token is taken back from the matcher and
-drawn again there), so its output keeps the constrained distribution.
+sampling one's rows are masked the same way (``held_sampled``): a seeded one
+keeps its first token and takes plain decode's race winners of the later
+rows (its tokens are plain constrained decode's); an unseeded one's come from
+rejection sampling (its first token taken back from the matcher and drawn
+again there), so its output keeps the constrained distribution.
 """
 
 from __future__ import annotations

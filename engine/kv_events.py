@@ -94,8 +94,8 @@ class KvEventPublisher:
                 self._pub.bind(endpoint)
             else:
                 self._pub.connect(endpoint)
-            for where in (endpoint, replay_endpoint or ""):
-                if binds(where) and open_to_network(where):
+            for where, bound in ((endpoint, binds(endpoint)), (replay_endpoint or "", bool(replay_endpoint))):
+                if bound and open_to_network(where):  # the replay socket always binds
                     log.warning("KV events at %s go to anyone who can reach it (no authentication): they hold "
                                 "every prompt's token ids; keep it on a trusted network", where)
             if replay_endpoint:

@@ -95,8 +95,9 @@ class ModelRunner:
 
     def speculates(self, req_id: str) -> bool:
         """``req_id`` drafts when a drafter is in use: its logits unadjusted (a sampled request's drafts are
-        verified by rejection sampling, ``engine.spec_sampling``); under a grammar only one that asks for no
-        logprobs (its verify rows are masked one by one: ``GrammarLanes.held_targets``, ``held_sampled``)."""
+        verified by plain decode's races when seeded, else by rejection sampling: ``engine.spec_sampling``);
+        under a grammar only one that asks for no logprobs (its verify rows are masked one by one:
+        ``GrammarLanes.held_targets``, ``held_sampled``)."""
         st = self.samplers.get(req_id)
         if self.spec is None or st is None or st.adjusted or req_id in self._adapted:
             return False
@@ -339,7 +340,7 @@ class ModelRunner:
 
     def _spec_logprobs(self, spec, result: RoundResult) -> dict[str, list[TokenLogprobs]]:
         """Per drafting request that asked for logprobs: one per token of its round (the first may have
-        been drawn again by the rejection sampling), from the rows of the verify forward."""
+        been drawn again by an unseeded request's rejection sampling), from the rows of the verify forward."""
         out = {}
         for rid, more in result.extra.items():
             top = self.want_logprobs.get(rid)

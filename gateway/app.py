@@ -31,6 +31,7 @@ a response cancel's POST without a body.
 from __future__ import annotations
 
 import asyncio
+import functools
 import datetime
 import hmac
 import logging
@@ -330,36 +331,41 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     app[PROMPT_WORK] = PromptWork()
     app[CONNECTIONS] = Connections(config.max_connections, config.header_read_timeout)
     app[RESPONSES] = responses_state(config.runtime_dir or default_runtime_dir(), config.instance)
-    expect = expect_continue(_error)  # a declared body past the limit: 413 before it is sent
-    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect)
-    app.router.add_post("/v1/completions", completions, expect_handler=expect)
-    app.router.add_post("/v1/responses", create_response, expect_handler=expect)
-    app.router.add_get("/v1/responses/{response_id}", get_response)
-    app.router.add_delete("/v1/responses/{response_id}", delete_response)
-    app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
-    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model:.+}", get_model)  # a name may hold slashes (a repo id)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ping", health)  # vLLM's (and SageMaker's) name for the same check
-    add_server_info_routes(app, health)  # vLLM's and SGLang's operational routes (gateway.server_info)
-    app.router.add_get("/version", version)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/openapi.json", openapi)
-    app.router.add_post(MESSAGES_PREFIX, create_message, expect_handler=expect)
-    app.router.add_post(MESSAGES_PREFIX + "/count_tokens", count_tokens, expect_handler=expect)
-    app.router.add_post("/tokenize", tokenize, expect_handler=expect)
-    app.router.add_post("/detokenize", detokenize, expect_handler=expect)
-    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
-    app.router.add_post("/flush_cache", reset_prefix_cache)
-    app.router.add_get("/flush_cache", reset_prefix_cache, allow_head=False)  # a HEAD must not flush
-    app.router.add_post("/start_profile", start_profile)
-    app.router.add_post("/stop_profile", stop_profile)
+    # every route answers an Expect header itself: a declared body past the limit is a 413 before it is sent,
+    # and an expectation that is not 100-continue a 417 in the API's shape (aiohttp's own handler echoes it)
+    expect = expect_continue(_error)
+    get = functools.partial(app.router.add_get, expect_handler=expect)
+    post = functools.partial(app.router.add_post, expect_handler=expect)
+    delete = functools.partial(app.router.add_delete, expect_handler=expect)
+    post("/v1/chat/completions", chat_completions)
+    post("/v1/completions", completions)
+    post("/v1/responses", create_response)
+    get("/v1/responses/{response_id}", get_response)
+    delete("/v1/responses/{response_id}", delete_response)
+    post("/v1/responses/{response_id}/cancel", cancel_response)
+    get("/v1/responses/{response_id}/input_items", list_input_items)
+    get("/v1/models", list_models)
+    get("/v1/models/{model:.+}", get_model)  # a name may hold slashes (a repo id)
+    get("/health", health)
+    get("/ping", health)  # vLLM's (and SageMaker's) name for the same check
+    add_server_info_routes(app, health, expect)  # vLLM's and SGLang's operational routes (gateway.server_info)
+    get("/version", version)
+    get("/metrics", metrics)
+    get("/openapi.json", openapi)
+    post(MESSAGES_PREFIX, create_message)
+    post(MESSAGES_PREFIX + "/count_tokens", count_tokens)
+    post("/tokenize", tokenize)
+    post("/detokenize", detokenize)
+    post("/reset_prefix_cache", reset_prefix_cache)
+    post("/flush_cache", reset_prefix_cache)
+    get("/flush_cache", reset_prefix_cache, allow_head=False)  # a HEAD must not flush
+    post("/start_profile", start_profile)
+    post("/stop_profile", stop_profile)
     if config.enable_tokenizer_info_endpoint:
-        app.router.add_get("/tokenizer_info", tokenizer_info)
+        get("/tokenizer_info", tokenizer_info)
     if config.enable_lora_updating:
-        app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
-        app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
+        post("/v1/load_lora_adapter", load_lora_adapter)
+        post("/v1/unload_lora_adapter", unload_lora_adapter)
 
     async def start(app: web.Application) -> None:
         await gw.client.start()

@@ -210,7 +210,7 @@ def _cache_family(f: Fields, headers) -> str | None:
     if not key:
         return None
     caller = headers.get("Authorization", "") if headers is not None else ""
-    return hashlib.sha256(f"{caller}\n{key}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{caller}\n{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]  # header bytes as sent
 
 
 def _cache_salt(f: Fields) -> str | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import uuid
 
 from aiohttp import web
@@ -41,6 +42,8 @@ from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE, GatewayState
 from ignis.shared.sampling import SamplingParams
 from ignis.shared.wire import Generate
+
+log = logging.getLogger("ignis.gateway")
 
 HEALTH_GENERATE_S = 20.0
 """How long /health_generate waits for its one token (a busy engine queues it behind the others)."""
@@ -143,6 +146,9 @@ async def _probe(gw: GatewayState) -> tuple[int, dict]:
         return 503, {"status": "unavailable", "engine": f"no token within {HEALTH_GENERATE_S:g} s"}
     except (EngineUnavailable, ApiError) as e:
         return 503, {"status": "unavailable", "engine": str(e) or type(e).__name__}
+    except Exception as e:  # shared by every caller, and maybe by none: answered, never left unretrieved
+        log.exception("the /health_generate probe failed")
+        return 503, {"status": "unavailable", "engine": f"the probe failed ({type(e).__name__})"}
     return 200, {"status": "ok"}
 
 
@@ -156,14 +162,12 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     raise invalid("/invocations takes a chat completion body (messages) or a completion body (prompt)", "messages")
 
 
-def add_routes(app: web.Application, health) -> None:
+def add_routes(app: web.Application, health, expect) -> None:
+    """The routes, each answering an Expect header with ``expect`` (``gateway.expect_continue``)."""
     app[HEALTH_PROBE] = SharedProbe()
-    app.router.add_get("/load", load)
-    app.router.add_get("/get_load", get_load)
-    app.router.add_get("/is_sleeping", is_sleeping)
-    app.router.add_get("/get_model_info", get_model_info)
-    app.router.add_get("/get_server_info", get_server_info)
-    app.router.add_get("/server_info", get_server_info)
-    app.router.add_get("/health_generate", health_generate)
-    app.router.add_post("/invocations", invocations)
-    app.router.add_post("/ping", health)
+    for path, handler in (("/load", load), ("/get_load", get_load), ("/is_sleeping", is_sleeping),
+                          ("/get_model_info", get_model_info), ("/get_server_info", get_server_info),
+                          ("/server_info", get_server_info), ("/health_generate", health_generate)):
+        app.router.add_get(path, handler, expect_handler=expect)
+    app.router.add_post("/invocations", invocations, expect_handler=expect)
+    app.router.add_post("/ping", health, expect_handler=expect)

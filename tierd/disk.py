@@ -302,7 +302,7 @@ def write_entry(path: Path, header: bytes, source: Callable[[int, np.ndarray], N
     jobs: list[Future] = []
     fd = -1
     try:
-        fd, _direct = io.open_file(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        fd, _direct = io.open_file(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
         if base:
             head = disk_io.aligned_buffer(base)
             head[:] = np.frombuffer(front[:base], dtype=np.uint8)
@@ -369,7 +369,7 @@ def read_entry(path: Path, header: bytes, nbytes: int, consume: Callable[[int, n
     """
     expect = file_bytes(header, nbytes, chunk)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise CorruptFile(f"KV-disk file {path.name} is gone", "gone") from None
     own = io is None
@@ -393,7 +393,7 @@ def read_entry(path: Path, header: bytes, nbytes: int, consume: Callable[[int, n
         s, base = _window(header)
         direct = False
         if io.direct:
-            data_fd, direct = io.open_file(path, os.O_RDONLY)
+            data_fd, direct = io.open_file(path, os.O_RDONLY | os.O_NOFOLLOW)
 
         def submit(i: int) -> None:
             buf, n = io.buffers.get(), min(chunk, nbytes - i * chunk)
@@ -502,8 +502,12 @@ class DiskTier:
         meanwhile with files not ours in it is refused."""
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
-            if not stat.S_ISDIR(os.lstat(self.path).st_mode):
+            st = os.lstat(self.path)
+            if not stat.S_ISDIR(st.st_mode):
                 return f"KV-disk path {self.path} is not a plain directory"
+            if st.st_uid != os.geteuid():  # another user made it first: theirs to swap or fill with links
+                return f"KV-disk directory {self.path} was made again by uid {st.st_uid}, not this process's"
+            os.chmod(self.path, 0o700)
             hold_directory_itself(self.path, f"the KV-disk directory {self.path}", wait_s=0)
             foreign = [n for n in os.listdir(self.path) if not _ours(n)]
             if foreign:

@@ -262,7 +262,7 @@ class TierStore:
     def _too_large(self, tier: str, nbytes: int, whole: int, flag: str) -> str:
         """The refusal of an entry larger than the whole tier (it can never be kept there); logged once a
         session per tier, as an operator can act on it (not where the operator turned the tier off)."""
-        if whole == 0:
+        if whole == 0 and tier == "KV-RAM" and self.arena.nbytes == 0:
             return f"{tier} is off ({flag} 0)"
         message = (f"an entry of {nbytes} bytes is larger than the whole {tier} ({whole} bytes): no entry "
                    f"that size is ever kept there (raise {flag})")

@@ -138,3 +138,20 @@ def test_an_endpoint_in_use_or_malformed_is_a_clear_error():
             KvEventPublisher(replay_ep, "tcp://*:not-a-port")
     finally:
         first.close()
+
+
+def test_sockets_bound_beyond_loopback_are_warned_about_the_replay_one_too(caplog):
+    import socket
+
+    ports = []
+    for _ in range(3):
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            ports.append(s.getsockname()[1])
+    with caplog.at_level("WARNING", logger="ignis.engine"):
+        pub = KvEventPublisher(f"tcp://127.0.0.1:{ports[0]}", replay_endpoint=f"tcp://0.0.0.0:{ports[1]}")
+        pub.close()
+        quiet = KvEventPublisher(f"tcp://127.0.0.1:{ports[2]}")
+        quiet.close()
+    warned = [r.getMessage() for r in caplog.records if "no authentication" in r.getMessage()]
+    assert len(warned) == 1 and f"0.0.0.0:{ports[1]}" in warned[0], warned

@@ -358,3 +358,31 @@ def test_a_kv_disk_directory_or_key_file_of_another_user_is_refused(tmp_path):
     os.chown(key, 65534, 65534)
     with pytest.raises(ValueError, match="owned by uid 65534"):
         load_secret(key, 32, "the KV-disk key file")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_kv_disk_directory_made_again_by_another_user_is_not_taken(tmp_path):
+    import shutil
+
+    from ignis.tierd.disk import MAC_KEY_BYTES, DiskTier, prepare_dir
+
+    path = prepare_dir(tmp_path / "kv")
+    tier = DiskTier(path, 1 << 20, bytes(MAC_KEY_BYTES), direct=False)
+    shutil.rmtree(path)  # gone while serving, and another user makes it first
+    path.mkdir(mode=0o777)
+    os.chown(path, 65534, 65534)
+    assert "made again by uid 65534" in tier.recreate()
+
+
+def test_a_kv_disk_write_never_follows_a_link_planted_as_its_part_file(tmp_path):
+    from ignis.tierd.disk import MAC_KEY_BYTES, encode_header, prepare_dir, write_entry
+
+    kv = prepare_dir(tmp_path / "kv")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    key = "ab" * 16
+    os.symlink(victim, kv / f"{key}.kv.part")
+    with pytest.raises(OSError):
+        write_entry(kv / f"{key}.kv", encode_header(key, "stamp", 4096, ("kv",), "s"), [bytes(4096)], 4096,
+                    bytes(MAC_KEY_BYTES))
+    assert victim.read_text() == "precious\n"

@@ -325,3 +325,19 @@ def test_with_kv_ram_off_a_demote_is_refused_as_such_and_nothing_is_logged(tmp_p
         assert "larger than the whole" not in caplog.text
     finally:
         h.close()
+
+
+def test_kv_ram_smaller_than_one_block_is_refused_as_too_small_not_as_off(tmp_path, caplog):
+    h = Harness(tmp_path, arena_blocks=0, disk_bytes=0)
+    h.store.copier.close()  # the harness's store goes; its engine memory serves the one made here
+    h.store = TierStore(arena=Arena(PAGE_BYTES // 2), block_bytes=PAGE_BYTES, memory=h.memory, disk=None,
+                        stamp=STAMP, ttl=300.0, metrics=TierdMetrics("t"), post=h.posted.put,
+                        reply=lambda peer, m: h.replies.append(m), again=h.handle)
+    try:
+        with caplog.at_level("WARNING", logger="ignis.tierd"):
+            h.send(Demote, key(1), STAMP, SRC, kind="retained", last_used=1.0)
+            (reply,) = h.settle()
+        assert isinstance(reply, TierRefused) and "larger than the whole KV-RAM" in reply.message
+        assert "raise --reuse-kv-host-pool-bytes" in caplog.text
+    finally:
+        h.close()
