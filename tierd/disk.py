@@ -66,6 +66,7 @@ stale file is refused (``CorruptFile``), never served.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -212,7 +213,8 @@ def wipe_dir(path: str | os.PathLike, remove: bool = True) -> str:
                 error = error or str(e)
         if remove and not error:
             try:
-                os.unlink(MARKER, dir_fd=fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(MARKER, dir_fd=fd)
                 os.rmdir(path)
             except OSError:
                 pass  # someone put a file there meanwhile; it stays, and so does the directory

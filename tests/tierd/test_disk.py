@@ -386,3 +386,12 @@ def test_a_kv_disk_write_never_follows_a_link_planted_as_its_part_file(tmp_path)
         write_entry(kv / f"{key}.kv", encode_header(key, "stamp", 4096, ("kv",), "s"), [bytes(4096)], 4096,
                     bytes(MAC_KEY_BYTES))
     assert victim.read_text() == "precious\n"
+
+
+def test_a_wipe_at_exit_removes_the_directory_even_without_its_marker(tmp_path):
+    from ignis.tierd.disk import MARKER, prepare_dir, wipe_dir
+
+    kv = prepare_dir(tmp_path / "kv")
+    (kv / MARKER).unlink()
+    (kv / "x.kv").write_bytes(b"")
+    assert wipe_dir(kv) == "" and not kv.exists()
