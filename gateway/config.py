@@ -75,7 +75,8 @@ class GatewayConfig:
     keepalive_timeout: float = field(default=15.0, metadata=field_doc(
         "seconds an idle connection is kept open between requests (and after it opens, before any byte)"))
     max_connections: int = field(default=1024, metadata=field_doc(
-        "open client connections at most; one more is answered HTTP 503 and closed"))
+        "open client connections at most; one more closes the oldest not in a request (idle, or still sending "
+        "its headers), or, with every one in a request, is answered HTTP 503 and closed"))
     allowed_origins: tuple[str, ...] = field(default=(), metadata=field_doc(
         "a browser origin (e.g. https://app.example.com) allowed to call the API cross-origin; repeat for more; "
         "default: none, no CORS headers are sent", repeat=True))

@@ -9,9 +9,13 @@ one state:
 
 aiohttp closes a connection idle for ``--keepalive-timeout`` (also one that
 sends nothing after it opens); the body has ``--body-read-timeout``
-(gateway.body). Past ``--max-connections`` open connections a new one is
-answered 503 at its first byte (or closed after the header deadline) and
-never reaches aiohttp.
+(gateway.body). At ``--max-connections`` open connections a new one takes
+the place of the oldest that is not in a request (idle between requests, or
+still sending its headers): that one is closed. Only when every open
+connection is in a request is the new one answered 503 at its first byte (or
+closed after the header deadline), never reaching aiohttp. So connections
+that hold a slot without ever finishing their headers (a slow-headers
+client) cannot keep others out: each new one displaces them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class Connections:
         self.header_timeout = header_timeout
         self.open = 0
         self.refused = 0
+        self.displaced = 0  # connections closed to make room for a new one
+        self.closing = 0  # displaced ones whose close has not completed yet
         self.server: web.Server | None = None
         self._by_transport: dict[object, GuardedConnection] = {}
 
@@ -52,6 +58,15 @@ class Connections:
 
     def __call__(self) -> asyncio.Protocol:
         return GuardedConnection(self)
+
+    def make_room(self) -> bool:
+        """At the cap: close the oldest connection not in a request; False when every one is in a request."""
+        for conn in self._by_transport.values():  # in the order they were opened
+            if conn.state in ("IDLE", "HEADERS"):
+                conn.displace()
+                self.displaced += 1
+                return True
+        return False
 
     def request_started(self, request: web.Request) -> None:
         conn = self._by_transport.get(request.transport)
@@ -77,7 +92,7 @@ class GuardedConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         owner = self.owner
-        if owner.open >= owner.max_connections:
+        if owner.open - owner.closing >= owner.max_connections and not owner.make_room():
             owner.refused += 1
             self.state = "REFUSED"
             self._arm(transport.close)
@@ -105,12 +120,21 @@ class GuardedConnection(asyncio.Protocol):
                      self.owner.header_timeout)
             self.transport.close()
 
+    def displace(self) -> None:
+        self.state = "DISPLACED"
+        self._cancel()
+        self.owner.closing += 1
+        if self.transport is not None:
+            self.transport.close()
+
     def in_request(self) -> None:
-        self.state = "IN_REQUEST"
+        if self.state != "DISPLACED":  # its close is under way: it is counted as closing until it is lost
+            self.state = "IN_REQUEST"
         self._cancel()
 
     def idle(self) -> None:
-        self.state = "IDLE"
+        if self.state != "DISPLACED":
+            self.state = "IDLE"
 
     def _arm(self, callback) -> None:
         self._cancel()
@@ -137,6 +161,8 @@ class GuardedConnection(asyncio.Protocol):
         if self.inner is None:
             return
         self.owner.open -= 1
+        if self.state == "DISPLACED":
+            self.owner.closing -= 1
         self.owner._by_transport.pop(self.transport, None)
         self.inner.connection_lost(exc)
 

@@ -87,12 +87,20 @@ def test_an_idle_keepalive_connection_is_closed(gw):
     s.close()
 
 
-def test_past_max_connections_a_new_connection_gets_503(tmp_path):
+def _held_stream(gw):
+    """A connection in a request: a stream the fake engine holds (seed 0)."""
+    body = json.dumps({"model": "ignis-demo", "messages": [{"role": "user", "content": "hi"}], "seed": 0,
+                       "stream": True, "max_tokens": 50}).encode()
+    s = gw.connect()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    return s
+
+
+def test_past_max_connections_all_in_requests_a_new_connection_gets_503(tmp_path):
     with fake_gateway(tmp_path, "--max-connections", "4") as gw:
-        held = [gw.connect() for _ in range(4)]
-        for s in held:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert read_status(s, 5) == 200  # each is open and counted
+        held = [_held_stream(gw) for _ in range(4)]  # each is open, in a request, and counted
         extra = gw.connect()
         extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         extra.settimeout(5)
@@ -106,6 +114,25 @@ def test_past_max_connections_a_new_connection_gets_503(tmp_path):
             s.close()
         wait_until(lambda: http("GET", gw.url + "/health", timeout=5).status == 200, 10,
                    "connections freed but new ones are still refused")
+
+
+def test_at_max_connections_a_new_connection_displaces_the_oldest_not_in_a_request(tmp_path):
+    """Slow-headers clients holding every slot (and an idle keep-alive one) keep nobody out: each new
+    connection closes the oldest of them and is served."""
+    with fake_gateway(tmp_path, "--max-connections", "4", "--header-read-timeout", "60") as gw:
+        stream = _held_stream(gw)  # in a request: never displaced
+        slow = [gw.connect() for _ in range(3)]
+        for s in slow:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        for i in range(3):
+            assert http("GET", gw.url + "/health", timeout=5).status == 200
+            wait_until(lambda i=i: is_closed(slow[i]), 10, f"slow connection {i} was not displaced")
+            refill = gw.connect()  # the slot it freed taken again, by the newest slow client
+            refill.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            slow.append(refill)
+        assert not is_closed(stream) and not any(is_closed(s) for s in slow[3:])
+        for s in [stream, *slow]:
+            s.close()
 
 
 def test_a_slow_stop_says_what_it_waits_for(tmp_path):
