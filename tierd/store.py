@@ -314,9 +314,10 @@ class TierStore:
                 e.disk.move(S.FREE)
                 self.disk.release(e.file_bytes)
                 self._unlink(e.key)
-                self.metrics.promoted(e.kind)
+                self.metrics.promoted(e.kind)  # a hand-down of an entry held already: not a new demotion
+            else:
+                self.metrics.demoted("ram", e.kind)
             self.metrics.copied("engine_to_ram", e.nbytes, seconds)
-            self.metrics.demoted("ram", e.kind)
             self.reply(w.peer, Demoted(w.msg.req, e.key, "ram", e.nbytes))
             return self._settle(e)
         log.error("copy of %s into KV-RAM failed: %s", e.key, err)

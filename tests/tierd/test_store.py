@@ -281,6 +281,7 @@ def test_a_key_demoted_again_while_on_kv_disk_comes_back_into_free_kv_ram(h, tmp
     assert h.read(DST) == want
     assert h.store.entries[key(1)].tier == "ram" and not (tmp_path / "kv" / f"{key(1)}.kv").exists()
     assert h.store.metrics._promotions.labels("t", "retained")._value.get() == 1
+    assert h.store.metrics._demotions.labels("t", "ram", "retained")._value.get() == 2  # keys 1, 2: not again
 
 
 def test_a_key_on_kv_disk_stays_there_rather_than_push_another_entry_down(h, tmp_path):
