@@ -205,6 +205,7 @@ class SpecDecoder(DraftVerifier):
         self.kv = torch.zeros((head.num_layers, 2, pages.shape[2], PAGE_TOKENS, cfg.num_kv_heads, cfg.head_dim),
                               dtype=pages.dtype, device=pages.device)
         self.pending: dict[int, Pending] = {}
+        self._keys: dict[str, list[int]] = {}  # this round's seeded asks: the keys of their next tokens' races
 
     # ----- lanes -------------------------------------------------------------------
     def forget(self, lane: int) -> None:
@@ -247,7 +248,7 @@ class SpecDecoder(DraftVerifier):
         first step) drafts nothing this round; its rows start with this round's forward."""
         chunks, hidden, drafting = [], [], []
         self.draft_probs = {}
-        self._keys: dict[str, list[int]] = {}  # seeded asks: the keys of their next tokens' races
+        self._keys = {}
         for c in catch_ups:
             p = self.pending.pop(c.lane, None)
             if p is None or p.end != c.start or len(p.tokens) != p.end - p.start - 1:
