@@ -158,48 +158,39 @@ class GrammarLanes:
         Seeded (``q_rows`` None): ``first``, which the matcher has taken, stays, and the races of the plain
         sampler decide the rest (``spec_sampling.verify_raced``). Unseeded: rejection sampling
         (``engine.spec_sampling``); ``first`` is taken back from the matcher and drawn again. Every token
-        output is fed to the matcher."""
+        output is fed to the matcher; one it refuses though its mask allowed it (logged) ends the output
+        before it."""
         from ignis.engine.spec_sampling import processed_probs, verify_raced, verify_sampled
 
         matcher = self.matchers[req_id]
-        if q_rows is None:
-            taken = [1]  # output tokens of this step the matcher has taken (``first``, by ``advance``)
+        if q_rows is not None:
+            matcher.rollback(1)
+        fed = [1 if q_rows is None else 0]  # output tokens of this step the matcher has taken
 
-            def row_at(i: int):  # token i-1 equals its draft: the matcher takes it, then masks row i
-                if i > taken[0]:
-                    if not self._feed(matcher, drafts[i - 1]):
-                        return None
-                    taken[0] = i
-                if matcher.is_error() or matcher.is_stopped():
-                    return None
-                row = self._masked(matcher, rows[i], vocab_limit)
-                return row[0] if torch.isfinite(row).any() else None
-
-            out = verify_raced(first, row_at, drafts, params, workspace, generator, vocab_limit)
-            for n, token in enumerate(out[taken[0]:], start=taken[0]):
-                if not self._feed(matcher, token):
-                    return out[:n]
-            return out
-        matcher.rollback(1)
-        fed = [0]  # output tokens the matcher has taken
-
-        def p_at(i: int):
-            if i > 0:
+        def masked_row(i: int):  # tokens before i equal their drafts: the matcher takes them, then masks row i
+            if i > fed[0]:
                 if not self._feed(matcher, drafts[i - 1]):
                     return None
                 fed[0] = i
             if matcher.is_error() or matcher.is_stopped():
                 return None
             row = self._masked(matcher, rows[i], vocab_limit)
-            if not torch.isfinite(row).any():
-                return None
-            return processed_probs(row[0], params, workspace, vocab_limit)
+            return row[0] if torch.isfinite(row).any() else None
 
-        out = verify_sampled(p_at, q_rows, drafts, generator)
-        if not out:  # nothing to draw from before the first token: it stays as the sampler drew it
-            out = [first]
-        for token in out[fed[0]:]:
-            self._feed(matcher, token)
+        if q_rows is None:
+            out = verify_raced(first, masked_row, drafts, params, workspace, generator, vocab_limit)
+        else:
+            def p_at(i: int):
+                row = masked_row(i)
+                return None if row is None else processed_probs(row, params, workspace, vocab_limit)
+
+            out = verify_sampled(p_at, q_rows, drafts, generator) or [first]  # nothing to draw from: it stays
+        for n in range(fed[0], len(out)):
+            if not self._feed(matcher, out[n]):  # its mask allowed it: logged; the output stops before it
+                if n == 0:  # a redrawn first token: the one the matcher took before stays
+                    self._feed(matcher, first)
+                    return [first]
+                return out[:n]
         return out
 
     def _masked(self, matcher, row: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:

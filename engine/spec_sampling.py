@@ -38,14 +38,21 @@ from ignis.engine.sampling_steps import SamplerWorkspace, draw_keyed, filter_row
 from ignis.shared.sampling import SamplingParams
 
 
-def processed_probs(logits: torch.Tensor, params: SamplingParams, ws: SamplerWorkspace,
-                    vocab_limit: int | None = None) -> torch.Tensor:
-    """The fp64 distribution [V] a request samples from, given one row of logits (any device)."""
+def _filtered_row(logits: torch.Tensor, params: SamplingParams, ws: SamplerWorkspace,
+                  vocab_limit: int | None):
+    """One row of logits in ``ws.row``, past ``vocab_limit`` masked, filtered as the plain sampler does;
+    returns the row and ``filter_row``'s kept count."""
     row = ws.row
     row.copy_(logits)
     if vocab_limit is not None and vocab_limit < row.shape[0]:
         row[vocab_limit:] = float("-inf")
-    filter_row(row, params, ws)
+    return row, filter_row(row, params, ws)
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams, ws: SamplerWorkspace,
+                    vocab_limit: int | None = None) -> torch.Tensor:
+    """The fp64 distribution [V] a request samples from, given one row of logits (any device)."""
+    row, _ = _filtered_row(logits, params, ws, vocab_limit)
     return torch.softmax(row.double(), dim=-1)
 
 
@@ -57,11 +64,7 @@ def raced(sampler) -> bool:
 def race_row(logits: torch.Tensor, params: SamplingParams, ws: SamplerWorkspace, key: int,
              vocab_limit: int | None = None) -> int:
     """The winner of the race under ``key`` over one row of logits processed as the plain sampler does."""
-    row = ws.row
-    row.copy_(logits)
-    if vocab_limit is not None and vocab_limit < row.shape[0]:
-        row[vocab_limit:] = float("-inf")
-    kept = filter_row(row, params, ws)
+    row, kept = _filtered_row(logits, params, ws, vocab_limit)
     return draw_keyed(row, key, kept, ws)
 
 

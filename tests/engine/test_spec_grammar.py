@@ -124,3 +124,42 @@ def test_held_targets_mask_each_verify_row_by_the_tokens_before_it(fitted):
     assert lanes.held_targets("r", brace, [brace, quote], rows, limit) == [brace, quote, name]
     assert matcher.validate_tokens([quote]) == 1  # it consumed '"' and 'name': the key's closing quote may follow
     assert lanes.held_targets("r", quote, [brace, quote], rows, limit) == [quote]  # the first draft refused: stop
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_held_sampled_stops_before_a_token_the_matcher_refuses(fitted, seeded, monkeypatch):
+    """A token the mask allowed but the matcher then refuses (logged) ends the step's output before it, seeded
+    or not: the matcher has taken exactly the tokens output, so the next round's mask follows them."""
+    import torch
+
+    from ignis.engine.sampling import SamplerWorkspace, SamplingParams
+
+    _, _, tok, limit = fitted
+    lanes = GrammarLanes(GrammarCache(lambda: tok))
+    assert lanes.constrain("r", json_schema_grammar(dict(SCHEMA, additionalProperties=False))) is None
+
+    def one(text: str) -> int:
+        [t] = tok.tokenize_str(text)
+        return t
+
+    brace, quote, name = one("{"), one('"'), one("name")
+    matcher = lanes.matchers["r"]
+    assert matcher.consume_token(brace)  # the round's first token, as ``advance`` feeds it
+    rows = [torch.zeros(tok.vocab_size) for _ in range(3)]
+    for row, t in zip(rows, (brace, quote, name)):
+        row[t] = 60.0  # each row all but certain: the draws below are decided
+    refused = []
+
+    def feed(m, t):
+        if t == name:
+            refused.append(t)
+            return False
+        return GrammarLanes._feed(m, t)
+
+    monkeypatch.setattr(lanes, "_feed", feed)
+    generator = torch.Generator().manual_seed(1)
+    out = lanes.held_sampled("r", brace, rows, [brace, quote], None if seeded else [None, None],
+                             SamplingParams(temperature=1.0, seed=1 if seeded else None),
+                             SamplerWorkspace(tok.vocab_size), limit, generator)
+    assert out == [brace, quote] and refused == [name]
+    assert matcher.validate_tokens([name]) == 1  # it has taken '{"', and 'name' may follow
