@@ -43,6 +43,9 @@ class ChoiceDelta:
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     """Pieces of calls in stream order: a call's first piece names it, the rest add argument text."""
+    pieces: list[tuple[str, object]] = field(default_factory=list)
+    """With a parser: the same text and calls in the order the model wrote them ("reasoning" or "content" with
+    its text, "tool_call" with a ``ToolCallDelta``); see ``in_order``."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenRecord] = field(default_factory=list)
     finish_reason: str | None = None
@@ -51,6 +54,20 @@ class ChoiceDelta:
     stop_reason: str | int | None = None
     """vLLM's ``stop_reason`` (with ``finish_reason``): the stop string that ended the choice, or the token
     of the request's ``stop_token_ids`` that did; None for the model's end of turn, a length or a tool call."""
+
+    def in_order(self) -> list[tuple[str, object]]:
+        """The delta's reasoning, content and call pieces in the order the model wrote them: one engine round
+        may carry several tokens (a speculative round), so text after a call, or a call's arguments after
+        the text that follows it, may come in one delta."""
+        if self.pieces:
+            return self.pieces
+        out: list[tuple[str, object]] = []
+        if self.reasoning:
+            out.append(("reasoning", self.reasoning))
+        if self.content:
+            out.append(("content", self.content))
+        out += [("tool_call", piece) for piece in self.tool_calls]
+        return out
 
     @property
     def has_text(self) -> bool:
@@ -182,6 +199,7 @@ class ChoiceState:
 
     @staticmethod
     def _apply(events, delta: ChoiceDelta) -> None:
+        pieces = delta.pieces
         for kind, value in events:
             if kind == "content":
                 delta.content += value
@@ -189,3 +207,9 @@ class ChoiceState:
                 delta.reasoning += value
             else:
                 delta.tool_calls.append(value)
+                pieces.append((kind, value))
+                continue
+            if pieces and pieces[-1][0] == kind:
+                pieces[-1] = (kind, pieces[-1][1] + value)
+            else:
+                pieces.append((kind, value))

@@ -112,22 +112,21 @@ class ContentBlocks:
 
     def feed(self, d: ChoiceDelta) -> list[dict]:
         events: list[dict] = []
-        if d.reasoning:
-            if self.kind != "thinking":
-                events += self._switch({"type": "thinking", "thinking": "", "signature": ""})
-            events.append(self._delta(d.reasoning))
-        if d.content:
-            if self.kind != "text":
-                events += self._switch({"type": "text", "text": ""})
-            events.append(self._delta(d.content))
-        for piece in d.tool_calls:
-            if piece.index > 0 and not self.parallel_calls:
-                continue
-            if piece.id is not None:
-                events += self._switch({"type": "tool_use", "id": tool_use_id(piece.id), "name": piece.name,
-                                        "input": {}})
-            if piece.arguments:
-                events.append(self._delta(piece.arguments))
+        for kind, value in d.in_order():
+            if kind == "reasoning":
+                if self.kind != "thinking":
+                    events += self._switch({"type": "thinking", "thinking": "", "signature": ""})
+                events.append(self._delta(value))
+            elif kind == "content":
+                if self.kind != "text":
+                    events += self._switch({"type": "text", "text": ""})
+                events.append(self._delta(value))
+            elif value.index == 0 or self.parallel_calls:
+                if value.id is not None:
+                    events += self._switch({"type": "tool_use", "id": tool_use_id(value.id), "name": value.name,
+                                            "input": {}})
+                if value.arguments:
+                    events.append(self._delta(value.arguments))
         if d.finish_reason:
             events += self.close()
             self.stop_reason = STOP_REASONS.get(d.finish_reason, "end_turn")

@@ -155,43 +155,46 @@ class OutputItems:
     # ----- deltas ----------------------------------------------------------------------
 
     def feed(self, d: ChoiceDelta) -> list[dict]:
-        """The events of one delta of choice 0 (text in the order the parser gave it: reasoning, content,
-        calls)."""
+        """The events of one delta of choice 0 (its pieces in the order the model wrote them)."""
         events: list[dict] = []
-        held, self._held = self._held, []
+        tokens, self._held = self._held + list(d.logprobs or ()), []
         if not (d.reasoning or d.content or d.tool_calls):
-            self._held = held + list(d.logprobs or ())
-        if d.reasoning:
-            if self.kind != "reasoning":
-                events += self._switch("reasoning", {"id": item_id("rs"), "type": "reasoning", "summary": []})
-            events.append(self._delta(d.reasoning))
-        if d.content:
-            if self.kind != "message":
-                events += self._switch("message", {"id": item_id("msg"), "type": "message", "status": "in_progress",
-                                                   "role": "assistant", "content": []})
-            event = self._delta(d.content)
-            tokens = held + list(d.logprobs or ())
-            if self.logprobs_of is not None and tokens:
-                event["logprobs"] = self.logprobs_of(tokens)
-                self.lps += event["logprobs"]
-            events.append(event)
-        for piece in d.tool_calls:
-            if piece.index > 0 and not self.parallel_calls:
-                continue
-            if piece.id is not None:
-                namespace, name = self.names.client_name(piece.name)
-                item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress",
-                        "call_id": piece.id, "name": name, "arguments": ""}
-                if namespace is not None:
-                    item["namespace"] = namespace
-                self.calls.append({"id": piece.id, "type": "function",
-                                   "function": {"name": piece.name, "arguments": ""}})
-                events += self._switch("call", item)
-            if piece.arguments:
-                events.append(self._delta(piece.arguments))
+            self._held = tokens
+        for kind, value in d.in_order():
+            if kind == "reasoning":
+                if self.kind != "reasoning":
+                    events += self._switch("reasoning", {"id": item_id("rs"), "type": "reasoning", "summary": []})
+                events.append(self._delta(value))
+            elif kind == "content":
+                if self.kind != "message":
+                    events += self._switch("message", {"id": item_id("msg"), "type": "message",
+                                                       "status": "in_progress", "role": "assistant", "content": []})
+                event = self._delta(value)
+                if self.logprobs_of is not None and tokens:  # the delta's tokens go with its first content
+                    event["logprobs"] = self.logprobs_of(tokens)
+                    self.lps += event["logprobs"]
+                tokens = []
+                events.append(event)
+            elif value.index == 0 or self.parallel_calls:
+                events += self._call(value)
         if d.finish_reason:
             self.finish_reason = d.finish_reason
             events += self.close("incomplete" if d.finish_reason == "length" else "completed")
+        return events
+
+    def _call(self, piece) -> list[dict]:
+        """The events of one piece of a call: its first names it and opens its item, the rest add arguments."""
+        events: list[dict] = []
+        if piece.id is not None:
+            namespace, name = self.names.client_name(piece.name)
+            item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress",
+                    "call_id": piece.id, "name": name, "arguments": ""}
+            if namespace is not None:
+                item["namespace"] = namespace
+            events += self._switch("call", item)  # closes the call before, whose arguments ``close`` records
+            self.calls.append({"id": piece.id, "type": "function", "function": {"name": piece.name, "arguments": ""}})
+        if piece.arguments:
+            events.append(self._delta(piece.arguments))
         return events
 
     def assistant_turn(self) -> dict:
