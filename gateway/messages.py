@@ -29,9 +29,9 @@ opener.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from ignis.gateway import strict_json
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 
@@ -116,9 +116,9 @@ def _tool_calls(f: Fields) -> list[dict]:
                                         f"object, got {type(args).__name__ if args is not None else 'null'}")
         else:
             try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise fn.error("arguments", "must be a JSON object encoded as a string; it is not valid JSON") from None
+                args = strict_json.loads(args, finite=False) if args.strip() else {}
+            except ValueError as e:
+                raise fn.error("arguments", f"must be a JSON object encoded as a string; it is not valid JSON: {e}") from None
         if not isinstance(args, dict):
             raise fn.error("arguments", "must encode a JSON object")
         entry = {"type": "function", "function": {"name": name, "arguments": args}}

@@ -34,9 +34,9 @@ system message, an array is items (not carried over by previous_response_id). Ea
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
+from ignis.gateway import strict_json
 from ignis.gateway.fields import Fields
 from ignis.gateway.reasoning_seal import ReasoningSeal, SealError
 from ignis.gateway.responses_output import item_id
@@ -120,9 +120,9 @@ def _arguments(f: Fields) -> str:
     if not isinstance(args, str):
         raise f.error("arguments", "must be a string holding a JSON object")
     try:
-        parsed = json.loads(args) if args.strip() else {}
-    except ValueError:
-        raise f.error("arguments", "must be a JSON object encoded as a string; it is not valid JSON") from None
+        parsed = strict_json.loads(args, finite=False) if args.strip() else {}
+    except ValueError as e:
+        raise f.error("arguments", f"must be a JSON object encoded as a string; it is not valid JSON: {e}") from None
     if not isinstance(parsed, dict):
         raise f.error("arguments", "must encode a JSON object")
     return args if args.strip() else "{}"

@@ -4,7 +4,8 @@
     {"name": "NAME", "arguments": {...}}
     </tool_call>
 
-A block is decided when it ends: a JSON object with a non-empty string
+A block is decided when it ends: a JSON object (read strictly:
+``gateway.strict_json``, so no NaN, Infinity or lone surrogate) with a non-empty string
 ``name`` and ``arguments`` (or ``parameters``) that is an object, or a string
 holding one, is a call; anything else is not (``close`` returns None, and the
 caller shows it as content). A call's events are its header, then its
@@ -19,6 +20,8 @@ wrote does not parse, the named call still stands, with ``{}``. Pure Python.
 from __future__ import annotations
 
 import json
+
+from ignis.gateway import strict_json
 
 
 def hermes_opener(name: str | None) -> str:
@@ -35,7 +38,7 @@ def _call_prefix(name: str) -> str:
 def parse_hermes_block(body: str) -> tuple[str, str] | None:
     """``(name, arguments JSON)`` of a whole block body, or None when it is not a well-formed call."""
     try:
-        obj = json.loads(body)
+        obj = strict_json.loads(body)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
@@ -43,7 +46,7 @@ def parse_hermes_block(body: str) -> tuple[str, str] | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            decoded = json.loads(args) if args.strip() else {}
+            decoded = strict_json.loads(args) if args.strip() else {}
         except ValueError:
             return None
         if not isinstance(decoded, dict):

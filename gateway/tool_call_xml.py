@@ -14,15 +14,17 @@ before it): the header event goes out then, and each parameter becomes an
 argument fragment as soon as its value ends (at ``</parameter>``, or leniently
 at the next ``<parameter=`` or ``</function>``). Fragments concatenate to a
 JSON object: ``{"P": v`` then ``, "Q": w`` ... then ``}``. Text between
-parameters is ignored. A body that does not start with ``<function=NAME>`` is
-not a call (``close`` returns None, and the caller shows it as content).
+parameters is ignored; a parameter written again keeps its first value (its
+fragment is out already: one JSON object, no duplicate keys). A body that does
+not start with ``<function=NAME>`` is not a call (``close`` returns None, and
+the caller shows it as content).
 
 One newline at each end of a value is the format's, not the value's. A value
 is typed by the tool's JSON schema (``parameters.properties[P].type``, or,
 without one, the types of its ``enum``/``const`` values: ``schema_types``):
 strings stay strings; numbers, booleans, null, objects and arrays are parsed
 as JSON, falling back to the string when that fails; a parameter the schema
-does not know stays a string. Where the types hold ``string`` and others
+does not know, or whose schema says nothing of its type, stays a string. Where the types hold ``string`` and others
 (``["string", "null"]``, ``["integer", "string"]``), text that is JSON of one
 of the others is that value (``null`` is None, ``5`` is 5) and any other text
 the string: ``grammars`` writes such a value by the same rule. JSON's
@@ -32,8 +34,9 @@ the string: ``grammars`` writes such a value by the same rule. JSON's
 from __future__ import annotations
 
 import json
-import math
 import re
+
+from ignis.gateway import strict_json
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
@@ -51,16 +54,22 @@ def xml_opener(name: str | None) -> str:
 
 def schema_types(schema: object) -> set[str]:
     """The JSON types a parameter's schema allows (empty: any): its ``type``, or without one the types of
-    its ``enum`` (or ``const``) values when they are all scalars."""
+    its ``enum`` (or ``const``) values when they are all scalars; any for a schema made of others
+    (``anyOf``, ``oneOf``, ``allOf``, ``$ref``, or a ``const`` not a scalar); else a string
+    (a schema that says nothing of its type, as vLLM's qwen3_coder and the grammar read it: raw text)."""
     if not isinstance(schema, dict):
-        return set()
+        return {"string"}
     kind = schema.get("type")
     if isinstance(kind, str):
         return {kind}
     if isinstance(kind, list):
         return {k for k in kind if isinstance(k, str)}
     values = scalar_values(schema)
-    return {json_type(v) for v in values} if values else set()
+    if values:
+        return {json_type(v) for v in values}
+    if any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref", "const")):
+        return set()
+    return {"string"}
 
 
 def scalar_values(schema: dict) -> list | None:
@@ -102,16 +111,10 @@ def parameter_types(tools: list[dict] | None) -> dict[str, dict[str, set[str]]]:
     return out
 
 
-def _not_json(constant: str) -> object:
-    raise ValueError(f"{constant} is not JSON")
-
-
 def _json(raw: str) -> object:
-    """``raw`` as strict JSON (no NaN or Infinity, no number that overflows to one); ValueError otherwise."""
-    value = json.loads(raw, parse_constant=_not_json)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("not a finite number")
-    return value
+    """``raw`` as strict JSON (``gateway.strict_json``: no NaN or Infinity anywhere, no number that
+    overflows to one, no lone surrogate); ValueError otherwise."""
+    return strict_json.loads(raw)
 
 
 def typed_value(raw: str, types: set[str] | None) -> object:
@@ -162,6 +165,7 @@ class XmlCallBlock:
         self._types = types
         self._buf = ""
         self._params = 0
+        self._written: set[str] = set()  # parameter names given a value
         self._open: str | None = None  # the parameter whose value is being read
         self._resume = 0  # where the search for the open value's end continues
         self.name: str | None = None
@@ -250,6 +254,9 @@ class XmlCallBlock:
             self._buf = buf[end + len(PARAM_CLOSE):] if stop == PARAM_CLOSE else buf[end:]
 
     def _param(self, events: list, pname: str, raw: str) -> None:
+        if pname in self._written:  # written twice: the first value stands (its fragment is already out)
+            return
+        self._written.add(pname)
         types = self._types.get(self.name or "", {}).get(pname)
         value = typed_value(raw, types)
         lead = "{" if self._params == 0 else ", "

@@ -267,6 +267,8 @@ BAD = [
      "call_x"),
     ({"input": ASK + [{"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{nope"}]},
      "input[1].arguments", "not valid JSON"),
+    ({"input": ASK + [{"type": "function_call", "call_id": "c", "name": "get_weather",
+                       "arguments": '{"\\udc00": 1}'}]}, "input[1].arguments", "lone UTF-16 surrogate"),
     ({"input": 7}, "input", "string"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "at least 1"),
     ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "launch"}}, "tool_choice.name",

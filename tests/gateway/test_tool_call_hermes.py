@@ -108,3 +108,14 @@ def test_a_block_cut_off_after_a_call_is_dropped():
     for cut in ('\n<tool_call>\n{"name": "get_wea', "\n<tool_call>", '\n<tool_call>\n{"name": "get_weather", "argu'):
         r = hermes("On it." + first + cut)
         assert r["calls"] == [{"name": "get_time", "arguments": "{}"}] and r["content"] == "On it.", cut
+
+
+@pytest.mark.parametrize("args", ['{"x": NaN}', '{"x": Infinity}', '{"x": -1e999}', '{"s": "x\\ud800y"}',
+                                  '"{\\"x\\": NaN}"', '"{\\"s\\": \\"\\\\ud800\\"}"'])
+def test_a_block_whose_json_a_response_cannot_carry_is_not_a_call(args):
+    """NaN, Infinity, a number that overflows to one, a lone surrogate (in the object or in a string holding
+    it): not JSON, so the block is content as written (a response could not carry such arguments)."""
+    body = '{"name": "get_weather", "arguments": %s}' % args
+    assert parse_hermes_block(body) is None
+    r = hermes(f"<tool_call>\n{body}\n</tool_call>")
+    assert r["calls"] == [] and body in r["content"]

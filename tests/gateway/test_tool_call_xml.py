@@ -15,7 +15,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "days": {"type": "integer"}, "ratio": {"type": "number"},
         "metric": {"type": "boolean"}, "opts": {"type": "object"}, "tags": {"type": "array"},
-        "note": {"type": ["string", "null"]}, "any": {}}}}},
+        "note": {"type": ["string", "null"]}, "any": {"anyOf": [{"type": "array"}, {"type": "string"}]},
+        "text": {"description": "no type said"}}}}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
 
@@ -31,12 +32,12 @@ def xml(text, **kwargs):
 
 def test_typed_parameters():
     text = call("get_weather", city="Paris", days="3", ratio="0.5", metric="true", opts='{"unit": "C"}',
-                tags='["a", "b"]', note="null", any="[1]")
+                tags='["a", "b"]', note="null", any="[1]", text="null")
     r = xml(text)
     assert r["content"] == "" and len(r["calls"]) == 1 and r["calls"][0]["name"] == "get_weather"
     assert json.loads(r["calls"][0]["arguments"]) == {
         "city": "Paris", "days": 3, "ratio": 0.5, "metric": True, "opts": {"unit": "C"}, "tags": ["a", "b"],
-        "note": None, "any": [1]}
+        "note": None, "any": [1], "text": "null"}
 
 
 def test_strings_stay_strings_and_bad_json_falls_back_to_the_string():
@@ -142,6 +143,7 @@ def test_forced_call_ignores_think_markers():
 def test_parameter_types_and_typed_value():
     types = parameter_types(TOOLS)
     assert types["get_weather"]["note"] == {"string", "null"} and types["get_weather"]["any"] == set()
+    assert types["get_weather"]["text"] == {"string"}  # a schema that says nothing of its type: raw text
     assert typed_value("5", {"integer"}) == 5 and typed_value("5", {"string"}) == "5"
     assert typed_value("False", {"boolean"}) is False and typed_value("maybe", {"boolean"}) == "maybe"
     assert parse_xml_block("<function=f>\n</function>", types) == ("f", "{}")
@@ -174,3 +176,20 @@ def test_random_turns_parse_the_same_however_they_are_split(seed, fmt):
     assert r["num_tool_calls"] == len(r["calls"])
     for c in r["calls"]:
         assert isinstance(json.loads(c["arguments"]), dict)
+
+
+def test_a_parameter_written_twice_keeps_its_first_value():
+    r = xml("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+            "<parameter=city>\nRome\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
+    assert r["calls"][0]["arguments"] == '{"city": "Paris", "days": 2}'
+
+
+@pytest.mark.parametrize("value", ['{"a": Infinity}', "[1e999, 1]", '{"a": NaN}', '{"k": "x\\ud800y"}',
+                                   '{"\\udc00": 1}'])
+def test_json_a_response_cannot_carry_stays_the_raw_string(value):
+    """NaN, Infinity, a number that overflows to one, a lone surrogate: not JSON (the response could not be
+    written), so an object or array parameter holding one is its raw text."""
+    param = "tags" if value.startswith("[") else "opts"
+    r = xml(call("get_weather", **{param: value}))
+    assert json.loads(r["calls"][0]["arguments"]) == {param: value}
+    r["calls"][0]["arguments"].encode("utf-8")

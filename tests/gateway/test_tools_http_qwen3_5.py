@@ -255,6 +255,9 @@ BAD = [
     ({"messages": ASK + [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": "{nope"}}]}]},
      "messages[1].tool_calls[0].function.arguments", "not valid JSON"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [  # a lone surrogate: no text to render
+        {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": '{"s": "x\\ud800"}'}}]}]},
+     "messages[1].tool_calls[0].function.arguments", "lone UTF-16 surrogate"),
 ]
 
 
