@@ -273,7 +273,7 @@ class ChatResponse(EndpointResponse):
         self.include_reasoning = include_reasoning
         self.echo = echo  # opens every choice's content (vLLM's echo with continue_final_message)
         # Per choice; "calls" holds OpenAI tool-call objects, position = the call's index.
-        self.acc = [{"content": echo, "reasoning": "", "calls": [], "lps": [], "stop_reason": None}
+        self.acc = [{"content": echo, "reasoning": "", "thought": False, "calls": [], "lps": [], "stop_reason": None}
                     for _ in range(params.n)]
 
     def first_choices(self) -> list[dict]:
@@ -331,6 +331,7 @@ class ChatResponse(EndpointResponse):
         a = self.acc[d.index]
         a["content"] += d.content
         a["reasoning"] += d.reasoning
+        a["thought"] = a["thought"] or bool(d.reasoning_tokens)  # a thinking block, if only of newlines
         for piece in d.tool_calls:
             if piece.id is not None:
                 a["calls"].append({"id": piece.id, "type": "function",
@@ -343,8 +344,8 @@ class ChatResponse(EndpointResponse):
 
     def body_choice(self, index: int, finish_reason: str | None) -> dict:
         a = self.acc[index]
-        # vLLM's: no content beside reasoning or calls is null, not ""
-        content = a["content"] or (None if a["calls"] or a["reasoning"] else "")
+        # vLLM's: no content beside reasoning or calls is null, not "" (as a stream leaves it out)
+        content = a["content"] or (None if a["calls"] or a["reasoning"] or a["thought"] else "")
         message: dict = {"role": "assistant", "content": content}
         if a["reasoning"] and self.include_reasoning:
             message["reasoning_content"] = message["reasoning"] = a["reasoning"]

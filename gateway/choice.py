@@ -32,6 +32,9 @@ class TokenRecord:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    kind: str | None = None
+    """With a parser, what the token's text became: "reasoning", "content" or "tool_call" (the first the
+    parser gave out when it took the token), None when it gave out nothing yet (text held back, a marker)."""
 
 
 @dataclass(slots=True)
@@ -48,6 +51,8 @@ class ChoiceDelta:
     its text, "tool_call" with a ``ToolCallDelta``); see ``in_order``."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenRecord] = field(default_factory=list)
+    reasoning_tokens: int = 0
+    """Of ``token_ids``, those written inside a thinking block (not its markers: ``ChoiceState``)."""
     finish_reason: str | None = None
     stop_sequence: str | None = None
     """The stop string that ended the choice (with ``finish_reason`` "stop")."""
@@ -93,6 +98,7 @@ class ChoiceState:
         self.unmatched = min_tokens if stops else 0  # tokens whose text no stop string is looked for in
         self.token_ids: list[int] = []
         self.prompt_scores: list[PromptLogprobs] = []  # the engine's scores of the prompt, when asked
+        self.reasoning_tokens = 0  # tokens written inside the thinking block (its markers not counted)
         self.finished = False
         self._plain = not stops and not stop_token_ids and parser is None
         """Text is all content, nothing to match: tokens without logprobs need only detokenizing."""
@@ -138,30 +144,53 @@ class ChoiceState:
 
     def _feed(self, ids: tuple[int, ...], lp: TokenLogprobs | None, delta: ChoiceDelta, text_parts: list[str]
               ) -> bool:
-        """Add one batch's tokens; True once a stop string matched."""
+        """Add one batch's tokens; True once a stop string matched. With a parser, token by token while the
+        thinking block may go on (its tokens are counted) and when logprobs are asked (each record says what
+        its token's text became); else the batch's text is parsed with the rest of the delta's."""
         stop_ids = self.stop_token_ids
-        if lp is None and not self.stops.stops and not (stop_ids and not stop_ids.isdisjoint(ids)):
+        parser = self.parser
+        each = parser is not None and (lp is not None or not parser.past_reasoning)
+        if not each and lp is None and not self.stops.stops and not (stop_ids and not stop_ids.isdisjoint(ids)):
             delta.token_ids.extend(ids)  # the common case: no per-token work but detokenizing
             text = self.detok.push(ids)
             if text:
                 text_parts.append(text)
             return False
+        if each and text_parts:  # what earlier batches of this delta wrote comes first
+            self._parse("".join(text_parts), delta)
+            text_parts.clear()
         for i, token in enumerate(ids):
             delta.token_ids.append(token)
+            kind, stopped = None, False
+            if token not in stop_ids:
+                text = self.detok.push((token,))
+                if self.unmatched:
+                    self.unmatched -= 1
+                elif text:
+                    text = self.stops.push(text)
+                    stopped = self.stops.stopped
+                if each:
+                    kind = self._parse_token(text, delta)
+                elif text:
+                    text_parts.append(text)
             if lp is not None:
                 top = tuple(zip(lp.top_ids[i], lp.top_logprobs[i]))
-                delta.logprobs.append(TokenRecord(token, lp.logprobs[i], top))
-            if token in stop_ids:
-                continue
-            text = self.detok.push((token,))
-            if self.unmatched:
-                self.unmatched -= 1
-                text_parts.append(text)
-            elif text:
-                text_parts.append(self.stops.push(text))
-                if self.stops.stopped:
-                    return True
+                delta.logprobs.append(TokenRecord(token, lp.logprobs[i], top, kind))
+            if stopped or (each and parser.past_max_calls):  # the rest is not this choice's
+                return True
         return False
+
+    def _parse_token(self, text: str, delta: ChoiceDelta) -> str | None:
+        """Parse one token's ``text``; -> the kind of the first piece the parser gave out (None: nothing).
+        The token is a reasoning token when the thinking block was open before it and still is after it."""
+        parser = self.parser
+        inside = parser.in_reasoning
+        events = parser.push(text) if text else []
+        if inside and parser.in_reasoning:
+            self.reasoning_tokens += 1
+            delta.reasoning_tokens += 1
+        self._apply(events, delta)
+        return events[0][0] if events else None
 
     def finish(self, engine_reason: str) -> ChoiceDelta:
         """Flush held text; ``engine_reason`` is the engine's finish reason (stop, length, abort, error)."""

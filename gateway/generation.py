@@ -121,11 +121,17 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int | None = None
+    """Of ``completion_tokens``, those written inside a thinking block; None where no output is parsed for
+    reasoning (``completion_tokens_details`` is left out then)."""
 
     def to_json(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+               "total_tokens": self.prompt_tokens + self.completion_tokens,
+               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.reasoning_tokens is not None:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out
 
 
 class Generation:
@@ -150,7 +156,9 @@ class Generation:
             if c.prompt_index not in self._prompt_usage:
                 self._prompt_usage[c.prompt_index] = (len(m.prompt_ids), 0)
                 self._counts_prompt.add(c.index)
-        self.usage = Usage(prompt_tokens=sum(n for n, _ in self._prompt_usage.values()))
+        self.usage = Usage(prompt_tokens=sum(n for n, _ in self._prompt_usage.values()),
+                           reasoning_tokens=0 if any(c.parser is not None and c.parser.reasoning for c in choices)
+                           else None)
 
     async def __aenter__(self) -> Generation:
         return self
@@ -288,6 +296,8 @@ class Generation:
         if choice.index in self._counts_prompt:
             self._count_prompt(choice, fin.usage.prompt_tokens, fin.usage.cached_tokens)
         self.usage.completion_tokens += len(choice.token_ids) if choice.stopped_early else fin.usage.completion_tokens
+        if self.usage.reasoning_tokens is not None:
+            self.usage.reasoning_tokens += choice.reasoning_tokens
         return delta
 
     def _same_stream(self, engine_id: str, token_ids: tuple[int, ...], lp

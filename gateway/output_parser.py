@@ -29,6 +29,7 @@ class OutputParser:
         if forced is not None and tool_format is None:
             raise ValueError("a forced call needs a tool format")
         self.max_calls = max_calls  # later calls are left out (``parallel_tool_calls: false``: 1)
+        self.reasoning = reasoning  # the vocabulary has think markers: usage counts reasoning tokens
         opener = TOOL_OPEN if tool_format is not None else None
         self._reasoning = (ReasoningSplitter(starts_in_reasoning, call_opener=opener)
                            if reasoning and forced is None else None)
@@ -37,6 +38,16 @@ class OutputParser:
     @property
     def num_tool_calls(self) -> int:
         return self._tools.num_calls if self._tools is not None else 0
+
+    @property
+    def in_reasoning(self) -> bool:
+        """The next text is reasoning (``ReasoningSplitter.in_reasoning``)."""
+        return self._reasoning is not None and self._reasoning.in_reasoning
+
+    @property
+    def past_reasoning(self) -> bool:
+        """No text to come can be reasoning: the block is over, never began, or there is none to parse."""
+        return self._reasoning is None or self._reasoning.decided
 
     @property
     def past_max_calls(self) -> bool:

@@ -7,7 +7,8 @@ vocabularies)::
 
 - A ``<think>`` counts only at the very start of the output (after
   whitespace), or when the prompt opened it (``starts_in_reasoning``); anywhere
-  else it is text.
+  else it is text. After a prompt that opened it, one the model writes again
+  at the start is dropped (vLLM's qwen3 parser does so).
 - Leading newlines of the reasoning and of the text after ``</think>`` are
   dropped. An unclosed ``<think>`` makes all the rest reasoning, except that
   with ``call_opener`` set (tool calls are parsed) a call opened inside the
@@ -53,7 +54,8 @@ class ReasoningSplitter:
     """One choice's reasoning / text split; states ``start`` -> ``reasoning`` -> ``text``."""
 
     def __init__(self, starts_in_reasoning: bool = False, call_opener: str | None = None):
-        self._state = "reasoning" if starts_in_reasoning else "start"
+        self._state = "start"
+        self._opened = starts_in_reasoning  # "start" decides between reasoning and a <think> written again
         self._call_opener = call_opener
         self._unclosed = False  # a call ended the reasoning before any </think>
         self._strip_newlines = starts_in_reasoning
@@ -71,8 +73,19 @@ class ReasoningSplitter:
         while self._step(events, final=True):
             pass
         buf, self._buf = self._buf, ""
-        self._emit(events, "reasoning" if self._state == "reasoning" else "text", buf)
+        self._emit(events, "reasoning" if self.in_reasoning else "text", buf)
         return events
+
+    @property
+    def in_reasoning(self) -> bool:
+        """The next text is reasoning (unless it closes it): inside a thinking block, or at the start of one
+        the prompt opened."""
+        return self._state == "reasoning" or (self._state == "start" and self._opened)
+
+    @property
+    def decided(self) -> bool:
+        """The reasoning is over (or never began): all the rest is text."""
+        return self._state == "text"
 
     def _step(self, events: list, final: bool) -> bool:
         """Consume what the current state can decide; True when the state changed."""
@@ -85,7 +98,7 @@ class ReasoningSplitter:
                 return True
             if not final and (not head or THINK_OPEN.startswith(head)):
                 return False  # could still become <think>
-            self._state = "text"
+            self._state = "reasoning" if self._opened else "text"
             return True
         if self._state == "reasoning":
             at = buf.find(THINK_CLOSE)

@@ -244,7 +244,9 @@ STREAMING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/me
 ERROR = _obj({"error": _obj({"message": _STR, "type": _STR, "param": _NULLABLE_STR,
                              "code": {"type": ["string", "integer", "null"]}}, ("message", "type"))}, ("error",))
 
-_USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT},
+_USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
+               "prompt_tokens_details": _obj({"cached_tokens": _INT}),
+               "completion_tokens_details": _obj({"reasoning_tokens": _INT})},
               ("prompt_tokens", "completion_tokens", "total_tokens"))
 _CHOICE_MESSAGE = _obj({"role": {"const": "assistant"}, "content": _NULLABLE_STR,
                         "tool_calls": {"type": "array", "items": _TOOL_CALL}}, ("role",))

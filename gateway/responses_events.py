@@ -18,7 +18,7 @@ the headers went out. No ``[DONE]`` line. Usage::
      "output_tokens",
      "output_tokens_details": {"reasoning_tokens"}, "total_tokens"}
 
-``reasoning_tokens`` counts the reasoning text's tokens. ``on_done(response,
+``reasoning_tokens`` counts the tokens written inside the thinking block (``ChoiceState``). ``on_done(response,
 assistant_turn)`` runs once a turn ends (not when it failed): the store keeps it.
 
 A background response (``run``: gateway.responses_background) is generated as
@@ -83,7 +83,7 @@ class ResponsesResponse(EndpointResponse):
         if status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         if usage is not None:
-            reasoning = len(self.tokenizer.encode(self.items.reasoning)) if self.items.reasoning else 0
+            reasoning = usage.reasoning_tokens or 0
             out["usage"] = {"input_tokens": usage.prompt_tokens,
                             "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
                             "output_tokens": usage.completion_tokens,
@@ -130,7 +130,8 @@ class ResponsesResponse(EndpointResponse):
         if gen is not None:
             self._flush(gen)
             usage = Usage(prompt_tokens=gen.usage.prompt_tokens, cached_tokens=gen.usage.cached_tokens,
-                          completion_tokens=sum(len(c.token_ids) for c in gen.choices))
+                          completion_tokens=sum(len(c.token_ids) for c in gen.choices),
+                          reasoning_tokens=sum(c.reasoning_tokens for c in gen.choices))
         for e in self.items.cut():
             self._record(e)
         self.run.end(self.response("cancelled", usage))

@@ -25,12 +25,11 @@ a whole JSON object, reasoning with its text so far.
 chat path takes it back (``assistant_turn``) uses the prompt's tool names.
 
 With ``logprobs_of`` (the request asked for ``message.output_text.logprobs``),
-each ``output_text.delta`` carries the logprobs of its delta's tokens, and
-``output_text.done`` and the message's ``output_text`` part all of them; a
-delta of reasoning or call text alone reports none. The tokens of a delta
-with no text at all (the parser held it back: leading whitespace could still
-open a ``<think>`` block) are reported with the next text: with its content
-when that is content, not at all when it is reasoning or a call.
+each ``output_text.delta`` carries the logprobs of the delta's tokens whose
+text became the message's (``TokenRecord.kind``; ``_content_tokens`` says
+where a token whose text came out later goes), and ``output_text.done`` and
+the message's ``output_text`` part all of them: a token that wrote reasoning,
+a call or a marker between them (``</think>``) reports none.
 """
 
 from __future__ import annotations
@@ -60,7 +59,8 @@ class OutputItems:
         self.names = names
         self.logprobs_of = logprobs_of
         self.lps: list[dict] = []  # of the open message
-        self._held: list[TokenRecord] = []  # tokens of deltas with no text yet
+        self._held: list[TokenRecord] = []  # tokens whose text has not come out yet
+        self._last_kind: str | None = None  # what the last token's text became
         self.parallel_calls = parallel_calls
         self.seal = seal  # makes a reasoning item's encrypted_content, when asked for
         self.items: list[dict] = []
@@ -157,9 +157,7 @@ class OutputItems:
     def feed(self, d: ChoiceDelta) -> list[dict]:
         """The events of one delta of choice 0 (its pieces in the order the model wrote them)."""
         events: list[dict] = []
-        tokens, self._held = self._held + list(d.logprobs or ()), []
-        if not (d.reasoning or d.content or d.tool_calls):
-            self._held = tokens
+        tokens = self._content_tokens(d) if self.logprobs_of is not None else []
         for kind, value in d.in_order():
             if kind == "reasoning":
                 if self.kind != "reasoning":
@@ -181,6 +179,27 @@ class OutputItems:
             self.finish_reason = d.finish_reason
             events += self.close("incomplete" if d.finish_reason == "length" else "completed")
         return events
+
+    def _content_tokens(self, d: ChoiceDelta) -> list[TokenRecord]:
+        """The records of ``d``'s tokens whose text became content (``TokenRecord.kind``). A token whose
+        text came out later (kind None: held back as leading whitespace that could still open ``<think>``,
+        the first piece of a marker) goes with the text that came out next, when that is content after
+        content or after nothing; at a change of kind (``</think>`` and the newlines after it, a call's
+        markers) it goes with none. Text that comes out with no token of its own (at the end) takes the
+        tokens held."""
+        out: list[TokenRecord] = []
+        for r in d.logprobs:
+            if r.kind is None:
+                self._held.append(r)
+                continue
+            held, self._held = self._held, []
+            if r.kind == "content":
+                out += held if self._last_kind in (None, "content") else []
+                out.append(r)
+            self._last_kind = r.kind
+        if d.content and self._held and not out and self._last_kind in (None, "content"):
+            out, self._held = self._held, []
+        return out
 
     def _call(self, piece) -> list[dict]:
         """The events of one piece of a call: its first names it and opens its item, the rest add arguments."""

@@ -20,8 +20,9 @@ def test_tokens_held_back_by_the_parser_are_reported_with_the_content_they_becam
     the content that follows, not dropped (the text and the logprobs would no longer line up)."""
     items = _items()
     assert items.feed(ChoiceDelta(0, logprobs=[TokenRecord(1, -0.1)])) == []
-    events = items.feed(ChoiceDelta(0, content="\n\n VIII", logprobs=[TokenRecord(2, -0.2)]))
-    events += items.feed(ChoiceDelta(0, content="uet", logprobs=[TokenRecord(3, -0.3)], finish_reason="stop"))
+    events = items.feed(ChoiceDelta(0, content="\n\n VIII", logprobs=[TokenRecord(2, -0.2, kind="content")]))
+    events += items.feed(ChoiceDelta(0, content="uet", logprobs=[TokenRecord(3, -0.3, kind="content")],
+                                     finish_reason="stop"))
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert [_ids(e) for e in deltas] == [[1, 2], [3]]
     (done,) = [e for e in events if e["type"] == "response.output_text.done"]
@@ -40,7 +41,8 @@ def test_an_answer_of_whitespace_alone_reports_every_token():
 def test_held_tokens_that_became_reasoning_are_not_reported_as_content():
     items = _items()
     items.feed(ChoiceDelta(0, logprobs=[TokenRecord(1, -0.1)]))
-    items.feed(ChoiceDelta(0, reasoning="thinking", logprobs=[TokenRecord(2, -0.2)]))
-    events = items.feed(ChoiceDelta(0, content="answer", logprobs=[TokenRecord(3, -0.3)], finish_reason="stop"))
+    items.feed(ChoiceDelta(0, reasoning="thinking", logprobs=[TokenRecord(2, -0.2, kind="reasoning")]))
+    events = items.feed(ChoiceDelta(0, content="answer", logprobs=[TokenRecord(3, -0.3, kind="content")],
+                                    finish_reason="stop"))
     (done,) = [e for e in events if e["type"] == "response.output_text.done"]
     assert _ids(done) == [3]

@@ -1,0 +1,82 @@
+"""What each output token became: reasoning tokens counted by token, message logprobs of the message's tokens.
+
+A choice parsed for reasoning counts the tokens written inside the thinking
+block (not ``<think>`` or ``</think>``), however the engine batches them,
+with or without logprobs; each token record says what its text became, so a
+Responses message reports the logprobs of its own tokens only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ignis.gateway.choice import ChoiceState
+from ignis.gateway.output_parser import OutputParser
+from ignis.gateway.responses_output import OutputItems
+from ignis.gateway.responses_tools import ToolNames
+from ignis.shared.wire import StreamTokens, TokenLogprobs
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def _lp(ids) -> TokenLogprobs:
+    return TokenLogprobs(tuple(-0.5 for _ in ids), tuple(() for _ in ids), tuple(() for _ in ids))
+
+
+def _run(tok, ids, size: int, logprobs: bool, **parser):
+    state = ChoiceState(0, tok, parser=OutputParser(**parser))
+    deltas = []
+    for i in range(0, len(ids), size):
+        batch = tuple(ids[i: i + size])
+        deltas.append(state.feed(StreamTokens("r", batch, _lp(batch) if logprobs else None)))
+    deltas.append(state.finish("stop"))
+    return state, deltas
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok.encode(text) + [tok.token_id("<|im_end|>")]
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 100])
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_reasoning_tokens_are_those_inside_the_block_however_batched(demo_tokenizer, size, logprobs):
+    tok = demo_tokenizer
+    thought = "weigh it\nthen answer."
+    ids = _ids(tok, f"{thought}\n</think>\n\nYes.")
+    state, deltas = _run(tok, ids, size, logprobs, starts_in_reasoning=True)
+    assert state.reasoning_tokens == len(tok.encode(thought + "\n")) == sum(d.reasoning_tokens for d in deltas)
+    assert "".join(d.reasoning for d in deltas) == thought + "\n"
+    # the model writes <think> again after a prompt that opened it: dropped, not reasoning text
+    state, deltas = _run(tok, _ids(tok, f"<think>\n{thought}</think>Yes."), size, logprobs, starts_in_reasoning=True)
+    assert "".join(d.reasoning for d in deltas) == thought and "".join(d.content for d in deltas) == "Yes."
+    # a block of newlines alone, cut by max_tokens: no reasoning text, but reasoning tokens
+    state, _ = _run(tok, tok.encode("\n\n\n"), size, logprobs, starts_in_reasoning=True)
+    assert state.reasoning_tokens == len(tok.encode("\n\n\n")) > 0
+    state, _ = _run(tok, _ids(tok, "Plain answer."), size, logprobs)
+    assert state.reasoning_tokens == 0
+
+
+@pytest.mark.parametrize("size", [1, 3, 100])
+def test_a_responses_message_reports_the_logprobs_of_its_own_tokens(demo_tokenizer, size):
+    tok = demo_tokenizer
+    ids = _ids(tok, "Think.\n</think>\n\nAnswer here.")
+    _, deltas = _run(tok, ids, size, True, starts_in_reasoning=True)
+    items = OutputItems(ToolNames(), logprobs_of=lambda records: [r.token_id for r in records])
+    events = [e for d in deltas for e in items.feed(d)]
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["text"] == "Answer here." and done["logprobs"] == tok.encode("Answer here.")
+    assert [t for e in events if e["type"] == "response.output_text.delta" for t in e["logprobs"]] == \
+        done["logprobs"]
+
+
+@pytest.mark.parametrize("size", [1, 4, 100])
+def test_a_message_before_a_call_reports_none_of_the_calls_tokens(demo_tokenizer, size):
+    tok = demo_tokenizer
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    ids = _ids(tok, "Checking." + call)
+    _, deltas = _run(tok, ids, size, True, tool_format="hermes", tools=TOOLS)
+    items = OutputItems(ToolNames(), logprobs_of=lambda records: [r.token_id for r in records])
+    events = [e for d in deltas for e in items.feed(d)]
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["text"] == "Checking." and done["logprobs"] == tok.encode("Checking.")
