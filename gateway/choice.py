@@ -53,6 +53,8 @@ class ChoiceDelta:
     logprobs: list[TokenRecord] = field(default_factory=list)
     reasoning_tokens: int = 0
     """Of ``token_ids``, those written inside a thinking block (not its markers: ``ChoiceState``)."""
+    cut_call: int | None = None
+    """At the finish: the index of the call the output ended inside, before its closing tag."""
     finish_reason: str | None = None
     stop_sequence: str | None = None
     """The stop string that ended the choice (with ``finish_reason`` "stop")."""
@@ -207,6 +209,7 @@ class ChoiceState:
             self._parse(text, delta)
             if self.parser is not None:
                 self._apply(self.parser.finish(), delta)
+                delta.cut_call = self.parser.cut_call
         # abort / error pass through: the caller decides what the client sees.
         reason = "stop" if self.stopped_early else engine_reason
         delta.stop_sequence = delta.stop_reason = self.stops.matched

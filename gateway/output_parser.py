@@ -40,6 +40,11 @@ class OutputParser:
         return self._tools.num_calls if self._tools is not None else 0
 
     @property
+    def cut_call(self) -> int | None:
+        """The index of the call the output ended inside, before its closing tag (known after ``finish``)."""
+        return self._tools.cut_call if self._tools is not None else None
+
+    @property
     def in_reasoning(self) -> bool:
         """The next text is reasoning (``ReasoningSplitter.in_reasoning``)."""
         return self._reasoning is not None and self._reasoning.in_reasoning

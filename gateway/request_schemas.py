@@ -184,6 +184,7 @@ RESPONSES = _obj({
     "text": _obj({"format": _obj({"type": {"enum": ["text", "json_object", "json_schema"]}}, ("type",))}),
     "metadata": {"type": "object", "additionalProperties": _STR},
     "include": {"type": "array", "items": _STR},
+    "max_tool_calls": {"type": "integer", "minimum": 1},
     "prompt_cache_key": SAMPLING["prompt_cache_key"],
     "cache_salt": SAMPLING["cache_salt"],
 }, ("input",))

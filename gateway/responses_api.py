@@ -98,6 +98,11 @@ ENDPOINT = "responses"
 RESPONSES = web.AppKey("ignis_responses", object)
 BLOB_INCLUDE = "reasoning.encrypted_content"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+INCLUDES = frozenset((BLOB_INCLUDE, LOGPROBS_INCLUDE, "message.input_image.image_url", "file_search_call.results",
+                      "web_search_call.results", "web_search_call.action.sources", "code_interpreter_call.outputs",
+                      "computer_call_output.output.image_url"))
+"""OpenAI's ``include`` values: the first two change the answer; the rest name output of tools this server
+does not run (or input images, listed as sent), so there is nothing more to include."""
 PASSED = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "request_class", "prompt_cache_key", "cache_salt")
 """Fields handed to the chat path as they are (same names, same checks)."""
@@ -120,8 +125,9 @@ def responses_state(runtime_dir: str | Path, instance: str) -> ResponsesState:
 
 
 def _not_found(rid: str, param: str | None = None) -> ApiError:
-    return ApiError(404, f"no stored response {rid!r}: it was never stored (store: false), has expired, or this "
-                         f"server restarted since; send the whole conversation as input instead",
+    return ApiError(404, f"no stored response {rid!r}: it was never stored (store: false), is still being made "
+                         f"in the foreground (a response is stored when it ends), has expired, or this server "
+                         f"restarted since; send the whole conversation as input instead",
                     param=param, code="response_not_found", type="invalid_request_error")
 
 
@@ -188,6 +194,12 @@ class ResponsesTurn:
                 raise invalid(f"response {prev!r} is still {run.status}: continue from it once it has ended",
                               "previous_response_id", code="response_in_progress")
             raise _not_found(prev, "previous_response_id")
+        if not entry.messages:
+            status = entry.response.get("status")
+            why = "failed" if status == "failed" else f"was {status} before it wrote anything"
+            raise invalid(f"response {prev!r} {why}: there is nothing to continue from; send its input again "
+                          f"(without previous_response_id, or with that of the response before it)",
+                          "previous_response_id", code="response_not_continuable")
         self.earlier_items = list(entry.items) + [dict(i) for i in entry.response.get("output", ())]
         messages = list(entry.messages)
         return Conversation(messages, ["previous_response_id"] * len(messages), stored_call_ids(messages))
@@ -198,6 +210,10 @@ class ResponsesTurn:
         if f.has("conversation"):
             raise f.error("conversation", "is not supported; use previous_response_id or send the input")
         include = f.list("include") or []
+        for i, value in enumerate(include):
+            if not isinstance(value, str) or value not in INCLUDES:
+                raise invalid(f"include[{i}] must be one of {', '.join(sorted(INCLUDES))}, got {value!r}",
+                              f"include[{i}]")
         self.blob = BLOB_INCLUDE in include
         self.store = f.bool("store", True)
         self.background = f.bool("background")
@@ -243,7 +259,7 @@ class ResponsesTurn:
             tools=f.raw("tools") or [], max_output_tokens=max_output, previous_response_id=f.raw("previous_response_id"), store=self.store,
             text={"format": (f.object("text").raw("format") if f.has("text") else None) or {"type": "text"}},
             truncation=self.truncation, prompt_cache_key=f.raw("prompt_cache_key"), background=self.background,
-            top_logprobs=top)
+            top_logprobs=top, max_tool_calls=f.int("max_tool_calls", None, 1))
         return chat
 
     # ----- the answer ------------------------------------------------------------------
@@ -256,9 +272,12 @@ class ResponsesTurn:
         self.response = ResponsesResponse(p, tokenizer, head, items, self.echo, self._done, self.run)
         return self.response
 
-    def _done(self, response: dict, turn: dict) -> None:
+    def _done(self, response: dict, turn: dict | None) -> None:
+        """Store the ended response; without a ``turn`` (failed, cancelled before any output) it has no
+        messages: GET answers it, ``previous_response_id`` cannot continue from it."""
         if self.store:
-            self.state.store.put(self.rid, self.conversation.messages + [turn], response, self.input_items)
+            messages = self.conversation.messages + [turn] if turn is not None else []
+            self.state.store.put(self.rid, messages, response, self.input_items)
 
     def remap(self, e: ApiError) -> ApiError:
         """``e`` with a chat field in ``param`` (and its message) named as the Responses field."""

@@ -19,7 +19,8 @@ the headers went out. No ``[DONE]`` line. Usage::
      "output_tokens_details": {"reasoning_tokens"}, "total_tokens"}
 
 ``reasoning_tokens`` counts the tokens written inside the thinking block (``ChoiceState``). ``on_done(response,
-assistant_turn)`` runs once a turn ends (not when it failed): the store keeps it.
+assistant_turn)`` runs once a turn ends, failed or cancelled too: the store keeps it; ``assistant_turn`` is
+None where there is nothing to continue from (it failed, or was cancelled before it wrote anything).
 
 A background response (``run``: gateway.responses_background) is generated as
 one body whose events go to its run instead of a connection: ``response.created``
@@ -61,7 +62,7 @@ class ResponsesResponse(EndpointResponse):
     """One turn of /v1/responses; ``echo``: the request fields a response object repeats."""
 
     def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, items: OutputItems, echo: dict,
-                 on_done: Callable[[dict, dict], None], run: BackgroundRun | None = None):
+                 on_done: Callable[[dict, dict | None], None], run: BackgroundRun | None = None):
         super().__init__(params, tokenizer, head, head)
         self.items = items
         self.echo = echo
@@ -70,6 +71,7 @@ class ResponsesResponse(EndpointResponse):
         self.seq = 0
         self.run = run
         self.gen: Generation | None = None  # once opened
+        self.failed_response: dict | None = None  # the failed response, once it failed
         if run is not None:
             run.describe_with(self.response)
             queued = self.response("queued")
@@ -117,10 +119,19 @@ class ResponsesResponse(EndpointResponse):
             self._record({"type": "response.in_progress", "response": self.response("in_progress")})
 
     def failed(self, err: ApiError) -> None:
-        """The background run failed: its last event and its final state."""
-        failed = self.response("failed", error=_error_of(err))
-        self._record({"type": "response.failed", "response": failed})
-        self.run.end(failed)
+        """The background run failed: its open item closed as a cancel closes it, its last event and its
+        final state (stored: GET answers it; it cannot be continued)."""
+        for e in self._failure_events(err):
+            self._record(e)
+        self.run.end(self.failed_response)
+
+    def _failure_events(self, err: ApiError) -> list[dict]:
+        """The open item's done events (``OutputItems.cut``: the text so far kept) and ``response.failed``;
+        the failed response is stored (no turn to continue from)."""
+        events = self.items.cut()
+        failed = self.failed_response = self.response("failed", error=_error_of(err))
+        self.on_done(failed, None)
+        return events + [{"type": "response.failed", "response": failed}]
 
     def cancelled(self) -> None:
         """The background run was cancelled: it keeps what was generated before (the open item closed by
@@ -134,7 +145,11 @@ class ResponsesResponse(EndpointResponse):
                           reasoning_tokens=sum(c.reasoning_tokens for c in gen.choices))
         for e in self.items.cut():
             self._record(e)
-        self.run.end(self.response("cancelled", usage))
+        cancelled = self.response("cancelled", usage)
+        # stored like a finished one: GET answers it after its run is forgotten, and a response that wrote
+        # something can be continued from what it kept (as from one cut by max_output_tokens)
+        self.on_done(cancelled, self.items.assistant_turn() if gen is not None else None)
+        self.run.end(cancelled)
 
     def _flush(self, gen: Generation) -> None:
         """What ``gen`` received before the cancel and was not taken yet, and the text its choice held back
@@ -185,8 +200,7 @@ class ResponsesResponse(EndpointResponse):
             return self._event({"type": kind, "response": body})
 
         def failure(err: ApiError) -> bytes:
-            failed = self.response("failed", error=_error_of(err))
-            return self._event({"type": "response.failed", "response": failed})
+            return b"".join(self._event(e) for e in self._failure_events(err))
 
         return await stream_events(http, gen, buffer_limit=buffer_limit, on_tokens=on_tokens, on_stall=on_stall,
                                    name=f"response {self.body_head['id']}", opening=opening,

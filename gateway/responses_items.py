@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ignis.gateway import strict_json
+from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.reasoning_seal import ReasoningSeal, SealError
 from ignis.gateway.responses_output import item_id
@@ -242,7 +243,9 @@ def stored_call_ids(messages) -> set[str]:
 
 def listed_items(value: object, taken: set[str]) -> list[dict]:
     """The body's ``input`` (already checked by ``translate_input``) as OpenAI lists a response's input
-    items, each with an ``id`` (the client's, else a new one; one already in ``taken``, a new one too):
+    items, each with an ``id`` (the client's, else a new one). An id already in ``taken`` (an item of the
+    ``previous_response_id`` chain sent again) or given twice is a 400, as OpenAI answers it: the item would
+    be in the prompt twice.
 
         a string                        {"type": "message", "role": "user", "content": [input_text], "status"}
         message (system/developer/user) content as input parts (a string: one input_text part)
@@ -253,11 +256,14 @@ def listed_items(value: object, taken: set[str]) -> list[dict]:
     """
     raw = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
     out = []
-    for item in raw:
+    for i, item in enumerate(raw):
         listed = _listed(item)
         given = item.get("id")
-        listed = {"id": given if isinstance(given, str) and given and given not in taken
-                  else item_id(_ID_PREFIX[listed["type"]]), **listed}
+        if isinstance(given, str) and given in taken:
+            raise invalid(f"Duplicate item found with id {given}. Remove duplicate items from your input and try "
+                          f"again (an item of the previous_response_id chain is in the prompt already).",
+                          "input" if isinstance(value, str) else f"input[{i}].id")
+        listed = {"id": given if isinstance(given, str) and given else item_id(_ID_PREFIX[listed["type"]]), **listed}
         taken.add(listed["id"])
         out.append(listed)
     return out

@@ -19,7 +19,9 @@ item, in order (``feed`` and ``close`` return them, without ``sequence_number``)
 
 A cancelled run's open item is closed by ``cut``: a message ``incomplete``
 with its text so far, a call ``incomplete`` unless its arguments are already
-a whole JSON object, reasoning with its text so far.
+a whole JSON object and its closing tag came, reasoning with its text so
+far. A call the output ended inside at ``max_output_tokens`` is
+``incomplete`` too.
 
 ``parallel_tool_calls: false`` keeps the first call only. The turn as the
 chat path takes it back (``assistant_turn``) uses the prompt's tool names.
@@ -61,6 +63,7 @@ class OutputItems:
         self.lps: list[dict] = []  # of the open message
         self._held: list[TokenRecord] = []  # tokens whose text has not come out yet
         self._last_kind: str | None = None  # what the last token's text became
+        self._cut_call: int | None = None  # the call the output ended inside (``ChoiceDelta.cut_call``)
         self.parallel_calls = parallel_calls
         self.seal = seal  # makes a reasoning item's encrypted_content, when asked for
         self.items: list[dict] = []
@@ -134,13 +137,15 @@ class OutputItems:
         return events
 
     def cut(self) -> list[dict]:
-        """Close the open item as generation stopped before its end (a cancel); its done events. A message
-        is ``incomplete`` with its text so far; a call is ``completed`` when its arguments so far are a whole
-        JSON object (no prefix of one is), else ``incomplete``; reasoning keeps its text so far."""
+        """Close the open item as generation stopped before its end (a cancel, a failure); its done events. A
+        message is ``incomplete`` with its text so far; a call is ``completed`` when its arguments so far are
+        a whole JSON object (no prefix of one is) and its closing tag came, else ``incomplete``; reasoning
+        keeps its text so far."""
         if self.kind == "message":
             return self.close("incomplete")
         if self.kind == "call":
-            return self.close(call_status="completed" if _whole_object(self.text) else "incomplete")
+            whole = _whole_object(self.text) and not self._open_call_cut()
+            return self.close(call_status="completed" if whole else "incomplete")
         return self.close()
 
     def _part(self, text: str) -> dict:
@@ -175,10 +180,19 @@ class OutputItems:
                 events.append(event)
             elif value.index == 0 or self.parallel_calls:
                 events += self._call(value)
+        if d.cut_call is not None:
+            self._cut_call = d.cut_call
         if d.finish_reason:
             self.finish_reason = d.finish_reason
-            events += self.close("incomplete" if d.finish_reason == "length" else "completed")
+            cut = d.finish_reason == "length"
+            events += self.close("incomplete" if cut else "completed",
+                                 "incomplete" if cut and self._open_call_cut() else "completed")
         return events
+
+    def _open_call_cut(self) -> bool:
+        """The open item is the call the output ended inside (before its closing tag): incomplete, whatever
+        its arguments so far parse to (the parser closes them)."""
+        return self.kind == "call" and self._cut_call is not None and self._cut_call == len(self.calls) - 1
 
     def _content_tokens(self, d: ChoiceDelta) -> list[TokenRecord]:
         """The records of ``d``'s tokens whose text became content (``TokenRecord.kind``). A token whose

@@ -97,6 +97,7 @@ class ToolCallSplitter:
         self._forced_open = False
         self._pending_ws = ""  # text after a call, held while it is only whitespace
         self.num_calls = 0
+        self.cut_call: int | None = None  # the call the output ended inside (before its closing tag)
         if forced is not None:
             self._open_block(forced.name, forced_open=True)
 
@@ -167,6 +168,8 @@ class ToolCallSplitter:
             rest = [("header", other[0]), ("args", other[1])] if other is not None else None
         if rest is not None:
             self._calls(events, rest)
+            if not closed and self.num_calls:
+                self.cut_call = self.num_calls - 1
             return
         if not closed and self.num_calls:
             self._pending_ws = ""  # the output ended inside another call's opener: a cut call, not content

@@ -139,6 +139,14 @@ def test_failures_after_the_prompt_was_sent_end_the_run_as_failed(gw):
     assert failed.error.code == "server_error" and "scripted failure" in failed.error.message
     events = replay(gw, r.id)
     assert events[-1]["type"] == "response.failed" and events[-1]["response"]["error"]["code"] == "server_error"
+    # the item being written is closed with its text so far, its done events before response.failed
+    (message,) = failed.output
+    assert message.status == "incomplete" and message.content[0].text
+    assert [e["type"] for e in events[-4:-1]] == ["response.output_text.done", "response.content_part.done",
+                                                  "response.output_item.done"]
+    with pytest.raises(openai.BadRequestError) as e:  # stored, but there is nothing to continue from
+        gw.client.responses.create(model="ignis-demo", input="More.", previous_response_id=r.id)
+    assert e.value.body["code"] == "response_not_continuable"
     refused = create(gw, 2)  # refused by the engine as too long
     wait_until(lambda: status_of(gw, refused.id) == "failed", 10, "the refused run did not fail")
     assert gw.client.responses.retrieve(refused.id).error.code == "context_length_exceeded"  # what Codex reads

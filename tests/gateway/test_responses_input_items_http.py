@@ -225,3 +225,34 @@ def test_a_cancelled_streamed_run_keeps_text_held_back_and_a_whole_call(gw, clie
     got = client.responses.cancel(r.id)
     assert [i.type for i in got.output] == ["function_call"], got.output
     assert got.output[0].status == "completed" and json.loads(got.output[0].arguments) == {"city": "Oslo"}
+
+
+def test_a_call_cut_by_max_output_tokens_is_incomplete_and_a_cancelled_answer_continues(gw, client):
+    call = xml_call("get_weather", city="Oslo")
+    ids = gw.tokenizer.encode(call)
+    cut = ids.index(gw.tokenizer.encode("Oslo")[0])  # the output ends inside the parameter's value
+    r = client.responses.create(model=gw.model, input="Weather in Oslo?", tools=[WEATHER], max_output_tokens=cut,
+                                extra_body={"seed": gw.say(call)})
+    assert r.status == "incomplete" and [i.type for i in r.output] == ["function_call"]
+    assert r.output[0].status == "incomplete"  # though its arguments so far parse to {}
+    # a cancelled response that wrote something is stored and continues from what it kept
+    held = client.responses.create(model=gw.model, input="Plan it.", background=True,
+                                   extra_body={"seed": hold(gw, "Step one")})
+    wait_until(lambda: client.responses.retrieve(held.id).output, 10, "nothing was written")
+    client.responses.cancel(held.id)
+    child = client.responses.create(model=gw.model, input="Go on.", previous_response_id=held.id,
+                                    extra_body={"seed": gw.say("Step two")})
+    assert child.output_text == "Step two" and "Step one" in gw.last_prompt()
+
+
+def test_items_of_the_chain_sent_again_are_openais_duplicate_item_400(gw, client):
+    first = client.responses.create(model=gw.model, input="Hi.", extra_body={"seed": gw.say("Hello.")})
+    again = [item.model_dump(mode="json", exclude_unset=True) for item in first.output]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=gw.model, previous_response_id=first.id,
+                                input=again + [{"role": "user", "content": "And?"}])
+    assert e.value.body["param"] == "input[0].id" and "Duplicate item found with id" in e.value.body["message"]
+    # without the items sent again the chain goes on
+    ok = client.responses.create(model=gw.model, previous_response_id=first.id, input="And?",
+                                 extra_body={"seed": gw.say("More.")})
+    assert ok.output_text == "More."

@@ -163,18 +163,27 @@ def test_input_items_are_listed_as_openai_lists_them():
 
     assert [(i["type"], i["role"], i["content"]) for i in listed_items("Hi", set())] == \
         [("message", "user", [{"type": "input_text", "text": "Hi"}])]
-    items = listed_items([
+    given = [
         {"role": "user", "content": [{"type": "input_text", "text": "a"},
                                      {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]},
         {"type": "message", "role": "assistant", "id": "msg_given", "content": "Sure."},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "ig1.x"},
         {"type": "function_call", "call_id": "c1", "name": "lookup", "namespace": "crm", "arguments": ""},
-        {"type": "function_call_output", "id": "msg_given", "call_id": "c1", "output": "ok"},
-    ], set())
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
+    items = listed_items(given, set())
     assert items[0]["content"][1] == {"type": "input_image", "image_url": "data:image/png;base64,AA==",
                                       "detail": "auto"}
     assert items[1] == {"id": "msg_given", "type": "message", "role": "assistant", "status": "completed",
                         "content": [{"type": "output_text", "text": "Sure.", "annotations": []}]}
     assert items[2]["id"].startswith("rs_") and items[2]["encrypted_content"] == "ig1.x"
     assert items[3]["arguments"] == "{}" and items[3]["namespace"] == "crm" and items[3]["status"] == "completed"
-    assert items[4]["id"].startswith("fco_")  # an id already listed is not listed twice
+    assert items[4]["id"].startswith("fco_")
+    # an id given twice, or one of the previous_response_id chain's items sent again: OpenAI's 400
+    from ignis.gateway.errors import ApiError
+
+    for earlier, items in ((set(), given[:4] + [dict(given[4], id="msg_given")]), ({"msg_given"}, given[1:2])):
+        with pytest.raises(ApiError) as e:
+            listed_items(items, earlier)
+        assert e.value.status == 400 and "Duplicate item found with id msg_given" in e.value.message
+        assert e.value.param == f"input[{len(items) - 1}].id"
