@@ -336,10 +336,15 @@ def _xml_call(params: dict, prefix: str, xml: _Xml, tool: str = "") -> tuple[str
     if not isinstance(props, dict):
         raise ValueError("parameters.properties must be an object")
     required = set(params.get("required") or ())
+    defs = {key: params[key] for key in ("$defs", "definitions") if isinstance(params.get(key), dict)}
     rules, parts = [], []
     for k, (name, schema) in enumerate(props.items()):
         if "\n" in name or ">" in name:
             raise ValueError(f"parameter name {name!r} cannot appear in a <parameter=...> tag")
+        if defs and isinstance(schema, dict) and '"$ref"' in json.dumps(schema):
+            # each parameter is a schema of its own: the root's definitions go with it, so that a
+            # "#/$defs/..." pointer (pydantic's, MCP tools') resolves in it
+            schema = dict(schema, **{key: {**d, **(schema.get(key) or {})} for key, d in defs.items()})
         value = _xml_value(schema, xml, f"{prefix}{k}", f"{tool}.{name}" if tool else name)
         rules.append(f"{prefix}{k}: {_lark_string(f'<parameter={name}>' + chr(10))} {value}")
         parts.append(f"{prefix}{k}" if name in required else f"{prefix}{k}?")

@@ -153,6 +153,7 @@ class MessagesTurn:
     def __init__(self):
         self.rid = message_id()
         self.origins: list[str] = []  # the Anthropic field each chat message came from
+        self.call_origins: dict[int, list[str]] = {}  # chat message index -> the tool_use block of each call
         self.parallel = True
         self.format_field = ""  # where the structured-output format came from (output_config.format, output_format)
 
@@ -202,6 +203,7 @@ class MessagesTurn:
                     raise bf.error("input", "must be an object")
                 calls.append({"id": bf.str("id", max_chars=256) or "", "type": "function",
                               "function": {"name": bf.str("name") or "", "arguments": json.dumps(arguments)}})
+                self.call_origins.setdefault(len(out), []).append(bf.where)
             else:
                 raise bf.error("type", f"unknown block type {kind!r} in an assistant turn")
         m: dict = {"role": "assistant", "content": "".join(text)}
@@ -233,8 +235,35 @@ class MessagesTurn:
                 # Anthropic's rule: only a final assistant turn may be empty (dropped, an empty user turn
                 # would have made the turn before it a prefill)
                 raise mf.error("content", "a user message must have non-empty content")
+            if role == "assistant" and i == len(turns) - 1 and _empty(content):
+                break  # an empty final assistant turn: no prefill, the answer is a new turn
             (self._user if role == "user" else self._assistant)(mf, content, out)
-        return out
+        return self._combined(out)
+
+    def _combined(self, out: list[dict]) -> list[dict]:
+        """Consecutive turns of one role as one turn, as Anthropic combines them: user turns' parts joined,
+        an assistant turn without calls joined with the next one (its text, reasoning and calls after)."""
+        merged: list[dict] = []
+        origins: list[str] = []
+        calls: dict[int, list[str]] = {}
+        for k, m in enumerate(out):
+            last = merged[-1] if merged else None
+            if last is not None and m["role"] == last["role"] == "user":
+                last["content"] = _parts(last["content"]) + _parts(m["content"])
+            elif last is not None and m["role"] == last["role"] == "assistant" and not last.get("tool_calls"):
+                last["content"] = (last.get("content") or "") + (m.get("content") or "")
+                if m.get("reasoning_content"):
+                    last["reasoning_content"] = last.get("reasoning_content", "") + m["reasoning_content"]
+                if m.get("tool_calls"):
+                    last["tool_calls"] = m["tool_calls"]
+                    calls[len(merged) - 1] = self.call_origins.get(k, [])
+            else:
+                merged.append(dict(m))
+                origins.append(self.origins[k])
+                if k in self.call_origins:
+                    calls[len(merged) - 1] = self.call_origins[k]
+        self.origins, self.call_origins = origins, calls
+        return merged
 
     def _tools(self, f: Fields) -> list[dict] | None:
         tools = f.list("tools")
@@ -337,8 +366,14 @@ class MessagesTurn:
         param = e.param or ""
         m = re.fullmatch(r"messages\[(\d+)\](.*)", param)
         if m and int(m.group(1)) < len(self.origins):
-            tail = ".tool_use_id" if m.group(2) == ".tool_call_id" else m.group(2)  # the field as Anthropic names it
-            return e.renamed(self.origins[int(m.group(1))] + tail)
+            index, tail = int(m.group(1)), m.group(2)
+            call = re.fullmatch(r"\.tool_calls\[(\d+)\]\.function\.(name|arguments)(.*)", tail)
+            blocks = self.call_origins.get(index, [])
+            if call and int(call.group(1)) < len(blocks):  # a tool_use block's field
+                field = "name" if call.group(2) == "name" else "input"
+                return e.renamed(f"{blocks[int(call.group(1))]}.{field}{call.group(3)}")
+            tail = ".tool_use_id" if tail == ".tool_call_id" else tail  # the field as Anthropic names it
+            return e.renamed(self.origins[index] + tail)
         if param.startswith("response_format") and self.format_field:
             return e.renamed(self.format_field + ".schema")
         return e.renamed({"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name",
@@ -397,3 +432,16 @@ async def count_tokens(request: web.Request) -> web.Response:
     except ApiError as e:
         raise turn.remap(e) from None
     return json_response({"input_tokens": len(ids)})
+
+
+def _empty(content: object) -> bool:
+    """An assistant turn with nothing in it: no text (empty text blocks only), no call, no thinking."""
+    if isinstance(content, str):
+        return not content
+    return isinstance(content, list) and all(
+        isinstance(b, dict) and b.get("type") == "text" and not b.get("text") for b in content)
+
+
+def _parts(content: object) -> list:
+    """A user turn's content as a list of parts."""
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)

@@ -41,7 +41,7 @@ def forced_call_suffix(fmt: str, name: str | None, in_reasoning: bool) -> str:
 
 def block_parser(fmt: str, types: dict, forced_name: str | None = None):
     """A parser for one block body: ``push(text)`` and ``close(closed)`` give ("header"|"args", text) events."""
-    return XmlCallBlock(types, forced_name) if fmt == "qwen3_xml" else HermesCallBlock(forced_name)
+    return XmlCallBlock(types, forced_name) if fmt == "qwen3_xml" else HermesCallBlock(forced_name, frozenset(types))
 
 
 def parse_other_format(fmt: str, body: str, types: dict) -> tuple[str, str] | None:

@@ -253,3 +253,29 @@ def test_thousands_of_choices_sharing_a_prefix_are_held_whole(vocab):
     assert done == total and only_eos_left(vocab, m), m.get_error()
     done, total, m = consumed(vocab, tool_call_grammar(enum, "xml"), call.replace("2999", "3999"))
     assert done < total
+
+
+PYDANTIC_STYLE = {"type": "function", "function": {"name": "add_items", "parameters": {
+    "$defs": {"Item": {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                       "required": ["sku", "qty"]}},
+    "definitions": {"Mode": {"enum": ["fast", "safe"]}},
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+                   "mode": {"$ref": "#/definitions/Mode"}, "note": {"type": "string"}},
+    "required": ["items", "mode"]}}}
+
+
+@pytest.mark.parametrize("parser,text,ok", [
+    ("xml", '<parameter=items>\n[{"sku": "a1", "qty": 2}]\n</parameter>\n<parameter=mode>\n"safe"\n</parameter>\n'
+            "</function>\n</tool_call>", True),
+    ("xml", '<parameter=items>\n[{"sku": "a1", "qty": "2"}]\n</parameter>\n', False),  # qty is an integer
+    ("hermes", '{"items": [{"sku": "a1", "qty": 2}], "mode": "fast"}}\n</tool_call>', True),
+])
+def test_parameters_pointing_into_the_roots_definitions_are_held(vocab, parser, text, ok):
+    """Pydantic's and MCP tools' schemas name their shapes in the root's $defs (or definitions): an XML
+    parameter's rule is a schema of its own, so the root's definitions go with it."""
+    grammar = tool_call_grammar(PYDANTIC_STYLE, parser)
+    assert grammar_error(grammar) == ""
+    assert grammar_error(any_tool_call_grammar([PYDANTIC_STYLE, WEATHER], parser)) == ""
+    n, total, matcher = consumed(vocab, grammar, text)
+    assert (n == total and only_eos_left(vocab, matcher)) if ok else n < total

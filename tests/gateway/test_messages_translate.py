@@ -149,3 +149,40 @@ def test_a_failed_tool_result_is_marked_as_an_error(content, want):
     plain = MessagesTurn().translate(dict(body, messages=body["messages"][:2] + [
         {"role": "user", "content": [dict(block, is_error=False)]}]))["messages"][-1]["content"]
     assert "Error:" not in json.dumps(plain) or "Error:" in json.dumps(content)  # unflagged: as given
+
+
+@pytest.mark.parametrize("empty", ["", [], [{"type": "text", "text": ""}]])
+def test_an_empty_final_assistant_turn_is_no_prefill(empty):
+    """Anthropic: "all messages must have non-empty content except for the optional final assistant
+    message": an empty one is dropped, and the answer is a new turn (no continue_final_message)."""
+    chat = MessagesTurn().translate({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"},
+                                                                   {"role": "assistant", "content": empty}]})
+    assert chat["messages"] == [{"role": "user", "content": "Hi"}] and "continue_final_message" not in chat
+
+
+def test_consecutive_turns_of_one_role_are_combined_as_anthropic_combines_them():
+    turn = MessagesTurn()
+    chat = turn.translate({"max_tokens": 5, "messages": [
+        {"role": "user", "content": "A"}, {"role": "user", "content": [{"type": "text", "text": "B"}]},
+        {"role": "assistant", "content": "X"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Y"},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+        {"role": "user", "content": "Next?"}]})
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "tool", "user"]
+    assert chat["messages"][0]["content"] == [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]
+    assert chat["messages"][1]["content"] == "XY" and chat["messages"][1]["tool_calls"][0]["id"] == "toolu_1"
+    assert turn.origins == ["messages[0]", "messages[2]", "messages[4].content[0]", "messages[5]"]
+    # an error in a combined turn's call names its tool_use block
+    err = turn.remap(ApiError(400, "is required", param="messages[1].tool_calls[0].function.name"))
+    assert err.param == "messages[3].content[1].name"
+
+
+def test_an_error_in_a_tool_use_block_names_the_block():
+    turn = MessagesTurn()
+    turn.translate({"max_tokens": 5, "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Calling."},
+                                          {"type": "tool_use", "id": "t1", "name": "", "input": {}}]}]})
+    err = turn.remap(ApiError(400, "is required", param="messages[1].tool_calls[0].function.name"))
+    assert err.param == "messages[1].content[1].name"

@@ -103,11 +103,15 @@ def test_a_close_marker_inside_a_json_string_is_the_strings_text():
 
 def test_a_block_cut_off_after_a_call_is_dropped():
     """The output ends inside a second call's JSON (max_tokens): the first call stands, and the cut one
-    is neither a call nor content (content a client sends back would render in front of the calls)."""
+    is neither a call nor content (content a client sends back would render in front of the calls), unless
+    it wrote one of the tools' names whole: then it is that call with {}, as an XML call stands once its
+    name is out."""
     first = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
-    for cut in ('\n<tool_call>\n{"name": "get_wea', "\n<tool_call>", '\n<tool_call>\n{"name": "get_weather", "argu'):
+    for cut in ('\n<tool_call>\n{"name": "get_wea', "\n<tool_call>"):
         r = hermes("On it." + first + cut)
         assert r["calls"] == [{"name": "get_time", "arguments": "{}"}] and r["content"] == "On it.", cut
+    r = hermes("On it." + first + '\n<tool_call>\n{"name": "get_weather", "argu')
+    assert r["calls"] == [{"name": "get_time", "arguments": "{}"}, {"name": "get_weather", "arguments": "{}"}]
 
 
 @pytest.mark.parametrize("args", ['{"x": NaN}', '{"x": Infinity}', '{"x": -1e999}', '{"s": "x\\ud800y"}',
@@ -119,3 +123,21 @@ def test_a_block_whose_json_a_response_cannot_carry_is_not_a_call(args):
     assert parse_hermes_block(body) is None
     r = hermes(f"<tool_call>\n{body}\n</tool_call>")
     assert r["calls"] == [] and body in r["content"]
+
+
+@pytest.mark.parametrize("text,call", [
+    ('<tool_call>\n{"name": "get_weather", "', "get_weather"),  # cut by max_tokens after the name: the call
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "get_weather"),
+    ('<tool_call>\n{"name": "get_weat', None),  # the name is not whole: the text as written
+    ('<tool_call>\n{"name": "launch", "', None),  # not one of the tools
+])
+def test_a_call_the_output_ended_inside_stands_once_its_name_is_whole(text, call):
+    r = hermes(text)
+    if call is None:
+        assert r["calls"] == [] and r["content"] == text
+    else:
+        assert r["calls"] == [{"name": call, "arguments": "{}"}] and r["content"] == ""
+    p = OutputParser(tool_format="hermes", tools=TOOLS)
+    p.push(text)
+    p.finish()
+    assert p.cut_call == (0 if call else None)
