@@ -146,12 +146,13 @@ class ChoiceState:
 
     def _feed(self, ids: tuple[int, ...], lp: TokenLogprobs | None, delta: ChoiceDelta, text_parts: list[str]
               ) -> bool:
-        """Add one batch's tokens; True once a stop string matched. With a parser, token by token while the
-        thinking block may go on (its tokens are counted) and when logprobs are asked (each record says what
-        its token's text became); else the batch's text is parsed with the rest of the delta's."""
+        """Add one batch's tokens; True once a stop string matched (or a call past ``max_calls`` began). With a
+        parser, token by token while the thinking block may go on (its tokens are counted), when logprobs
+        are asked (each record says what its token's text became) and when calls are capped (the output ends
+        at the token that began the next); else the batch's text is parsed with the rest of the delta's."""
         stop_ids = self.stop_token_ids
         parser = self.parser
-        each = parser is not None and (lp is not None or not parser.past_reasoning)
+        each = parser is not None and (lp is not None or not parser.past_reasoning or parser.max_calls is not None)
         if not each and lp is None and not self.stops.stops and not (stop_ids and not stop_ids.isdisjoint(ids)):
             delta.token_ids.extend(ids)  # the common case: no per-token work but detokenizing
             text = self.detok.push(ids)
@@ -169,8 +170,18 @@ class ChoiceState:
                 if self.unmatched:
                     self.unmatched -= 1
                 elif text:
+                    late = self.detok.late
                     text = self.stops.push(text)
                     stopped = self.stops.stopped
+                    if stopped and self.stops.match_end <= late:
+                        # the match ended in a special token's text held from the token before: that one
+                        # completed it and ends the choice; this token is not the choice's
+                        delta.token_ids.pop()
+                        if each:
+                            self._parse(text, delta)
+                        elif text:
+                            text_parts.append(text)
+                        return True
                 if each:
                     kind = self._parse_token(text, delta)
                 elif text:

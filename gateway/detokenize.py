@@ -67,13 +67,21 @@ class IncrementalDetokenizer:
         self._skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
         self._special = frozenset() if skip_special_tokens else tokenizer.special_ids
         self._held_special: int | None = None  # a shown special token at the end, held: it may be the stop
+        self.late = 0  # characters at the start of the last push's text that are an earlier token's (held)
 
     def push(self, token_ids) -> str:
-        """Add tokens; return the newly stable text (may be empty)."""
+        """Add tokens; return the newly stable text (may be empty). ``late`` says how much of it is the text
+        of a special token held from an earlier push."""
+        self.late = 0
         if self._special:
+            held = self._held_special
             token_ids = self._hold(token_ids)
             if not token_ids:
                 return ""
+            text = self._push(token_ids)
+            if held is not None:
+                self.late = min(len(text), len(self._tok.decode([held], skip_special_tokens=False)))
+            return text
         return self._push(token_ids)
 
     def _hold(self, token_ids) -> list[int]:

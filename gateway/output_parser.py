@@ -71,10 +71,14 @@ class OutputParser:
         return self._kept(events)
 
     def _kept(self, events: list[tuple[str, object]]) -> list[tuple[str, object]]:
-        """``events`` without the pieces of calls past ``max_calls``."""
+        """``events`` up to the first piece of a call past ``max_calls``: the output the client gets ends
+        there (nothing written after it, text included)."""
         if self.max_calls is None or self.num_tool_calls <= self.max_calls:
             return events
-        return [e for e in events if e[0] != "tool_call" or e[1].index < self.max_calls]
+        for i, (kind, value) in enumerate(events):
+            if kind == "tool_call" and value.index >= self.max_calls:
+                return events[:i]
+        return []  # that call began in an earlier push
 
     def _route(self, split: list[tuple[str, str]]) -> list[tuple[str, object]]:
         events: list[tuple[str, object]] = []

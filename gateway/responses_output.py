@@ -162,8 +162,10 @@ class OutputItems:
     def feed(self, d: ChoiceDelta) -> list[dict]:
         """The events of one delta of choice 0 (its pieces in the order the model wrote them)."""
         events: list[dict] = []
-        tokens = self._content_tokens(d) if self.logprobs_of is not None else []
-        for kind, value in d.in_order():
+        runs = self._content_runs(d) if self.logprobs_of is not None else []
+        pieces = d.in_order()
+        last_content = max((i for i, (kind, _) in enumerate(pieces) if kind == "content"), default=-1)
+        for i, (kind, value) in enumerate(pieces):
             if kind == "reasoning":
                 if self.kind != "reasoning":
                     events += self._switch("reasoning", {"id": item_id("rs"), "type": "reasoning", "summary": []})
@@ -173,10 +175,13 @@ class OutputItems:
                     events += self._switch("message", {"id": item_id("msg"), "type": "message",
                                                        "status": "in_progress", "role": "assistant", "content": []})
                 event = self._delta(value)
-                if self.logprobs_of is not None and tokens:  # the delta's tokens go with its first content
+                # the n-th run of content tokens goes with the n-th content piece (the last takes any left)
+                tokens = runs.pop(0) if runs and i < last_content else [r for run in runs for r in run]
+                if i == last_content:
+                    runs = []
+                if tokens:
                     event["logprobs"] = self.logprobs_of(tokens)
                     self.lps += event["logprobs"]
-                tokens = []
                 events.append(event)
             elif value.index == 0 or self.parallel_calls:
                 events += self._call(value)
@@ -194,26 +199,28 @@ class OutputItems:
         its arguments so far parse to (the parser closes them)."""
         return self.kind == "call" and self._cut_call is not None and self._cut_call == len(self.calls) - 1
 
-    def _content_tokens(self, d: ChoiceDelta) -> list[TokenRecord]:
-        """The records of ``d``'s tokens whose text became content (``TokenRecord.kind``). A token whose
-        text came out later (kind None: held back as leading whitespace that could still open ``<think>``,
-        the first piece of a marker) goes with the text that came out next, when that is content after
-        content or after nothing; at a change of kind (``</think>`` and the newlines after it, a call's
-        markers) it goes with none. Text that comes out with no token of its own (at the end) takes the
-        tokens held."""
-        out: list[TokenRecord] = []
+    def _content_runs(self, d: ChoiceDelta) -> list[list[TokenRecord]]:
+        """The records of ``d``'s tokens whose text became content (``TokenRecord.kind``), in runs that a
+        token of another kind breaks (one run per content piece of the delta). A token whose text came out
+        later (kind None: held back as leading whitespace that could still open ``<think>``, the first piece
+        of a marker) goes with the text that came out next, when that is content after content or after
+        nothing; at a change of kind (``</think>`` and the newlines after it, a call's markers) it goes with
+        none. Text that comes out with no token of its own (at the end) takes the tokens held."""
+        runs: list[list[TokenRecord]] = [[]]
         for r in d.logprobs:
             if r.kind is None:
                 self._held.append(r)
                 continue
             held, self._held = self._held, []
             if r.kind == "content":
-                out += held if self._last_kind in (None, "content") else []
-                out.append(r)
+                runs[-1] += held if self._last_kind in (None, "content") else []
+                runs[-1].append(r)
+            elif runs[-1]:
+                runs.append([])
             self._last_kind = r.kind
-        if d.content and self._held and not out and self._last_kind in (None, "content"):
-            out, self._held = self._held, []
-        return out
+        if d.content and self._held and not any(runs) and self._last_kind in (None, "content"):
+            runs, self._held = [self._held], []
+        return [run for run in runs if run]
 
     def _call(self, piece) -> list[dict]:
         """The events of one piece of a call: its first names it and opens its item, the rest add arguments."""

@@ -25,6 +25,7 @@ class StopMatcher:
         self.include_stop = include_stop
         self.stopped = False
         self.matched: str | None = None
+        self.match_end = 0  # where in the last pushed text the match ended (its length past the held text)
         self._held = ""
 
     def push(self, text: str) -> str:
@@ -40,6 +41,7 @@ class StopMatcher:
             if at >= 0 and (best < 0 or at < best):
                 best, matched = at, stop
         if matched is not None:
+            self.match_end = best + len(matched) - (len(buf) - len(text))
             self.stopped, self.matched, self._held = True, matched, ""
             return buf[:best + len(matched)] if self.include_stop else buf[:best]
         keep = self._partial_suffix(buf)

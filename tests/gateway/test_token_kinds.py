@@ -80,3 +80,69 @@ def test_a_message_before_a_call_reports_none_of_the_calls_tokens(demo_tokenizer
     events = [e for d in deltas for e in items.feed(d)]
     (done,) = [e for e in events if e["type"] == "response.output_text.done"]
     assert done["text"] == "Checking." and done["logprobs"] == tok.encode("Checking.")
+
+
+@pytest.mark.parametrize("size", [1, 7, 100])
+def test_messages_around_a_call_in_one_delta_each_report_their_own_tokens(demo_tokenizer, size):
+    tok = demo_tokenizer
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    ids = _ids(tok, "Checking." + call + "Done now.")
+    _, deltas = _run(tok, ids, size, True, tool_format="hermes", tools=TOOLS)
+    items = OutputItems(ToolNames(), logprobs_of=lambda records: [r.token_id for r in records])
+    events = [e for d in deltas for e in items.feed(d)]
+    done = [(e["text"], e["logprobs"]) for e in events if e["type"] == "response.output_text.done"]
+    assert [text for text, _ in done] == ["Checking.", "Done now."]
+    assert done[0][1] == tok.encode("Checking.") and tok.decode(done[1][1]).strip() == "Done now."
+
+
+CALLS = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>',
+         "qwen3_xml": "<tool_call>\n<function=get_weather>\n<parameter=city>\n%s\n</parameter>\n</function>\n"
+                      "</tool_call>"}
+
+
+def _capped(tok, ids, fmt: str, size: int) -> ChoiceState:
+    state = ChoiceState(0, tok, parser=OutputParser(tool_format=fmt, tools=TOOLS, max_calls=1))
+    content = ""
+    for i in range(0, len(ids), size):
+        if state.stopped_early:
+            break
+        content += state.feed(StreamTokens("r", tuple(ids[i: i + size]))).content
+    content += state.finish("abort").content
+    assert content == "Sure." and state.parser.num_tool_calls == 2
+    return state
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_xml"])
+def test_parallel_tool_calls_false_ends_where_the_next_call_is_known_however_the_rounds_are_cut(
+        demo_tokenizer, fmt):
+    """The choice's tokens end at the token that made the second call known (its name for XML, its block's
+    end for hermes), in rounds of one token or many; nothing after it is output."""
+    tok = demo_tokenizer
+    ids = _ids(tok, "Sure." + CALLS[fmt] % "Paris" + CALLS[fmt] % "Rome" + "LEAKED")
+    want = _capped(tok, ids, fmt, 1).token_ids
+    assert len(want) < len(ids) - 2
+    for size in (2, 4, 7, 100):
+        assert _capped(tok, ids, fmt, size).token_ids == want, size
+
+
+@pytest.mark.parametrize("size", [1, 3, 100])
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_a_stop_string_a_shown_special_token_completes_ends_at_that_token(demo_tokenizer, size, logprobs):
+    """With skip_special_tokens false a special token's text is held until the next token comes (it may be
+    the stop token, whose text is left out): a stop string it completes ends the choice at it, not at the
+    token after it (usage and token_ids count up to the token that completed the match)."""
+    tok = demo_tokenizer
+    end = tok.token_id("<|im_end|>")
+    ids = tok.encode("Bye.") + [end] + tok.encode(" More text")
+    for stop in ("<|im_end|>", "im_end"):
+        state = ChoiceState(0, tok, stops=(stop,), skip_special_tokens=False)
+        text, records = "", 0
+        for i in range(0, len(ids), size):
+            if state.stopped_early:
+                break
+            batch = tuple(ids[i: i + size])
+            d = state.feed(StreamTokens("r", batch, _lp(batch) if logprobs else None))
+            text, records = text + d.content, records + len(d.logprobs)
+        text += state.finish("abort").content
+        assert state.token_ids == tok.encode("Bye.") + [end], stop
+        assert text == ("Bye." if stop == "<|im_end|>" else "Bye.<|") and records == (len(tok.encode("Bye.")) + 1 if logprobs else 0)
