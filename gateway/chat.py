@@ -209,7 +209,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
                                    work)
         prompt_ids, marks = expand_placeholders(prompt_ids, images, gw.vision, marks)
     if p.truncate_prompt_tokens is not None:
-        keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len())
+        keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len(), p.max_tokens)
         prompt_ids, marks = truncate(prompt_ids, keep, marks, gw.vision.image_token_id if images else None)
     default = gw.config.default_max_tokens or gw.sampling_defaults.max_new_tokens  # the operator's, else the model's
     max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, default)

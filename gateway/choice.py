@@ -6,7 +6,7 @@ Pipeline per token, in stream order::
        └── token_ids / logprobs recorded up to the token that completed a stop string
 
 The stop token of a user's ``stop_token_ids`` is kept in ``token_ids`` but its
-text is not rendered (like vLLM). A matched stop string is left out of the
+text is not rendered unless ``include_stop`` (like vLLM). A matched stop string is left out of the
 text unless ``include_stop`` (vLLM's ``include_stop_str_in_output``) keeps it
 at the end. With ``min_tokens``, stop strings are looked
 for only in the text of the tokens after the first ``min_tokens`` (the engine
@@ -90,10 +90,15 @@ class ChoiceState:
 
     def __init__(self, index: int, tokenizer: TextTokenizer, *, stops: tuple[str, ...] = (),
                  stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None, min_tokens: int = 0,
-                 prompt_index: int = 0, include_stop: bool = False, skip_special_tokens: bool = True):
+                 prompt_index: int = 0, include_stop: bool = False, skip_special_tokens: bool = True,
+                 ignore_eos: bool = False):
         self.index = index
         self.prompt_index = prompt_index  # which prompt of a request with several (/v1/completions)
-        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        # a stop token's text is shown with include_stop (vLLM's include_stop_str_in_output); held back only
+        # where the output may stop on a special token whose text is left out
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens,
+                                            hold_specials=not (ignore_eos or include_stop))
+        self.include_stop = include_stop
         self.stops = StopMatcher(stops, include_stop)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.parser = parser
@@ -165,7 +170,7 @@ class ChoiceState:
         for i, token in enumerate(ids):
             delta.token_ids.append(token)
             kind, stopped = None, False
-            if token not in stop_ids:
+            if token not in stop_ids or self.include_stop:
                 text = self.detok.push((token,))
                 if self.unmatched:
                     self.unmatched -= 1

@@ -105,7 +105,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         req.params = dataclasses.replace(p, prompt_logprobs=max(p.top_logprobs, p.prompt_logprobs or 0))
     prompts, texts = await _prompts(gw, f)
     if p.truncate_prompt_tokens is not None:
-        keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len())
+        keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len(), p.max_tokens)
         cut = [truncate(ids, keep)[0] for ids in prompts]
         # echo shows what is sent: a cut prompt's kept tokens, not its text
         texts = [text if len(c) == len(ids) else None for c, ids, text in zip(cut, prompts, texts)]
@@ -130,6 +130,8 @@ class CompletionResponse(EndpointResponse):
     (one per choice, empty: no echo). ``params`` are the request's own: their ``prompt_logprobs`` is what
     vLLM's field asked for (the engine may score an echoed prompt without it)."""
 
+    prompt_ids_per_choice = True
+
     def __init__(self, params: CommonParams, tokenizer: TextTokenizer, head: dict, echo_texts: list[str]):
         super().__init__(params, tokenizer, head, head)
         self.echo_texts = echo_texts
@@ -149,7 +151,7 @@ class CompletionResponse(EndpointResponse):
     def _with_prompt_logprobs(self, choice: dict, i: int) -> dict:
         if self.params.prompt_logprobs is not None:
             ids, scores = self.prompts[i]
-            choice["prompt_logprobs"] = prompt_logprobs_json(ids, scores, self.tokenizer)
+            choice["prompt_logprobs"] = prompt_logprobs_json(ids, scores, self.tokenizer, self.params.prompt_logprobs)
         return choice
 
     def first_choices(self) -> list[dict]:

@@ -13,7 +13,8 @@ Special tokens (``<|im_end|>``, ``<|endoftext|>``) decode to nothing, unless
 ``skip_special_tokens=False`` (vLLM's request field) asks for their text: then
 a special token that is the last one so far is held until the next arrives,
 since it may be the token the output stopped on, whose text vLLM leaves out
-(``finish(stopped=True)`` drops it). ``finish()`` flushes whatever is held
+(``finish(stopped=True)`` drops it); with ``ignore_eos`` or
+``include_stop_str_in_output`` none is (``hold_specials=False``). ``finish()`` flushes whatever is held
 back, so the concatenated deltas equal ``decode(all ids)`` (less that stop
 token). Plain Python over ``gateway.tokenizer.TextTokenizer``.
 
@@ -55,8 +56,11 @@ def bytes_decodable(tokenizer: TextTokenizer) -> bool:
 class IncrementalDetokenizer:
     """Detokenizes one stream."""
 
-    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True, byte_path: bool = True):
-        """``byte_path=False`` keeps the window even where the byte path applies (to compare the two)."""
+    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True, byte_path: bool = True,
+                 hold_specials: bool = True):
+        """``byte_path=False`` keeps the window even where the byte path applies (to compare the two).
+        ``hold_specials=False``: no shown special token can be the one the output stops on with its text
+        left out (``ignore_eos``, or ``include_stop_str_in_output``): none is held."""
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self.ids: list[int] = []
@@ -65,7 +69,7 @@ class IncrementalDetokenizer:
         self._byte_path = byte_path and bytes_decodable(tokenizer)
         self._held = b""  # the byte path's incomplete UTF-8 character at the end, waiting for its last bytes
         self._skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
-        self._special = frozenset() if skip_special_tokens else tokenizer.special_ids
+        self._special = frozenset() if skip_special_tokens or not hold_specials else tokenizer.special_ids
         self._held_special: int | None = None  # a shown special token at the end, held: it may be the stop
         self.late = 0  # characters at the start of the last push's text that are an earlier token's (held)
 

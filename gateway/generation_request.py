@@ -27,6 +27,7 @@ from aiohttp import web
 
 from ignis.gateway.body import parse_object, read_body
 from ignis.gateway.choice import ChoiceDelta, ChoiceState
+from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import Generation, Usage
 from ignis.gateway.output_parser import OutputParser
@@ -81,6 +82,9 @@ class EndpointResponse:
     ``body_head`` and ``chunk_head`` are the keys (id, object, created, model)
     that open the one JSON body and every SSE chunk.
     """
+
+    prompt_ids_per_choice = False
+    """With ``return_token_ids``, each choice carries its prompt's ids too (vLLM's completions)."""
 
     def __init__(self, params: CommonParams, tokenizer: TextTokenizer, body_head: dict, chunk_head: dict):
         self.params = params
@@ -201,6 +205,11 @@ class GenerationRequest:
         list per prompt when there are several. ``marks``: the same for every prompt, or each prompt's
         from its ids."""
         gw, p = self.gw, self.params
+        for _, max_tokens in prompts:
+            if p.min_tokens > max_tokens:  # the budget the context (or the default) left: vLLM's check
+                raise invalid(f"min_tokens ({p.min_tokens}) is more than the tokens this request may generate "
+                              f"({max_tokens}: max_tokens, or the model's default, or the context left)",
+                              "min_tokens")
         remember(self.http, self.client_id or rid)
         base = engine_base(rid, self.client_id)
         gens, choices = [], []
@@ -220,7 +229,7 @@ class GenerationRequest:
                                            parser=parser() if parser is not None else None,
                                            min_tokens=p.min_tokens, prompt_index=k,
                                            include_stop=p.include_stop_str_in_output,
-                                           skip_special_tokens=p.skip_special_tokens))
+                                           skip_special_tokens=p.skip_special_tokens, ignore_eos=p.ignore_eos))
         prompt_ids = list(prompts[0][0]) if len(prompts) == 1 else [list(ids) for ids, _ in prompts]
         gw.metrics.active.inc()
         try:
@@ -266,6 +275,8 @@ class GenerationRequest:
 
         prompt_lens = [len(m.prompt_ids) for m in gen.messages]
         generated = [0] * len(prompt_lens)  # per choice, for continuous usage
+        # vLLM's completions give each choice its prompt's ids, in the choice's first chunk
+        unsent = set(range(len(prompt_lens))) if p.return_token_ids and response.prompt_ids_per_choice else set()
 
         def chunk_of(d: ChoiceDelta) -> bytes | None:
             generated[d.index] += len(d.token_ids)
@@ -274,6 +285,9 @@ class GenerationRequest:
             choice = response.chunk_choice_bytes(d)
             if p.return_token_ids:
                 choice = choice[:-1] + b',"token_ids":' + orjson.dumps(d.token_ids) + b"}"
+            if d.index in unsent:
+                unsent.discard(d.index)
+                choice = choice[:-1] + b',"prompt_token_ids":' + orjson.dumps(gen.messages[d.index].prompt_ids) + b"}"
             if p.continuous_usage:  # this choice's prompt and its tokens so far
                 n, m = prompt_lens[d.index], generated[d.index]
                 usage = {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
@@ -304,6 +318,8 @@ class GenerationRequest:
             choice = response.body_choice(i, finish[i])
             if p.return_token_ids:
                 choice["token_ids"] = ids[i]
+                if response.prompt_ids_per_choice:
+                    choice["prompt_token_ids"] = list(gen.messages[i].prompt_ids)
             choices.append(choice)
         body = response.body(choices, gen.usage)
         if p.return_token_ids:

@@ -39,14 +39,17 @@ def scored_positions(prompt_len: int, scores: list[PromptLogprobs]) -> list[tupl
 
 
 def prompt_logprobs_json(prompt_ids: list[int] | tuple[int, ...], scores: list[PromptLogprobs],
-                         tokenizer: TextTokenizer) -> list[dict | None] | None:
-    """vLLM's ``prompt_logprobs``: ``[None, {id: {logprob, rank, decoded_token}}, ...]``."""
+                         tokenizer: TextTokenizer, top: int | None = None) -> list[dict | None] | None:
+    """vLLM's ``prompt_logprobs``: ``[None, {id: {logprob, rank, decoded_token}}, ...]``; ``top``: the
+    alternatives asked for (the engine may have scored more: an echo's logprobs asked for them)."""
     scored = scored_positions(len(prompt_ids), scores)
     if scored is None:
         return None
     out: list[dict | None] = [None]
     for token, (lp, rank, top_ids, top_lps) in zip(prompt_ids[1:], scored):
         entry = {str(token): {"logprob": json_logprob(lp), "rank": rank, "decoded_token": tokenizer.token_text(token)}}
+        if top is not None:
+            top_ids, top_lps = top_ids[:top], top_lps[:top]
         for i, (t, v) in enumerate(zip(top_ids, top_lps), start=1):
             entry.setdefault(str(t), {"logprob": json_logprob(v), "rank": i, "decoded_token": tokenizer.token_text(t)})
         out.append(entry)

@@ -19,12 +19,15 @@ MARKS = ("system_end", "opener_start", "part_end")
 PARAM = "truncate_prompt_tokens"
 
 
-def kept_tokens(requested: int, max_model_len: int) -> int:
-    """How many tokens ``truncate_prompt_tokens`` keeps; more than the model's length is a 400 (vLLM's)."""
+def kept_tokens(requested: int, max_model_len: int, max_tokens: int | None = None) -> int:
+    """How many tokens ``truncate_prompt_tokens`` keeps; more than the model's length is a 400 (vLLM's). -1
+    keeps what leaves room for ``max_tokens`` (at least one token) in the model's length, as vLLM does."""
     if requested > max_model_len:
         raise invalid(f"{PARAM} value ({requested}) is greater than max_model_len ({max_model_len}): request a "
-                      f"smaller truncation size, or -1 for the model's length", PARAM)
-    return max_model_len if requested == -1 else requested
+                      f"smaller truncation size, or -1 for the model's length less max_tokens", PARAM)
+    if requested == -1:
+        return max(1, max_model_len - max(1, max_tokens or 1))
+    return requested
 
 
 def truncate(ids: list[int], keep: int, marks: dict | None = None, image_pad: int | None = None

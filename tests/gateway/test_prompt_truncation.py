@@ -22,7 +22,9 @@ def test_the_last_tokens_are_kept_and_marks_move_with_the_cut():
     assert kept == ids[10:] and moved["system_end"] is None and moved["opener_start"] == 7
     assert moved["mark_missing"] == "part_end: not_a_prefix; system_end: truncated"
     assert truncate(ids, 20, marks) == (ids, marks) and truncate(ids, 50, None) == (ids, None)
-    assert kept_tokens(-1, 4096) == 4096 and kept_tokens(7, 4096) == 7 and kept_tokens(4096, 4096) == 4096
+    assert kept_tokens(7, 4096) == 7 and kept_tokens(4096, 4096) == 4096
+    # -1: what leaves room for max_tokens (one token without it), as vLLM keeps
+    assert kept_tokens(-1, 4096, 100) == 3996 and kept_tokens(-1, 4096) == 4095 and kept_tokens(-1, 8, 50) == 1
     with pytest.raises(ApiError, match=r"truncate_prompt_tokens value \(4097\) is greater than max_model_len"):
         kept_tokens(4097, 4096)
 

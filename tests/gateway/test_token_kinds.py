@@ -146,3 +146,37 @@ def test_a_stop_string_a_shown_special_token_completes_ends_at_that_token(demo_t
         text += state.finish("abort").content
         assert state.token_ids == tok.encode("Bye.") + [end], stop
         assert text == ("Bye." if stop == "<|im_end|>" else "Bye.<|") and records == (len(tok.encode("Bye.")) + 1 if logprobs else 0)
+
+
+def _feed_all(state, ids):
+    text = ""
+    for t in ids:
+        if state.stopped_early:
+            break
+        text += state.feed(StreamTokens("r", (t,))).content
+    return text + state.finish("stop").content
+
+
+def test_include_stop_str_in_output_shows_the_stop_tokens_text(demo_tokenizer):
+    """vLLM leaves a stop token's text out unless include_stop_str_in_output (then it is shown, as the
+    detokenizer shows any token, skip_special_tokens still applying)."""
+    tok = demo_tokenizer
+    two, end = tok.encode(" two")[0], tok.token_id("<|im_end|>")
+    ids = tok.encode("one") + [two]
+    for include, want in ((False, "one"), (True, "one two")):
+        state = ChoiceState(0, tok, stop_token_ids=(two,), include_stop=include)
+        assert _feed_all(state, ids) == want
+    for include, want in ((False, "one"), (True, "one<|im_end|>")):
+        state = ChoiceState(0, tok, include_stop=include, skip_special_tokens=False)
+        assert _feed_all(state, tok.encode("one") + [end]) == want
+
+
+def test_with_ignore_eos_a_shown_special_token_is_matched_and_counted_at_once(demo_tokenizer):
+    """ignore_eos: no special token is the one the output stops on, so none is held: a stop string it
+    completes ends the choice at it, and min_tokens counts it as it comes."""
+    tok = demo_tokenizer
+    end = tok.token_id("<|im_end|>")
+    state = ChoiceState(0, tok, stops=("<|im_end|>",), skip_special_tokens=False, ignore_eos=True)
+    assert _feed_all(state, [end, end, end]) == "" and state.token_ids == [end]
+    state = ChoiceState(0, tok, stops=("<|im_end|>",), skip_special_tokens=False, ignore_eos=True, min_tokens=1)
+    assert _feed_all(state, [end, end, end]) == "<|im_end|>" and state.token_ids == [end, end]

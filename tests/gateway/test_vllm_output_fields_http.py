@@ -145,3 +145,31 @@ def test_every_end_id_of_the_generation_config_ends_a_completion(client, server,
                                      logit_bias={str(eot): 100}, extra_body={"return_token_ids": True,
                                                                              "ignore_eos": True})
     assert held.choices[0].finish_reason == "length" and held.choices[0].token_ids == [eot] * 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_give_each_choice_its_prompts_token_ids(client, server, demo_tokenizer, stream):
+    prompts = ["The lighthouse keeper", "A ship"]
+    r = client.completions.create(model=server.model, prompt=prompts, n=2, stream=stream, **GREEDY)
+    choices: dict = {}
+    for c in (r if stream else [r]):
+        for ch in c.choices:
+            if getattr(ch, "prompt_token_ids", None) is not None:
+                assert ch.index not in choices  # once per choice, in its first chunk when streamed
+                choices[ch.index] = ch.prompt_token_ids
+    assert choices == {i: demo_tokenizer.encode(prompts[i // 2]) for i in range(4)}
+
+
+def test_prompt_logprobs_hold_as_many_alternatives_as_asked_whatever_the_echo(client, server):
+    r = client.completions.create(model=server.model, prompt="The lighthouse keeper", max_tokens=2, temperature=0,
+                                  echo=True, logprobs=3, extra_body={"prompt_logprobs": 1})
+    entries = r.choices[0].model_extra["prompt_logprobs"][1:]
+    assert entries and all(1 <= len(e) <= 2 for e in entries)  # the token itself and at most one alternative
+
+
+def test_min_tokens_past_the_budget_left_is_a_400(client, server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:  # no max_tokens: the completions default of 16
+        client.completions.create(model=server.model, prompt="The lighthouse keeper", extra_body={"min_tokens": 20})
+    assert e.value.body["param"] == "min_tokens"
