@@ -6,9 +6,9 @@ Pipeline per token, in stream order::
        └── token_ids / logprobs recorded up to the token that completed a stop string
 
 The stop token of a user's ``stop_token_ids`` is kept in ``token_ids`` but its
-text is not rendered unless ``include_stop`` (like vLLM). A matched stop string is left out of the
-text unless ``include_stop`` (vLLM's ``include_stop_str_in_output``) keeps it
-at the end. With ``min_tokens``, stop strings are looked
+text is not rendered unless ``include_stop`` (like vLLM). A matched stop
+string is left out of the text unless ``include_stop`` (vLLM's
+``include_stop_str_in_output``) keeps it at the end. With ``min_tokens``, stop strings are looked
 for only in the text of the tokens after the first ``min_tokens`` (the engine
 holds back stop ids and end-of-sequence until then). Synchronous and pure:
 the HTTP layer feeds it ``StreamTokens`` and sends what comes out.
@@ -98,7 +98,6 @@ class ChoiceState:
         # where the output may stop on a special token whose text is left out
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens,
                                             hold_specials=not (ignore_eos or include_stop))
-        self.include_stop = include_stop
         self.stops = StopMatcher(stops, include_stop)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.parser = parser
@@ -169,8 +168,8 @@ class ChoiceState:
             text_parts.clear()
         for i, token in enumerate(ids):
             delta.token_ids.append(token)
-            kind, stopped = None, False
-            if token not in stop_ids or self.include_stop:
+            kind, stopped, early = None, False, False
+            if token not in stop_ids or self.stops.include_stop:
                 text = self.detok.push((token,))
                 if self.unmatched:
                     self.unmatched -= 1
@@ -178,19 +177,16 @@ class ChoiceState:
                     late = self.detok.late
                     text = self.stops.push(text)
                     stopped = self.stops.stopped
-                    if stopped and self.stops.match_end <= late:
-                        # the match ended in a special token's text held from the token before: that one
-                        # completed it and ends the choice; this token is not the choice's
-                        delta.token_ids.pop()
-                        if each:
-                            self._parse(text, delta)
-                        elif text:
-                            text_parts.append(text)
-                        return True
+                    # the match ended in a special token's text held from the token before: that one
+                    # completed it and ends the choice; this token is not the choice's
+                    early = stopped and self.stops.match_end <= late
                 if each:
-                    kind = self._parse_token(text, delta)
+                    kind = self._parse_token(text, delta, counted=not early)
                 elif text:
                     text_parts.append(text)
+                if early:
+                    delta.token_ids.pop()
+                    return True
             if lp is not None:
                 top = tuple(zip(lp.top_ids[i], lp.top_logprobs[i]))
                 delta.logprobs.append(TokenRecord(token, lp.logprobs[i], top, kind))
@@ -198,11 +194,12 @@ class ChoiceState:
                 return True
         return False
 
-    def _parse_token(self, text: str, delta: ChoiceDelta) -> str | None:
+    def _parse_token(self, text: str, delta: ChoiceDelta, counted: bool = True) -> str | None:
         """Parse one token's ``text``; -> the kind of the first piece the parser gave out (None: nothing).
-        The token is a reasoning token when the thinking block was open before it and still is after it."""
+        The token is a reasoning token when the thinking block was open before it and still is after it
+        (``counted``: the token is the choice's)."""
         parser = self.parser
-        inside = parser.in_reasoning
+        inside = counted and parser.in_reasoning
         events = parser.push(text) if text else []
         if inside and parser.in_reasoning:
             self.reasoning_tokens += 1

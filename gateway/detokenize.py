@@ -14,9 +14,9 @@ Special tokens (``<|im_end|>``, ``<|endoftext|>``) decode to nothing, unless
 a special token that is the last one so far is held until the next arrives,
 since it may be the token the output stopped on, whose text vLLM leaves out
 (``finish(stopped=True)`` drops it); with ``ignore_eos`` or
-``include_stop_str_in_output`` none is (``hold_specials=False``). ``finish()`` flushes whatever is held
-back, so the concatenated deltas equal ``decode(all ids)`` (less that stop
-token). Plain Python over ``gateway.tokenizer.TextTokenizer``.
+``include_stop_str_in_output`` none is (``hold_specials=False``). ``finish()``
+flushes whatever is held back, so the concatenated deltas equal
+``decode(all ids)`` (less that stop token). Plain Python over ``gateway.tokenizer.TextTokenizer``.
 
 Fast path, for a tokenizer whose decoder is byte-level BPE alone (Qwen's) and
 whose added tokens are ASCII: decoding is then the concatenation of each
@@ -84,7 +84,7 @@ class IncrementalDetokenizer:
                 return ""
             text = self._push(token_ids)
             if held is not None:
-                self.late = min(len(text), len(self._tok.decode([held], skip_special_tokens=False)))
+                self.late = min(len(text), len(self._tok.token_text(held)))
             return text
         return self._push(token_ids)
 

@@ -28,7 +28,7 @@ chat path takes it back (``assistant_turn``) uses the prompt's tool names.
 
 With ``logprobs_of`` (the request asked for ``message.output_text.logprobs``),
 each ``output_text.delta`` carries the logprobs of the delta's tokens whose
-text became the message's (``TokenRecord.kind``; ``_content_tokens`` says
+text became the message's (``TokenRecord.kind``; ``_content_runs`` says
 where a token whose text came out later goes), and ``output_text.done`` and
 the message's ``output_text`` part all of them: a token that wrote reasoning,
 a call or a marker between them (``</think>``) reports none.
@@ -176,9 +176,10 @@ class OutputItems:
                                                        "status": "in_progress", "role": "assistant", "content": []})
                 event = self._delta(value)
                 # the n-th run of content tokens goes with the n-th content piece (the last takes any left)
-                tokens = runs.pop(0) if runs and i < last_content else [r for run in runs for r in run]
-                if i == last_content:
-                    runs = []
+                if i < last_content:
+                    tokens = runs.pop(0) if runs else []
+                else:
+                    tokens, runs = [r for run in runs for r in run], []
                 if tokens:
                     event["logprobs"] = self.logprobs_of(tokens)
                     self.lps += event["logprobs"]

@@ -168,7 +168,7 @@ class ToolCallSplitter:
             rest = [("header", other[0]), ("args", other[1])] if other is not None else None
         if rest is not None:
             self._calls(events, rest)
-            if not closed and self.num_calls:
+            if not closed:
                 self.cut_call = self.num_calls - 1
             return
         if not closed and self.num_calls:

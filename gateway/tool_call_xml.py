@@ -24,10 +24,10 @@ is typed by the tool's JSON schema (``parameters.properties[P].type``, or,
 without one, the types of its ``enum``/``const`` values: ``schema_types``):
 strings stay strings; numbers, booleans, null, objects and arrays are parsed
 as JSON, falling back to the string when that fails; a parameter the schema
-does not know, or whose schema says nothing of its type, stays a string. Where the types hold ``string`` and others
-(``["string", "null"]``, ``["integer", "string"]``), text that is JSON of one
-of the others is that value (``null`` is None, ``5`` is 5) and any other text
-the string: ``grammars`` writes such a value by the same rule. JSON's
+does not know, or whose schema says nothing of its type, stays a string.
+Where the types hold ``string`` and others (``["string", "null"]``,
+``["integer", "string"]``), text that is JSON of one of the others is that
+value (``null`` is None, ``5`` is 5) and any other text the string: ``grammars`` writes such a value by the same rule. JSON's
 ``NaN``/``Infinity`` are never numbers here (they are not JSON). Pure Python.
 """
 
@@ -111,12 +111,6 @@ def parameter_types(tools: list[dict] | None) -> dict[str, dict[str, set[str]]]:
     return out
 
 
-def _json(raw: str) -> object:
-    """``raw`` as strict JSON (``gateway.strict_json``: no NaN or Infinity anywhere, no number that
-    overflows to one, no lone surrogate); ValueError otherwise."""
-    return strict_json.loads(raw)
-
-
 def typed_value(raw: str, types: set[str] | None) -> object:
     """``raw`` as the schema types it; ``types`` None: the parameter is unknown (a string)."""
     if types is None:
@@ -126,14 +120,14 @@ def typed_value(raw: str, types: set[str] | None) -> object:
         if not others:
             return raw
         try:
-            value = _json(raw)
+            value = strict_json.loads(raw)
         except ValueError:
             return raw
         return value if _fits(value, others) else raw
     if types and not types & _JSON_TYPES:
         return raw
     try:
-        return _json(raw)
+        return strict_json.loads(raw)
     except ValueError:
         if "boolean" in types and raw.strip() in ("True", "False"):
             return raw.strip() == "True"
@@ -164,8 +158,7 @@ class XmlCallBlock:
     def __init__(self, types: dict[str, dict[str, set[str]]], forced_name: str | None = None):
         self._types = types
         self._buf = ""
-        self._params = 0
-        self._written: set[str] = set()  # parameter names given a value
+        self._written: set[str] = set()  # parameter names given a value (their fragments are out)
         self._open: str | None = None  # the parameter whose value is being read
         self._resume = 0  # where the search for the open value's end continues
         self.name: str | None = None
@@ -195,7 +188,7 @@ class XmlCallBlock:
             return None
         if self._state == "params":
             self._scan(events, closing=closed)
-        events.append(("args", "}" if self._params else "{}"))
+        events.append(("args", "}" if self._written else "{}"))
         self._state = "done"
         return events
 
@@ -256,11 +249,10 @@ class XmlCallBlock:
     def _param(self, events: list, pname: str, raw: str) -> None:
         if pname in self._written:  # written twice: the first value stands (its fragment is already out)
             return
+        lead = ", " if self._written else "{"
         self._written.add(pname)
         types = self._types.get(self.name or "", {}).get(pname)
         value = typed_value(raw, types)
-        lead = "{" if self._params == 0 else ", "
-        self._params += 1
         events.append(("args", lead + json.dumps(pname, ensure_ascii=False) + ": "
                        + json.dumps(value, ensure_ascii=False)))
 
