@@ -80,7 +80,7 @@ class ResponsesResponse(EndpointResponse):
 
     def response(self, status: str, usage: Usage | None = None, error: dict | None = None) -> dict:
         out = {"id": self.body_head["id"], "object": "response", "created_at": self.created_at, "status": status,
-               "model": self.body_head["model"], "output": [dict(i) for i in self.items.items], "error": error,
+               "model": self.body_head["model"], "output": self.items.snapshot(), "error": error,
                "incomplete_details": None, **self.echo, "usage": None}
         if status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}

@@ -136,6 +136,19 @@ class OutputItems:
         self.kind, self._pieces = None, []
         return events
 
+    def snapshot(self) -> list[dict]:
+        """The items as they stand (copies), the open one with its text so far."""
+        out = [dict(i) for i in self.items]
+        if self.kind is not None:
+            item, text = out[-1], self.text
+            if self.kind == "reasoning":
+                item["summary"] = [{"type": "summary_text", "text": text}]
+            elif self.kind == "message":
+                item["content"] = [self._part(text)]
+            else:
+                item["arguments"] = text
+        return out
+
     def cut(self) -> list[dict]:
         """Close the open item as generation stopped before its end (a cancel, a failure); its done events. A
         message is ``incomplete`` with its text so far; a call is ``completed`` when its arguments so far are

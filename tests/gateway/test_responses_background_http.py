@@ -63,6 +63,22 @@ def aborted(gw, rid: str) -> bool:
     return any(a.startswith(rid) for a in gw.engine.aborts)
 
 
+def _streamed_held(s: socket.socket, body: dict) -> str:
+    """Start a streamed response of seed 0 (one token, then held) on ``s``; its id once the token came."""
+    raw = json.dumps(body).encode()
+    s.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%b" % (len(raw), raw))
+    got = b""
+    while b"response.output_text.delta" not in got:
+        chunk = s.recv(65536)
+        assert chunk, got
+        got += chunk
+    return json.loads(got.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+
+
+FOREGROUND = {"model": "ignis-demo", "input": "Say something.", "stream": True, "seed": 0}
+
+
 def test_a_background_response_answers_queued_then_completes_and_replays_its_events(gw):
     r = create(gw, 7)
     assert r.background is True and r.status in ("queued", "in_progress") and r.output == []
@@ -86,22 +102,15 @@ def test_a_background_response_answers_queued_then_completes_and_replays_its_eve
 
 
 def test_a_streamed_background_response_outlives_its_client_and_resumes(gw):
-    body = json.dumps(dict(BODY, stream=True, seed=0)).encode()
     with socket.create_connection((gw.host, gw.port), timeout=10) as s:
-        s.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
-        got = b""
-        while b"response.output_text.delta" not in got:
-            chunk = s.recv(65536)
-            assert chunk, got
-            got += chunk
-    rid = json.loads(got.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+        rid = _streamed_held(s, dict(BODY, stream=True, seed=0))
     # the client went: the run goes on, its engine request is not aborted (a request's generation looks for
     # its client every 0.5 s: three looks)
     with pytest.raises(AssertionError, match="went on"):
         wait_until(lambda: aborted(gw, rid) or status_of(gw, rid) != "in_progress", 1.6, "the run went on")
     seen = gw.client.responses.retrieve(rid)
     assert seen.status == "in_progress" and seen.background is True
+    assert seen.output_text == "_" and seen.output[0].status == "in_progress"  # the open message, text so far
     cancelled = gw.client.responses.cancel(rid)
     assert cancelled.status == "cancelled"
     # what was generated before the cancel is kept: the engine's one token, and its usage
@@ -201,3 +210,42 @@ def test_a_stopping_gateway_cancels_runs_past_its_shutdown_timeout(tmp_path: Pat
         client.close()
         assert g.stop() == 0, g.log()
         assert any(a.startswith(r.id) for a in g.engine.aborts), g.log()
+
+
+def test_a_foreground_response_is_answered_in_progress_while_it_is_made(gw):
+    with socket.create_connection((gw.host, gw.port), timeout=10) as s:
+        rid = _streamed_held(s, FOREGROUND)
+        seen = gw.client.responses.retrieve(rid)
+        assert seen.status == "in_progress" and seen.background is False and seen.output_text == "_"
+        items = gw.client.responses.input_items.list(rid)
+        assert [i.content[0].text for i in items.data] == ["Say something."]
+        more = {"model": "ignis-demo", "input": "More.", "previous_response_id": rid}
+        r = http("POST", f"{gw.url}/v1/responses", json.dumps(more).encode(), {"Content-Type": "application/json"})
+        assert r.status == 400 and json.loads(r.body)["error"]["code"] == "response_in_progress", r
+        r = http("POST", f"{gw.url}/v1/responses/{rid}/cancel")
+        assert r.status == 400 and json.loads(r.body)["error"]["code"] == "not_cancellable", r
+        r = http("GET", f"{gw.url}/v1/responses/{rid}?stream=true")
+        assert r.status == 400 and json.loads(r.body)["error"]["param"] == "stream", r
+        # deleted while it is made: it goes on for its client, and is not stored when it ends
+        assert gw.client.responses.delete(rid) is None
+        with pytest.raises(openai.NotFoundError):
+            gw.client.responses.retrieve(rid)
+    wait_until(lambda: aborted(gw, rid), 10, "the gone client's engine request was not aborted")
+    with pytest.raises(openai.NotFoundError):
+        gw.client.responses.retrieve(rid)
+
+
+def test_a_foreground_response_whose_client_went_is_not_left_in_progress(gw):
+    with socket.create_connection((gw.host, gw.port), timeout=10) as s:
+        rid = _streamed_held(s, FOREGROUND)
+        assert status_of(gw, rid) == "in_progress"
+    wait_until(lambda: aborted(gw, rid), 10, "the gone client's engine request was not aborted")
+
+    def gone() -> bool:
+        try:
+            gw.client.responses.retrieve(rid)
+        except openai.NotFoundError:
+            return True
+        return False
+
+    wait_until(gone, 10, "a foreground response whose client went is still answered")
