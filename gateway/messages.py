@@ -96,6 +96,18 @@ def image_urls(messages: list[dict]) -> list[str]:
             for part in m["content"] if isinstance(part, dict) and part.get("type") == "image_url"]
 
 
+def read_arguments(f: Fields, text: str) -> dict:
+    """A call's ``arguments`` string as a request holds it, read: strict JSON (gateway.strict_json; no lone
+    surrogate), an object; blank is ``{}``. Anything else is a 400 naming ``f``'s ``arguments``."""
+    try:
+        parsed = strict_json.loads(text, finite=False) if text.strip() else {}
+    except ValueError as e:
+        raise f.error("arguments", f"must be a JSON object encoded as a string; it is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise f.error("arguments", "must encode a JSON object")
+    return parsed
+
+
 def _tool_calls(f: Fields) -> list[dict]:
     calls = f.list("tool_calls") or []
     out = []
@@ -115,12 +127,7 @@ def _tool_calls(f: Fields) -> list[dict]:
             raise fn.error("arguments", "must be a string holding a JSON object (as OpenAI's API sends it) or an "
                                         f"object, got {type(args).__name__ if args is not None else 'null'}")
         else:
-            try:
-                args = strict_json.loads(args, finite=False) if args.strip() else {}
-            except ValueError as e:
-                raise fn.error("arguments", f"must be a JSON object encoded as a string; it is not valid JSON: {e}") from None
-        if not isinstance(args, dict):
-            raise fn.error("arguments", "must encode a JSON object")
+            args = read_arguments(fn, args)
         entry = {"type": "function", "function": {"name": name, "arguments": args}}
         if cf.has("id"):
             entry["id"] = cf.str("id", max_chars=256)

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ignis.gateway import strict_json
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
+from ignis.gateway.messages import read_arguments
 from ignis.gateway.reasoning_seal import ReasoningSeal, SealError
 from ignis.gateway.responses_output import item_id
 from ignis.gateway.responses_tools import ToolNames
@@ -120,12 +120,7 @@ def _arguments(f: Fields) -> str:
     args = f.raw("arguments")
     if not isinstance(args, str):
         raise f.error("arguments", "must be a string holding a JSON object")
-    try:
-        parsed = strict_json.loads(args, finite=False) if args.strip() else {}
-    except ValueError as e:
-        raise f.error("arguments", f"must be a JSON object encoded as a string; it is not valid JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise f.error("arguments", "must encode a JSON object")
+    read_arguments(f, args)
     return args if args.strip() else "{}"
 
 
