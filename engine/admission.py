@@ -2,15 +2,19 @@
 
 Order. Interactive requests before agent ones, FIFO within a class, strictly in
 that order: if the head does not fit, nothing behind it is admitted (so a big
-request is not starved by small ones). A request fits when a lane is free and
+request is not starved by small ones); only a request waiting for a lower tier's
+bytes is passed over (below). A request fits when a lane is free and
 the pages for all its tokens plus one (its first decode) are free; those pages
 are taken at admission, so a prefill never runs short. Admission stops when the
 round's prefill budget is spent; the scheduler admits nothing in a round that
 preempted.
 
-A lower-tier match is restored without waiting: the head posts the lookup
-and then the restore, waits at the head of its queue, and is admitted in the
-round after the bytes land (``engine.reuse.lower_moves``).
+A lower-tier match is restored without waiting: the request posts the lookup
+and then the restore, keeps its place in its queue, and is admitted in the
+round after the bytes land (``engine.reuse.lower_moves``). While it waits for
+them, the requests behind it are admitted as if it were not there (a slow or
+frozen tierd delays only the requests whose matches it holds); how long it
+waited is its ``tier_wait_s`` (the done line's ``tier_wait_ms``).
 
 Reuse. With a ``RetainedStore`` (slots > 0), admission first looks up the
 longest retained prefix of the request's tokens: full pages are shared, the
@@ -54,14 +58,24 @@ from ignis.engine.schedule import LaneStart, RoundPlan
 from ignis.engine.scheduler_state import SchedulerState
 
 
-def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
-    """Admit waiting requests in order while lanes are free and ``budget`` prefill tokens last."""
+def _next_waiting(sched: SchedulerState, passed: set[str]):
+    """The first waiting request (in admission order) not passed over this round, and its queue."""
+    for queue in sched.waiting.values():
+        for req in queue:
+            if req.req_id not in passed:
+                return queue, req
+    return None, None
+
+
+def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> None:
+    """Admit waiting requests in order while lanes are free and ``budget`` prefill tokens last. ``now``
+    (monotonic seconds) times the waits for lower-tier matches."""
     page_tokens = sched.config.page_tokens
+    passed: set[str] = set()  # requests waiting for their lower-tier match: passed over this round
     while budget > 0 and sched.lanes.any_free:
-        queue = next((q for q in sched.waiting.values() if q), None)
-        if queue is None:
+        queue, req = _next_waiting(sched, passed)
+        if req is None:
             return
-        req = queue[0]
         if req.evicted is not None:
             if not _resume_evicted(sched, plan, req):
                 return  # its copies are on their way back (or wait for room): nothing overtakes it
@@ -76,10 +90,18 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
         if not scores:
             req.restore_rejected += sched.store.claim_rejections(tokens)
         matched = hit.num_tokens if hit else 0
-        if not scores and (sched.store.pending_prefix(tokens) > matched or capture_ahead(
-                tokens, matched, sched.lanes.holders(),
-                lambda other, point: capture_kind(other, point, sched.store, page_tokens))):
-            return  # a request ahead is about to retain this prefix: resume from it once it is filled
+        if not scores:
+            ahead = capture_ahead(tokens, matched, sched.lanes.holders(),
+                                  lambda other, point: capture_kind(other, point, sched.store, page_tokens))
+            pending = sched.store.pending_prefix(tokens)
+            if not ahead and pending > matched and sched.store.pending_below(tokens) >= pending:
+                # its match is being looked up or copied back from a lower tier: those behind it go on
+                if req.tier_wait_since is None:
+                    req.tier_wait_since = now
+                passed.add(req.req_id)
+                continue
+            if ahead or pending > matched:
+                return  # a request ahead is about to retain this prefix: resume from it once it is filled
         shared = hit.num_tokens // page_tokens if hit else 0
         needed = sched.pool.pages_for(req.num_tokens + 1) - shared
         if needed > sched.pool.num_free:
@@ -91,7 +113,10 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int) -> None:
                 maybe_evict(sched, req)
             return  # head of line waits (for pages, or for pages on their way back); nothing overtakes it
         req.pages_wanted = 0
-        queue.popleft()
+        queue.remove(req)
+        if req.tier_wait_since is not None:
+            req.tier_wait_s += now - req.tier_wait_since
+            req.tier_wait_since = None
         sched.lanes.take(req)
         req.num_computed_tokens = 0
         if hit is not None:
@@ -133,7 +158,7 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
             sched.store.reclaim_pages(needed)
         if needed > pool.num_free:
             return False
-    sched.waiting[req.request_class].popleft()
+    sched.waiting[req.request_class].remove(req)
     sched.lanes.take(req)
     req.evicted = None
     if status == "ready":

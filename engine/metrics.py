@@ -97,6 +97,9 @@ class EngineMetrics(ProcessMetrics):
                 ("reuse_stamp_refusals", "retained entries refused for another stamp"),
                 ("reuse_flushes", "cache resets: every retained entry dropped in every tier (/reset_prefix_cache, "
                                   "/flush_cache)"))}
+        self.tier_wait = self.histogram(
+            "reuse_tier_wait_seconds", "time a request waited for its match to be looked up in and copied back "
+            "from KV-RAM or KV-disk (requests behind it are admitted meanwhile)")
         self.restore_rejected = self.counter(
             "reuse_restore_rejected", "restores from KV-RAM or KV-disk whose bytes were refused before use "
             "(dropped; the request recomputes), by reason: non_finite", ("reason",))

@@ -112,6 +112,8 @@ class Request:
     earlier_cuts: tuple[int, ...] = field(default=(), init=False)  # that earlier prompt's capture points
     shortfall: str = field(default="none", init=False)  # why it reused less than it shares (engine.reuse.shortfall)
     restore_rejected: int = field(default=0, init=False)  # its restores refused for non-finite bytes (recomputed)
+    tier_wait_since: float | None = field(default=None, init=False)  # waiting for its lower-tier match since
+    tier_wait_s: float = field(default=0.0, init=False)  # how long it waited for lower-tier matches
     evicted: object = field(default=None, init=False, repr=False)  # eviction.Evicted while its state is below
     image_keys: tuple[ImageKey, ...] = field(default=(), init=False, repr=False)
     """Where ``images`` sit in the prompt and their digests, once placed: what reuse reads them as

@@ -35,6 +35,8 @@ ends the same way, with "error".
 
 from __future__ import annotations
 
+import time
+
 from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
@@ -261,7 +263,7 @@ class Scheduler:
             budget -= add_chunk(plan, req, budget, self.store, self.config.page_tokens, self.waiting,
                                 self.config.capture_inside_chunks, self.config.scored_row_cost)
         if not plan.preempted:
-            admit(self, plan, budget)
+            admit(self, plan, budget, time.monotonic())
         if not self.lanes.any_free:
             head = next((q[0] for q in self.waiting.values() if q), None)
             if head is not None:
@@ -343,7 +345,7 @@ class Scheduler:
         return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
                            reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
-                           shortfall=req.shortfall, restore_rejected=req.restore_rejected,
+                           shortfall=req.shortfall, restore_rejected=req.restore_rejected, tier_wait_s=req.tier_wait_s,
                            live_resumes=req.live_resumes, recomputed=req.num_preemptions)
 
     def _check_result(self, plan: RoundPlan, result: RoundResult) -> None:

@@ -168,6 +168,8 @@ class TokenStreams:
             self.metrics.reuse_hits.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc()
             self.metrics.reuse_hit_tokens.labels(self.metrics.model_name, ev.reuse_kind, ev.reuse_tier).inc(
                 ev.cached_tokens)
+        if ev.tier_wait_s:
+            self.metrics.tier_wait.observe(ev.tier_wait_s)
         if ev.shortfall != "none":
             self.metrics.reuse_shortfall.labels(self.metrics.model_name, ev.shortfall).inc()
         self.metrics.finished.labels(model_name, ev.reason).inc()
@@ -202,6 +204,8 @@ class TokenStreams:
                             "accept_rate_per_pos": [round(a / d, 3) for a, d in zip(t.accepted_at, t.drafted_at)]}
         if ev.live_resumes or ev.recomputed:  # it gave up its lane while running (docs/operations.md)
             done["preempted"] = {"resumed_live": ev.live_resumes, "recomputed": ev.recomputed}
+        if ev.tier_wait_s:  # it waited for its match to come back from a lower tier (requests behind it did not)
+            done["tier_wait_ms"] = round(ev.tier_wait_s * 1000, 3)
         if ev.restore_rejected:  # ignis:reuse_restore_rejected_total{reason="non_finite"} counts them too
             done["restore_rejected"] = {"non_finite": ev.restore_rejected}
         if t.mark_missing:

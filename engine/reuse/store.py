@@ -495,9 +495,16 @@ class RetainedStore:
         if not self.enabled or len(tokens) < 2:
             return 0
         e = self._find(tokens, len(tokens) - 1, filled=False)
+        return max(e.num_tokens if e is not None else 0, self.pending_below(tokens))
+
+    def pending_below(self, tokens: tuple[int, ...]) -> int:
+        """Tokens of the longest lower-tier match of ``tokens`` being looked up, restored, or waiting for
+        room to land in (0 if none): what only tierd can bring."""
+        if not self.enabled or len(tokens) < 2:
+            return 0
         waited, below = self._wait_below
         below = below if tuple(waited) == tuple(tokens) else 0
-        return max(e.num_tokens if e is not None else 0, below, self.moves.restoring_prefix(tokens))
+        return max(below, self.moves.restoring_prefix(tokens))
 
     def mark_filled(self, entry_ids) -> None:
         """The round that captured these entries has been applied: their slots hold their images."""

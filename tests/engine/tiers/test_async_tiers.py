@@ -10,7 +10,9 @@ the tokens the other lane produces while a demote is held up by an injected
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -294,6 +296,41 @@ def test_a_request_waits_for_its_restore_and_is_admitted_the_round_after_it_land
         assert rel(rig.first_logits["again"], logits) < TOL
         rig.check_drained()
     finally:
+        rig.close()
+        assert tierd.stop() == 0
+
+
+def test_a_frozen_tierd_delays_only_the_request_whose_match_it_holds(tmp_path, family_model):
+    family, model = family_model
+    tierd = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
+    rig = Rig(model, family, tierd.endpoint)
+    try:
+        p = prompt(300, 11)
+        rig.submit("a", p, system_end=200, opener_start=297)
+        rig.run()
+        for i in range(2):  # unrelated work that needs the room: retained entries move down
+            rig.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
+            rig.run()
+        assert rig.sched.store.demotions >= 1
+        os.kill(tierd.proc.pid, signal.SIGSTOP)  # tierd answers nothing from here on
+        rig.submit("again", p, system_end=200, opener_start=297)
+        rig.submit("bystander", prompt(100, 12), max_tokens=3)
+        while "bystander" not in rig.finished:
+            rig.step()
+            assert rig.rounds < 200, "the request behind the one waiting for tierd was not admitted"
+        assert "again" not in rig.started  # it still waits for tierd's answer, in its place
+        assert [r.req_id for q in rig.sched.waiting.values() for r in q] == ["again"]
+        os.kill(tierd.proc.pid, signal.SIGCONT)
+        rig.run()
+        ev = rig.finished["again"]
+        assert (ev.cached_tokens, ev.reuse_tier) == (297, "kv_ram") and ev.tier_wait_s > 0
+        assert rig.finished["bystander"].tier_wait_s == 0
+        for rid, q, n in (("again", p, 6), ("bystander", prompt(100, 12), 3)):
+            tokens, logits = cold(model, family, q, max_tokens=n)
+            assert rig.tokens[rid] == tokens and rel(rig.first_logits[rid], logits) < TOL, rid
+        rig.check_drained()
+    finally:
+        os.kill(tierd.proc.pid, signal.SIGCONT)
         rig.close()
         assert tierd.stop() == 0
 
