@@ -18,10 +18,12 @@ with every batch still in the bounded buffer from that number on, each as
 ``(seq, payload)``, then ``(-1 as 8 bytes, b"")``.
 
 The engine loop never waits on this: events of a loop turn are collected
-(``add``) and handed over as one batch (``flush``) to a bounded queue that a
-thread drains into the sockets. A batch that finds the queue full is dropped
-and counted (``dropped``; the metric ``ignis:kv_events_dropped_total``); a
-subscriber sees the gap in the sequence numbers. The PUB socket binds when
+(``add``) and handed over as one batch (``flush``, which gives it its
+sequence number) to a bounded queue that a thread drains into the sockets. A
+batch that finds the queue full is dropped and counted (``dropped``; the
+metric ``ignis:kv_events_dropped_total``; a warning at the 1st, 10th, 100th,
+... drop); its number is used up, so a subscriber sees the gap and can ask
+the replay socket (or resynchronise). The PUB socket binds when
 the endpoint is ``ipc://``, ``inproc://`` or has a wildcard host (``*``),
 else connects (an aggregator that binds a SUB socket), as vLLM does.
 """
@@ -82,7 +84,8 @@ class KvEventPublisher:
         self.published = 0  # batches sent
         self.malformed = 0  # replay requests refused as malformed
         self._pending: list[BlockEvent] = []
-        self._queue: "queue.Queue[list[BlockEvent] | None]" = queue.Queue(maxsize=max_queue)
+        self._next_seq = 0  # the next batch's sequence number (a dropped batch uses one up)
+        self._queue: "queue.Queue[tuple[int, list[BlockEvent]] | None]" = queue.Queue(maxsize=max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
         self._ctx = ctx or zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -119,10 +122,14 @@ class KvEventPublisher:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
         try:
-            self._queue.put_nowait(batch)
+            self._queue.put_nowait((seq, batch))
         except queue.Full:
             self.dropped += 1
+            if str(self.dropped).strip("0") == "1":  # 1, 10, 100, ...
+                log.warning("KV events: %d batches dropped so far (the publisher's queue was full; batch %d is "
+                            "a gap subscribers see); ignis:kv_events_dropped_total counts them", self.dropped, seq)
 
     def close(self, timeout: float = 1.0) -> None:
         """Send what is queued (for at most ``timeout`` seconds), then close the sockets."""
@@ -138,7 +145,6 @@ class KvEventPublisher:
     # ----- publisher thread -----------------------------------------------------------------
 
     def _run(self) -> None:
-        seq = 0
         while True:
             if self._replay is not None:
                 try:
@@ -147,11 +153,12 @@ class KvEventPublisher:
                 except zmq.ZMQError:  # a replay peer's trouble never stops the publishing
                     log.exception("KV events: replay request failed")
             try:
-                batch = self._queue.get(timeout=0.05)
+                item = self._queue.get(timeout=0.05)
             except queue.Empty:
                 continue
-            if batch is None:
+            if item is None:
                 return
+            seq, batch = item
             payload = encode_batch(time.time(), batch, self.rank)
             try:  # a PUB socket never waits: past its high-water mark a slow subscriber misses the batch
                 self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
@@ -159,7 +166,6 @@ class KvEventPublisher:
                 log.exception("KV events: cannot send batch %d", seq)
             self._buffer.append((seq, payload))
             self.published += 1
-            seq += 1
 
     def _answer_replay(self) -> None:
         frames = self._replay.recv_multipart()

@@ -145,6 +145,14 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
     if mtp_k and not ckpt.has_drafter:
         raise ValueError(f"--speculative-tokens {spec_k}: {model_dir} has no drafter to speculate with "
                          f"({ckpt.drafter_note}); --speculative-method ngram drafts without one")
+    idle = [f"--{n.replace('_', '-')}" for n in ("prompt_lookup_min", "prompt_lookup_max")
+            if config.speculative_method != "ngram" and getattr(config, n) is not None]
+    if not spec_k and config.speculative_disable_by_batch_size is not None:
+        idle.append("--speculative-disable-by-batch-size")
+    if idle:
+        log.warning("%s given but not used: %s", ", ".join(idle),
+                    "no speculative decoding (--speculative-tokens 0)" if not spec_k else
+                    "the prompt-lookup window sizes go with --speculative-method ngram")
     if spec_k and not mtp_k:
         log.info("speculative decoding on: prompt lookup drafts up to %d tokens per step (n-grams of %d to %d "
                  "tokens)", spec_k, config.prompt_lookup_min, config.prompt_lookup_max)

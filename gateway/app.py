@@ -283,7 +283,11 @@ async def get_model(request: web.Request) -> web.Response:
 def _template(files: ModelFiles, content_format: str = "auto"):
     if not files.chat_template:
         return None
-    return ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map(), content_format)
+    template = ChatTemplate(files.chat_template, files.tokenizer.special_tokens_map(), content_format)
+    if not template.reads_tools:
+        log.warning("the chat template never reads `tools`: a request's tools do not reach the prompt, so the "
+                    "model is not told of them (serve a template that renders them, --chat-template)")
+    return template
 
 
 def _vision(files: ModelFiles, config: GatewayConfig):

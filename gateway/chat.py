@@ -55,7 +55,7 @@ from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
 from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
 from ignis.gateway.prompt_logprobs import prompt_logprobs_json
 from ignis.gateway.conversation_fit import answer_room, fit_messages
-from ignis.gateway.prompt_truncation import kept_tokens, truncate
+from ignis.gateway.prompt_truncation import MARKS, kept_tokens, truncate
 from ignis.gateway.prompt_work import prompt_work
 from ignis.gateway.reasoning_effort import EFFORTS, with_effort
 from ignis.gateway.request_ids import response_id
@@ -208,13 +208,16 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
         images = await load_images(urls, gw.vision, _media_policy(gw.config), gw.config.max_image_source_pixels,
                                    work)
         prompt_ids, marks = expand_placeholders(prompt_ids, images, gw.vision, marks)
+    missing = prompt.marks.missing
     if p.truncate_prompt_tokens is not None:
         keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len(), p.max_tokens)
+        found = marks
         prompt_ids, marks = truncate(prompt_ids, keep, marks, gw.vision.image_token_id if images else None)
+        missing += tuple((m, "truncated") for m in MARKS if found.get(m) is not None and marks.get(m) is None)
     default = gw.config.default_max_tokens or gw.sampling_defaults.max_new_tokens  # the operator's, else the model's
     max_tokens = await gw.max_tokens(len(prompt_ids), p.max_tokens, default)
     head = {"id": rid, "model": gw.model_name}
-    gw.metrics.mark_missing(prompt.marks.missing)
+    gw.metrics.mark_missing(missing)
 
     def parser() -> OutputParser:
         return OutputParser(reasoning=gw.reasoning_markers, starts_in_reasoning=prompt.starts_in_reasoning,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -184,6 +185,14 @@ class ChatTemplate:
         except jinja2.exceptions.TemplateSyntaxError:
             return "openai"
         return "openai" if any(_names_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For)) else "string"
+
+    @cached_property
+    def reads_tools(self) -> bool:
+        """The template reads the ``tools`` variable (else a request's tools never reach the prompt)."""
+        try:
+            return "tools" in jinja2.meta.find_undeclared_variables(_environment().parse(self.source))
+        except jinja2.exceptions.TemplateSyntaxError:
+            return True
 
     @cached_property
     def takes_late_system(self) -> bool:

@@ -21,11 +21,15 @@ Served by the app's GET /metrics (``render``); every metric is labelled
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import Counter
 
 from ignis.shared.process_metrics import LATENCY_BUCKETS as PROCESS_BUCKETS
 from ignis.shared.process_metrics import ProcessMetrics
 from ignis.shared.wire_error_counts import WireErrorCounts
+
+log = logging.getLogger("ignis.gateway")
 
 LATENCY_BUCKETS = PROCESS_BUCKETS
 """Seconds: the shared buckets (to 7680 s: a request's latency runs to its last byte)."""
@@ -43,6 +47,8 @@ class GatewayMetrics(ProcessMetrics):
         self.active = self.gauge("active_streams", "completion requests in progress")
         self.stalled = self.counter("stream_stalled_aborts", "streamed requests aborted because the client "
                                     "stopped reading (--stream-buffer-bytes of output waited unwritten)")
+        self._marks_warned: set[tuple[str, str]] = set()
+        self._tools_warned: set[str] = set()
         self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
                                      ("model_name", "mark", "reason"), registry=self.registry)
         self.grammar_lenient = self.counter("grammar_lenient", "forced tool calls whose tool schema the grammar "
@@ -63,13 +69,24 @@ class GatewayMetrics(ProcessMetrics):
     def first_token(self, endpoint: str, seconds: float) -> None:
         self.ttft.labels(self.model_name, endpoint).observe(seconds)
 
-    def tool_ignored(self, tool: str) -> None:
+    def tool_ignored(self, tool: str, kind: str) -> bool:
+        """Count a hosted tool left out (``tool``: its label); True the first time its ``kind`` (the type
+        the client sent) is (the caller warns then)."""
         self.tools_ignored.labels(self.model_name, tool).inc()
+        first = kind not in self._tools_warned
+        self._tools_warned.add(kind)
+        return first
 
     def background_ended(self, status: str) -> None:
         self.background.labels(self.model_name, status).inc()
 
     def mark_missing(self, missing: tuple[tuple[str, str], ...]) -> None:
-        """Count each ``(mark, reason)`` of one request."""
+        """Count each ``(mark, reason)`` of one request; the first of each is a warning (reuse is lost for
+        every request like it; the done lines name it each time)."""
         for mark, reason in missing:
             self.marks_missing.labels(self.model_name, mark, reason).inc()
+            if (mark, reason) not in self._marks_warned:
+                self._marks_warned.add((mark, reason))
+                log.warning("capture mark %s not found (%s): requests like this one are served without the reuse "
+                            "it gives (docs/api.md, capture marks); counted in ignis:capture_marks_missing_total, "
+                            "named in each done line", mark, reason)

@@ -161,8 +161,9 @@ class ResponsesTurn:
 
     def _ignored(self, kind: str | None) -> None:
         label = kind if kind in KNOWN_HOSTED else "other"
-        log.warning("/v1/responses: tool type %r left out (this server cannot run it)", kind)
-        self.gw.metrics.tool_ignored(label)
+        if self.gw.metrics.tool_ignored(label, repr(kind)):
+            log.warning("/v1/responses: tool type %r left out (this server cannot run it); said once per type, "
+                        "counted in ignis:gateway_responses_tools_ignored_total", kind)
 
     def _text_format(self, f: Fields) -> dict | None:
         text = f.object("text")

@@ -389,7 +389,7 @@ def run(args) -> int:
             print(f"ignis serve: {child.name} metrics on http://{args.metrics_host}:{child.metrics_port}/metrics",
                   flush=True)
     print(f"ignis serving {name} on {url}", flush=True)
-    keeper = Restarts(children, launches, ready, serve_cfg.start_timeout)
+    keeper = Restarts(children, launches, ready, serve_cfg.start_timeout, metrics_host=args.metrics_host)
     while not stop.is_set():
         for i, spec in enumerate(CHILDREN):
             if stop.is_set():
@@ -410,8 +410,10 @@ class Restarts:
     started again later. ``children`` is updated in place (the signal handler forwards to the new one)."""
 
     def __init__(self, children: list[Child], launches: list[tuple[list[str], dict]], ready: dict[str, str],
-                 start_timeout: float, clock=time.monotonic):
+                 start_timeout: float, clock=time.monotonic, metrics_host: str = "127.0.0.1"):
         self.children = children
+        self.metrics_host = metrics_host
+        self.metrics_ports = {c.name: c.metrics_port for c in children}  # as announced at start
         self.launches = launches
         self.first_ready = ready
         self.start_timeout = start_timeout
@@ -440,6 +442,9 @@ class Restarts:
                 if child.ready_line != self.first_ready[child.name]:
                     note = f" (WARNING: at {child.ready_line}, not {self.first_ready[child.name]}: the others " \
                            f"still look for it there)"
+                if child.metrics_port != self.metrics_ports.get(child.name):  # --*metrics-port 0 picks anew
+                    self.metrics_ports[child.name] = child.metrics_port
+                    note += f"; its metrics now on http://{self.metrics_host}:{child.metrics_port}/metrics"
                 print(f"ignis serve: the {child.name} is back after restart {self.backoff[i].restarts}{note}",
                       file=sys.stderr, flush=True)
             elif child.proc.poll() is not None or now >= self.starting[i]:

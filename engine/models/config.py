@@ -16,6 +16,7 @@ plans memory needs the same numbers.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from ignis.engine.models.checkpoint_error import CheckpointError
 from ignis.engine.models.fp8_blocks import parse_quantization
 from ignis.engine.models.yarn import Yarn, parse_yarn
 from ignis.engine.page_pool import PAGE_TOKENS  # noqa: F401 - sizes below are in whole pages
+
+log = logging.getLogger(__name__)
 
 FAMILY_BY_ARCHITECTURE = {
     "Qwen3_5ForCausalLM": "qwen3_5",
@@ -308,11 +311,16 @@ def load_config(model_dir: str | Path) -> ModelConfig:
 def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
     """The end ids ``generation_config.json`` lists (Qwen3.5's: ``<|im_end|>`` and ``<|endoftext|>``, where
     config.json names the first alone); every one ends a choice, as vLLM adds them to its stop ids. A
-    missing or unreadable file, or a malformed entry, adds none (the gateway reports a bad file)."""
+    missing or unreadable file adds none (the gateway reports a bad file); a malformed entry adds none and is
+    named in a warning (the model would not stop where its checkpoint says)."""
     try:
         gen = json.loads((model_dir / "generation_config.json").read_text())
     except (OSError, ValueError):
         return ()
     eos = gen.get("eos_token_id") if isinstance(gen, dict) else None
-    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    ids = [eos] if eos is not None and not isinstance(eos, list) else eos or []
+    bad = [e for e in ids if type(e) is not int or e < 0]
+    if bad:
+        log.warning("%s: eos_token_id entries %s are not token ids (non-negative integers): left out, so the "
+                    "model does not stop at them", model_dir / "generation_config.json", bad)
     return tuple(e for e in ids if type(e) is int and e >= 0)

@@ -286,11 +286,11 @@ class TierClient:
         if self._keepalive is not None and now >= self._keepalive[1]:
             self._keepalive = None
             if self.welcome is not None:
-                log.warning("tierd did not answer a keep-alive in %.1fs: lower tiers off for %.0fs", self.timeout_s,
+                log.warning("tierd did not answer a keep-alive in %.1fs: lower tiers off for %gs", self.timeout_s,
                             self.backoff_s)
                 self._lost("timeout", backoff=True)
         if self._hello is not None and now >= self._hello_deadline:
-            log.warning("tierd did not answer Hello in %.1fs: lower tiers off for %.0fs", self.timeout_s,
+            log.warning("tierd did not answer Hello in %.1fs: lower tiers off for %gs", self.timeout_s,
                         self.backoff_s)
             self._hello = None
             self._down_until = now + self.backoff_s
@@ -298,7 +298,7 @@ class TierClient:
         if late:
             p = self._posted[late[0]]
             name = {"demote": "Demote", "restore": "Restore", "lookup": "Lookup", "drop": "Drop"}[p.op.what]
-            log.warning("tierd did not answer %s in %.1fs: lower tiers off for %.0fs", name, self.timeout_s,
+            log.warning("tierd did not answer %s in %.1fs: lower tiers off for %gs", name, self.timeout_s,
                         self.backoff_s)
             self._lost("timeout", backoff=True)
         for req, (op, until) in list(self._quarantined.items()):
@@ -330,7 +330,7 @@ class TierClient:
         while True:
             left = deadline - self.clock()
             if left <= 0:
-                log.warning("tierd did not answer %s in %.1fs: lower tiers off for %.0fs", type(msg).__name__,
+                log.warning("tierd did not answer %s in %.1fs: lower tiers off for %gs", type(msg).__name__,
                             self.timeout_s, self.backoff_s)
                 self._down_until = self.clock() + self.backoff_s
                 self.welcome = None

@@ -102,15 +102,20 @@ def test_replay_resends_from_a_sequence_number_and_ends_with_minus_one():
         pub.close()
 
 
-def test_a_full_queue_drops_batches_and_counts_them():
+def test_a_full_queue_drops_batches_counts_them_and_leaves_a_gap(monkeypatch, caplog):
+    monkeypatch.setattr(KvEventPublisher, "_run", lambda self: None)  # nothing drains the queue
     pub_ep, _ = endpoints()
-    pub = KvEventPublisher(pub_ep, max_queue=1)
-    pub._queue.put_nowait([AllBlocksCleared()])  # the thread may take it: fill until the queue is full
-    for _ in range(50):
-        pub.add(AllBlocksCleared())
-        pub.flush()
-    assert pub.dropped >= 1
-    pub.close()
+    pub = KvEventPublisher(pub_ep, max_queue=2)
+    try:
+        for _ in range(5):
+            pub.add(AllBlocksCleared())
+            pub.flush()
+        assert pub.dropped == 3
+        assert [pub._queue.get_nowait()[0] for _ in range(2)] == [0, 1]
+        assert pub._next_seq == 5  # the dropped batches used up 2, 3 and 4: the next one sent is 5, a gap
+        assert caplog.text.count("batches dropped so far") == 1  # at the 1st drop (then the 10th, 100th, ...)
+    finally:
+        pub.close(timeout=0.1)
 
 
 def test_encode_rejects_what_is_not_an_event():

@@ -378,7 +378,7 @@ def test_language_model_only_runtime_takes_no_images(multimodal_checkpoint, tmp_
         runtime.close()
 
 
-def test_generation_config_end_ids_join_the_configs(qwen35_checkpoint, copy_checkpoint):
+def test_generation_config_end_ids_join_the_configs(qwen35_checkpoint, copy_checkpoint, caplog):
     """Qwen3.5 names <|im_end|> in config.json and adds <|endoftext|> in generation_config.json: both end a
     choice (vLLM stops on both); a generation config that cannot be read adds nothing."""
     path = copy_checkpoint(qwen35_checkpoint.path)
@@ -393,3 +393,22 @@ def test_generation_config_end_ids_join_the_configs(qwen35_checkpoint, copy_chec
     for bad in ("{not json", json.dumps({"eos_token_id": ["x", -1]}), json.dumps([1, 2])):
         (path / "generation_config.json").write_text(bad)
         assert load_config(path).eos_token_ids == base
+    # a malformed entry is named: the model would not stop where its checkpoint says
+    caplog.clear()
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ["11", 7]}))
+    assert load_config(path).eos_token_ids == (9, 7)
+    assert "eos_token_id entries ['11'] are not token ids" in caplog.text
+
+
+def test_drafter_flags_with_no_drafter_to_shape_are_named(qwen35_checkpoint, tmp_path, caplog):
+    from ignis.engine.config import EngineConfig
+    from ignis.engine.runtime import load_runtime
+
+    config = EngineConfig(model=(str(qwen35_checkpoint.path),), device="cpu", tierd_endpoint="off",
+                          runtime_dir=str(tmp_path), kv_pool_tokens=256, decode_lanes=2, prompt_lookup_max=3,
+                          speculative_disable_by_batch_size=4)
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        runtime = load_runtime(config, "m", str(qwen35_checkpoint.path))
+    runtime.close()
+    assert ("--prompt-lookup-max, --speculative-disable-by-batch-size given but not used: no speculative decoding"
+            in caplog.text)

@@ -185,3 +185,8 @@ def test_namespace_refuses_underscore_names():
         t.render([])
     assert json.loads(ChatTemplate("{{ messages | tojson }}", {}).render([{"role": "user", "content": "é"}])) \
         == [{"role": "user", "content": "é"}]
+
+
+def test_a_template_that_never_reads_tools_is_told_apart(template):
+    assert template.reads_tools
+    assert not ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}").reads_tools

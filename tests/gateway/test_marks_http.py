@@ -167,10 +167,10 @@ def counting_server(demo_dir, tmp_path_factory):
     assert stop_serve(s) == 0, s.log()
 
 
-def missing_count(server) -> float:
+def missing_count(server, reason: str = "not_a_prefix") -> float:
     body = http("GET", server.url + "/metrics").body.decode()
-    m = re.search(r'^ignis:capture_marks_missing_total\{[^}]*mark="system_end"[^}]*reason="not_a_prefix"[^}]*\} '
-                  r'(\S+)$', body, re.M)
+    m = re.search(r'^ignis:capture_marks_missing_total\{[^}]*mark="system_end"[^}]*reason="%s"[^}]*\} '
+                  r'(\S+)$' % reason, body, re.M)
     return float(m.group(1)) if m else 0.0
 
 
@@ -191,3 +191,11 @@ def test_missing_mark_is_served_logged_and_counted(counting_server):
     assert r.id in line
     chat(client, server.model, long[:2])
     assert missing_count(server) == before + 1  # the first turn's block is found
+    chat(client, server.model, long)
+    warned = "capture mark system_end not found (not_a_prefix)"
+    assert (server.out.read_text() + server.err.read_text()).count(warned) == 1  # once, not per request
+    assert "the chat template never reads `tools`" in server.log()  # said at load: a request's tools are lost
+    # a mark cut away by truncate_prompt_tokens is counted as the done line names it
+    cut = missing_count(server, "truncated")
+    chat(client, server.model, long[:2], extra_body={"truncate_prompt_tokens": 4})
+    assert missing_count(server, "truncated") == cut + 1

@@ -46,6 +46,12 @@ class ToolsGateway:
     def last_prompt(self) -> str:
         return self.tokenizer.decode(self.last_prompt_ids(), skip_special_tokens=False)
 
+    log_path: Path | None = None
+
+    def log(self) -> str:
+        """What the gateway wrote so far (stdout and stderr)."""
+        return self.log_path.read_text()
+
     def client(self):
         from openai import OpenAI
 
@@ -68,7 +74,7 @@ def tools_gateway(tmp_path_factory, family: str, *flags: str, **defaults):
     engine = FakeEngine(f"ipc://{tmp}/fake-engine.sock")
     proc, url = start_gateway(tmp, f"ipc://{tmp}/fake-engine.sock", "--model", str(path), *flags)
     try:
-        yield ToolsGateway(engine, url, load_model_files(path).tokenizer, family, defaults)
+        yield ToolsGateway(engine, url, load_model_files(path).tokenizer, family, defaults, proc.out_path)
     finally:
         stop(proc)
         engine.close()

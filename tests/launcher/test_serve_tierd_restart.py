@@ -51,7 +51,8 @@ def running(metrics_url: str) -> float:
 def test_a_killed_tierd_is_started_again_and_the_service_keeps_serving(tmp_path):
     out, err = tmp_path / "serve.out", tmp_path / "serve.err"
     proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
-                             "--port", "0", "--reuse-kv-host-pool-bytes", "4M", "--metrics-port", "0", *SMALL_ENGINE],
+                             "--port", "0", "--reuse-kv-host-pool-bytes", "4M", "--metrics-port", "0",
+                             "--tierd-metrics-port", "0", *SMALL_ENGINE],
                             stdout=out.open("w"), stderr=err.open("w"), stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     log = lambda: out.read_text() + err.read_text()[-6000:]  # noqa: E731
@@ -91,6 +92,10 @@ def test_a_killed_tierd_is_started_again_and_the_service_keeps_serving(tmp_path)
         text = err.read_text()
         assert "the tierd exited with code -9 while serving" in text
         assert "starting the tierd again in 0.5 s (restart 1); the others keep serving" in text
+        # a new tierd took a new free port for its metrics (--tierd-metrics-port 0): serve says where
+        moved = re.search(r"the tierd is back after restart 1; its metrics now on (\S+)$", text, re.M)
+        assert moved, text[-3000:]
+        assert "ignis:" in urllib.request.urlopen(moved.group(1), timeout=10).read().decode()
         now = children(proc.pid)
         assert proc.poll() is None and now["engine"] == kids["engine"] and now["gateway"] == kids["gateway"]
         assert now["tierd"] != kids["tierd"]
