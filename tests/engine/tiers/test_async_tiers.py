@@ -263,18 +263,24 @@ def test_a_restarted_tierd_is_told_hello_without_traffic(tmp_path):
 # ----- pending restores, both families ----------------------------------------------------
 
 
+def demoted_conversation(rig: Rig) -> list[int]:
+    """A prompt whose checkpoints were retained and then moved down to KV-RAM by unrelated work."""
+    p = prompt(300, 11)
+    rig.submit("a", p, system_end=200, opener_start=297)
+    rig.run()
+    for i in range(2):  # unrelated work that needs the room: retained entries move down
+        rig.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
+        rig.run()
+    assert rig.sched.store.demotions >= 1
+    return p
+
+
 def test_a_request_waits_for_its_restore_and_is_admitted_the_round_after_it_lands(tmp_path, family_model):
     family, model = family_model
     tierd = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
     rig = Rig(model, family, tierd.endpoint)
     try:
-        p = prompt(300, 11)
-        rig.submit("a", p, system_end=200, opener_start=297)
-        rig.run()
-        for i in range(2):  # unrelated work that needs the room: retained entries move down
-            rig.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
-            rig.run()
-        assert rig.sched.store.demotions >= 1
+        p = demoted_conversation(rig)
         posted = []
         restore = rig.client.restore
         rig.client.restore = lambda *a: posted.append((rig.rounds, restore(*a))) or posted[-1][1]
@@ -305,13 +311,7 @@ def test_a_frozen_tierd_delays_only_the_request_whose_match_it_holds(tmp_path, f
     tierd = TierdProcess(tmp_path, "--reuse-kv-host-pool-bytes", "32M", "--kv-disk-bytes", "0")
     rig = Rig(model, family, tierd.endpoint)
     try:
-        p = prompt(300, 11)
-        rig.submit("a", p, system_end=200, opener_start=297)
-        rig.run()
-        for i in range(2):  # unrelated work that needs the room: retained entries move down
-            rig.submit(f"fill{i}", prompt(900, 30 + i), max_tokens=2)
-            rig.run()
-        assert rig.sched.store.demotions >= 1
+        p = demoted_conversation(rig)
         os.kill(tierd.proc.pid, signal.SIGSTOP)  # tierd answers nothing from here on
         rig.submit("again", p, system_end=200, opener_start=297)
         rig.submit("bystander", prompt(100, 12), max_tokens=3)
