@@ -73,6 +73,9 @@ def _content(f: Fields, role: str) -> object:
             raise pf.error("type", f"only text and image_url content parts are supported, got {kind!r}")
         if type(pf.raw("text")) is not str:
             raise pf.error("text", "must be a string")
+        # as the template reads it: other keys (``image_url: null`` from SDKs that send every field) would
+        # make a template that asks ``'image_url' in item`` render an image where the text is
+        value[j] = {"type": "text", "text": pf.raw("text")}
     return value
 
 

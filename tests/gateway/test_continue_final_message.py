@@ -115,3 +115,37 @@ def test_echo_puts_the_continued_text_in_front_of_the_answer(gw):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == prefill + " of it."
     status, body = chat(gw, ASK, "Yes.", echo=True)  # no final message continued: nothing to echo
     assert status == 200 and body["choices"][0]["message"]["content"] == "Yes."
+
+
+@pytest.mark.parametrize("prefill", [">", "|", "<", "e", "end", "im_end"])
+def test_a_prefill_that_also_occurs_in_the_markup_after_it_is_cut_where_the_message_is(gw, prefill):
+    """Text that is a piece of ``<|im_end|>\\n`` (written after the message) is found in the message, not there:
+    the model is never asked to write on after its own end of turn."""
+    status, body = chat(gw, ASK + [{"role": "assistant", "content": prefill}], "!", continue_final_message=True,
+                        add_generation_prompt=False)
+    assert status == 200, body
+    assert gw.last_prompt().endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n" + prefill)
+
+
+def test_a_text_part_is_rendered_as_text_whatever_other_keys_it_carries(gw):
+    """SDKs that send every field of a part (``image_url: null``): a template asking ``'image_url' in item``
+    rendered an image where the text was."""
+    part = {"type": "text", "text": "Is the sky blue?", "image_url": None, "video": None}
+    status, body = chat(gw, [SYSTEM, {"role": "user", "content": [part]}], "Yes.")
+    assert status == 200, body
+    assert "Is the sky blue?" in gw.last_prompt() and "<|image_pad|>" not in gw.last_prompt()
+
+
+@pytest.fixture(scope="module")
+def next_gw(tmp_path_factory):
+    yield from tools_gateway(tmp_path_factory, "qwen3_next")
+
+
+def test_a_prefill_of_text_parts_is_continued_as_a_string_template_joins_them(next_gw):
+    """The Qwen3-Next template reads a content string: its parts are joined by newlines (vLLM's), and the
+    prefill is found so joined."""
+    parts = [{"type": "text", "text": "Step 1."}, {"type": "text", "text": "Step 2:"}]
+    status, body = chat(next_gw, ASK + [{"role": "assistant", "content": parts}], " done.",
+                        continue_final_message=True, add_generation_prompt=False)
+    assert status == 200, body
+    assert next_gw.last_prompt().endswith("<|im_start|>assistant\nStep 1.\nStep 2:")
