@@ -52,6 +52,7 @@ class Tracked:
     accepted_at: list[int] = field(default_factory=list)  # and accepted there
     extra: dict = field(default_factory=dict)
     mark_missing: str | None = None  # capture marks the gateway could not find, and why
+    notes: str | None = None  # what the gateway could not honour for it (``Generate.notes``)
     salted: bool = False  # the client sent a cache_salt: it reuses only state made under the same salt
     adapter: str | None = None  # the LoRA adapter the request ran with
     prompt_scored: int = 0  # prompt tokens whose logprobs were sent (prompt_logprobs)
@@ -69,7 +70,8 @@ class TokenStreams:
 
     def track(self, peer: bytes, msg: Generate) -> None:
         self.tracked[msg.id] = Tracked(peer, msg.request_class, len(msg.prompt_ids), time.monotonic(),
-                                       mark_missing=msg.mark_missing, salted=msg.cache_salt is not None,
+                                       mark_missing=msg.mark_missing, notes=msg.notes,
+                                       salted=msg.cache_salt is not None,
                                        adapter=msg.adapter)
 
     def admitted(self, started, now: float, scheduler) -> None:
@@ -210,6 +212,8 @@ class TokenStreams:
             done["restore_rejected"] = {"non_finite": ev.restore_rejected}
         if t.mark_missing:
             done["mark"] = f"missing ({t.mark_missing})"
+        if t.notes:  # a schema held leniently, a hosted tool left out, a format not enforced (gateway)
+            done["notes"] = t.notes
         if t.salted:  # reuse confined to requests with the same cache_salt
             done["cache_salt"] = True
         if t.adapter is not None:  # the LoRA adapter it ran with (its reuse confined to the adapter's)

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from ignis.gateway.chat_template import TemplateRenderError
 from ignis.gateway.choice import ChoiceDelta
-from ignis.gateway.errors import ApiError, invalid
+from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import Usage
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
@@ -182,7 +182,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if call_tools and choice.mode == "auto" and p.grammar is None:
         # calls held to the allowed tools and the strict tools' schemas (response_format, when given, holds
         # the whole answer instead)
-        held = await work.run(auto_calls_grammar, call_tools, tool_format, gw.metrics, choice.allowed)
+        held = await work.run(auto_calls_grammar, call_tools, tool_format, gw.metrics, choice.allowed, req.notes)
         if held is not None:
             req.params = p = dataclasses.replace(p, grammar=held)
     if p.grammar is not None and prompt.starts_in_reasoning and forced is None:
@@ -197,7 +197,7 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
         # The call opener goes after the generation prompt: the model continues inside the call, and a
         # grammar holds the rest of it to the tool's parameters.
         grammar = await work.run(forced_call_grammar, forced, call_tools, tool_format, gw.metrics, choice.allowed,
-                                 max_calls is None)
+                                 max_calls is None, req.notes)
         req.params = p = dataclasses.replace(p, grammar=grammar)
         suffix = forced_call_suffix(tool_format, forced.name, prompt.starts_in_reasoning)
         prompt_ids = await work.run(with_suffix, gw.tokenizer, prompt, suffix)
@@ -254,16 +254,6 @@ def _continues(f: Fields) -> bool:
     if not continuing and not opener:
         raise f.error("add_generation_prompt", "false is only supported with continue_final_message: true")
     return continuing
-
-
-async def answer_translated(request: web.Request, turn, endpoint: str) -> web.StreamResponse:
-    """A body of another API (/v1/responses, /v1/messages) on the chat path: ``turn.translate`` makes the chat
-    body, ``turn.make_response`` the answer's shape, ``turn.remap`` names that API's fields in errors."""
-    try:
-        req = await GenerationRequest.read(request, "chat", translate=turn.translate)
-        return await answer_chat(req, endpoint, turn.rid, turn.make_response)
-    except ApiError as e:
-        raise turn.remap(e) from None
 
 
 class ChatResponse(EndpointResponse):

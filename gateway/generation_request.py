@@ -40,7 +40,7 @@ from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.structured_outputs import LEGACY
 from ignis.gateway.tokenizer import TextTokenizer
 from ignis.shared.image_input import ImageInput
-from ignis.shared.wire import Generate
+from ignis.shared.wire import MAX_NOTE_CHARS, Generate
 
 
 _INLINE_BODY_BYTES = 256 << 10
@@ -162,6 +162,10 @@ class GenerationRequest:
     fit_context: bool = False
     """A chat past the context loses its earliest turns instead of failing (the Responses API's
     ``truncation: "auto"``; ``gateway.conversation_fit``)."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What could not be honoured for this request (a schema held leniently, a hosted tool left out, a format
+    not enforced): each is also logged (once) and counted where it happens; the engine's done line names
+    them (``Generate.notes``)."""
 
     @classmethod
     async def read(cls, http: web.Request, kind: str,
@@ -184,6 +188,10 @@ class GenerationRequest:
         if gw.config.scheduling_policy == "fcfs":
             p = p.first_come(f)
         return cls(http, served, f, p, started, client_request_id(http, f))
+
+    def _notes(self) -> str | None:
+        text = "; ".join(dict.fromkeys(self.notes))
+        return (text if len(text) <= MAX_NOTE_CHARS else text[:MAX_NOTE_CHARS - 3] + "...") or None
 
     async def answer(self, endpoint: str, rid: str, prompt_ids: list[int], max_tokens: int,
                      response: EndpointResponse, *, marks: dict | None = None,
@@ -223,7 +231,7 @@ class GenerationRequest:
                 gens.append(Generate(id=f"{base}-{i}", prompt_ids=tuple(ids), sampling=sampling,
                                      request_class=p.request_class, model=gw.engine_model, grammar=p.grammar,
                                      cache_family=p.cache_family, cache_salt=p.cache_salt, adapter=gw.adapter,
-                                     images=images,
+                                     images=images, notes=self._notes(),
                                      **(prompt_marks or {})))
                 choices.append(ChoiceState(i, gw.tokenizer, stops=p.stops, stop_token_ids=p.stop_token_ids,
                                            parser=parser() if parser is not None else None,

@@ -152,6 +152,7 @@ class MessagesTurn:
 
     def __init__(self):
         self.rid = message_id()
+        self.notes: list[str] = []  # what this request could not honour (GenerationRequest.notes)
         self.origins: list[str] = []  # the Anthropic field each chat message came from
         self.call_origins: dict[int, list[str]] = {}  # chat message index -> the tool_use block of each call
         self.parallel = True
@@ -347,6 +348,7 @@ class MessagesTurn:
             # one grammar cannot hold both "a call" and "JSON under the schema" as the whole answer: the
             # tools stay callable and the format is not enforced (logged once; docs/api.md says so)
             _warn_format_with_tools()
+            self.notes.append("output_config.format not enforced (callable tools)")
         elif output_format is not None:
             chat["response_format"] = output_format
         thinking = f.object("thinking")
@@ -416,6 +418,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     _keep_request_id(request, turn)
     try:
         req = await MessagesRequest.read(request, "chat", translate=turn.translate)
+        req.notes += turn.notes
         return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
     except ApiError as e:
         raise turn.remap(e) from None

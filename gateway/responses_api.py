@@ -141,6 +141,7 @@ class ResponsesTurn:
         self.gw: GatewayState = http.app[STATE]
         self.state: ResponsesState = http.app[RESPONSES]
         self.rid = item_id("resp")
+        self.notes: list[str] = []  # what this request could not honour (GenerationRequest.notes)
         self.origins: list[str] = []
         self.names = ToolNames()
         self.conversation = Conversation()
@@ -161,6 +162,7 @@ class ResponsesTurn:
 
     def _ignored(self, kind: str | None) -> None:
         label = kind if kind in KNOWN_HOSTED else "other"
+        self.notes.append(f"tool {kind!r} left out")
         if self.gw.metrics.tool_ignored(label, repr(kind)):
             log.warning("/v1/responses: tool type %r left out (this server cannot run it); said once per type, "
                         "counted in ignis:gateway_responses_tools_ignored_total", kind)
@@ -319,6 +321,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     turn = ResponsesTurn(request)
     try:
         req = await GenerationRequest.read(request, "chat", translate=turn.translate)
+        req.notes += turn.notes
         req.fit_context = turn.truncation == "auto"
         if not turn.background:
             return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)

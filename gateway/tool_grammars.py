@@ -67,10 +67,11 @@ def _first_time(grammar: str) -> bool:
         return True
 
 
-def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMetrics) -> str:
+def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMetrics,
+          said: list[str] | None = None) -> str:
     """``build(lenient, unenforced)``'s grammar: exact when the library holds it, else lenient; a grammar that
     leaves keywords unenforced (``unenforced``'s notes of the XML format's raw values, the library's warnings)
-    is counted, and logged once with each keyword named."""
+    is counted, logged once with each keyword named, and noted in ``said`` (the request's done line)."""
     notes: list[str] = []
     try:
         grammar = build(False, notes)
@@ -89,6 +90,8 @@ def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMe
         notes += grammar_warnings(grammar) or [error.splitlines()[0]]
     if notes:
         metrics.grammar_lenient.inc()
+        if said is not None:
+            said.append(f"{what}: schema held leniently")
         if _first_time(grammar):
             log.warning("%s: the tool schema is held leniently, these keywords unenforced: %s", what,
                         "; ".join(dict.fromkeys(notes)))
@@ -96,7 +99,8 @@ def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMe
 
 
 def forced_call_grammar(forced: ForcedCall, tools: list[dict], tool_format: str, metrics: GatewayMetrics,
-                        allowed_names: tuple[str, ...] | None = None, several: bool = False) -> str:
+                        allowed_names: tuple[str, ...] | None = None, several: bool = False,
+                        said: list[str] | None = None) -> str:
     """The grammar of the rest of a forced call: the named tool's, or any (allowed) tool's for ``required``,
     then (``several``: parallel calls allowed) more calls of them as the model likes."""
 
@@ -106,15 +110,15 @@ def forced_call_grammar(forced: ForcedCall, tools: list[dict], tool_format: str,
         tool = next(t for t in tools if t["function"]["name"] == forced.name)
         return tool_call_grammar(tool, tool_format, lenient, unenforced)
 
-    return _held(build, f"tool_choice {forced.name or 'required'} call", metrics)
+    return _held(build, f"tool_choice {forced.name or 'required'} call", metrics, said)
 
 
 def auto_calls_grammar(tools: list[dict], tool_format: str, metrics: GatewayMetrics,
-                       allowed_names: tuple[str, ...] | None = None) -> str | None:
+                       allowed_names: tuple[str, ...] | None = None, said: list[str] | None = None) -> str | None:
     """Auto mode's grammar, or None when nothing needs holding (no subset allowed, no strict tool)."""
     held = strict_names(tools)
     if allowed_names is None and not held:
         return None
     callable_tools = allowed(tools, allowed_names)
     return _held(lambda lenient, notes: tool_calls_grammar(callable_tools, tool_format, held, lenient, notes),
-                 "allowed_tools" if allowed_names is not None else "strict tools' calls", metrics)
+                 "allowed_tools" if allowed_names is not None else "strict tools' calls", metrics, said)

@@ -75,6 +75,7 @@ hello, as ``TIER_PROTOCOL_VERSION`` does; until then peers of different commits 
 changed messages as malformed."""
 
 MAX_ID_CHARS = 256
+MAX_NOTE_CHARS = 1024
 MAX_PATH_CHARS = 4096
 MAX_PROFILE_ROUNDS = 1_000_000
 MAX_ADAPTERS = 1024
@@ -117,12 +118,15 @@ class Generate:
     LoRA adapter (of the model) the request runs with. ``images``
     are the prompt's pictures, resized by the gateway, in prompt order: one
     per run of image placeholder tokens (raw frames, never pickled; left out
-    of the header when there are none). The last seven are optional on the wire.
+    of the header when there are none). ``notes`` names what the gateway could
+    not honour for this request (a schema held leniently, a hosted tool left
+    out, a format not enforced), for the done line. The last eight are optional
+    on the wire.
     """
 
     TYPE: ClassVar[str] = "generate"
     OPTIONAL: ClassVar[tuple[str, ...]] = ("mark_missing", "part_end", "grammar", "cache_family", "cache_salt",
-                                          "adapter")
+                                          "adapter", "notes")
 
     id: str
     prompt_ids: TokenFrame
@@ -139,6 +143,7 @@ class Generate:
     cache_salt: str | None = None
     adapter: str | None = None
     images: ImageFrames = ()
+    notes: str | None = None
 
     def __post_init__(self):
         _check_id(self.id)
@@ -169,6 +174,8 @@ class Generate:
             check_str("cache_salt", self.cache_salt, MAX_ID_CHARS, allow_empty=False)
         if self.adapter is not None:
             check_str("adapter", self.adapter, MAX_ID_CHARS, allow_empty=False)
+        if self.notes is not None:
+            check_str("notes", self.notes, MAX_NOTE_CHARS, allow_empty=False)
         object.__setattr__(self, "images", check_images("images", self.images))
 
 

@@ -182,3 +182,23 @@ def test_a_request_ended_before_its_first_token_has_no_ttft_in_its_done_line(cap
                           if '"event":"done"' in r.getMessage()]
     assert queued["ttft_ms"] is None and queued["prefill_ms"] is None and queued["queue_ms"] >= 0
     assert prefilling["ttft_ms"] is None and prefilling["prefill_ms"] >= 0
+
+
+def test_the_gateways_notes_and_a_tier_wait_are_in_the_done_line_and_the_wait_is_timed(caplog):
+    from ignis.engine.schedule import FinishEvent
+    from ignis.shared.sampling import SamplingParams
+    from ignis.shared.wire import Generate
+
+    metrics = EngineMetrics("m")
+    streams = TokenStreams(Channel(), metrics)
+    streams.track(b"gw", Generate("a", (1, 2, 3), SamplingParams(), notes="tool 'web_search' left out"))
+    streams.track(b"gw", Generate("b", (1, 2, 3), SamplingParams()))
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("a", "length", 3, 1, tier_wait_s=0.25), "m")
+        streams.finish(FinishEvent("b", "length", 3, 1), "m")
+    a_line, b_line = [r.getMessage() for r in caplog.records if '"event":"done"' in r.getMessage()]
+    assert '"notes":"tool \'web_search\' left out"' in a_line and '"tier_wait_ms":250.0' in a_line
+    assert "notes" not in b_line and "tier_wait_ms" not in b_line
+    value = metrics.registry.get_sample_value
+    assert value("ignis:reuse_tier_wait_seconds_count", {"model_name": "m"}) == 1
+    assert value("ignis:reuse_tier_wait_seconds_sum", {"model_name": "m"}) == 0.25

@@ -186,3 +186,14 @@ def test_an_error_in_a_tool_use_block_names_the_block():
                                           {"type": "tool_use", "id": "t1", "name": "", "input": {}}]}]})
     err = turn.remap(ApiError(400, "is required", param="messages[1].tool_calls[0].function.name"))
     assert err.param == "messages[1].content[1].name"
+
+
+def test_a_format_with_callable_tools_is_noted_for_the_done_line():
+    fmt = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+    turn = MessagesTurn()
+    chat = turn.translate({"max_tokens": 9, "messages": [{"role": "user", "content": "Hi"}], "output_config": fmt,
+                           "tools": [{"name": "f", "input_schema": {"type": "object"}}]})
+    assert "response_format" not in chat and turn.notes == ["output_config.format not enforced (callable tools)"]
+    turn = MessagesTurn()
+    chat = turn.translate({"max_tokens": 9, "messages": [{"role": "user", "content": "Hi"}], "output_config": fmt})
+    assert "response_format" in chat and turn.notes == []

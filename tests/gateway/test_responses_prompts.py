@@ -134,6 +134,7 @@ def test_namespace_tools_flattened_and_mapped_back_hosted_tools_left_out(gw, cli
     create(gw, client, "Again.", input=ASK, tools=[WEATHER, *HOSTED])
     assert count(http("GET", gw.url + "/metrics").body.decode()) == count(before) + 2
     assert gw.log().count("tool type 'web_search' left out") == 1  # said once, counted each time
+    assert "tool 'web_search' left out" in gw.engine.generates[-1].notes  # and named in each done line
     # the call goes back as a namespaced function_call item and renders under its flat name
     history = ASK + [{"type": "function_call", "call_id": call.call_id, "name": "lookup", "namespace": "crm",
                       "arguments": call.arguments},

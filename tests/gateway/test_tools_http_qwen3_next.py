@@ -124,8 +124,9 @@ def test_a_tool_schema_the_grammar_cannot_hold_exactly_is_forced_leniently_and_c
     assert r.choices[0].message.tool_calls[0].function.name == "odd"
     assert gw.engine.generates[-1].grammar is not None
     assert lenient_count() == before + 1
+    assert gw.engine.generates[-1].notes == "tool_choice required call: schema held leniently"  # the done line's
     create(gw, client, "Sunny.", tools=TOOLS, tool_choice="required")  # an exact schema is not counted
-    assert lenient_count() == before + 1
+    assert lenient_count() == before + 1 and gw.engine.generates[-1].notes is None
     broken = {"type": "function", "function": {"name": "broken", "parameters": {
         "type": "object", "properties": {"x": {"$ref": "#/nowhere"}}}}}
     with pytest.raises(openai.BadRequestError) as e:

@@ -60,7 +60,7 @@ MESSAGES = [
     Generate(
         id="chatcmpl-x-0", prompt_ids=tuple(range(200)), sampling=FULL_SAMPLING, system_end=64,
         opener_start=190, last_is_user=True, request_class="agent", model="qwen3.5-27b",
-        mark_missing="system_end: not_a_prefix",
+        mark_missing="system_end: not_a_prefix", notes="tool 'web_search' left out",
         grammar='{"grammars": [{"json_schema": {"type": "object"}}]}',
     ),
     Abort(id="r1"),
@@ -193,6 +193,8 @@ GEN = MESSAGES[1]
     (_header(GEN, system_end=195, opener_start=190), "after opener_start"),
     (_header(GEN, last_is_user=1), "true or false"),
     (_header(GEN, mark_missing=""), "mark_missing must not be empty"),
+    (_header(GEN, notes=""), "notes must not be empty"),
+    (_header(GEN, notes="x" * 1025), "notes is"),
     (_header(GEN, request_class="batch"), "request_class"),
     (_header(GEN, grammar=""), "grammar must not be empty"),
     (_header(GEN, grammar={"json_schema": {}}), "grammar must be a string"),
