@@ -131,6 +131,10 @@ class EngineMetrics(ProcessMetrics):
         self.spec_accepted_per_pos = self.counter(
             "spec_decode_num_accepted_tokens_per_pos", "drafted tokens accepted, by draft position (0: the first "
             "draft of a step)", ("position",))
+        self.spec_undrafted = self.counter(
+            "spec_decode_undrafted_requests", "requests that never draft though a drafter is in use, by reason: "
+            "adapter, sampling_adjustments (penalties, logit bias, allowed ids, bad words, min_tokens, a "
+            "thinking budget), grammar_logprobs", ("reason",))
         self.ttft = self.histogram("time_to_first_token_seconds", "arrival to first token")
         self.itl = self.histogram("inter_token_latency_seconds", "time between tokens of a stream")
         self.queue_time = self.histogram("request_queue_time_seconds", "arrival to admission")

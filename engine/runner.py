@@ -98,12 +98,23 @@ class ModelRunner:
         verified by plain decode's races when seeded, else by rejection sampling: ``engine.spec_sampling``);
         under a grammar only one that asks for no logprobs (its verify rows are masked one by one:
         ``GrammarLanes.held_targets``, ``held_sampled``)."""
+        return self.spec is not None and req_id in self.samplers and self.undrafted(req_id) is None
+
+    def undrafted(self, req_id: str) -> str | None:
+        """Why ``req_id`` never drafts though a drafter is in use (None: it drafts, or there is no drafter):
+        ``adapter`` (a LoRA adapter), ``sampling_adjustments`` (penalties, a logit bias, allowed ids, bad
+        words, ``min_tokens``, a thinking budget), ``grammar_logprobs`` (logprobs under a grammar)."""
         st = self.samplers.get(req_id)
-        if self.spec is None or st is None or st.adjusted or req_id in self._adapted:
-            return False
-        if self.grammars is not None and req_id in self.grammars.matchers:
-            return self.want_logprobs.get(req_id) is None
-        return True
+        if self.spec is None or st is None:
+            return None
+        if req_id in self._adapted:
+            return "adapter"
+        if st.adjusted:
+            return "sampling_adjustments"
+        if (self.grammars is not None and req_id in self.grammars.matchers
+                and self.want_logprobs.get(req_id) is not None):
+            return "grammar_logprobs"
+        return None
 
     def _held_targets(self, req_id: str, first: int, drafts: list[int], rows) -> list[int] | None:
         """A drafting request's greedy targets under its grammar; None when it has none."""

@@ -305,14 +305,23 @@ class EngineServer:
         if plan.is_empty:
             if plan.started or plan.copies_before:
                 self.runner.run(plan)  # lanes to set up (a resumed eviction decodes next round)
+                self._note_undrafted(plan)
             return
         result, logprobs = self.runner.run(plan)
+        self._note_undrafted(plan)
         self.metrics.prefill_tokens.inc(plan.num_prefill_tokens)
         ended = self.scheduler.update(result)  # cuts each speculative list where its request ended
         self.metrics.generation_tokens.inc(len(result.tokens) + sum(len(e) for e in result.extra.values()))
         self.streams.send_tokens(result, logprobs, self.scheduler)
         for ev in ended:
             self._finish(ev)
+
+    def _note_undrafted(self, plan) -> None:
+        """Requests that took a lane this round and will not draft though a drafter is in use: said in their
+        done lines and counted (``TokenStreams.undrafted``)."""
+        if self.runner.spec is not None and plan.started:
+            self.streams.undrafted({s.req_id: why for s in plan.started
+                                    if (why := self.runner.undrafted(s.req_id)) is not None})
 
     def _publish_kv_events(self) -> None:
         """This loop turn's block events as one batch (queued for the publisher's thread, never waited on)."""

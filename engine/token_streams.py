@@ -53,6 +53,7 @@ class Tracked:
     extra: dict = field(default_factory=dict)
     mark_missing: str | None = None  # capture marks the gateway could not find, and why
     notes: str | None = None  # what the gateway could not honour for it (``Generate.notes``)
+    undrafted: str | None = None  # why it never drafted though a drafter is in use (``ModelRunner.undrafted``)
     salted: bool = False  # the client sent a cache_salt: it reuses only state made under the same salt
     adapter: str | None = None  # the LoRA adapter the request ran with
     prompt_scored: int = 0  # prompt tokens whose logprobs were sent (prompt_logprobs)
@@ -85,6 +86,14 @@ class TokenStreams:
                 req = scheduler.get(s.req_id)
                 if req is not None:
                     self.channel.send(Admitted(s.req_id, req.cached_tokens), t.peer)
+
+    def undrafted(self, reasons: dict[str, str]) -> None:
+        """Requests that will not draft though a drafter is in use, and why: noted once each, and counted."""
+        for rid, why in reasons.items():
+            t = self.tracked.get(rid)
+            if t is not None and t.undrafted is None:
+                t.undrafted = why
+                self.metrics.spec_undrafted.labels(self.metrics.model_name, why).inc()
 
     def send_tokens(self, result, logprobs: dict, scheduler) -> None:
         """One round's sampled tokens, batched per gateway; a request already ending sends none. Prompt
@@ -204,6 +213,8 @@ class TokenStreams:
         if t.drafted_at:  # speculative decoding: drafted and accepted tokens, acceptance per draft position
             done["spec"] = {"drafted": sum(t.drafted_at), "accepted": sum(t.accepted_at),
                             "accept_rate_per_pos": [round(a / d, 3) for a, d in zip(t.accepted_at, t.drafted_at)]}
+        elif t.undrafted is not None:  # a drafter is in use and this request never drafts: why
+            done["spec"] = {"off": t.undrafted}
         if ev.live_resumes or ev.recomputed:  # it gave up its lane while running (docs/operations.md)
             done["preempted"] = {"resumed_live": ev.live_resumes, "recomputed": ev.recomputed}
         if ev.tier_wait_s:  # it waited for its match to come back from a lower tier (requests behind it did not)

@@ -202,3 +202,20 @@ def test_the_gateways_notes_and_a_tier_wait_are_in_the_done_line_and_the_wait_is
     value = metrics.registry.get_sample_value
     assert value("ignis:reuse_tier_wait_seconds_count", {"model_name": "m"}) == 1
     assert value("ignis:reuse_tier_wait_seconds_sum", {"model_name": "m"}) == 0.25
+
+
+def test_a_request_that_never_drafts_is_noted_once_and_counted(caplog):
+    from ignis.engine.schedule import FinishEvent
+    from ignis.shared.sampling import SamplingParams
+    from ignis.shared.wire import Generate
+
+    metrics = EngineMetrics("m")
+    streams = TokenStreams(Channel(), metrics)
+    streams.track(b"gw", Generate("a", (1, 2, 3), SamplingParams()))
+    streams.undrafted({"a": "adapter", "gone": "adapter"})
+    streams.undrafted({"a": "adapter"})  # a resumed request starts again: counted once
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("a", "length", 3, 1), "m")
+    assert '"spec":{"off":"adapter"}' in caplog.text
+    value = metrics.registry.get_sample_value
+    assert value("ignis:spec_decode_undrafted_requests_total", {"model_name": "m", "reason": "adapter"}) == 1

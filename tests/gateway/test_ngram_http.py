@@ -59,3 +59,14 @@ def test_greedy_answers_equal_plain_serve_and_drafts_are_verified(server, ngram_
     want = plain.chat.completions.create(model="ignis-demo", messages=messages, **GREEDY)
     got = ngram.chat.completions.create(model="ignis-demo", messages=messages, **GREEDY)
     assert got.choices[0].model_extra["token_ids"] == want.choices[0].model_extra["token_ids"]
+
+
+def test_a_request_that_never_drafts_says_why_in_its_done_line_and_is_counted(ngram_server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=ngram_server.url + "/v1", api_key=ngram_server.api_key, max_retries=0, timeout=60)
+    before = len(done_lines(ngram_server))
+    r = client.completions.create(model="ignis-demo", prompt=PROMPTS[1], presence_penalty=0.5, **GREEDY)
+    done = wait_until(lambda: (lines := done_lines(ngram_server))[before:] and lines, 20, "no done line")
+    line = next(x for x in done[before:] if r.id in x)
+    assert '"spec":{"off":"sampling_adjustments"}' in line, line  # the counter: tests/engine/test_token_streams.py
