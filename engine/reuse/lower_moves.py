@@ -94,14 +94,23 @@ class LowerMoves:
     # ----- demote ------------------------------------------------------------------
 
     def demote(self, tokens, pages: SequencePages, slot: int, request_class: str, last_used: float,
-               landed: Callable[[str], None]) -> bool:
-        """Post the demote of an entry the store lets go of; ``landed(tier)`` when it is below. True:
-        done already (the caller frees pages and slot now); False: pages and slot are held here and
-        freed when the copy is done (the caller only drops its page table)."""
+               landed: Callable[[str], None], failed: Callable[[str], None] | None = None) -> bool:
+        """Post the demote of an entry the store lets go of; ``landed(tier)`` when it is below,
+        ``failed(reason)`` when tierd could not take it for another reason than a full tier (not
+        connected, not answering, gone). True: done already (the caller frees pages and slot now);
+        False: pages and slot are held here and freed when the copy is done (the caller only drops its
+        page table)."""
         op = as_op("demote", self.tiers.demote_retained(tokens, pages.pages, slot, request_class,
                                                         last_used=last_used))
         session = self.tiers.session
-        op.when_done(lambda o: landed(o.value) if o.ok and self.tiers.session == session else None)
+
+        def done(o: TierOp) -> None:
+            if o.ok and self.tiers.session == session:
+                landed(o.value)
+            elif not o.ok and failed is not None and o.reason not in ("no_room", "refused"):
+                failed(o.reason)
+
+        op.when_done(done)
         if not op.pending:
             return True
         self._made += 1

@@ -465,13 +465,17 @@ class RetainedStore:
         was not kept for the caller. ``fate``: why it goes ("evicted" for room, "budget" for its
         conversation's budget)."""
         slot_free = True
+        self.fates.note(e.tokens, fate)
         if demote:
             def landed(tier, e=e):
                 self.demotions += 1
                 self.lower.add(LowerRecord(content_key(e.tokens), e.tokens, e.kind, e.request_class,
                                            e.after_user, tier))
 
-            slot_free = self.moves.demote(e.tokens, e.pages, e.slot, e.request_class, e.used_at, landed)
+            def failed(_reason, e=e):  # tierd not connected or not answering: a request that falls short says so
+                self.fates.note(e.tokens, "tier_failed")
+
+            slot_free = self.moves.demote(e.tokens, e.pages, e.slot, e.request_class, e.used_at, landed, failed)
         del self._entries[e.entry_id]
         self._entries_version += 1
         bucket = self._by_hash[e.full_hash]
@@ -483,7 +487,6 @@ class RetainedStore:
                 other.parent = e.parent
         e.pages.release()
         self.blocks.dropped(e.tokens, "GPU")
-        self.fates.note(e.tokens, fate)
         if slot_free and not keep_slot:
             self.slots.give_back(e.slot)
         self.released += 1

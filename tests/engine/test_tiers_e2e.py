@@ -171,6 +171,17 @@ def test_engine_without_a_tierd_still_serves(tmp_path):
         assert eng.stop() == 0
 
 
+def done_line(eng, rid: str) -> dict:
+    """``rid``'s done line (written just after its answer goes out: waited for)."""
+    deadline, done = time.monotonic() + 30, []
+    while not done and time.monotonic() < deadline:
+        done = [json.loads(line[line.index("{"):]) for line in eng.log_path.read_text().splitlines()
+                if '"event":"done"' in line and f'"{rid}"' in line]
+        time.sleep(0.05)
+    assert len(done) == 1, done
+    return done[0]
+
+
 def _run_pair(eng, tag):
     p = prompt(300, 7)
     first = eng.run(f"{tag}-1", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
@@ -198,14 +209,8 @@ def test_damaged_disk_file_is_a_miss_with_correct_output(tmp_path, damage):
         again = eng.run(f"{damage}-2", p, max_tokens=6, ignore_eos=True, system_end=200, opener_start=297)
         assert again.finished.reuse.tier != "kv_disk"
         assert again.tokens == first.tokens
-        # no silent fallback: the done line names the failed restore as the reason it reused less (the line
-        # is written just after the answer goes out)
-        deadline, done = time.monotonic() + 30, []
-        while not done and time.monotonic() < deadline:
-            done = [json.loads(line[line.index("{"):]) for line in eng.log_path.read_text().splitlines()
-                    if '"event":"done"' in line and f'"{damage}-2"' in line]
-            time.sleep(0.05)
-        assert [d["shortfall"] for d in done] == ["tier_failed"], done
+        # no silent fallback: the done line names the failed restore as the reason it reused less
+        assert done_line(eng, f"{damage}-2")["shortfall"] == "tier_failed"
     finally:
         assert eng.stop() == 0
         tierd.stop()
@@ -226,6 +231,8 @@ def test_tierd_killed_requests_still_complete_correctly(tmp_path):
         again = eng.run("k2", p, max_tokens=6, ignore_eos=True, opener_start=297)
         assert again.finished.finish_reason == "length"
         assert again.tokens == first.tokens
+        # its checkpoint could not go down (tierd gone): the done line blames the tier, not an eviction
+        assert done_line(eng, "k2")["shortfall"] == "tier_failed"
     finally:
         assert eng.stop() == 0
         tierd.log.close()
