@@ -74,6 +74,7 @@ def set_gauges(metrics: EngineMetrics, runtime, waiting_outside: int, store: dic
     path = kernel_path(runtime.info)
     for name in KERNEL_PATHS:
         metrics.kernel_path.labels(metrics.model_name, name).set(1 if name == path else 0)
+    metrics.decode_graphs.set(runtime.info.get("cuda_graphs", 0))
     store = scheduler.stats() if store is None else store
     metrics.sync_store(store)
     metrics.sync_compiles(runtime.compiles)

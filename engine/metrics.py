@@ -118,6 +118,9 @@ class EngineMetrics(ProcessMetrics):
         self.kernel_path = self.gauge(
             "kernel_path", "1 for the kernel path the loaded model runs (triton, reference or mixed: some ops on "
             "torch twins because their Triton forms failed to import), 0 for the others", ("path",))
+        self.decode_graphs = self.gauge(
+            "decode_cuda_graphs", "decode CUDA graphs captured at load (0: every decode round runs eager: no CUDA "
+            "device, --enforce-eager, or the capture failed, which the log says)")
         self.live_evicting = self.gauge("live_evicting", "running sequences moving down a tier now")
         self.live_evictions = self.counter("live_evictions", "running sequences moved down a tier")
         self.live_resumes = self.counter("live_resumes", "evicted sequences resumed from a lower tier")

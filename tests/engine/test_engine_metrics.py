@@ -37,6 +37,7 @@ def test_metrics_move_with_requests(tmp_path):
         assert before["ignis:kv_pool_pages_free"] == 64
         assert before["ignis:kernel_path|path=reference"] == 1  # the CPU runs the twins
         assert before["ignis:kernel_path|path=triton"] == 0 and before["ignis:kernel_path|path=mixed"] == 0
+        assert before["ignis:decode_cuda_graphs"] == 0  # no CUDA device: every decode round eager
         stats = eng.stats()
         assert stats["kernel_triton_ops"] == 0 and stats["kernel_fallback_ops"] == 0 and stats["kernel_twin_ops"] > 0
         p = list(range(10, 210))
