@@ -102,6 +102,9 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> No
                 continue
             if ahead or pending > matched:
                 return  # a request ahead is about to retain this prefix: resume from it once it is filled
+        if req.tier_wait_since is not None:  # its match came back (or was given up): it waits as any other now
+            req.tier_wait_s += now - req.tier_wait_since
+            req.tier_wait_since = None
         shared = hit.num_tokens // page_tokens if hit else 0
         needed = sched.pool.pages_for(req.num_tokens + 1) - shared
         if needed > sched.pool.num_free:
@@ -114,9 +117,6 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> No
             return  # head of line waits (for pages, or for pages on their way back); nothing overtakes it
         req.pages_wanted = 0
         queue.remove(req)
-        if req.tier_wait_since is not None:
-            req.tier_wait_s += now - req.tier_wait_since
-            req.tier_wait_since = None
         sched.lanes.take(req)
         req.num_computed_tokens = 0
         if hit is not None:

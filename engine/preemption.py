@@ -137,7 +137,7 @@ def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
     evictor = sched.evictor
     if not evictor.enabled or evictor.evicting or evictor.may_start() or evictor.tiers.live_on_disk:
         return
-    head = next((q[0] for q in sched.waiting.values() if q), None)
+    head = waiting_head(sched)
     if head is None:
         return
     short_of_pages = head.pages_wanted > sched.pool.num_free + sched.store.pages_coming
@@ -146,6 +146,13 @@ def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
     victim = _lowest_below(sched, head)
     if victim is not None:
         plan.preempted.append(preempt(sched, victim))
+
+
+def waiting_head(sched: SchedulerState) -> Request | None:
+    """The first waiting request that is not waiting for its lower-tier match: one that is is passed over
+    (``engine.admission``), so a lane or pages freed for it would go to the requests behind it, round after
+    round."""
+    return next((r for q in sched.waiting.values() for r in q if r.tier_wait_since is None), None)
 
 
 def maybe_evict(sched: SchedulerState, head: Request) -> None:

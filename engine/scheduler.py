@@ -48,7 +48,7 @@ from ignis.engine.decode_lanes import DecodeLanes
 from ignis.engine.eviction import Evictor
 from ignis.engine.image_layout import image_layout
 from ignis.engine.page_pool import PagePool
-from ignis.engine.preemption import evict_windows, maybe_evict, plan_decodes, preempt_for_head
+from ignis.engine.preemption import evict_windows, maybe_evict, plan_decodes, preempt_for_head, waiting_head
 from ignis.engine.prefill_chunks import add_chunk, capture_aborted
 from ignis.engine.reuse.image_keys import ImageKey, walk_back
 from ignis.engine.scheduler_config import SchedulerConfig
@@ -265,7 +265,7 @@ class Scheduler:
         if not plan.preempted:
             admit(self, plan, budget, time.monotonic())
         if not self.lanes.any_free:
-            head = next((q[0] for q in self.waiting.values() if q), None)
+            head = waiting_head(self)
             if head is not None:
                 maybe_evict(self, head)
         self._in_flight = None if plan.is_empty else plan
