@@ -322,3 +322,30 @@ def test_a_head_short_of_pages_with_a_lane_free_is_served_before_the_agent_ends(
     undisturbed_agent.run()
     assert h.tokens["agent0"] == undisturbed_agent.tokens["agent0"]
     h.sched.pool.integrity_check()
+
+
+def test_no_lane_is_freed_for_a_request_waiting_for_its_lower_tier_match(model):
+    """A request waiting for tierd is passed over by admission: a lane freed for it (an eviction, a preemption)
+    would go to the requests behind it, and its victim be pushed out again the next round (an engine that
+    never drains). Eviction and preemption act for the first waiting request that can take a lane."""
+    from ignis.engine.preemption import waiting_head
+
+    h = Harness(model, lanes=1, window=1, refuse_after=0)
+    h.submit("agent0", prompt(150, 0), "agent", **AGENT_SAMPLING[0])
+    for _ in range(5):
+        h.step()
+    h.submit("user", prompt(40, 9), "interactive", max_tokens=3)
+    user = h.sched.waiting["interactive"][0]
+    user.tier_wait_since = 0.0  # as admission marks a request whose match is being copied back
+    assert waiting_head(h.sched) is None
+    for _ in range(10):
+        h.step()
+    stats = h.sched.stats()
+    assert stats["live_evictions_total"] + stats["live_evictions_abandoned_total"] + stats["num_preemptions_total"] == 0
+    assert user.state.name == "WAITING" and len(h.tokens["agent0"]) == 15
+    user.tier_wait_since = None  # its match is back: now the agent makes room (refused below: preempted)
+    assert waiting_head(h.sched) is user
+    h.run()
+    assert len(h.tokens["user"]) == 3 and h.tokens["agent0"] == undisturbed(model, 0)
+    assert h.sched.stats()["num_preemptions_total"] == 1
+    h.sched.pool.integrity_check()
