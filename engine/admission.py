@@ -2,19 +2,21 @@
 
 Order. Interactive requests before agent ones, FIFO within a class, strictly in
 that order: if the head does not fit, nothing behind it is admitted (so a big
-request is not starved by small ones); only a request waiting for a lower tier's
-bytes is passed over (below). A request fits when a lane is free and
+request is not starved by small ones). A request fits when a lane is free and
 the pages for all its tokens plus one (its first decode) are free; those pages
 are taken at admission, so a prefill never runs short. Admission stops when the
 round's prefill budget is spent; the scheduler admits nothing in a round that
 preempted.
 
-A lower-tier match is restored without waiting: the request posts the lookup
-and then the restore, keeps its place in its queue, and is admitted in the
-round after the bytes land (``engine.reuse.lower_moves``). While it waits for
-them, the requests behind it are admitted as if it were not there (a slow or
-frozen tierd delays only the requests whose matches it holds); how long it
-waited is its ``tier_wait_s`` (the done line's ``tier_wait_ms``).
+A lower-tier match is restored without waiting: the head posts the lookup
+and then the restore, waits at the head of its queue, and is admitted in the
+round after the bytes land (``engine.reuse.lower_moves``). It waits at most
+``tier_wait_limit_s``: past it tierd is taken as stalled, the head computes
+from its device match (its shortfall ``tier_failed``) and no request asks
+tierd again until it answers something (``RetainedStore.give_up_below``), so
+a frozen tierd holds the queue once, for that long, not for
+``--tierd-timeout`` per request. How long it waited is its ``tier_wait_s``
+(the done line's ``tier_wait_ms``).
 
 Reuse. With a ``RetainedStore`` (slots > 0), admission first looks up the
 longest retained prefix of the request's tokens: full pages are shared, the
@@ -58,24 +60,15 @@ from ignis.engine.schedule import LaneStart, RoundPlan
 from ignis.engine.scheduler_state import SchedulerState
 
 
-def _next_waiting(sched: SchedulerState, passed: set[str]):
-    """The first waiting request (in admission order) not passed over this round, and its queue."""
-    for queue in sched.waiting.values():
-        for req in queue:
-            if req.req_id not in passed:
-                return queue, req
-    return None, None
-
-
 def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> None:
     """Admit waiting requests in order while lanes are free and ``budget`` prefill tokens last. ``now``
     (monotonic seconds) times the waits for lower-tier matches."""
     page_tokens = sched.config.page_tokens
-    passed: set[str] = set()  # requests waiting for their lower-tier match: passed over this round
     while budget > 0 and sched.lanes.any_free:
-        queue, req = _next_waiting(sched, passed)
-        if req is None:
+        queue = next((q for q in sched.waiting.values() if q), None)
+        if queue is None:
             return
+        req = queue[0]
         if req.evicted is not None:
             if not _resume_evicted(sched, plan, req):
                 return  # its copies are on their way back (or wait for room): nothing overtakes it
@@ -95,16 +88,15 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> No
                                   lambda other, point: capture_kind(other, point, sched.store, page_tokens))
             pending = sched.store.pending_prefix(tokens)
             if not ahead and pending > matched and sched.store.pending_below(tokens) >= pending:
-                # its match is being looked up or copied back from a lower tier: those behind it go on
+                # its match is being looked up or copied back from a lower tier: it waits, within a bound
                 if req.tier_wait_since is None:
                     req.tier_wait_since = now
-                passed.add(req.req_id)
-                continue
-            if ahead or pending > matched:
+                if now - req.tier_wait_since < sched.config.tier_wait_limit_s:
+                    return
+                sched.store.give_up_below(tokens, now - req.tier_wait_since)  # slow or frozen: compute it
+            elif ahead or pending > matched:
                 return  # a request ahead is about to retain this prefix: resume from it once it is filled
-        if req.tier_wait_since is not None:  # its match came back (or was given up): it waits as any other now
-            req.tier_wait_s += now - req.tier_wait_since
-            req.tier_wait_since = None
+        end_tier_wait(req, now)
         shared = hit.num_tokens // page_tokens if hit else 0
         needed = sched.pool.pages_for(req.num_tokens + 1) - shared
         if needed > sched.pool.num_free:
@@ -116,7 +108,7 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> No
                 maybe_evict(sched, req)
             return  # head of line waits (for pages, or for pages on their way back); nothing overtakes it
         req.pages_wanted = 0
-        queue.remove(req)
+        queue.popleft()
         sched.lanes.take(req)
         req.num_computed_tokens = 0
         if hit is not None:
@@ -135,6 +127,13 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> No
                                       restore_slot=hit.slot if hit else None, adapter=req.adapter_slot))
         budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
                             sched.config.capture_inside_chunks, sched.config.scored_row_cost)
+
+
+def end_tier_wait(req: Request, now: float) -> None:
+    """``req`` no longer waits for tierd (its match came back, was given up, or it ended): the wait counted."""
+    if req.tier_wait_since is not None:
+        req.tier_wait_s += now - req.tier_wait_since
+        req.tier_wait_since = None
 
 
 def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> bool:
@@ -158,7 +157,7 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
             sched.store.reclaim_pages(needed)
         if needed > pool.num_free:
             return False
-    sched.waiting[req.request_class].remove(req)
+    sched.waiting[req.request_class].popleft()
     sched.lanes.take(req)
     req.evicted = None
     if status == "ready":

@@ -96,10 +96,13 @@ class EngineMetrics(ProcessMetrics):
                 ("reuse_released", "retained entries released from the device"),
                 ("reuse_stamp_refusals", "retained entries refused for another stamp"),
                 ("reuse_flushes", "cache resets: every retained entry dropped in every tier (/reset_prefix_cache, "
-                                  "/flush_cache)"))}
+                                  "/flush_cache)"),
+                ("reuse_tier_give_ups", "requests that stopped waiting for tierd to bring their match back (slow or "
+                                        "frozen past the bound): each computed it; none waited for tierd until it "
+                                        "answered again"))}
         self.tier_wait = self.histogram(
-            "reuse_tier_wait_seconds", "time a request waited for its match to be looked up in and copied back "
-            "from KV-RAM or KV-disk (requests behind it are admitted meanwhile)")
+            "reuse_tier_wait_seconds", "time a request waited at the head of its queue for its match to be looked "
+            "up in and copied back from KV-RAM or KV-disk")
         self.restore_rejected = self.counter(
             "reuse_restore_rejected", "restores from KV-RAM or KV-disk whose bytes were refused before use "
             "(dropped; the request recomputes), by reason: non_finite", ("reason",))

@@ -149,10 +149,10 @@ def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
 
 
 def waiting_head(sched: SchedulerState) -> Request | None:
-    """The first waiting request that is not waiting for its lower-tier match: one that is is passed over
-    (``engine.admission``), so a lane or pages freed for it would go to the requests behind it, round after
-    round."""
-    return next((r for q in sched.waiting.values() for r in q if r.tier_wait_since is None), None)
+    """The head of the queue, when room made now would let it in: None while it waits for tierd to bring its
+    lower-tier match back (``engine.admission``; a lane freed for it would stand idle until then)."""
+    head = next((q[0] for q in sched.waiting.values() if q), None)
+    return None if head is None or head.tier_wait_since is not None else head
 
 
 def maybe_evict(sched: SchedulerState, head: Request) -> None:

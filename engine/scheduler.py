@@ -41,7 +41,7 @@ from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
 
-from ignis.engine.admission import admit
+from ignis.engine.admission import admit, end_tier_wait
 from ignis.engine.burst_points import share_ahead
 from ignis.engine.cache_flushes import requests_in_flight
 from ignis.engine.decode_lanes import DecodeLanes
@@ -337,6 +337,7 @@ class Scheduler:
                         self.store.fates.note(key, "aborted")
         self.evictor.forget(req.req_id, req.evicted)
         req.evicted = None
+        end_tier_wait(req, time.monotonic())  # aborted while it waited for tierd: that wait counts too
         if req.has_lane:
             self.lanes.release(req)
         req.state = RequestState.FINISHED

@@ -30,6 +30,10 @@ class SchedulerConfig:
     scored_row_cost: int = field(default=1, metadata=field_doc(
         "prefill budget a prompt row that is scored (prompt_logprobs) takes, in prompt tokens: 1 plus the LM "
         "head's share of a token's work", cli=False))
+    tier_wait_limit_s: float = field(default=2.0, metadata=field_doc(
+        "the most a request at the head of its queue waits for tierd to look up and copy back its lower-tier "
+        "match before it computes from its device match instead (tierd slow or frozen); the requests behind "
+        "it then stop asking tierd until it answers again", cli=False))
     capture_inside_chunks: bool = field(default=True, metadata=field_doc(
         "a prefill chunk crosses capture marks, the forward keeping the state image at each (False: chunks "
         "end on the marks; the hq-e8-2b pool, whose exact window is lane state, needs it)", cli=False))

@@ -65,6 +65,9 @@ class LowerMoves:
         self._round = 0
         self._unclaimed: list[tuple[int, ...]] = []  # tokens of rejected restores no request was told of
         self._made = 0
+        self.stalled = False
+        """A request waited past its bound for tierd: no lookup is asked, nor a restore in flight waited for,
+        until tierd answers something (any exchange ends: ``_heard``)."""
 
     @property
     def in_flight(self) -> int:
@@ -105,6 +108,7 @@ class LowerMoves:
         session = self.tiers.session
 
         def done(o: TierOp) -> None:
+            self._heard()
             if o.ok and self.tiers.session == session:
                 landed(o.value)
             elif not o.ok and failed is not None and o.reason not in ("no_room", "refused"):
@@ -118,6 +122,10 @@ class LowerMoves:
         self.demoting.append(d)
         op.when_done(lambda o: self._demoted(d))
         return False
+
+    def _heard(self) -> None:
+        """An exchange ended (an answer, or the client's own timeout): tierd is not taken as stalled."""
+        self.stalled = False
 
     def wait_for_slot(self, slot: int, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) for the demote in flight that reads ``slot`` to land, so the slot is
@@ -143,7 +151,7 @@ class LowerMoves:
         if op is None:
             op = as_op("lookup", self.tiers.locate(list(keys)))
             self._located[keys] = op
-            op.when_done(lambda _o: self._answered.__setitem__(keys, self._round))
+            op.when_done(lambda _o: self._heard() or self._answered.__setitem__(keys, self._round))
         if op.pending:
             return WAIT
         del self._located[keys]
@@ -175,6 +183,7 @@ class LowerMoves:
         op.when_done(lambda o: self._restored(r, landed, missed))
 
     def _restored(self, r: _Restoring, landed, missed) -> None:
+        self._heard()
         self.restoring.pop(r.record.key, None)
         if r.op.ok:
             if self.tiers.check_restored(r.owner.pages, r.record.num_tokens, r.slot):

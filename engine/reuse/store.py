@@ -54,6 +54,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ from ignis.engine.reuse.lower_index import WIRE_TIER, LowerIndex, LowerRecord, c
 from ignis.engine.reuse.lower_moves import WAIT, LowerMoves
 from ignis.engine.reuse.shortfall import Fates
 from ignis.engine.tier_port import NO_TIERS, TierPort
+
+log = logging.getLogger("ignis.engine")
 
 CLASS_KEEP = {"agent": 0, "interactive": 1}
 SLOT_WAIT_S = 0.5
@@ -130,7 +133,8 @@ class RetainedStore:
         self._wait_below: tuple[tuple[int, ...], int] = ((), 0)  # a lookup's lower match on its way
         self.demotions = 0
         self.restores = 0
-        self.restore_rejections = 0  # restores whose bytes were not finite (dropped, recomputed)
+        self.restore_rejections = 0
+        self.tier_give_ups = 0  # requests that stopped waiting for tierd (``give_up_below``)  # restores whose bytes were not finite (dropped, recomputed)
         self.captures = 0
         self.captures_skipped = 0
         self.family_touches = 0  # entries ranked as used by the arrival of a request of their family
@@ -227,6 +231,10 @@ class RetainedStore:
         """The lower-tier record worth restoring for ``tokens``, after asking tierd where its matches are now."""
         records = self.lower.matches(tokens, len(tokens) - 1, longer_than=device_match)
         if not records:
+            return None
+        if self.moves.stalled:  # a request gave up waiting for tierd: none asks it again until it answers
+            for r in records:
+                self.fates.note(tuple(r.tokens), "tier_failed")
             return None
         restoring = self.moves.restoring_prefix(tokens)
         if restoring > device_match:
@@ -503,11 +511,24 @@ class RetainedStore:
     def pending_below(self, tokens: tuple[int, ...]) -> int:
         """Tokens of the longest lower-tier match of ``tokens`` being looked up, restored, or waiting for
         room to land in (0 if none): what only tierd can bring."""
-        if not self.enabled or len(tokens) < 2:
+        if not self.enabled or len(tokens) < 2 or self.moves.stalled:
             return 0
         waited, below = self._wait_below
         below = below if tuple(waited) == tuple(tokens) else 0
         return max(below, self.moves.restoring_prefix(tokens))
+
+    def give_up_below(self, tokens: tuple[int, ...], waited_s: float) -> None:
+        """A request waited past its bound for tierd (``SchedulerConfig.tier_wait_limit_s``) for its lower-tier
+        match: the match is given up (a request that falls short says ``tier_failed``), and until tierd
+        answers something no request asks it, nor waits for a restore in flight (``LowerMoves.stalled``).
+        What is in flight goes on: a restore that lands later is a device entry like any other."""
+        for r in self.lower.matches(tokens, len(tokens) - 1, longer_than=0):
+            self.fates.note(tuple(r.tokens), "tier_failed")
+        self.moves.stalled = True
+        self._wait_below = ((), 0)
+        self.tier_give_ups += 1
+        log.warning("tierd did not bring a match back in %.1f s: the request computes it, and no request waits "
+                    "for tierd until it answers again (ignis:reuse_tier_give_ups_total)", waited_s)
 
     def mark_filled(self, entry_ids) -> None:
         """The round that captured these entries has been applied: their slots hold their images."""
@@ -577,6 +598,7 @@ class RetainedStore:
             "reuse_demotions_total": self.demotions,
             "reuse_restores_total": self.restores,
             "reuse_restore_rejected_total": self.restore_rejections,
+            "reuse_tier_give_ups_total": self.tier_give_ups,
             "retained_lower_entries": len(self.lower),
             "retained_lower_forgotten_total": self.lower.forgotten,
         }

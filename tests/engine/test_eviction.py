@@ -325,9 +325,8 @@ def test_a_head_short_of_pages_with_a_lane_free_is_served_before_the_agent_ends(
 
 
 def test_no_lane_is_freed_for_a_request_waiting_for_its_lower_tier_match(model):
-    """A request waiting for tierd is passed over by admission: a lane freed for it (an eviction, a preemption)
-    would go to the requests behind it, and its victim be pushed out again the next round (an engine that
-    never drains). Eviction and preemption act for the first waiting request that can take a lane."""
+    """A head waiting for tierd to bring its match back cannot take a lane until then: no eviction or preemption
+    acts for it meanwhile (the lane would stand idle, the victim's work be lost for nothing)."""
     from ignis.engine.preemption import waiting_head
 
     h = Harness(model, lanes=1, window=1, refuse_after=0)
