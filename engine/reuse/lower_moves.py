@@ -108,7 +108,7 @@ class LowerMoves:
         session = self.tiers.session
 
         def done(o: TierOp) -> None:
-            self._heard()
+            self._heard(o)
             if o.ok and self.tiers.session == session:
                 landed(o.value)
             elif not o.ok and failed is not None and o.reason not in ("no_room", "refused"):
@@ -123,9 +123,11 @@ class LowerMoves:
         op.when_done(lambda o: self._demoted(d))
         return False
 
-    def _heard(self) -> None:
-        """An exchange ended (an answer, or the client's own timeout): tierd is not taken as stalled."""
-        self.stalled = False
+    def _heard(self, op: TierOp) -> None:
+        """An exchange with tierd ended (an answer, or the client's own timeout): tierd is not taken as
+        stalled. One the port refused without asking (a device slot's entry, no tiers) says nothing of it."""
+        if op.ok or op.reason != "refused":
+            self.stalled = False
 
     def wait_for_slot(self, slot: int, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) for the demote in flight that reads ``slot`` to land, so the slot is
@@ -151,7 +153,7 @@ class LowerMoves:
         if op is None:
             op = as_op("lookup", self.tiers.locate(list(keys)))
             self._located[keys] = op
-            op.when_done(lambda _o: self._heard() or self._answered.__setitem__(keys, self._round))
+            op.when_done(lambda o: self._heard(o) or self._answered.__setitem__(keys, self._round))
         if op.pending:
             return WAIT
         del self._located[keys]
@@ -183,7 +185,7 @@ class LowerMoves:
         op.when_done(lambda o: self._restored(r, landed, missed))
 
     def _restored(self, r: _Restoring, landed, missed) -> None:
-        self._heard()
+        self._heard(r.op)
         self.restoring.pop(r.record.key, None)
         if r.op.ok:
             if self.tiers.check_restored(r.owner.pages, r.record.num_tokens, r.slot):

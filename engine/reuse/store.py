@@ -133,8 +133,8 @@ class RetainedStore:
         self._wait_below: tuple[tuple[int, ...], int] = ((), 0)  # a lookup's lower match on its way
         self.demotions = 0
         self.restores = 0
-        self.restore_rejections = 0
-        self.tier_give_ups = 0  # requests that stopped waiting for tierd (``give_up_below``)  # restores whose bytes were not finite (dropped, recomputed)
+        self.restore_rejections = 0  # restores whose bytes were not finite (dropped, recomputed)
+        self.tier_give_ups = 0  # requests that stopped waiting for tierd (``give_up_below``)
         self.captures = 0
         self.captures_skipped = 0
         self.family_touches = 0  # entries ranked as used by the arrival of a request of their family
