@@ -5,8 +5,9 @@ turn. The conversation is rendered whole without the generation prompt and
 cut right after the final message's text, as vLLM cuts it: where its content
 last occurs after the turns before it (as given, or trimmed, since templates
 such as Qwen3.5's trim message content) and before the markup the template
-writes after it (found by a second render with a mark after the text). A template that does not render that text verbatim cannot
-be continued: a 400, never a guess.
+writes after it (found by a second render with a mark after the text). A
+template that does not render that text verbatim cannot be continued: a 400,
+never a guess.
 
 The final message must be an assistant message with text content and no
 tool calls. Its text is the prompt's; the answer holds only what follows.
