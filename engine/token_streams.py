@@ -217,7 +217,7 @@ class TokenStreams:
             done["spec"] = {"off": t.undrafted}
         if ev.live_resumes or ev.recomputed:  # it gave up its lane while running (docs/operations.md)
             done["preempted"] = {"resumed_live": ev.live_resumes, "recomputed": ev.recomputed}
-        if ev.tier_wait_s:  # it waited for its match to come back from a lower tier (requests behind it did not)
+        if ev.tier_wait_s:  # it waited at the head of its queue for its match to come back from a lower tier
             done["tier_wait_ms"] = round(ev.tier_wait_s * 1000, 3)
         if ev.restore_rejected:  # ignis:reuse_restore_rejected_total{reason="non_finite"} counts them too
             done["restore_rejected"] = {"non_finite": ev.restore_rejected}

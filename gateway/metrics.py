@@ -48,7 +48,7 @@ class GatewayMetrics(ProcessMetrics):
         self.stalled = self.counter("stream_stalled_aborts", "streamed requests aborted because the client "
                                     "stopped reading (--stream-buffer-bytes of output waited unwritten)")
         self._marks_warned: set[tuple[str, str]] = set()
-        self._tools_warned: set[str] = set()
+        self._tools_warned: set[str | None] = set()
         self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
                                      ("model_name", "mark", "reason"), registry=self.registry)
         self.grammar_lenient = self.counter("grammar_lenient", "forced tool calls whose tool schema the grammar "
@@ -69,7 +69,7 @@ class GatewayMetrics(ProcessMetrics):
     def first_token(self, endpoint: str, seconds: float) -> None:
         self.ttft.labels(self.model_name, endpoint).observe(seconds)
 
-    def tool_ignored(self, tool: str, kind: str) -> bool:
+    def tool_ignored(self, tool: str, kind: str | None) -> bool:
         """Count a hosted tool left out (``tool``: its label); True the first time its ``kind`` (the type
         the client sent) is (the caller warns then)."""
         self.tools_ignored.labels(self.model_name, tool).inc()

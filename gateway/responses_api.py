@@ -163,7 +163,7 @@ class ResponsesTurn:
     def _ignored(self, kind: str | None) -> None:
         label = kind if kind in KNOWN_HOSTED else "other"
         self.notes.append(f"tool {kind!r} left out")
-        if self.gw.metrics.tool_ignored(label, repr(kind)):
+        if self.gw.metrics.tool_ignored(label, kind):
             log.warning("/v1/responses: tool type %r left out (this server cannot run it); said once per type, "
                         "counted in ignis:gateway_responses_tools_ignored_total", kind)
 

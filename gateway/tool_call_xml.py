@@ -27,8 +27,9 @@ as JSON, falling back to the string when that fails; a parameter the schema
 does not know, or whose schema says nothing of its type, stays a string.
 Where the types hold ``string`` and others (``["string", "null"]``,
 ``["integer", "string"]``), text that is JSON of one of the others is that
-value (``null`` is None, ``5`` is 5) and any other text the string: ``grammars`` writes such a value by the same rule. JSON's
-``NaN``/``Infinity`` are never numbers here (they are not JSON). Pure Python.
+value (``null`` is None, ``5`` is 5) and any other text the string:
+``grammars`` writes such a value by the same rule. JSON's ``NaN``/``Infinity``
+are never numbers here (they are not JSON). Pure Python.
 """
 
 from __future__ import annotations

@@ -233,8 +233,7 @@ class RetainedStore:
         if not records:
             return None
         if self.moves.stalled:  # a request gave up waiting for tierd: none asks it again until it answers
-            for r in records:
-                self.fates.note(tuple(r.tokens), "tier_failed")
+            self._tier_failed(records)
             return None
         restoring = self.moves.restoring_prefix(tokens)
         if restoring > device_match:
@@ -246,8 +245,7 @@ class RetainedStore:
             self._wait_below = (tokens, max(r.num_tokens for r in records))
             return None
         if where is None:  # tierd cannot answer: a restore would not either; the request says so (shortfall)
-            for r in records:
-                self.fates.note(tuple(r.tokens), "tier_failed")
+            self._tier_failed(records)
             return None
         self.lower.update(where)
         records = [r for r in records if where.get(r.key) is not None]
@@ -517,13 +515,17 @@ class RetainedStore:
         below = below if tuple(waited) == tuple(tokens) else 0
         return max(below, self.moves.restoring_prefix(tokens))
 
+    def _tier_failed(self, records) -> None:
+        """These lower-tier records will not come back for the request asking: it says so (shortfall)."""
+        for r in records:
+            self.fates.note(tuple(r.tokens), "tier_failed")
+
     def give_up_below(self, tokens: tuple[int, ...], waited_s: float) -> None:
         """A request waited past its bound for tierd (``SchedulerConfig.tier_wait_limit_s``) for its lower-tier
         match: the match is given up (a request that falls short says ``tier_failed``), and until tierd
         answers something no request asks it, nor waits for a restore in flight (``LowerMoves.stalled``).
         What is in flight goes on: a restore that lands later is a device entry like any other."""
-        for r in self.lower.matches(tokens, len(tokens) - 1, longer_than=0):
-            self.fates.note(tuple(r.tokens), "tier_failed")
+        self._tier_failed(self.lower.matches(tokens, len(tokens) - 1, longer_than=0))
         self.moves.stalled = True
         self._wait_below = ((), 0)
         self.tier_give_ups += 1
