@@ -26,21 +26,31 @@ class Fields:
             raise invalid(f"{where or 'the request body'} must be a JSON object, got {_kind(obj)}", where or None)
         self.obj = obj
         self.where = where
+        self.read: set[str] = set()
+        """The names asked for so far (present or not): what ``unread`` leaves out."""
 
     def param(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
 
+    def _value(self, name: str) -> object:
+        self.read.add(name)
+        return self.obj.get(name)
+
     def has(self, name: str) -> bool:
-        return self.obj.get(name) is not None
+        return self._value(name) is not None
 
     def raw(self, name: str) -> object:
-        return self.obj.get(name)
+        return self._value(name)
+
+    def unread(self) -> list[str]:
+        """The fields given (not null) that nothing has asked for: what the request carried to no effect."""
+        return [name for name, value in self.obj.items() if value is not None and name not in self.read]
 
     def error(self, name: str, message: str) -> ApiError:
         return invalid(f"{self.param(name)}: {message}", self.param(name))
 
     def bool(self, name: str, default: bool = False) -> bool:
-        value = self.obj.get(name)
+        value = self._value(name)
         if value is None:
             return default
         if type(value) is not bool:
@@ -48,7 +58,7 @@ class Fields:
         return value
 
     def int(self, name: str, default: int | None = None, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = self.obj.get(name)
+        value = self._value(name)
         if value is None:
             return default
         if type(value) is float and value.is_integer():
@@ -65,7 +75,7 @@ class Fields:
         return value
 
     def number(self, name: str, default: float | None, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
-        value = self.obj.get(name)
+        value = self._value(name)
         if value is None:
             return default
         if type(value) not in (int, float) or (type(value) is float and not math.isfinite(value)):
@@ -77,7 +87,7 @@ class Fields:
 
     def str(self, name: str, default: str | None = None, choices: tuple[str, ...] | None = None,
             max_chars: int = 1 << 20) -> str | None:
-        value = self.obj.get(name)
+        value = self._value(name)
         if value is None:
             return default
         if type(value) is not str:
@@ -89,7 +99,7 @@ class Fields:
         return value
 
     def list(self, name: str, *, required: bool = False, max_items: int | None = None) -> list | None:
-        value = self.obj.get(name)
+        value = self._value(name)
         if value is None:
             if required:
                 raise self.error(name, "is required")
@@ -101,7 +111,7 @@ class Fields:
         return value
 
     def object(self, name: str) -> Fields | None:
-        value = self.obj.get(name)
+        value = self._value(name)
         if value is None:
             return None
         if type(value) is not dict:

@@ -30,6 +30,7 @@ from ignis.gateway.choice import ChoiceDelta, ChoiceState
 from ignis.gateway.errors import invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import Generation, Usage
+from ignis.gateway.ignored_fields import report_unread
 from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams, parse_common, sampling_for
 from ignis.gateway.prompt_work import prompt_work
@@ -162,6 +163,8 @@ class GenerationRequest:
     fit_context: bool = False
     """A chat past the context loses its earliest turns instead of failing (the Responses API's
     ``truncation: "auto"``; ``gateway.conversation_fit``)."""
+    translated: bool = False
+    """The body was another endpoint's, turned into this one's: its own fields are reported there."""
     notes: list[str] = dataclasses.field(default_factory=list)
     """What could not be honoured for this request (a schema held leniently, a hosted tool left out, a format
     not enforced): each is also logged (once) and counted where it happens; the engine's done line names
@@ -187,7 +190,7 @@ class GenerationRequest:
         p = p.for_model(f, served.tokenizer, served.sampling_defaults)
         if gw.config.scheduling_policy == "fcfs":
             p = p.first_come(f)
-        return cls(http, served, f, p, started, client_request_id(http, f))
+        return cls(http, served, f, p, started, client_request_id(http, f), translated=translate is not None)
 
     def _notes(self) -> str | None:
         text = "; ".join(dict.fromkeys(self.notes))
@@ -218,6 +221,8 @@ class GenerationRequest:
                 raise invalid(f"min_tokens ({p.min_tokens}) is more than the tokens this request may generate "
                               f"({max_tokens}: max_tokens, or the model's default, or the context left)",
                               "min_tokens")
+        if not self.translated:
+            report_unread(self.fields, endpoint, gw.metrics, self.notes)
         remember(self.http, self.client_id or rid)
         base = engine_base(rid, self.client_id)
         gens, choices = [], []

@@ -49,6 +49,7 @@ from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import EngineFailed
 from ignis.gateway.generation_request import GenerationRequest, read_request_body
+from ignis.gateway.ignored_fields import report_unread
 from ignis.gateway.messages import breaks_call_markup
 from ignis.gateway.messages_output import EarlyStart, MessagesResponse, message_id
 from ignis.gateway.params import CommonParams
@@ -153,6 +154,7 @@ class MessagesTurn:
     def __init__(self):
         self.rid = message_id()
         self.notes: list[str] = []  # what this request could not honour (GenerationRequest.notes)
+        self.fields: Fields | None = None  # the body as sent (translate): what it read of it
         self.origins: list[str] = []  # the Anthropic field each chat message came from
         self.call_origins: dict[int, list[str]] = {}  # chat message index -> the tool_use block of each call
         self.parallel = True
@@ -323,7 +325,8 @@ class MessagesTurn:
 
     def translate(self, body: dict, *, counting: bool = False) -> dict:
         """The chat completions body of a Messages body (``counting``: for count_tokens, no max_tokens)."""
-        f = Fields(body)
+        f = self.fields = Fields(body)
+        f.read.update(PASSED)  # read on the chat path
         if not counting and f.int("max_tokens", None, 1) is None:
             raise f.error("max_tokens", "is required")
         if f.has("mcp_servers"):
@@ -419,6 +422,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     try:
         req = await MessagesRequest.read(request, "chat", translate=turn.translate)
         req.notes += turn.notes
+        report_unread(turn.fields, ENDPOINT, req.gw.metrics, req.notes)
         return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
     except ApiError as e:
         raise turn.remap(e) from None

@@ -13,6 +13,8 @@ without a capture mark the gateway could not find (gateway.capture_marks); and
 ended, by their last status (gateway.responses_background); and
 ``ignis:gateway_grammar_lenient_total``, forced tool calls whose schema is held
 leniently (gateway.chat); and
+``ignis:gateway_request_fields_ignored_total{endpoint}``, request fields sent
+that nothing read (gateway.ignored_fields); and
 ``ignis:gateway_wire_errors_total{socket}``, malformed messages from the engine
 (logged and dropped; synced at each scrape).
 Served by the app's GET /metrics (``render``); every metric is labelled
@@ -34,6 +36,10 @@ log = logging.getLogger("ignis.gateway")
 LATENCY_BUCKETS = PROCESS_BUCKETS
 """Seconds: the shared buckets (to 7680 s: a request's latency runs to its last byte)."""
 
+MAX_WARNED_NAMES = 256
+"""Distinct client-given names (hosted tool types, ignored fields) warned about once each; past it, new
+names are still counted and noted in done lines, not logged (the names are the clients', without bound)."""
+
 
 class GatewayMetrics(ProcessMetrics):
     def __init__(self, model_name: str):
@@ -49,12 +55,15 @@ class GatewayMetrics(ProcessMetrics):
                                     "stopped reading (--stream-buffer-bytes of output waited unwritten)")
         self._marks_warned: set[tuple[str, str]] = set()
         self._tools_warned: set[str | None] = set()
+        self._fields_warned: set[tuple[str, str]] = set()
         self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
                                      ("model_name", "mark", "reason"), registry=self.registry)
         self.grammar_lenient = self.counter("grammar_lenient", "forced tool calls whose tool schema the grammar "
                                             "library holds leniently (keywords it cannot enforce left out)")
         self.tools_ignored = self.counter("responses_tools_ignored", "hosted tools of /v1/responses requests left "
                                           "out of the prompt (ignis cannot run them)", ("tool",))
+        self.fields_ignored = self.counter("request_fields_ignored", "request fields sent that ignis does not "
+                                           "read (answered without them)", ("endpoint",))
         self.background = self.counter("responses_background", "background /v1/responses runs ended, by status "
                                        "(completed, incomplete, failed, cancelled)", ("status",))
         self.wire_errors = WireErrorCounts(self.counter(
@@ -73,9 +82,11 @@ class GatewayMetrics(ProcessMetrics):
         """Count a hosted tool left out (``tool``: its label); True the first time its ``kind`` (the type
         the client sent) is (the caller warns then)."""
         self.tools_ignored.labels(self.model_name, tool).inc()
-        first = kind not in self._tools_warned
-        self._tools_warned.add(kind)
-        return first
+        return _first(self._tools_warned, kind)
+
+    def first_ignored(self, endpoint: str, name: str) -> bool:
+        """True the first time request field ``name`` goes unread on ``endpoint`` (the caller warns)."""
+        return _first(self._fields_warned, (endpoint, name))
 
     def background_ended(self, status: str) -> None:
         self.background.labels(self.model_name, status).inc()
@@ -90,3 +101,11 @@ class GatewayMetrics(ProcessMetrics):
                 log.warning("capture mark %s not found (%s): requests like this one are served without the reuse "
                             "it gives (docs/api.md, capture marks); counted in ignis:capture_marks_missing_total, "
                             "named in each done line", mark, reason)
+
+
+def _first(seen: set, key: object) -> bool:
+    """True when ``key`` is new to ``seen`` (added), while ``seen`` holds fewer than MAX_WARNED_NAMES."""
+    if key in seen or len(seen) >= MAX_WARNED_NAMES:
+        return False
+    seen.add(key)
+    return True

@@ -4,7 +4,7 @@ Request schemas state what the parsers check field by field (types, ranges,
 lengths, choices: ``gateway.params``, ``gateway.messages``,
 ``gateway.completions``, ``gateway.responses_api``), using the parsers' own
 limits, so the document moves when a limit does. A body may carry any other
-field (unknown fields are ignored, as in OpenAI's API). Checks that need the
+field (ignored as in OpenAI's API, and reported: ``gateway.ignored_fields``). Checks that need the
 model or the whole body (the prompt fits the context, a named tool exists, a
 template's own rules) are not in the schemas: they are 400s with a message.
 

@@ -73,6 +73,7 @@ from ignis.gateway.errors import ApiError, invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import api_error_of
 from ignis.gateway.generation_request import GenerationRequest
+from ignis.gateway.ignored_fields import report_unread
 from ignis.gateway.params import CommonParams
 from ignis.gateway.reasoning_effort import EFFORTS, with_effort
 from ignis.gateway.reasoning_seal import ReasoningSeal
@@ -142,6 +143,7 @@ class ResponsesTurn:
         self.state: ResponsesState = http.app[RESPONSES]
         self.rid = item_id("resp")
         self.notes: list[str] = []  # what this request could not honour (GenerationRequest.notes)
+        self.fields: Fields | None = None  # the body as sent (translate): what it read of it
         self.origins: list[str] = []
         self.names = ToolNames()
         self.conversation = Conversation()
@@ -214,7 +216,8 @@ class ResponsesTurn:
 
     def translate(self, body: dict) -> dict:
         """The chat completions body of a Responses body."""
-        f = Fields(body)
+        f = self.fields = Fields(body)
+        f.read.update(PASSED)  # read on the chat path
         if f.has("conversation"):
             raise f.error("conversation", "is not supported; use previous_response_id or send the input")
         include = f.list("include") or []
@@ -322,6 +325,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     try:
         req = await GenerationRequest.read(request, "chat", translate=turn.translate)
         req.notes += turn.notes
+        report_unread(turn.fields, ENDPOINT, req.gw.metrics, req.notes)
         req.fit_context = turn.truncation == "auto"
         if not turn.background:
             return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
