@@ -34,6 +34,9 @@ class TierdMetrics(ProcessMetrics):
                                        ("tier", "kind"))
         self._restores = self.counter("restores", "completed restores by the tier read and kind", ("tier", "kind"))
         self._discards = self.counter("discards", "entries discarded to make room, by tier and kind", ("tier", "kind"))
+        self._discards_disk_down = self.counter(
+            "discards_disk_down", "KV-RAM entries discarded for room while KV-disk took no writes (after a failed "
+            "write, for its retry period): with KV-disk up they would have been spilled, by kind", ("kind",))
         self._spills = self.counter("spills", "entries moved from KV-RAM to KV-disk, by kind", ("kind",))
         self._promotions = self.counter("promotions", "entries resting on KV-disk filled back into KV-RAM from "
                                         "the engine's copy (a demote of a key held on disk only), by kind",
@@ -70,8 +73,11 @@ class TierdMetrics(ProcessMetrics):
     def disk_write_failed(self, reason: str) -> None:
         self._disk_write_failures.labels(self.instance, reason).inc()
 
-    def discarded(self, tier: str, kind: str) -> None:
+    def discarded(self, tier: str, kind: str, *, disk_down: bool = False) -> None:
+        """``disk_down``: a KV-RAM entry that KV-disk would have taken, were it taking writes."""
         self._discards.labels(self.instance, tier, kind).inc()
+        if disk_down:
+            self._discards_disk_down.labels(self.instance, kind).inc()
 
     def spilled(self, kind: str) -> None:
         self._spills.labels(self.instance, kind).inc()

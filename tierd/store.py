@@ -217,9 +217,10 @@ class TierStore:
             w.spills = set(plan.spills)
 
     def _apply(self, plan: RoomPlan) -> None:
+        disk_down = self.disk is not None and not self.disk.healthy  # the plan discards what it would spill
         for key in plan.disk_discards + plan.arena_discards:
             e = self.entries[key]
-            self.metrics.discarded(e.idle_in, e.kind)
+            self.metrics.discarded(e.idle_in, e.kind, disk_down=disk_down and e.idle_in == "ram")
             self._remove(e)
         for key in plan.spills:
             self._spill(self.entries[key])

@@ -97,6 +97,10 @@ def test_a_failed_spill_turns_disk_off_and_the_victim_stays_in_ram_or_goes(h, tm
     replies = h.settle()
     assert [type(m) for m in replies] == [Demoted] and replies[0].tier == "ram"
     assert not h.store.disk.healthy and key(1) not in h.store.entries  # discarded once disk was gone
+    # counted as a discard, and as one that KV-disk would have taken
+    sample = h.store.metrics.registry.get_sample_value
+    assert sample("ignis:tierd_discards_total", {"instance": "t", "tier": "ram", "kind": "retained"}) == 1
+    assert sample("ignis:tierd_discards_disk_down_total", {"instance": "t", "kind": "retained"}) == 1
     got = h.send(Demote, key(3), STAMP, SRC, kind="live", last_used=3.0)
     assert [(type(m), m.reason) for m in h.settle()] == [(TierRefused, "no_room")] and got == 3
 
