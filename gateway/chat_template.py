@@ -129,18 +129,49 @@ def template_option(value: str) -> str:
     raise ValueError(f"--chat-template {value!r}: no such file, and not template text (no '{{{{' or '{{%')")
 
 
-def _names_content(node) -> bool:
-    """``node`` reads a content: ``content``, ``x.content``, ``x['content']`` (through filters too)."""
+def _names_content(node, aliases: frozenset[str] = frozenset({"content"})) -> bool:
+    """``node`` reads a content: ``content`` (or another name in ``aliases``), ``x.content``,
+    ``x['content']`` (through filters too)."""
     nodes = jinja2.nodes
     if isinstance(node, nodes.Name):
-        return node.name == "content"
+        return node.name in aliases
     if isinstance(node, nodes.Getattr):
         return node.attr == "content"
     if isinstance(node, nodes.Getitem):
         return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
     if isinstance(node, (nodes.Filter, nodes.Test)):
-        return node.node is not None and _names_content(node.node)
+        return node.node is not None and _names_content(node.node, aliases)
+    if isinstance(node, nodes.CondExpr):  # ``m.content if m.content else ''``
+        return _names_content(node.expr1, aliases) or (node.expr2 is not None
+                                                        and _names_content(node.expr2, aliases))
     return False
+
+
+def _content_aliases(tree) -> frozenset[str]:
+    """The names a template gives a message's content: ``{% set c = message.content %}``, and a macro's
+    parameter that some call passes a content in (``{% macro show(c) %}`` ... ``show(m['content'])``),
+    followed through each other until nothing new is found."""
+    nodes = jinja2.nodes
+    macros = {m.name: [a.name for a in m.args] for m in tree.find_all(nodes.Macro)}
+    aliases = frozenset({"content"})
+    while True:
+        found = set(aliases)
+        for assign in tree.find_all(nodes.Assign):
+            if isinstance(assign.target, nodes.Name) and _names_content(assign.node, aliases):
+                found.add(assign.target.name)
+        for call in tree.find_all(nodes.Call):
+            params = macros.get(call.node.name) if isinstance(call.node, nodes.Name) else None
+            if not params:
+                continue
+            for name, arg in zip(params, call.args):
+                if _names_content(arg, aliases):
+                    found.add(name)
+            for kw in call.kwargs:
+                if kw.key in params and _names_content(kw.value, aliases):
+                    found.add(kw.key)
+        if found == aliases:
+            return aliases
+        aliases = frozenset(found)
 
 
 class ChatTemplate:
@@ -178,13 +209,16 @@ class ChatTemplate:
     @cached_property
     def content_format(self) -> str:
         """How this template reads a message's content, as vLLM's ``--chat-template-content-format auto``
-        detects it: "openai" when it loops over a content (a list of parts, as Qwen3.5's does), else "string"
+        detects it: "openai" when it loops over a content (a list of parts, as Qwen3.5's does; by any name
+        the template gives it, ``_content_aliases``), else "string"
         (Qwen3-Next's renders a content that is not a string as nothing: its parts are joined for it)."""
         try:
             tree = _environment().parse(self.source)
         except jinja2.exceptions.TemplateSyntaxError:
             return "openai"
-        return "openai" if any(_names_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For)) else "string"
+        aliases = _content_aliases(tree)
+        loops = tree.find_all(jinja2.nodes.For)
+        return "openai" if any(_names_content(loop.iter, aliases) for loop in loops) else "string"
 
     @cached_property
     def reads_tools(self) -> bool:

@@ -109,6 +109,13 @@ def test_string_content_format_joins_text_only_lists():
     ("{% for m in messages %}{% for part in m['content'] %}{{ part.text }}{% endfor %}{% endfor %}", "openai"),
     ("{% macro r(content) %}{% for item in content %}{{ item.text }}{% endfor %}{% endmacro %}"
      "{% for m in messages %}{{ r(m.content) }}{% endfor %}", "openai"),  # Qwen3.5's render_content
+    ("{% for m in messages %}{% set c = m.content %}{% for part in c %}{{ part.text }}{% endfor %}{% endfor %}",
+     "openai"),  # a content by another name
+    ("{% macro show(x, sep) %}{% for item in x %}{{ item.text }}{% endfor %}{% endmacro %}"
+     "{% for m in messages %}{% set body = m['content'] | default('') %}{{ show(sep=',', x=body) }}{% endfor %}",
+     "openai"),  # through a set, then a macro's keyword parameter
+    ("{% for m in messages %}{% set c = m.role %}{% for ch in c %}{{ ch }}{% endfor %}"
+     "{{ m.content if m.content is string else '' }}{% endfor %}", "string"),  # a loop over something else
 ])
 def test_auto_detects_how_a_template_reads_content_as_vllm_does(source, detected):
     from ignis.gateway.chat_template import ChatTemplate
