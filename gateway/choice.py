@@ -91,8 +91,11 @@ class ChoiceState:
     def __init__(self, index: int, tokenizer: TextTokenizer, *, stops: tuple[str, ...] = (),
                  stop_token_ids: tuple[int, ...] = (), parser: OutputParser | None = None, min_tokens: int = 0,
                  prompt_index: int = 0, include_stop: bool = False, skip_special_tokens: bool = True,
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, scoring_only: bool = False):
+        """``scoring_only``: the choice shows none of the engine's tokens and ends with "length" (a
+        completion's ``echo`` with ``max_tokens`` 0: its prompt is the answer)."""
         self.index = index
+        self.scoring_only = scoring_only
         self.prompt_index = prompt_index  # which prompt of a request with several (/v1/completions)
         # a stop token's text is shown with include_stop (vLLM's include_stop_str_in_output); held back only
         # where the output may stop on a special token whose text is left out
@@ -122,6 +125,8 @@ class ChoiceState:
 
     def feed_tokens(self, batches: list[tuple[tuple[int, ...], TokenLogprobs | None]]) -> ChoiceDelta:
         """``feed`` of the batches' ``(token ids, logprobs or None)``, as the engine client routes them."""
+        if self.scoring_only:
+            return ChoiceDelta(self.index)
         if self._plain and not self.finished:
             # the common case (no stop strings, no parser, no logprobs): the text is the detokenized ids
             if len(batches) == 1:
@@ -213,6 +218,9 @@ class ChoiceState:
         if self.finished:
             return delta
         self.finished = True
+        if self.scoring_only:
+            delta.finish_reason = engine_reason if engine_reason in ("abort", "error") else "length"
+            return delta
         if self.parser is None or not self.parser.past_max_calls:  # else what is held opens a call left out
             text = ""
             if not self.stops.stopped:

@@ -101,6 +101,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if f.has("suffix"):
         raise f.error("suffix", "is not supported")
     echo = f.bool("echo")
+    if p.max_tokens == 0:  # echo only (params): the engine makes one token, which no choice shows
+        req.scoring_only = True
+        req.params = p = dataclasses.replace(p, max_tokens=1)
     if echo and p.logprobs:  # the engine scores the prompt for the echoed tokens' logprobs
         req.params = dataclasses.replace(p, prompt_logprobs=max(p.top_logprobs, p.prompt_logprobs or 0))
     prompts, texts = await _prompts(gw, f)

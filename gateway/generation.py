@@ -295,7 +295,9 @@ class Generation:
         delta = choice.finish(fin.finish_reason)
         if choice.index in self._counts_prompt:
             self._count_prompt(choice, fin.usage.prompt_tokens, fin.usage.cached_tokens)
-        self.usage.completion_tokens += len(choice.token_ids) if choice.stopped_early else fin.usage.completion_tokens
+        # a choice that ended before the engine did counts the tokens it kept (none when it only scores)
+        kept = choice.stopped_early or choice.scoring_only
+        self.usage.completion_tokens += len(choice.token_ids) if kept else fin.usage.completion_tokens
         if self.usage.reasoning_tokens is not None:
             self.usage.reasoning_tokens += choice.reasoning_tokens
         return delta

@@ -163,6 +163,8 @@ class GenerationRequest:
     fit_context: bool = False
     """A chat past the context loses its earliest turns instead of failing (the Responses API's
     ``truncation: "auto"``; ``gateway.conversation_fit``)."""
+    scoring_only: bool = False
+    """Every choice shows its prompt only (``echo`` with ``max_tokens`` 0): one token is generated, unshown."""
     translated: bool = False
     """The body was another endpoint's, turned into this one's: its own fields are reported there."""
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -242,7 +244,8 @@ class GenerationRequest:
                                            parser=parser() if parser is not None else None,
                                            min_tokens=p.min_tokens, prompt_index=k,
                                            include_stop=p.include_stop_str_in_output,
-                                           skip_special_tokens=p.skip_special_tokens, ignore_eos=p.ignore_eos))
+                                           skip_special_tokens=p.skip_special_tokens, ignore_eos=p.ignore_eos,
+                                           scoring_only=self.scoring_only))
         prompt_ids = list(prompts[0][0]) if len(prompts) == 1 else [list(ids) for ids, _ in prompts]
         gw.metrics.active.inc()
         try:

@@ -302,6 +302,8 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
     continuous_usage = include_usage and opts.bool("continuous_usage_stats")
     if kind == "chat" and f.has("max_completion_tokens"):
         max_tokens = f.int("max_completion_tokens", None, 1)
+    elif kind == "completion" and f.raw("max_tokens") == 0 and f.raw("echo") is True:
+        max_tokens = 0  # the prompt echoed and scored, nothing generated (OpenAI's legacy scoring call)
     else:
         max_tokens = f.int("max_tokens", None, 1)
     top_k = min(f.int("top_k", 0, -1), MAX_TOKEN_ID)  # past the vocabulary: off (``for_vocabulary``)

@@ -153,6 +153,8 @@ COMPLETIONS = _obj({
                           "items": {"oneOf": [{"type": "string", "minLength": 1},
                                               {"type": "array", "minItems": 1,
                                                "items": {"type": "integer", "minimum": 0}}]}}]},
+    "max_tokens": {"type": "integer", "minimum": 0,
+                   "description": "0 only with echo: the prompt is the answer (scored with logprobs), nothing generated"},
     "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     "echo": _BOOL,
     "stream_options": _obj({"include_usage": _BOOL, "continuous_usage_stats": _BOOL}),

@@ -123,6 +123,32 @@ def test_chat_prompt_logprobs_compute_the_whole_prompt_every_time(server, demo_t
             assert abs(a[tok]["logprob"] - b[tok]["logprob"]) < 1e-4
 
 
+def test_echo_with_max_tokens_0_answers_the_scored_prompt_alone(client, server, demo_tokenizer, hf_logprobs):
+    """OpenAI's legacy scoring call (vLLM takes it too): the prompt is the answer, nothing is generated."""
+    prompt = "The quick brown fox jumps over the lazy dog"
+    ids = demo_tokenizer.encode(prompt)
+    one = client.completions.create(model=server.model, prompt=prompt, max_tokens=1, temperature=0, echo=True,
+                                    logprobs=2)
+    r = client.completions.create(model=server.model, prompt=prompt, max_tokens=0, temperature=0, echo=True,
+                                  logprobs=2, n=2)
+    for choice in r.choices:
+        assert choice.text == prompt and choice.finish_reason == "length"
+        lp = choice.logprobs
+        assert lp.tokens == one.choices[0].logprobs.tokens[:len(ids)]  # the prompt's, not one more
+        assert lp.text_offset == one.choices[0].logprobs.text_offset[:len(ids)]
+        check_scores(hf_logprobs(ids, demo_tokenizer.vocab_size), ids, lp.token_logprobs[1:])
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 0)
+    chunks = list(client.completions.create(model=server.model, prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.text for c in chunks for ch in c.choices) == prompt
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["length"]
+    assert sum(len(ch.logprobs.tokens) for c in chunks for ch in c.choices if ch.logprobs) == len(ids)
+    assert chunks[-1].usage.completion_tokens == 0 and chunks[-1].usage.prompt_tokens == len(ids)
+    # without echo there is nothing to answer
+    status, body = post(server, "/v1/completions", {"model": server.model, "prompt": prompt, "max_tokens": 0})
+    assert status == 400 and body["error"]["param"] == "max_tokens", body
+
+
 def test_streamed_echo_carries_the_prompt_logprobs_first(client, server, demo_tokenizer):
     prompt = "Once upon a time there was"
     whole = client.completions.create(model=server.model, prompt=prompt, max_tokens=4, temperature=0, echo=True,
