@@ -33,6 +33,9 @@ ACCEPTED: dict[str, frozenset[str]] = {
 }
 """Per endpoint (the metrics' label): the fields taken without effect on purpose (not reported)."""
 
+MAX_LOGGED = 8
+"""New names one warning lists (the rest are counted in it)."""
+
 MAX_NAME_CHARS = 64
 """A reported name is cut to this many characters (names are the client's)."""
 
@@ -46,10 +49,13 @@ def report_unread(f: Fields, endpoint: str, metrics: GatewayMetrics, notes: list
     metrics.fields_ignored.labels(metrics.model_name, endpoint).inc(len(names))
     fresh = [name for name in names if metrics.first_ignored(endpoint, name)]
     if fresh:
+        shown = ", ".join(map(repr, fresh[:MAX_LOGGED]))
+        if len(fresh) > MAX_LOGGED:
+            shown += f" and {len(fresh) - MAX_LOGGED} more"
         log.warning("%s: request field%s %s ignored (ignis does not read %s; counted in "
                     "ignis:gateway_request_fields_ignored_total, named in each done line)", endpoint,
-                    "s" if len(fresh) > 1 else "", ", ".join(map(repr, fresh)), "them" if len(fresh) > 1 else "it")
-    notes.append("ignored fields: " + ", ".join(names))
+                    "s" if len(fresh) > 1 else "", shown, "them" if len(fresh) > 1 else "it")
+    notes.append("ignored fields: " + ", ".join(names))  # the done line cuts it to its note length
     return names
 
 

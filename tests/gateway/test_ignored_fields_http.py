@@ -11,6 +11,7 @@ purpose (``ignored_fields.ACCEPTED``) are not.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -163,3 +164,12 @@ def test_a_name_that_is_no_plain_text_is_shown_escaped_and_cut(gw):
     _post(gw, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "bad\nname": 1, long: 1})
     notes = _notes(gw)
     assert "bad\\nname" in notes and "x" * 61 + "..." in notes and "x" * 62 not in notes
+
+
+def test_a_body_of_many_unknown_fields_is_one_short_warning(gw):
+    fields = {f"junk_field_{i}": i for i in range(300)}
+    status, body = _post(gw, "/v1/completions", {"prompt": "Hi", **fields})
+    assert status == 200, body
+    assert len(_notes(gw)) <= 1024 and _notes(gw).startswith("ignored fields: junk_field_0, junk_field_1")
+    [line] = [x for x in gw.log().splitlines() if "'junk_field_0'" in x]
+    assert re.search(r"'junk_field_7' and \d+ more ignored", line) and len(line) < 1000  # at most 256 names ever
