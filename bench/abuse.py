@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 from checkout import use_checkout  # noqa: E402
 from serve_process import children, start_serve, stop_serve  # noqa: E402
 
-ROOT = use_checkout()
+use_checkout()
 
 CHAT = "/v1/chat/completions"
 TEN_MB = 10 << 20

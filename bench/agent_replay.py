@@ -47,7 +47,7 @@ from pathlib import Path
 
 from checkout import use_checkout  # noqa: E402
 
-ROOT = use_checkout()
+use_checkout()
 
 from tests.support.replay import QWEN_CODE_TRACE, ideals, load_trace, replay, send, shrink  # noqa: E402
 

@@ -1,8 +1,8 @@
-"""gpu_check sections 3 and 4: each Triton form timed at the run's shapes, then the hq-e8-2b forms.
+"""gpu_check's ``kernels`` section: each Triton form timed at the run's shapes, then the hq-e8-2b forms.
 
-Section 3 times paged attention (KV write, decode, prefill), the gated delta
-rule (chunked and recurrent) and the causal conv (varlen and update); section
-4 the hq-e8-2b forms (quantize-on-write, decode and prefill attention over
+It first times paged attention (KV write, decode, prefill), the gated delta
+rule (chunked and recurrent) and the causal conv (varlen and update), then
+the hq-e8-2b forms (quantize-on-write, decode and prefill attention over
 compressed pages + a 64-token exact window), whose GB/s counts the compressed
 bytes read. Each has its own share of the budget. Headline figures go into
 ``head`` from each op's largest case.

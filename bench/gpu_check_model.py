@@ -1,4 +1,4 @@
-"""gpu_check section 2: model equivalence of a small random Qwen3.5 on the device.
+"""gpu_check's ``model`` section: model equivalence of a small random Qwen3.5 on the device.
 
 HybridModel on the Triton forms against the same model on the torch twins, in
 bf16 and fp32, over mixed decode + prefill batches; where transformers is

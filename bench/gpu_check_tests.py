@@ -1,4 +1,4 @@
-"""gpu_check section 1: pytest on ``tests/kernels`` on the device, passed / failed counts from its report.
+"""gpu_check's ``tests`` section (``--with-tests``): pytest on ``tests/kernels`` on the device, passed / failed counts from its report.
 
 On CUDA the kernels are compiled (no interpreter); the dry run exercises this
 runner on a few fast tests. Past its budget pytest is stopped and the verdicts

@@ -33,7 +33,6 @@ use_checkout()
 import torch  # noqa: E402
 
 SIZES = (256, 512, 768)
-BENCH_KEYS = ("encode_ms_256", "encode_ms_512", "encode_ms_768", "cache_hit_ratio", "warm_cold_image_turn")
 
 
 def vision_config(depth: int, width: int, out_hidden: int):

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from checkout import use_checkout  # noqa: E402
 
-ROOT = use_checkout()
+use_checkout()
 
 from ignis.shared.demo.tokenizer import TOKENIZER_SIZE  # noqa: E402
 from tests.engine.engine_process import EngineProcess  # noqa: E402

@@ -20,8 +20,6 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()
 
-import torch  # noqa: E402
-
 
 def round_vs_forward(model_dir: str, lanes: int, steps: int, prompt_tokens: int = 64) -> tuple[float, float]:
     """(milliseconds per engine round, milliseconds per bare forward) for ``lanes`` decoding lanes."""

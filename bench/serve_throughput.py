@@ -24,7 +24,7 @@ from pathlib import Path
 
 from checkout import use_checkout  # noqa: E402
 
-ROOT = use_checkout()
+use_checkout()
 
 import torch  # noqa: E402
 

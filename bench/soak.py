@@ -43,7 +43,7 @@ from pathlib import Path
 from checkout import use_checkout  # noqa: E402
 from serve_process import PROCESSES, children, start_serve, stop_serve  # noqa: E402
 
-ROOT = use_checkout()
+use_checkout()
 
 import aiohttp  # noqa: E402
 

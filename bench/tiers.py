@@ -31,7 +31,7 @@ from pathlib import Path
 
 from checkout import use_checkout  # noqa: E402
 
-ROOT = use_checkout()
+use_checkout()
 
 import numpy as np  # noqa: E402
 

@@ -94,7 +94,6 @@ class DecodeGraphs:
         self.page_table = torch.full((max_bs, self.width), state.scratch_page, dtype=torch.int32, device=dev)
         self.cu_seqlens = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
         self.logits_indices = torch.arange(max_bs, dtype=torch.int64, device=dev)
-        self.replays = 0
 
     # ----- which rounds --------------------------------------------------------------
 
@@ -199,7 +198,6 @@ class DecodeGraphs:
         if self.capture_on:
             graph, out = self.graphs[bucket]
             graph.replay()
-            self.replays += 1
         else:
             self._gather_tables(bucket)
             out = self.model(self._batch(bucket), self.state)

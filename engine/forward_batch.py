@@ -97,10 +97,6 @@ class ForwardBatch:
     """(lane, first row, end row) of each chunk, on the host: which rows a lane's LoRA adapter takes
     (``engine.models.lora``)."""
 
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.shape[0])
-
     @staticmethod
     def build(chunks: list[SeqChunk], device: torch.device | str = "cpu") -> "ForwardBatch":
         if not chunks:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from ignis.engine.image_layout import ImageLayout
 from ignis.shared.sampling import SamplingParams
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class FinishEvent:
     """A request that ended: why, and its token counts."""
 
     req_id: str
-    reason: str  # one of FINISH_REASONS
+    reason: str  # one of shared.wire.FINISH_REASONS
     prompt_tokens: int
     completion_tokens: int
     message: str = ""

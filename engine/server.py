@@ -2,8 +2,8 @@
 
 One loop, one thread of compute::
 
-    drain inbox (Generate / Abort / Stats / FlushCache / Profile)  ->  intake, aborts, Stats replies,
-                                            resets asked, the profiler started or stopped
+    drain inbox (``GATEWAY_TO_ENGINE``)     ->  intake, aborts, Stats replies, resets asked, the
+                                            profiler started or stopped, adapters loaded, unloaded, listed
     grammar compiles that ended             ->  their requests taken in again, or refused
     gone gateways (engine.gateway_watch)    ->  their requests aborted ("gateway gone")
     between rounds                          ->  model switch or idle unload, cache resets
@@ -42,6 +42,7 @@ from ignis.engine.served_models import LOAD_GRACE_S, ServedModels
 from ignis.engine.token_streams import TokenStreams
 from ignis.shared.stop_request import StopRequest
 from ignis.shared.wire import (
+    GATEWAY_TO_ENGINE,
     Abort,
     FlushCache,
     Generate,
@@ -72,8 +73,7 @@ class EngineServer:
         self._ctx = zmq.Context.instance()
         self._wake = threading.Event()
         self._stats_snapshot: dict | None = None
-        self.channel = bind_router(self._ctx, endpoint, (Generate, Abort, Stats, FlushCache, LoadAdapter,
-                                                         UnloadAdapter, Profile, ListAdapters), name="engine",
+        self.channel = bind_router(self._ctx, endpoint, GATEWAY_TO_ENGINE, name="engine",
                                    notify=self._wake.set, answer_now=self._answer_stats)
         self.watch = GatewayWatch(self.channel, config.gateway_silence_timeout)
         self.streams = TokenStreams(self.channel, self.metrics, done_lines=config.log_requests)

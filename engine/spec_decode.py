@@ -4,8 +4,8 @@
 the sampler workspace); ``SpecDecoder`` is the head's drafter and prompt
 lookup's is ``engine.ngram_drafter.NgramDrafter``.
 
-The runner (``engine.runner``) calls three things per round when speculation
-is on (``--speculative-tokens K``):
+A speculative round (``engine.spec_round``) calls three things when
+speculation is on (``--speculative-tokens K``):
 
 1. ``draft``: before the target's forward. The head first takes in the rows
    it has not seen (``Pending``: the target's final-normed hidden states of
@@ -16,7 +16,7 @@ is on (``--speculative-tokens K``):
    the hidden state). A lane drafts at most its decode's ``room`` tokens.
 2. The target verifies every lane's ``[token, d1 .. dk]`` in one batched
    forward (each lane a chunk of k+1 positions), logits at every position.
-   ``accept``: greedy acceptance takes drafts while they equal the target's
+   ``accepted_count``: greedy acceptance takes drafts while they equal the target's
    argmax; the output is the accepted drafts and the target's own token after
    them, exactly what plain greedy decode yields.
 3. ``rollback``: the lane's recurrent state (delta-rule and conv) went over
@@ -29,8 +29,10 @@ is on (``--speculative-tokens K``):
    rejected positions is overwritten when those positions are computed again;
    the scheduler gives their whole pages back (``SequencePages.shrink_to``).
 
-Only requests that are unpenalised and unconstrained draft
-(``ModelRunner.speculates``); the others step as before in the same forward.
+Only requests without sampling adjustments (penalties, logit bias, allowed
+ids, bad words, ``min_tokens``, a thinking budget), without an adapter, and
+not asking logprobs under a grammar draft (``ModelRunner.undrafted`` names
+why one does not); the others step as before in the same forward.
 A drafting request's logprobs come from the verify forward's rows.
 A greedy request's drafts are the head's argmax; a seeded one's are the
 races of the head's rows under the keys its next tokens will be drawn with,

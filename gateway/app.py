@@ -15,13 +15,20 @@ Routes:
     POST /reset_prefix_cache    vLLM's cache reset (also /flush_cache, SGLang's, POST or GET; gateway.cache_reset)
     POST /start_profile         vLLM's profiler control, and /stop_profile (gateway.profiling_api)
     POST /v1/load_lora_adapter  with --enable-lora-updating, and /v1/unload_lora_adapter (gateway.lora_api)
+    GET  /ping                  /health's check under vLLM's and SageMaker's name (POST too; no auth)
+    GET  /version               the ignis version
+    GET  /tokenizer_info        with --enable-tokenizer-info-endpoint (gateway.tokenize_api)
+    vLLM's and SGLang's info routes (/load, /get_load, /is_sleeping, /get_model_info, /get_server_info,
+    /server_info, /health_generate) and POST /invocations (SageMaker's): gateway.server_info
 
 The middleware turns every failure into an OpenAI error object: ``ApiError``
 as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
 anything else a 500 whose body says only "internal error" and a request id
 (also in ``X-Request-Id``; the log line with the trace names it). Before any
 handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
-/tokenize, /detokenize, the cache resets and the profiler routes need
+the routes that generate, read settings or change state (``KEYED_PATHS``,
+``GENERATING_PATHS``, ``SETTINGS_PATHS``: /tokenize, /detokenize,
+/tokenizer_info, /invocations, /get_server_info, the cache resets, the profiler) need
 ``Authorization: Bearer <key>`` or ``x-api-key`` when a key is set (either may carry it; compared in constant time),
 and a POST must be ``Content-Type: application/json`` (else 415, so a web page
 cannot send one without a preflight), except a cache reset's, a profiler's or
@@ -247,6 +254,10 @@ async def metrics(request: web.Request) -> web.Response:
     """The gateway's Prometheus metrics."""
     gw: GatewayState = request.app[STATE]
     gw.metrics.wire_errors.sync("engine", gw.client.garbage_count)
+    connections = request.app.get(CONNECTIONS)
+    if connections is not None:
+        gw.metrics.sync_connections(connections.open - connections.closing, connections.refused,
+                                    connections.displaced)
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": gw.metrics.content_type})
 
 

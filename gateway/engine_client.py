@@ -179,9 +179,6 @@ class EngineClient:
                 del self._routes[engine_id]
             self._send(Abort(engine_id))
 
-    def is_open(self, engine_id: str) -> bool:
-        return engine_id in self._routes
-
     @property
     def engine_alive(self) -> bool:
         """The engine answered something within the timeout."""

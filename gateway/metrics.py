@@ -12,11 +12,15 @@ without a capture mark the gateway could not find (gateway.capture_marks); and
 ``ignis:gateway_responses_background_total{status}``, background responses
 ended, by their last status (gateway.responses_background); and
 ``ignis:gateway_grammar_lenient_total``, forced tool calls whose schema is held
-leniently (gateway.chat); and
+leniently (gateway.tool_grammars); and
 ``ignis:gateway_request_fields_ignored_total{endpoint}``, request fields sent
 that nothing read (gateway.ignored_fields); and
 ``ignis:gateway_wire_errors_total{socket}``, malformed messages from the engine
-(logged and dropped; synced at each scrape).
+(logged and dropped; synced at each scrape); and the listening socket's
+``ignis:gateway_open_connections``, ``connections_refused_total`` (503 at
+``--max-connections`` with every connection in a request) and
+``connections_displaced_total`` (idle or header-sending ones closed to make
+room), synced at each scrape (gateway.listener).
 Served by the app's GET /metrics (``render``); every metric is labelled
 ``model_name`` first (``ProcessMetrics``).
 """
@@ -69,7 +73,21 @@ class GatewayMetrics(ProcessMetrics):
         self.wire_errors = WireErrorCounts(self.counter(
             "wire_errors", "malformed messages received (logged and dropped), by socket (engine)", ("socket",)),
             model_name)
+        self.open_connections = self.gauge("open_connections", "client connections open now")
+        self.connections_refused = self.counter("connections_refused", "connections answered 503 at "
+                                                "--max-connections (every open one was in a request)")
+        self.connections_displaced = self.counter("connections_displaced", "connections closed at "
+                                                  "--max-connections to make room (idle, or still sending headers)")
+        self._connections_seen = (0, 0)
         self.model_name = model_name
+
+    def sync_connections(self, open_now: int, refused: int, displaced: int) -> None:
+        """The listener's counts at a scrape (``gateway.listener.Connections``)."""
+        self.open_connections.set(open_now)
+        seen_refused, seen_displaced = self._connections_seen
+        self.connections_refused.inc(max(0, refused - seen_refused))
+        self.connections_displaced.inc(max(0, displaced - seen_displaced))
+        self._connections_seen = (max(refused, seen_refused), max(displaced, seen_displaced))
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(self.model_name, endpoint, str(status)).inc()

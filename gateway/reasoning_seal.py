@@ -13,7 +13,7 @@ The install key is 32 random bytes in a mode-0600 file, created at first use
 (``RUNTIME_DIR/INSTANCE-reasoning.key``), so blobs outlive a gateway restart
 (not a wipe of the runtime dir). A key file that cannot be used (readable by
 others, wrong size) is logged and replaced, for this process only, by a random
-key: its blobs then die with the process. ``open_blob`` raises ``SealError``
+key: its blobs then die with the process. ``ReasoningSeal.open`` raises ``SealError``
 for anything it did not seal (tampered, truncated, another install's).
 """
 

@@ -1,4 +1,4 @@
-"""Response plumbing shared by both completion endpoints: SSE, logprobs, ids, the stream loop.
+"""Response plumbing shared by both completion endpoints: SSE, logprobs, the stream loop.
 
 SSE framing: each event is ``data: <json>\\n\\n``; the stream ends with
 ``data: [DONE]\\n\\n``. A failure after the headers went out is sent as an
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 from collections.abc import Callable
 
 import orjson
@@ -40,10 +39,6 @@ from ignis.gateway.tokenizer import TextTokenizer
 log = logging.getLogger("ignis.gateway")
 
 DONE = b"data: [DONE]\n\n"
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
 
 
 def sse(obj: dict) -> bytes:

@@ -7,8 +7,9 @@
            is answered as a function_call with ``name`` NAME and ``namespace`` NS
     web_search*, file_search, code_interpreter, computer_use*, mcp, image_generation, local_shell,
     custom, ... (anything ignis cannot run)
-        -> left out of the prompt; logged and counted (``ignis:gateway_responses_tools_ignored_total``),
-           never a 400, so an agent that always sends them keeps working
+        -> left out of the prompt and told to the caller (``on_ignored``: it logs and counts them,
+           ``ignis:gateway_responses_tools_ignored_total``), never a 400, so an agent that always
+           sends them keeps working
 
 ``tool_choice``: "auto" / "none" / "required" as in chat; ``{"type": "function",
 "name"}`` (with ``namespace`` for a namespaced one) as a named choice;
@@ -19,13 +20,10 @@ its function tools (only hosted ones allowed: "auto"); a hosted tool's choice as
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
 
 from ignis.gateway.fields import Fields
-
-log = logging.getLogger("ignis.gateway")
 
 FLAT_JOIN = "__"
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")

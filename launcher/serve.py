@@ -10,10 +10,10 @@ the engine's endpoint).
 
 ``ignis serve MODEL`` (vLLM's form) is ``ignis serve --model MODEL``.
 Flags are derived from the children's config dataclasses (``EngineConfig``,
-``GatewayConfig``): every field becomes a ``serve`` flag once, and each child
-gets the flags of its own fields that differ from their defaults. Fields both
-configs have (model, served name, runtime dir, instance, shutdown timeout)
-go to both. The API key travels to the gateway in its environment, never on a
+``GatewayConfig``, ``TierdConfig``): every field becomes a ``serve`` flag
+once, and each child gets the flags of its own fields that differ from their
+defaults. Fields several configs have (model, served name, runtime dir,
+instance, shutdown timeout) go to each of them. The API key travels to the gateway in its environment, never on a
 command line; ``--api-key-file`` is passed as the path (the gateway reads the
 file); ``--api-key`` on serve's own command line works with a warning.
 SIGTERM/SIGINT are forwarded to every child; when a child
@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ignis.engine.config import EngineConfig
-from ignis.shared.api_key import resolve_api_key
+from ignis.shared.api_key import API_KEY_ENV, resolve_api_key
 from ignis.gateway.config import GatewayConfig
 from ignis.launcher.restarts import RestartBackoff
 from ignis.shared.process_lock import hold_file
@@ -68,7 +68,6 @@ from ignis.shared.hf_cache import use_cache_dir
 from ignis.shared.model_names import model_specs
 from ignis.shared.stop_request import StopRequest
 
-API_KEY_ENV = "IGNIS_API_KEY"
 LOG_LEVEL_ENV = "IGNIS_LOG_LEVEL"
 SERVE_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _TAIL_LINES = 40

@@ -12,9 +12,9 @@ A ``Demote`` is answered ``Demoted`` only once the copy out of engine memory
 is complete; a ``Restore`` is answered ``Restored`` only once the copy into it
 is complete. Until then the engine must not reuse the pages or slots named.
 
-    engine -> tierd   Hello, Demote, Restore, Drop, Lookup, Stats
+    engine -> tierd   Hello, Demote, Restore, Drop, Lookup, Stats, Bye
     tierd -> engine   Welcome, Demoted, Restored, Missing, Dropped, LookupReply,
-                      TierRefused, StatsReply, ErrorReply (undecodable input)
+                      TierRefused, StatsReply, Detached, ErrorReply (undecodable input)
 
 A memory reference (``Ref``) is ``(block, item)``: item ``item`` of the
 exported block named ``block``; blocks, items and keys are described in
@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ignis.shared.tier_layout import MAX_BLOCKS, BlockDesc, UnitLayout, check_key, check_refs
-from ignis.shared.wire import Stats, StatsReply
+from ignis.shared.wire import REQUEST_CLASSES, Stats, StatsReply
 from ignis.shared.wire_codec import ErrorReply, WireProtocol
 from ignis.shared.wire_fields import (
     MAX_INT,
@@ -59,7 +59,7 @@ FAMILIES = ("qwen3_5", "qwen3_next")
 TARGETS = ("ram", "disk", "auto")
 TIERS = ("ram", "disk")
 KINDS = ("retained", "live")
-CLASSES = ("interactive", "agent")
+CLASSES = REQUEST_CLASSES
 OPS = ("hello", "demote", "restore", "drop", "lookup", "bye")
 REFUSAL_REASONS = ("protocol", "busy", "bad_layout", "not_ready", "stamp", "bad_request", "no_room", "no_disk",
                    "copy_failed")
@@ -91,8 +91,11 @@ class Hello:
     bytes). ``engine_id`` names the engine (its instance): tierd serves one.
     A Hello from the attached connection starts a new session (every entry is
     dropped); one from another connection with the same ``engine_id``, stamp,
-    family and block size is that engine restarted, and it reclaims the
-    entries; any other is refused (reason "busy") and changes nothing.
+    family and block size is that engine restarted: the arena stays mapped and
+    the entries are dropped (the new process has no record of their tokens to
+    find them by). The same ``engine_id`` with another stamp, family or block
+    size starts a new session; another ``engine_id`` while one is attached is
+    refused (reason "busy") and changes nothing.
     """
 
     TYPE: ClassVar[str] = "tier_hello"
@@ -224,10 +227,11 @@ class Lookup:
 @ENGINE_TIERD.message
 @dataclass(frozen=True)
 class Bye:
-    """The engine detaches for good: tierd drops every entry it held for it (answered ``Detached``).
+    """The engine detaches for good: tierd drops every entry it held for it and gives the engine's memory
+    back (answered ``Detached``).
 
-    An engine that stops to restart sends nothing, so that it reclaims its
-    entries with its next Hello."""
+    An engine that stops to restart sends nothing: its next Hello finds the
+    arena still mapped (``Hello``)."""
 
     TYPE: ClassVar[str] = "tier_bye"
 

@@ -102,6 +102,17 @@ def read_tokenizer_files(model_dir: str | Path) -> TokenizerFiles:
     )
 
 
+def added_token_id(model_dir: str | Path, content: str) -> int | None:
+    """The id tokenizer.json's added tokens give ``content`` (``<|image_pad|>``); None if none or unreadable."""
+    try:
+        data = read_json_object(Path(model_dir) / TOKENIZER_JSON)
+    except TokenizerFilesError:
+        return None
+    added = data.get("added_tokens")
+    return next((t["id"] for t in added if isinstance(t, dict) and t.get("content") == content
+                 and type(t.get("id")) is int), None) if isinstance(added, list) else None
+
+
 def tokenizer_vocab_size(model_dir: str | Path) -> int | None:
     """One past the highest token id tokenizer.json names (vocabulary and added tokens); None if unreadable."""
     try:

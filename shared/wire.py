@@ -15,9 +15,10 @@ wrong version, wrong field types, ragged frames, out-of-range values, missing
 or unknown fields. Every message checks its own fields when built, so a
 malformed message cannot be sent either.
 
-Directions:
-    gateway -> engine   Generate, Abort, Stats
-    engine -> gateway   Admitted, TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply
+Directions (``GATEWAY_TO_ENGINE``, ``ENGINE_TO_GATEWAY``):
+    gateway -> engine   Generate, Abort, Stats, FlushCache, LoadAdapter, UnloadAdapter, Profile, ListAdapters
+    engine -> gateway   Admitted, TokenBatch, PromptLogprobs, Finished, Refused, ErrorReply, StatsReply,
+                        CacheFlushed, AdapterUpdated, Profiled, AdapterList
 
 ``n`` (several choices) is not a field: the gateway fans a request out into
 one Generate per choice. The gateway reads a TokenBatch as its columns

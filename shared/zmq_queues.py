@@ -21,8 +21,9 @@ and one thread that does all its I/O:
   found gone: ROUTER_MANDATORY's EHOSTUNREACH; a peer leaves it when heard
   again) let the owner notice peers that went away. They are written by the
   I/O thread only; read them by key. A DEALER that promises to send at least
-  once a second connects with a ``heartbeat_routing_id()`` (``is_heartbeating``
-  tells it by its identity), so its silence means something.
+  once a second takes a ``heartbeat_routing_id()`` as its identity (the
+  gateway's engine client does; ``is_heartbeating`` tells it by that), so its
+  silence means something.
 
 ROUTER is the serving side (engine for gateways, tierd for the engine),
 DEALER the client side; ``bind_router`` and ``connect_dealer`` build both.
@@ -305,13 +306,10 @@ def is_heartbeating(peer: bytes) -> bool:
     return peer.startswith(HEARTBEAT_ID_PREFIX)
 
 
-def connect_dealer(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], routing_id: bytes | None = None,
-                   **kwargs) -> Channel:
-    """A client channel connected to ``endpoint`` (ZeroMQ reconnects on its own); ``routing_id``: the
-    identity the ROUTER sees (default: one it picks)."""
+def connect_dealer(ctx: zmq.Context, endpoint: str, accept: tuple[type, ...], **kwargs) -> Channel:
+    """A client channel connected to ``endpoint`` (ZeroMQ reconnects on its own; the ROUTER picks its
+    identity)."""
     sock = _configure(ctx.socket(zmq.DEALER))
-    if routing_id is not None:
-        sock.setsockopt(zmq.ROUTING_ID, routing_id)
     try:
         sock.connect(endpoint)
     except zmq.ZMQError as e:

@@ -1,8 +1,8 @@
 """The machinery under KV-disk files: aligned staging buffers, the I/O threads, O_DIRECT with its fallback,
 and whole positional reads and writes (``pread_all``, ``pwrite_all``).
 
-A ``DiskIO`` owns ``threads + 1`` staging buffers of one chunk each (page
-aligned, touched at creation) and a pool of ``threads`` threads. A file is
+A ``DiskIO`` owns ``threads + 1`` staging buffers of one chunk and one
+page each (page aligned, touched at creation) and a pool of ``threads`` threads. A file is
 moved one chunk per job, several jobs in flight::
 
     write: caller fills buffer i (in payload order) -> pool: MAC chunk i, pwrite it   (chunks overlap)
@@ -13,9 +13,10 @@ run truly in parallel; the MAC (Poly1305) holds it, but is fed 1 MiB at a
 time and hashes several GB/s. With ``direct`` the file is opened with
 ``O_DIRECT``: the page cache is bypassed, so a file of gigabytes neither
 doubles its RAM cost nor waits behind writeback. O_DIRECT needs offsets,
-lengths and buffer addresses aligned to ``ALIGN``; the file format puts the
-payload at an aligned offset (``disk.payload_offset``), and only the last,
-partial page and the digests go through a small aligned tail buffer.
+lengths and buffer addresses aligned to ``ALIGN``: a file moves in aligned
+windows (``ignis.tierd.disk`` draws them: each carries the unaligned tail of
+the one before), and only the last, partial page and the digests go through
+a small aligned tail buffer.
 Filesystems that refuse O_DIRECT (tmpfs, some FUSE mounts) are detected by
 ``direct_io_works`` at start; a file whose ``O_DIRECT`` open is refused
 later is opened buffered instead (``open_file``), and ``direct`` goes off.

@@ -237,7 +237,7 @@ class TierServer:
             memory = EngineMemory(msg.blocks, msg.unit)
         except LayoutError as e:
             return self._refuse(peer, msg.req, "hello", "", "bad_layout", str(e))
-        if attached is not None and peer != self.peer and self._reclaims(msg):
+        if attached is not None and peer != self.peer and self._is_restart(msg):
             self._wait_in_flight(_STOP_WAIT_S)
             if self.store.can_rebind(memory):
                 dropped = self.store.rebind(memory)
@@ -285,7 +285,7 @@ class TierServer:
                  f"{disk_bytes} bytes" if disk else "off")
         self._welcome(peer, msg, disk_bytes if disk else 0)
 
-    def _reclaims(self, msg: Hello) -> bool:
+    def _is_restart(self, msg: Hello) -> bool:
         """``msg`` is the attached engine restarted: same identity and the same entry format."""
         a = self.hello
         return (msg.engine_id, msg.stamp, msg.family, msg.block_bytes) == (a.engine_id, a.stamp, a.family,

@@ -161,10 +161,6 @@ class LoadPlan:
     scales: dict[str, tuple[Path, str]] = field(default_factory=dict)
 
     @property
-    def tensor_count(self) -> int:
-        return len(self.direct) + sum(len(p) for p in self.experts.values())
-
-    @property
     def drafter_count(self) -> int:
         return len(self.drafter_direct) + sum(len(p) for p in self.drafter_experts.values())
 

@@ -9,8 +9,9 @@ on every adapted layer ``W``,
     y = x W^T + scale * (x A^T) B^T          scale = alpha / r  (alpha / sqrt(r) with use_rslora)
 
 on its own rows only: a batch mixes requests of several adapters and none,
-and each row takes its lane's adapter (``LoraSet.assign``). Every adapter is
-loaded at start and stays resident (one slot each); the targeted
+and each row takes its lane's adapter (``LoraSet.assign``). An adapter is
+loaded at start or at run time (``--enable-lora-updating``, ``LoraSet.add``)
+and stays resident until unloaded (one slot each); the targeted
 ``nn.Linear`` layers of the model become ``LoraLinear`` (the base weight
 untouched, so a request without an adapter runs exactly the base model).
 

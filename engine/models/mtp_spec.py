@@ -27,10 +27,6 @@ _LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.")
 _EXPERT_RE = re.compile(r"^(mtp\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def is_mtp_name(name: str) -> bool:
-    return name.startswith(MTP_PREFIX)
-
-
 def mtp_layer_is_moe(cfg: ModelConfig, index: int) -> bool:
     """The head's layer ``index`` counts after the target's layers (as the checkpoints number them)."""
     return cfg.is_moe_layer(cfg.num_layers + index)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ignis.engine.models.config import CheckpointError
 from ignis.shared.image_grid import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, preprocessor_pixel_bounds
+from ignis.shared.tokenizer_files import added_token_id
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -57,11 +58,6 @@ class VisionConfig:
         return self.hidden_size // self.num_heads
 
     @property
-    def patch_dim(self) -> int:
-        """Values in one flattened patch: channels x temporal x patch x patch."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
-
-    @property
     def merge_unit(self) -> int:
         """Patches merged into one prompt token."""
         return self.spatial_merge_size * self.spatial_merge_size
@@ -72,8 +68,11 @@ class VisionConfig:
         return int(self.num_position_embeddings ** 0.5)
 
 
-def vision_config_from_dict(raw: dict, text: dict, preprocessor: dict | None = None) -> VisionConfig | None:
-    """The vision side of a parsed ``config.json`` (None when it has no ``vision_config``)."""
+def vision_config_from_dict(raw: dict, text: dict, preprocessor: dict | None = None,
+                            pad_token_id: int | None = None) -> VisionConfig | None:
+    """The vision side of a parsed ``config.json`` (None when it has no ``vision_config``); without an
+    ``image_token_id`` there, the tokenizer's ``<|image_pad|>`` (``pad_token_id``), as the gateway reads it
+    (``gateway.vision_settings``): the two processes must agree on the pad the prompt carries."""
     vis = raw.get("vision_config")
     if not isinstance(vis, dict):
         return None
@@ -89,14 +88,14 @@ def vision_config_from_dict(raw: dict, text: dict, preprocessor: dict | None = N
             intermediate_size=int(vis.get("intermediate_size", 4304)),
             num_heads=int(vis.get("num_heads", 16)),
             out_hidden_size=int(vis.get("out_hidden_size", 3584)),
-            patch_size=_single(vis.get("patch_size", 16), "patch_size"),
+            patch_size=_single(vis.get("patch_size", pre.get("patch_size", 16)), "patch_size"),
             temporal_patch_size=_single(vis.get("temporal_patch_size", 2), "temporal_patch_size"),
-            spatial_merge_size=int(vis.get("spatial_merge_size", 2)),
+            spatial_merge_size=int(vis.get("spatial_merge_size", pre.get("merge_size", 2))),
             in_channels=int(vis.get("in_channels", 3)),
             num_position_embeddings=int(vis.get("num_position_embeddings", 2304)),
             hidden_act=str(vis.get("hidden_act", "gelu_pytorch_tanh")),
             rope_theta=float(vrope.get("rope_theta", 10000.0)),
-            image_token_id=int(raw.get("image_token_id", 248056)),
+            image_token_id=int(raw.get("image_token_id", pad_token_id if pad_token_id is not None else 248056)),
             video_token_id=int(raw.get("video_token_id", 248057)),
             vision_start_token_id=int(raw.get("vision_start_token_id", 248053)),
             vision_end_token_id=int(raw.get("vision_end_token_id", 248054)),
@@ -147,4 +146,5 @@ def load_vision_config(model_dir: str | Path) -> VisionConfig | None:
             raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
         if not isinstance(pre, dict):
             raise CheckpointError(f"{path}: expected a JSON object")
-    return vision_config_from_dict(raw, dict(raw.get("text_config") or raw), pre)
+    pad = None if "image_token_id" in raw else added_token_id(model_dir, "<|image_pad|>")
+    return vision_config_from_dict(raw, dict(raw.get("text_config") or raw), pre, pad)

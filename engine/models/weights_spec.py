@@ -44,13 +44,12 @@ SET_ASIDE_PREFIXES = {
     "visual.": "vision",
     "mtp.": "mtp",
 }
-"""Name prefixes of weights we recognise but do not serve yet (vision tower,
-multi-token-prediction head), by kind."""
+"""Name prefixes of weights classified apart from the text model, by kind: the vision tower
+(read by ``vision_load``) and the multi-token-prediction head (read as the drafter when asked)."""
 
 # Prefixes under which the text model's weights appear, tried in order.
 TEXT_PREFIXES = ("model.language_model.", "model.", "")
 
-EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
 _EXPERT_RE = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 # safetensors dtype tag -> bytes per element

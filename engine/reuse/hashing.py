@@ -1,7 +1,7 @@
 """Content hashes of token prefixes: a chain over full pages.
 
     h_0 = SEED
-    h_k = blake2b(h_{k-1} || page_k tokens as int32 || extra ids of page k)
+    h_k = blake2b(h_{k-1} || page_k tokens as int32)
 
 ``h_k`` names the first k full pages of a prefix and nothing else, so two
 prompts share ``h_k`` exactly when (up to a hash collision, ruled out by the
@@ -23,12 +23,9 @@ from collections.abc import Sequence
 SEED = b"ignis-prefix-v1"
 
 
-def chain(parent: bytes, page_tokens: Sequence[int], extra: Sequence[int] = ()) -> bytes:
+def chain(parent: bytes, page_tokens: Sequence[int]) -> bytes:
     h = hashlib.blake2b(parent, digest_size=16)
     h.update(array("i", page_tokens).tobytes())
-    if extra:
-        h.update(b"|")
-        h.update(array("q", extra).tobytes())
     return h.digest()
 
 

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ignis.engine.reuse.block_events import NO_BLOCK_EVENTS, TIER_MEDIUM
+from ignis.shared.tier_wire import TIERS
 
-TIERS = ("ram", "disk")
 MAX_RECORDS = 4096
 """Records the engine keeps of entries in tierd. A 27B state image is ~147 MiB, so a 64 GiB arena holds
 ~440 entries; small models' entries are tiny, and past this many the oldest are forgotten here."""

@@ -368,7 +368,7 @@ class RetainedStore:
         slot = self.slots.take(host_only)
         if slot is not None:
             return slot
-        victim = self._lowest(exclude=None, host_only=host_only)
+        victim = self._lowest(host_only=host_only)
         if victim is None or CLASS_KEEP[victim.request_class] > CLASS_KEEP[request_class]:
             return None
         slot = victim.slot
@@ -424,8 +424,8 @@ class RetainedStore:
         self.family_touches += touched
         return touched
 
-    def _lowest(self, exclude: Entry | None, host_only: bool = False) -> Entry | None:
-        candidates = [e for e in self._entries.values() if not e.pinned and e is not exclude
+    def _lowest(self, host_only: bool = False) -> Entry | None:
+        candidates = [e for e in self._entries.values() if not e.pinned
                       and (not host_only or self.slots.tier_of(e.slot) == "host")]
         if not candidates:
             return None
@@ -442,7 +442,7 @@ class RetainedStore:
         (``pages_coming``), or nothing more can go. Returns how many entries were released."""
         released = 0
         while self.pool.num_free + self.pages_coming < needed_free:
-            victim = self._lowest(exclude=None)
+            victim = self._lowest()
             if victim is None:
                 break
             self._release(victim, demote=True)
@@ -455,7 +455,7 @@ class RetainedStore:
         not free: that copy is waited for, as a capture waits for a slot (``SLOT_WAIT_S``); one that does
         not land in time ends the attempt (the capture is then skipped)."""
         while self.pool.num_free < needed_free:
-            victim = self._lowest(exclude=None)
+            victim = self._lowest()
             if victim is None:
                 return
             slot, landing = victim.slot, self.moves.pages_landing

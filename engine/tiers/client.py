@@ -78,6 +78,7 @@ from ignis.shared.zmq_queues import connect_dealer
 log = logging.getLogger("ignis.engine.tiers")
 
 REPLIES = (Welcome, Detached, Demoted, Restored, Missing, Dropped, LookupReply, TierRefused, ErrorReply)
+"""``TIERD_TO_ENGINE`` less ``StatsReply``: the engine never asks tierd for its stats (the launcher does)."""
 QUARANTINE_S = 60.0
 KEEPALIVE_S = 5.0
 """An idle engine's check that tierd is still the one that welcomed it (an empty lookup)."""

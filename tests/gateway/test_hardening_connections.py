@@ -114,6 +114,7 @@ def test_past_max_connections_all_in_requests_a_new_connection_gets_503(tmp_path
             s.close()
         wait_until(lambda: http("GET", gw.url + "/health", timeout=5).status == 200, 10,
                    "connections freed but new ones are still refused")
+        assert _metric(gw, "ignis:gateway_connections_refused_total") == 1  # and ops can see it
 
 
 def test_at_max_connections_a_new_connection_displaces_the_oldest_not_in_a_request(tmp_path):
@@ -131,8 +132,16 @@ def test_at_max_connections_a_new_connection_displaces_the_oldest_not_in_a_reque
             refill.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
             slow.append(refill)
         assert not is_closed(stream) and not any(is_closed(s) for s in slow[3:])
+        assert _metric(gw, "ignis:gateway_connections_displaced_total") >= 3  # the scrape may displace one more
+        assert _metric(gw, "ignis:gateway_open_connections") == 4
+        assert _metric(gw, "ignis:gateway_connections_refused_total") == 0
         for s in [stream, *slow]:
             s.close()
+
+
+def _metric(gw, name: str) -> float:
+    text = http("GET", gw.url + "/metrics", timeout=5).body.decode()
+    return float(next(x.split()[-1] for x in text.splitlines() if x.startswith(name + "{")))
 
 
 def test_a_slow_stop_says_what_it_waits_for(tmp_path):

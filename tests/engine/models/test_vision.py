@@ -95,3 +95,22 @@ def test_mrope_tables_equal_the_plain_ones_on_text():
     cos, _ = rot.mrope_cos_sin(h_only, (3, 3, 2), torch.float32)
     changed = (cos != plain[0]).any(0).nonzero().flatten().tolist()
     assert changed == [1, 4, 7, 9, 12, 15]  # the h frequencies, in both halves
+
+
+def test_engine_and_gateway_read_the_same_pad_and_grid_from_a_sparse_config(tmp_path):
+    """A checkpoint whose config.json leaves out image_token_id and the patch sizes: both processes fall back
+    alike (the tokenizer's <|image_pad|>, the preprocessor's sizes), or the prompt's pads would not be the
+    ones the engine embeds pictures at."""
+    import json
+
+    from ignis.engine.models.vision_config import load_vision_config
+    from ignis.gateway.vision_settings import read_vision_settings
+
+    (tmp_path / "config.json").write_text(json.dumps({"vision_config": {"depth": 1}, "text_config": {}}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14, "merge_size": 3}))
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {}}, "added_tokens": [
+        {"id": 7001, "content": "<|vision_start|>"}, {"id": 7003, "content": "<|image_pad|>"}]}))
+    engine = load_vision_config(tmp_path)
+    gateway = read_vision_settings(tmp_path, 7003)  # what the gateway's tokenizer says <|image_pad|> is
+    assert engine.image_token_id == gateway.image_token_id == 7003
+    assert (engine.patch_size, engine.spatial_merge_size) == (gateway.patch_size, gateway.merge_size) == (14, 3)
