@@ -65,3 +65,24 @@ def test_listed_origins_get_preflights_and_headers_others_do_not(gw_cors):
     assert stream.status == 200 and stream.headers["Access-Control-Allow-Origin"] == ORIGIN
     evil = http("POST", gw_cors.url + CHAT, OK, {"Content-Type": "application/json", "Origin": "https://evil.example"})
     assert "Access-Control-Allow-Origin" not in evil.headers
+
+
+def test_the_sdks_browser_requests_clear_their_preflight_and_their_ids_can_be_read(gw_cors):
+    """The OpenAI JS SDK sends x-stainless-* headers, Anthropic's TS SDK anthropic-dangerous-direct-browser-access,
+    both may send X-Request-Id; a stored response is deleted with DELETE; a page reads the request's id back."""
+    asked = "content-type, authorization, x-stainless-os, x-stainless-retry-count, x-request-id, " \
+            "anthropic-dangerous-direct-browser-access"
+    pre = http("OPTIONS", gw_cors.url + CHAT, None, dict(PREFLIGHT, **{"Access-Control-Request-Headers": asked}))
+    allowed = {h.strip().lower() for h in pre.headers["Access-Control-Allow-Headers"].split(",")}
+    assert pre.status == 204 and {h.strip() for h in asked.split(",")} <= allowed
+    assert "Access-Control-Request-Headers" in pre.headers["Vary"]
+    delete = http("OPTIONS", gw_cors.url + "/v1/responses/resp_x", None,
+                  dict(PREFLIGHT, **{"Access-Control-Request-Method": "DELETE"}))
+    assert delete.status == 204 and "DELETE" in delete.headers["Access-Control-Allow-Methods"]
+    # a header name that is not one (a value smuggled in) is left out
+    odd = http("OPTIONS", gw_cors.url + CHAT, None, dict(PREFLIGHT, **{"Access-Control-Request-Headers": "a b, x:y"}))
+    assert "a b" not in odd.headers["Access-Control-Allow-Headers"] and "x:y" not in odd.headers["Access-Control-Allow-Headers"]
+    r = http("POST", gw_cors.url + CHAT, OK, {"Content-Type": "application/json", "Origin": ORIGIN,
+                                              "X-Request-Id": "page-1"})
+    assert r.status == 200 and r.headers["X-Request-Id"] == "page-1"
+    assert "X-Request-Id" in r.headers["Access-Control-Expose-Headers"]
