@@ -4,6 +4,9 @@
     more bytes than the limit       413 as soon as they arrive (chunked bodies too)
     not all there in time           408, and the connection is closed after the answer
     not JSON / not an object        400 invalid_json
+    a Content-Encoding other than   415 unsupported_content_encoding, nothing read (aiohttp decodes
+    identity, gzip, deflate, br     them on the way in; the byte limit counts decoded bytes, so a
+                                    compressed bomb stops at the limit)
 
 The limit and deadline come from the caller (``RequestLimits.body_bytes``,
 ``--body-read-timeout``).
@@ -25,6 +28,7 @@ def too_large(size: int, limit: int) -> ApiError:
 
 
 async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
+    _check_encoding(request.headers.get("Content-Encoding", ""))
     length = request.content_length
     if length is not None and length > limit:
         raise too_large(length, limit)
@@ -42,6 +46,18 @@ async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s (--body-read-timeout)",
                        code="body_timeout", close=True) from None
     return bytes(buf)
+
+
+CODINGS = ("identity", "gzip", "x-gzip", "deflate", "br")
+"""Content codings a request body may come in, as aiohttp decodes them (``br`` only with the Brotli module:
+without it aiohttp's parser refuses it, a 400, before this is asked)."""
+
+
+def _check_encoding(header: str) -> None:
+    for coding in (c.strip().lower() for c in header.split(",")):
+        if coding and coding not in CODINGS:
+            raise ApiError(415, f"Content-Encoding {coding[:64]!r} is not supported: send the body as it is, or "
+                                f"gzip or deflate it", code="unsupported_content_encoding")
 
 
 def parse_object(raw: bytes) -> dict:

@@ -1,7 +1,7 @@
 """Malformed HTTP off the wire is a warning line, not an error with a traceback.
 
 aiohttp answers a request its parser refuses (duplicate Content-Length, a line
-past its bound, too many headers, an unknown Content-Encoding) with a 400 and
+past its bound, too many headers, a br body without the Brotli module) with a 400 and
 logs "Error handling request" at ERROR with the parser's traceback: any
 client could fill the journal at will. ``quiet_protocol_errors()`` puts a
 filter on aiohttp's server logger that drops those records for one WARNING

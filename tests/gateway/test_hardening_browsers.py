@@ -86,3 +86,17 @@ def test_the_sdks_browser_requests_clear_their_preflight_and_their_ids_can_be_re
                                               "X-Request-Id": "page-1"})
     assert r.status == 200 and r.headers["X-Request-Id"] == "page-1"
     assert "X-Request-Id" in r.headers["Access-Control-Expose-Headers"]
+
+
+def test_a_compressed_body_is_read_and_an_unknown_coding_is_a_415(gw):
+    import gzip
+    import zlib
+
+    before = len(gw.engine.generates)
+    for coding, body in (("gzip", gzip.compress(OK)), ("deflate", zlib.compress(OK))):
+        r = http("POST", gw.url + CHAT, body, {"Content-Type": "application/json", "Content-Encoding": coding})
+        assert r.status == 200, (coding, r.body[:300])
+    assert len(gw.engine.generates) == before + 2
+    r = http("POST", gw.url + CHAT, OK, {"Content-Type": "application/json", "Content-Encoding": "zzz"})
+    assert r.status == 415 and r.json()["error"]["code"] == "unsupported_content_encoding", r.body[:300]
+    assert len(gw.engine.generates) == before + 2
