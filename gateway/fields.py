@@ -42,6 +42,11 @@ class Fields:
     def raw(self, name: str) -> object:
         return self._value(name)
 
+    def passed_over(self, *names: str) -> None:
+        """Fields the parser takes that lost to another spelling (``max_tokens`` beside
+        ``max_completion_tokens``) or to a header: known, so not reported by ``unread``."""
+        self.read.update(names)
+
     def unread(self) -> list[str]:
         """The fields given (not null) that nothing has asked for: what the request carried to no effect."""
         return [name for name, value in self.obj.items() if value is not None and name not in self.read]

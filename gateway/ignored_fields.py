@@ -34,7 +34,8 @@ ACCEPTED: dict[str, frozenset[str]] = {
 """Per endpoint (the metrics' label): the fields taken without effect on purpose (not reported)."""
 
 MAX_LOGGED = 8
-"""New names one warning lists (the rest are counted in it)."""
+"""New names one request may warn about (the rest of its names are counted in the line, and warned about
+when a later request sends them)."""
 
 MAX_NAME_CHARS = 64
 """A reported name is cut to this many characters (names are the client's)."""
@@ -47,14 +48,18 @@ def report_unread(f: Fields, endpoint: str, metrics: GatewayMetrics, notes: list
     if not names:
         return names
     metrics.fields_ignored.labels(metrics.model_name, endpoint).inc(len(names))
-    fresh = [name for name in names if metrics.first_ignored(endpoint, name)]
+    fresh: list[str] = []
+    for name in names:  # a request's first few new names: one request of junk names fills little
+        if len(fresh) == MAX_LOGGED:
+            break
+        if metrics.first_ignored(endpoint, name):
+            fresh.append(name)
     if fresh:
-        shown = ", ".join(map(repr, fresh[:MAX_LOGGED]))
-        if len(fresh) > MAX_LOGGED:
-            shown += f" and {len(fresh) - MAX_LOGGED} more"
-        log.warning("%s: request field%s %s ignored (ignis does not read %s; counted in "
+        more = f" (of {len(names)} ignored in this request)" if len(names) > len(fresh) else ""
+        log.warning("%s: request field%s %s ignored%s (ignis does not read %s; counted in "
                     "ignis:gateway_request_fields_ignored_total, named in each done line)", endpoint,
-                    "s" if len(fresh) > 1 else "", shown, "them" if len(fresh) > 1 else "it")
+                    "s" if len(fresh) > 1 else "", ", ".join(map(repr, fresh)), more,
+                    "them" if len(fresh) > 1 else "it")
     notes.append("ignored fields: " + ", ".join(names))  # the done line cuts it to its note length
     return names
 

@@ -28,6 +28,7 @@ Served by the app's GET /metrics (``render``); every metric is labelled
 from __future__ import annotations
 
 import logging
+import time
 
 from prometheus_client import Counter
 
@@ -41,8 +42,11 @@ LATENCY_BUCKETS = PROCESS_BUCKETS
 """Seconds: the shared buckets (to 7680 s: a request's latency runs to its last byte)."""
 
 MAX_WARNED_NAMES = 256
-"""Distinct client-given names (hosted tool types, ignored fields) warned about once each; past it, new
-names are still counted and noted in done lines, not logged (the names are the clients', without bound)."""
+"""Distinct client-given names (hosted tool types, ignored fields) remembered as warned about; when that
+many are, new names are counted and noted in done lines but not logged until the memory is cleared, at
+most once every ``WARNED_RESET_S`` (the names are the clients', without bound: one client sending junk
+names cannot silence the warnings for good)."""
+WARNED_RESET_S = 3600.0
 
 
 class GatewayMetrics(ProcessMetrics):
@@ -58,8 +62,8 @@ class GatewayMetrics(ProcessMetrics):
         self.stalled = self.counter("stream_stalled_aborts", "streamed requests aborted because the client "
                                     "stopped reading (--stream-buffer-bytes of output waited unwritten)")
         self._marks_warned: set[tuple[str, str]] = set()
-        self._tools_warned: set[str | None] = set()
-        self._fields_warned: set[tuple[str, str]] = set()
+        self._tools_warned = _WarnedNames()
+        self._fields_warned = _WarnedNames()
         self.marks_missing = Counter("ignis:capture_marks_missing", "chat requests served without a capture mark",
                                      ("model_name", "mark", "reason"), registry=self.registry)
         self.grammar_lenient = self.counter("grammar_lenient", "forced tool calls whose tool schema the grammar "
@@ -100,11 +104,11 @@ class GatewayMetrics(ProcessMetrics):
         """Count a hosted tool left out (``tool``: its label); True the first time its ``kind`` (the type
         the client sent) is (the caller warns then)."""
         self.tools_ignored.labels(self.model_name, tool).inc()
-        return _first(self._tools_warned, kind)
+        return self._tools_warned.first(kind)
 
     def first_ignored(self, endpoint: str, name: str) -> bool:
         """True the first time request field ``name`` goes unread on ``endpoint`` (the caller warns)."""
-        return _first(self._fields_warned, (endpoint, name))
+        return self._fields_warned.first((endpoint, name))
 
     def background_ended(self, status: str) -> None:
         self.background.labels(self.model_name, status).inc()
@@ -121,9 +125,22 @@ class GatewayMetrics(ProcessMetrics):
                             "named in each done line", mark, reason)
 
 
-def _first(seen: set, key: object) -> bool:
-    """True when ``key`` is new to ``seen`` (added), while ``seen`` holds fewer than MAX_WARNED_NAMES."""
-    if key in seen or len(seen) >= MAX_WARNED_NAMES:
-        return False
-    seen.add(key)
-    return True
+class _WarnedNames:
+    """Client-given names warned about, bounded (``MAX_WARNED_NAMES``, ``WARNED_RESET_S``)."""
+
+    def __init__(self, clock=time.monotonic):
+        self.seen: set = set()
+        self.clock = clock
+        self.since = clock()
+
+    def first(self, key: object) -> bool:
+        """True when ``key`` is to be warned about (remembered from now on)."""
+        if key in self.seen:
+            return False
+        if len(self.seen) >= MAX_WARNED_NAMES:
+            if self.clock() - self.since < WARNED_RESET_S:
+                return False
+            self.seen.clear()
+            self.since = self.clock()
+        self.seen.add(key)
+        return True

@@ -226,6 +226,7 @@ def _cache_salt(f: Fields) -> str | None:
 def _request_class(f: Fields, headers) -> str:
     for name in ("request_class", "priority"):
         if f.has(name):
+            f.passed_over("request_class", "priority")  # the first given wins
             value = f.raw(name)
             if name == "priority" and type(value) is int:  # vLLM's integer priority: lower is served first
                 return "interactive" if value <= 0 else "agent"
@@ -302,6 +303,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
     continuous_usage = include_usage and opts.bool("continuous_usage_stats")
     if kind == "chat" and f.has("max_completion_tokens"):
         max_tokens = f.int("max_completion_tokens", None, 1)
+        f.passed_over("max_tokens")  # OpenAI's newer name wins
     elif kind == "completion" and f.raw("max_tokens") == 0 and f.raw("echo") is True:
         max_tokens = 0  # the prompt echoed and scored, nothing generated (OpenAI's legacy scoring call)
     else:

@@ -37,6 +37,7 @@ def client_request_id(http: web.Request, f: Fields) -> str | None:
     """The client's id for this request: the header, else the body's ``request_id``; None when neither."""
     header = http.headers.get(HEADER)
     if header is not None:
+        f.passed_over(FIELD)
         return _checked(header, HEADER)
     value = f.str(FIELD, None, max_chars=MAX_CHARS)
     return None if value is None else _checked(value, FIELD)
