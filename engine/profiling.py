@@ -61,7 +61,9 @@ class RoundProfiler:
             self._send(Profiled(msg.id, True, f"profiled {self._rounds} rounds (the count the start asked for)",
                                 trace, summary), peer)
         else:
-            self._send(Profiled(msg.id, False, "the engine is not profiling"), peer)
+            why = ("profiling is off: start the engine with --profile-dir DIR" if self.directory is None
+                   else "the engine is not profiling")
+            self._send(Profiled(msg.id, False, why), peer)
 
     def round(self):
         """A context for one served round: its range in the trace, and a profiler step after it."""

@@ -4,6 +4,7 @@ a Hugging Face repo id is its cached snapshot, ``shared.hf_cache``)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ignis.shared.hf_cache import resolve_checkpoint
@@ -34,12 +35,13 @@ def served_names(explicit) -> tuple[str, ...]:
 
 
 def served_name(model_dir: str | None, explicit=None) -> str:
-    """``explicit``'s first name if given; the demo's name when no directory is; else the directory's name."""
+    """``explicit``'s first name if given; the demo's name when no directory is; else the directory's name as
+    given (a symlink's own: ``/models/current`` answers to "current" whichever release it points at)."""
     if served_names(explicit):
         return served_names(explicit)[0]
     if not model_dir:
         return DEMO_MODEL_NAME
-    return Path(model_dir).resolve().name or str(model_dir)
+    return Path(os.path.abspath(model_dir)).name or str(model_dir)
 
 
 def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:

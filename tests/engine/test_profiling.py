@@ -67,6 +67,8 @@ def test_refusals_and_shutdown(tmp_path):
     off = RoundProfiler(None, "main", answers)
     off.handle(b"gw", Profile("a", True))
     assert answers.last == Profiled("a", False, "profiling is off: start the engine with --profile-dir DIR")
+    off.handle(b"gw", Profile("a2", False))  # a stop says why too
+    assert answers.last == Profiled("a2", False, "profiling is off: start the engine with --profile-dir DIR")
     p = RoundProfiler(str(tmp_path), "main", answers)
     p.handle(b"gw", Profile("b", True))
     p.handle(b"gw", Profile("c", True))

@@ -37,3 +37,15 @@ def test_several_served_names_name_one_model_the_first_answering():
         model_specs(("a=/m/a", "b=/m/b"), ("x", "y"))  # several models name themselves
     with pytest.raises(ValueError, match="--served-model-name: names repeat"):
         model_aliases(("/m/x",), ("a", "b", "a"))
+
+
+def test_a_checkpoint_reached_through_a_symlink_answers_to_the_links_name(tmp_path):
+    """A deployment that points /models/current at each release keeps its model name across upgrades."""
+    from ignis.shared.model_names import served_name
+
+    release = tmp_path / "Qwen3.5-27B-2026-11"
+    release.mkdir()
+    (tmp_path / "current").symlink_to(release)
+    assert served_name(str(tmp_path / "current")) == "current"
+    assert served_name(str(tmp_path / "current") + "/") == "current"
+    assert served_name(str(release / ".." / "current")) == "current"
