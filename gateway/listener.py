@@ -16,6 +16,11 @@ connection is in a request is the new one answered 503 at its first byte (or
 closed after the header deadline), never reaching aiohttp. So connections
 that hold a slot without ever finishing their headers (a slow-headers
 client) cannot keep others out: each new one displaces them.
+
+A request aiohttp's parser refuses (a duplicate Content-Length, a header past
+its bound) is answered with an OpenAI error object like every other error
+(``json_parser_errors``; aiohttp's own answer is plain text), code
+``malformed_http``, and the connection closes.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from http import HTTPStatus
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 log = logging.getLogger("ignis.gateway")
 
@@ -99,7 +106,7 @@ class GuardedConnection(asyncio.Protocol):
             return
         owner.open += 1
         owner._by_transport[transport] = self
-        self.inner = owner.server()
+        self.inner = json_parser_errors(owner.server())
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -177,3 +184,30 @@ async def listen(runner: web.AppRunner, connections: Connections, host: str, por
         return await loop.create_server(connections, host, port, backlog=512, reuse_address=True)
     return await loop.create_server(connections, host, port, backlog=512, reuse_address=True, ssl=tls,
                                     ssl_handshake_timeout=handshake_timeout)
+
+
+class _JsonErrors(RequestHandler):
+    """aiohttp's ``RequestHandler`` answering its parser's refusals as OpenAI error objects."""
+
+    __slots__ = ()
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None):
+        super().handle_error(request, status, exc, message)  # logs (quietly: protocol_errors_log); raises once
+        if status >= 500:                                     # bytes went out
+            text, kind, code = "internal error", "internal_error", "internal_error"
+        else:
+            detail = " ".join(str(message or "").split())[:200] or HTTPStatus(status).phrase
+            text, kind, code = f"malformed HTTP request: {detail}", "invalid_request_error", "malformed_http"
+        resp = web.Response(status=status, content_type="application/json", body=orjson.dumps(
+            {"error": {"message": text, "type": kind, "param": None, "code": code}}))
+        resp.force_close()
+        return resp
+
+
+def json_parser_errors(handler):
+    """``handler`` (what aiohttp's ``Server`` made) answering its parser's refusals as OpenAI error objects;
+    a handler of another class (a future aiohttp's) is left as it is, its errors plain text."""
+    if type(handler) is RequestHandler:
+        handler.__class__ = _JsonErrors  # the same slots: only the method changes
+    return handler

@@ -68,6 +68,18 @@ def test_malformed_http_is_a_warning_line_not_a_traceback_each(gw):
     new = gw.log()[len(before):]
     assert "Traceback" not in new and "Error handling request" not in new, new[-3000:]
     assert 1 <= new.count("malformed HTTP request refused") <= 20  # the budget: 10 at once, then 1 a second
+    # answered as every other error is: an OpenAI error object
+    with gw.connect() as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                  b"Content-Length: 3\r\n\r\n{}")
+        s.settimeout(10)
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert b"application/json" in head.lower(), head
+    error = json.loads(body)["error"]
+    assert error["code"] == "malformed_http" and "Content-Length" in error["message"], error
 
 
 def test_headers_that_stop_arriving_close_the_connection(gw):
