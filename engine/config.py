@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ignis.engine.models.config import KV_FORMATS
 from ignis.engine.speculative_config import (LOOKUP_DEFAULT, METHODS, lookup_bounds, read_speculative_config,
                                              sglang_choice)
 from ignis.shared.flags import field_doc, parse_bytes, parse_count, parse_optional_count
@@ -58,7 +59,7 @@ class EngineConfig:
     kv_format: str = field(default="auto", metadata=field_doc(
         "KV pool format: hq-e8-2b (keys and values E8-lattice coded, 2.25 bits per value, the last "
         "--kv-exact-window tokens kept exact; 7x the tokens per byte, prefill over it slower) or bf16 (exact, "
-        "in the model dtype); auto: bf16 (docs/kv-format.md)", choices=("auto", "hq-e8-2b", "bf16")))
+        "in the model dtype); auto: bf16 (docs/kv-format.md)", choices=("auto", *KV_FORMATS)))
     kv_cache_dtype: str = field(default="auto", metadata=field_doc(
         "vLLM's name for the KV format: auto or bfloat16 keep --kv-format; an fp8 format is served in exact "
         "bf16 pages with a warning (ignis's compressed KV is --kv-format hq-e8-2b)"))

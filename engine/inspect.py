@@ -21,12 +21,12 @@ from pathlib import Path
 
 from ignis.engine.config import EngineConfig
 from ignis.engine.memory_plan import embedding_bytes, lm_head_bytes, logits_bytes, sampler_workspace_bytes
-from ignis.engine.models.config import DTYPE_BYTES, PAGE_TOKENS, CheckpointError, ModelConfig, load_config
+from ignis.engine.models.config import (DTYPE_BYTES, KV_FORMATS, PAGE_TOKENS, CheckpointError, ModelConfig,
+                                        load_config)
 from ignis.engine.models.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX
 from ignis.engine.models.weights_spec import classify, expected_tensors, expected_weight_bytes
 from ignis.shared.hf_cache import resolve_checkpoint
 
-KV_FORMATS = ("bf16", "hq-e8-2b")
 DEFAULT_POOL_BYTES = 16 * 2**30
 DEFAULT_LANES = EngineConfig().decode_lanes
 

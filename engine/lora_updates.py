@@ -34,11 +34,11 @@ watchdog's test uses it.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
 from ignis.shared.wire import AdapterList, AdapterUpdated, ListAdapters, LoadAdapter, UnloadAdapter
+from ignis.shared.fault_env import env_seconds
 
 log = logging.getLogger("ignis.engine")
 
@@ -82,7 +82,7 @@ class LoraUpdates:
         return self._unload(peer, msg, runtime if default_loaded else None, users)
 
     def _load(self, peer: bytes, msg: LoadAdapter, runtime) -> None:
-        stall = float(os.environ.get(FAULT_STALL_LOAD_ENV, "0") or 0)
+        stall = env_seconds(FAULT_STALL_LOAD_ENV)
         if stall > 0:
             log.warning("FAULT INJECTION: %s=%g holds the engine loop in this adapter load (for tests only)",
                         FAULT_STALL_LOAD_ENV, stall)

@@ -40,6 +40,7 @@ import numpy as np
 from ignis.tierd import disk as kvdisk
 from ignis.tierd import disk_io
 from ignis.tierd.memory_map import MappedBlock
+from ignis.shared.fault_env import env_seconds
 
 log = logging.getLogger("ignis.tierd")
 
@@ -359,10 +360,7 @@ class PausingBackend:
 
 
 def fault_pause_s() -> float:
-    try:
-        return max(0.0, float(os.environ.get(FAULT_PAUSE_ENV, "0") or 0))
-    except ValueError:
-        return 0.0
+    return env_seconds(FAULT_PAUSE_ENV)
 
 
 def copy_threads() -> int:

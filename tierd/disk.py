@@ -83,6 +83,7 @@ import numpy as np
 from ignis.shared.process_lock import hold_directory_itself
 from ignis.shared.secret_file import load_secret
 from ignis.tierd import disk_io, disk_mac
+from ignis.shared.fault_env import env_seconds
 
 MARKER = ".ignis-kv-disk"
 SUFFIX = ".kv"
@@ -109,10 +110,7 @@ def fault_disk_full() -> bool:
 
 
 def fault_disk_write_s() -> float:
-    try:
-        return max(0.0, float(os.environ.get(FAULT_DISK_WRITE_ENV, "0") or 0))
-    except ValueError:
-        return 0.0
+    return env_seconds(FAULT_DISK_WRITE_ENV)
 
 
 class ForeignFilesError(RuntimeError):

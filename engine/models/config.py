@@ -36,6 +36,9 @@ FAMILY_BY_ARCHITECTURE = {
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+KV_FORMATS = ("bf16", "hq-e8-2b")
+"""The KV pool's formats (``--kv-format``, less ``auto``)."""
+
 # hq-e8-2b: 2 bits per value (a 16-bit code per 8 values) plus one 16-bit
 # scale per 64 values, i.e. 2.25 bits per value.
 HQ_E8_2B_BITS_PER_VALUE = 2.25
@@ -127,7 +130,7 @@ class ModelConfig:
             return values * 2
         if kv_format == "hq-e8-2b":
             return int(values * HQ_E8_2B_BITS_PER_VALUE) // 8
-        raise ValueError(f"--kv-format: unknown format {kv_format!r} (bf16, hq-e8-2b)")
+        raise ValueError(f"--kv-format: unknown format {kv_format!r} ({', '.join(KV_FORMATS)})")
 
     def recurrent_state_bytes(self) -> int:
         """fp32 delta-rule state of one sequence over all linear layers."""

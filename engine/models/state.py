@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ignis.engine.models.config import PAGE_TOKENS, ModelConfig
+from ignis.engine.models.config import KV_FORMATS, PAGE_TOKENS, ModelConfig
 
-KV_FORMATS = ("bf16", "hq-e8-2b")
 POISON_ROW = 0x7FC0
 """int16 an hq pool is filled with when asked for NaN: as a scale it is a bf16 NaN, so reading
 an unwritten row poisons the result."""

@@ -19,19 +19,19 @@ restores, so the check and the recompute behind it can be exercised end to end.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 
 from ignis.engine.models.config import PAGE_TOKENS
+from ignis.shared.fault_env import env_count
 
 FAULT_NAN_RESTORE_ENV = "IGNIS_ENGINE_FAULT_NAN_RESTORES"
 
 
 def fault_nan_restores() -> int:
     """How many restores the test hook poisons (0: off)."""
-    return max(0, int(os.environ.get(FAULT_NAN_RESTORE_ENV, "0") or 0))
+    return env_count(FAULT_NAN_RESTORE_ENV)
 
 
 def _image_parts(state, slot: int) -> list[torch.Tensor]:
