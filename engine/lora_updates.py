@@ -11,10 +11,13 @@ never failing the load). ``LoraUpdates`` answers the gateway's
 ``LoadAdapter``/``UnloadAdapter`` between rounds (the adapted layers change
 only between forwards):
 
-- a load reads the adapter against the loaded default model and serves it at
-  once; refused (nothing changed) when updating is off, the default model is
-  not loaded, the name is taken by an adapter or a model, or the adapter is
-  refused as at start (``engine.models.lora``);
+- a load reads the adapter's files on a reader thread, off the engine loop
+  (a large adapter takes seconds to read and check, and every running stream
+  would wait for it), then the loop puts it in between rounds and serves it;
+  refused (nothing changed) when updating is off, the default model is not
+  loaded (or was unloaded while the files were read), the name is taken by an
+  adapter, a model or a load in progress, ``MAX_READS_WAITING`` loads wait
+  already, or the adapter is refused as at start (``engine.models.lora``);
 - ``ListAdapters`` is answered with every adapter served now; the registry's
   ``version`` (in the Stats) moves with each load and unload, so a gateway
   that did not ask for the change (there may be several) learns of it;
@@ -27,13 +30,15 @@ Names and paths come from API clients: log lines print them with ``%r``, so
 a newline or an escape sequence in one cannot forge or dress a line.
 
 ``FAULT_STALL_LOAD_ENV`` (tests only) holds the engine loop that many
-seconds in each run-time load, as a read on a hung mount would: the loop
-watchdog's test uses it.
+seconds when a run-time load is asked, a stand-in for a loop turn that
+hangs: the loop watchdog's test uses it.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -60,16 +65,33 @@ class AdapterRegistry:
 
 
 FAULT_STALL_LOAD_ENV = "IGNIS_ENGINE_FAULT_STALL_LORA_LOAD_S"
+MAX_READS_WAITING = 8
+"""Run-time loads asked and not yet read: more are refused (each read holds an adapter's bytes)."""
+
+
+class _Read:
+    """One run-time load: asked on the loop, read on the reader thread, put in on the loop."""
+
+    def __init__(self, peer: bytes, msg: LoadAdapter, runtime):
+        self.peer, self.msg, self.runtime = peer, msg, runtime
+        self.adapter = None
+        self.error: str | None = None
 
 
 class LoraUpdates:
     def __init__(self, enabled: bool, registry: AdapterRegistry, max_rank: int, model_names,
-                 send: Callable[[object, bytes], None]):
+                 send: Callable[[object, bytes], None], wake: Callable[[], None] = lambda: None):
+        """``wake``: called from the reader thread when a read ended (the loop then calls ``service``)."""
         self.enabled = enabled
         self.registry = registry
         self.max_rank = max_rank
         self.model_names = set(model_names)
         self._send = send
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._waiting: collections.deque[_Read] = collections.deque()  # asked, not read yet (the head: reading)
+        self._read: list[_Read] = []  # read, to be put in by the loop
+        self._reader: threading.Thread | None = None
 
     def handle(self, peer: bytes, msg, runtime, default_loaded: bool, users: Callable[[str], int]) -> None:
         """``runtime``: the loaded model's (None: none); ``default_loaded``: it is the default model;
@@ -87,31 +109,85 @@ class LoraUpdates:
             log.warning("FAULT INJECTION: %s=%g holds the engine loop in this adapter load (for tests only)",
                         FAULT_STALL_LOAD_ENV, stall)
             time.sleep(stall)
-        from ignis.engine.models.checkpoint_error import CheckpointError
-        from ignis.engine.models.lora import LoraSet, read_adapter
-
         if msg.name in self.model_names:
             return self._answer(peer, msg, False, f"{msg.name!r} already names a served model")
         if msg.name in self.registry.names():
             return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is already loaded")
         if runtime is None:
             return self._answer(peer, msg, False, "the default model is not loaded: send it a request first")
-        model = runtime.runner.model
-        try:
-            adapter = read_adapter(msg.name, msg.path, model, self.max_rank)
-        except (CheckpointError, OSError, ValueError) as exc:
-            return self._answer(peer, msg, False, str(exc))
-        if model.lora is None:
-            LoraSet(model, [adapter])
-        else:
-            model.lora.add(adapter)
-        self.registry.added[msg.name] = msg.path
-        self.registry.version += 1
-        log.info("LoRA adapter %r loaded at run time: rank %d, scale %g, %d layers, from %r", adapter.name,
-                 adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
-        self._answer(peer, msg, True, f"LoRA adapter {msg.name!r} added")
+        with self._lock:
+            if any(r.msg.name == msg.name for r in (*self._waiting, *self._read)):
+                return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is being loaded")
+            if len(self._waiting) >= MAX_READS_WAITING:
+                return self._answer(peer, msg, False, f"{MAX_READS_WAITING} adapter loads are waiting already: "
+                                                      "try again once they are done")
+            self._waiting.append(_Read(peer, msg, runtime))
+            if self._reader is None:
+                self._reader = threading.Thread(target=self._read_all, name="lora-reader", daemon=True)
+                self._reader.start()
+
+    def _read_all(self) -> None:
+        """The reader thread: each waiting load's files read and checked, in the order asked."""
+        from ignis.engine.models.checkpoint_error import CheckpointError
+        from ignis.engine.models.lora import read_adapter
+
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._reader = None
+                    return
+                r = self._waiting[0]
+            try:
+                r.adapter = read_adapter(r.msg.name, r.msg.path, r.runtime.runner.model, self.max_rank)
+            except (CheckpointError, OSError, ValueError) as exc:
+                r.error = str(exc)
+            except Exception as exc:  # a reader bug must answer its load, not leave it waiting
+                log.exception("reading LoRA adapter %r failed", r.msg.name)
+                r.error = f"reading the adapter failed ({type(exc).__name__})"
+            with self._lock:
+                self._waiting.popleft()
+                self._read.append(r)
+            self._wake()
+
+    @property
+    def reading(self) -> bool:
+        """Loads are being read or wait to be put in (the loop calls ``service`` while so)."""
+        with self._lock:
+            return bool(self._waiting or self._read)
+
+    def service(self, runtime, default_loaded: bool) -> None:
+        """Between rounds: put in the adapters read since the last call (``runtime``: the loaded model's,
+        None when none; ``default_loaded``: it is the default model)."""
+        from ignis.engine.models.lora import LoraSet
+
+        with self._lock:
+            done, self._read = self._read, []
+        for r in done:
+            msg, adapter = r.msg, r.adapter
+            if r.error is not None:
+                self._answer(r.peer, msg, False, r.error)
+            elif runtime is not r.runtime or not default_loaded:
+                self._answer(r.peer, msg, False, "the default model was unloaded while the adapter was read: "
+                                                 "send it a request, then load the adapter again")
+            elif msg.name in self.registry.names() or msg.name in self.model_names:
+                self._answer(r.peer, msg, False, f"the LoRA adapter {msg.name!r} is already loaded")
+            else:
+                model = runtime.runner.model
+                if model.lora is None:
+                    LoraSet(model, [adapter])
+                else:
+                    model.lora.add(adapter)
+                self.registry.added[msg.name] = msg.path
+                self.registry.version += 1
+                log.info("LoRA adapter %r loaded at run time: rank %d, scale %g, %d layers, from %r", adapter.name,
+                         adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
+                self._answer(r.peer, msg, True, f"LoRA adapter {msg.name!r} added")
 
     def _unload(self, peer: bytes, msg: UnloadAdapter, runtime, users: Callable[[str], int]) -> None:
+        with self._lock:
+            loading = any(r.msg.name == msg.name for r in (*self._waiting, *self._read))
+        if loading:
+            return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is still being loaded")
         if msg.name not in self.registry.names():
             return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} cannot be found", missing=True)
         n = users(msg.name)

@@ -80,7 +80,8 @@ class EngineServer:
         self.flushes = CacheFlushes(self.channel.send, refresh=self._update_gauges)
         self.profiler = RoundProfiler(config.profile_dir, config.instance, self.channel.send)
         self.lora_updates = LoraUpdates(config.enable_lora_updating, adapters or AdapterRegistry([]),
-                                        config.max_lora_rank, self.models.dirs, self.channel.send)
+                                        config.max_lora_rank, self.models.dirs, self.channel.send,
+                                        wake=self._wake.set)
         self._stopping = StopRequest()  # set by the signal handler: takes no lock
         self.intake = Intake(self.channel, self.metrics, self.models, self.streams, self._stopping,
                              config.max_queue, wake=self._wake.set)
@@ -192,6 +193,8 @@ class EngineServer:
                 self._abort_orphans()
                 self._service_models()
                 self.flushes.service(self.scheduler if self.loaded else None, self.intake.num_waiting)
+                self.lora_updates.service(self.runtime if self.loaded else None,
+                                          self.loaded and self.models.name == self.models.default)
                 if self.loaded:
                     with self.profiler.round():
                         self._round()

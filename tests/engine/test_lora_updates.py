@@ -2,12 +2,16 @@
 
 Each refusal changes nothing and says why: updating off, the default model
 not loaded, a name taken by a model or an adapter, an adapter that does not
-read, an unload of an adapter in use or unknown. A load serves the adapter at
-once (its rows take it) and is kept in the registry a reload reads; an unload
-stops it and lets go of the lanes that ran it.
+read, an unload of an adapter in use or unknown. A load's files are read off
+the loop; once read, the next ``service`` serves the adapter (its rows take
+it) and the registry keeps it for a reload; an unload stops it and lets go of
+the lanes that ran it.
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
@@ -33,6 +37,16 @@ class Runtime:
         return self.runner.model.lora
 
 
+def load(updates, runtime, msg, sent, default_loaded=True):
+    """Ask for a load and serve the loop until it is answered (the read runs on the reader thread)."""
+    updates.handle(b"gw", msg, runtime, default_loaded, lambda n: 0)
+    deadline = time.monotonic() + 30
+    while not any(getattr(m, "id", None) == msg.id for m in sent):
+        assert time.monotonic() < deadline, "the load was never answered"
+        updates.service(runtime, default_loaded)
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def setup(tmp_path):
     ckpt = make_checkpoint(tmp_path, "qwen3_5")
@@ -47,12 +61,12 @@ def setup(tmp_path):
 
 def test_a_load_serves_the_adapter_and_the_registry_keeps_it(setup):
     runtime, registry, updates, sent, root = setup
-    updates.handle(b"gw", LoadAdapter("1", "a", str(root / "a")), runtime, True, lambda n: 0)
+    load(updates, runtime, LoadAdapter("1", "a", str(root / "a")), sent)
     assert sent[-1] == AdapterUpdated("1", True, "LoRA adapter 'a' added")
     lora = runtime.runner.model.lora
     assert runtime.runner.lora is lora and lora.slot("a") == 0
     assert any(isinstance(m, LoraLinear) for m in runtime.runner.model.modules())
-    updates.handle(b"gw", LoadAdapter("2", "b", str(root / "b")), runtime, True, lambda n: 0)
+    load(updates, runtime, LoadAdapter("2", "b", str(root / "b")), sent)
     assert sent[-1].ok and lora.slot("b") == 1
     assert registry.specs() == [("a", str(root / "a"), False), ("b", str(root / "b"), False)]
     lora.assign(3, lora.slot("a"))
@@ -60,7 +74,7 @@ def test_a_load_serves_the_adapter_and_the_registry_keeps_it(setup):
     assert sent[-1].ok and lora.slot("a") is None and not lora.takes([3])
     assert registry.specs() == [("b", str(root / "b"), False)]
     assert all(0 not in m.adapters for m in runtime.runner.model.modules() if isinstance(m, LoraLinear))
-    updates.handle(b"gw", LoadAdapter("4", "c", str(root / "a")), runtime, True, lambda n: 0)
+    load(updates, runtime, LoadAdapter("4", "c", str(root / "a")), sent)
     assert lora.slot("c") == 0  # the freed slot is taken again
     assert registry.version == 4  # three loads and an unload: what gateways watch in the Stats
     updates.list(b"gw", ListAdapters("5"))
@@ -78,7 +92,7 @@ def test_a_load_serves_the_adapter_and_the_registry_keeps_it(setup):
 ])
 def test_a_refused_update_changes_nothing_and_says_why(setup, case, message):
     runtime, registry, updates, sent, root = setup
-    updates.handle(b"gw", LoadAdapter("0", "a", str(root / "a")), runtime, True, lambda n: 0)
+    load(updates, runtime, LoadAdapter("0", "a", str(root / "a")), sent)
     before = registry.specs()
     msg, default_loaded, users = LoadAdapter("1", "b", str(root / "b")), True, (lambda n: 0)
     if case == "off":
@@ -95,7 +109,55 @@ def test_a_refused_update_changes_nothing_and_says_why(setup, case, message):
         msg, users = UnloadAdapter("1", "a"), (lambda n: 2 if n == "a" else 0)
     elif case == "unknown":
         msg = UnloadAdapter("1", "zzz")
-    updates.handle(b"gw", msg, runtime, default_loaded, users)
+    if isinstance(msg, LoadAdapter):
+        load(updates, runtime, msg, sent, default_loaded)
+    else:
+        updates.handle(b"gw", msg, runtime, default_loaded, users)
     assert not sent[-1].ok and message in sent[-1].message and sent[-1].missing == (case == "unknown")
     assert registry.specs() == before and runtime.lora.slot("a") == 0 and runtime.lora.slot("b") is None
     assert registry.version == 1  # the one load before: a refusal moves nothing gateways watch
+
+
+def test_the_files_are_read_off_the_loop_and_the_adapter_put_in_between_rounds(setup, monkeypatch):
+    """A large adapter takes seconds to read and check: the loop goes on meanwhile, the name is reserved,
+    and an adapter read for a model that was unloaded meanwhile is refused."""
+    from ignis.engine.models import lora as lora_module
+
+    runtime, registry, updates, sent, root = setup
+    release = threading.Event()
+    real = lora_module.read_adapter
+
+    def slow(*args, **kwargs):
+        assert threading.current_thread() is not threading.main_thread()  # never the loop's
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lora_module, "read_adapter", slow)
+    updates.handle(b"gw", LoadAdapter("1", "a", str(root / "a")), runtime, True, lambda n: 0)
+    assert sent == [] and updates.reading  # handle returned: the loop runs rounds meanwhile
+    updates.service(runtime, True)
+    assert sent == [] and runtime.lora is None
+    updates.handle(b"gw", LoadAdapter("2", "a", str(root / "b")), runtime, True, lambda n: 0)
+    assert not sent[-1].ok and "being loaded" in sent[-1].message
+    updates.handle(b"gw", UnloadAdapter("3", "a"), runtime, True, lambda n: 0)
+    assert not sent[-1].ok and "still being loaded" in sent[-1].message
+    release.set()
+    deadline = time.monotonic() + 30
+    while updates.reading:
+        assert time.monotonic() < deadline
+        updates.service(runtime, True)
+        time.sleep(0.01)
+    assert sent[-1] == AdapterUpdated("1", True, "LoRA adapter 'a' added") and runtime.lora.slot("a") == 0
+    # read while the default model went away: refused, nothing put in
+    load(updates, runtime, LoadAdapter("4", "b", str(root / "b")), sent, default_loaded=False)
+    assert not sent[-1].ok and "default model is not loaded" in sent[-1].message
+    release.clear()
+    updates.handle(b"gw", LoadAdapter("5", "b", str(root / "b")), runtime, True, lambda n: 0)
+    other = Runtime(load_model(make_checkpoint(root / "other", "qwen3_5").path)[0])
+    release.set()
+    while updates.reading:
+        assert time.monotonic() < deadline
+        updates.service(other, True)  # the model in service now is another one
+        time.sleep(0.01)
+    assert not sent[-1].ok and "unloaded while the adapter was read" in sent[-1].message
+    assert registry.specs() == [("a", str(root / "a"), False)] and runtime.lora.slot("b") is None
