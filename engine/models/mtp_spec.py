@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 
 from ignis.engine.models.config import ModelConfig
-from ignis.engine.models.weights_spec import NameKind, attention_tensors, dense_mlp_tensors, moe_mlp_tensors
+from ignis.engine.models.weights_spec import (NameKind, attention_tensors, dense_mlp_tensors, expert_kind,
+                                             moe_mlp_tensors)
 
 MTP_PREFIX = "mtp."
 _LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.")
@@ -64,7 +65,4 @@ def expected_mtp_tensors(cfg: ModelConfig, layers: int) -> dict[str, tuple[int, 
 def classify_mtp(name: str) -> NameKind:
     """An ``mtp.`` name: a canonical tensor, or one expert's part of a stacked tensor."""
     m = _EXPERT_RE.match(name)
-    if m:
-        stacked = "gate_up_proj" if m.group(3) != "down_proj" else "down_proj"
-        return NameKind("expert", f"{m.group(1)}.{stacked}", int(m.group(2)), m.group(3))
-    return NameKind("tensor", name)
+    return expert_kind(m) if m else NameKind("tensor", name)

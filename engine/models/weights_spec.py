@@ -190,10 +190,14 @@ def classify(name: str) -> NameKind:
             stripped = name[len(prefix):]
             break
     m = _EXPERT_RE.match(stripped)
-    if m:
-        stacked = "gate_up_proj" if m.group(3) != "down_proj" else "down_proj"
-        return NameKind("expert", f"{m.group(1)}.{stacked}", int(m.group(2)), m.group(3))
-    return NameKind("tensor", stripped)
+    return expert_kind(m) if m else NameKind("tensor", stripped)
+
+
+def expert_kind(m: re.Match) -> NameKind:
+    """One expert's part (a match of ``(prefix.experts).(index).(part).weight``) as its stacked tensor's
+    piece: gate and up stack into ``gate_up_proj``, down into ``down_proj``."""
+    stacked = "gate_up_proj" if m.group(3) != "down_proj" else "down_proj"
+    return NameKind("expert", f"{m.group(1)}.{stacked}", int(m.group(2)), m.group(3))
 
 
 def expert_part_shape(cfg: ModelConfig, part: str) -> tuple[int, int]:
