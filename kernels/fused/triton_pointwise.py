@@ -73,7 +73,11 @@ def _gdn_gating_kernel(a, b, A_log, dt_bias, g, beta, s_at, s_ah, s_bt, s_bh, HV
     av = tl.load(a + t * s_at + h * s_ah, mask=m, other=0.0).to(tl.float32)
     bv = tl.load(b + t * s_bt + h * s_bh, mask=m, other=0.0).to(tl.float32)
     x = av + tl.load(dt_bias + h, mask=m, other=0.0).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    # log1p(e^x) by Kahan's identity: log(1 + y) alone loses y's digits once 1 + y rounds (x below about -9:
+    # the relative error of g reached 1e-4 at -9, and g was 0 below -20)
+    y = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + y
+    softplus = tl.where(x > 20.0, x, tl.where(u == 1.0, y, tl.log(u) * (y / (u - 1.0))))
     decay = -tl.exp(tl.load(A_log + h, mask=m, other=0.0).to(tl.float32)) * softplus
     tl.store(g + t * HV + h, decay, mask=m)
     tl.store(beta + t * HV + h, tl.sigmoid(bv).to(beta.dtype.element_ty), mask=m)

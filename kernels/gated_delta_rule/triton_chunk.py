@@ -150,7 +150,10 @@ def _chunk_state_kernel(
         b_k = load_qk_rows(k, tok, hk, s_k_t, s_k_h, s_k_d, offs_k, t_mask, k_mask)
         b_g = tl.load(g + tok * s_g_t + h * s_g_h, mask=t_mask, other=0.0).to(tl.float32)
         gc = tl.cumsum(b_g, 0)
-        g_last = tl.sum(b_g, 0)
+        # the chunk's total decay is gc's last row (padded rows add g = 0), not a separate sum: the two
+        # round apart, and g_last - gc must be exactly 0 at the last token, whose update weighs most
+        # under strong decay (the carried state then drifts from the twin's by ~1e-5)
+        g_last = tl.sum(tl.where(offs_t == BT - 1, gc, 0.0), 0)
         # k^T (exp(g_last - gc) * v_new): the decay scales the shared token axis, so it goes on the narrow side
         v_dec = v_new * tl.exp(g_last - gc)[:, None]
         b_s = b_s * tl.exp(g_last) + tl.dot(tl.trans(b_k), v_dec, input_precision=PREC)

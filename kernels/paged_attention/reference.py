@@ -39,7 +39,9 @@ def write_kv(
     value: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter ``key``/``value`` [T, Hkv, D] into their slots of the pool, in place."""
+    """Scatter ``key``/``value`` [T, Hkv, D] into their slots of the pool, in place. Every slot must be a
+    real one (>= 0): the Triton form skips a negative slot, this one raises, and the serving path makes none
+    (masking here would cost a select per layer on the CPU's hot path)."""
     num_pages, page, hkv, d = k_cache.shape
     k_flat = k_cache.view(num_pages * page, hkv, d)
     v_flat = v_cache.view(num_pages * page, hkv, d)

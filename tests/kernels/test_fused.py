@@ -111,6 +111,16 @@ def test_gdn_gating(device, gen, dtype, t, hv):
     assert_close(got_beta, want_beta, TOL[dtype], f"gdn_gating beta T={t} Hv={hv} {dtype}")
 
 
+def test_gdn_gating_keeps_its_digits_for_very_negative_inputs(device):
+    """softplus(x) for x far below 0 is about e^x: log(1 + e^x) rounds it away (g 0 below -20)."""
+    x = torch.tensor([[-30.0, -20.5, -16.0, -11.5, -9.0, -2.0, 0.0, 5.0, 19.9, 20.5]], device=device)
+    zeros = torch.zeros(x.shape[1], device=device)
+    want_g, _ = ref.gdn_gating(x, x, zeros, zeros)
+    got_g, _ = triton_pointwise.gdn_gating(x, x, zeros, zeros)
+    rel = ((got_g - want_g).abs() / want_g.abs()).max().item()
+    assert rel < 1e-5, (got_g, want_g)
+
+
 def test_shape_mismatch_raises(device):
     x = torch.zeros((2, 8), device=device)
     with pytest.raises(ValueError, match="add_rms_norm"):
