@@ -57,10 +57,13 @@ def causal_conv1d_update(
     conv_state: torch.Tensor,
     slots: torch.Tensor,
 ) -> torch.Tensor:
-    """One step for B sequences (x [B, C]); histories shifted in place."""
+    """One step for B sequences (x [B, C]); histories shifted in place. Computed by the same ``F.conv1d`` as
+    the prefill (as transformers' decode step is): in bf16 a product-then-sum rounds each product first, so
+    a token computed as a one-token step came out unlike the same token in a prefill, and a resumed prompt
+    (whose last piece is often one token) unlike its cold run."""
     idx = slots.long()
     hist = conv_state[idx].to(weight.dtype)  # [B, C, K-1]
     xx = torch.cat([hist, x.to(weight.dtype).unsqueeze(-1)], dim=-1)  # [B, C, K]
-    y = (xx * weight.unsqueeze(0)).sum(-1)
+    y = F.conv1d(xx, weight.unsqueeze(1), groups=weight.shape[0])[..., -1]  # [B, C]
     conv_state[idx] = xx[:, :, 1:].to(conv_state.dtype)
     return F.silu(y).to(x.dtype)

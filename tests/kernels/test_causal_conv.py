@@ -89,3 +89,20 @@ def test_twin_varlen_equals_one_step_per_token(gen, lengths):
     assert_close(got, torch.cat(want), 1e-5, f"twin varlen {lengths}")
     assert torch.equal(got_pool[slots], want_pool[slots]), "histories differ"
     assert_untouched(got_pool, pool, [4, 7], "twin varlen")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_twin_one_step_rounds_exactly_as_its_prefill_does(gen, dtype):
+    """A token computed as a one-token step (a resumed prompt's last piece, a decode) must come out bit for
+    bit as the same token in a prefill: in bf16 a product-then-sum step rounded each product first, and a
+    resumed request answered unlike its cold run."""
+    channels, taps, n = 768, 4, 9
+    x = (torch.randn((n, channels), generator=gen) * 2).to(dtype)
+    weight = (torch.randn((channels, taps), generator=gen) * 0.5).to(dtype)
+    pool = torch.zeros((2, channels, taps - 1), dtype=dtype)
+    steps_pool = pool.clone()
+    whole = ref.causal_conv1d_varlen(x, weight, pool, torch.tensor([0]), cu_seqlens([n], "cpu"))
+    head = ref.causal_conv1d_varlen(x[:n - 1], weight, steps_pool, torch.tensor([0]), cu_seqlens([n - 1], "cpu"))
+    last = ref.causal_conv1d_update(x[n - 1:], weight, steps_pool, torch.tensor([0]))
+    assert torch.equal(torch.cat([head, last]), whole)
+    assert torch.equal(steps_pool, pool)
