@@ -73,10 +73,16 @@ class MemoryPlan:
     def pool_bytes(self) -> int:
         return self.pages * self.page_bytes
 
+    def _format(self) -> str:
+        """The pages' format as the log says it: ``bf16`` (the flag's name for exact pages) names its dtype."""
+        if self.kv_format == "bf16":
+            return f"exact pages in {self.kv_dtype} (--kv-format bf16)"
+        return f"{self.kv_format}, {self.kv_dtype}"
+
     def describe(self) -> str:
         head = f"{self.lm_head_bytes} bytes" if self.lm_head_bytes else "tied to the embedding"
         return (f"memory plan: KV pool {self.pages} pages x {PAGE_TOKENS} tokens = {self.tokens} tokens, "
-                f"{self.pool_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB, {self.kv_format}, {self.kv_dtype}); "
+                f"{self.pool_bytes} bytes ({self.pool_bytes / 2**20:.1f} MiB, {self._format()}); "
                 f"live state {self.live_state_bytes} bytes ({self.live_state_bytes / 2**20:.1f} MiB) "
                 f"for {self.lanes} lanes; retained slots {self.device_slots} on the device "
                 f"({self.device_slots * self.slot_bytes} bytes) + {self.host_slots} in host memory "
