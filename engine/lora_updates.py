@@ -40,6 +40,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from ignis.shared.wire import AdapterList, AdapterUpdated, ListAdapters, LoadAdapter, UnloadAdapter
@@ -69,13 +70,20 @@ MAX_READS_WAITING = 8
 """Run-time loads asked and not yet read: more are refused (each read holds an adapter's bytes)."""
 
 
+UNLOADED = "the default model was unloaded while the adapter was read: send it a request, then load the adapter again"
+
+
 class _Read:
-    """One run-time load: asked on the loop, read on the reader thread, put in on the loop."""
+    """One run-time load: asked on the loop, read on the reader thread, put in on the loop. The runtime and
+    its model are held weakly: an unload or a switch frees them even while loads wait."""
 
     def __init__(self, peer: bytes, msg: LoadAdapter, runtime):
-        self.peer, self.msg, self.runtime = peer, msg, runtime
+        self.peer, self.msg = peer, msg
+        self.runtime = weakref.ref(runtime)
+        self.model = weakref.ref(runtime.runner.model)
         self.adapter = None
         self.error: str | None = None
+        self.cancelled = False  # answered already (the engine stopping): the reader drops it
 
 
 class LoraUpdates:
@@ -133,20 +141,29 @@ class LoraUpdates:
 
         while True:
             with self._lock:
+                while self._waiting and self._waiting[0].cancelled:
+                    self._waiting.popleft()
                 if not self._waiting:
                     self._reader = None
                     return
                 r = self._waiting[0]
+            model = r.model()
             try:
-                r.adapter = read_adapter(r.msg.name, r.msg.path, r.runtime.runner.model, self.max_rank)
+                if model is None:
+                    r.error = UNLOADED
+                else:
+                    r.adapter = read_adapter(r.msg.name, r.msg.path, model, self.max_rank)
             except (CheckpointError, OSError, ValueError) as exc:
                 r.error = str(exc)
             except Exception as exc:  # a reader bug must answer its load, not leave it waiting
                 log.exception("reading LoRA adapter %r failed", r.msg.name)
                 r.error = f"reading the adapter failed ({type(exc).__name__})"
+            del model  # the read's only strong hold on it
             with self._lock:
-                self._waiting.popleft()
-                self._read.append(r)
+                if self._waiting and self._waiting[0] is r:
+                    self._waiting.popleft()
+                if not r.cancelled:
+                    self._read.append(r)
             self._wake()
 
     @property
@@ -166,9 +183,8 @@ class LoraUpdates:
             msg, adapter = r.msg, r.adapter
             if r.error is not None:
                 self._answer(r.peer, msg, False, r.error)
-            elif runtime is not r.runtime or not default_loaded:
-                self._answer(r.peer, msg, False, "the default model was unloaded while the adapter was read: "
-                                                 "send it a request, then load the adapter again")
+            elif runtime is None or runtime is not r.runtime() or not default_loaded:
+                self._answer(r.peer, msg, False, UNLOADED)
             elif msg.name in self.registry.names() or msg.name in self.model_names:
                 self._answer(r.peer, msg, False, f"the LoRA adapter {msg.name!r} is already loaded")
             else:
@@ -182,6 +198,17 @@ class LoraUpdates:
                 log.info("LoRA adapter %r loaded at run time: rank %d, scale %g, %d layers, from %r", adapter.name,
                          adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
                 self._answer(r.peer, msg, True, f"LoRA adapter {msg.name!r} added")
+
+    def refuse_all(self, message: str) -> None:
+        """Answer every load asked and not yet put in (the engine is stopping); a read in progress goes on
+        on its daemon thread and is dropped when it ends."""
+        with self._lock:
+            pending = [r for r in (*self._waiting, *self._read) if not r.cancelled]
+            for r in pending:
+                r.cancelled = True  # the reader skips those not begun, drops the one it reads
+            self._read = []
+        for r in pending:
+            self._answer(r.peer, r.msg, False, message)
 
     def _unload(self, peer: bytes, msg: UnloadAdapter, runtime, users: Callable[[str], int]) -> None:
         with self._lock:

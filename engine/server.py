@@ -186,6 +186,7 @@ class EngineServer:
                             self.intake.refuse(peer, msg.id, "shutting_down", "the engine is shutting down")
                         self.models.pending.clear()
                         self.intake.refuse_compiling("shutting_down", "the engine is shutting down")
+                        self.lora_updates.refuse_all("the engine is shutting down")
                         break
                     if time.monotonic() >= self._stop_deadline:
                         self._abort_all("engine shutting down")

@@ -4,9 +4,10 @@
     more bytes than the limit       413 as soon as they arrive (chunked bodies too)
     not all there in time           408, and the connection is closed after the answer
     not JSON / not an object        400 invalid_json
-    a Content-Encoding other than   415 unsupported_content_encoding, nothing read (aiohttp decodes
-    identity, gzip, deflate, br     them on the way in; the byte limit counts decoded bytes, so a
-                                    compressed bomb stops at the limit)
+    a Content-Encoding aiohttp      415 unsupported_content_encoding, nothing read (it decodes gzip,
+    does not decode                 deflate, and br or zstd when their modules are installed, on the
+                                    way in; the byte limit counts decoded bytes, so a compressed bomb
+                                    stops at the limit)
 
 The limit and deadline come from the caller (``RequestLimits.body_bytes``,
 ``--body-read-timeout``).
@@ -48,16 +49,29 @@ async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
     return bytes(buf)
 
 
-CODINGS = ("identity", "gzip", "x-gzip", "deflate", "br")
-"""Content codings a request body may come in, as aiohttp decodes them (``br`` only with the Brotli module:
-without it aiohttp's parser refuses it, a 400, before this is asked)."""
+def _decoded_codings() -> frozenset[str]:
+    """The Content-Encoding values aiohttp decodes here: its parser takes exactly one of gzip, deflate, br,
+    zstd (the whole header, not a list), br and zstd only with their modules."""
+    from aiohttp import compression_utils
+
+    codings = {"gzip", "deflate"}
+    if getattr(compression_utils, "HAS_BROTLI", False):
+        codings.add("br")
+    if getattr(compression_utils, "HAS_ZSTD", False):
+        codings.add("zstd")
+    return frozenset(codings)
+
+
+CODINGS = _decoded_codings() | {"", "identity"}
+"""Content-Encoding values a request body may come in (anything else is a 415: it would be read undecoded)."""
 
 
 def _check_encoding(header: str) -> None:
-    for coding in (c.strip().lower() for c in header.split(",")):
-        if coding and coding not in CODINGS:
-            raise ApiError(415, f"Content-Encoding {coding[:64]!r} is not supported: send the body as it is, or "
-                                f"gzip or deflate it", code="unsupported_content_encoding")
+    coding = header.strip().lower()
+    if coding not in CODINGS:
+        raise ApiError(415, f"Content-Encoding {header[:64]!r} is not supported: send the body as it is, or "
+                            f"{' or '.join(sorted(CODINGS - {'', 'identity'}))} it (one coding)",
+                       code="unsupported_content_encoding")
 
 
 def parse_object(raw: bytes) -> dict:

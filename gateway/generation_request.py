@@ -166,7 +166,10 @@ class GenerationRequest:
     scoring_only: bool = False
     """Every choice shows its prompt only (``echo`` with ``max_tokens`` 0): one token is generated, unshown."""
     translated: bool = False
-    """The body was another endpoint's, turned into this one's: its own fields are reported there."""
+    """The body was another endpoint's, turned into this one's (``fields`` are the chat body made of it)."""
+    body_fields: Fields | None = None
+    """For a translated request, the client's body as sent (its endpoint sets it): the fields it carried
+    that nothing read are reported from it once the request is about to be sent."""
     notes: list[str] = dataclasses.field(default_factory=list)
     """What could not be honoured for this request (a schema held leniently, a hosted tool left out, a format
     not enforced): each is also logged (once) and counted where it happens; the engine's done line names
@@ -223,8 +226,9 @@ class GenerationRequest:
                 raise invalid(f"min_tokens ({p.min_tokens}) is more than the tokens this request may generate "
                               f"({max_tokens}: max_tokens, or the model's default, or the context left)",
                               "min_tokens")
-        if not self.translated:
-            report_unread(self.fields, endpoint, gw.metrics, self.notes)
+        sent = self.body_fields if self.translated else self.fields
+        if sent is not None:  # the prompt is made: the request is answered, so what it carried unread is said
+            report_unread(sent, endpoint, gw.metrics, self.notes)
         remember(self.http, self.client_id or rid)
         base = engine_base(rid, self.client_id)
         gens, choices = [], []

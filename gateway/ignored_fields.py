@@ -28,7 +28,7 @@ ACCEPTED: dict[str, frozenset[str]] = {
     "chat": _VENDOR_HINTS | {"store", "metadata"},
     "completions": _VENDOR_HINTS,
     # stream_options' one key (include_obfuscation) pads events against a side channel over the vendor's network
-    "responses": _VENDOR_HINTS | {"stream_options"},
+    "responses": _VENDOR_HINTS | {"stream_options", "client_metadata"},  # Codex sends client_metadata each turn
     "messages": frozenset({"metadata", "service_tier"}),
 }
 """Per endpoint (the metrics' label): the fields taken without effect on purpose (not reported)."""

@@ -49,7 +49,6 @@ from ignis.gateway.errors import ApiError
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import EngineFailed
 from ignis.gateway.generation_request import GenerationRequest, read_request_body
-from ignis.gateway.ignored_fields import report_unread
 from ignis.gateway.messages import breaks_call_markup
 from ignis.gateway.messages_output import EarlyStart, MessagesResponse, message_id
 from ignis.gateway.params import CommonParams
@@ -312,7 +311,9 @@ class MessagesTurn:
         if config is not None:
             config.str("effort", choices=EFFORTS)
         fmt, self.format_field = (config.object("format"), "output_config.format") if config is not None else (None, "")
-        if fmt is None and f.has("output_format"):
+        if fmt is not None:
+            f.passed_over("output_format")  # the beta's spelling loses to output_config.format
+        elif f.has("output_format"):
             fmt, self.format_field = f.object("output_format"), "output_format"
         if fmt is None:
             return None
@@ -422,7 +423,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     try:
         req = await MessagesRequest.read(request, "chat", translate=turn.translate)
         req.notes += turn.notes
-        report_unread(turn.fields, ENDPOINT, req.gw.metrics, req.notes)
+        req.body_fields = turn.fields
         return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)
     except ApiError as e:
         raise turn.remap(e) from None

@@ -304,7 +304,7 @@ def parse_common(f: Fields, headers, kind: str) -> CommonParams:
     if kind == "chat" and f.has("max_completion_tokens"):
         max_tokens = f.int("max_completion_tokens", None, 1)
         f.passed_over("max_tokens")  # OpenAI's newer name wins
-    elif kind == "completion" and f.raw("max_tokens") == 0 and f.raw("echo") is True:
+    elif kind == "completion" and f.raw("max_tokens") == 0 and type(f.raw("max_tokens")) is int and f.bool("echo"):
         max_tokens = 0  # the prompt echoed and scored, nothing generated (OpenAI's legacy scoring call)
     else:
         max_tokens = f.int("max_tokens", None, 1)

@@ -73,7 +73,6 @@ from ignis.gateway.errors import ApiError, invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import api_error_of
 from ignis.gateway.generation_request import GenerationRequest
-from ignis.gateway.ignored_fields import report_unread
 from ignis.gateway.params import CommonParams
 from ignis.gateway.reasoning_effort import EFFORTS, with_effort
 from ignis.gateway.reasoning_seal import ReasoningSeal
@@ -325,7 +324,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     try:
         req = await GenerationRequest.read(request, "chat", translate=turn.translate)
         req.notes += turn.notes
-        report_unread(turn.fields, ENDPOINT, req.gw.metrics, req.notes)
+        req.body_fields = turn.fields
         req.fit_context = turn.truncation == "auto"
         if not turn.background:
             return await answer_chat(req, ENDPOINT, turn.rid, turn.make_response)

@@ -82,9 +82,14 @@ def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:
 
 def model_aliases(values, explicit=None) -> tuple[str, ...]:
     """The further ``--served-model-name`` names of the one model they name (several models are named by
-    ``--model NAME=DIR`` instead: ``model_specs`` refuses the flag with them)."""
+    ``--model NAME=DIR`` instead: ``model_specs`` refuses the flag with them); without the flag, a
+    directory given through a symlink also answers to its target's name."""
     specs = model_specs(values, explicit)
     names = served_names(explicit)
+    if len(specs) == 1 and not names and specs[0][1] is not None:
+        # a directory reached through a symlink answers to the link's name, and to its target's as before
+        target = Path(specs[0][1]).resolve().name
+        return (target,) if target and target != specs[0][0] else ()
     if len(specs) != 1 or not names or specs[0][0] != names[0]:
         return ()
     extra = names[1:]

@@ -161,3 +161,48 @@ def test_the_files_are_read_off_the_loop_and_the_adapter_put_in_between_rounds(s
         time.sleep(0.01)
     assert not sent[-1].ok and "unloaded while the adapter was read" in sent[-1].message
     assert registry.specs() == [("a", str(root / "a"), False)] and runtime.lora.slot("b") is None
+
+
+def test_loads_queued_behind_a_read_are_answered_when_the_model_goes_and_when_the_engine_stops(setup, monkeypatch):
+    """A switch or idle unload drops the model while loads wait: each is refused as unloaded (no traceback,
+    and the model is not kept alive for them); an engine that stops answers every load still waiting."""
+    import gc
+
+    from ignis.engine.models import lora as lora_module
+
+    runtime, registry, updates, sent, root = setup
+    release = threading.Event()
+    real = lora_module.read_adapter
+
+    def slow(*args, **kwargs):
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lora_module, "read_adapter", slow)
+    updates.handle(b"gw", LoadAdapter("1", "a", str(root / "a")), runtime, True, lambda n: 0)
+    updates.handle(b"gw", LoadAdapter("2", "b", str(root / "b")), runtime, True, lambda n: 0)
+    runtime.runner = None  # the unload (Runtime.close): the model is let go
+    gc.collect()
+    release.set()
+    deadline = time.monotonic() + 30
+    while updates.reading:
+        assert time.monotonic() < deadline
+        updates.service(None, False)
+        time.sleep(0.01)
+    answers = {m.id: m for m in sent}
+    assert set(answers) == {"1", "2"} and not any(m.ok for m in answers.values())
+    assert all("unloaded while the adapter was read" in m.message for m in answers.values()), answers
+    # the engine stopping: loads asked and not yet put in are answered at once
+    release.clear()
+    fresh = Runtime(load_model(make_checkpoint(root / "other", "qwen3_5").path)[0])
+    updates.handle(b"gw", LoadAdapter("3", "a", str(root / "a")), fresh, True, lambda n: 0)
+    updates.handle(b"gw", LoadAdapter("4", "b", str(root / "b")), fresh, True, lambda n: 0)
+    updates.refuse_all("the engine is shutting down")
+    assert [(m.id, m.ok, m.message) for m in sent[-2:]] == [("3", False, "the engine is shutting down"),
+                                                           ("4", False, "the engine is shutting down")]
+    release.set()
+    while updates.reading:  # the read in progress ends and is dropped, never answered twice
+        assert time.monotonic() < deadline
+        updates.service(fresh, True)
+        time.sleep(0.01)
+    assert [m.id for m in sent].count("3") == 1 and fresh.lora is None

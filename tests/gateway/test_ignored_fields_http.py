@@ -198,3 +198,17 @@ def test_warned_names_are_bounded_and_forgotten_after_a_while():
     assert not names.first("typo") and not names.first(0)  # full: counted elsewhere, not logged
     now[0] += m.WARNED_RESET_S
     assert names.first("typo") and not names.first("typo")
+
+
+def test_a_refused_request_reports_nothing_and_a_losing_format_spelling_is_not_ignored(gw):
+    before = _ignored_count(gw, "messages")
+    base = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
+    status, body = _post(gw, "/v1/messages", {**base, "tool_choice": {"type": "bogus"}, "junk_x": 1})
+    assert status == 400, body
+    assert _ignored_count(gw, "messages") == before  # the request was not answered: nothing to report
+    fmt = {"type": "json_schema", "schema": {"type": "object"}}
+    status, body = _post(gw, "/v1/messages", {**base, "output_config": {"format": fmt}, "output_format": fmt})
+    assert status == 200, body
+    assert "ignored fields" not in _notes(gw), _notes(gw)
+    status, body = _post(gw, "/v1/responses", {"input": "Hi", "client_metadata": {"session": "s"}})
+    assert status == 200 and "ignored fields" not in _notes(gw), (body, _notes(gw))  # Codex's, every turn

@@ -147,6 +147,9 @@ def test_echo_with_max_tokens_0_answers_the_scored_prompt_alone(client, server, 
     # without echo there is nothing to answer
     status, body = post(server, "/v1/completions", {"model": server.model, "prompt": prompt, "max_tokens": 0})
     assert status == 400 and body["error"]["param"] == "max_tokens", body
+    status, body = post(server, "/v1/completions", {"model": server.model, "prompt": prompt, "max_tokens": False,
+                                                   "echo": True})  # false is not 0
+    assert status == 400 and body["error"]["param"] == "max_tokens", body
 
 
 def test_streamed_echo_carries_the_prompt_logprobs_first(client, server, demo_tokenizer):

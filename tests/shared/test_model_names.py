@@ -49,3 +49,14 @@ def test_a_checkpoint_reached_through_a_symlink_answers_to_the_links_name(tmp_pa
     assert served_name(str(tmp_path / "current")) == "current"
     assert served_name(str(tmp_path / "current") + "/") == "current"
     assert served_name(str(release / ".." / "current")) == "current"
+
+
+def test_a_symlinked_directory_also_answers_to_its_targets_name(tmp_path):
+    from ignis.shared.model_names import model_aliases
+
+    release = tmp_path / "Qwen3.5-27B"
+    release.mkdir()
+    (tmp_path / "current").symlink_to(release)
+    assert model_aliases((str(tmp_path / "current"),)) == ("Qwen3.5-27B",)  # the name it answered to before
+    assert model_aliases((str(release),)) == ()
+    assert model_aliases((str(tmp_path / "current"),), ("mine",)) == ()  # named by the operator: that name only
