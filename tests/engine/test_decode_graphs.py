@@ -80,7 +80,10 @@ def test_a_padded_bucket_decodes_like_a_plain_batch(model, lanes, kv_format):
         want = model(ForwardBatch.build(chunks), plain)
         got = graphs.run(chunks)
         assert got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        # a padded bucket runs the GEMMs over more rows than the plain batch, and the BLAS rounds by row
+        # count (the projections' outputs part by ~5e-7): logits agree to ~1e-5, a wrong lane or a stale
+        # row would be off by whole units
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=5e-5)
     for lane in range(LANES):  # every lane's state as the plain batches left it, the padding wrote only scratch
         torch.testing.assert_close(padded.ssm[:, lane], plain.ssm[:, lane], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(padded.conv[:, lane], plain.conv[:, lane], rtol=1e-5, atol=1e-6)
