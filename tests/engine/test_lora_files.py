@@ -30,7 +30,7 @@ from ignis.shared.model_names import model_specs
 from ignis.shared.wire import AdapterUpdated, LoadAdapter
 from tests.engine.checkpoints import make_checkpoint
 from tests.engine.lora_adapters import DEFAULT_TARGETS, write_adapter
-from tests.engine.test_lora_updates import Runtime
+from tests.engine.test_lora_updates import Runtime, load
 
 RANK = 4
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
@@ -151,7 +151,7 @@ def test_a_run_time_load_of_a_deep_config_is_answered_and_changes_nothing(base, 
     sent, registry = [], AdapterRegistry([])
     updates = LoraUpdates(True, registry, 64, ["base"], lambda msg, peer: sent.append(msg))
     runtime = Runtime(model)
-    updates.handle(b"gw", LoadAdapter("1", "deep", str(adapter)), runtime, True, lambda n: 0)
+    load(updates, runtime, LoadAdapter("1", "deep", str(adapter)), sent)  # read on the reader thread
     assert isinstance(sent[-1], AdapterUpdated) and not sent[-1].ok and CONFIG_FILE in sent[-1].message
     assert registry.specs() == [] and registry.version == 0
     assert runtime.lora is None or runtime.lora.slot("deep") is None
@@ -182,12 +182,12 @@ def test_a_deep_config_at_start_is_a_one_line_start_error(adapter, tmp_path):
 
 def test_log_lines_quote_the_names_and_paths_clients_give(base, adapter, caplog):
     _, model, _ = base
-    updates = LoraUpdates(True, AdapterRegistry([]), 64, ["base"], lambda msg, peer: None)
+    sent = []
+    updates = LoraUpdates(True, AdapterRegistry([]), 64, ["base"], lambda msg, peer: sent.append(msg))
     runtime = Runtime(model)
     with caplog.at_level(logging.INFO, logger="ignis.engine"):
-        updates.handle(b"gw", LoadAdapter("1", "x\nFORGED line", str(adapter / "\x1b[31mnone")), runtime, True,
-                       lambda n: 0)
-        updates.handle(b"gw", LoadAdapter("2", "ok\x1b[2J", str(adapter)), runtime, True, lambda n: 0)
+        load(updates, runtime, LoadAdapter("1", "x\nFORGED line", str(adapter / "\x1b[31mnone")), sent)
+        load(updates, runtime, LoadAdapter("2", "ok\x1b[2J", str(adapter)), sent)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and all("\n" not in line and "\x1b" not in line for line in lines), lines
     assert "'x\\nFORGED line' refused" in lines[0] and "'ok\\x1b[2J' loaded at run time" in lines[1]
