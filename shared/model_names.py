@@ -88,8 +88,11 @@ def model_aliases(values, explicit=None) -> tuple[str, ...]:
     names = served_names(explicit)
     if len(specs) == 1 and not names and specs[0][1] is not None:
         # a directory reached through a symlink answers to the link's name, and to its target's as before
-        target = Path(specs[0][1]).resolve().name
-        return (target,) if target and target != specs[0][0] else ()
+        # (a cached repo id answers to itself only: its snapshot's directory name is a commit hash)
+        name, path = specs[0]
+        target = Path(path).resolve().name
+        named_by_dir = name == Path(os.path.abspath(path)).name
+        return (target,) if named_by_dir and target and target != name else ()
     if len(specs) != 1 or not names or specs[0][0] != names[0]:
         return ()
     extra = names[1:]
