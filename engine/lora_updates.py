@@ -124,7 +124,7 @@ class LoraUpdates:
         if runtime is None:
             return self._answer(peer, msg, False, "the default model is not loaded: send it a request first")
         with self._lock:
-            if any(r.msg.name == msg.name for r in (*self._waiting, *self._read)):
+            if self._being_loaded(msg.name):
                 return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is being loaded")
             if len(self._waiting) >= MAX_READS_WAITING:
                 return self._answer(peer, msg, False, f"{MAX_READS_WAITING} adapter loads are waiting already: "
@@ -133,6 +133,10 @@ class LoraUpdates:
             if self._reader is None:
                 self._reader = threading.Thread(target=self._read_all, name="lora-reader", daemon=True)
                 self._reader.start()
+
+    def _being_loaded(self, name: str) -> bool:
+        """A load of ``name`` is asked and not yet put in (with the lock held)."""
+        return any(r.msg.name == name for r in (*self._waiting, *self._read))
 
     def _read_all(self) -> None:
         """The reader thread: each waiting load's files read and checked, in the order asked."""
@@ -212,7 +216,7 @@ class LoraUpdates:
 
     def _unload(self, peer: bytes, msg: UnloadAdapter, runtime, users: Callable[[str], int]) -> None:
         with self._lock:
-            loading = any(r.msg.name == msg.name for r in (*self._waiting, *self._read))
+            loading = self._being_loaded(msg.name)
         if loading:
             return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is still being loaded")
         if msg.name not in self.registry.names():
