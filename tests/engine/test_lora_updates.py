@@ -47,6 +47,32 @@ def load(updates, runtime, msg, sent, default_loaded=True):
         time.sleep(0.01)
 
 
+def serve_until_read(updates, runtime, default_loaded=True):
+    """Serve the loop until every load asked has been read and answered (or dropped)."""
+    deadline = time.monotonic() + 30
+    while updates.reading:
+        assert time.monotonic() < deadline, "a load was never read"
+        updates.service(runtime, default_loaded)
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def held_reads(monkeypatch):
+    """Reads of adapter files wait until the returned event is set (a large adapter on a slow disk)."""
+    from ignis.engine.models import lora as lora_module
+
+    release = threading.Event()
+    real = lora_module.read_adapter
+
+    def slow(*args, **kwargs):
+        assert threading.current_thread() is not threading.main_thread()  # never the loop's
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lora_module, "read_adapter", slow)
+    return release
+
+
 @pytest.fixture
 def setup(tmp_path):
     ckpt = make_checkpoint(tmp_path, "qwen3_5")
@@ -118,21 +144,11 @@ def test_a_refused_update_changes_nothing_and_says_why(setup, case, message):
     assert registry.version == 1  # the one load before: a refusal moves nothing gateways watch
 
 
-def test_the_files_are_read_off_the_loop_and_the_adapter_put_in_between_rounds(setup, monkeypatch):
+def test_the_files_are_read_off_the_loop_and_the_adapter_put_in_between_rounds(setup, held_reads):
     """A large adapter takes seconds to read and check: the loop goes on meanwhile, the name is reserved,
     and an adapter read for a model that was unloaded meanwhile is refused."""
-    from ignis.engine.models import lora as lora_module
-
     runtime, registry, updates, sent, root = setup
-    release = threading.Event()
-    real = lora_module.read_adapter
-
-    def slow(*args, **kwargs):
-        assert threading.current_thread() is not threading.main_thread()  # never the loop's
-        release.wait(30)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(lora_module, "read_adapter", slow)
+    release = held_reads
     updates.handle(b"gw", LoadAdapter("1", "a", str(root / "a")), runtime, True, lambda n: 0)
     assert sent == [] and updates.reading  # handle returned: the loop runs rounds meanwhile
     updates.service(runtime, True)
@@ -142,11 +158,7 @@ def test_the_files_are_read_off_the_loop_and_the_adapter_put_in_between_rounds(s
     updates.handle(b"gw", UnloadAdapter("3", "a"), runtime, True, lambda n: 0)
     assert not sent[-1].ok and "still being loaded" in sent[-1].message
     release.set()
-    deadline = time.monotonic() + 30
-    while updates.reading:
-        assert time.monotonic() < deadline
-        updates.service(runtime, True)
-        time.sleep(0.01)
+    serve_until_read(updates, runtime)
     assert sent[-1] == AdapterUpdated("1", True, "LoRA adapter 'a' added") and runtime.lora.slot("a") == 0
     # read while the default model went away: refused, nothing put in
     load(updates, runtime, LoadAdapter("4", "b", str(root / "b")), sent, default_loaded=False)
@@ -155,40 +167,24 @@ def test_the_files_are_read_off_the_loop_and_the_adapter_put_in_between_rounds(s
     updates.handle(b"gw", LoadAdapter("5", "b", str(root / "b")), runtime, True, lambda n: 0)
     other = Runtime(load_model(make_checkpoint(root / "other", "qwen3_5").path)[0])
     release.set()
-    while updates.reading:
-        assert time.monotonic() < deadline
-        updates.service(other, True)  # the model in service now is another one
-        time.sleep(0.01)
+    serve_until_read(updates, other)  # the model in service now is another one
     assert not sent[-1].ok and "unloaded while the adapter was read" in sent[-1].message
     assert registry.specs() == [("a", str(root / "a"), False)] and runtime.lora.slot("b") is None
 
 
-def test_loads_queued_behind_a_read_are_answered_when_the_model_goes_and_when_the_engine_stops(setup, monkeypatch):
+def test_loads_queued_behind_a_read_are_answered_when_the_model_goes_and_when_the_engine_stops(setup, held_reads):
     """A switch or idle unload drops the model while loads wait: each is refused as unloaded (no traceback,
     and the model is not kept alive for them); an engine that stops answers every load still waiting."""
     import gc
 
-    from ignis.engine.models import lora as lora_module
-
     runtime, registry, updates, sent, root = setup
-    release = threading.Event()
-    real = lora_module.read_adapter
-
-    def slow(*args, **kwargs):
-        release.wait(30)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(lora_module, "read_adapter", slow)
+    release = held_reads
     updates.handle(b"gw", LoadAdapter("1", "a", str(root / "a")), runtime, True, lambda n: 0)
     updates.handle(b"gw", LoadAdapter("2", "b", str(root / "b")), runtime, True, lambda n: 0)
     runtime.runner = None  # the unload (Runtime.close): the model is let go
     gc.collect()
     release.set()
-    deadline = time.monotonic() + 30
-    while updates.reading:
-        assert time.monotonic() < deadline
-        updates.service(None, False)
-        time.sleep(0.01)
+    serve_until_read(updates, None, default_loaded=False)
     answers = {m.id: m for m in sent}
     assert set(answers) == {"1", "2"} and not any(m.ok for m in answers.values())
     assert all("unloaded while the adapter was read" in m.message for m in answers.values()), answers
@@ -201,8 +197,5 @@ def test_loads_queued_behind_a_read_are_answered_when_the_model_goes_and_when_th
     assert [(m.id, m.ok, m.message) for m in sent[-2:]] == [("3", False, "the engine is shutting down"),
                                                            ("4", False, "the engine is shutting down")]
     release.set()
-    while updates.reading:  # the read in progress ends and is dropped, never answered twice
-        assert time.monotonic() < deadline
-        updates.service(fresh, True)
-        time.sleep(0.01)
+    serve_until_read(updates, fresh)  # the read in progress ends and is dropped, never answered twice
     assert [m.id for m in sent].count("3") == 1 and fresh.lora is None
