@@ -91,7 +91,7 @@ def model_aliases(values, explicit=None) -> tuple[str, ...]:
         # (a cached repo id answers to itself only: its snapshot's directory name is a commit hash)
         name, path = specs[0]
         target = Path(path).resolve().name
-        named_by_dir = name == Path(os.path.abspath(path)).name
+        named_by_dir = name == served_name(path)
         return (target,) if named_by_dir and target and target != name else ()
     if len(specs) != 1 or not names or specs[0][0] != names[0]:
         return ()
