@@ -48,6 +48,7 @@ import time
 import orjson
 from aiohttp import web
 
+from ignis.gateway import grammars
 from ignis.gateway.adapter_sync import keep_adapters
 from ignis.gateway.cache_reset import RESET_PATHS, reset_prefix_cache
 from ignis.gateway.chat import chat_completions
@@ -332,6 +333,10 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
         if d.values:
             log.info("sampling defaults of %s from %s: %s (a request's own values win; --generation-config vllm "
                      "turns them off)", name, d.source, d.describe())
+    if grammars.MISSING:
+        log.warning("%s: constrained output (response_format json_schema/json_object, structured_outputs) is "
+                    "refused with a 400, and tool calls a grammar would hold (tool_choice required or named, "
+                    "strict tools, allowed_tools) are served unheld", grammars.MISSING)
     set_source_limit(config.max_image_source_pixels)
     files.tokenizer.longest_token_chars  # read once here, not in the first request (a vocabulary walk)
     aliases = {alias: model_name for alias in model_aliases(config.model, config.served_model_name)}

@@ -50,8 +50,15 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-import llguidance
+try:
+    import llguidance
+except ImportError as e:  # a partial install: everything but constrained output still serves
+    llguidance = None
+    MISSING = f"the llguidance package cannot be imported ({e})"
+else:
+    MISSING = ""
 
+from ignis.gateway.errors import ApiError
 from ignis.gateway.tool_call_xml import scalar_values, schema_types, typed_value
 
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
@@ -63,6 +70,18 @@ branch is always allowed; the library has no exact ``oneOf``)."""
 LENIENT_JSON = JSON_OPTIONS | {"lenient": True}
 """For a forced tool call whose schema uses what the library cannot hold (``not``, an unknown
 ``format``, ...): those keywords are left unenforced rather than the call refused."""
+
+UNAVAILABLE_CODE = "structured_outputs_unavailable"
+
+
+def _library():
+    """llguidance, or a 400 saying constrained output cannot be had on this server (``MISSING``)."""
+    if llguidance is None:
+        raise ApiError(400, f"constrained output (response_format json_schema/json_object, structured_outputs, "
+                            f"guided_*) is unavailable on this server: {MISSING}; install llguidance",
+                       code=UNAVAILABLE_CODE)
+    return llguidance
+
 
 TOOL_PARSERS = ("xml", "hermes")
 TOOL_PARSER_ALIASES = {"qwen3_xml": "xml"}  # --tool-call-parser's name of the XML format
@@ -109,19 +128,19 @@ def json_schema_grammar(schema: dict | bool) -> str:
         schema = {}
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object")
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    return _library().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
 
 
 def grammar_error(grammar: str) -> str:
     """The library's error for ``grammar``, or "" when it compiles (warnings are not errors)."""
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = _library().LLMatcher.validate_grammar_with_warnings(grammar)
     return messages[0] if is_error else ""
 
 
 def grammar_warnings(grammar: str) -> list[str]:
     """The library's warnings for a grammar that compiles (with ``lenient``: each keyword it left unenforced,
     such as ``Unimplemented keys: ["not"]`` or ``Unknown format: zzz``)."""
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = _library().LLMatcher.validate_grammar_with_warnings(grammar)
     return [] if is_error else [m.strip() for m in messages]
 
 
@@ -178,7 +197,7 @@ def search_regex(pattern: str) -> str:
     """A Lark regex body (anchored, as Lark's are) of the texts JSON Schema's ``pattern`` finds a match in: each
     top-level branch anchored only where it starts with ``^`` or ends with ``$``. Raises ValueError when the
     pattern cannot be read."""
-    lark = llguidance.regex_to_lark(pattern, "dw")  # JSON Schema's \\d and \\w are ASCII
+    lark = _library().regex_to_lark(pattern, "dw")  # JSON Schema's \\d and \\w are ASCII
     anything = r"(.|\n)*"
     parts = []
     for branch in _branches(lark):
@@ -196,7 +215,7 @@ def _search_regex_error(pattern: str) -> str:
         regex = search_regex(pattern)
     except (ValueError, TypeError) as e:
         return str(e) or "it cannot be read"
-    error = grammar_error(llguidance.LLMatcher.grammar_from_lark(f"start: T\nT: /{regex}/\n"))
+    error = grammar_error(_library().LLMatcher.grammar_from_lark(f"start: T\nT: /{regex}/\n"))
     return error.splitlines()[0] if error else ""
 
 
@@ -383,7 +402,7 @@ def tool_call_grammar(tool: dict, parser: str, lenient: bool = False, unenforced
         lark = "\n".join([f"start: {body}", *rules, *xml.terminals, _XML_TERMINALS])
     else:
         lark = f"start: {_hermes_call(params, options)}\n"
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    return _library().LLMatcher.grammar_from_lark(lark)
 
 
 def _call_rules(tools: list[dict], parser: str, options: dict, held: set[str] | None = None,
@@ -431,7 +450,7 @@ def any_tool_call_grammar(tools: list[dict], parser: str, lenient: bool = False,
     start = ["start: call (NEXT_CALL call)*", "NEXT_CALL: \"\\n<tool_call>\\n\"", f"call: {' | '.join(calls)}"]
     if not several:
         start = [f"start: {' | '.join(calls)}"]
-    return llguidance.LLMatcher.grammar_from_lark("\n".join([*start, *rules, *terminals]))
+    return _library().LLMatcher.grammar_from_lark("\n".join([*start, *rules, *terminals]))
 
 
 def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: bool = False,
@@ -447,12 +466,12 @@ def tool_calls_grammar(tools: list[dict], parser: str, held: set[str], lenient: 
     lark = ["start: (OPEN call)* TEXT?", f"call: {' | '.join(calls)}", *rules, _FREE_TEXT]
     if parser == "xml":
         lark += [_XML_TERMINALS, _XML_ANY_PARAM]
-    return llguidance.LLMatcher.grammar_from_lark("\n".join(lark))
+    return _library().LLMatcher.grammar_from_lark("\n".join(lark))
 
 
 def regex_grammar(pattern: str) -> str:
     """The grammar of text the whole of which ``pattern`` (Rust ``regex`` syntax) matches."""
-    return llguidance.LLMatcher.grammar_from_regex(pattern)
+    return _library().LLMatcher.grammar_from_regex(pattern)
 
 
 def choice_grammar(choices: list[str]) -> str:

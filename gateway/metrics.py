@@ -12,7 +12,8 @@ without a capture mark the gateway could not find (gateway.capture_marks); and
 ``ignis:gateway_responses_background_total{status}``, background responses
 ended, by their last status (gateway.responses_background); and
 ``ignis:gateway_grammar_lenient_total``, forced tool calls whose schema is held
-leniently (gateway.tool_grammars); and
+leniently (gateway.tool_grammars); ``ignis:gateway_grammar_unheld_total``,
+tool calls served unheld because the grammar library is missing (the same); and
 ``ignis:gateway_request_fields_ignored_total{endpoint}``, request fields sent
 that nothing read (gateway.ignored_fields); and
 ``ignis:gateway_wire_errors_total{socket}``, malformed messages from the engine
@@ -68,6 +69,8 @@ class GatewayMetrics(ProcessMetrics):
                                      ("model_name", "mark", "reason"), registry=self.registry)
         self.grammar_lenient = self.counter("grammar_lenient", "forced tool calls whose tool schema the grammar "
                                             "library holds leniently (keywords it cannot enforce left out)")
+        self.grammar_unheld = self.counter("grammar_unheld", "tool calls a grammar should have held, served "
+                                           "unheld: the grammar library (llguidance) is not installed")
         self.tools_ignored = self.counter("responses_tools_ignored", "hosted tools of /v1/responses requests left "
                                           "out of the prompt (ignis cannot run them)", ("tool",))
         self.fields_ignored = self.counter("request_fields_ignored", "request fields sent that ignis does not "

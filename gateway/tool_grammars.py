@@ -19,7 +19,9 @@ A tool schema the library cannot hold exactly (``not``, an unknown
 keywords unenforced: counted (``ignis:gateway_grammar_lenient_total``) each
 time, and logged once per grammar (so once per tool schema and choice) with
 each keyword named, never refused; one that does not compile even so is a 400
-naming the library's reason. These run on the prompt worker (tens of
+naming the library's reason. Without the library (llguidance not installed)
+calls are served unheld: counted (``ignis:gateway_grammar_unheld_total``) and
+named in the done line (the gateway warns of it at start). These run on the prompt worker (tens of
 milliseconds for a large tool set), never on the loop.
 """
 
@@ -32,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ignis.gateway.errors import invalid
+from ignis.gateway import grammars
 from ignis.gateway.grammars import any_tool_call_grammar, grammar_warnings, tool_call_grammar, tool_calls_grammar
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.output_parser import ForcedCall
@@ -68,10 +71,16 @@ def _first_time(grammar: str) -> bool:
 
 
 def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMetrics,
-          said: list[str] | None = None) -> str:
+          said: list[str] | None = None) -> str | None:
     """``build(lenient, unenforced)``'s grammar: exact when the library holds it, else lenient; a grammar that
     leaves keywords unenforced (``unenforced``'s notes of the XML format's raw values, the library's warnings)
-    is counted, logged once with each keyword named, and noted in ``said`` (the request's done line)."""
+    is counted, logged once with each keyword named, and noted in ``said`` (the request's done line). None
+    without the library: the calls go unheld, counted and noted."""
+    if grammars.llguidance is None:
+        metrics.grammar_unheld.inc()
+        if said is not None:
+            said.append(f"{what}: not held (llguidance is not installed)")
+        return None
     notes: list[str] = []
     try:
         grammar = build(False, notes)
@@ -100,7 +109,7 @@ def _held(build: Callable[[bool, list[str]], str], what: str, metrics: GatewayMe
 
 def forced_call_grammar(forced: ForcedCall, tools: list[dict], tool_format: str, metrics: GatewayMetrics,
                         allowed_names: tuple[str, ...] | None = None, several: bool = False,
-                        said: list[str] | None = None) -> str:
+                        said: list[str] | None = None) -> str | None:
     """The grammar of the rest of a forced call: the named tool's, or any (allowed) tool's for ``required``,
     then (``several``: parallel calls allowed) more calls of them as the model likes."""
 
