@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from ignis.shared.process_metrics import ProcessMetrics
-from ignis.shared.wire_error_counts import WireErrorCounts
+from ignis.shared.synced_counts import SyncedCounts
 
 VLLM_NAMES = (
     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries",
@@ -73,7 +73,7 @@ class EngineMetrics(ProcessMetrics):
         self.finished = self.counter("request_success", "finished requests by finish reason", ("finished_reason",))
         self.refused = self.counter("request_refused", "requests refused by reason", ("reason",))
         self.preemptions = self.counter("num_preemptions", "running requests preempted for room")
-        self.wire_errors = WireErrorCounts(self.counter(
+        self.wire_errors = SyncedCounts(self.counter(
             "wire_errors", "malformed messages received, by socket (gateway, tierd, kv_events_replay)", ("socket",)),
             model_name)
         self.reuse_hits = self.counter("reuse_hits", "requests that resumed from retained state, by kind and tier",

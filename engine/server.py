@@ -234,12 +234,12 @@ class EngineServer:
 
     def _count_wire_errors(self) -> None:
         """Each receiving socket's malformed messages into ``wire_errors_total{socket}``."""
-        self.metrics.wire_errors.sync("gateway", self.channel.garbage_count)
+        self.metrics.wire_errors.sync(self.channel.garbage_count, "gateway")
         tier_client = self.runtime.tier_client if self.runtime is not None else None
         if tier_client is not None:
-            self.metrics.wire_errors.sync("tierd", tier_client.channel.garbage_count)
+            self.metrics.wire_errors.sync(tier_client.channel.garbage_count, "tierd")
         if self.kv_events is not None:
-            self.metrics.wire_errors.sync("kv_events_replay", self.kv_events.malformed)
+            self.metrics.wire_errors.sync(self.kv_events.malformed, "kv_events_replay")
 
     def _handle(self, peer: bytes, msg) -> None:
         if isinstance(msg, Generate):

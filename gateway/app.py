@@ -254,7 +254,7 @@ async def version(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """The gateway's Prometheus metrics."""
     gw: GatewayState = request.app[STATE]
-    gw.metrics.wire_errors.sync("engine", gw.client.garbage_count)
+    gw.metrics.wire_errors.sync(gw.client.garbage_count, "engine")
     connections = request.app.get(CONNECTIONS)
     if connections is not None:
         gw.metrics.sync_connections(connections.open - connections.closing, connections.refused,

@@ -35,7 +35,7 @@ from prometheus_client import Counter
 
 from ignis.shared.process_metrics import LATENCY_BUCKETS as PROCESS_BUCKETS
 from ignis.shared.process_metrics import ProcessMetrics
-from ignis.shared.wire_error_counts import WireErrorCounts
+from ignis.shared.synced_counts import SyncedCounts
 
 log = logging.getLogger("ignis.gateway")
 
@@ -77,24 +77,23 @@ class GatewayMetrics(ProcessMetrics):
                                            "read (answered without them)", ("endpoint",))
         self.background = self.counter("responses_background", "background /v1/responses runs ended, by status "
                                        "(completed, incomplete, failed, cancelled)", ("status",))
-        self.wire_errors = WireErrorCounts(self.counter(
+        self.wire_errors = SyncedCounts(self.counter(
             "wire_errors", "malformed messages received (logged and dropped), by socket (engine)", ("socket",)),
             model_name)
         self.open_connections = self.gauge("open_connections", "client connections open now")
-        self.connections_refused = self.counter("connections_refused", "connections answered 503 at "
-                                                "--max-connections (every open one was in a request)")
-        self.connections_displaced = self.counter("connections_displaced", "connections closed at "
-                                                  "--max-connections to make room (idle, or still sending headers)")
-        self._connections_seen = (0, 0)
+        self.connections_refused = SyncedCounts(self.counter(
+            "connections_refused", "connections answered 503 at --max-connections (every open one was in a "
+            "request)"))
+        self.connections_displaced = SyncedCounts(self.counter(
+            "connections_displaced", "connections closed at --max-connections to make room (idle, or still "
+            "sending headers)"))
         self.model_name = model_name
 
     def sync_connections(self, open_now: int, refused: int, displaced: int) -> None:
         """The listener's counts at a scrape (``gateway.listener.Connections``)."""
         self.open_connections.set(open_now)
-        seen_refused, seen_displaced = self._connections_seen
-        self.connections_refused.inc(max(0, refused - seen_refused))
-        self.connections_displaced.inc(max(0, displaced - seen_displaced))
-        self._connections_seen = (max(refused, seen_refused), max(displaced, seen_displaced))
+        self.connections_refused.sync(refused)
+        self.connections_displaced.sync(displaced)
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(self.model_name, endpoint, str(status)).inc()

@@ -10,7 +10,7 @@ can be swapped out: the log says so at start too. Every metric is labelled
 from __future__ import annotations
 
 from ignis.shared.process_metrics import ProcessMetrics
-from ignis.shared.wire_error_counts import WireErrorCounts
+from ignis.shared.synced_counts import SyncedCounts
 
 RESTORE_TIERS = {"ram_to_engine": "ram", "disk_to_engine": "disk"}
 """Copy directions that are restores, and the tier each reads."""
@@ -51,7 +51,7 @@ class TierdMetrics(ProcessMetrics):
         self._disk_write_failures = self.counter(
             "disk_write_failures", "KV-disk writes that failed (the entry dropped, its partial file removed), by "
             "reason (disk_full: ENOSPC or EDQUOT; io_error: any other OS error; other)", ("reason",))
-        self.wire_errors = WireErrorCounts(self.counter(
+        self.wire_errors = SyncedCounts(self.counter(
             "wire_errors", "malformed messages received, by socket (engine)", ("socket",)), instance)
         self._restore_seconds = self.histogram("restore_seconds", "seconds a restore's copy to the engine took, "
                                                "by the tier read", ("tier",))

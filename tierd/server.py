@@ -145,7 +145,7 @@ class TierServer:
         self._count_garbage()
 
     def _count_garbage(self) -> None:
-        self.metrics.wire_errors.sync("engine", self.channel.garbage_count)
+        self.metrics.wire_errors.sync(self.channel.garbage_count, "engine")
 
     def _wait_in_flight(self, wait_s: float) -> None:
         """Let copies in flight finish (their replies go out), for at most ``wait_s``."""
