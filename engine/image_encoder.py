@@ -5,8 +5,11 @@ the first chunk touching it runs, and its embedding stays pinned to the
 request until the chunk that reaches the image's last token has run, so a
 prefill split inside an image encodes it once whatever the cache does. Every
 embedding also goes into the :class:`EncoderCache` (LRU, byte-bounded, keyed
-by ``ImageInput.digest``), so the same picture in a later request or turn is
-not encoded again. The images a round needs are encoded in one tower call.
+by ``ImageLayout.cache_key``: the picture's digest, salted with the request's
+``cache_salt`` or adapter when it has one), so the same picture in a later
+request or turn of the same scope is not encoded again, and a salted tenant
+cannot learn from a fast answer that another sent a picture. The images a
+round needs are encoded in one tower call.
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ class ImageEncoder:
             key = (req_id, i)
             if key in self._pinned:
                 continue
-            image = layout.images[i]
-            emb = self.cache.get(image.digest)
+            digest = layout.cache_key(i)
+            emb = self.cache.get(digest)
             if emb is not None:
                 self._pinned[key] = emb
             else:
-                todo.setdefault(image.digest, image)
+                todo.setdefault(digest, layout.images[i])
         if todo:
             items = [patchify(image, self.tower.cfg) for image in todo.values()]
             outs = self.tower([p for p, _ in items], [g for _, g in items])
@@ -48,7 +51,7 @@ class ImageEncoder:
             for digest, emb in fresh.items():
                 self.cache.put(digest, emb)
             for req_id, layout, i in wanted:
-                self._pinned.setdefault((req_id, i), fresh.get(layout.images[i].digest))
+                self._pinned.setdefault((req_id, i), fresh.get(layout.cache_key(i)))
 
     def embedding(self, req_id: str, i: int) -> torch.Tensor:
         """The pinned embedding [tokens, hidden] of ``req_id``'s image ``i`` (``prepare`` first)."""

@@ -54,6 +54,9 @@ class ImageLayout:
 
     images: tuple  # tuple[ImageInput, ...], in prompt order
     spans: tuple[ImageSpan, ...]
+    cache_keys: tuple[bytes, ...] = ()
+    """What the embedding cache keys each image by: its digest, salted with the request's reuse scope
+    when it has one (so one tenant's pictures are never another's cache hits; empty: the digests)."""
 
     def __post_init__(self):
         deltas, d = [], 0
@@ -72,6 +75,9 @@ class ImageLayout:
         """Position minus index of a text token at ``index`` (every image ending at or before it counted)."""
         k = bisect_right(self._ends, index)
         return self._deltas[k - 1] if k else 0
+
+    def cache_key(self, i: int) -> bytes:
+        return self.cache_keys[i] if self.cache_keys else self.images[i].digest
 
     def overlapping(self, start: int, end: int) -> list[tuple[int, ImageSpan]]:
         """(image number, span) of the images with a token in ``start .. end - 1``."""

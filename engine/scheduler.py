@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from ignis.engine.admission import admit, end_tier_wait
@@ -199,10 +199,11 @@ class Scheduler:
             layout = image_layout(req.prompt_ids, req.images, token, self.config.image_factor)
         except ValueError as exc:
             return Refusal("bad_request", f"images do not match the prompt: {exc}")
-        req.image_layout = layout
-        # reuse reads each image as its digest, and no capture ends inside one (engine.reuse.image_keys)
+        # reuse reads each image as its digest (salted with the request's scope), and no capture ends inside
+        # one (engine.reuse.image_keys); the embedding cache keys it alike
         req.place_images(tuple(ImageKey(s.start, s.end, im.digest) for s, im in zip(layout.spans, layout.images)),
                          self.config.page_tokens)
+        req.image_layout = replace(layout, cache_keys=tuple(k.digest for k in req.image_keys))
         return None
 
     def _learn(self, req: Request) -> None:

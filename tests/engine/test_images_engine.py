@@ -51,10 +51,10 @@ class ImageEngine:
         self.mixed_rounds = 0  # rounds with decode steps and prefill chunks together
 
     def submit(self, rid: str, prompt: list[int], images: list[ImageInput], max_tokens: int = MAX_TOKENS,
-               opener_start: int | None = None):
+               opener_start: int | None = None, cache_salt: str | None = None):
         req = Request(rid, tuple(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
                       images=tuple(images), opener_start=opener_start,
-                      must_cut_at=(opener_start,) if opener_start else ())
+                      must_cut_at=(opener_start,) if opener_start else (), cache_salt=cache_salt)
         return self.sched.add(req)
 
     def run(self, preempt_after: int | None = None):
@@ -191,6 +191,22 @@ def test_repeated_image_hits_the_encoder_cache_and_preemption_keeps_positions(vl
     assert eng.sched.num_preemptions == 1 and eng.preempted == ["b"]
     assert eng.tokens["a"] == want_tokens and eng.tokens["b"] == want_tokens
     assert eng.runner.images.encoded == 1 and eng.runner.images.cache.hits >= 1
+
+
+def test_the_encoder_cache_is_kept_apart_by_cache_salt(vlm):
+    """A salted tenant never hits another scope's embedding (a fast answer would tell it the picture was
+    sent); within one salt, and among unsalted requests, the picture is encoded once. Answers equal."""
+    ckpt, model = vlm
+    vcfg = _resize_config(model)
+    pictures, images, prompt = _image_prompt(vcfg, [(40, 24)], seed=9, first_picture_seed=7)
+    want_tokens, _, _ = _reference(ckpt, vcfg, prompt, pictures)
+    eng = ImageEngine(model, budget=4096)
+    for rid, salt, encoded in [("victim", "tenant-a", 1), ("again", "tenant-a", 1), ("other", "tenant-b", 2),
+                               ("plain", None, 3), ("plain-again", None, 3)]:
+        eng.submit(rid, prompt, images, cache_salt=salt)
+        eng.run()
+        assert eng.runner.images.encoded == encoded, rid
+        assert eng.tokens[rid] == want_tokens, rid
 
 
 def test_images_that_do_not_match_the_prompt_are_refused(vlm):
