@@ -52,7 +52,7 @@ from ignis.gateway.output_parser import OutputParser
 from ignis.gateway.params import CommonParams
 from ignis.gateway.part_marks import part_end
 from ignis.gateway.prompt import ChatPrompt, build_chat_prompt
-from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images
+from ignis.gateway.prompt_images import check_image_count, expand_placeholders, load_images, refuse_stray_placeholders
 from ignis.gateway.prompt_logprobs import prompt_logprobs_json
 from ignis.gateway.conversation_fit import answer_room, fit_messages
 from ignis.gateway.prompt_truncation import MARKS, kept_tokens, truncate
@@ -208,6 +208,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
         images = await load_images(urls, gw.vision, _media_policy(gw.config), gw.config.max_image_source_pixels,
                                    work)
         prompt_ids, marks = expand_placeholders(prompt_ids, images, gw.vision, marks)
+    else:
+        refuse_stray_placeholders(prompt_ids, gw.vision, "messages")
     missing = prompt.marks.missing
     if p.truncate_prompt_tokens is not None:
         keep = kept_tokens(p.truncate_prompt_tokens, await gw.max_model_len(), p.max_tokens)

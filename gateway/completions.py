@@ -31,6 +31,7 @@ from ignis.gateway.fields import Fields
 from ignis.gateway.generation import Generation
 from ignis.gateway.generation_request import EndpointResponse, GenerationRequest
 from ignis.gateway.params import CommonParams
+from ignis.gateway.prompt_images import refuse_stray_placeholders
 from ignis.gateway.prompt_logprobs import echo_logprobs, prompt_logprobs_json
 from ignis.gateway.prompt_truncation import kept_tokens, truncate
 from ignis.gateway.request_ids import response_id
@@ -80,6 +81,7 @@ def _token_ids(gw: GatewayState, f: Fields, values: list[str | list[int]]) -> li
             raise f.error(where, f"token id {bad} is outside the vocabulary (size {gw.tokenizer.vocab_size})")
         if not ids:
             raise f.error(where, "is empty")
+        refuse_stray_placeholders(ids, gw.vision, where)
         out.append(ids)
     return out
 

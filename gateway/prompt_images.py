@@ -55,6 +55,15 @@ def image_tokens(image: ImageInput, vision: VisionSettings) -> int:
     return (image.height // factor) * (image.width // factor)
 
 
+def refuse_stray_placeholders(ids: list[int], vision: VisionSettings | None, param: str) -> None:
+    """A prompt sent without images holds no image placeholder token (there is no picture to put there):
+    a 400 ``invalid_image`` naming ``param``."""
+    if vision is not None and vision.image_token_id in ids:
+        raise invalid(f"the prompt holds the image placeholder token (id {vision.image_token_id}, <|image_pad|>) "
+                      f"but no image was sent: placeholders are made from image parts, never written", param,
+                      code="invalid_image")
+
+
 def expand_placeholders(ids: list[int], images: tuple[ImageInput, ...], vision: VisionSettings,
                         marks: dict) -> tuple[list[int], dict]:
     """``ids`` with each image's one pad token repeated to its token count, and the marks

@@ -134,6 +134,7 @@ BAD = [
     ("pad_in_text", [{"type": "text", "text": "<|image_pad|>"}, image_part(data_url(PNG_32x32))],
      "2 image placeholders for 1 images"),
     ("no_url", [{"type": "image_url", "image_url": {}}], "needs a url"),
+    ("pad_in_text_without_images", [{"type": "text", "text": "look: <|image_pad|>"}], "but no image was sent"),
 ]
 
 
@@ -145,6 +146,16 @@ def test_bad_images_get_400_and_the_next_request_is_served(gw, name, content, wo
     assert words in reply.json()["error"]["message"], reply.json()
     assert len(gw.engine.generates) == before  # nothing reached the engine
     assert _chat(gw, [image_part(data_url(PNG_32x32)), {"type": "text", "text": "ok?"}]).status == 200
+
+
+@pytest.mark.parametrize("prompt", ["look: <|image_pad|>", [IDS["<|im_start|>"], PAD, 9]])
+def test_a_completions_prompt_holding_an_image_placeholder_is_refused(gw, prompt):
+    before = len(gw.engine.generates)
+    reply = gw.post("/v1/completions", {"model": "vlm", "max_tokens": 2, "prompt": prompt})
+    assert reply.status == 400, reply.body
+    err = reply.json()["error"]
+    assert err["code"] == "invalid_image" and err["param"] == "prompt" and "no image" in err["message"], err
+    assert len(gw.engine.generates) == before
 
 
 @pytest.mark.parametrize("path,words", [("/moved.png", "HTTP 302"), ("/missing.png", "HTTP 404"),
