@@ -221,9 +221,10 @@ class Scheduler:
             share_ahead(learned_at, req, self.waiting, self.lanes.holders())
 
     def abort(self, req_id: str, reason: str = "abort", message: str = "") -> FinishEvent | None:
-        """End a request; see the module docstring for when. Unknown ids are ignored (None)."""
-        if reason not in ("abort", "error"):
-            raise ValueError(f"abort reason must be 'abort' or 'error', got {reason!r}")
+        """End a request; see the module docstring for when. Unknown ids are ignored (None). ``reason``
+        "stop": the gateway has the whole output (a stop string matched), so it ends as a stop."""
+        if reason not in ("abort", "error", "stop"):
+            raise ValueError(f"abort reason must be 'abort', 'error' or 'stop', got {reason!r}")
         req = self._requests.get(req_id)
         if req is None:
             return None

@@ -172,12 +172,13 @@ class EngineClient:
         for msg in messages:
             self._send(msg)
 
-    def abort(self, engine_id: str, keep_route: bool = False) -> None:
-        """Ask the engine to end a stream; without ``keep_route`` its remaining answers are dropped."""
+    def abort(self, engine_id: str, keep_route: bool = False, reason: str = "abort") -> None:
+        """Ask the engine to end a stream; without ``keep_route`` its remaining answers are dropped.
+        ``reason`` "stop": its output is complete (``Abort``)."""
         if engine_id in self._routes:
             if not keep_route:
                 del self._routes[engine_id]
-            self._send(Abort(engine_id))
+            self._send(Abort(engine_id, reason))
 
     @property
     def engine_alive(self) -> bool:

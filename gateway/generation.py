@@ -240,7 +240,7 @@ class Generation:
                 else:
                     delta = choice.feed_tokens([(item, lp)])
                 if choice.stopped_early:
-                    self.client.abort(engine_id, keep_route=True)
+                    self.client.abort(engine_id, keep_route=True, reason="stop")  # counted as a stop
                 if delta.token_ids or delta.has_output:
                     out.append(delta)
             elif out and self._fails(choice, item):

@@ -183,14 +183,20 @@ class Generate:
 @GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Abort:
-    """Stop a stream (client went away, or the gateway gave up on it)."""
+    """Stop a stream (client went away, or the gateway gave up on it). ``reason`` "stop": the output is
+    complete before the engine ended it (a stop string matched, or a tool call past ``max_calls`` began),
+    so the request ends as a stop, not an abort."""
 
     TYPE: ClassVar[str] = "abort"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("reason",)
+    REASONS: ClassVar[tuple[str, ...]] = ("abort", "stop")
 
     id: str
+    reason: str = "abort"
 
     def __post_init__(self):
         _check_id(self.id)
+        check_choice("reason", self.reason, self.REASONS)
 
 
 @GATEWAY_ENGINE.message

@@ -84,8 +84,8 @@ class EngineProcess:
         sp = SamplingParams(**{"temperature": 0.0, **sampling})
         self.client.send(Generate(rid, tuple(prompt), sp, **extra))
 
-    def abort(self, rid: str) -> None:
-        self.client.send(Abort(rid))
+    def abort(self, rid: str, reason: str = "abort") -> None:
+        self.client.send(Abort(rid, reason))
 
     def pump(self, timeout: float = 0.1) -> None:
         try:

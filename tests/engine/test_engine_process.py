@@ -99,6 +99,15 @@ def test_abort_mid_prefill_and_mid_decode_frees_pool(engine):
     assert 3 <= len(out.tokens) < 5000
     engine.wait_pool_full()
 
+    # the gateway's stop-string end: the same teardown, finished (and counted) as a stop
+    engine.generate("stopped", prompt(100, 7), max_tokens=5000, ignore_eos=True)
+    deadline = time.monotonic() + 60
+    while engine.outcomes["stopped"].batches < 2 and time.monotonic() < deadline:
+        engine.pump()
+    engine.abort("stopped", reason="stop")
+    assert engine.wait(["stopped"])["stopped"].finished.finish_reason == "stop"
+    engine.wait_pool_full()
+
 
 def test_refusals_have_reasons(engine):
     out = engine.run("too-long", prompt(16384, 1), max_tokens=4)

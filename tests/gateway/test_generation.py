@@ -17,13 +17,15 @@ class Routes:
 
     def __init__(self):
         self.aborts: list[str] = []
+        self.reasons: dict[str, str] = {}
         self.engine_alive = True
 
     def open(self, messages, inbox) -> None:
         pass
 
-    def abort(self, engine_id: str, keep_route: bool = False) -> None:
+    def abort(self, engine_id: str, keep_route: bool = False, reason: str = "abort") -> None:
         self.aborts.append(engine_id)
+        self.reasons[engine_id] = reason
 
 
 def generation(tokenizer, n: int = 1, stops: tuple[str, ...] = ()) -> Generation:
@@ -75,7 +77,8 @@ def test_a_stop_string_aborts_at_the_engine_and_keeps_the_route(demo_tokenizer):
     put_text(gen, "cmpl-t-0", demo_tokenizer, "one STOP two")
     assert "".join(d.content for d in gen.take()) == "one "
     assert gen.client.aborts == ["cmpl-t-0"]
-    gen.inbox.put_nowait(("cmpl-t-0", Finished("cmpl-t-0", "abort", Usage(3, 9)), None))
+    assert gen.client.reasons == {"cmpl-t-0": "stop"}  # the engine counts it as a stop, not an abort
+    gen.inbox.put_nowait(("cmpl-t-0", Finished("cmpl-t-0", "stop", Usage(3, 9)), None))
     (last,) = gen.take()
     assert last.finish_reason == "stop" and gen.done
 

@@ -97,6 +97,7 @@ MESSAGES = [
     AdapterList(id="ask-1", version=3, names=("sql", "chat"), paths=("/srv/a/sql", "/srv/a/chat")),
     Admitted(id="r5", cached_tokens=64),
     Admitted(id="r7", cached_tokens=0),
+    Abort(id="r1", reason="stop"),
 ]
 
 
@@ -178,6 +179,7 @@ GEN = MESSAGES[1]
     ([orjson.dumps({"type": 3, "v": PROTOCOL_VERSION})], "unknown message type"),
     (_header(Abort("x"), id=_DROP), "missing field 'id'"),
     (_header(Abort("x"), id=5), "id must be a string"),
+    (_header(Abort("x"), reason="done"), "reason must be one of"),
     (_header(Admitted("x", 3), cached_tokens=-1), "cached_tokens"),
     (_header(Admitted("x", 3), cached_tokens=2.5), "cached_tokens"),
     (_header(Admitted("x", 3), cached_tokens=_DROP), "missing field 'cached_tokens'"),
