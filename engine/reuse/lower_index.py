@@ -153,6 +153,11 @@ class LowerIndex:
             elif tier in TIERS:
                 self.move(key, tier)
 
+    def shortest_worth(self, device_match: int) -> int:
+        """The fewest tokens a record must hold for ``choose`` to take it over ``device_match`` in either
+        tier (the lower floor above the device's match): when no match is as long, tierd is not asked."""
+        return device_match + min(max(1, self.floors[t]) for t in TIERS)
+
     def choose(self, records: list[LowerRecord], device_match: int) -> LowerRecord | None:
         """The record to restore, or None to stay with the device's ``device_match`` tokens.
 

@@ -228,9 +228,11 @@ class RetainedStore:
             e.restored_from = None
 
     def _lower_choice(self, tokens: tuple[int, ...], device_match: int) -> LowerRecord | None:
-        """The lower-tier record worth restoring for ``tokens``, after asking tierd where its matches are now."""
+        """The lower-tier record worth restoring for ``tokens``, after asking tierd where its matches are now
+        (not when none is long enough to pass a restore floor: a request never waits on tierd for nothing;
+        a shorter match still counts against a longer one, ``LowerIndex.choose``)."""
         records = self.lower.matches(tokens, len(tokens) - 1, longer_than=device_match)
-        if not records:
+        if not records or max(r.num_tokens for r in records) < self.lower.shortest_worth(device_match):
             return None
         if self.moves.stalled:  # a request gave up waiting for tierd: none asks it again until it answers
             self._tier_failed(records)

@@ -449,6 +449,23 @@ def test_restore_floor_and_ties_go_to_the_tier_above():
     pool.integrity_check()
 
 
+def test_tierd_is_not_asked_about_matches_no_floor_would_take():
+    """A request waits for tierd's answer at the head of the queue: when every match is shorter than the
+    device match plus the lower floor, tierd is not asked (nothing would be restored)."""
+    asked = []
+    tier = FakeTier(where=lambda keys: asked.append(list(keys)) or {k: "ram" for k in keys})
+    pool, store = with_lower(tier, {"ram": 64, "disk": 256})
+    store.lower.add(tier.hold(lower_record("a" * 32, 63, "ram")))
+    store.lower.add(tier.hold(lower_record("b" * 32, 40, "disk")))
+    assert store.lookup(toks(100)) is None and asked == []
+    store.lower.add(tier.hold(lower_record("c" * 32, 64, "ram")))  # exactly the floor: worth asking
+    hit = store.lookup(toks(100))
+    assert sorted(asked[0]) == ["a" * 32, "b" * 32, "c" * 32] and (hit.num_tokens, hit.tier) == (64, "kv_ram")
+    round_applied(store)
+    store.release_all()
+    pool.integrity_check()
+
+
 def test_lower_tier_candidates_are_verified_token_by_token():
     """A record tierd holds is restored only for a prompt whose first tokens are its tokens: another prompt of
     the same length (or longer) moves nothing and resumes nowhere."""
