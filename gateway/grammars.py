@@ -371,7 +371,12 @@ def _xml_call(params: dict, prefix: str, xml: _Xml, tool: str = "") -> tuple[str
 
 
 def _hermes_call(params: dict, options: dict) -> str:
-    """The rule body of a call's arguments and its closing, after ``"arguments":``."""
+    """The rule body of a call's arguments and its closing, after ``"arguments":``. Argument names are the
+    schema's when it names its properties and says nothing of others (as the XML format's are)."""
+    if isinstance(params, dict) and isinstance(params.get("properties"), dict) and not any(
+            k in params for k in ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf",
+                                  "anyOf", "oneOf", "$ref")):
+        params = {**params, "additionalProperties": False}
     return f'" "? {_json_rule(params, options)} "}}\\n</tool_call>"'
 
 

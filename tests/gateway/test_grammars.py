@@ -96,6 +96,17 @@ def test_a_malformed_call_is_stopped(vocab, parser, text):
     assert n < total or not matcher.is_accepting()
 
 
+@pytest.mark.parametrize("extra, taken", [({}, False), ({"additionalProperties": True}, True),
+                                          ({"additionalProperties": {"type": "integer"}}, True)])
+def test_hermes_argument_names_are_the_schemas_unless_it_allows_others(vocab, extra, taken):
+    """As in the XML format, a call names only the schema's parameters, unless the schema says otherwise."""
+    params = WEATHER["function"]["parameters"]
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {**params, **extra}}}
+    n, total, matcher = consumed(vocab, tool_call_grammar(tool, "hermes"),
+                                 '{"city": "Paris", "days": 3, "x": 1}}\n</tool_call>')
+    assert (n == total and matcher.is_accepting()) is taken
+
+
 def test_a_tool_without_parameters_closes_at_once(vocab):
     tool = {"type": "function", "function": {"name": "now"}}
     n, total, matcher = consumed(vocab, tool_call_grammar(tool, "xml"), "</function>\n</tool_call>")
