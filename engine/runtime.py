@@ -77,6 +77,17 @@ class Runtime:
             pass
 
 
+def _warn_unreachable_floors(floors: dict[str, int], max_len: int) -> None:
+    """A lower tier whose restore floor is more than a sequence can hold is written and never read: say so."""
+    names = {"ram": ("KV-RAM", "--restore-floor-kv-ram"), "disk": ("KV-disk", "--restore-floor-kv-disk")}
+    for tier, floor in floors.items():
+        name, flag = names[tier]
+        if floor >= max_len:  # a resume leaves at least one token to compute
+            log.warning("%s %d is at least the longest sequence (%d tokens): no %s entry can be restored, so "
+                        "what tierd keeps there is written and never read (a lower %s, or that tier off)",
+                        flag, floor, max_len, name, flag)
+
+
 def _attach_adapters(config: EngineConfig, name: str, model, adapters: list | None) -> None:
     """The default model's LoRA adapters: ``adapters`` ((name, path, required) from an
     ``engine.lora_updates.AdapterRegistry``; None: ``--lora-modules``). A required one that is bad raises
@@ -227,6 +238,9 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
         if port is not None:  # else the staging slot stays unused: no live eviction without a tierd
             tiers, tier_client, staging_slot = port, port.client, port.staging_slot
     params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
+    floors = config.restore_floors(cfg.family, params)
+    if tiers is not NO_TIERS and config.reuse_prompt:
+        _warn_unreachable_floors(floors, max_len)
     sched = Scheduler(SchedulerConfig(
         decode_lanes=config.decode_lanes, num_pages=plan.pages,
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
@@ -236,7 +250,7 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
         capture_inside_chunks=kv_format == "bf16",
         scored_row_cost=scored_row_cost(cfg.vocab_size, cfg.hidden_size, params, cfg.tie_word_embeddings)),
         device_slots=device_slots, host_slots=host_slots, reuse=config.reuse_prompt, stamp=stamp,
-        tiers=tiers, restore_floors=config.restore_floors(cfg.family, params),
+        tiers=tiers, restore_floors=floors,
         evict_window_pages=config.evict_window_pages, staging_slot=staging_slot,
         learned_points=config.reuse_learned_points)
     if kv_events is not None:
