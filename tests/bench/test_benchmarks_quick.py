@@ -49,7 +49,7 @@ def test_quick_mode_prints_bench_line(script, name, keys, real_checkpoint):
     assert last.startswith(f"BENCH {name} "), last
     fields = dict(kv.split("=") for kv in last.split()[2:])
     for key in keys:
-        assert float(fields[key]) > 0
+        assert float(fields[key]) > 0, last
 
 
 def test_gpu_tiers_dry_run_moves_the_entry_across_processes():
