@@ -82,10 +82,13 @@ class IncrementalDetokenizer:
             token_ids = self._hold(token_ids)
             if not token_ids:
                 return ""
-            text = self._push(token_ids)
-            if held is not None:
-                self.late = min(len(text), len(self._tok.token_text(held)))
-            return text
+            if held is None:
+                return self._push(token_ids)
+            # the held token first, alone: its text (with an incomplete character of an earlier token's that
+            # it ends, as U+FFFD) is exactly what is late
+            text = self._push(token_ids[:1])
+            self.late = len(text)
+            return text + self._push(token_ids[1:]) if len(token_ids) > 1 else text
         return self._push(token_ids)
 
     def _hold(self, token_ids) -> list[int]:

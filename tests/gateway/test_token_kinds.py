@@ -148,6 +148,24 @@ def test_a_stop_string_a_shown_special_token_completes_ends_at_that_token(demo_t
         assert text == ("Bye." if stop == "<|im_end|>" else "Bye.<|") and records == (len(tok.encode("Bye.")) + 1 if logprobs else 0)
 
 
+@pytest.mark.parametrize("size", [1, 2, 100])
+def test_a_stop_a_shown_special_token_completes_after_a_split_character_ends_at_that_token(demo_tokenizer, size):
+    """An incomplete UTF-8 character before the held special token comes out with it (as U+FFFD): the
+    special token still completes the stop, and is the last token counted."""
+    tok = demo_tokenizer
+    lead = next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == b"\xe0")  # a lone lead byte
+    end = tok.token_id("<|im_end|>")
+    ids = tok.encode("Hi") + [lead, end, end] + tok.encode(" more")
+    state = ChoiceState(0, tok, stops=("<|im_end|>",), skip_special_tokens=False)
+    text = ""
+    for i in range(0, len(ids), size):
+        if state.stopped_early:
+            break
+        text += state.feed(StreamTokens("r", tuple(ids[i: i + size]))).content
+    text += state.finish("stop").content
+    assert state.token_ids == tok.encode("Hi") + [lead, end] and text == "Hi\ufffd"
+
+
 def _feed_all(state, ids):
     text = ""
     for t in ids:
