@@ -84,7 +84,8 @@ class EngineMetrics(ProcessMetrics):
                                           ("adapter",))
         self.reuse_shortfall = self.counter(
             "reuse_shortfall", "requests that reused less than they share with an earlier prompt (or nothing), "
-            "by reason: unseen, no_mark, slot_busy, evicted, tier_failed, budget, no_room, aborted, not_ready",
+            "by reason: unseen, no_mark, slot_busy, evicted, tier_failed, budget, no_room, aborted, not_ready, "
+            "below_floor",
             ("reason",))
         self.store_counters = {
             name: self.counter(name, doc) for name, doc in (

@@ -17,6 +17,8 @@ of the shared prefix, the reason is one of:
     aborted    the earlier request ended (aborted, or an error) before it reached the capture
     not_ready  the capture was planned but not taken yet (the earlier request is still
                prefilling towards it)
+    below_floor  the capture sits in KV-RAM or KV-disk, but what it adds over the device's match is
+               less than that tier's restore floor: computing it was judged cheaper than the copy
 
 ``Fates`` remembers, by content, what happened to recent captures that are
 gone or never were. Pure Python, no torch.
@@ -29,12 +31,12 @@ from collections import OrderedDict
 from ignis.engine.reuse.lower_index import content_key
 
 REASONS = ("unseen", "no_mark", "slot_busy", "evicted", "tier_failed", "budget", "no_room", "aborted",
-           "not_ready")
+           "not_ready", "below_floor")
 
 
 class Fates:
     """Bounded map: content key of a capture's tokens -> "slot_busy" | "evicted" | "tier_failed" | "budget"
-    | "no_room" | "aborted" (newest kept)."""
+    | "no_room" | "aborted" | "below_floor" (newest kept)."""
 
     def __init__(self, limit: int = 4096):
         self.limit = limit

@@ -232,7 +232,10 @@ class RetainedStore:
         (not when none is long enough to pass a restore floor: a request never waits on tierd for nothing;
         a shorter match still counts against a longer one, ``LowerIndex.choose``)."""
         records = self.lower.matches(tokens, len(tokens) - 1, longer_than=device_match)
-        if not records or max(r.num_tokens for r in records) < self.lower.shortest_worth(device_match):
+        if not records:
+            return None
+        if max(r.num_tokens for r in records) < self.lower.shortest_worth(device_match):
+            self._below_floor(records)
             return None
         if self.moves.stalled:  # a request gave up waiting for tierd: none asks it again until it answers
             self._tier_failed(records)
@@ -251,7 +254,15 @@ class RetainedStore:
             return None
         self.lower.update(where)
         records = [r for r in records if where.get(r.key) is not None]
-        return self.lower.choose(records, device_match)
+        pick = self.lower.choose(records, device_match)
+        if pick is None:
+            self._below_floor(records)
+        return pick
+
+    def _below_floor(self, records: list[LowerRecord]) -> None:
+        """Matches kept in a lower tier that no restore floor lets this request take: its shortfall says so."""
+        for r in records:
+            self.fates.note(tuple(r.tokens), "below_floor")
 
     def _promote(self, r: LowerRecord, keep: Entry | None, tokens: tuple[int, ...]) -> None:
         """Post the copy of a lower-tier entry back into fresh pages and a slot; it is a device entry

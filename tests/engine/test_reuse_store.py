@@ -458,6 +458,7 @@ def test_tierd_is_not_asked_about_matches_no_floor_would_take():
     store.lower.add(tier.hold(lower_record("a" * 32, 63, "ram")))
     store.lower.add(tier.hold(lower_record("b" * 32, 40, "disk")))
     assert store.lookup(toks(100)) is None and asked == []
+    assert store.fates.of(toks(63)) == store.fates.of(toks(40)) == "below_floor"  # the request's shortfall
     store.lower.add(tier.hold(lower_record("c" * 32, 64, "ram")))  # exactly the floor: worth asking
     hit = store.lookup(toks(100))
     assert sorted(asked[0]) == ["a" * 32, "b" * 32, "c" * 32] and (hit.num_tokens, hit.tier) == (64, "kv_ram")

@@ -117,6 +117,8 @@ def test_the_default_disk_floor_recomputes_short_prompts_with_the_same_output(tm
     assert "kv_disk" not in tiers and "kv_ram" in tiers, tiers  # 500 tokens are far below 16,384
     assert sample(metrics["tierd"], "ignis:tierd_restores_total", tier="disk") == 0
     assert sum(1 for c in warm if c[2] == 0) == tiers.count("none") >= 1
+    # each says why: its match sits on KV-disk, short of the floor
+    assert {d["shortfall"] for d in done[6:] if d["tier"] == "none"} == {"below_floor"}, done[6:]
 
 
 def test_with_reuse_off_live_agents_are_evicted_to_tierd_and_resume_exactly(tmp_path):
