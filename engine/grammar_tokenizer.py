@@ -8,7 +8,8 @@ grammar accepts). The list is as wide as the model's embedding table: ids past
 the tokenizer's vocabulary are empty, so no grammar ever allows them.
 
 Text is tokenized (rarely: forced prefixes) with the ``tokenizers`` library on
-the same tokenizer.json. No transformers.
+the same tokenizer.json, special tokens' spellings read as plain text. No
+transformers.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class _Vocabulary:
             from tokenizers import Tokenizer
 
             self._tokenizer = Tokenizer.from_file(str(self._tokenizer_json))
+            # text the grammar forces is text: "<|im_end|>" in a choice is its characters, never the end
+            # token (whose bytes the grammar does not take)
+            self._tokenizer.encode_special_tokens = True
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
