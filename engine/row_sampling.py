@@ -1,12 +1,12 @@
 """Sampling a round's rows so that one request's failure ends only that request.
 
-The batch is sampled in one call (``engine.sampling.sample_batch``). If that
-raises, or a row has no sampler state (its set-up failed), the rows are
-sampled one by one: a row that raises gets placeholder token 0 and an error
-message; the scheduler ends that request with "error" and drops the
-placeholder (``RoundResult.errors``), and every other row keeps the token it
-would have drawn in the batch (each row's draw depends only on its own
-sampler state).
+The batch is sampled in one call (``engine.sampling.sample_batch``), each
+row guarded: a row that raises, or has no sampler state (its set-up failed),
+gets placeholder token 0 and an error message; the scheduler ends that
+request with "error" and drops the placeholder (``RoundResult.errors``), and
+every other row keeps the token it would have drawn without it (each row's
+draw depends only on its own sampler state, drawn once: a seeded request
+beside a failing one answers as it does alone).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from ignis.engine.sampling import SamplerState, SamplerWorkspace, TokenLogprobs, sample_batch
+from ignis.engine.sampling import NoTokenLeft, SamplerState, SamplerWorkspace, TokenLogprobs, sample_batch
 
 log = logging.getLogger("ignis.engine")
 
@@ -24,22 +24,25 @@ def sample_isolated(rows: torch.Tensor, ids: list[str], states: list[SamplerStat
                     want_logprobs: list[int | None], workspace: SamplerWorkspace
                     ) -> tuple[list[int], list[TokenLogprobs | None], dict[str, str]]:
     """Tokens and logprobs for ``rows`` [B, V] (fp32, CPU), and {request id: error} for the rows that failed."""
-    if all(st is not None for st in states):
-        try:
-            tokens, lps = sample_batch(rows, states, want_logprobs, workspace)
-            return tokens, lps, {}
-        except Exception:
-            log.exception("sampling the round's batch failed: sampling its %d rows one by one", len(ids))
-    tokens, lps, errors = [], [], {}
-    for i, rid in enumerate(ids):
-        try:
-            if states[i] is None:
-                raise LookupError("it has no sampler state (its set-up failed)")
-            (token,), (lp,) = sample_batch(rows[i:i + 1], [states[i]], [want_logprobs[i]], workspace)
-        except Exception as exc:  # this request ends with an error; the others and the loop go on
-            log.exception("request %s: sampling its token failed; it ends with an error", rid)
-            token, lp = 0, None
-            errors[rid] = f"engine error while sampling its token: {exc}"
-        tokens.append(token)
-        lps.append(lp)
+    failed: dict[int, Exception] = {}
+    have = [i for i, st in enumerate(states) if st is not None]
+    if len(have) == len(states):
+        tokens, lps = sample_batch(rows, states, want_logprobs, workspace, failed)
+    else:
+        tokens, lps = [0] * len(states), [None] * len(states)
+        for i, st in enumerate(states):
+            if st is None:
+                failed[i] = LookupError("it has no sampler state (its set-up failed)")
+        if have:
+            failed_of_have: dict[int, Exception] = {}
+            picked, picked_lps = sample_batch(rows[have], [states[i] for i in have], [want_logprobs[i] for i in have],
+                                              workspace, failed_of_have)
+            for j, i in enumerate(have):
+                tokens[i], lps[i] = picked[j], picked_lps[j]
+            failed.update({have[j]: exc for j, exc in failed_of_have.items()})
+    errors = {}
+    for i, exc in sorted(failed.items()):  # these requests end with an error; the others and the loop go on
+        log.error("request %s: sampling its token failed; it ends with an error", ids[i],
+                  exc_info=None if isinstance(exc, NoTokenLeft) else exc)
+        errors[ids[i]] = str(exc) if isinstance(exc, NoTokenLeft) else f"engine error while sampling its token: {exc}"
     return tokens, lps, errors

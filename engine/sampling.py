@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 import torch
 
 from ignis.engine.bad_words import BadWords
-from ignis.engine.sampling_steps import SamplerWorkspace, draw, filter_row, first_max, first_max_of_rows
+from ignis.engine.sampling_steps import (
+    NoTokenLeft,
+    SamplerWorkspace,
+    draw,
+    filter_row,
+    first_max,
+    first_max_of_rows,
+)
 from ignis.engine.thinking_budget import ThinkingBudget
 from ignis.shared.sampling import SamplingParams
 
@@ -251,8 +258,13 @@ def sample_row(logits: torch.Tensor, st: SamplerState, ws: SamplerWorkspace | No
     if adjust:
         _adjust(row, st)
     if st.greedy:
-        return first_max(row)
+        token = first_max(row)
+        if row[token] == float("-inf"):
+            raise NoTokenLeft()
+        return token
     kept = filter_row(row, st.params, ws)
+    if kept is not None and not kept.numel():
+        raise NoTokenLeft()
     return draw(row, st.generator, kept, ws)
 
 
@@ -263,29 +275,55 @@ class TokenLogprobs:
 
 
 def sample_batch(logits: torch.Tensor, states: list[SamplerState], want_logprobs: list[int | None],
-                 workspace: SamplerWorkspace | None = None) -> tuple[list[int], list[TokenLogprobs | None]]:
+                 workspace: SamplerWorkspace | None = None, failed: dict[int, Exception] | None = None
+                 ) -> tuple[list[int], list[TokenLogprobs | None]]:
     """Sample one token per row of fp32 logits [B, V] on the CPU; ``logits`` is left as it was.
 
     ``want_logprobs[i]`` is None (no logprobs) or the number of top
     alternatives to report for row i. ``workspace`` (of width V) is reused
-    when given; otherwise one is made for this call.
+    when given; otherwise one is made for this call. ``failed``: a row that
+    raises is put there (row index -> exception) with placeholder token 0,
+    nothing recorded, and the others are sampled as if it were not there
+    (each row's draw depends only on its own state); without it, it raises.
     """
     logits = logits.float()  # no copy when already fp32
     vocab = logits.shape[-1]
-    plain_greedy = all(st.greedy and not st.adjusts_now for st in states)
+
+    def guarded(i: int, step, *args):
+        if failed is None:
+            return step(*args)
+        try:
+            return step(*args)
+        except Exception as exc:
+            failed[i] = exc
+            return None
+
+    plain_greedy = all([guarded(i, _plain_greedy, st) for i, st in enumerate(states)])
     ws = workspace
     if (not plain_greedy or any(w is not None for w in want_logprobs)) and (ws is None or ws.vocab != vocab):
         ws = SamplerWorkspace(vocab)
     if plain_greedy:
         tokens = first_max_of_rows(logits)
     else:
-        tokens = [sample_row(logits[i], st, ws) for i, st in enumerate(states)]
+        tokens = [None if failed and i in failed else guarded(i, sample_row, logits[i], st, ws)
+                  for i, st in enumerate(states)]
     lps: list[TokenLogprobs | None] = []
     for i, (tok, st) in enumerate(zip(tokens, states)):
-        st.record(tok)
         k = want_logprobs[i]
-        lps.append(None if k is None else token_logprobs(logits[i], tok, k, ws))
+        lp = None
+        if tok is not None and k is not None:
+            lp = guarded(i, token_logprobs, logits[i], tok, k, ws)
+        if failed and i in failed:
+            tokens[i], lp = 0, None
+        else:
+            st.record(tok)
+        lps.append(lp)
     return tokens, lps
+
+
+def _plain_greedy(st: SamplerState) -> bool:
+    """Whether a row takes its largest logit as it is (the batch's rows then take theirs in one call)."""
+    return st.greedy and not st.adjusts_now
 
 
 def token_logprobs(row: torch.Tensor, token: int, top: int, ws: SamplerWorkspace) -> TokenLogprobs:

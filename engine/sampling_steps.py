@@ -46,6 +46,16 @@ class SamplerWorkspace:
                                                           self.mask, self.dist, self.ids, self.bits, self.shifted))
 
 
+class NoTokenLeft(ValueError):
+    """A request's own constraints rule out every token of a step (a grammar beside ``allowed_token_ids``
+    or ``bad_words`` that allow none of its tokens, a ``logit_bias`` of -inf on all of them, ...)."""
+
+    def __init__(self):
+        super().__init__("the request's constraints leave no token to sample: its grammar (response_format, "
+                         "structured_outputs, a tool call's), allowed_token_ids, bad_words and logit_bias "
+                         "together rule out every token")
+
+
 def first_max(row: torch.Tensor) -> int:
     """The id of the row's first largest entry, as torch.argmax gives it (numpy's SIMD argmax is faster on CPU)."""
     return int(row.numpy().argmax())
@@ -239,7 +249,10 @@ def draw_keyed(row: torch.Tensor, key: int, kept: Kept, ws: SamplerWorkspace) ->
     """The winner of the race over softmax(row) under ``key`` (``draw``)."""
     if kept is None:
         torch.gt(row, float("-inf"), out=ws.mask)
-        if int(ws.mask.sum()) * 4 < row.shape[-1]:  # a filter left few: race those alone (the same winner)
+        finite = int(ws.mask.sum())
+        if not finite:
+            raise NoTokenLeft()
+        if finite * 4 < row.shape[-1]:  # a filter left few: race those alone (the same winner)
             kept = ws.mask.nonzero().squeeze(1)
     if kept is None:
         score = race_uniforms(key, ws.ids, ws.dist, ws.bits, ws.shifted)

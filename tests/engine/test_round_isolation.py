@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 
 from ignis.engine.models.build import load_model
+from ignis.engine.request import Request
 from ignis.engine.sampling import SamplerState
 from ignis.shared.demo import ensure_demo_model
+from ignis.shared.sampling import SamplingParams
 from tests.engine.test_reuse import Engine, prompt
 
 
@@ -67,6 +69,34 @@ def test_a_failing_sampler_ends_only_its_request(model):
     # its first token came from the sampler set up at its start; the broken one fails its first decode
     assert bad.completion_tokens == len(eng.tokens["bad"]) == 1
     assert good.reason == "length" and eng.tokens["good"] == solo.tokens["good"]
+    eng.check_drained()
+
+
+def _add(eng: Engine, rid: str, tokens: list[int], **sampling) -> None:
+    params = SamplingParams(max_tokens=6, ignore_eos=True, **sampling)
+    assert eng.sched.add(Request(rid, tuple(tokens), params)) is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_constraints_that_leave_no_token_end_their_request_and_seeded_neighbours_draw_as_alone(model, temperature):
+    """A request whose allowed ids are all bad words has no token to sample: it ends with an error that says
+    so, and a seeded request sampled in the same rows (before it and after it) draws what it draws alone:
+    each row's key is drawn once."""
+    seeded = {"temperature": 0.9, "seed": 11}
+    solo = Engine(model, reuse=False)
+    _add(solo, "before", prompt(120, 3), **seeded)
+    _add(solo, "after", prompt(100, 5), **seeded)
+    run_with_broken(solo, "none")
+
+    eng = Engine(model, reuse=False)
+    _add(eng, "before", prompt(120, 3), **seeded)
+    _add(eng, "stuck", prompt(90, 4), temperature=temperature, allowed_token_ids=(7,), bad_words=((7,),))
+    _add(eng, "after", prompt(100, 5), **seeded)
+    run_with_broken(eng, "none")
+    stuck = eng.finished["stuck"]
+    assert stuck.reason == "error" and "leave no token to sample" in stuck.message, stuck
+    assert "stuck" not in eng.tokens
+    assert eng.tokens["before"] == solo.tokens["before"] and eng.tokens["after"] == solo.tokens["after"]
     eng.check_drained()
 
 
