@@ -77,12 +77,16 @@ class Runtime:
             pass
 
 
-def _warn_unreachable_floors(floors: dict[str, int], max_len: int) -> None:
-    """A lower tier whose restore floor is more than a sequence can hold is written and never read: say so."""
+def _warn_unreachable_floors(floors: dict[str, int], max_len: int, welcome) -> None:
+    """A lower tier tierd offers (``welcome``: its answer to the hello; None: none yet) whose restore floor is
+    more than a sequence can hold is written and never read: say so."""
+    if welcome is None:
+        return
+    offered = {"ram": welcome.arena_bytes, "disk": welcome.disk_bytes}
     names = {"ram": ("KV-RAM", "--restore-floor-kv-ram"), "disk": ("KV-disk", "--restore-floor-kv-disk")}
     for tier, floor in floors.items():
         name, flag = names[tier]
-        if floor >= max_len:  # a resume leaves at least one token to compute
+        if offered.get(tier, 0) > 0 and floor >= max_len:  # a resume leaves at least one token to compute
             log.warning("%s %d is at least the longest sequence (%d tokens): no %s entry can be restored, so "
                         "what tierd keeps there is written and never read (a lower %s, or that tier off)",
                         flag, floor, max_len, name, flag)
@@ -239,8 +243,8 @@ def load_runtime(config: EngineConfig, name: str, model_dir: str | None, kv_even
             tiers, tier_client, staging_slot = port, port.client, port.staging_slot
     params = ckpt.weight_bytes // {"float32": 4, "bfloat16": 2, "float16": 2}[ckpt.dtype]
     floors = config.restore_floors(cfg.family, params)
-    if tiers is not NO_TIERS and config.reuse_prompt:
-        _warn_unreachable_floors(floors, max_len)
+    if tier_client is not None and config.reuse_prompt:
+        _warn_unreachable_floors(floors, max_len, tier_client.welcome)
     sched = Scheduler(SchedulerConfig(
         decode_lanes=config.decode_lanes, num_pages=plan.pages,
         max_prefill_tokens_per_round=config.max_prefill_tokens_per_round, max_queue=config.max_queue,
