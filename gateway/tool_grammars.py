@@ -21,8 +21,8 @@ time, and logged once per grammar (so once per tool schema and choice) with
 each keyword named, never refused; one that does not compile even so is a 400
 naming the library's reason. Without the library (llguidance not installed)
 calls are served unheld: counted (``ignis:gateway_grammar_unheld_total``) and
-named in the done line (the gateway warns of it at start). These run on the prompt worker (tens of
-milliseconds for a large tool set), never on the loop.
+named in the done line (the gateway warns of it at start). These run on the
+prompt worker (tens of milliseconds for a large tool set), never on the loop.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from ignis.gateway.errors import invalid
 from ignis.gateway import grammars
+from ignis.gateway.errors import invalid
 from ignis.gateway.grammars import any_tool_call_grammar, grammar_warnings, tool_call_grammar, tool_calls_grammar
 from ignis.gateway.metrics import GatewayMetrics
 from ignis.gateway.output_parser import ForcedCall

@@ -102,12 +102,7 @@ CALLS = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "
 
 def _capped(tok, ids, fmt: str, size: int) -> ChoiceState:
     state = ChoiceState(0, tok, parser=OutputParser(tool_format=fmt, tools=TOOLS, max_calls=1))
-    content = ""
-    for i in range(0, len(ids), size):
-        if state.stopped_early:
-            break
-        content += state.feed(StreamTokens("r", tuple(ids[i: i + size]))).content
-    content += state.finish("abort").content
+    content = _feed_all(state, ids, size, "abort")
     assert content == "Sure." and state.parser.num_tool_calls == 2
     return state
 
@@ -157,22 +152,18 @@ def test_a_stop_a_shown_special_token_completes_after_a_split_character_ends_at_
     end = tok.token_id("<|im_end|>")
     ids = tok.encode("Hi") + [lead, end, end] + tok.encode(" more")
     state = ChoiceState(0, tok, stops=("<|im_end|>",), skip_special_tokens=False)
+    text = _feed_all(state, ids, size)
+    assert state.token_ids == tok.encode("Hi") + [lead, end] and text == "Hi\ufffd"
+
+
+def _feed_all(state, ids, size: int = 1, finish: str = "stop") -> str:
+    """``ids`` fed in rounds of ``size`` until the choice stops early, then finished with ``finish``: the text."""
     text = ""
     for i in range(0, len(ids), size):
         if state.stopped_early:
             break
         text += state.feed(StreamTokens("r", tuple(ids[i: i + size]))).content
-    text += state.finish("stop").content
-    assert state.token_ids == tok.encode("Hi") + [lead, end] and text == "Hi\ufffd"
-
-
-def _feed_all(state, ids):
-    text = ""
-    for t in ids:
-        if state.stopped_early:
-            break
-        text += state.feed(StreamTokens("r", (t,))).content
-    return text + state.finish("stop").content
+    return text + state.finish(finish).content
 
 
 def test_include_stop_str_in_output_shows_the_stop_tokens_text(demo_tokenizer):
