@@ -37,12 +37,17 @@ Shortfall. On its first admission a request records why it resumed less than
 it shares with a recent prompt (``engine.reuse.shortfall``), for the done line
 and ``ignis:reuse_shortfall_total``; nothing is decided by it.
 
-Resumed evictions. An evicted sequence at the head of its queue posts the
+Resumed evictions. An evicted sequence at the head of the queues posts the
 restores of its copies into reserved pages and the staging slot (one at a
 time: the slot has one user) and waits there; in the round after they land
 (and pass the finite check) it takes a lane, its table shares the restored
 pages, and it decodes on where it stopped. It recomputes when its lower
-copy is gone or not finite. Nothing behind it is admitted meanwhile.
+copy is gone or not finite. Nothing behind it is admitted meanwhile. When a
+request of a higher class arrives meanwhile and waits, the reservation is
+not left idle behind it: for a head short of pages the resume is withdrawn
+(its room goes back, its copies stay below, it posts them again when it
+leads the queues), otherwise it takes a free lane once its copies have
+landed, as it would have at the head.
 
 Rejected restores. A restore whose bytes are not finite is never used (the
 store falls back to a device match or none; an evicted sequence recomputes);
@@ -63,7 +68,6 @@ from ignis.engine.scheduler_state import SchedulerState
 def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> None:
     """Admit waiting requests in order while lanes are free and ``budget`` prefill tokens last. ``now``
     (monotonic seconds) times the waits for lower-tier matches."""
-    page_tokens = sched.config.page_tokens
     while budget > 0 and sched.lanes.any_free:
         queue = next((q for q in sched.waiting.values() if q), None)
         if queue is None:
@@ -71,62 +75,96 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> No
         req = queue[0]
         if req.evicted is not None:
             if not _resume_evicted(sched, plan, req):
+                if req.req_id not in sched.evictor.resuming:  # it waits for room or the staging slot
+                    _resume_behind(sched, plan, req, short=True)
                 return  # its copies are on their way back (or wait for room): nothing overtakes it
-            if req.state is RequestState.PREFILLING:
-                budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
-                                    sched.config.capture_inside_chunks, sched.config.scored_row_cost)
+            budget -= _resumed_chunk(sched, plan, req, budget)
             continue
-        tokens = req.key_prefix(req.num_tokens)  # images as their digests (engine.reuse.image_keys)
-        # a request scoring its prompt computes every prompt row: it resumes from nothing and waits for no one
-        scores = req.sampling.prompt_logprobs is not None
-        hit = None if scores else sched.store.lookup(tokens)
-        if not scores:
-            req.restore_rejected += sched.store.claim_rejections(tokens)
-        matched = hit.num_tokens if hit else 0
-        if not scores:
-            ahead = capture_ahead(tokens, matched, sched.lanes.holders(),
-                                  lambda other, point: capture_kind(other, point, sched.store, page_tokens))
-            pending = sched.store.pending_prefix(tokens)
-            if not ahead and pending > matched and sched.store.pending_below(tokens) >= pending:
-                # its match is being looked up or copied back from a lower tier: it waits, within a bound
-                if req.tier_wait_since is None:
-                    req.tier_wait_since = now
-                if now - req.tier_wait_since < sched.config.tier_wait_limit_s:
-                    return
-                sched.store.give_up_below(tokens, now - req.tier_wait_since)  # slow or frozen: compute it
-            elif ahead or pending > matched:
-                return  # a request ahead is about to retain this prefix: resume from it once it is filled
-        end_tier_wait(req, now)
-        shared = hit.num_tokens // page_tokens if hit else 0
-        needed = sched.pool.pages_for(req.num_tokens + 1) - shared
-        if needed > sched.pool.num_free:
-            sched.store.reclaim_pages(needed)
-        if needed > sched.pool.num_free:
-            short = sched.pool.num_free + sched.store.pages_coming < needed
-            req.pages_wanted = needed if short else 0  # engine.preemption.preempt_for_head reads it
-            if short:
-                maybe_evict(sched, req)
-            return  # head of line waits (for pages, or for pages on their way back); nothing overtakes it
-        req.pages_wanted = 0
-        queue.popleft()
-        sched.lanes.take(req)
-        req.num_computed_tokens = 0
-        if hit is not None:
-            sched.store.resumed(hit)
-            plan.copies_before.extend(req.page_table.fork_from(hit.pages, hit.num_tokens))
-            req.num_computed_tokens = hit.num_tokens
-            if req.num_preemptions == 0:
-                req.cached_tokens = hit.num_tokens
-                req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
-        if req.num_preemptions == 0 and sched.learned is not None and not scores:
-            req.shortfall = shortfall_reason(tokens, matched, req.shared_tokens, req.earlier_cuts,
-                                             sched.store.fates, page_tokens, tuple(req.must_cut_at))
-        req.page_table.ensure_capacity(req.num_tokens + 1)
-        req.state = RequestState.PREFILLING
-        plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
-                                      restore_slot=hit.slot if hit else None, adapter=req.adapter_slot))
-        budget -= add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
-                            sched.config.capture_inside_chunks, sched.config.scored_row_cost)
+        spent = _admit_head(sched, plan, queue, req, budget, now)
+        if spent is None:
+            _resume_behind(sched, plan, req, short=req.pages_wanted > 0)
+            return
+        budget -= spent
+
+
+def _admit_head(sched: SchedulerState, plan: RoundPlan, queue, req: Request, budget: int, now: float) -> int | None:
+    """Admit ``req``, the head of ``queue``: the prefill tokens it takes this round (None: it waits)."""
+    page_tokens = sched.config.page_tokens
+    tokens = req.key_prefix(req.num_tokens)  # images as their digests (engine.reuse.image_keys)
+    # a request scoring its prompt computes every prompt row: it resumes from nothing and waits for no one
+    scores = req.sampling.prompt_logprobs is not None
+    hit = None if scores else sched.store.lookup(tokens)
+    if not scores:
+        req.restore_rejected += sched.store.claim_rejections(tokens)
+    matched = hit.num_tokens if hit else 0
+    if not scores:
+        ahead = capture_ahead(tokens, matched, sched.lanes.holders(),
+                              lambda other, point: capture_kind(other, point, sched.store, page_tokens))
+        pending = sched.store.pending_prefix(tokens)
+        if not ahead and pending > matched and sched.store.pending_below(tokens) >= pending:
+            # its match is being looked up or copied back from a lower tier: it waits, within a bound
+            if req.tier_wait_since is None:
+                req.tier_wait_since = now
+            if now - req.tier_wait_since < sched.config.tier_wait_limit_s:
+                return None
+            sched.store.give_up_below(tokens, now - req.tier_wait_since)  # slow or frozen: compute it
+        elif ahead or pending > matched:
+            return None  # a request ahead is about to retain this prefix: resume from it once it is filled
+    end_tier_wait(req, now)
+    shared = hit.num_tokens // page_tokens if hit else 0
+    needed = sched.pool.pages_for(req.num_tokens + 1) - shared
+    if needed > sched.pool.num_free:
+        sched.store.reclaim_pages(needed)
+    if needed > sched.pool.num_free:
+        short = sched.pool.num_free + sched.store.pages_coming < needed
+        req.pages_wanted = needed if short else 0  # engine.preemption.preempt_for_head reads it
+        if short:
+            maybe_evict(sched, req)
+        return None  # head of line waits (for pages, or for pages on their way back); nothing overtakes it
+    req.pages_wanted = 0
+    queue.popleft()
+    sched.lanes.take(req)
+    req.num_computed_tokens = 0
+    if hit is not None:
+        sched.store.resumed(hit)
+        plan.copies_before.extend(req.page_table.fork_from(hit.pages, hit.num_tokens))
+        req.num_computed_tokens = hit.num_tokens
+        if req.num_preemptions == 0:
+            req.cached_tokens = hit.num_tokens
+            req.reuse_kind, req.reuse_slot, req.reuse_tier = hit.kind, hit.slot_tier, hit.tier
+    if req.num_preemptions == 0 and sched.learned is not None and not scores:
+        req.shortfall = shortfall_reason(tokens, matched, req.shared_tokens, req.earlier_cuts,
+                                         sched.store.fates, page_tokens, tuple(req.must_cut_at))
+    req.page_table.ensure_capacity(req.num_tokens + 1)
+    req.state = RequestState.PREFILLING
+    plan.started.append(LaneStart(req.req_id, req.lane, req.sampling, req.prompt_ids, tuple(req.output_ids),
+                                  restore_slot=hit.slot if hit else None, adapter=req.adapter_slot))
+    return add_chunk(plan, req, budget, sched.store, page_tokens, sched.waiting,
+                     sched.config.capture_inside_chunks, sched.config.scored_row_cost)
+
+
+def _resumed_chunk(sched: SchedulerState, plan: RoundPlan, req: Request, budget: int) -> int:
+    """A resumed sequence that recomputes (its copies were lost) prefills its first chunk: the tokens it takes."""
+    if req.state is not RequestState.PREFILLING:
+        return 0
+    return add_chunk(plan, req, budget, sched.store, sched.config.page_tokens, sched.waiting,
+                     sched.config.capture_inside_chunks, sched.config.scored_row_cost)
+
+
+def _resume_behind(sched: SchedulerState, plan: RoundPlan, head: Request, short: bool) -> None:
+    """``head`` waits. An evicted sequence leading a later queue whose copies are coming back into room it
+    reserved (it led the queues when it posted them) must not hold that room idle behind it: for a head
+    ``short`` of pages (or, evicted itself, of the staging slot) it gives the room back
+    (``Evictor.withdraw``: the copies below stay, it prepares again later); otherwise it takes a free lane
+    once its copies have landed, using nothing the head waits for."""
+    behind = next((q[0] for q in sched.waiting.values() if q and q[0] is not head
+                   and q[0].req_id in sched.evictor.resuming), None)
+    if behind is None:
+        return
+    if short:
+        sched.evictor.withdraw(behind.req_id)
+    else:
+        _resume_evicted(sched, plan, behind, may_recompute=False)  # a recompute would take pages: it waits
 
 
 def end_tier_wait(req: Request, now: float) -> None:
@@ -136,9 +174,10 @@ def end_tier_wait(req: Request, now: float) -> None:
         req.tier_wait_since = None
 
 
-def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> bool:
+def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request, may_recompute: bool = True) -> bool:
     """``req`` was evicted: once its copies are back (posted the first time it is the head, landed in a
-    later round), it takes a lane and decodes on; if they are gone or not finite, it recomputes.
+    later round), it takes a lane and decodes on; if they are gone or not finite, it recomputes (unless
+    ``may_recompute`` is False: it then waits to recompute when it leads the queues).
     False: not yet (it waits at the head of its queue)."""
     record = req.evicted
     pool = sched.pool
@@ -152,6 +191,8 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request) -> boo
     if status == "wait":
         return False
     if status == "failed":
+        if not may_recompute:
+            return False
         needed = pool.pages_for(req.num_tokens + 1)
         if needed > pool.num_free:
             sched.store.reclaim_pages(needed)

@@ -25,7 +25,15 @@ is recomputed. The staging slot has one user at a time. If a demote is refused (
 the eviction is abandoned and the sequence decodes on; if a restore misses,
 the sequence recomputes its tokens instead, as it does when the restored
 bytes are not finite (``TierPort.check_restored``). Either way, once a sequence is
-resumed, abandoned or ended, every copy it had below is dropped. After an
+resumed, abandoned or ended, every copy it had below is dropped.
+
+A resume can be withdrawn (``withdraw``): its reserved pages and the staging
+slot go back once its restores no longer touch them, its copies below stay,
+and it prepares again the next time it leads its queue. Admission withdraws
+it for a head of a higher class short of pages (the reservation is the room
+that head needs); an eviction whose image waits for the staging slot
+withdraws the resume holding it (the slot has one user, and that resume may
+wait for a lane the evicting sequence holds). After an
 abandoned eviction no other starts for a waiting request for a while
 (``may_start``: 50 ms, doubling with each abandon in a row up to 2 s, cleared
 by an eviction that lands), so a full tier is not asked again every round
@@ -99,9 +107,11 @@ class Evictor:
         self.staging_user: str | None = None
         self._staging_loaded = False  # the staged image was handed to a lane: free at the next round
         self._holds: list[PageHold] = []  # windows whose demote is in flight
+        self._ending: list[Resume] = []  # resumes ended or withdrawn whose restores still write their room
         self.evictions = 0
         self.resumes = 0
         self.abandoned = 0
+        self.withdrawn = 0
         self.restore_rejections = 0
         self._abandoned_seen = 0
         self.clock = clock
@@ -119,7 +129,7 @@ class Evictor:
     @property
     def copies_in_flight(self) -> int:
         return (sum(1 for r in self.evicting.values() if r.op is not None and r.op.pending)
-                + sum(1 for r in self.resuming.values() if r.pending) + len(self._holds))
+                + sum(1 for r in self.resuming.values() if r.pending) + len(self._holds) + len(self._ending))
 
     def round_start(self) -> None:
         """A new round: an image a lane loaded last round has left the staging slot."""
@@ -155,8 +165,10 @@ class Evictor:
                 rec.part = pages[rec.next_page:rec.next_page + self.window]
                 rec.op = self._post_window(req, len(rec.windows), rec.part)
             else:
+                if self.staging_user in self.resuming:
+                    self.withdraw(self.staging_user)  # its resume may wait for the lane this sequence frees
                 if self.staging_user not in (None, req.req_id):
-                    return "more"  # another image is in the staging slot
+                    return "more"  # another image is in the staging slot (or a withdrawn restore's, till it lands)
                 self.staging_user = req.req_id
                 rec.part = None
                 rec.op = as_op("demote", self.tiers.demote_image(req.req_id, req.lane, req.request_class))
@@ -250,15 +262,27 @@ class Evictor:
         self._staging_loaded = True
         return resume.owner
 
-    def _end_resume(self, req_id: str, record: Evicted) -> None:
+    def withdraw(self, req_id: str) -> None:
+        """``req_id``'s resume gives its reserved pages and the staging slot back (once its restores are done
+        with them); its copies below stay, and it prepares again later."""
+        if req_id in self.resuming:
+            self.withdrawn += 1
+            self._end_resume(req_id, None)
+
+    def _end_resume(self, req_id: str, record: Evicted | None) -> None:
+        """The resume of ``req_id`` ends: its reservation goes back once tierd is done with it; its copies
+        below are dropped unless ``record`` is None (withdrawn: they are read again later)."""
         resume = self.resuming.pop(req_id, None)
-        self.drop(req_id, record)
+        if record is not None:
+            self.drop(req_id, record)
         if resume is None:
             return
         left = [op for op in resume.ops if not op.memory_free]
+        self._ending.append(resume)
 
         def free(_op=None):
-            if all(op.memory_free for op in resume.ops):
+            if all(op.memory_free for op in resume.ops) and resume in self._ending:
+                self._ending.remove(resume)
                 resume.owner.release()
                 if self.staging_user == req_id:
                     self.staging_user = None

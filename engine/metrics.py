@@ -130,6 +130,9 @@ class EngineMetrics(ProcessMetrics):
         self.live_resumes = self.counter("live_resumes", "evicted sequences resumed from a lower tier")
         self.live_abandoned = self.counter("live_evictions_abandoned",
                                            "live evictions abandoned (a tier refused; the sequence decoded on)")
+        self.live_withdrawn = self.counter(
+            "live_resumes_withdrawn", "resumes of evicted sequences that gave their reserved pages and staging "
+            "slot back (to a waiting request of a higher class, or to an eviction); each resumes later")
         self.kv_events_dropped = self.counter("kv_events_dropped", "KV event batches dropped because the "
                                               "publisher's queue was full (--kv-events-endpoint)")
         self.spec_drafts = self.counter("spec_decode_num_drafts", "decode steps that verified drafted tokens")
@@ -183,6 +186,7 @@ class EngineMetrics(ProcessMetrics):
         for name, counter in {**self.store_counters, "live_evictions": self.live_evictions,
                               "live_resumes": self.live_resumes,
                               "live_evictions_abandoned": self.live_abandoned,
+                              "live_resumes_withdrawn": self.live_withdrawn,
                               "reuse_restore_rejected": self.restore_rejected.labels(self.model_name,
                                                                                      "non_finite")}.items():
             total = stats.get(f"{name}_total", 0)

@@ -156,6 +156,7 @@ class Scheduler:
             "live_evictions_total": self.evictor.evictions,
             "live_resumes_total": self.evictor.resumes,
             "live_evictions_abandoned_total": self.evictor.abandoned,
+            "live_resumes_withdrawn_total": self.evictor.withdrawn,
             "live_evicting": len(self.evictor.evicting),
         }
 

@@ -19,6 +19,7 @@ from ignis.engine.models.state import ModelState
 from ignis.engine.request import Request
 from ignis.engine.runner import ModelRunner
 from ignis.engine.scheduler import Scheduler, SchedulerConfig
+from ignis.engine.tier_ops import TierOp
 from ignis.engine.tier_port import NO_TIERS, NullTierPort
 from ignis.shared.sampling import SamplingParams
 
@@ -79,15 +80,62 @@ class FakeTier(NullTierPort):
         self.images.pop(req_id, None)
 
 
+class SlowRestores(FakeTier):
+    """Restores land at the next poll, as tierd's replies do (the others land at once); a drop posted
+    after a restore takes effect after it, as tierd reads its messages in order."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.due: list[tuple[TierOp, object]] = []
+
+    def restore_window(self, req_id, index, pages):
+        saved = self.pages[(req_id, index)]
+        return self._later(lambda: FakeTier.restore_window(self, req_id, index, pages), {(req_id, index): saved})
+
+    def restore_image(self, req_id):
+        return self._later(lambda: FakeTier.restore_image(self, req_id), None, {req_id: self.images[req_id]})
+
+    def _later(self, copy, pages=None, images=None) -> TierOp:
+        op = TierOp("restore")
+
+        def copy_posted():  # the bytes as they were when the restore was posted
+            kept_pages, kept_images = dict(self.pages), dict(self.images)
+            self.pages.update(pages or {})
+            self.images.update(images or {})
+            try:
+                copy()
+            finally:
+                self.pages, self.images = kept_pages, kept_images
+
+        self.due.append((op, copy_posted))
+        return op
+
+    hold = False  # True: nothing lands
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.due)
+
+    def poll(self, wait_s=0.0):
+        if self.hold:
+            return 0
+        due, self.due = self.due, []
+        for op, copy in due:
+            copy()
+            op.finish(True)
+        return len(due)
+
+
 class Harness:
-    def __init__(self, model, lanes=4, pages=64, evict=True, window=1, refuse_after=None, kv_format="bf16"):
+    def __init__(self, model, lanes=4, pages=64, evict=True, window=1, refuse_after=None, kv_format="bf16",
+                 tier=FakeTier):
         host_slots = 4
         self.state = ModelState.allocate(model.cfg, num_pages=pages, lanes=lanes, dtype=torch.float32,
                                          fill=float("nan"), kv_format=kv_format,
                                          exact_window=64 if kv_format == "hq-e8-2b" else 0)
         self.state.allocate_slots(0, host_slots + 1)
         staging = host_slots  # the last host slot stages images
-        self.tier = FakeTier(self.state, staging, refuse_after) if evict else None
+        self.tier = tier(self.state, staging, refuse_after) if evict else None
         self.sched = Scheduler(SchedulerConfig(decode_lanes=lanes, num_pages=pages, max_model_len=pages * 64,
                                                capture_inside_chunks=kv_format == "bf16"),
                                host_slots=host_slots, tiers=self.tier or NO_TIERS, evict_window_pages=window,
@@ -347,4 +395,112 @@ def test_no_lane_is_freed_for_a_request_waiting_for_its_lower_tier_match(model):
     h.run()
     assert len(h.tokens["user"]) == 3 and h.tokens["agent0"] == undisturbed(model, 0)
     assert h.sched.stats()["num_preemptions_total"] == 1
+    h.sched.pool.integrity_check()
+
+
+def _undisturbed_alone(model, rid, prompt_ids, max_tokens):
+    h = Harness(model, evict=False)
+    h.submit(rid, prompt_ids, "agent", max_tokens=max_tokens)
+    h.run()
+    return h.tokens[rid]
+
+
+def _agent_resuming(model, hold=False):
+    """agent0 (5 of 8 pages) moved down for user1 (7 pages), user1 done, and agent0's restores posted
+    into the pages it reserved (``hold``: they do not land until the test lets them)."""
+    h = Harness(model, lanes=4, pages=8, window=1, tier=SlowRestores)
+    h.tier.hold = hold
+    h.submit("agent0", prompt(300, 0), "agent", max_tokens=40)
+    for _ in range(5):
+        h.step()
+    h.submit("user1", prompt(400, 9), "interactive", max_tokens=3)
+    for _ in range(200):
+        h.step()
+        if "agent0" in h.sched.evictor.resuming:
+            break
+    assert "user1" in h.finished and "agent0" in h.sched.evictor.resuming
+    return h
+
+
+def test_a_resume_gives_its_room_to_a_higher_class_request_short_of_pages(model):
+    """The agent's copies are on their way back into pages it reserved when an interactive request needing
+    those pages arrives: the resume is withdrawn (it used to hold them while nothing ran, for ever), the
+    interactive request is served, and the agent resumes later from the same copies, bit-exact."""
+    h = _agent_resuming(model)
+    h.submit("user2", prompt(400, 10), "interactive", max_tokens=3)
+    h.run(limit=300)
+    stats = h.sched.stats()
+    assert stats["live_resumes_withdrawn_total"] == 1
+    assert stats["live_evictions_total"] == stats["live_resumes_total"] >= 1
+    assert stats["num_preemptions_total"] == 0 and h.finished["agent0"].recomputed == 0
+    assert len(h.tokens["user1"]) == 3 and len(h.tokens["user2"]) == 3
+    assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
+    assert not h.tier.pages and not h.tier.images  # dropped once it resumed
+    h.sched.store.release_all()
+    assert h.sched.pool.num_free == h.sched.pool.num_pages
+    h.sched.pool.integrity_check()
+
+
+def test_an_eviction_takes_the_staging_slot_from_a_resume_waiting_for_a_lane(model):
+    """Two lanes: agent1 resumes into the staging slot but the last lane goes to an interactive request; a
+    second one evicts agent0, whose image needs the slot. The waiting resume is withdrawn (agent0 would
+    otherwise hold its lane, not decoding, until agent1 got one), and both agents end bit-exact."""
+    h = Harness(model, lanes=2, pages=64, window=1, tier=SlowRestores)
+    h.submit("agent0", prompt(150, 0), "agent", max_tokens=30)
+    h.submit("agent1", prompt(160, 1), "agent", max_tokens=30)
+    for _ in range(6):
+        h.step()
+    h.submit("user1", prompt(40, 9), "interactive", max_tokens=3)  # no lane: agent1 moves down
+    for _ in range(200):
+        h.step()
+        if "agent1" in h.sched.evictor.resuming:
+            break
+    assert "user1" in h.finished and h.sched.evictor.staging_user == "agent1"
+    h.submit("user2", prompt(40, 10), "interactive", max_tokens=20)  # takes the free lane
+    h.submit("user3", prompt(40, 11), "interactive", max_tokens=3)  # finds none: agent0 moves down
+    h.run(limit=500)
+    stats = h.sched.stats()
+    assert stats["live_resumes_withdrawn_total"] >= 1
+    assert stats["live_evictions_total"] == stats["live_resumes_total"] >= 2
+    assert stats["num_preemptions_total"] == 0
+    assert [len(h.tokens[u]) for u in ("user1", "user2", "user3")] == [3, 20, 3]
+    assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(150, 0), 30)
+    assert h.tokens["agent1"] == _undisturbed_alone(model, "agent1", prompt(160, 1), 30)
+    assert not h.tier.pages and not h.tier.images
+    h.sched.store.release_all()
+    assert h.sched.pool.num_free == h.sched.pool.num_pages
+    h.sched.pool.integrity_check()
+
+
+def test_a_request_aborted_while_its_withdrawn_restores_land_leaves_nothing_held(model):
+    h = _agent_resuming(model, hold=True)
+    h.submit("user2", prompt(400, 10), "interactive", max_tokens=3)
+    h.step()  # user2 is short of the pages agent0 reserved: the resume is withdrawn, its restores in flight
+    assert h.sched.stats()["live_resumes_withdrawn_total"] == 1 and "agent0" not in h.sched.evictor.resuming
+    assert h.tier.due and h.sched.copies_in_flight and h.sched.pool.num_free < 7  # the room waits for them
+    assert h.sched.abort("agent0").reason == "abort"  # waiting: it ends now
+    h.tier.hold = False
+    h.run(limit=300)
+    assert len(h.tokens["user2"]) == 3
+    assert not h.tier.pages and not h.tier.images and h.sched.evictor.staging_user is None
+    h.sched.store.release_all()
+    assert h.sched.pool.num_free == h.sched.pool.num_pages
+    h.sched.pool.integrity_check()
+
+
+def test_an_evicted_head_short_of_pages_takes_them_from_a_resume_behind_it(model):
+    """An evicted interactive request whose copies were lost must recompute and needs pages an agent's
+    resume reserved behind it: the resume is withdrawn (it used to keep them while nothing ran)."""
+    from ignis.engine.eviction import Evicted
+
+    h = _agent_resuming(model, hold=True)
+    h.submit("user2", prompt(400, 10), "interactive", max_tokens=3)
+    h.sched.waiting["interactive"][0].evicted = Evicted(computed=0, lost=True)  # its copies below are gone
+    h.tier.hold = False
+    h.run(limit=300)
+    assert h.sched.stats()["live_resumes_withdrawn_total"] == 1
+    assert h.tokens["user2"] == _undisturbed_alone(model, "user2", prompt(400, 10), 3)
+    assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
+    h.sched.store.release_all()
+    assert h.sched.pool.num_free == h.sched.pool.num_pages
     h.sched.pool.integrity_check()
