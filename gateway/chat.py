@@ -158,9 +158,12 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     if call_tools and p.grammar is not None and (forced is not None or choice.allowed is not None):
         raise invalid("response_format cannot be combined with a required, named or allowed_tools tool_choice: "
                       "the calls' arguments follow the tools' parameters schemas", "response_format")
-    continuing = _continues(f)
+    continuing, opener = _continues(f)
     if continuing and forced is not None:
         raise f.error("continue_final_message", "cannot be combined with a required or named tool_choice")
+    if not opener and not continuing and forced is not None:
+        raise f.error("add_generation_prompt", "false cannot be combined with a required or named tool_choice: "
+                      "the call opens the assistant turn the generation prompt starts")
     # false: the first call is the answer; the choice ends when a second one begins
     max_calls = None if f.bool("parallel_tool_calls", True) else 1
     kwargs = template_kwargs(f)
@@ -168,8 +171,8 @@ async def answer_chat(req: GenerationRequest, endpoint: str, rid: str,
     with rendering_errors():
         # Rendering and tokenizing a long history takes a while: off the event loop, so streams keep flowing.
         prompt = await work.run(build_chat_prompt, gw.template, gw.tokenizer, messages, render_tools, kwargs,
-                                continuing)
-        if req.fit_context and not continuing:
+                                continuing, opener)
+        if req.fit_context and opener:
             max_len = await gw.max_model_len()
             budget = max_len - (p.max_tokens or answer_room(max_len))
             if len(prompt.ids) > budget:
@@ -246,16 +249,15 @@ def _fitted(gw, messages: list[dict], tools, kwargs: dict, budget: int, prompt):
     return kept, rendered[len(kept)]
 
 
-def _continues(f: Fields) -> bool:
-    """vLLM's ``continue_final_message`` (the model writes on from the last assistant message) and
-    ``add_generation_prompt`` (default: not when continuing; false alone renders nothing to answer in)."""
+def _continues(f: Fields) -> tuple[bool, bool]:
+    """(continuing, opener): vLLM's ``continue_final_message`` (the model writes on from the last assistant
+    message) and ``add_generation_prompt`` (default: not when continuing; false alone: the conversation
+    with no generation prompt, the model writing on after its last turn)."""
     continuing = f.bool("continue_final_message")
     opener = f.bool("add_generation_prompt", not continuing)
     if continuing and opener:
         raise f.error("add_generation_prompt", "cannot be true with continue_final_message")
-    if not continuing and not opener:
-        raise f.error("add_generation_prompt", "false is only supported with continue_final_message: true")
-    return continuing
+    return continuing, opener
 
 
 class ChatResponse(EndpointResponse):

@@ -15,6 +15,11 @@ continues.
 (``gateway.continuation``); the marks are those of the conversation before
 it with its generation prompt, kept where this prompt starts with the same
 tokens (else named missing, ``not_a_prefix``).
+
+``opener=False`` (vLLM's ``add_generation_prompt: false`` alone): the
+conversation as the template renders it with no generation prompt, the model
+writing on after its last turn. Its ``system_end`` is the full prompt's, kept
+as above; it has no opener, so no ``opener_start`` (not a missing mark).
 """
 
 from __future__ import annotations
@@ -67,10 +72,12 @@ def _opens_think(opener: str) -> bool:
 
 
 def build_chat_prompt(template: ChatTemplate, tok: TextTokenizer, messages: list[dict], tools: list[dict] | None,
-                      extra: dict | None = None, continue_final: bool = False) -> ChatPrompt:
+                      extra: dict | None = None, continue_final: bool = False, opener: bool = True) -> ChatPrompt:
     """Raises ``TemplateRenderError`` when the template refuses the conversation."""
     if continue_final:
         return _continued(template, tok, messages, tools, extra)
+    if not opener:
+        return _bare(template, tok, messages, tools, extra)
     text = template.render(messages, tools, add_generation_prompt=True, extra=extra)
     ids = tok.encode(text)
     marks = mark_finder(template, tok).find(text, ids, messages, tools, extra)
@@ -98,3 +105,15 @@ def _continued(template: ChatTemplate, tok: TextTokenizer, messages: list[dict],
                   _kept(head.opener_start, "opener_start", ids, head.ids, missing), "", tuple(missing))
     return ChatPrompt(text=text, ids=ids, marks=marks, last_is_user=head.last_is_user,
                       starts_in_reasoning=_opens_think(text))
+
+
+def _bare(template: ChatTemplate, tok: TextTokenizer, messages: list[dict], tools: list[dict] | None,
+          extra: dict | None) -> ChatPrompt:
+    text = template.render(messages, tools, add_generation_prompt=False, extra=extra)
+    ids = tok.encode(text)
+    full = build_chat_prompt(template, tok, messages, tools, extra)
+    missing = list(full.marks.missing)
+    system_end = _kept(full.system_end, "system_end", ids, full.ids, missing)
+    missing = [m for m in missing if m[0] != "opener_start"]  # none asked for, none missing
+    return ChatPrompt(text=text, ids=ids, marks=Marks(system_end, None, "", tuple(missing)),
+                      last_is_user=full.last_is_user, starts_in_reasoning=False)

@@ -82,11 +82,29 @@ def test_an_anthropic_prefill_is_continued(gw):
     assert status == 200 and counted["input_tokens"] == len(gw.engine.generates[-1].prompt_ids)
 
 
+def test_add_generation_prompt_false_alone_sends_the_conversation_without_an_opener(gw):
+    """vLLM's add_generation_prompt: false without continue_final_message: the template's rendering with no
+    generation prompt, its retained-prefix mark kept, no opener mark (and none named missing)."""
+    status, _ = chat(gw, ASK, "Yes.")
+    plain = gw.engine.generates[-1]
+    status, body = chat(gw, ASK, "<|im_start|>assistant\nNo.", add_generation_prompt=False)
+    assert status == 200, body
+    bare = gw.engine.generates[-1]
+    assert gw.last_prompt().endswith("Yes or no, then why.<|im_end|>\n")
+    assert list(bare.prompt_ids) == list(plain.prompt_ids[:plain.opener_start])
+    assert bare.system_end == plain.system_end is not None
+    assert bare.opener_start is None and bare.mark_missing is None
+    status, counted = post(gw, "/tokenize", {"model": gw.model, "messages": ASK, "add_generation_prompt": False})
+    assert status == 200 and counted["tokens"] == list(bare.prompt_ids)
+
+
 @pytest.mark.parametrize("messages, fields, param", [
     (ASK, {"continue_final_message": True}, "continue_final_message"),
     (ASK + [{"role": "assistant", "content": "Yes"}], {"continue_final_message": True, "add_generation_prompt": True},
      "add_generation_prompt"),
-    (ASK, {"add_generation_prompt": False}, "add_generation_prompt"),
+    (ASK, {"add_generation_prompt": False, "tool_choice": "required",
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+     "add_generation_prompt"),
     (ASK + [{"role": "assistant", "content": "  "}], {"continue_final_message": True}, "messages[2].content"),
     (ASK + [{"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
