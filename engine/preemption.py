@@ -125,6 +125,7 @@ def evict_windows(sched: SchedulerState, plan: RoundPlan) -> None:
             sched.lanes.release(req)
             req.state = RequestState.WAITING
             req.evicted = record
+            req.live_evictions += 1
             sched.waiting[req.request_class].appendleft(req)
             plan.preempted.append(Preempted(req.req_id, lane))
 

@@ -96,6 +96,7 @@ class Request:
     lane: int | None = field(default=None, init=False)
     page_table: SequencePages | None = field(default=None, init=False, repr=False)  # while it holds a lane
     num_preemptions: int = field(default=0, init=False)  # preempted to recompute (no lower tier took it)
+    live_evictions: int = field(default=0, init=False)  # evicted down a tier (its lane and pages given up)
     live_resumes: int = field(default=0, init=False)  # evicted down a tier and resumed where it stopped
     pages_wanted: int = field(default=0, init=False)  # at the head of its queue: free pages it found too few
     pending_end: tuple[str, str] | None = field(default=None, init=False)  # (reason, message) of an abort

@@ -116,6 +116,7 @@ class FinishEvent:
     shortfall: str = "none"  # why it reused less than it shares with an earlier prompt (engine.reuse.shortfall)
     restore_rejected: int = 0  # restores refused for non-finite bytes (it recomputed instead)
     tier_wait_s: float = 0.0  # how long it waited for its lower-tier match to be looked up and copied back
+    live_evictions: int = 0  # times it was evicted down a tier (whether or not it resumed)
     live_resumes: int = 0  # times it was evicted down a tier and resumed bit-exact where it stopped
     recomputed: int = 0  # times it gave up its lane and computed its tokens again (preempted, or its copies lost)
 

@@ -350,7 +350,8 @@ class Scheduler:
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
                            reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
                            shortfall=req.shortfall, restore_rejected=req.restore_rejected, tier_wait_s=req.tier_wait_s,
-                           live_resumes=req.live_resumes, recomputed=req.num_preemptions)
+                           live_evictions=req.live_evictions, live_resumes=req.live_resumes,
+                           recomputed=req.num_preemptions)
 
     def _check_result(self, plan: RoundPlan, result: RoundResult) -> None:
         if not isinstance(result, RoundResult):

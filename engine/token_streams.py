@@ -215,8 +215,9 @@ class TokenStreams:
                             "accept_rate_per_pos": [round(a / d, 3) for a, d in zip(t.accepted_at, t.drafted_at)]}
         elif t.undrafted is not None:  # a drafter is in use and this request never drafts: why
             done["spec"] = {"off": t.undrafted}
-        if ev.live_resumes or ev.recomputed:  # it gave up its lane while running (docs/operations.md)
-            done["preempted"] = {"resumed_live": ev.live_resumes, "recomputed": ev.recomputed}
+        if ev.live_evictions or ev.recomputed:  # it gave up its lane while running (docs/operations.md)
+            done["preempted"] = {"evicted_live": ev.live_evictions, "resumed_live": ev.live_resumes,
+                                 "recomputed": ev.recomputed}
         if ev.tier_wait_s:  # it waited at the head of its queue for its match to come back from a lower tier
             done["tier_wait_ms"] = round(ev.tier_wait_s * 1000, 3)
         if ev.restore_rejected:  # ignis:reuse_restore_rejected_total{reason="non_finite"} counts them too

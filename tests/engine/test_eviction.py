@@ -208,6 +208,7 @@ def test_agents_evicted_window_by_window_resume_bit_exact(model, kv_format):
     assert h.tier.windows >= 2 * 3  # three pages each, one window per round
     # each finish says how often its request was evicted and resumed (the done line's "preempted")
     assert sum(ev.live_resumes for ev in h.finished.values()) == stats["live_resumes_total"]
+    assert sum(ev.live_evictions for ev in h.finished.values()) == stats["live_evictions_total"]
     assert all(ev.recomputed == 0 for ev in h.finished.values())
     for i in range(4):
         assert h.tokens[f"agent{i}"] == undisturbed(model, i, kv_format), i
@@ -478,7 +479,8 @@ def test_a_request_aborted_while_its_withdrawn_restores_land_leaves_nothing_held
     h.step()  # user2 is short of the pages agent0 reserved: the resume is withdrawn, its restores in flight
     assert h.sched.stats()["live_resumes_withdrawn_total"] == 1 and "agent0" not in h.sched.evictor.resuming
     assert h.tier.due and h.sched.copies_in_flight and h.sched.pool.num_free < 7  # the room waits for them
-    assert h.sched.abort("agent0").reason == "abort"  # waiting: it ends now
+    ended = h.sched.abort("agent0")  # waiting: it ends now, its done line saying it was evicted
+    assert (ended.reason, ended.live_evictions, ended.live_resumes, ended.recomputed) == ("abort", 1, 0, 0)
     h.tier.hold = False
     h.run(limit=300)
     assert len(h.tokens["user2"]) == 3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 import time
 
@@ -202,6 +204,25 @@ def test_the_gateways_notes_and_a_tier_wait_are_in_the_done_line_and_the_wait_is
     value = metrics.registry.get_sample_value
     assert value("ignis:reuse_tier_wait_seconds_count", {"model_name": "m"}) == 1
     assert value("ignis:reuse_tier_wait_seconds_sum", {"model_name": "m"}) == 0.25
+
+
+def test_a_request_that_ended_while_evicted_says_so_in_its_done_line(caplog):
+    from ignis.engine.schedule import FinishEvent
+    from ignis.shared.sampling import SamplingParams
+    from ignis.shared.wire import Generate
+
+    streams = TokenStreams(Channel(), EngineMetrics("m"))
+    for rid in "abc":
+        streams.track(b"gw", Generate(rid, (1, 2, 3), SamplingParams()))
+    with caplog.at_level("INFO", logger="ignis.engine"):
+        streams.finish(FinishEvent("a", "abort", 3, 1, live_evictions=1), "m")  # its client left while evicted
+        streams.finish(FinishEvent("b", "length", 3, 1, live_evictions=2, live_resumes=2, recomputed=1), "m")
+        streams.finish(FinishEvent("c", "length", 3, 1), "m")
+    lines = [json.loads(r.getMessage()[r.getMessage().index("{"):]) for r in caplog.records
+             if '"event":"done"' in r.getMessage()]
+    assert [line.get("preempted") for line in lines] == [
+        {"evicted_live": 1, "resumed_live": 0, "recomputed": 0},
+        {"evicted_live": 2, "resumed_live": 2, "recomputed": 1}, None]
 
 
 def test_a_request_that_never_drafts_is_noted_once_and_counted(caplog):

@@ -160,4 +160,5 @@ def test_with_reuse_off_live_agents_are_evicted_to_tierd_and_resume_exactly(tmp_
             if '"event":"done"' in line]
     resumed = [d["preempted"] for d in done if "preempted" in d]
     assert sum(p["resumed_live"] for p in resumed) == sample(engine, "ignis:live_resumes_total") >= 1
+    assert sum(p["evicted_live"] for p in resumed) == sample(engine, "ignis:live_evictions_total")
     assert all(p["recomputed"] == 0 for p in resumed)
