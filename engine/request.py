@@ -99,7 +99,7 @@ class Request:
     live_evictions: int = field(default=0, init=False)  # evicted down a tier (its lane and pages given up)
     live_resumes: int = field(default=0, init=False)  # evicted down a tier and resumed where it stopped
     pages_wanted: int = field(default=0, init=False)  # at the head of its queue: free pages it found too few
-    pending_end: tuple[str, str] | None = field(default=None, init=False)  # (reason, message) of an abort
+    pending_end: tuple[str, ...] | None = field(default=None, init=False)  # (reason, message[, error code])
     finish_reason: str | None = field(default=None, init=False)
     cached_tokens: int = field(default=0, init=False)  # prompt tokens resumed from a retained entry
     reuse_kind: str = field(default="none", init=False)

@@ -21,9 +21,10 @@ log = logging.getLogger("ignis.engine")
 
 
 def sample_isolated(rows: torch.Tensor, ids: list[str], states: list[SamplerState | None],
-                    want_logprobs: list[int | None], workspace: SamplerWorkspace
+                    want_logprobs: list[int | None], workspace: SamplerWorkspace, invalid: set[str] | None = None
                     ) -> tuple[list[int], list[TokenLogprobs | None], dict[str, str]]:
-    """Tokens and logprobs for ``rows`` [B, V] (fp32, CPU), and {request id: error} for the rows that failed."""
+    """Tokens and logprobs for ``rows`` [B, V] (fp32, CPU), and {request id: error} for the rows that failed;
+    those whose own constraints left no token are added to ``invalid`` (the client's error)."""
     failed: dict[int, Exception] = {}
     have = [i for i, st in enumerate(states) if st is not None]
     if len(have) == len(states):
@@ -45,4 +46,6 @@ def sample_isolated(rows: torch.Tensor, ids: list[str], states: list[SamplerStat
         log.error("request %s: sampling its token failed; it ends with an error", ids[i],
                   exc_info=None if isinstance(exc, NoTokenLeft) else exc)
         errors[ids[i]] = str(exc) if isinstance(exc, NoTokenLeft) else f"engine error while sampling its token: {exc}"
+        if isinstance(exc, NoTokenLeft) and invalid is not None:
+            invalid.add(ids[i])
     return tokens, lps, errors

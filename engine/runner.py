@@ -301,17 +301,19 @@ class ModelRunner:
             tokens = picked.argmax(-1).tolist()  # the first largest entry, as the host sampler picks it
             for st, token in zip(states, tokens):
                 st.record(token)
-            lps, errors = [None] * len(ids), {}
+            lps, errors, invalid = [None] * len(ids), {}, set()
             self.last_logits = dict(zip(ids, picked))
         else:
             picked = picked.cpu()
             self.last_logits = dict(zip(ids, picked))  # for tests and diagnostics; the sampler never writes them
-            tokens, lps, errors = sample_isolated(picked, ids, states, wants, self.workspace)
+            invalid: set[str] = set()
+            tokens, lps, errors = sample_isolated(picked, ids, states, wants, self.workspace, invalid)
         if masks is not None:
             # a failed row's placeholder too: that request ends now; a matcher that fails ends its request
             for row, error in self.grammars.advance(masks, tokens).items():
                 errors.setdefault(ids[row], error)
-        result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors, prompt_logprobs=prompt_logprobs)
+        result = RoundResult(tokens=dict(zip(ids, tokens)), errors=errors, invalid=invalid,
+                             prompt_logprobs=prompt_logprobs)
         if spec is not None:
             result.extra = spec_round.finish(self.spec, plan, spec, result.tokens, errors, self.samplers,
                                              self._held_targets, self._held_sampled)

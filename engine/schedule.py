@@ -109,6 +109,7 @@ class FinishEvent:
     prompt_tokens: int
     completion_tokens: int
     message: str = ""
+    error_code: str = ""  # with reason "error": "invalid_request" when the request's own constraints failed it
     cached_tokens: int = 0
     reuse_kind: str = "none"  # "none" or one of engine.reuse.entries.KINDS
     reuse_tier: str = "none"  # "none" | "device"
@@ -178,3 +179,6 @@ class RoundResult:
     errors: dict[str, str] = field(default_factory=dict)
     """Requests whose step failed this round (e.g. sampling): each ends with "error" and this message;
     its entry in ``tokens`` is a placeholder that is never used."""
+    invalid: set[str] = field(default_factory=set)
+    """Of ``errors``, the requests that failed by their own constraints (no token left to sample): their
+    error is the client's (``shared.wire.Finished.error_code``)."""

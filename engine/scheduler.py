@@ -292,7 +292,7 @@ class Scheduler:
         for req_id, message in result.errors.items():  # ends at the next round boundary; its token is dropped
             req = self._requests.get(req_id)
             if req is not None and req.pending_end is None:
-                req.pending_end = ("error", message)
+                req.pending_end = ("error", message, "invalid_request" if req_id in result.invalid else "")
         ended = []
         # (request, tokens computed after this round), in plan order: decodes, then chunks. A speculative
         # decode's lane state covers its accepted drafts too (engine.spec_decode rolls back the rest).
@@ -331,7 +331,7 @@ class Scheduler:
             return "length"
         return None
 
-    def _finish(self, req: Request, reason: str, message: str = "") -> FinishEvent:
+    def _finish(self, req: Request, reason: str, message: str = "", error_code: str = "") -> FinishEvent:
         if reason in ("abort", "error"):  # the captures it had not reached will not be (engine.reuse.shortfall)
             for point in req.must_cut_at:
                 if point > req.num_computed_tokens:
@@ -346,7 +346,7 @@ class Scheduler:
         req.state = RequestState.FINISHED
         req.finish_reason = reason
         del self._requests[req.req_id]
-        return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message,
+        return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message, error_code,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
                            reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
                            shortfall=req.shortfall, restore_rejected=req.restore_rejected, tier_wait_s=req.tier_wait_s,

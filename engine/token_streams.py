@@ -196,8 +196,8 @@ class TokenStreams:
             self.metrics.prefill_time.observe(first - t.admitted)
             self.metrics.decode_time.observe(last - first)
             self.metrics.inference_time.observe(last - t.admitted)
-        self.channel.send(Finished(ev.req_id, ev.reason, usage, reuse=reuse, timings=timings, message=ev.message),
-                          t.peer)
+        self.channel.send(Finished(ev.req_id, ev.reason, usage, reuse=reuse, timings=timings, message=ev.message,
+                                   error_code=ev.error_code), t.peer)
         decode_s = (t.last_token - first) if first is not None and t.last_token is not None else 0.0
         done = {
             "event": "done", "id": ev.req_id, "class": t.request_class, "prompt_tokens": t.prompt_tokens,

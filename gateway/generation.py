@@ -45,7 +45,8 @@ class ClientGone(Exception):
 
 
 class EngineFailed(Exception):
-    """The engine ended a stream with an error (500), or aborted it on its own, e.g. shutting down (503)."""
+    """The engine ended a stream with an error (500; 400 when the request's own constraints failed it), or
+    aborted it on its own, e.g. shutting down (503)."""
 
     def __init__(self, message: str, status: int = 500):
         super().__init__(message)
@@ -289,7 +290,8 @@ class Generation:
 
     def _finish(self, choice: ChoiceState, fin: Finished) -> ChoiceDelta:
         if fin.finish_reason == "error":
-            raise EngineFailed(fin.message or "the engine failed on this request")
+            raise EngineFailed(fin.message or "the engine failed on this request",
+                               status=400 if fin.error_code == "invalid_request" else 500)
         if fin.finish_reason == "abort" and not choice.stopped_early:
             raise EngineFailed(fin.message or "the engine ended the request", status=503)
         delta = choice.finish(fin.finish_reason)
@@ -338,5 +340,7 @@ def api_error_of(exc: BaseException) -> ApiError:
     if isinstance(exc, EngineFailed):
         if exc.status == 503:
             return ApiError(503, str(exc), code="engine_aborted", retry_after=RETRY_AFTER_S)
+        if exc.status == 400:  # the request's own constraints (its grammar beside allowed_token_ids, ...)
+            return ApiError(400, str(exc), code="invalid_request")
         return ApiError(500, str(exc), code="engine_error", type="server_error")
     return ApiError(500, "internal error", type="internal_error")

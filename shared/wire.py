@@ -456,9 +456,13 @@ class Admitted:
 @GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class Finished:
-    """The last message of a stream: why it ended, what it cost, what it reused."""
+    """The last message of a stream: why it ended, what it cost, what it reused. ``error_code`` (optional
+    on the wire), with finish_reason "error": "" when the engine failed, "invalid_request" when the
+    request itself cannot go on (its constraints leave no token): the client's error, not to be retried."""
 
     TYPE: ClassVar[str] = "finished"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("error_code",)
+    ERROR_CODES: ClassVar[tuple[str, ...]] = ("", "invalid_request")
 
     id: str
     finish_reason: str
@@ -466,10 +470,12 @@ class Finished:
     reuse: ReuseInfo = ReuseInfo()
     timings: Timings = Timings()
     message: str = ""  # human-readable detail, set when finish_reason is "error"
+    error_code: str = ""
 
     def __post_init__(self):
         _check_id(self.id)
         check_choice("finish_reason", self.finish_reason, FINISH_REASONS)
+        check_choice("error_code", self.error_code, self.ERROR_CODES)
         for name, kind in (("usage", Usage), ("reuse", ReuseInfo), ("timings", Timings)):
             if not isinstance(getattr(self, name), kind):
                 raise TypeError(f"{name} must be {kind.__name__}")

@@ -65,7 +65,7 @@ def test_a_failing_sampler_ends_only_its_request(model):
     eng.submit("bad", prompt(90, 4), max_tokens=6)
     run_with_broken(eng, "bad")
     bad, good = eng.finished["bad"], eng.finished["good"]
-    assert bad.reason == "error" and "sampling its token" in bad.message
+    assert bad.reason == "error" and "sampling its token" in bad.message and bad.error_code == ""  # the engine's
     # its first token came from the sampler set up at its start; the broken one fails its first decode
     assert bad.completion_tokens == len(eng.tokens["bad"]) == 1
     assert good.reason == "length" and eng.tokens["good"] == solo.tokens["good"]
@@ -95,6 +95,7 @@ def test_constraints_that_leave_no_token_end_their_request_and_seeded_neighbours
     run_with_broken(eng, "none")
     stuck = eng.finished["stuck"]
     assert stuck.reason == "error" and "leave no token to sample" in stuck.message, stuck
+    assert stuck.error_code == "invalid_request"  # the client's error: a 400, not retried
     assert "stuck" not in eng.tokens
     assert eng.tokens["before"] == solo.tokens["before"] and eng.tokens["after"] == solo.tokens["after"]
     eng.check_drained()

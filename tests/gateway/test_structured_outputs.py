@@ -203,3 +203,21 @@ def test_a_grammar_that_allows_nothing_is_a_400_and_one_that_fails_mid_output_an
     r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=0, max_tokens=20,
                                        extra_body=NO_THINKING | {"guided_regex": CODE})
     assert r.choices[0].finish_reason == "stop" and re.fullmatch(CODE, r.choices[0].message.content)
+
+
+def test_a_grammar_beside_allowed_token_ids_that_allow_none_of_its_tokens_is_a_client_error(client, served):
+    """The engine finds at the first step that the request's own constraints leave no token: a 400 (a 500
+    made SDKs retry a request that cannot succeed), and in a stream an error event of the same kind."""
+    import openai
+
+    extra = NO_THINKING | {"structured_outputs": {"choice": ["yes", "no"]}, "allowed_token_ids": [7]}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=served.model, messages=MESSAGES, max_tokens=5, extra_body=extra)
+    assert e.value.body["code"] == "invalid_request" and "leave no token" in e.value.body["message"], e.value.body
+    with pytest.raises(openai.APIError) as e:
+        list(client.chat.completions.create(model=served.model, messages=MESSAGES, max_tokens=5, stream=True,
+                                            extra_body=extra))
+    assert "leave no token" in str(e.value), e.value
+    r = client.chat.completions.create(model=served.model, messages=MESSAGES, temperature=0, max_tokens=5,
+                                       extra_body=NO_THINKING | {"structured_outputs": {"choice": ["yes", "no"]}})
+    assert r.choices[0].message.content in ("yes", "no")
