@@ -30,7 +30,7 @@ def build_server(config: EngineConfig):
     """Load the default model and bind the engine's socket, ready to serve."""
     from ignis.engine.kv_events import open_kv_events
     from ignis.engine.lora_updates import AdapterRegistry
-    from ignis.engine.runtime import load_runtime
+    from ignis.engine.runtime import configured_lengths, load_runtime
     from ignis.engine.server import EngineServer
     from ignis.shared.hf_cache import use_cache_dir
     from ignis.shared.model_names import lora_specs, model_specs
@@ -65,7 +65,7 @@ def build_server(config: EngineConfig):
         raise
     return EngineServer(config, runtime, endpoint, model_dirs=dirs,
                         loader=lambda name: load_runtime(config, name, dirs[name], kv_events, registry.specs()),
-                        kv_events=kv_events, adapters=registry)
+                        kv_events=kv_events, adapters=registry, lengths=configured_lengths(config, dirs))
 
 
 def run(args) -> int:

@@ -59,10 +59,19 @@ def kernel_path(info: dict) -> str:
 def set_gauges(metrics: EngineMetrics, runtime, waiting_outside: int, store: dict | None = None) -> None:
     """Gauges from ``runtime`` (None: no model loaded); ``waiting_outside`` requests wait before the
     scheduler (for a model load or switch, or for their grammar's compile) and count as waiting. ``store``:
-    the scheduler's stats of this turn when the caller has them (``loaded_stats`` holds them all)."""
-    if runtime is None:
+    the scheduler's stats of this turn when the caller has them (``loaded_stats`` holds them all); with no
+    model loaded, the sizes kept from the last one (``pool_pages_total``)."""
+    if runtime is None:  # unloaded: nothing is held, in any tier (the runtime's close freed it all)
         metrics.running.set(0)
         metrics.waiting.set(waiting_outside)
+        metrics.pages_used.set(0)
+        metrics.pages_free.set((store or {}).get("pool_pages_total", 0))
+        metrics.kv_usage.set(0)
+        metrics.live_evicting.set(0)
+        metrics.tierd_connected.set(0)
+        for gauge in (metrics.retained_entries, metrics.retained_lower_entries, metrics.retained_pages,
+                      metrics.retained_bytes, metrics.retained_slots_free, metrics.retained_slots_total):
+            gauge.set(0)
         return
     scheduler = runtime.scheduler
     pool = scheduler.pool

@@ -39,6 +39,25 @@ def context_length(asked: int | None, model_positions: int, environ=None) -> int
     return asked
 
 
+def configured_lengths(config, dirs: dict) -> dict:
+    """name -> the longest sequence each served checkpoint's config allows (``context_length``, capped by
+    ``--kv-pool-tokens``): a gateway's bound for a model not loaded yet (its load may cap it lower).
+    A checkpoint whose config cannot be read, or refuses the length, is left out (its load says why)."""
+    from ignis.engine.models.checkpoint_error import CheckpointError
+    from ignis.engine.models.config import load_config
+
+    lengths = {}
+    for name, model_dir in dirs.items():
+        if model_dir is None:
+            continue
+        try:
+            bound = context_length(config.max_model_len, load_config(model_dir).max_position_embeddings)
+        except (CheckpointError, OSError, ValueError):
+            continue
+        lengths[name] = min(bound, config.kv_pool_tokens) if config.kv_pool_tokens else bound
+    return lengths
+
+
 @dataclass
 class Runtime:
     name: str

@@ -6,6 +6,13 @@ does every request behind it; once the loaded model has no work left the loop
 switches (``EngineServer._service_models``) and hands the pending requests back
 to intake. Unloading closes the ``Runtime``, which frees retained state in
 every tier; a Stats reply keeps showing the model's sizes meanwhile.
+
+Context lengths. Each model's longest sequence is in the Stats reply as
+``max_model_len_<i>`` (``i``: its place in the served list), so a gateway
+checks a request against the model it names, not the one loaded: the exact
+length once the model was loaded, before that the bound its config gives
+(``--max-model-len``, else ``max_position_embeddings``; the KV pool may cap
+it lower at load).
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ KEPT_WHILE_UNLOADED = ("max_model_len", "decode_lanes", "pool_pages_total", "voc
 class ServedModels:
     """``dirs`` maps each served name to its checkpoint (None: the demo); ``loader(name)`` loads a runtime."""
 
-    def __init__(self, runtime, dirs: dict | None = None, loader=None):
+    def __init__(self, runtime, dirs: dict | None = None, loader=None, lengths: dict | None = None):
         self.runtime = runtime
         self.dirs = dict(dirs or {runtime.name: None})
+        self.lengths = dict(lengths or {})  # name -> longest sequence: from its config, exact once loaded
+        self._note_length()
         self.default = next(iter(self.dirs))
         self.loader = loader
         self.name = runtime.name  # the loaded model, else the last one loaded
@@ -101,8 +110,18 @@ class ServedModels:
             self.load_ended = time.monotonic()  # first: a watchdog never sees the load's time as a stall
             self.loading_since = None
         self.name = name
+        self._note_length()
         self.last_busy = time.monotonic()
         sdnotify.status(f"serving {name}")
+
+    def _note_length(self) -> None:
+        scheduler = getattr(self.runtime, "scheduler", None)
+        if scheduler is not None:
+            self.lengths[self.runtime.name] = scheduler.config.max_model_len
+
+    def length_stats(self) -> dict:
+        """``max_model_len_<i>`` of every served model whose length is known (``i``: its place in the list)."""
+        return {f"max_model_len_{i}": self.lengths[name] for i, name in enumerate(self.dirs) if name in self.lengths}
 
     def check_idle(self, idle_unload_s: float | None) -> bool:
         """Between rounds: notes work in progress; True once the loaded model has had no work

@@ -63,10 +63,10 @@ class EngineServer:
     """Serves one model at a time out of ``model_dirs``; ``loader(name)`` loads another."""
 
     def __init__(self, config: EngineConfig, runtime, endpoint: str, model_dirs: dict | None = None,
-                 loader=None, kv_events=None, adapters: AdapterRegistry | None = None):
+                 loader=None, kv_events=None, adapters: AdapterRegistry | None = None, lengths: dict | None = None):
         self.config = config
         self.kv_events = kv_events
-        self.models = ServedModels(runtime, model_dirs, loader)
+        self.models = ServedModels(runtime, model_dirs, loader, lengths)
         self.endpoint = endpoint
         self.metrics = EngineMetrics(self.models.default, vllm_compat=config.metrics_compat == "vllm")
         self._kv_dropped_seen = 0
@@ -346,7 +346,7 @@ class EngineServer:
     def _update_gauges(self) -> None:
         self._stats_snapshot = self.stats()  # replaced whole: the I/O thread reads it as it is
         set_gauges(self.metrics, self.runtime, self.intake.num_waiting,
-                   self._stats_snapshot if self.loaded else None)  # the scheduler's stats, taken once a turn
+                   self._stats_snapshot if self.loaded else self.models.unloaded_stats)  # taken once a turn
 
     def stats(self) -> dict:
         wire_errors = self.channel.garbage_count
@@ -357,4 +357,5 @@ class EngineServer:
             values = loaded_stats(self.runtime, list(self.models.dirs).index(self.models.name), wire_errors,
                                   self._started_unix, self.intake.num_waiting)
         values["lora_adapters_version"] = self.lora_updates.registry.version
+        values.update(self.models.length_stats())
         return values

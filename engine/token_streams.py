@@ -200,7 +200,8 @@ class TokenStreams:
                                    error_code=ev.error_code), t.peer)
         decode_s = (t.last_token - first) if first is not None and t.last_token is not None else 0.0
         done = {
-            "event": "done", "id": ev.req_id, "class": t.request_class, "prompt_tokens": t.prompt_tokens,
+            "event": "done", "id": ev.req_id, "model": model_name, "class": t.request_class,
+            "prompt_tokens": t.prompt_tokens,
             "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
             "reuse_kind": ev.reuse_kind, "tier": ev.reuse_tier, "slot": ev.reuse_slot, "queue_ms": timings.queue_ms,
             # null where there was no such phase: never admitted (no prefill), or no token (no first token)

@@ -270,9 +270,13 @@ def _model_card(gw: GatewayState, name: str) -> dict:
             "type": "model", "display_name": name, "created_at": created_at}
     if gw.adapter is not None:  # a LoRA adapter, as vLLM lists one: its directory and its base model
         card.update(root=gw.adapters[gw.adapter], parent=gw.base_model)
-    loaded = int(gw.client.stats_values.get("model_index", 0))
-    if "max_model_len" in gw.client.stats_values and list(gw.models or [gw.model_name])[loaded] == gw.engine_model:
-        card["max_model_len"] = int(gw.client.stats_values["max_model_len"])
+    values = gw.client.stats_values
+    own = values.get(f"max_model_len_{gw.engine_index}")  # each model's, from an engine that says them
+    loaded = int(values.get("model_index", 0))
+    if own is not None:
+        card["max_model_len"] = int(own)
+    elif "max_model_len" in values and list(gw.models or [gw.model_name])[loaded] == gw.engine_model:
+        card["max_model_len"] = int(values["max_model_len"])
     return card
 
 

@@ -233,13 +233,16 @@ class EngineClient:
         finally:
             self._answer_waiters.pop(aid, None)
 
-    async def max_model_len(self) -> int:
-        """From the latest stats; asks the engine when none arrived yet. EngineUnavailable while ``lost``."""
+    async def max_model_len(self, index: int | None = None) -> int:
+        """From the latest stats (asks the engine when none arrived yet): the context length of the served
+        model at ``index`` in the engine's list when the engine says it, else the loaded (or last loaded)
+        model's. EngineUnavailable while ``lost``."""
         if self.lost:
             raise EngineUnavailable("the engine went away; it is being restarted")
         if "max_model_len" not in self.stats_values:
             await self.stats()
-        return int(self.stats_values["max_model_len"])
+        values = self.stats_values
+        return int(values.get(f"max_model_len_{index}", values["max_model_len"]))
 
     # ----- incoming ------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from ignis.gateway.body import parse_object, read_body
 from ignis.gateway.choice import ChoiceDelta, ChoiceState
-from ignis.gateway.errors import invalid
+from ignis.gateway.errors import ApiError, invalid
 from ignis.gateway.fields import Fields
 from ignis.gateway.generation import Generation, Usage
 from ignis.gateway.ignored_fields import report_unread
@@ -46,6 +46,8 @@ from ignis.shared.wire import MAX_NOTE_CHARS, Generate
 
 _INLINE_BODY_BYTES = 256 << 10
 GRAMMAR_FIELDS = ("response_format", "structured_outputs", *LEGACY)
+PROMPT_FIELDS = {"chat": "messages", "completions": "prompt", "responses": "input", "messages": "messages"}
+"""The field that holds the prompt, by endpoint (named by a context-length error)."""
 """Fields that make a grammar: the library checks it in tens of milliseconds (releasing the GIL), so a body
 naming one has its fields read on a worker thread, never on the event loop the streams share."""
 
@@ -256,7 +258,12 @@ class GenerationRequest:
             async with Generation(gw.client, gens, choices, self._client_gone) as gen:
                 if self.on_sent is not None:
                     self.on_sent(gen)
-                await gen.open()
+                try:
+                    await gen.open()
+                except ApiError as e:  # the engine's refusal: a prompt past its context names the endpoint's field
+                    if e.code == "context_length_exceeded":
+                        e.param = PROMPT_FIELDS.get(endpoint, e.param)
+                    raise
                 gw.metrics.first_token(endpoint, time.monotonic() - self.started)
                 response.opened(gen)
                 if p.stream:

@@ -61,6 +61,12 @@ class GatewayState:
         return self.base_model if self.adapter is not None else self.model_name
 
     @property
+    def engine_index(self) -> int | None:
+        """The engine model's place in the served list (the engine's Stats name context lengths by it)."""
+        names = list(self.models or [self.model_name])
+        return names.index(self.engine_model) if self.engine_model in names else None
+
+    @property
     def reasoning_markers(self) -> bool:
         """Whether the output's ``<think>`` block is split into reasoning (``--reasoning-parser``)."""
         return self.config.reasoning_parser != "off" and has_think_tokens(self.tokenizer)
@@ -91,7 +97,7 @@ class GatewayState:
     async def max_model_len(self) -> int:
         """The engine's context length (503 when the engine does not answer)."""
         try:
-            return await self.client.max_model_len()
+            return await self.client.max_model_len(self.engine_index)
         except EngineUnavailable:
             raise engine_unavailable() from None
 

@@ -154,7 +154,8 @@ def intake_with(lanes: FakeLanes, woken: threading.Semaphore):
 
     sent, scheduled, tracked = [], [], {}
     channel = SimpleNamespace(send=lambda msg, peer: sent.append(msg))
-    scheduler = SimpleNamespace(config=SimpleNamespace(page_tokens=64), store=SimpleNamespace(enabled=True),
+    scheduler = SimpleNamespace(config=SimpleNamespace(page_tokens=64, max_model_len=4096),
+                                store=SimpleNamespace(enabled=True),
                                 add=lambda req: scheduled.append(req.req_id))
     runtime = SimpleNamespace(name="m", vocab_size=100, scheduler=scheduler,
                               runner=SimpleNamespace(grammars=lanes, release=lambda rid: None))

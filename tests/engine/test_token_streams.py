@@ -223,6 +223,7 @@ def test_a_request_that_ended_while_evicted_says_so_in_its_done_line(caplog):
     assert [line.get("preempted") for line in lines] == [
         {"evicted_live": 1, "resumed_live": 0, "recomputed": 0},
         {"evicted_live": 2, "resumed_live": 2, "recomputed": 1}, None]
+    assert [line["model"] for line in lines] == ["m"] * 3  # the model that ran it
 
 
 def test_a_request_that_never_drafts_is_noted_once_and_counted(caplog):

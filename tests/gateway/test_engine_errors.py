@@ -87,6 +87,18 @@ def test_refusals_map_to_statuses(fake, seed, status, code, retry, stream):
     assert ("Retry-After" in r.headers) == retry
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "messages"),
+    ("/v1/completions", {"prompt": "hi"}, "prompt"),
+    ("/v1/responses", {"input": "hi"}, "input")])
+def test_the_engines_too_long_refusal_names_the_endpoints_prompt_field(fake, path, body, param):
+    _, url = fake
+    r = http("POST", url + path, json.dumps({**body, "max_tokens": 3, "seed": 2}).encode(),
+             {"Content-Type": "application/json"})
+    assert r.status == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.body
+    assert r.json()["error"]["param"] == param
+
+
 def test_fan_out_refused_aborts_the_other_choices(fake):
     engine, url = fake
     r = chat(url, seed=0, n=2)  # choice i gets seed i: the first is held, the second refused (queue_full)

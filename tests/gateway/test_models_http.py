@@ -1,13 +1,14 @@
 """Several configured models through HTTP: switching, and unloading after idleness.
 
-Two checkpoints (the demo model and a copy with different weights) behind one
-`ignis serve`. The right model answers each request; a switch and an idle
+Two checkpoints (the demo model and a copy with different weights and a
+shorter context) behind one `ignis serve`. The right model answers each request; a switch and an idle
 unload free all retained state, so the next identical request reports
 cached_tokens 0 and still produces the same tokens.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -17,6 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 from tests.gateway.conftest import API_KEY, http, start_serve, stop_serve
 
+OTHER_LEN = 1024  # the other model's context; the demo's is the pool's, 8192
 PROMPT = [{"role": "system", "content": "You keep answers short. " * 30},
           {"role": "user", "content": "Name three colours of the sea."}]
 
@@ -30,6 +32,8 @@ def two_models(tmp_path_factory, demo_dir):
     tensors = {k: (v + rng.normal(0, 0.05, v.shape).astype(v.dtype)) if v.ndim == 2 else v
                for k, v in tensors.items()}
     save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "max_position_embeddings": OTHER_LEN}))
     return demo_dir, other
 
 
@@ -102,3 +106,20 @@ def test_unknown_model_is_404(multi_server):
                  body=b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}',
                  headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
     assert reply.status == 404 and reply.json()["error"]["code"] == "model_not_found"
+
+
+def test_each_request_is_checked_against_the_context_of_the_model_it_names(multi_server):
+    """Not the loaded model's: after the short-context model ran, a long prompt for the demo model is served
+    (it was a 400 naming 1024); with the demo model loaded, the short one's limit still holds."""
+    import openai
+
+    server, client = multi_server
+    ask(client, "other")
+    long_prompt = [{"role": "user", "content": "sea " * 1500}]
+    r = client.chat.completions.create(model="demo", messages=long_prompt, max_tokens=4, temperature=0)
+    assert r.usage.prompt_tokens > OTHER_LEN and r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:  # demo is loaded now
+        client.chat.completions.create(model="other", messages=PROMPT, max_tokens=OTHER_LEN, temperature=0)
+    assert e.value.body["code"] == "context_length_exceeded" and f"is {OTHER_LEN} tokens" in e.value.body["message"]
+    models = http("GET", server.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"]
+    assert {m["id"]: m["max_model_len"] for m in models} == {"demo": 8192, "other": OTHER_LEN}

@@ -25,7 +25,8 @@ def test_idle_unload_releases_the_arena_and_the_next_load_locks_it_again(tmp_pat
     out, err = tmp_path / "serve.out", tmp_path / "serve.err"
     proc = subprocess.Popen([sys.executable, "-m", "ignis.launcher.cli", "serve", "--runtime-dir", str(tmp_path / "rt"),
                              "--port", "0", "--reuse-kv-host-pool-bytes", str(ARENA), "--kv-pool-tokens", "1024",
-                             "--decode-lanes", "2", "--idle-unload-s", "4", "--tierd-metrics-port", "0"],
+                             "--decode-lanes", "2", "--idle-unload-s", "4", "--tierd-metrics-port", "0",
+                             "--metrics-port", "0"],
                             stdout=out.open("w"), stderr=err.open("w"), stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     log = lambda: out.read_text() + err.read_text()[-6000:]  # noqa: E731
@@ -35,8 +36,10 @@ def test_idle_unload_releases_the_arena_and_the_next_load_locks_it_again(tmp_pat
         assert m is not True, log()
         model, url = m.group(1), m.group(2)
         tierd = re.search(r"^ignis serve: tierd metrics on (\S+)$", out.read_text(), re.M).group(1)
+        engine = re.search(r"^ignis serve: engine metrics on (\S+)$", out.read_text(), re.M).group(1)
         first = content(ask(url, model, 0))  # loads the model if it was unloaded already
         assert tierd_metric(tierd, "ignis:tierd_arena_locked_bytes") == ARENA  # well within the 4 s idle
+        assert tierd_metric(engine, "ignis:retained_entries") >= 1 and tierd_metric(engine, "ignis:tierd_connected")
 
         def released():
             return (tierd_metric(tierd, "ignis:tierd_arena_mapped_bytes") == 0
@@ -46,6 +49,11 @@ def test_idle_unload_releases_the_arena_and_the_next_load_locks_it_again(tmp_pat
         logged = lambda: "unloaded model" in err.read_text() and "arena released" in err.read_text()  # noqa: E731
         wait_for("the logs of both", logged, 10, log)  # the engine logs its unload after tierd answered its bye
         assert tierd_metric(tierd, "ignis:tierd_arena_bytes") == ARENA  # the configured size, kept for the next load
+        # the engine's gauges say what it holds now: nothing (they kept the last turn's values)
+        wait_for("the engine's gauges to empty", lambda: tierd_metric(engine, "ignis:kv_pool_pages_free") > 0 and all(
+            tierd_metric(engine, name) == 0 for name in ("ignis:kv_pool_pages_used", "ignis:kv_cache_usage_perc",
+                                                         "ignis:retained_entries", "ignis:retained_pages",
+                                                         "ignis:tierd_connected")), 10, log)
 
         assert content(ask(url, model, 0)) == first  # loads the model again: the engine says hello
         assert tierd_metric(tierd, "ignis:tierd_arena_mapped_bytes") == ARENA
