@@ -42,12 +42,13 @@ restores of its copies into reserved pages and the staging slot (one at a
 time: the slot has one user) and waits there; in the round after they land
 (and pass the finite check) it takes a lane, its table shares the restored
 pages, and it decodes on where it stopped. It recomputes when its lower
-copy is gone or not finite. Nothing behind it is admitted meanwhile. When a
-request of a higher class arrives meanwhile and waits, the reservation is
-not left idle behind it: for a head short of pages the resume is withdrawn
-(its room goes back, its copies stay below, it posts them again when it
-leads the queues), otherwise it takes a free lane once its copies have
-landed, as it would have at the head.
+copy is gone or not finite. Nothing behind it is admitted meanwhile. When
+another request leads meanwhile (one of a higher class arrived, or one was
+preempted to the front of its queue) and waits, the reservation is not left
+idle behind it: for a head short of pages the resume is withdrawn (its room
+goes back, its copies stay below, it posts them again when it leads the
+queues), otherwise it takes a free lane once its copies have landed, as it
+would have at the head.
 
 Rejected restores. A restore whose bytes are not finite is never used (the
 store falls back to a device match or none; an evicted sequence recomputes);
@@ -152,18 +153,19 @@ def _resumed_chunk(sched: SchedulerState, plan: RoundPlan, req: Request, budget:
 
 
 def _resume_behind(sched: SchedulerState, plan: RoundPlan, head: Request, short: bool) -> None:
-    """``head`` waits. An evicted sequence leading a later queue whose copies are coming back into room it
-    reserved (it led the queues when it posted them) must not hold that room idle behind it: for a head
-    ``short`` of pages (or, evicted itself, of the staging slot) it gives the room back
-    (``Evictor.withdraw``: the copies below stay, it prepares again later); otherwise it takes a free lane
-    once its copies have landed, using nothing the head waits for."""
+    """``head`` waits. An evicted sequence whose copies are coming back into room it reserved (it led the
+    queues when it posted them; a later arrival of a higher class, or a request preempted to the front of
+    its own queue, now leads) must not hold that room idle behind it: for a head ``short`` of pages (or,
+    evicted itself, of the staging slot) every such resume gives its room back (``Evictor.withdraw``: the
+    copies below stay, it prepares again when it leads); otherwise one leading a later queue takes a free
+    lane once its copies have landed, using nothing the head waits for."""
+    if short:
+        for req_id in [r for r in sched.evictor.resuming if r != head.req_id]:
+            sched.evictor.withdraw(req_id)
+        return
     behind = next((q[0] for q in sched.waiting.values() if q and q[0] is not head
                    and q[0].req_id in sched.evictor.resuming), None)
-    if behind is None:
-        return
-    if short:
-        sched.evictor.withdraw(behind.req_id)
-    else:
+    if behind is not None:
         _resume_evicted(sched, plan, behind, may_recompute=False)  # a recompute would take pages: it waits
 
 

@@ -81,12 +81,15 @@ class FakeTier(NullTierPort):
 
 
 class SlowRestores(FakeTier):
-    """Restores land at the next poll, as tierd's replies do (the others land at once); a drop posted
-    after a restore takes effect after it, as tierd reads its messages in order."""
+    """Restores land ``latency`` polls after they are posted (the next one by default), as tierd's replies
+    do (the others land at once); a drop posted after a restore takes effect after it, as tierd reads its
+    messages in order."""
+
+    latency = 1
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.due: list[tuple[TierOp, object]] = []
+        self.due: list[list] = []  # [op, copy, polls to go]
 
     def restore_window(self, req_id, index, pages):
         saved = self.pages[(req_id, index)]
@@ -107,7 +110,7 @@ class SlowRestores(FakeTier):
             finally:
                 self.pages, self.images = kept_pages, kept_images
 
-        self.due.append((op, copy_posted))
+        self.due.append([op, copy_posted, self.latency])
         return op
 
     hold = False  # True: nothing lands
@@ -119,11 +122,14 @@ class SlowRestores(FakeTier):
     def poll(self, wait_s=0.0):
         if self.hold:
             return 0
-        due, self.due = self.due, []
-        for op, copy in due:
+        for item in self.due:
+            item[2] -= 1
+        landed = [item for item in self.due if item[2] <= 0]
+        self.due = [item for item in self.due if item[2] > 0]
+        for op, copy, _ in landed:
             copy()
             op.finish(True)
-        return len(due)
+        return len(landed)
 
 
 class Harness:
@@ -503,6 +509,32 @@ def test_an_evicted_head_short_of_pages_takes_them_from_a_resume_behind_it(model
     assert h.sched.stats()["live_resumes_withdrawn_total"] == 1
     assert h.tokens["user2"] == _undisturbed_alone(model, "user2", prompt(400, 10), 3)
     assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
+    h.sched.store.release_all()
+    assert h.sched.pool.num_free == h.sched.pool.num_pages
+    h.sched.pool.integrity_check()
+
+
+def test_a_request_preempted_to_the_front_of_a_resumes_queue_takes_its_room(model):
+    """The tier refuses a second live sequence, so a decode short of a page preempts agent1 to recompute; it
+    goes to the front of the agent queue, ahead of agent0 whose restores (landing two rounds later) hold the
+    pages agent1 needs. agent0's resume is withdrawn (nothing ran, for ever, before), and both agents end as
+    undisturbed."""
+    class TwoRoundRestores(SlowRestores):
+        latency = 2
+
+    h = Harness(model, lanes=4, pages=8, window=1, tier=TwoRoundRestores, refuse_after=5)
+    h.submit("agent1", prompt(180, 1), "agent", max_tokens=120)
+    h.submit("agent0", prompt(300, 0), "agent", max_tokens=40)
+    for _ in range(4):
+        h.step()
+    h.submit("user1", prompt(400, 9), "interactive", max_tokens=3)
+    h.run(limit=1500)
+    stats = h.sched.stats()
+    assert stats["live_resumes_withdrawn_total"] >= 1 and stats["num_preemptions_total"] >= 1
+    assert len(h.tokens["user1"]) == 3
+    assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
+    assert h.tokens["agent1"] == _undisturbed_alone(model, "agent1", prompt(180, 1), 120)
+    assert not h.tier.pages and not h.tier.images
     h.sched.store.release_all()
     assert h.sched.pool.num_free == h.sched.pool.num_pages
     h.sched.pool.integrity_check()
