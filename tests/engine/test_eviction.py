@@ -182,6 +182,14 @@ def prompt(n, seed):
     return [rng.randrange(TOKENIZER_SIZE) for _ in range(n)]
 
 
+def _nothing_held(h):
+    """No copy left below, and every page back in the pool once retained entries are released."""
+    assert not h.tier.pages and not h.tier.images
+    h.sched.store.release_all()
+    assert h.sched.pool.num_free == h.sched.pool.num_pages
+    h.sched.pool.integrity_check()
+
+
 AGENT_SAMPLING = [dict(max_tokens=30), dict(max_tokens=30, temperature=0.9, top_p=0.9, seed=11),
                   dict(max_tokens=30), dict(max_tokens=30, temperature=1.0, seed=5, repetition_penalty=1.2)]
 
@@ -278,10 +286,7 @@ def test_decode_pressure_evicts_a_live_sequence_instead_of_recomputing_it(model)
     assert stats["num_preemptions_total"] == 0
     for i in range(4):
         assert h.tokens[f"agent{i}"] == undisturbed(model, i), i
-    assert not h.tier.pages and not h.tier.images
-    h.sched.store.release_all()
-    assert h.sched.pool.num_free == h.sched.pool.num_pages
-    h.sched.pool.integrity_check()
+    _nothing_held(h)
 
 
 def test_decode_pressure_without_a_tier_preempts_as_before(model):
@@ -473,10 +478,7 @@ def test_an_eviction_takes_the_staging_slot_from_a_resume_waiting_for_a_lane(mod
     assert [len(h.tokens[u]) for u in ("user1", "user2", "user3")] == [3, 20, 3]
     assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(150, 0), 30)
     assert h.tokens["agent1"] == _undisturbed_alone(model, "agent1", prompt(160, 1), 30)
-    assert not h.tier.pages and not h.tier.images
-    h.sched.store.release_all()
-    assert h.sched.pool.num_free == h.sched.pool.num_pages
-    h.sched.pool.integrity_check()
+    _nothing_held(h)
 
 
 def test_a_request_aborted_while_its_withdrawn_restores_land_leaves_nothing_held(model):
@@ -534,7 +536,4 @@ def test_a_request_preempted_to_the_front_of_a_resumes_queue_takes_its_room(mode
     assert len(h.tokens["user1"]) == 3
     assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
     assert h.tokens["agent1"] == _undisturbed_alone(model, "agent1", prompt(180, 1), 120)
-    assert not h.tier.pages and not h.tier.images
-    h.sched.store.release_all()
-    assert h.sched.pool.num_free == h.sched.pool.num_pages
-    h.sched.pool.integrity_check()
+    _nothing_held(h)
