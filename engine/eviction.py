@@ -25,19 +25,19 @@ is recomputed. The staging slot has one user at a time. If a demote is refused (
 the eviction is abandoned and the sequence decodes on; if a restore misses,
 the sequence recomputes its tokens instead, as it does when the restored
 bytes are not finite (``TierPort.check_restored``). Either way, once a sequence is
-resumed, abandoned or ended, every copy it had below is dropped.
-
-A resume can be withdrawn (``withdraw``): its reserved pages and the staging
-slot go back once its restores no longer touch them, its copies below stay,
-and it prepares again the next time it leads its queue. Admission withdraws
-it for a head of a higher class short of pages (the reservation is the room
-that head needs); an eviction whose image waits for the staging slot
-withdraws the resume holding it (the slot has one user, and that resume may
-wait for a lane the evicting sequence holds). After an
+resumed, abandoned or ended, every copy it had below is dropped. After an
 abandoned eviction no other starts for a waiting request for a while
 (``may_start``: 50 ms, doubling with each abandon in a row up to 2 s, cleared
 by an eviction that lands), so a full tier is not asked again every round
 (a decode short of a page preempts by recompute after a refusal instead).
+
+A resume can be withdrawn (``withdraw``): its reserved pages and the staging
+slot go back once its restores no longer touch them, its copies below stay,
+and it prepares again the next time it leads its queue. Admission withdraws
+it for another head short of pages (the reservation is the room that head
+needs); an eviction whose image waits for the staging slot withdraws the
+resume holding it (the slot has one user, and that resume may wait for a
+lane the evicting sequence holds).
 """
 
 from __future__ import annotations
