@@ -46,10 +46,10 @@ from ignis.shared.wire import MAX_NOTE_CHARS, Generate
 
 _INLINE_BODY_BYTES = 256 << 10
 GRAMMAR_FIELDS = ("response_format", "structured_outputs", *LEGACY)
-PROMPT_FIELDS = {"chat": "messages", "completions": "prompt", "responses": "input", "messages": "messages"}
-"""The field that holds the prompt, by endpoint (named by a context-length error)."""
 """Fields that make a grammar: the library checks it in tens of milliseconds (releasing the GIL), so a body
 naming one has its fields read on a worker thread, never on the event loop the streams share."""
+PROMPT_FIELDS = {"chat": "messages", "completions": "prompt", "responses": "input", "messages": "messages"}
+"""The field that holds the prompt, by endpoint (named by a context-length error)."""
 
 
 def _checked_body(raw: bytes, limits: RequestLimits) -> dict:
