@@ -296,13 +296,13 @@ class Evictor:
 
     def drop(self, req_id: str, record: Evicted) -> None:
         """Every copy ``record`` has below: its windows, and its image once it was saved (a demote still
-        in flight is dropped once it lands)."""
+        in flight is dropped once it lands; one that landed in this round's poll, not yet counted, now)."""
         for i in range(len(record.windows)):
             self.tiers.drop_window(req_id, i)
         if record.image:
             self.tiers.drop_image(req_id)
         op = record.op
-        if op is not None and op.pending:
+        if op is not None:
             index, part = len(record.windows), record.part
             op.when_done(lambda o: (self.tiers.drop_image(req_id) if part is None
                                     else self.tiers.drop_window(req_id, index)) if o.ok else None)

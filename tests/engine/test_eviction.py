@@ -537,3 +537,44 @@ def test_a_request_preempted_to_the_front_of_a_resumes_queue_takes_its_room(mode
     assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
     assert h.tokens["agent1"] == _undisturbed_alone(model, "agent1", prompt(180, 1), 120)
     _nothing_held(h)
+
+
+def test_an_evicting_request_aborted_as_its_window_lands_leaves_no_copy_below(model):
+    """The window's demote lands in a poll (the idle one of an empty round, or the one that starts a round)
+    and the request's abort is applied before the window is counted: the copy was never dropped (tierd
+    keeps live copies for ever)."""
+    class SlowDemotes(FakeTier):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.due = []
+
+        def demote_window(self, req_id, index, pages, request_class):
+            op = TierOp("demote")
+            self.due.append((op, lambda: FakeTier.demote_window(self, req_id, index, pages, request_class)))
+            return op
+
+        @property
+        def in_flight(self):
+            return len(self.due)
+
+        def poll(self, wait_s=0.0):
+            due, self.due = self.due, []
+            for op, copy in due:
+                copy()
+                op.finish(True)
+            return len(due)
+
+    h = Harness(model, lanes=1, pages=64, window=1, tier=SlowDemotes)
+    h.submit("agent0", prompt(150, 0), "agent", max_tokens=30)
+    for _ in range(5):
+        h.step()
+    h.submit("user", prompt(40, 9), "interactive", max_tokens=3)  # no lane: agent0 starts moving down
+    while "agent0" not in h.sched.evictor.evicting:
+        h.step()
+    h.step()  # its first window is posted, and lands in the round's idle poll: not yet counted
+    record = h.sched.evictor.evicting["agent0"]
+    assert record.op is not None and record.op.ok and not record.windows
+    h.sched.abort("agent0")  # its client goes away
+    h.run(limit=200)
+    assert len(h.tokens["user"]) == 3
+    _nothing_held(h)
