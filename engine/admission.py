@@ -48,7 +48,9 @@ preempted to the front of its queue) and waits, the reservation is not left
 idle behind it: for a head short of pages the resume is withdrawn (its room
 goes back, its copies stay below, it posts them again when it leads the
 queues), otherwise it takes a free lane once its copies have landed, as it
-would have at the head.
+would have at the head. An evicted head waiting for the room to come back
+into asks for it as any head short of pages does (``pages_wanted``, a live
+eviction of a lower class's sequence).
 
 Rejected restores. A restore whose bytes are not finite is never used (the
 store falls back to a device match or none; an evicted sequence recomputes);
@@ -57,7 +59,7 @@ the request counts it (``restore_rejected``, in its done line). Pure Python, no 
 
 from __future__ import annotations
 
-from ignis.engine.preemption import maybe_evict
+from ignis.engine.preemption import maybe_evict, pages_coming
 from ignis.engine.burst_points import capture_ahead
 from ignis.engine.prefill_chunks import add_chunk, capture_kind
 from ignis.engine.request import Request, RequestState
@@ -76,8 +78,11 @@ def admit(sched: SchedulerState, plan: RoundPlan, budget: int, now: float) -> No
         req = queue[0]
         if req.evicted is not None:
             if not _resume_evicted(sched, plan, req):
-                if req.req_id not in sched.evictor.resuming:  # it waits for room or the staging slot
+                if req.req_id in sched.evictor.resuming:
+                    req.pages_wanted = 0
+                else:  # it waits for room or the staging slot
                     _resume_behind(sched, plan, req, short=True)
+                    _ask_room(sched, req)
                 return  # its copies are on their way back (or wait for room): nothing overtakes it
             budget -= _resumed_chunk(sched, plan, req, budget)
             continue
@@ -117,7 +122,9 @@ def _admit_head(sched: SchedulerState, plan: RoundPlan, queue, req: Request, bud
     if needed > sched.pool.num_free:
         sched.store.reclaim_pages(needed)
     if needed > sched.pool.num_free:
-        short = sched.pool.num_free + sched.store.pages_coming < needed
+        if sched.pool.num_free + pages_coming(sched) < needed:
+            _withdraw_resumes(sched, keep=req)  # the room resumes behind it reserved goes back first
+        short = sched.pool.num_free + pages_coming(sched) < needed
         req.pages_wanted = needed if short else 0  # engine.preemption.preempt_for_head reads it
         if short:
             maybe_evict(sched, req)
@@ -160,13 +167,31 @@ def _resume_behind(sched: SchedulerState, plan: RoundPlan, head: Request, short:
     copies below stay, it prepares again when it leads); otherwise one leading a later queue takes a free
     lane once its copies have landed, using nothing the head waits for."""
     if short:
-        for req_id in [r for r in sched.evictor.resuming if r != head.req_id]:
-            sched.evictor.withdraw(req_id)
+        _withdraw_resumes(sched, keep=head)
         return
     behind = next((q[0] for q in sched.waiting.values() if q and q[0] is not head
                    and q[0].req_id in sched.evictor.resuming), None)
     if behind is not None:
         _resume_evicted(sched, plan, behind, may_recompute=False)  # a recompute would take pages: it waits
+
+
+def _withdraw_resumes(sched: SchedulerState, keep: Request) -> None:
+    """Every resume but ``keep``'s gives its reserved room back (its copies below stay)."""
+    for req_id in [r for r in sched.evictor.resuming if r != keep.req_id]:
+        sched.evictor.withdraw(req_id)
+
+
+def _ask_room(sched: SchedulerState, head: Request) -> None:
+    """``head``, evicted, waits for room to bring its copies back into (or to recompute in, if they were
+    lost): when the pages free and on their way fall short it asks for room as any head short of pages
+    does (``pages_wanted``; a live eviction of a sequence ranked below it)."""
+    record, pool = head.evicted, sched.pool
+    tokens = head.num_tokens + 1 if record.lost else max(record.num_pages * pool.page_tokens, head.num_tokens + 1)
+    room = pool.pages_for(tokens)
+    short = room > pool.num_free + pages_coming(sched)
+    head.pages_wanted = room if short else 0
+    if short:
+        maybe_evict(sched, head)
 
 
 def end_tier_wait(req: Request, now: float) -> None:
@@ -203,6 +228,7 @@ def _resume_evicted(sched: SchedulerState, plan: RoundPlan, req: Request, may_re
     sched.waiting[req.request_class].popleft()
     sched.lanes.take(req)
     req.evicted = None
+    req.pages_wanted = 0
     if status == "ready":
         req.live_resumes += 1
         req.page_table.adopt(sched.evictor.take(req, record))  # the restored pages and the room after them

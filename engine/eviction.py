@@ -131,6 +131,14 @@ class Evictor:
         return (sum(1 for r in self.evicting.values() if r.op is not None and r.op.pending)
                 + sum(1 for r in self.resuming.values() if r.pending) + len(self._holds) + len(self._ending))
 
+    @property
+    def pages_coming(self) -> int:
+        """Pages that go back to the free list once copies still in flight are done with them, without anyone
+        giving any up: evicted windows whose demote is in flight, and the room of resumes that ended or were
+        withdrawn while their restores write it (not one whose restore timed out: tierd may never answer)."""
+        return (sum(hold.sole() for hold in self._holds)
+                + sum(r.owner.sole() for r in self._ending if r.pending))
+
     def round_start(self) -> None:
         """A new round: an image a lane loaded last round has left the staging slot."""
         if self._staging_loaded:

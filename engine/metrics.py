@@ -132,7 +132,8 @@ class EngineMetrics(ProcessMetrics):
                                            "live evictions abandoned (a tier refused; the sequence decoded on)")
         self.live_withdrawn = self.counter(
             "live_resumes_withdrawn", "resumes of evicted sequences that gave their reserved pages and staging "
-            "slot back (to another waiting request short of pages, or to an eviction); each resumes later")
+            "slot back (to another waiting request short of pages, a higher-ranked decode short of a page, or an "
+            "eviction); each resumes later")
         self.kv_events_dropped = self.counter("kv_events_dropped", "KV event batches dropped because the "
                                               "publisher's queue was full (--kv-events-endpoint)")
         self.spec_drafts = self.counter("spec_decode_num_drafts", "decode steps that verified drafted tokens")

@@ -2,7 +2,10 @@
 
 Decodes. Every decoding request gets one step per round, in rank order, and
 its page table grows a page at a time to hold it. Retained pages are given up
-(``store.reclaim_pages``) before anything running is.
+(``store.reclaim_pages``) before anything running is, then the room reserved
+by resumes of evicted sequences ranked below it (``withdraw_resumes_below``);
+a decode short of a page waits a round while pages are on their way back
+(``pages_coming``: demotes in flight, withdrawn restores still landing).
 
 Live eviction (with tierd). A sequence moves down a tier one window between
 rounds (``engine.eviction``; each copy is posted, and the next goes once it
@@ -50,7 +53,9 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
         short = req.page_table.pages_needed(position + 1)
-        if short > sched.pool.num_free and (sched.pool.num_free + sched.store.pages_coming >= short
+        if short > sched.pool.num_free:
+            withdraw_resumes_below(sched, req)  # room reserved for a waiting sequence ranked below goes first
+        if short > sched.pool.num_free and (sched.pool.num_free + pages_coming(sched) >= short
                                             or _evict_for_pages(sched, scheduled)):
             continue  # pages are on their way down a tier: this decode waits a round, nothing recomputes
         while req.page_table.pages_needed(position + 1) > sched.pool.num_free:
@@ -67,6 +72,21 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         plan.decodes.append(DecodeItem(req.req_id, req.lane, position, req.token_at(position),
                                        req.page_table.pages, room, req.rope_delta))
         scheduled.add(req.req_id)
+
+
+def pages_coming(sched: SchedulerState) -> int:
+    """Pages that go back to the free list by themselves once copies in flight are done with them."""
+    return sched.store.pages_coming + sched.evictor.pages_coming
+
+
+def withdraw_resumes_below(sched: SchedulerState, req: Request) -> None:
+    """Every evicted sequence ranked below ``req`` whose copies are coming back into room it reserved gives
+    that room back (``Evictor.withdraw``: its copies below stay): a waiting sequence's reservation never
+    makes a running or waiting one ranked above it short of pages."""
+    resuming = sched.evictor.resuming
+    for queue in sched.waiting.values():
+        for other in [r for r in queue if r.req_id in resuming and r.rank > req.rank]:
+            sched.evictor.withdraw(other.req_id)
 
 
 def draft_room(sched: SchedulerState, req: Request) -> int:
@@ -141,7 +161,7 @@ def preempt_for_head(sched: SchedulerState, plan: RoundPlan) -> None:
     head = waiting_head(sched)
     if head is None:
         return
-    short_of_pages = head.pages_wanted > sched.pool.num_free + sched.store.pages_coming
+    short_of_pages = head.pages_wanted > sched.pool.num_free + pages_coming(sched)
     if sched.lanes.any_free and not short_of_pages:
         return
     victim = _lowest_below(sched, head)

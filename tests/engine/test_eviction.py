@@ -516,6 +516,55 @@ def test_an_evicted_head_short_of_pages_takes_them_from_a_resume_behind_it(model
     h.sched.pool.integrity_check()
 
 
+def test_a_decode_short_of_a_page_takes_it_from_a_lower_ranked_resume_not_from_itself(model):
+    """An interactive request admitted beside an agent's resume (its restores landing five rounds later, into
+    room it reserved) grows past the free pages: the resume is withdrawn and the decode waits for that room
+    (it used to move the interactive request itself down a tier, the only one decoding, while the agent's
+    reservation for a sequence not running stayed). Both end as undisturbed."""
+    class FiveRoundRestores(SlowRestores):
+        latency = 5
+
+    h = Harness(model, lanes=4, pages=8, window=1, tier=FiveRoundRestores)
+    h.submit("agent0", prompt(300, 0), "agent", max_tokens=40)
+    for _ in range(5):
+        h.step()
+    h.submit("user1", prompt(400, 9), "interactive", max_tokens=3)  # 7 pages: agent0 moves down
+    for _ in range(200):
+        h.step()
+        if "agent0" in h.sched.evictor.resuming:
+            break
+    assert "user1" in h.finished and h.sched.pool.num_free == 3
+    h.submit("user2", prompt(190, 10), "interactive", max_tokens=20)  # the 3 free pages, a 4th after 2 tokens
+    h.run(limit=500)
+    user2, agent0 = h.finished["user2"], h.finished["agent0"]
+    assert (user2.live_evictions, user2.recomputed) == (0, 0)
+    assert list(h.finished).index("user2") < list(h.finished).index("agent0")
+    assert h.sched.stats()["live_resumes_withdrawn_total"] == 1 and agent0.recomputed == 0
+    assert h.tokens["user2"] == _undisturbed_alone(model, "user2", prompt(190, 10), 20)
+    assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
+    _nothing_held(h)
+
+
+def test_an_evicted_head_short_of_room_moves_a_lower_class_sequence_down(model):
+    """An evicted interactive request (its copies lost: it recomputes) needs more pages than are free while an
+    agent decodes: it asks for room as any head does, and the agent moves down a tier for it (it used to
+    wait for the agent to end). Both end as undisturbed."""
+    from ignis.engine.eviction import Evicted
+
+    h = Harness(model, lanes=4, pages=8, window=1)
+    h.submit("agent0", prompt(300, 0), "agent", max_tokens=40)  # 5 pages
+    for _ in range(5):
+        h.step()
+    h.submit("user2", prompt(250, 10), "interactive", max_tokens=3)  # 4 pages, 3 free
+    h.sched.waiting["interactive"][0].evicted = Evicted(computed=0, lost=True)
+    h.run(limit=500)
+    assert list(h.finished).index("user2") < list(h.finished).index("agent0")
+    assert h.finished["agent0"].live_evictions == 1 and h.finished["agent0"].recomputed == 0
+    assert h.tokens["user2"] == _undisturbed_alone(model, "user2", prompt(250, 10), 3)
+    assert h.tokens["agent0"] == _undisturbed_alone(model, "agent0", prompt(300, 0), 40)
+    _nothing_held(h)
+
+
 def test_a_request_preempted_to_the_front_of_a_resumes_queue_takes_its_room(model):
     """The tier refuses a second live sequence, so a decode short of a page preempts agent1 to recompute; it
     goes to the front of the agent queue, ahead of agent0 whose restores (landing two rounds later) hold the
