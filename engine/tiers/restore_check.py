@@ -8,7 +8,8 @@ so the cost is proportional to the restored bytes::
     pages  [L_full, 2, num_pages, 64, ...]   rows 0 .. num_tokens-1 of the restored pages,
                                              in order (the last page may be partial: its
                                              unwritten tail is never looked at)
-    image  slot_ssm / slot_conv / slot_window, item ``slot`` of its block
+    image  slot_ssm / slot_conv / slot_window, item ``slot`` of its block (the window's
+           rows the image's tokens wrote: all W once it holds W tokens or more)
 
 Compressed (hq-e8-2b) pages are int16 codes: always "finite"; their exact
 window travels in the image and is checked there.
@@ -34,10 +35,16 @@ def fault_nan_restores() -> int:
     return env_count(FAULT_NAN_RESTORE_ENV)
 
 
-def _image_parts(state, slot: int) -> list[torch.Tensor]:
-    """Views of the state image in ``slot`` (ssm, conv and, for hq-e8-2b, the window)."""
+def _image_parts(state, slot: int, num_tokens: int | None = None) -> list[torch.Tensor]:
+    """Views of the state image in ``slot`` (ssm, conv and, for hq-e8-2b, the window). With ``num_tokens``
+    (the tokens the image holds), only the window rows written: a ring of W rows where position p sits at
+    row p % W, so rows ``0 .. min(num_tokens, W) - 1``."""
     block, i = state._slot(slot)
-    return [blocks[block][:, i] for blocks in (state.slot_ssm, state.slot_conv, state.slot_window) if blocks]
+    parts = [blocks[block][:, i] for blocks in (state.slot_ssm, state.slot_conv) if blocks]
+    if state.slot_window:
+        window = state.slot_window[block][:, i]  # [L_full, 2, W, Hkv, D]
+        parts.append(window if num_tokens is None else window[:, :, :max(0, num_tokens)])
+    return parts
 
 
 CHECK_PAGES = 16
@@ -62,9 +69,10 @@ def finite_pages(state, pages: Sequence[int], num_tokens: int) -> bool:
     return bool(ok)
 
 
-def finite_image(state, slot: int) -> bool:
-    """The state image in ``slot`` holds no NaN or inf."""
-    return all(bool(torch.isfinite(part).all()) for part in _image_parts(state, slot))
+def finite_image(state, slot: int, num_tokens: int | None = None) -> bool:
+    """The state image in ``slot`` holds no NaN or inf (with ``num_tokens``, the tokens it holds: only the
+    exact-window rows they wrote are read; a short sequence's other rows hold whatever the lane held)."""
+    return all(bool(torch.isfinite(part).all()) for part in _image_parts(state, slot, num_tokens))
 
 
 def poison_image(state, slot: int) -> None:

@@ -187,7 +187,7 @@ class TierClientPort:
 
     def check_restored(self, pages, num_tokens, slot) -> bool:
         try:
-            return finite_pages(self.state, pages, num_tokens) and finite_image(self.state, slot)
+            return finite_pages(self.state, pages, num_tokens) and finite_image(self.state, slot, num_tokens)
         except Exception:  # a check that cannot run refuses the bytes: the request recomputes
             log.exception("checking restored bytes failed; they are not used")
             return False

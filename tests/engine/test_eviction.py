@@ -21,6 +21,7 @@ from ignis.engine.runner import ModelRunner
 from ignis.engine.scheduler import Scheduler, SchedulerConfig
 from ignis.engine.tier_ops import TierOp
 from ignis.engine.tier_port import NO_TIERS, NullTierPort
+from ignis.engine.tiers.restore_check import finite_image, finite_pages
 from ignis.shared.sampling import SamplingParams
 
 
@@ -78,6 +79,9 @@ class FakeTier(NullTierPort):
 
     def drop_image(self, req_id):
         self.images.pop(req_id, None)
+
+    def check_restored(self, pages, num_tokens, slot):  # the engine's own check (the state is NaN-filled)
+        return finite_pages(self.state, pages, num_tokens) and finite_image(self.state, slot, num_tokens)
 
 
 class SlowRestores(FakeTier):
@@ -514,6 +518,26 @@ def test_an_evicted_head_short_of_pages_takes_them_from_a_resume_behind_it(model
     h.sched.store.release_all()
     assert h.sched.pool.num_free == h.sched.pool.num_pages
     h.sched.pool.integrity_check()
+
+
+def test_a_sequence_shorter_than_the_exact_window_resumes_from_its_copies(model):
+    """hq-e8-2b: an agent of fewer tokens than the exact window (64 here) is moved down and back; the check of
+    its restored image reads only the window rows its tokens wrote (it read the whole ring, rows the lane
+    never wrote, NaN here: the copies were refused and the agent recomputed)."""
+    h = Harness(model, lanes=1, pages=8, window=1, kv_format="hq-e8-2b")
+    h.submit("agent0", prompt(39, 0), "agent", max_tokens=30)
+    for _ in range(5):
+        h.step()
+    h.submit("user", prompt(40, 9), "interactive", max_tokens=3)
+    h.run()
+    stats = h.sched.stats()
+    assert stats["live_evictions_total"] == stats["live_resumes_total"] == 1
+    assert stats["reuse_restore_rejected_total"] == 0 and h.finished["agent0"].recomputed == 0
+    alone = Harness(model, evict=False, kv_format="hq-e8-2b")
+    alone.submit("agent0", prompt(39, 0), "agent", max_tokens=30)
+    alone.run()
+    assert h.tokens["agent0"] == alone.tokens["agent0"]
+    _nothing_held(h)
 
 
 def test_a_decode_short_of_a_page_takes_it_from_a_lower_ranked_resume_not_from_itself(model):

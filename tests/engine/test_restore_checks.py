@@ -54,6 +54,27 @@ def test_partial_last_page_is_checked_only_where_written(model):
     state.close()
 
 
+def test_an_exact_window_is_checked_only_in_the_rows_its_tokens_wrote(model):
+    """hq-e8-2b images carry the exact-window ring (position p at row p % W): a sequence of n < W tokens
+    wrote rows 0 .. n-1; the rest hold whatever the lane held (NaN here) and are not read."""
+    state = ModelState.allocate(model.cfg, num_pages=4, lanes=1, dtype=torch.float32, fill=float("nan"),
+                                kv_format="hq-e8-2b", exact_window=64)
+    state.allocate_slots(0, 1)
+    for blocks in (state.slot_ssm, state.slot_conv):
+        blocks[1].zero_()
+    window = state.slot_window[1][:, 0]  # [L_full, 2, W, Hkv, D]
+    window.fill_(float("nan"))
+    window[:, :, :39] = 0.0
+    assert finite_image(state, 0, 39) and not finite_image(state, 0, 40) and not finite_image(state, 0)
+    window[1, 1, 38, 0, 0] = float("inf")
+    assert not finite_image(state, 0, 39)
+    window[:] = 0.0
+    assert finite_image(state, 0, 5000) and finite_image(state, 0)
+    window[0, 0, 63, 0, 0] = float("nan")  # past W tokens every row holds one
+    assert not finite_image(state, 0, 5000)
+    state.close()
+
+
 def test_many_pages_are_checked_a_group_at_a_time_and_each_group_counts(model, monkeypatch):
     """A long restore is gathered ``CHECK_PAGES`` pages at a time (a bounded temporary); a bad row in
     any group, the last included, fails the check."""
