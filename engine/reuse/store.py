@@ -437,9 +437,12 @@ class RetainedStore:
         self.family_touches += touched
         return touched
 
-    def _lowest(self, host_only: bool = False) -> Entry | None:
+    def _lowest(self, host_only: bool = False, freeing: bool = False) -> Entry | None:
+        """The lowest-ranked unpinned entry (``host_only``: of those in host slots; ``freeing``: of those
+        holding a page no one else does, whose release gives the pool a page)."""
         candidates = [e for e in self._entries.values() if not e.pinned
-                      and (not host_only or self.slots.tier_of(e.slot) == "host")]
+                      and (not host_only or self.slots.tier_of(e.slot) == "host")
+                      and (not freeing or e.pages.sole())]
         if not candidates:
             return None
         return min(candidates, key=lambda e: (CLASS_KEEP[e.request_class], e.last_used))
@@ -466,14 +469,15 @@ class RetainedStore:
         """Release entries, lowest-ranked first, until ``needed_free`` pages are free in the pool now (a
         capture's partial last page cannot wait for a later round). Pages a demote's copy still reads are
         not free: that copy is waited for, as a capture waits for a slot (``SLOT_WAIT_S``); one that does
-        not land in time ends the attempt (the capture is then skipped)."""
+        not land in time ends the attempt (the capture is then skipped). Only entries whose release frees a
+        page go: one whose pages all a running sequence (or another entry) shares would be lost for nothing."""
         while self.pool.num_free < needed_free:
-            victim = self._lowest()
+            victim = self._lowest(freeing=True)
             if victim is None:
                 return
             slot, landing = victim.slot, self.moves.pages_landing
             if self._release(victim, demote=True) or self.moves.pages_landing == landing:
-                continue  # its pages are free now, or were all shared with others
+                continue  # its pages are free now
             if not self.moves.wait_for_slot(slot, SLOT_WAIT_S):
                 return
 

@@ -256,6 +256,40 @@ def test_reclaim_releases_lowest_ranked_until_room_and_skips_pinned():
     pool.integrity_check()
 
 
+def test_a_capture_short_of_a_page_releases_only_entries_that_free_one():
+    """The pool is full and a capture needs a page for its partial last one: an entry whose pages a running
+    sequence shares frees nothing and stays (it was released for nothing, lowest-ranked first), one holding
+    a page of its own goes; with none such the capture is skipped and every entry kept."""
+    pool, store = make(pages=4, host=4)
+    live = live_seq(pool, 128, "live")  # pages 0, 1
+    store.capture(toks(128), live, 0, "retained_prefix", "agent", False)  # shares both: frees nothing
+    other = live_seq(pool, 64, "other")  # page 2
+    store.capture(toks(40, 500), other, 1, "prompt_checkpoint", "interactive", True)  # copies 2 -> 3
+    round_applied(store)
+    other.release()
+    filler = live_seq(pool, 64, "filler")  # page 2 again: nothing free
+    assert pool.num_free == 0
+    order = store.capture(toks(100, 900), live, 0, "prompt_checkpoint", "interactive", True)
+    assert order is not None and order.page_copies == ((1, 3),)
+    assert sorted(len(e.tokens) for e in store.entries()) == [100, 128]  # the agent's entry stayed
+    live.release()
+    filler.release()
+    store.release_all()
+    assert pool.num_free == 4
+    pool.integrity_check()
+
+    pool, store = make(pages=2, host=4)
+    live = live_seq(pool, 128, "live")
+    store.capture(toks(128), live, 0, "retained_prefix", "agent", False)
+    round_applied(store)
+    assert store.capture(toks(90, 700), live, 0, "prompt_checkpoint", "interactive", True) is None
+    assert store.captures_skipped == 1 and len(store) == 1
+    live.release()
+    store.release_all()
+    assert pool.num_free == 2
+    pool.integrity_check()
+
+
 def test_stamp_mismatch_is_refused_before_anything_moves():
     pool, store = make(stamp="model-a:bf16:drafter=0")
     seq = live_seq(pool, 100)
