@@ -3,8 +3,11 @@
 At most one model is loaded at a time (none after an idle unload). A request
 for a model that is not loaded waits in ``pending``, in arrival order, and so
 does every request behind it; once the loaded model has no work left the loop
-switches (``EngineServer._service_models``) and hands the pending requests back
-to intake. Unloading closes the ``Runtime``, which frees retained state in
+switches to the model of the oldest pending request
+(``EngineServer._service_models``) and hands back to intake every pending
+request for it, then the others, which wait again: a model's requests that
+waited are served by one switch, and no request waits more than one switch
+per other model ahead of it. Unloading closes the ``Runtime``, which frees retained state in
 every tier; a Stats reply keeps showing the model's sizes meanwhile.
 
 Context lengths. Each model's longest sequence is in the Stats reply as
@@ -77,9 +80,15 @@ class ServedModels:
         return None
 
     def take_pending(self) -> list:
-        """Every pending ``(peer, Generate)`` in arrival order; the queue starts again empty."""
-        pending, self.pending = list(self.pending), deque()
-        return pending
+        """Every pending ``(peer, Generate)``: those for the loaded model first, then the others, each in
+        arrival order; the queue starts again empty. Handed back to intake in this order, every request
+        for the loaded model is admitted and the others wait again (the first of them names the next
+        switch), so one switch serves all that waited for a model, not only those up to the first request
+        for another."""
+        mine = [p for p in self.pending if self.wanted(p[1].model) == self.name]
+        rest = [p for p in self.pending if self.wanted(p[1].model) != self.name]
+        self.pending = deque()
+        return mine + rest
 
     def drop_pending(self, model: str) -> list:
         """Take every pending request for ``model`` out of the queue (its load failed)."""

@@ -123,3 +123,31 @@ def test_each_request_is_checked_against_the_context_of_the_model_it_names(multi
     assert e.value.body["code"] == "context_length_exceeded" and f"is {OTHER_LEN} tokens" in e.value.body["message"]
     models = http("GET", server.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"]
     assert {m["id"]: m["max_model_len"] for m in models} == {"demo": 8192, "other": OTHER_LEN}
+
+
+def switches(server) -> int:
+    return (server.out.read_text() + server.err.read_text()).count("(switching to ")
+
+
+def test_a_burst_interleaving_two_models_costs_one_switch_each_way(multi_server):
+    """While a long demo request runs, requests for other, demo, other, demo, other arrive: the switch to
+    other serves all three, the one back serves both demo requests (it was a switch per request, five), and
+    every answer is its model's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, client = multi_server
+    expected = {"demo": ask(client, "demo")[0], "other": ask(client, "other")[0]}
+    ask(client, "demo")
+    before = switches(server)
+    stream = client.chat.completions.create(model="demo", messages=PROMPT, max_tokens=300, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks)  # the long request runs
+    names = ["other", "demo", "other", "demo", "other"]
+    with ThreadPoolExecutor(len(names)) as pool:
+        futures = [pool.submit(ask, client, name) for name in names]
+        rest = sum(1 for _ in chunks)
+        answers = [f.result()[0] for f in futures]
+    assert rest > 0
+    assert answers == [expected[name] for name in names]
+    assert switches(server) - before <= 2, server.log()
