@@ -100,6 +100,7 @@ class Request:
     live_resumes: int = field(default=0, init=False)  # evicted down a tier and resumed where it stopped
     pages_wanted: int = field(default=0, init=False)  # at the head of its queue: free pages it found too few
     pending_end: tuple[str, ...] | None = field(default=None, init=False)  # (reason, message[, error code])
+    kept_tokens: int | None = field(default=None, init=False)  # ended by a stop string: the output tokens it kept
     finish_reason: str | None = field(default=None, init=False)
     cached_tokens: int = field(default=0, init=False)  # prompt tokens resumed from a retained entry
     reuse_kind: str = field(default="none", init=False)

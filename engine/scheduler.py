@@ -221,14 +221,18 @@ class Scheduler:
             req.must_cut_at = tuple(sorted({*req.must_cut_at, learned_at}))
             share_ahead(learned_at, req, self.waiting, self.lanes.holders())
 
-    def abort(self, req_id: str, reason: str = "abort", message: str = "") -> FinishEvent | None:
+    def abort(self, req_id: str, reason: str = "abort", message: str = "",
+              kept_tokens: int | None = None) -> FinishEvent | None:
         """End a request; see the module docstring for when. Unknown ids are ignored (None). ``reason``
-        "stop": the gateway has the whole output (a stop string matched), so it ends as a stop."""
+        "stop": the gateway has the whole output (a stop string matched), so it ends as a stop, counting
+        ``kept_tokens`` of its output when given (tokens sampled past the match are not the output's)."""
         if reason not in ("abort", "error", "stop"):
             raise ValueError(f"abort reason must be 'abort', 'error' or 'stop', got {reason!r}")
         req = self._requests.get(req_id)
         if req is None:
             return None
+        if kept_tokens is not None and req.kept_tokens is None:
+            req.kept_tokens = kept_tokens
         if req.state is RequestState.WAITING:
             self.waiting[req.request_class].remove(req)
             return self._finish(req, reason, message)
@@ -346,7 +350,8 @@ class Scheduler:
         req.state = RequestState.FINISHED
         req.finish_reason = reason
         del self._requests[req.req_id]
-        return FinishEvent(req.req_id, reason, len(req.prompt_ids), len(req.output_ids), message, error_code,
+        completion = len(req.output_ids) if req.kept_tokens is None else min(len(req.output_ids), req.kept_tokens)
+        return FinishEvent(req.req_id, reason, len(req.prompt_ids), completion, message, error_code,
                            cached_tokens=req.cached_tokens, reuse_kind=req.reuse_kind,
                            reuse_tier=req.reuse_tier if req.cached_tokens else "none", reuse_slot=req.reuse_slot,
                            shortfall=req.shortfall, restore_rejected=req.restore_rejected, tier_wait_s=req.tier_wait_s,

@@ -247,7 +247,7 @@ class EngineServer:
         elif isinstance(msg, Abort):
             if self.intake.abort_pending(msg.id):
                 return
-            ev = self.scheduler.abort(msg.id, msg.reason) if self.loaded else None
+            ev = self.scheduler.abort(msg.id, msg.reason, kept_tokens=msg.kept_tokens) if self.loaded else None
             if ev is not None:
                 self._finish(ev)
         elif isinstance(msg, Stats):

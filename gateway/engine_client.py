@@ -172,13 +172,14 @@ class EngineClient:
         for msg in messages:
             self._send(msg)
 
-    def abort(self, engine_id: str, keep_route: bool = False, reason: str = "abort") -> None:
+    def abort(self, engine_id: str, keep_route: bool = False, reason: str = "abort",
+              kept_tokens: int | None = None) -> None:
         """Ask the engine to end a stream; without ``keep_route`` its remaining answers are dropped.
-        ``reason`` "stop": its output is complete (``Abort``)."""
+        ``reason`` "stop": its output is complete, ``kept_tokens`` of the tokens sent (``Abort``)."""
         if engine_id in self._routes:
             if not keep_route:
                 del self._routes[engine_id]
-            self._send(Abort(engine_id, reason))
+            self._send(Abort(engine_id, reason, kept_tokens))
 
     @property
     def engine_alive(self) -> bool:

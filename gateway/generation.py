@@ -240,8 +240,8 @@ class Generation:
                     delta = choice.feed_tokens(self._same_stream(engine_id, item, lp))
                 else:
                     delta = choice.feed_tokens([(item, lp)])
-                if choice.stopped_early:
-                    self.client.abort(engine_id, keep_route=True, reason="stop")  # counted as a stop
+                if choice.stopped_early:  # counted as a stop, of the tokens the choice kept
+                    self.client.abort(engine_id, keep_route=True, reason="stop", kept_tokens=len(choice.token_ids))
                 if delta.token_ids or delta.has_output:
                     out.append(delta)
             elif out and self._fails(choice, item):

@@ -185,18 +185,21 @@ class Generate:
 class Abort:
     """Stop a stream (client went away, or the gateway gave up on it). ``reason`` "stop": the output is
     complete before the engine ended it (a stop string matched, or a tool call past ``max_calls`` began),
-    so the request ends as a stop, not an abort."""
+    so the request ends as a stop, not an abort; ``kept_tokens`` (optional) then says how many of the
+    tokens sent the output kept: its usage and done line count those, not what was sampled past them."""
 
     TYPE: ClassVar[str] = "abort"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("reason",)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("reason", "kept_tokens")
     REASONS: ClassVar[tuple[str, ...]] = ("abort", "stop")
 
     id: str
     reason: str = "abort"
+    kept_tokens: int | None = None
 
     def __post_init__(self):
         _check_id(self.id)
         check_choice("reason", self.reason, self.REASONS)
+        check_opt_int("kept_tokens", self.kept_tokens)
 
 
 @GATEWAY_ENGINE.message

@@ -447,6 +447,23 @@ def test_abort_while_round_in_flight_drops_its_token():
     assert_drained(s)
 
 
+def test_a_stop_the_gateway_matched_counts_the_tokens_its_output_kept():
+    """The gateway matched a stop string in the first of three tokens sent; two more were sampled before its
+    Abort arrived: the request ends as a stop of one completion token (usage, done line, histogram)."""
+    s = Scheduler(config())
+    s.add(request("a", 10, max_tokens=50))
+    s.schedule()
+    for token in (5, 6, 7):
+        s.update(RoundResult({"a": token}))
+        s.schedule()
+    assert s.abort("a", "stop", kept_tokens=1) is None
+    assert s.update(RoundResult({"a": 8})) == []
+    assert s.schedule().finished == [FinishEvent("a", "stop", 10, 1)]
+    s.add(request("b", 10))
+    assert s.abort("b", "stop", kept_tokens=4) == FinishEvent("b", "stop", 10, 0)  # never more than it has
+    assert_drained(s)
+
+
 def test_abort_everything_returns_the_pool_to_full():
     s = Scheduler(config(decode_lanes=3, num_pages=6, max_model_len=384))
     for i in range(6):

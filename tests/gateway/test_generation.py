@@ -18,14 +18,17 @@ class Routes:
     def __init__(self):
         self.aborts: list[str] = []
         self.reasons: dict[str, str] = {}
+        self.kept: dict[str, int | None] = {}
         self.engine_alive = True
 
     def open(self, messages, inbox) -> None:
         pass
 
-    def abort(self, engine_id: str, keep_route: bool = False, reason: str = "abort") -> None:
+    def abort(self, engine_id: str, keep_route: bool = False, reason: str = "abort",
+              kept_tokens: int | None = None) -> None:
         self.aborts.append(engine_id)
         self.reasons[engine_id] = reason
+        self.kept[engine_id] = kept_tokens
 
 
 def generation(tokenizer, n: int = 1, stops: tuple[str, ...] = ()) -> Generation:
@@ -78,9 +81,11 @@ def test_a_stop_string_aborts_at_the_engine_and_keeps_the_route(demo_tokenizer):
     assert "".join(d.content for d in gen.take()) == "one "
     assert gen.client.aborts == ["cmpl-t-0"]
     assert gen.client.reasons == {"cmpl-t-0": "stop"}  # the engine counts it as a stop, not an abort
+    kept = len(gen.choices[0].token_ids)
+    assert gen.client.kept == {"cmpl-t-0": kept} and 0 < kept < len(demo_tokenizer.encode("one STOP two"))
     gen.inbox.put_nowait(("cmpl-t-0", Finished("cmpl-t-0", "stop", Usage(3, 9)), None))
     (last,) = gen.take()
-    assert last.finish_reason == "stop" and gen.done
+    assert last.finish_reason == "stop" and gen.done and gen.usage.completion_tokens == kept
 
 
 async def test_wait_wakes_on_the_next_item(demo_tokenizer):

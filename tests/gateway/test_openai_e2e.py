@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -113,7 +114,21 @@ def test_stop_string_from_the_greedy_output(client, server):
             got, reason = r.choices[0].text, r.choices[0].finish_reason
             assert reason == "stop" and r.usage.completion_tokens < 40
             assert r.choices[0].model_extra["stop_reason"] == stop
+            # the done line counts the tokens the answer kept, not those sampled before the engine heard
+            done = _done_line(server, r.id)
+            assert (done["completion_tokens"], done["finish_reason"]) == (r.usage.completion_tokens, "stop")
         assert got == text[:cut]
+
+
+def _done_line(server, request_id: str) -> dict:
+    """The engine's done line of ``request_id``'s first choice (it is written as the answer is sent)."""
+    deadline = time.monotonic() + 10
+    while True:
+        for line in server.err.read_text().splitlines():
+            if '"event":"done"' in line and f'"id":"{request_id}-0"' in line:
+                return json.loads(line[line.index("{"):])
+        assert time.monotonic() < deadline, f"no done line for {request_id}"
+        time.sleep(0.05)
     # a stop token of the request's own: its id; a length: null
     ids = client.completions.create(model=server.model, prompt="The city of", temperature=0, max_tokens=40,
                                     extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0]

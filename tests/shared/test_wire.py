@@ -98,6 +98,7 @@ MESSAGES = [
     Admitted(id="r5", cached_tokens=64),
     Admitted(id="r7", cached_tokens=0),
     Abort(id="r1", reason="stop"),
+    Abort(id="r1", reason="stop", kept_tokens=3),
 ]
 
 
@@ -180,6 +181,8 @@ GEN = MESSAGES[1]
     (_header(Abort("x"), id=_DROP), "missing field 'id'"),
     (_header(Abort("x"), id=5), "id must be a string"),
     (_header(Abort("x"), reason="done"), "reason must be one of"),
+    (_header(Abort("x"), kept_tokens=-1), "kept_tokens"),
+    (_header(Abort("x"), kept_tokens="2"), "kept_tokens"),
     (_header(Admitted("x", 3), cached_tokens=-1), "cached_tokens"),
     (_header(Admitted("x", 3), cached_tokens=2.5), "cached_tokens"),
     (_header(Admitted("x", 3), cached_tokens=_DROP), "missing field 'cached_tokens'"),
