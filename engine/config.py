@@ -18,6 +18,7 @@ from ignis.engine.models.config import KV_FORMATS
 from ignis.engine.speculative_config import (LOOKUP_DEFAULT, METHODS, lookup_bounds, read_speculative_config,
                                              sglang_choice)
 from ignis.shared.flags import field_doc, parse_bytes, parse_count, parse_optional_count
+from ignis.shared.runtime import check_instance_name
 from ignis.shared.model_names import DOWNLOAD_DIR_HELP, LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
 
@@ -340,6 +341,10 @@ class EngineConfig:
                 raise ValueError(f"{flag} must be seconds > 0, got {value!r}")
         if self.idle_unload_s is not None and not self.idle_unload_s > 0:
             raise ValueError(f"--idle-unload-s must be > 0, got {self.idle_unload_s}")
+        try:
+            check_instance_name(self.instance)
+        except ValueError as e:
+            raise ValueError(f"--instance: {e}") from None
         object.__setattr__(self, "served_model_name", served_names(self.served_model_name))
         if isinstance(self.model, str):
             object.__setattr__(self, "model", (self.model,))

@@ -88,12 +88,13 @@ class EngineServer:
         self._stop_deadline: float | None = None
         self._last_loop = time.monotonic()
         self._started_unix = round(time.time(), 3)
+        self._served = tuple(self.models.dirs)  # the names requests may give, in the served list's order
         self._update_gauges()  # before the metrics endpoint and READY: a first scrape sees the loaded pool
 
     def _answer_stats(self, msg) -> StatsReply | None:
         """On the channel's I/O thread: Stats from the last round's snapshot, without waiting for a round."""
         if isinstance(msg, Stats) and self._stats_snapshot is not None:
-            return StatsReply(self._stats_snapshot)
+            return StatsReply(self._stats_snapshot, self._served)
         return None
 
     @property
@@ -251,7 +252,7 @@ class EngineServer:
             if ev is not None:
                 self._finish(ev)
         elif isinstance(msg, Stats):
-            self.channel.send(StatsReply(self.stats()), peer)
+            self.channel.send(StatsReply(self.stats(), self._served), peer)
         elif isinstance(msg, FlushCache):
             self.flushes.ask(peer, msg)
         elif isinstance(msg, Profile):

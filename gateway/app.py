@@ -50,6 +50,7 @@ from aiohttp import web
 
 from ignis.gateway import grammars
 from ignis.gateway.adapter_sync import keep_adapters
+from ignis.gateway.engine_models import serves_none, watch_models
 from ignis.gateway.cache_reset import RESET_PATHS, reset_prefix_cache
 from ignis.gateway.chat import chat_completions
 from ignis.gateway.chat_template import ChatTemplate
@@ -96,6 +97,7 @@ from ignis.shared.runtime import default_runtime_dir
 
 log = logging.getLogger("ignis.gateway")
 ADAPTER_SYNC = web.AppKey("ignis_adapter_sync", asyncio.Task)
+MODEL_WATCH = web.AppKey("ignis_model_watch", asyncio.Task)
 BODYLESS_PATHS = RESET_PATHS + PROFILE_PATHS
 """Keyed paths outside /v1 whose POST may come without a body."""
 
@@ -237,12 +239,15 @@ async def _middleware(request: web.Request, handler):
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 when the engine answers, else 503."""
+    """200 when the engine answers and serves a model this gateway asks for, else 503."""
     gw: GatewayState = request.app[STATE]
     try:
         await gw.client.stats(timeout=1.0)
     except EngineUnavailable:
         return json_response({"status": "unavailable", "engine": "not answering"}, status=503)
+    if serves_none(gw):
+        return json_response({"status": "unavailable", "engine": "serves other models: "
+                              + ", ".join(gw.client.engine_models)}, status=503)
     return json_response({"status": "ok"})
 
 
@@ -394,12 +399,14 @@ def build_app(config: GatewayConfig, files: ModelFiles, model_name: str, endpoin
     async def start(app: web.Application) -> None:
         await gw.client.start()
         app[ADAPTER_SYNC] = asyncio.create_task(keep_adapters(gw))
+        app[MODEL_WATCH] = asyncio.create_task(watch_models(gw))
 
     async def finish_background(app: web.Application) -> None:
         await stop_background(app, config.shutdown_timeout)
 
     async def stop(app: web.Application) -> None:
         app[ADAPTER_SYNC].cancel()
+        app[MODEL_WATCH].cancel()
         await gw.client.close()
 
     async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -14,6 +14,7 @@ from ignis.gateway.image_limits import parse_mm_limit
 from ignis.gateway.sampling_defaults import check_source, parse_override
 from ignis.gateway.tls import check_tls_flags
 from ignis.shared.flags import field_doc, parse_bytes
+from ignis.shared.runtime import check_instance_name
 from ignis.shared.model_names import DOWNLOAD_DIR_HELP, LORA_MODULES_HELP, LORA_UPDATING_HELP, SERVED_NAME_HELP, served_names
 
 DEVELOPER_POLICIES = ("in-place", "into-system", "after-system")
@@ -177,6 +178,10 @@ class GatewayConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "served_model_name", served_names(self.served_model_name))
+        try:
+            check_instance_name(self.instance)
+        except ValueError as e:
+            raise ValueError(f"--instance: {e}") from None
         if isinstance(self.model, str):
             object.__setattr__(self, "model", (self.model,))
         if self.model is None:

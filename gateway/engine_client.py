@@ -89,6 +89,7 @@ class EngineClient:
         self.timeout = timeout
         self.last_seen: float | None = None
         self.stats_values: dict = {}
+        self.engine_models: tuple[str, ...] = ()  # the names the engine serves (empty until it says)
         self._engine_started: float | None = None  # the engine instance we talk to (its start time)
         self._routes: dict[str, object] = {}  # engine id -> its request's inbox (put_nowait)
         self._stats_waiters: collections.deque[asyncio.Future] = collections.deque()
@@ -310,6 +311,7 @@ class EngineClient:
                 self.last_seen = time.monotonic()
                 log.info("an engine answers again")
             self.stats_values = msg.values
+            self.engine_models = msg.models
             started = msg.values.get("engine_started_unix")
             if started is not None:
                 if self._engine_started is not None and started != self._engine_started:

@@ -40,12 +40,17 @@ def _available() -> dict[str, tuple[str, str]]:
     return found
 
 
+SHORT_USAGE = "%(prog)s [arguments]  (%(prog)s --help lists them)"
+"""A bad argument's error comes under this line, not under every flag the command takes."""
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="ignis", description="Inference server for hybrid language models.")
+    parser = argparse.ArgumentParser(prog="ignis", description="Inference server for hybrid language models.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, (module_name, help_text) in _available().items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False, usage=SHORT_USAGE)
         module = importlib.import_module(module_name)
         module.add_arguments(p)
         modules[name] = module
@@ -58,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS and argv[0] in _available():
         module_name, help_text = SUBCOMMANDS[argv[0]]
         module = importlib.import_module(module_name)
-        parser = argparse.ArgumentParser(prog=f"ignis {argv[0]}", description=help_text)
+        # no abbreviations: another server's flag that prefixes one of ours (SGLang's --max-prefill-tokens)
+        # is refused naming it, not taken as ours
+        parser = argparse.ArgumentParser(prog=f"ignis {argv[0]}", description=help_text, allow_abbrev=False,
+                                         usage=SHORT_USAGE)
         module.add_arguments(parser)
         args = parser.parse_args(positionals_first(parser, argv[1:]))
         return int(module.run(args) or 0)

@@ -24,13 +24,17 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+class FlagValueError(argparse.ArgumentTypeError, ValueError):
+    """A flag's value is malformed: a ValueError to callers, and its message is what argparse shows."""
+
+
 def parse_bytes(text: str | int) -> int:
-    """'2G' -> 2147483648; plain integers pass through. Raises ValueError."""
+    """'2G' -> 2147483648; plain integers pass through. Raises ``FlagValueError`` (a ValueError)."""
     if isinstance(text, int):
         return text
     m = _SIZE.match(str(text))
     if not m:
-        raise ValueError(f"not a byte size: {text!r} (examples: 1048576, 512M, 2G)")
+        raise FlagValueError(f"not a byte size: {text!r} (examples: 1048576, 512M, 2G)")
     unit = (m.group(2) or "").lower()[:1]
     return int(float(m.group(1)) * _UNITS[unit])
 

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ignis.shared.hf_cache import resolve_checkpoint
+from ignis.shared.wire import MAX_ID_CHARS
 
 DEMO_MODEL_NAME = "ignis-demo"
 LORA_MODULES_HELP = (
@@ -27,11 +28,24 @@ SERVED_NAME_HELP = (
     "answers carry")
 
 
+def check_name(name: str, flag: str) -> str:
+    """``name`` as a model name requests carry (the wire's id bounds): not empty, at most ``MAX_ID_CHARS``
+    characters, no control characters; else a ValueError naming ``flag``."""
+    if not name or not name.strip():
+        raise ValueError(f"{flag}: a model name must not be empty")
+    if len(name) > MAX_ID_CHARS:
+        raise ValueError(f"{flag}: the model name is {len(name)} characters, at most {MAX_ID_CHARS} allowed")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ValueError(f"{flag}: the model name {name!r} holds a control character")
+    return name
+
+
 def served_names(explicit) -> tuple[str, ...]:
     """``--served-model-name``'s values (one string, several, or none) as a tuple."""
-    if not explicit:
+    if explicit is None or explicit == () or explicit == []:
         return ()
-    return (explicit,) if isinstance(explicit, str) else tuple(explicit)
+    names = (explicit,) if isinstance(explicit, str) else tuple(explicit)
+    return tuple(check_name(n, "--served-model-name") for n in names)
 
 
 def served_name(model_dir: str | None, explicit=None) -> str:
@@ -68,6 +82,7 @@ def model_specs(values, explicit=None) -> list[tuple[str, str | None]]:
             name, path = v.split("=", 1)
             if not name or not path:
                 raise ValueError(f"--model: expected NAME=DIR, got {v!r}")
+            check_name(name, "--model")
             path, _ = resolve_checkpoint(path, "--model")
         else:
             path, cached = resolve_checkpoint(v, "--model")  # a repo id answers to itself, as vLLM's

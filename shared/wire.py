@@ -505,13 +505,23 @@ class Refused:
 @GATEWAY_ENGINE.message
 @dataclass(frozen=True)
 class StatsReply:
-    """Named engine counters and gauges (finite numbers only)."""
+    """Named engine counters and gauges (finite numbers only); ``models`` (optional): the names the engine
+    serves, in its order (``max_model_len_<i>`` names the i-th), so a gateway can see it asks for others."""
 
     TYPE: ClassVar[str] = "stats_reply"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("models",)
+    MAX_MODELS: ClassVar[int] = 64
 
     values: dict
+    models: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if type(self.models) is list:
+            object.__setattr__(self, "models", tuple(self.models))
+        if type(self.models) is not tuple or len(self.models) > self.MAX_MODELS:
+            raise TypeError(f"models must be a list of at most {self.MAX_MODELS} names")
+        for name in self.models:
+            check_str("model", name, MAX_ID_CHARS, allow_empty=False)
         if type(self.values) is not dict:
             raise TypeError("values must be a dict of name -> number")
         if len(self.values) > MAX_STATS:

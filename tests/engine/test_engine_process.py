@@ -227,6 +227,7 @@ def test_stats_are_answered_while_a_long_round_runs(tmp_path):
             env = eng.client.get(timeout=120)
             if isinstance(env.message, StatsReply):
                 order.append("stats")
+                assert env.message.models == ("ignis-demo",)  # what it serves, for a gateway to compare
             elif isinstance(env.message, TokenBatch):
                 order.append("token")
         assert order[0] == "stats", order

@@ -68,6 +68,7 @@ class FakeEngine:
         self.flush_entries = 0
         self.flush_refusal: str | None = None
         self.stats_extra: dict = {}
+        self.served: tuple[str, ...] = ()  # the model names its Stats say it serves (none said by default)
         self.adapter_list: tuple[int, tuple[str, ...], tuple[str, ...]] = (0, (), ())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -82,7 +83,8 @@ class FakeEngine:
             msg, peer = env.message, env.peer
             if isinstance(msg, Stats):
                 self.channel.send(StatsReply({"max_model_len": MAX_MODEL_LEN, "vocab_size": VOCAB_SIZE,
-                                                "engine_started_unix": self.started, **self.stats_extra}), peer)
+                                                "engine_started_unix": self.started, **self.stats_extra},
+                                               self.served), peer)
             elif isinstance(msg, ListAdapters):
                 self.channel.send(AdapterList(msg.id, *self.adapter_list), peer)
             elif isinstance(msg, Abort):

@@ -64,6 +64,7 @@ def fake(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fake")
     engine = FakeEngine(f"ipc://{tmp}/fake-engine.sock")
     proc, url = start_gateway(tmp, f"ipc://{tmp}/fake-engine.sock")
+    engine.gateway_proc = proc
     yield engine, url
     stop(proc)
     engine.close()
@@ -97,6 +98,33 @@ def test_the_engines_too_long_refusal_names_the_endpoints_prompt_field(fake, pat
              {"Content-Type": "application/json"})
     assert r.status == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.body
     assert r.json()["error"]["param"] == param
+
+
+def test_an_engine_serving_other_models_is_unhealthy_and_logged(fake):
+    """A gateway started apart from an engine that serves other models: /health says so (503) and the log
+    names the models and the flags to fix (it was 200 and silent, every request a 404)."""
+    engine, url = fake
+    proc = engine.gateway_proc
+    engine.served = ("qwen-27b",)
+    try:
+        deadline = time.monotonic() + 15
+        while (r := http("GET", url + "/health")).status != 503:
+            assert time.monotonic() < deadline, r.body
+            time.sleep(0.05)
+        assert r.json()["engine"] == "serves other models: qwen-27b"
+        while "the engine serves qwen-27b, not ignis-demo" not in proc.out_path.read_text():
+            assert time.monotonic() < deadline, proc.out_path.read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        engine.served = ()
+    engine.served = ("qwen-27b", "ignis-demo")
+    try:
+        deadline = time.monotonic() + 15
+        while http("GET", url + "/health").status != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        engine.served = ()
 
 
 def test_fan_out_refused_aborts_the_other_choices(fake):

@@ -60,3 +60,17 @@ def test_a_symlinked_directory_also_answers_to_its_targets_name(tmp_path):
     assert model_aliases((str(tmp_path / "current"),)) == ("Qwen3.5-27B",)  # the name it answered to before
     assert model_aliases((str(release),)) == ()
     assert model_aliases((str(tmp_path / "current"),), ("mine",)) == ()  # named by the operator: that name only
+
+
+@pytest.mark.parametrize("names", ["", " ", ["a", ""], "x" * 257, "a\nb"])
+def test_a_served_name_requests_could_not_carry_is_refused_at_start(names):
+    """An empty, blank, over-long or control-character name was accepted, and every request then failed with
+    a 500 (the wire refuses such a model name)."""
+    with pytest.raises(ValueError, match="--served-model-name"):
+        model_specs(None, names)
+    with pytest.raises(ValueError, match="--model"):
+        model_specs([f"{names if isinstance(names, str) else ''}=/models/x", "b=/models/y"])
+
+
+def test_a_name_at_the_wires_bound_is_served():
+    assert model_specs(None, "x" * 256) == [("x" * 256, None)]

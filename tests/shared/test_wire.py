@@ -99,6 +99,7 @@ MESSAGES = [
     Admitted(id="r7", cached_tokens=0),
     Abort(id="r1", reason="stop"),
     Abort(id="r1", reason="stop", kept_tokens=3),
+    StatsReply(values={"model_index": 1}, models=("demo", "qwen-27b")),
 ]
 
 
