@@ -94,6 +94,9 @@ def run(args) -> int:
             port = server.metrics.serve(config.metrics_port, config.metrics_host)
         except OSError as exc:
             server.channel.close()
+            if server.kv_events is not None:
+                server.kv_events.close()
+            remove_socket_file(server.endpoint)  # bound already: this process's to delete
             return _cannot_start(f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc}")
         log.info("engine metrics on http://%s:%d/metrics", config.metrics_host, port)
         print(f"METRICS {port}", flush=True)

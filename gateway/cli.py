@@ -76,7 +76,13 @@ async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
     connections: Connections = app[CONNECTIONS]
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout,
                            keepalive_timeout=config.keepalive_timeout, lingering_time=LINGER_S)
-    await runner.setup()
+    try:
+        await runner.setup()  # connects to the engine (a malformed endpoint fails here)
+    except OSError as e:
+        await runner.cleanup()
+        print(f"ignis gateway: --engine-endpoint {config.engine_endpoint or 'auto'}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
     try:
         server = await listen(runner, connections, config.host, config.port, tls, config.header_read_timeout)
     except OSError as e:

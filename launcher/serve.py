@@ -80,8 +80,9 @@ class ServeConfig:
 
     start_timeout: float = field(default=600.0, metadata=field_doc(
         "seconds each child may take to become ready before serve gives up"))
-    stop_timeout: float = field(default=40.0, metadata=field_doc(
-        "seconds children get to exit after SIGTERM before they are killed"))
+    stop_timeout: float | None = field(default=None, metadata=field_doc(
+        "seconds the gateway and engine get to exit after SIGTERM before they are killed, and tierd as long "
+        "again after them (default: 3 x --shutdown-timeout + 10, the longest a gateway's drain may take)"))
     tierd_metrics_port: int | None = field(default=None, metadata=field_doc(
         "serve tierd's Prometheus metrics on this port, on --metrics-host (0 picks a free one; default: off; "
         "--metrics-port is the engine's)"))
@@ -96,7 +97,7 @@ class ServeConfig:
 
     def __post_init__(self):
         for name in ("start_timeout", "stop_timeout"):
-            if not getattr(self, name) > 0:
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.tierd_metrics_port is not None and not 0 <= self.tierd_metrics_port <= 65535:
             raise ValueError(f"--tierd-metrics-port must be in 0..65535, got {self.tierd_metrics_port}")
@@ -278,17 +279,27 @@ def _ignis() -> list[str]:
 
 
 def stop_all(children: list[Child], timeout: float) -> None:
-    for child in reversed(children):  # the gateway first, so no request arrives at a stopping engine
-        child.signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for child in children:
-        try:
-            child.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"ignis serve: the {child.name} did not exit within {timeout:g} s of SIGTERM; killing it",
-                  file=sys.stderr, flush=True)
-            child.signal(signal.SIGKILL)
-            child.proc.wait()
+    """SIGTERM the gateway and the engine (the gateway first, so no request arrives at a stopping engine) and
+    wait for them, then tierd, whose copies the engine's drain may still need; each stage gets ``timeout``
+    seconds, then what is left is killed."""
+    serving = [c for c in children if c.name != "tierd"]
+    for stage in (serving, [c for c in children if c.name == "tierd"]):
+        for child in reversed(stage):
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in stage:
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"ignis serve: the {child.name} did not exit within {timeout:g} s of SIGTERM; killing it",
+                      file=sys.stderr, flush=True)
+                child.signal(signal.SIGKILL)
+                child.proc.wait()
+
+
+def stop_timeout_s(cfg: "ServeConfig", shutdown_timeout: float) -> float:
+    """``--stop-timeout``, else as long as a gateway's drain may take with ``--shutdown-timeout``."""
+    return cfg.stop_timeout if cfg.stop_timeout is not None else 3 * shutdown_timeout + 10.0
 
 
 def _demo_model_problem() -> str | None:
@@ -323,6 +334,7 @@ def run(args) -> int:
     try:
         serve_cfg = from_args(ServeConfig, args)
         engine_cfg = from_args(EngineConfig, args)
+        serve_cfg = dataclasses.replace(serve_cfg, stop_timeout=stop_timeout_s(serve_cfg, engine_cfg.shutdown_timeout))
         key = resolve_api_key(args.api_key, args.api_key_file,
                               warn=lambda text: print(f"ignis serve: warning: {text}", file=sys.stderr, flush=True))
         from_args(GatewayConfig, args, api_key=key)  # checks the gateway's values before anything starts
@@ -348,8 +360,11 @@ def run(args) -> int:
     def on_signal(signum, _frame):
         stop.set()
         stop_signal.append(signum)
-        for child in children:  # a hangup stops the service as a SIGTERM does (the children drain)
-            child.signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+        # any of them stops the service as a SIGTERM does (the children drain): the gateway and the engine
+        # now, gateway first; tierd once they are gone (stop_all), its copies wanted to the end (unless it
+        # is all that has started)
+        for child in reversed([c for c in children if c.name != "tierd"] or children):
+            child.signal(signal.SIGTERM)
 
     stop_signal: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -102,6 +102,8 @@ def run(args) -> int:
             try:
                 port = metrics.serve(config.metrics_port, config.metrics_host)
             except OSError as e:
+                server.channel.close()
+                remove_socket_file(endpoint)  # bound already: this process's to delete
                 return _fail(EXIT_CONFIG, f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {e}")
             log.info("tierd metrics on http://%s:%d/metrics", config.metrics_host, port)
             print(f"METRICS {port}", flush=True)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ignis.shared.demo.builder import FILES, write_demo_model
+from ignis.shared.demo.tokenizer import DemoModelUnavailable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"ignis demo-model: {target} already holds {', '.join(present)}; pass --force to overwrite",
               file=sys.stderr)
         return 1
-    out = write_demo_model(target)
+    try:
+        out = write_demo_model(target)
+    except (OSError, DemoModelUnavailable) as e:
+        print(f"ignis demo-model: cannot write the demo model to {target}: {e}", file=sys.stderr)
+        return 1
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     print(f"wrote the demo model ({config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
           f"vocab {config['vocab_size']}) to {out}")

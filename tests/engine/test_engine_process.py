@@ -243,11 +243,14 @@ def test_a_metrics_port_in_use_is_a_one_line_start_error(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "engine", "--runtime-dir", str(tmp_path),
-                              "--metrics-port", str(port)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stderr[-3000:]
-    assert f"ignis engine: cannot serve metrics on 127.0.0.1:{port}" in out.stderr
-    assert "Traceback" not in out.stderr
+        outs = {role: subprocess.run([sys.executable, "-m", "ignis.launcher.cli", role, "--runtime-dir", str(tmp_path),
+                                      "--metrics-port", str(port), *extra], capture_output=True, text=True, timeout=300)
+                for role, extra in (("engine", ()), ("tierd", ("--reuse-kv-host-pool-bytes", "16M")))}
+    for role, out in outs.items():
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert f"ignis {role}: cannot serve metrics on 127.0.0.1:{port}" in out.stderr
+        assert "Traceback" not in out.stderr
+    assert not list(tmp_path.glob("*.sock"))  # each had bound its socket: gone with it
 
 
 def test_a_runtime_dir_that_cannot_be_made_is_a_one_line_start_error(tmp_path):

@@ -139,6 +139,8 @@ def test_sigterm_lets_streams_in_flight_finish_refuses_new_ones_and_every_proces
         assert "did not exit within" not in log and "exited with code" not in log and "Traceback" not in log, log[-3000:]
         for line in ("tierd stopped", "engine stopped", "gateway stopping"):
             assert line in log, (line, log[-3000:])
+        # tierd last: the engine's drain may still read its copies
+        assert log.index("engine stopped") < log.index("tierd stopped"), log[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

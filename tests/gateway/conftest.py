@@ -80,11 +80,11 @@ def start_serve(tmp: Path, extra: list[str], env: dict | None = None) -> Server:
 
 
 def stop_serve(server: Server) -> int:
-    """SIGTERM, then the exit code (-9: it had to be killed after a minute, longer than serve's own
-    --stop-timeout, so a child that ignores SIGTERM shows up in the log as killed)."""
+    """SIGTERM, then the exit code (-9: it had to be killed after four minutes, longer than serve's own
+    --stop-timeout for both its stages, so a child that ignores SIGTERM shows up in the log as killed)."""
     server.proc.send_signal(signal.SIGTERM)
     try:
-        return server.proc.wait(60)
+        return server.proc.wait(240)
     except subprocess.TimeoutExpired:
         server.proc.kill()
         return -9

@@ -35,3 +35,23 @@ def test_a_bad_byte_size_names_the_flag_and_the_value(command, capsys):
 def test_an_instance_name_that_is_not_a_file_name_is_refused_naming_the_flag(command, capsys):
     assert main([command, "--instance", "a/b"]) == 2
     assert "--instance: instance name must be" in capsys.readouterr().err
+
+
+def test_a_demo_model_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.mkdir()
+    (target / "sub").write_text("")
+    assert main(["demo-model", str(target / "sub" / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "ignis demo-model:" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_malformed_engine_endpoint_is_one_line_naming_the_flag():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ignis.launcher.cli", "gateway", "--port", "0", "--engine-endpoint",
+                          "garbage"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "ignis gateway: --engine-endpoint garbage: cannot connect" in out.stderr
+    assert "Traceback" not in out.stderr
