@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from ignis.engine.config import EngineConfig
 from ignis.shared.api_key import API_KEY_ENV, resolve_api_key
 from ignis.gateway.config import GatewayConfig
+from ignis.launcher.ports import first_taken
 from ignis.launcher.restarts import RestartBackoff
 from ignis.shared.process_lock import hold_file
 from ignis.shared.runtime import RuntimeDirError, ensure_runtime_dir
@@ -337,7 +338,7 @@ def run(args) -> int:
         serve_cfg = dataclasses.replace(serve_cfg, stop_timeout=stop_timeout_s(serve_cfg, engine_cfg.shutdown_timeout))
         key = resolve_api_key(args.api_key, args.api_key_file,
                               warn=lambda text: print(f"ignis serve: warning: {text}", file=sys.stderr, flush=True))
-        from_args(GatewayConfig, args, api_key=key)  # checks the gateway's values before anything starts
+        gateway_cfg = from_args(GatewayConfig, args, api_key=key)  # checks the gateway's values before anything starts
         _check_tokenizer(serve_cfg.tokenizer, engine_cfg.model)
         use_cache_dir(engine_cfg.download_dir)
         serves_demo = any(path is None for _, path in model_specs(engine_cfg.model, engine_cfg.served_model_name))
@@ -353,6 +354,12 @@ def run(args) -> int:
                   wait_s=0)
     except (OSError, RuntimeDirError) as exc:
         print(f"ignis serve: {exc}", file=sys.stderr)
+        return 2
+    taken = first_taken([("--port", gateway_cfg.host, gateway_cfg.port),
+                         ("--metrics-port", engine_cfg.metrics_host, engine_cfg.metrics_port),
+                         ("--tierd-metrics-port", args.metrics_host, serve_cfg.tierd_metrics_port)])
+    if taken is not None:  # found now, not once the model has loaded
+        print(f"ignis serve: {taken}", file=sys.stderr)
         return 2
     stop = StopRequest()  # the handler below must take no lock (see shared.stop_request)
     children: list[Child] = []

@@ -1,0 +1,45 @@
+"""Ports ``ignis serve`` checks are free before it starts anything.
+
+The gateway binds its HTTP port last, after tierd locked its arena and the
+engine loaded the model (minutes on a large checkpoint); a port already
+taken would only be found then. ``serve`` binds each TCP port it was given
+(the gateway's ``--port``, the engine's ``--metrics-port``,
+``--tierd-metrics-port``; 0 picks a free one and is not checked) the way
+the process will (``SO_REUSEADDR``, every address the host resolves to),
+closes it at once, and refuses to start naming the flag when one cannot be
+bound. A port taken between the check and the child's bind is still
+reported by that child.
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now (None: it can)."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"cannot resolve {host!r}: {e.strerror or e}"
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds each family
+            try:
+                s.bind(address)
+            except OSError as e:
+                return e.strerror or str(e)
+    return None
+
+
+def first_taken(ports: list[tuple[str, str, int | None]]) -> str | None:
+    """The first of ``(flag, host, port)`` whose port cannot be bound, as an error line (None: all free)."""
+    for flag, host, port in ports:
+        if not port:
+            continue
+        problem = bind_problem(host, port)
+        if problem is not None:
+            return f"{flag} {port}: cannot listen on {host}:{port}: {problem}"
+    return None
