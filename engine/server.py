@@ -171,6 +171,7 @@ class EngineServer:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_stop)  # a closed terminal: stop as cleanly as on SIGTERM
 
     def serve_forever(self) -> int:
         self.channel.start()

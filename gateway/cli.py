@@ -3,7 +3,7 @@
 Loads the tokenizer and chat template of ``--model`` (default: the demo
 model; ``--chat-template`` replaces the default model's template), connects to the engine's ZeroMQ endpoint, serves HTTP on uvloop, and
 prints ``READY http://HOST:PORT`` on stdout once listening (the port is the
-bound one, useful with ``--port 0``). SIGTERM or SIGINT stops accepting,
+bound one, useful with ``--port 0``). SIGTERM, SIGINT or SIGHUP stops accepting,
 gives in-flight requests ``--shutdown-timeout`` seconds, and aborts the rest
 at the engine. The API key comes from ``--api-key-file``, ``IGNIS_API_KEY``
 or ``--api-key`` (shared.api_key). Connections go through
@@ -92,7 +92,7 @@ async def serve(app: web.Application, config: GatewayConfig, tls=None) -> int:
     port = server.sockets[0].getsockname()[1]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
         loop.add_signal_handler(sig, stop.set)
     url = f"{'https' if tls is not None else 'http'}://{config.host}:{port}"
     log.info("gateway serving on %s", url)

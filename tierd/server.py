@@ -94,6 +94,7 @@ class TierServer:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_stop)  # a closed terminal: stop as cleanly as on SIGTERM
 
     def post(self, fn) -> None:
         """Called by worker threads: run ``fn`` on the loop."""
