@@ -52,6 +52,17 @@ PROMPT_FIELDS = {"chat": "messages", "completions": "prompt", "responses": "inpu
 """The field that holds the prompt, by endpoint (named by a context-length error)."""
 
 
+GRAMMAR_PARAMS = (*GRAMMAR_FIELDS, "text", "output_format", "tool_choice", "tools")
+"""Where a request's grammar came from, in order (structured output, a responses ``text`` format, Anthropic's
+``output_format``, a forced tool call): an engine refusal of the grammar names the first field present."""
+
+
+def grammar_param(fields: Fields | None) -> str | None:
+    """The field of ``fields`` (the request's, as the client sent them) that made its grammar."""
+    body = fields.obj if fields is not None else {}
+    return next((name for name in GRAMMAR_PARAMS if body.get(name) is not None), None)
+
+
 def _checked_body(raw: bytes, limits: RequestLimits) -> dict:
     body = parse_object(raw)
     check_body(body, limits)
@@ -263,6 +274,8 @@ class GenerationRequest:
                 except ApiError as e:  # the engine's refusal: a prompt past its context names the endpoint's field
                     if e.code == "context_length_exceeded":
                         e.param = PROMPT_FIELDS.get(endpoint, e.param)
+                    elif e.status == 400 and e.param is None and p.grammar is not None:
+                        e.param = grammar_param(sent)  # its grammar did not compile: the field that made it
                     raise
                 gw.metrics.first_token(endpoint, time.monotonic() - self.started)
                 response.opened(gen)

@@ -6,6 +6,7 @@
     seed 3   Refused unknown_model       seed 6   Admitted (one cached token), then nothing until an Abort
     other    Admitted (one cached token), ``max_tokens`` tokens (``UNDERSCORE``), then Finished stop (cached 1)
 
+A request whose grammar holds ``GRAMMAR_REFUSED`` is Refused bad_request (a grammar the engine cannot compile).
 Stats are answered with a small max_model_len and the demo model's vocab_size. Every Abort is recorded.
 A profiler start or stop (``Profile``) is refused as by an engine without ``--profile-dir``.
 ``stats_extra`` joins every Stats reply; ``ListAdapters`` is answered with ``adapter_list``
@@ -47,6 +48,8 @@ from ignis.shared.wire import (
 from ignis.shared.zmq_queues import bind_router
 
 REFUSALS = {1: "queue_full", 2: "too_long", 3: "unknown_model", 4: "shutting_down"}
+GRAMMAR_REFUSED = "fakeenginerefuses"
+"""A grammar holding this text is refused as one that does not compile with the model's vocabulary."""
 MAX_MODEL_LEN = 4096
 VOCAB_SIZE = 248_320
 """The demo model's config ``vocab_size`` (Qwen3.5's), which a real engine reports."""
@@ -124,6 +127,8 @@ class FakeEngine:
         elif seed == 0:
             self.channel.send(TokenBatch((StreamTokens(msg.id, (UNDERSCORE,)),)), peer)
             self._held[msg.id] = (peer, len(msg.prompt_ids))
+        elif msg.grammar is not None and GRAMMAR_REFUSED in msg.grammar:
+            self.channel.send(Refused(msg.id, "bad_request", "the grammar does not compile: scripted"), peer)
         elif seed in REFUSALS:
             self.channel.send(Refused(msg.id, REFUSALS[seed], f"scripted {REFUSALS[seed]}"), peer)
         elif seed == 6:  # admitted, its prefill never ends

@@ -127,6 +127,18 @@ def test_an_engine_serving_other_models_is_unhealthy_and_logged(fake):
         engine.served = ()
 
 
+@pytest.mark.parametrize("fields, param", [
+    ({"structured_outputs": {"regex": "fakeenginerefuses"}}, "structured_outputs"),
+    ({"guided_regex": "fakeenginerefuses"}, "guided_regex"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"fakeenginerefuses": {"type": "integer"}}}}}}, "response_format")])
+def test_a_grammar_the_engine_refuses_names_the_field_that_made_it(fake, fields, param):
+    _, url = fake
+    r = chat(url, **fields)
+    assert r.status == 400, r.body
+    assert r.json()["error"]["param"] == param and "does not compile" in r.json()["error"]["message"]
+
+
 def test_fan_out_refused_aborts_the_other_choices(fake):
     engine, url = fake
     r = chat(url, seed=0, n=2)  # choice i gets seed i: the first is held, the second refused (queue_full)
