@@ -88,7 +88,10 @@ class EngineServer:
         self._stop_deadline: float | None = None
         self._last_loop = time.monotonic()
         self._started_unix = round(time.time(), 3)
-        self._served = tuple(self.models.dirs)  # the names requests may give, in the served list's order
+        # the names requests may give, in the served list's order; more than a reply carries: none (a gateway
+        # then does not compare)
+        served = tuple(self.models.dirs)
+        self._served = served if len(served) <= StatsReply.MAX_MODELS else ()
         self._update_gauges()  # before the metrics endpoint and READY: a first scrape sees the loaded pool
 
     def _answer_stats(self, msg) -> StatsReply | None:

@@ -355,9 +355,9 @@ def run(args) -> int:
     except (OSError, RuntimeDirError) as exc:
         print(f"ignis serve: {exc}", file=sys.stderr)
         return 2
-    taken = first_taken([("--port", gateway_cfg.host, gateway_cfg.port),
-                         ("--metrics-port", engine_cfg.metrics_host, engine_cfg.metrics_port),
-                         ("--tierd-metrics-port", args.metrics_host, serve_cfg.tierd_metrics_port)])
+    taken = first_taken([("--port", gateway_cfg.host, gateway_cfg.port, False),
+                         ("--metrics-port", engine_cfg.metrics_host, engine_cfg.metrics_port, True),
+                         ("--tierd-metrics-port", args.metrics_host, serve_cfg.tierd_metrics_port, True)])
     if taken is not None:  # found now, not once the model has loaded
         print(f"ignis serve: {taken}", file=sys.stderr)
         return 2

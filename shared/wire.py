@@ -506,7 +506,8 @@ class Refused:
 @dataclass(frozen=True)
 class StatsReply:
     """Named engine counters and gauges (finite numbers only); ``models`` (optional): the names the engine
-    serves, in its order (``max_model_len_<i>`` names the i-th), so a gateway can see it asks for others."""
+    serves, in its order (``max_model_len_<i>`` names the i-th), so a gateway can see it asks for others
+    (empty: not said; an engine serving more than ``MAX_MODELS`` says none)."""
 
     TYPE: ClassVar[str] = "stats_reply"
     OPTIONAL: ClassVar[tuple[str, ...]] = ("models",)

@@ -258,3 +258,24 @@ def test_a_runtime_dir_that_cannot_be_made_is_a_one_line_start_error(tmp_path):
                           str(tmp_path / "missing" / "rt")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "ignis engine: cannot create runtime dir" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_engine_serving_more_models_than_a_stats_reply_names_still_answers_stats(tmp_path):
+    """65 models: the reply carries no names (a gateway then does not compare them); it was refused by the
+    wire, and the engine answered no Stats at all."""
+    from ignis.shared.wire import Stats, StatsReply
+
+    demo = str(ensure_demo_model())
+    names = [f"--model=m{i}={demo}" for i in range(StatsReply.MAX_MODELS + 1)]
+    eng = EngineProcess(tmp_path, "--kv-pool-tokens", "4096", "--decode-lanes", "2", *names)
+    try:
+        eng.client.send(Stats())
+        deadline = time.monotonic() + 30
+        while True:
+            env = eng.client.get(timeout=30)
+            if isinstance(env.message, StatsReply):
+                break
+            assert time.monotonic() < deadline
+        assert env.message.models == () and env.message.values["model_loaded"] == 1
+    finally:
+        assert eng.stop() == 0
