@@ -53,7 +53,7 @@ def plan_decodes(sched: SchedulerState, plan: RoundPlan) -> None:
         if needed > sched.pool.num_free:
             sched.store.reclaim_pages(needed)
         short = req.page_table.pages_needed(position + 1)
-        if short > sched.pool.num_free:
+        if short > sched.pool.num_free + pages_coming(sched):
             withdraw_resumes_below(sched, req)  # room reserved for a waiting sequence ranked below goes first
         if short > sched.pool.num_free and (sched.pool.num_free + pages_coming(sched) >= short
                                             or _evict_for_pages(sched, scheduled)):
