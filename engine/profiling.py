@@ -113,7 +113,11 @@ class RoundProfiler:
         prof, self._prof = self._prof, None
         began = time.monotonic()
         prof.stop()
-        stem = os.path.join(self.directory, f"ignis-engine-{self.instance}-{time.strftime('%Y%m%d-%H%M%S')}")
+        base = stem = os.path.join(self.directory, f"ignis-engine-{self.instance}-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while os.path.exists(stem + ".trace.json") or os.path.exists(stem + ".top.txt"):
+            n += 1  # another profile of the same second: its own files, the first one's kept
+            stem = f"{base}-{n}"
         trace, summary = stem + ".trace.json", stem + ".top.txt"
         try:
             prof.export_chrome_trace(trace)

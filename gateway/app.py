@@ -26,9 +26,8 @@ as itself, aiohttp's HTTP errors (no route, method, body too large) mapped,
 anything else a 500 whose body says only "internal error" and a request id
 (also in ``X-Request-Id``; the log line with the trace names it). Before any
 handler runs: CORS preflights are answered (gateway.cors), every /v1 path and
-the routes that generate, read settings or change state (``KEYED_PATHS``,
-``GENERATING_PATHS``, ``SETTINGS_PATHS``: /tokenize, /detokenize,
-/tokenizer_info, /invocations, /get_server_info, the cache resets, the profiler) need
+the routes that generate, read settings or change state (``gateway.keyed_paths``: /tokenize, /detokenize,
+/tokenizer_info, /invocations, /server_info, /get_server_info, the cache resets, the profiler) need
 ``Authorization: Bearer <key>`` or ``x-api-key`` when a key is set (either may carry it; compared in constant time),
 and a POST must be ``Content-Type: application/json`` (else 415, so a web page
 cannot send one without a preflight), except a cache reset's, a profiler's or
@@ -67,6 +66,7 @@ from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.messages_api import REQUEST_ID as MESSAGES_REQUEST_ID
 from ignis.gateway.messages_api import count_tokens, create_message
 from ignis.gateway.metrics import GatewayMetrics
+from ignis.gateway.keyed_paths import needs_key
 from ignis.gateway.openapi import openapi, package_version
 from ignis.gateway.profiling_api import PROFILE_PATHS, start_profile, stop_profile
 from ignis.gateway.prompt_work import PROMPT_WORK, PromptWork
@@ -84,12 +84,11 @@ from ignis.gateway.responses_api import (
 )
 from ignis.gateway.responses import json_response
 from ignis.gateway.sampling_defaults import parse_override, sampling_defaults
-from ignis.gateway.server_info import GENERATING_PATHS, SETTINGS_PATHS
 from ignis.gateway.server_info import add_routes as add_server_info_routes
 from ignis.gateway.state import STATE, GatewayState, has_think_tokens
 from ignis.gateway.stream_writer import STALLED
 from ignis.gateway.image_decode import set_source_limit
-from ignis.gateway.tokenize_api import KEYED_PATHS, detokenize, tokenize, tokenizer_info
+from ignis.gateway.tokenize_api import detokenize, tokenize, tokenizer_info
 from ignis.gateway.tokenizer import ModelFiles
 from ignis.shared.api_key import keys_of
 from ignis.shared.model_names import lora_specs, model_aliases
@@ -153,8 +152,7 @@ async def _anthropic_request_id(request: web.Request, response: web.StreamRespon
 
 def _auth(gw: GatewayState, request: web.Request) -> None:
     key = gw.config.api_key
-    if key is None or not (request.path.startswith("/v1") or request.path in KEYED_PATHS + GENERATING_PATHS + SETTINGS_PATHS
-                           or request.path in BODYLESS_PATHS):
+    if key is None or not needs_key(request.path):
         return
     scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
     given = [k.strip() for k in (bearer if scheme.lower() == "bearer" else "",

@@ -154,8 +154,10 @@ def from_http_exception(exc: web.HTTPException) -> ApiError:
     status = exc.status
     if status == 404:
         return ApiError(404, "no such route", code="not_found")
-    if status == 405:
-        return ApiError(405, "method not allowed on this route", code="method_not_allowed")
+    if status == 405:  # with the methods the route takes (RFC 9110 requires Allow on a 405)
+        allow = exc.headers.get("Allow")
+        return ApiError(405, "method not allowed on this route", code="method_not_allowed",
+                        headers={"Allow": allow} if allow else None)
     if status == 413:
         return ApiError(413, "the request body is too large", code="request_too_large")
     if status == 408:

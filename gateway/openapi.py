@@ -14,14 +14,14 @@ from aiohttp import web
 
 from ignis.gateway.cache_reset import RESET_PATHS
 from ignis.gateway.profiling_api import PROFILE_PATHS
+from ignis.gateway.keyed_paths import needs_key
 from ignis.gateway.messages_api import PATH_PREFIX as MESSAGES_PREFIX
 from ignis.gateway.request_schemas import ANSWERS, ANTHROPIC_ERROR, ERROR, REQUESTS, SSE_EVENT, STREAMING
 from ignis.gateway.responses import json_response
 from ignis.gateway.state import STATE
-from ignis.gateway.tokenize_api import KEYED_PATHS
 
 OPENAPI_VERSION = "3.1.0"
-_DOC = web.AppKey("ignis_openapi", dict)
+_DOC = web.AppKey("ignis_openapi", tuple)  # (the model names it was made for, the document)
 
 
 def _summary(handler) -> str:
@@ -50,8 +50,9 @@ def _responses(method: str, path: str) -> dict:
     if path in RESET_PATHS:
         out["409"] = {"description": "the engine holds requests: nothing was reset (code engine_busy)",
                       "content": _json(ERROR)}
-    if path in ("/health", "/ping"):
-        out["503"] = {"description": "the engine is not answering",
+    if path in ("/health", "/ping", "/health_generate"):
+        out["503"] = {"description": "the engine is not answering (or, for /health_generate, generated no token "
+                                     "in time; for /health, serves none of this gateway's models)",
                       "content": _json({"type": "object", "properties": {"status": {"const": "unavailable"}},
                                         "required": ["status"]})}
     elif path.startswith(MESSAGES_PREFIX):
@@ -85,7 +86,7 @@ def openapi_document(app: web.Application, title: str, version: str, models: lis
             op["requestBody"] = {"required": True, "content": _json(_with_models(REQUESTS.get(path), models))}
         elif route.method == "POST" and path in REQUESTS:  # an optional one
             op["requestBody"] = {"required": False, "content": _json(REQUESTS[path])}
-        if path.startswith("/v1") or path in KEYED_PATHS or path in RESET_PATHS + PROFILE_PATHS:
+        if needs_key(path):
             op["security"] = [{"bearer": []}]
         paths.setdefault(path, {})[route.method.lower()] = op
     return {"openapi": OPENAPI_VERSION, "info": {"title": title, "version": version}, "paths": paths,
@@ -104,9 +105,10 @@ def package_version() -> str:
 
 async def openapi(request: web.Request) -> web.Response:
     """This document."""
-    doc = request.app.get(_DOC)
-    if doc is None:
-        gw = request.app[STATE]
-        doc = openapi_document(request.app, "ignis", package_version(), gw.names)
-        request.app[_DOC] = doc
-    return json_response(doc)
+    gw = request.app[STATE]
+    names = tuple(gw.names)  # adapters loaded or unloaded while serving change it
+    cached = request.app.get(_DOC)
+    if cached is None or cached[0] != names:
+        cached = (names, openapi_document(request.app, "ignis", package_version(), list(names)))
+        request.app[_DOC] = cached
+    return json_response(cached[1])

@@ -50,10 +50,6 @@ HEALTH_GENERATE_S = 20.0
 SECRET_FIELDS = ("api_key", "api_key_file", "ssl_keyfile")
 HEALTH_SHARED_S = 1.0
 """How long a /health_generate answer is given to later callers too."""
-GENERATING_PATHS = ("/invocations",)
-"""Paths here that generate, so need the API key as /v1 paths do."""
-SETTINGS_PATHS = ("/get_server_info", "/server_info")
-"""Paths here that tell the gateway's settings (files, the chat template), so need the API key too."""
 
 
 class SharedProbe:

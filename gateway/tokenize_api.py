@@ -49,8 +49,6 @@ from ignis.gateway.state import STATE, GatewayState
 from ignis.gateway.tool_call_format import forced_call_suffix, resolve_format
 from ignis.gateway.tool_call_split import forced_call as forced_call_of
 
-KEYED_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
-"""Paths outside /v1 that take the API key like /v1 routes."""
 
 
 def render_chat_ids(gw: GatewayState, f: Fields, forced_call: bool = False) -> list[int]:

@@ -80,3 +80,22 @@ def test_refusals_and_shutdown(tmp_path):
     (tmp_path / "prof.txt").write_text("a file where the directory would be")
     blocked.handle(b"gw", Profile("d", True))
     assert not answers.last.ok and answers.last.message.startswith("--profile-dir ")
+
+
+def test_two_profiles_in_one_second_keep_their_own_files(tmp_path, monkeypatch):
+    """Both were named by the second they stopped in: the second overwrote the first."""
+    import time as time_module
+
+    monkeypatch.setattr(time_module, "strftime", lambda fmt, *a: "20261207-212719")
+    answers = Answers()
+    p = RoundProfiler(str(tmp_path), "main", answers)
+    traces = []
+    for i in range(3):
+        p.handle(b"gw", Profile(f"start{i}", True))
+        _rounds(p, 1)
+        p.handle(b"gw", Profile(f"stop{i}", False))
+        traces.append(answers.last.trace)
+    assert len(set(traces)) == 3 and all(traces)
+    assert sorted(path.name for path in tmp_path.glob("*.trace.json")) == [
+        "ignis-engine-main-20261207-212719-2.trace.json", "ignis-engine-main-20261207-212719-3.trace.json",
+        "ignis-engine-main-20261207-212719.trace.json"]

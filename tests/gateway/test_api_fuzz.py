@@ -102,3 +102,33 @@ def _requests_sent(report: Path) -> int:
     for line in report.read_text().splitlines():
         n += line.count('"request":')
     return n
+
+
+async def test_the_document_follows_the_model_names_served():
+    """An adapter loaded or unloaded while serving: the ``model`` enum was the first request's for good."""
+    from types import SimpleNamespace
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from ignis.gateway.openapi import openapi
+    from ignis.gateway.request_schemas import REQUESTS
+    from ignis.gateway.state import STATE
+
+    async def chat(request):
+        """Chat."""
+        return web.json_response({})
+
+    app = web.Application()
+    app[STATE] = SimpleNamespace(names=["base"])
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_post("/v1/chat/completions", chat)
+    assert "model" in REQUESTS["/v1/chat/completions"]["properties"]
+    async with TestClient(TestServer(app)) as client:
+        def models(doc):
+            body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+            return body["schema"]["properties"]["model"]["enum"]
+
+        assert models(await (await client.get("/openapi.json")).json()) == ["base"]
+        app[STATE].names = ["base", "adapter"]
+        assert models(await (await client.get("/openapi.json")).json()) == ["base", "adapter"]

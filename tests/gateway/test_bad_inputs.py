@@ -161,3 +161,22 @@ def test_bodies_within_the_context_sized_limit_are_accepted(server):
     assert len(raw) > 256 << 10  # parsed and checked on a worker thread
     r = send(server, CHAT, raw, None)
     assert r.status == 200, r.body[:300]
+
+
+def test_openapi_marks_exactly_the_routes_that_answer_401_without_the_key(server):
+    """/server_info, /get_server_info and /invocations needed the key but the document said they did not."""
+    doc = http("GET", server.url + "/openapi.json").json()
+    for path, ops in doc["paths"].items():
+        if "{" in path:
+            continue
+        for method, op in ops.items():
+            if method not in ("get", "post"):
+                continue
+            status = http(method.upper(), server.url + path, b"{}" if method == "post" else None,
+                          {"Content-Type": "application/json"}).status
+            assert ("security" in op) == (status == 401), (method, path, status)
+
+
+def test_a_wrong_method_names_the_methods_the_route_takes(server):
+    r = http("PUT", server.url + "/health")
+    assert r.status == 405 and "GET" in r.headers.get("Allow", ""), dict(r.headers)
