@@ -71,7 +71,8 @@ def test_explicit_zero_disk_never_touches_the_directory(tmp_path):
 
 
 def test_bad_flags_exit_with_a_message(tmp_path):
-    for flags, words in ((("--reuse-kv-host-pool-bytes", "lots"), "--reuse-kv-host-pool-bytes: invalid"),
+    for flags, words in ((("--reuse-kv-host-pool-bytes", "lots"),
+                          "--reuse-kv-host-pool-bytes: not a byte size: 'lots'"),
                          (("--reuse-retained-interactive-ttl", "-1"), "must be seconds >= 0")):
         proc = TierdProcess(tmp_path, *flags, expect_ready=False, metrics=False)
         assert proc.wait() != 0
