@@ -341,10 +341,7 @@ class EngineConfig:
                 raise ValueError(f"{flag} must be seconds > 0, got {value!r}")
         if self.idle_unload_s is not None and not self.idle_unload_s > 0:
             raise ValueError(f"--idle-unload-s must be > 0, got {self.idle_unload_s}")
-        try:
-            check_instance_name(self.instance)
-        except ValueError as e:
-            raise ValueError(f"--instance: {e}") from None
+        check_instance_name(self.instance, "--instance")
         object.__setattr__(self, "served_model_name", served_names(self.served_model_name))
         if isinstance(self.model, str):
             object.__setattr__(self, "model", (self.model,))

@@ -278,7 +278,7 @@ def _model_card(gw: GatewayState, name: str) -> dict:
     loaded = int(values.get("model_index", 0))
     if own is not None:
         card["max_model_len"] = int(own)
-    elif "max_model_len" in values and list(gw.models or [gw.model_name])[loaded] == gw.engine_model:
+    elif "max_model_len" in values and gw.served_list[loaded] == gw.engine_model:
         card["max_model_len"] = int(values["max_model_len"])
     return card
 

@@ -178,10 +178,7 @@ class GatewayConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "served_model_name", served_names(self.served_model_name))
-        try:
-            check_instance_name(self.instance)
-        except ValueError as e:
-            raise ValueError(f"--instance: {e}") from None
+        check_instance_name(self.instance, "--instance")
         if isinstance(self.model, str):
             object.__setattr__(self, "model", (self.model,))
         if self.model is None:

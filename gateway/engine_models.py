@@ -21,21 +21,17 @@ from ignis.gateway.state import GatewayState
 log = logging.getLogger("ignis.gateway")
 
 
-def asked_for(gw: GatewayState) -> list[str]:
-    """The names this gateway's requests carry to the engine (its models; adapters run the default)."""
-    return list(gw.models or [gw.model_name])
-
-
 def not_served(gw: GatewayState) -> list[str]:
-    """Those of ``asked_for`` the engine does not serve (none until the engine has said what it serves)."""
+    """Those of ``served_list`` (the names requests carry to the engine; adapters run the default) the engine
+    does not serve (none until the engine has said what it serves)."""
     served = gw.client.engine_models
-    return [name for name in asked_for(gw) if served and name not in served]
+    return [name for name in gw.served_list if served and name not in served]
 
 
 def serves_none(gw: GatewayState) -> bool:
     """The engine said what it serves, and it is none of this gateway's models: no request can be served."""
     missing = not_served(gw)
-    return bool(missing) and len(missing) == len(asked_for(gw))
+    return bool(missing) and len(missing) == len(gw.served_list)
 
 
 class ModelCheck:

@@ -61,9 +61,14 @@ class GatewayState:
         return self.base_model if self.adapter is not None else self.model_name
 
     @property
+    def served_list(self) -> list[str]:
+        """The served models' names in the engine's order, the default first: every name the engine is asked for."""
+        return list(self.models or [self.model_name])
+
+    @property
     def engine_index(self) -> int | None:
         """The engine model's place in the served list (the engine's Stats name context lengths by it)."""
-        names = list(self.models or [self.model_name])
+        names = self.served_list
         return names.index(self.engine_model) if self.engine_model in names else None
 
     @property

@@ -66,11 +66,12 @@ def ensure_runtime_dir(path: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def check_instance_name(name: object) -> str:
-    """Instance names go into file names: 1-64 of ``[A-Za-z0-9._-]``, starting alphanumeric."""
+def check_instance_name(name: object, flag: str = "") -> str:
+    """Instance names go into file names: 1-64 of ``[A-Za-z0-9._-]``, starting alphanumeric. ``flag``: the
+    command-line flag that gave it, named first in the error."""
     if type(name) is not str or not _INSTANCE.fullmatch(name):
-        raise ValueError(f"instance name must be 1-64 characters of letters, digits, '.', '_', '-', "
-                         f"starting with a letter or digit; got {name!r}")
+        raise ValueError(f"{flag + ': ' if flag else ''}instance name must be 1-64 characters of letters, "
+                         f"digits, '.', '_', '-', starting with a letter or digit; got {name!r}")
     return name
 
 

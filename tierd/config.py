@@ -62,10 +62,7 @@ class TierdConfig:
             raise ValueError(f"--reuse-retained-interactive-ttl must be seconds >= 0, got {ttl!r}")
         if type(self.require_mlock) is not bool:
             raise ValueError(f"--require-mlock must be on or off, got {self.require_mlock!r}")
-        try:
-            check_instance_name(self.instance)
-        except ValueError as e:
-            raise ValueError(f"--instance: {e}") from None
+        check_instance_name(self.instance, "--instance")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
 

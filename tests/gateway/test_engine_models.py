@@ -9,8 +9,7 @@ from ignis.gateway.engine_models import ModelCheck, not_served, serves_none
 
 
 def gateway(names, engine_serves=()):
-    return SimpleNamespace(models=dict.fromkeys(names), model_name=names[0],
-                           client=SimpleNamespace(engine_models=tuple(engine_serves)))
+    return SimpleNamespace(served_list=list(names), client=SimpleNamespace(engine_models=tuple(engine_serves)))
 
 
 def test_nothing_is_judged_before_the_engine_says_what_it_serves():
