@@ -279,10 +279,13 @@ def _ignis() -> list[str]:
     return [sys.executable, "-m", "ignis.launcher.cli"]
 
 
-def stop_all(children: list[Child], timeout: float) -> None:
+def stop_all(children: list[Child], timeout: float, watched: set[int] | None = None) -> list[str]:
     """SIGTERM the gateway and the engine (the gateway first, so no request arrives at a stopping engine) and
     wait for them, then tierd, whose copies the engine's drain may still need; each stage gets ``timeout``
-    seconds, then what is left is killed."""
+    seconds, then what is left is killed. Returns what made the stop unclean: a child killed, or one of
+    ``watched`` (``id`` of the children running when the stop began; all of them when None) that exited
+    with an error."""
+    unclean = []
     serving = [c for c in children if c.name != "tierd"]
     for stage in (serving, [c for c in children if c.name == "tierd"]):
         for child in reversed(stage):
@@ -296,6 +299,12 @@ def stop_all(children: list[Child], timeout: float) -> None:
                       file=sys.stderr, flush=True)
                 child.signal(signal.SIGKILL)
                 child.proc.wait()
+                unclean.append(f"the {child.name} was killed after {timeout:g} s")
+                continue
+            code = child.proc.returncode
+            if code not in (0, -signal.SIGTERM) and (watched is None or id(child) in watched):
+                unclean.append(f"the {child.name} exited with code {code}")
+    return unclean
 
 
 def stop_timeout_s(cfg: "ServeConfig", shutdown_timeout: float) -> float:
@@ -365,6 +374,8 @@ def run(args) -> int:
     children: list[Child] = []
 
     def on_signal(signum, _frame):
+        if not stop_signal:  # the children running now: one that exits with an error while it drains is named
+            watched.update(id(c) for c in children if c.proc.returncode is None)
         stop.set()
         stop_signal.append(signum)
         # any of them stops the service as a SIGTERM does (the children drain): the gateway and the engine
@@ -374,6 +385,7 @@ def run(args) -> int:
             child.signal(signal.SIGTERM)
 
     stop_signal: list[int] = []
+    watched: set[int] = set()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
@@ -386,7 +398,7 @@ def run(args) -> int:
     try:
         for spec in CHILDREN:
             if stop.is_set():
-                return _finish(children, serve_cfg, 0, stop_signal)
+                return _finish(children, serve_cfg, 0, stop_signal, watched)
             argv = _ignis() + [spec.name] + child_argv(spec.config, args, spec.skip) + spec.handoff(ready)
             if spec.name == "tierd" and serve_cfg.tierd_metrics_port is not None:
                 argv += ["--metrics-port", str(serve_cfg.tierd_metrics_port), "--metrics-host", args.metrics_host]
@@ -401,7 +413,7 @@ def run(args) -> int:
         url = ready["gateway"]
     except ChildFailed as exc:
         if stop.is_set():
-            return _finish(children, serve_cfg, 0, stop_signal)
+            return _finish(children, serve_cfg, 0, stop_signal, watched)
         print(f"ignis serve: {exc}", file=sys.stderr)
         return _finish(children, serve_cfg, 1)
     name = model_specs(engine_cfg.model, engine_cfg.served_model_name)[0][0]
@@ -422,7 +434,7 @@ def run(args) -> int:
                 print(f"ignis serve: {child.failure('while serving')}", file=sys.stderr)
                 return _finish(children, serve_cfg, 1)
         stop.wait(0.2)
-    return _finish(children, serve_cfg, 0, stop_signal)
+    return _finish(children, serve_cfg, 0, stop_signal, watched)
 
 
 class Restarts:
@@ -485,8 +497,14 @@ class Restarts:
               file=sys.stderr, flush=True)
 
 
-def _finish(children: list[Child], cfg: ServeConfig, code: int, stop_signal: list[int] | None = None) -> int:
+def _finish(children: list[Child], cfg: ServeConfig, code: int, stop_signal: list[int] | None = None,
+            watched: set[int] | None = None) -> int:
+    """Stop every child; ``code``, or 1 when a stop asked for (``code`` 0) was not clean: a child killed, or
+    one of ``watched`` exiting with an error while it drained (a supervisor sees it as a failed stop)."""
     if stop_signal:
         print(f"ignis serve: stopping on {signal.Signals(stop_signal[0]).name}", file=sys.stderr, flush=True)
-    stop_all(children, cfg.stop_timeout)
+    unclean = stop_all(children, cfg.stop_timeout, watched)
+    if code == 0 and unclean:
+        print(f"ignis serve: the stop was not clean: {'; '.join(unclean)}", file=sys.stderr, flush=True)
+        return 1
     return code

@@ -242,3 +242,48 @@ def test_a_stuck_engine_loop_is_aborted_with_its_stacks_and_restarted(tmp_path, 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+STAND_IN = """
+import signal, sys, time
+mode = sys.argv[1]
+if mode == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif mode == "fail":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+else:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("READY stand-in", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def stand_in(name: str, mode: str) -> serve.Child:
+    """A child that answers SIGTERM by exiting 0 (``clean``), exiting 3 (``fail``) or not at all (``ignore``)."""
+    child = serve.Child(name, [sys.executable, "-c", STAND_IN, mode])
+    child.wait_ready(30)
+    return child
+
+
+@pytest.mark.parametrize("modes,unclean", [
+    (("clean", "clean", "clean"), []),
+    (("clean", "fail", "clean"), ["the engine exited with code 3"]),
+    (("clean", "clean", "ignore"), ["the tierd was killed after 1 s"]),
+])
+def test_a_stop_names_what_made_it_unclean(modes, unclean):
+    children = [stand_in(name, mode) for name, mode in zip(("gateway", "engine", "tierd"), modes)]
+    try:
+        assert serve.stop_all(children, 1.0) == unclean
+        assert all(c.proc.poll() is not None for c in children)
+    finally:
+        for c in children:
+            c.signal(signal.SIGKILL)
+
+
+def test_a_child_that_had_exited_before_the_stop_is_not_held_against_it():
+    children = [stand_in(name, "fail") for name in ("gateway", "engine", "tierd")]
+    children[2].proc.send_signal(signal.SIGTERM)  # tierd died while serving (its restart is pending)
+    children[2].proc.wait(30)
+    watched = {id(c) for c in children if c.proc.returncode is None}
+    assert serve.stop_all(children, 5.0, watched) == ["the gateway exited with code 3", "the engine exited with code 3"]
