@@ -6,8 +6,10 @@ anyone holding the API key can then make the engine read a directory.
 ``AdapterRegistry`` is what the default model is served with: the
 ``--lora-modules`` adapters (a bad one stops the engine at start) and those
 loaded since (kept across idle unloads and model switches: a reload reads
-them again, and one whose files went bad meanwhile is dropped with a warning,
-never failing the load). ``LoraUpdates`` answers the gateway's
+them again, and one whose files went bad meanwhile, ``--lora-modules`` ones
+included, is dropped with a warning, never failing the load; the registry
+then lets it go too, so no list names an adapter that is not served and its
+name can be loaded again). ``LoraUpdates`` answers the gateway's
 ``LoadAdapter``/``UnloadAdapter`` between rounds (the adapted layers change
 only between forwards):
 
@@ -54,15 +56,27 @@ class AdapterRegistry:
         self.flagged = list(flagged)
         self.added: dict[str, str] = {}
         self.version = 0
-        """Counts the loads and unloads done while serving: the Stats' ``lora_adapters_version``, by which
-        gateways see that their list of adapters is stale (``ListAdapters``)."""
+        """Counts the loads and unloads done while serving (and the adapters a reload dropped): the Stats'
+        ``lora_adapters_version``, by which gateways see that their list of adapters is stale (``ListAdapters``)."""
+        self.serving = False
+        """Set once the engine serves (``LoraUpdates``): from then on a ``--lora-modules`` adapter whose files
+        went bad is dropped at a reload, as a run-time one is, rather than failing the default model's load."""
 
     def specs(self) -> list[tuple[str, str, bool]]:
         """(name, path, required) of every adapter the default model is served with, in load order."""
-        return [(n, p, True) for n, p in self.flagged] + [(n, p, False) for n, p in self.added.items()]
+        return [(n, p, not self.serving) for n, p in self.flagged] + [(n, p, False) for n, p in self.added.items()]
 
     def names(self) -> set[str]:
         return {n for n, _ in self.flagged} | set(self.added)
+
+    def keep_only(self, served: set[str]) -> list[str]:
+        """Let go of the adapters not in ``served`` (those a reload of the default model dropped); their names."""
+        gone = [n for n, _, _ in self.specs() if n not in served]
+        if gone:
+            self.flagged = [(n, p) for n, p in self.flagged if n in served]
+            self.added = {n: p for n, p in self.added.items() if n in served}
+            self.version += 1
+        return gone
 
 
 FAULT_STALL_LOAD_ENV = "IGNIS_ENGINE_FAULT_STALL_LORA_LOAD_S"
@@ -100,6 +114,8 @@ class LoraUpdates:
         self._waiting: collections.deque[_Read] = collections.deque()  # asked, not read yet (the head: reading)
         self._read: list[_Read] = []  # read, to be put in by the loop
         self._reader: threading.Thread | None = None
+        self._followed = None  # a weak reference to the default model's runtime the registry was last matched to
+        registry.serving = True  # the default model was loaded at start: a later load drops a bad adapter
 
     def handle(self, peer: bytes, msg, runtime, default_loaded: bool, users: Callable[[str], int]) -> None:
         """``runtime``: the loaded model's (None: none); ``default_loaded``: it is the default model;
@@ -181,6 +197,7 @@ class LoraUpdates:
         None when none; ``default_loaded``: it is the default model)."""
         from ignis.engine.models.lora import LoraSet
 
+        self._follow_load(runtime if default_loaded else None)
         with self._lock:
             done, self._read = self._read, []
         for r in done:
@@ -202,6 +219,20 @@ class LoraUpdates:
                 log.info("LoRA adapter %r loaded at run time: rank %d, scale %g, %d layers, from %r", adapter.name,
                          adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
                 self._answer(r.peer, msg, True, f"LoRA adapter {msg.name!r} added")
+
+    def _follow_load(self, runtime) -> None:
+        """Once per load of the default model (``runtime``; None: not loaded): the adapters that load dropped,
+        their files gone bad since they were read, leave the registry, and its version moves, so every gateway's
+        list follows and the name can be loaded again."""
+        if runtime is None or (self._followed is not None and self._followed() is runtime):
+            return
+        self._followed = weakref.ref(runtime)
+        lora = runtime.lora
+        if lora is None:  # loaded with no adapter to read (each load of the default model with some makes a set)
+            return
+        for name in self.registry.keep_only(set(lora.slots)):
+            log.warning("LoRA adapter %r is no longer served: its files did not read when the model loaded again",
+                        name)
 
     def refuse_all(self, message: str) -> None:
         """Answer every load asked and not yet put in (the engine is stopping); a read in progress goes on

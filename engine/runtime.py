@@ -114,8 +114,8 @@ def _warn_unreachable_floors(floors: dict[str, int], max_len: int, welcome) -> N
 def _attach_adapters(config: EngineConfig, name: str, model, adapters: list | None) -> None:
     """The default model's LoRA adapters: ``adapters`` ((name, path, required) from an
     ``engine.lora_updates.AdapterRegistry``; None: ``--lora-modules``). A required one that is bad raises
-    (CheckpointError naming it, or OSError); one loaded at run time whose files went bad is dropped with a
-    warning, never failing the load."""
+    (CheckpointError naming it, or OSError); one not required (any adapter once the engine serves) whose
+    files went bad is dropped with a warning, never failing the load."""
     from ignis.shared.model_names import lora_specs, model_specs
 
     models = model_specs(config.model, config.served_model_name)
@@ -130,9 +130,9 @@ def _attach_adapters(config: EngineConfig, name: str, model, adapters: list | No
         try:
             read.append(read_adapter(n, p, model, config.max_lora_rank))
         except (OSError, ValueError) as exc:  # CheckpointError is a ValueError
-            if required:  # a --lora-modules adapter fails the load (at start: exit code 2, one line)
+            if required:  # a --lora-modules adapter fails the load at start (exit code 2, one line)
                 raise
-            log.warning("LoRA adapter %r (loaded at run time) is dropped: %r", n, str(exc))
+            log.warning("LoRA adapter %r is dropped at this load of the model: %r", n, str(exc))
     lora = LoraSet(model, read)
     for a in lora.adapters:
         log.info("LoRA adapter %r: rank %d, scale %g, %d layers, from %r", a.name, a.rank, a.scale,

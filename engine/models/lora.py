@@ -66,8 +66,8 @@ class LoraAdapter:
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
     digest: str = ""
     """SHA-256 of the adapter's config and weights file: what its requests' reuse is scoped by, so state
-    made under one adapter is never resumed under another that took its name (a restarted engine reclaims
-    tierd's entries)."""
+    made under one adapter is never resumed under another that took its name (an adapter unloaded and
+    another file loaded under it)."""
 
     @property
     def identity(self) -> str:
