@@ -20,8 +20,17 @@ only between forwards):
   loaded (or was unloaded while the files were read), the name is taken by an
   adapter, a model or a load in progress, ``MAX_READS_WAITING`` loads wait
   already, or the adapter is refused as at start (``engine.models.lora``);
+- an in-place load (``inplace``, vLLM's ``load_inplace``) of a served name is
+  read and checked the same way, then the loop replaces that adapter's
+  weights with the new files (``LoraSet.replace``, same slot) and the
+  registry's path for the name becomes the new one (``--lora-modules`` ones
+  too); refused, the old adapter serving on untouched, for all the reasons
+  above and while a request in flight names the adapter (asked when the load
+  is asked and again when it is put in, as an unload is). The new files'
+  digest makes a new identity: state made under the old weights is never
+  resumed under the new ones. Of a name not served, it is a plain load;
 - ``ListAdapters`` is answered with every adapter served now; the registry's
-  ``version`` (in the Stats) moves with each load and unload, so a gateway
+  ``version`` (in the Stats) moves with each load, in-place load and unload, so a gateway
   that did not ask for the change (there may be several) learns of it;
 - an unload stops serving it; refused while a request in flight (running,
   waiting, or waiting before the scheduler) names it, and for an unknown
@@ -56,8 +65,9 @@ class AdapterRegistry:
         self.flagged = list(flagged)
         self.added: dict[str, str] = {}
         self.version = 0
-        """Counts the loads and unloads done while serving (and the adapters a reload dropped): the Stats'
-        ``lora_adapters_version``, by which gateways see that their list of adapters is stale (``ListAdapters``)."""
+        """Counts the loads, in-place loads and unloads done while serving (and the adapters a reload dropped):
+        the Stats' ``lora_adapters_version``, by which gateways see that their list of adapters is stale
+        (``ListAdapters``)."""
         self.serving = False
         """Set once the engine serves (``LoraUpdates``): from then on a ``--lora-modules`` adapter whose files
         went bad is dropped at a reload, as a run-time one is, rather than failing the default model's load."""
@@ -68,6 +78,17 @@ class AdapterRegistry:
 
     def names(self) -> set[str]:
         return {n for n, _ in self.flagged} | set(self.added)
+
+    def path(self, name: str) -> str | None:
+        return dict(self.flagged).get(name, self.added.get(name))
+
+    def replace(self, name: str, path: str) -> None:
+        """Adapter ``name`` (served) is read from ``path`` from now on, in its place in the load order: a
+        reload reads the new files, and the version moves so every gateway's list takes the new path."""
+        self.flagged = [(n, path if n == name else p) for n, p in self.flagged]
+        if name in self.added:
+            self.added[name] = path
+        self.version += 1
 
     def keep_only(self, served: set[str]) -> list[str]:
         """Let go of the adapters not in ``served`` (those a reload of the default model dropped); their names."""
@@ -91,8 +112,8 @@ class _Read:
     """One run-time load: asked on the loop, read on the reader thread, put in on the loop. The runtime and
     its model are held weakly: an unload or a switch frees them even while loads wait."""
 
-    def __init__(self, peer: bytes, msg: LoadAdapter, runtime):
-        self.peer, self.msg = peer, msg
+    def __init__(self, peer: bytes, msg: LoadAdapter, runtime, users: Callable[[str], int]):
+        self.peer, self.msg, self.users = peer, msg, users
         self.runtime = weakref.ref(runtime)
         self.model = weakref.ref(runtime.runner.model)
         self.adapter = None
@@ -124,10 +145,10 @@ class LoraUpdates:
             return self._answer(peer, msg, False, "loading and unloading LoRA adapters at run time is off "
                                                   "(--enable-lora-updating)")
         if isinstance(msg, LoadAdapter):
-            return self._load(peer, msg, runtime if default_loaded else None)
+            return self._load(peer, msg, runtime if default_loaded else None, users)
         return self._unload(peer, msg, runtime if default_loaded else None, users)
 
-    def _load(self, peer: bytes, msg: LoadAdapter, runtime) -> None:
+    def _load(self, peer: bytes, msg: LoadAdapter, runtime, users: Callable[[str], int]) -> None:
         stall = env_seconds(FAULT_STALL_LOAD_ENV)
         if stall > 0:
             log.warning("FAULT INJECTION: %s=%g holds the engine loop in this adapter load (for tests only)",
@@ -136,7 +157,10 @@ class LoraUpdates:
         if msg.name in self.model_names:
             return self._answer(peer, msg, False, f"{msg.name!r} already names a served model")
         if msg.name in self.registry.names():
-            return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is already loaded")
+            if not msg.inplace:
+                return self._answer(peer, msg, False, _taken(msg.name))
+            if n := users(msg.name):  # asked again once read: requests may come meanwhile
+                return self._answer(peer, msg, False, _in_use(msg.name, n))
         if runtime is None:
             return self._answer(peer, msg, False, "the default model is not loaded: send it a request first")
         with self._lock:
@@ -145,7 +169,7 @@ class LoraUpdates:
             if len(self._waiting) >= MAX_READS_WAITING:
                 return self._answer(peer, msg, False, f"{MAX_READS_WAITING} adapter loads are waiting already: "
                                                       "try again once they are done")
-            self._waiting.append(_Read(peer, msg, runtime))
+            self._waiting.append(_Read(peer, msg, runtime, users))
             if self._reader is None:
                 self._reader = threading.Thread(target=self._read_all, name="lora-reader", daemon=True)
                 self._reader.start()
@@ -206,8 +230,10 @@ class LoraUpdates:
                 self._answer(r.peer, msg, False, r.error)
             elif runtime is None or runtime is not r.runtime() or not default_loaded:
                 self._answer(r.peer, msg, False, UNLOADED)
-            elif msg.name in self.registry.names() or msg.name in self.model_names:
-                self._answer(r.peer, msg, False, f"the LoRA adapter {msg.name!r} is already loaded")
+            elif msg.name in self.model_names or (msg.name in self.registry.names() and not msg.inplace):
+                self._answer(r.peer, msg, False, _taken(msg.name))
+            elif msg.name in self.registry.names():
+                self._replace(r, runtime)
             else:
                 model = runtime.runner.model
                 if model.lora is None:
@@ -219,6 +245,21 @@ class LoraUpdates:
                 log.info("LoRA adapter %r loaded at run time: rank %d, scale %g, %d layers, from %r", adapter.name,
                          adapter.rank, adapter.scale, len(adapter.weights), adapter.path)
                 self._answer(r.peer, msg, True, f"LoRA adapter {msg.name!r} added")
+
+    def _replace(self, r: _Read, runtime) -> None:
+        """An in-place load read: the adapter of its name is replaced, unless requests in flight use it."""
+        msg, adapter = r.msg, r.adapter
+        if n := r.users(msg.name):
+            return self._answer(r.peer, msg, False, _in_use(msg.name, n))
+        old, lora = self.registry.path(msg.name), runtime.runner.model.lora
+        if lora is None or lora.slot(msg.name) is None:  # never: _follow_load matched the registry to the set
+            log.error("LoRA adapter %r is in the registry but not served: not replaced", msg.name)
+            return self._answer(r.peer, msg, False, f"the LoRA adapter {msg.name!r} is not served now")
+        lora.replace(adapter)
+        self.registry.replace(msg.name, msg.path)
+        log.info("LoRA adapter %r replaced in place: rank %d, scale %g, %d layers, from %r (was %r)", adapter.name,
+                 adapter.rank, adapter.scale, len(adapter.weights), adapter.path, old)
+        self._answer(r.peer, msg, True, f"LoRA adapter {msg.name!r} replaced in place")
 
     def _follow_load(self, runtime) -> None:
         """Once per load of the default model (``runtime``; None: not loaded): the adapters that load dropped,
@@ -252,10 +293,8 @@ class LoraUpdates:
             return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is still being loaded")
         if msg.name not in self.registry.names():
             return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} cannot be found", missing=True)
-        n = users(msg.name)
-        if n:
-            return self._answer(peer, msg, False, f"the LoRA adapter {msg.name!r} is in use by {n} request"
-                                                  f"{'' if n == 1 else 's'} in flight")
+        if n := users(msg.name):
+            return self._answer(peer, msg, False, _in_use(msg.name, n))
         if runtime is not None and runtime.lora is not None:
             runtime.lora.remove(msg.name)
         self.registry.flagged = [(n, p) for n, p in self.registry.flagged if n != msg.name]
@@ -274,3 +313,11 @@ class LoraUpdates:
         if not ok:
             log.info("LoRA adapter %r refused: %r", msg.name, message)
         self._send(AdapterUpdated(msg.id, ok, message, missing), peer)
+
+
+def _taken(name: str) -> str:
+    return f"the LoRA adapter {name!r} is already loaded (load_inplace: true replaces its weights)"
+
+
+def _in_use(name: str, n: int) -> str:
+    return f"the LoRA adapter {name!r} is in use by {n} request{'' if n == 1 else 's'} in flight"

@@ -1,7 +1,10 @@
 """vLLM's ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``, with ``--enable-lora-updating``.
 
 ``{"lora_name": NAME, "lora_path": DIR}`` loads a PEFT adapter as NAME for the
-default model (``engine.lora_updates``); ``{"lora_name": NAME}`` unloads one.
+default model (``engine.lora_updates``); with ``"load_inplace": true`` (vLLM's;
+a JSON boolean, else a 400) an adapter already served as NAME has its weights
+replaced by the files at DIR (checked as any load; none served: a plain
+load); ``{"lora_name": NAME}`` unloads one.
 Answers, as vLLM's: 200 with a plain-text ``Success: ...`` line; a 400 naming
 the reason (the adapter refused, its name taken, the default model not
 loaded, the adapter still in use); a 404 for unloading an adapter that is not
@@ -64,9 +67,10 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     path = f.str("lora_path", None, max_chars=MAX_PATH)
     if not path:
         raise invalid("lora_path is required: the adapter's directory", "lora_path")
+    inplace = f.bool("load_inplace")
     if name in gw.aliases:  # the engine knows the model by its first name only
         raise invalid(f"the name {name!r} is taken: it names the model {gw.aliases[name]!r}", "lora_name")
-    answer = await gw.client.update_adapter(LoadAdapter, name, path)
+    answer = await gw.client.update_adapter(LoadAdapter, name, path, True if inplace else None)
     if answer.ok:
         gw.adapters[name] = path
     return _answer(answer, f"LoRA adapter '{name}' added successfully.")

@@ -228,18 +228,25 @@ class FlushCache:
 @dataclass(frozen=True)
 class LoadAdapter:
     """Serve the LoRA adapter at ``path`` as ``name`` with the default model (``engine.lora_updates``);
-    answered by ``AdapterUpdated`` with the same ``id``."""
+    answered by ``AdapterUpdated`` with the same ``id``. ``inplace`` (vLLM's ``load_inplace``) True: an
+    adapter already served as ``name`` has its weights replaced by those at ``path`` (none: a plain load);
+    None or False: a plain load, refused when the name is taken. The gateway sends True or leaves it out,
+    so an engine that predates the field still decodes every plain load."""
 
     TYPE: ClassVar[str] = "load_adapter"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("inplace",)
 
     id: str
     name: str
     path: str
+    inplace: bool | None = None
 
     def __post_init__(self):
         _check_id(self.id)
         check_str("name", self.name, MAX_ID_CHARS, allow_empty=False)
         check_str("path", self.path, MAX_PATH_CHARS, allow_empty=False)
+        if self.inplace is not None and type(self.inplace) is not bool:
+            raise TypeError("inplace must be true or false")
 
 
 @GATEWAY_ENGINE.message

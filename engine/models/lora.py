@@ -11,7 +11,8 @@ on every adapted layer ``W``,
 on its own rows only: a batch mixes requests of several adapters and none,
 and each row takes its lane's adapter (``LoraSet.assign``). An adapter is
 loaded at start or at run time (``--enable-lora-updating``, ``LoraSet.add``)
-and stays resident until unloaded (one slot each); the targeted
+and stays resident until unloaded (one slot each) or replaced in place
+(``LoraSet.replace``: new files under the name, in its slot); the targeted
 ``nn.Linear`` layers of the model become ``LoraLinear`` (the base weight
 untouched, so a request without an adapter runs exactly the base model).
 
@@ -242,7 +243,19 @@ class LoraSet:
         """Serve ``adapter`` (read against this model) in a free slot; its slot. Only between forwards."""
         if adapter.name in self.slots:
             raise CheckpointError(f"LoRA adapter {adapter.name} is already loaded")
-        slot = next(i for i in range(len(self.by_slot) + 1) if i not in self.by_slot)
+        return self._put(adapter, next(i for i in range(len(self.by_slot) + 1) if i not in self.by_slot))
+
+    def replace(self, adapter: LoraAdapter) -> int:
+        """Serve ``adapter`` (read against this model) in place of the one of its name, in that one's slot;
+        the slot. No request in flight may use the old one (the caller's check: lanes that ran it last are
+        let go). The layers only the old one adapted keep no entry for the slot. Only between forwards."""
+        slot = self.slots.get(adapter.name)
+        if slot is None:
+            raise CheckpointError(f"LoRA adapter {adapter.name} is not loaded")
+        self.remove(adapter.name)
+        return self._put(adapter, slot)
+
+    def _put(self, adapter: LoraAdapter, slot: int) -> int:
         weight = next(self.model.parameters())
         for module, (a, b) in adapter.weights.items():
             layer = self.model.get_submodule(module)

@@ -100,6 +100,7 @@ MESSAGES = [
     Abort(id="r1", reason="stop"),
     Abort(id="r1", reason="stop", kept_tokens=3),
     StatsReply(values={"model_index": 1}, models=("demo", "qwen-27b")),
+    LoadAdapter(id="lora-3", name="sql", path="/srv/adapters/sql-step-2", inplace=True),
 ]
 
 
@@ -128,6 +129,14 @@ def test_an_optional_field_travels_only_when_set_and_may_be_absent():
         decode([orjson.dumps(bad), *encode(plain)[1:]])
     with pytest.raises(ValueError, match="part_end"):
         Generate(id="r", prompt_ids=(1, 2, 3), sampling=SamplingParams(), opener_start=1, part_end=2)
+
+
+def test_a_plain_adapter_load_leaves_inplace_out_so_an_older_engine_decodes_it():
+    plain = encode(LoadAdapter("l", "sql", "/srv/a"))
+    assert "inplace" not in orjson.loads(plain[0]) and decode(plain).inplace is None
+    header = orjson.loads(encode(LoadAdapter("l", "sql", "/srv/a", inplace=True))[0])
+    assert header["inplace"] is True
+    assert decode([orjson.dumps(dict(header, inplace=False))]).inplace is False  # a plain load too
 
 
 def test_every_type_is_covered_and_split_by_direction():
@@ -279,6 +288,8 @@ GEN = MESSAGES[1]
     (_header(CacheFlushed("f", True), message=7), "message"),
     (_header(LoadAdapter("l", "a", "/p"), path=""), "must not be empty"),
     (_header(LoadAdapter("l", "a", "/p"), name=None), "name"),
+    (_header(LoadAdapter("l", "a", "/p", True), inplace="yes"), "inplace must be true or false"),
+    (_header(LoadAdapter("l", "a", "/p", True), inplace=1), "inplace must be true or false"),
     (_header(UnloadAdapter("l", "a"), extra=1), "unknown field"),
     (_header(AdapterUpdated("l", True), ok="yes"), "ok must be true or false"),
     (_header(AdapterUpdated("l", True), missing=0), "missing must be true or false"),
