@@ -9,7 +9,10 @@ the loop-controls extension, ``tojson`` as ``json.dumps(ensure_ascii=False)``
 tokenizer's special tokens, then the caller's extra kwargs, then ``messages``,
 ``tools``, ``documents`` and ``add_generation_prompt``. Messages are passed
 with their ``None``-valued keys dropped, and ``reasoning_content`` is also
-offered as ``thinking``, as transformers does.
+offered as ``thinking``, as transformers does. A content of text parts is
+joined by newlines into one string where the template reads a content as a
+string (vLLM's content format), and always in a tool result (as vLLM and
+SGLang hand tool results to templates).
 
 A template that fails (``raise_exception``, a syntax error, a type error
 inside) raises ``TemplateRenderError`` with the template's own message.
@@ -97,9 +100,11 @@ def _environment() -> ImmutableSandboxedEnvironment:
 def _template_message(message: dict, join_parts: bool = False) -> dict:
     out = {k: v for k, v in message.items() if v is not None}
     content = out.get("content")
-    if join_parts and isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                                        for p in content):
-        out["content"] = "\n".join(p["text"] for p in content)  # vLLM's string content format
+    if (join_parts or out.get("role") == "tool") and isinstance(content, list) \
+            and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        # vLLM's string content format; a tool result's text parts are joined so whatever the format (as vLLM
+        # and SGLang join them: templates render a tool result as one text)
+        out["content"] = "\n".join(p["text"] for p in content)
     reasoning = next((out[k] for k in _REASONING_FIELDS if out.get(k) is not None), None)
     if reasoning is not None:
         out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
@@ -179,8 +184,8 @@ class ChatTemplate:
 
     def __init__(self, source: str, special_tokens: dict[str, str] | None = None, content_format: str = "auto"):
         """``content_format`` (vLLM's ``--chat-template-content-format``): "openai" renders a content list
-        as sent, "string" joins a text-only one into one string first, "auto" does what ``content_format``
-        detects the template reads."""
+        as sent (but a tool result's text-only one joined), "string" joins a text-only one into one string
+        first, "auto" does what ``content_format`` detects the template reads."""
         if not isinstance(source, str) or not source.strip():
             raise ValueError("the chat template is empty")
         try:

@@ -36,6 +36,7 @@ from ignis.gateway.fields import Fields
 from ignis.gateway.generation_request import read_request_body
 from ignis.gateway.messages import (
     apply_developer_policy,
+    check_tool_results,
     image_urls,
     parse_messages,
     parse_tool_choice,
@@ -62,6 +63,7 @@ def render_chat_ids(gw: GatewayState, f: Fields, forced_call: bool = False) -> l
     if continuing and f.bool("add_generation_prompt", False):
         raise f.error("add_generation_prompt", "cannot be true with continue_final_message")
     messages = parse_messages(f)
+    check_tool_results(messages)  # the chat path's refusal: no count for a conversation it would not serve
     if image_urls(messages):
         raise f.error("messages", "image parts cannot be tokenized here (their token count depends on the "
                                   "picture); send the text parts alone")

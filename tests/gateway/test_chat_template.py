@@ -16,6 +16,7 @@ from ignis.gateway.chat_template import ChatTemplate, TemplateRenderError
 from ignis.gateway.fields import Fields
 from ignis.gateway.messages import apply_developer_policy, parse_messages
 from ignis.gateway.prompt import build_chat_prompt
+from tests.support.real_tokenizer import TemplateMissing, chat_template
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city — ünïcode ok",
@@ -185,6 +186,26 @@ def test_namespace_refuses_underscore_names():
         t.render([])
     assert json.loads(ChatTemplate("{{ messages | tojson }}", {}).render([{"role": "user", "content": "é"}])) \
         == [{"role": "user", "content": "é"}]
+
+
+def test_a_tool_results_text_parts_are_joined_by_newlines_whatever_the_content_format():
+    """vLLM and SGLang hand a tool result's text parts to the template as one text, joined by newlines: Qwen3.5's
+    template, which reads a content's parts, glued them ("line oneline two"). A user's parts stay parts."""
+    try:
+        t = ChatTemplate(chat_template("qwen3_5"))
+    except TemplateMissing as e:
+        pytest.skip(str(e))
+    assert t.content_format == "openai"
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = t.render([{"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}]},
+                     {"role": "assistant", "content": "", "tool_calls": [call, call]},
+                     {"role": "tool", "content": [{"type": "text", "text": "line one"},
+                                                  {"type": "text", "text": "line two"}]},
+                     {"role": "tool", "content": [{"type": "text", "text": "see"}, image]}])
+    assert "<|im_start|>user\na b<|im_end|>" in text
+    assert "<tool_response>\nline one\nline two\n</tool_response>" in text
+    assert "<tool_response>\nsee<|vision_start|><|image_pad|><|vision_end|>\n</tool_response>" in text
 
 
 def test_a_template_that_never_reads_tools_is_told_apart(template):

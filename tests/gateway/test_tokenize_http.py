@@ -59,6 +59,8 @@ def test_messages_count_the_prompt_a_chat_request_sends(server, client):
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}, "messages"),
     ("/tokenize", {"messages": MESSAGES, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
     ("/tokenize", {"messages": MESSAGES, "continue_final_message": True}, "continue_final_message"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "hi"},  # refused as the chat path refuses it
+                                {"role": "tool", "content": "42", "tool_call_id": "call_9"}]}, "messages[1]"),
     ("/tokenize", {"prompt": "x", "model": "gpt-17"}, "model"),
     ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
     ("/detokenize", {"tokens": [1, "2"]}, "tokens"),
