@@ -15,7 +15,6 @@ files were read.
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ from ignis.shared.model_names import model_specs
 from ignis.shared.wire import AdapterList, AdapterUpdated, ListAdapters, LoadAdapter
 from tests.engine.checkpoints import make_checkpoint
 from tests.engine.lora_adapters import write_adapter
-from tests.engine.test_lora_updates import Runtime, load
+from tests.engine.test_lora_updates import Runtime, load, serve_until_read
 
 
 @pytest.fixture
@@ -137,11 +136,8 @@ def test_a_refused_inplace_load_leaves_the_old_adapter_serving_untouched(serving
     if case == "in_use_when_read":
         assert updates.reading
         in_flight["late"] = 1  # a request came while the files were read
-    deadline = time.monotonic() + 30
-    while not any(m.id == "1" for m in sent):
-        assert time.monotonic() < deadline, "the load was never answered"
-        updates.service(runtime, True)
-        time.sleep(0.01)
+    serve_until_read(updates, runtime)
+    assert any(m.id == "1" for m in sent), "the load was never answered"
     assert not sent[-1].ok and message in sent[-1].message
     assert (registry.specs(), registry.version, runtime.lora.identity(1)) == before
     assert same_tensors(weights_in(runtime, 1), served)

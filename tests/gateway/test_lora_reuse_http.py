@@ -25,6 +25,7 @@ import torch
 from ignis.shared.demo import ensure_demo_model
 from tests.engine.lora_adapters import write_adapter
 from tests.gateway.conftest import API_KEY, http, start_serve, stop_serve
+from tests.gateway.hardening_support import wait_until
 from tests.gateway.test_reuse_http import text
 
 ORDERS = [("base", "A", "B"), ("B", "A", "base"), ("A", "base", "B")]
@@ -168,15 +169,11 @@ def test_an_adapter_gone_bad_is_dropped_at_the_reload_and_its_name_freed(tmp_pat
         assert complete("F").status == 200 and complete("Z").status == 200
         for spoiled in (flagged, late):
             (spoiled / "adapter_config.json").write_text("{not json")
-        deadline = time.monotonic() + 60
-        while not unloaded():  # the idle unload: the files are read again at the next load
-            assert time.monotonic() < deadline, server.log()[-3000:]
-            time.sleep(0.1)
+        # the idle unload: the files are read again at the next load
+        wait_until(unloaded, 60, "the model was not unloaded when idle", every=0.1)
         assert complete(server.model).status == 200  # the reload drops both, and the base model serves
-        deadline = time.monotonic() + 30
-        while listed() & {"F", "Z"}:  # gateways follow the engine's list within about a second
-            assert time.monotonic() < deadline, listed()
-            time.sleep(0.1)
+        # gateways follow the engine's list within about a second
+        wait_until(lambda: not listed() & {"F", "Z"}, 30, "the dropped adapters are still listed", every=0.1)
         assert complete("F").status == 404
         assert load_adapter("F", adapters / "C").status == 200
         assert complete("F").status == 200 and "F" in listed()
